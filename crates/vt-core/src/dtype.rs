@@ -1,0 +1,122 @@
+//! Element types.
+
+use std::fmt;
+
+/// The element type of a tensor.
+///
+/// `F8E4M3` is a storage-only type (one byte, OCP e4m3fn) for fp8 KV caches; no op
+/// computes in it yet, so every entry point rejects it today.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+    I32,
+    I64,
+    F8E4M3,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub const fn size_of(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::I64 => 8,
+            DType::F8E4M3 => 1,
+        }
+    }
+
+    /// The floating-point types the ops compute on (bf16, f16, f32).
+    pub const fn is_compute_float(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16 | DType::F32)
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F8E4M3 => "f8e4m3",
+        }
+    }
+
+    /// The bit pattern of a quiet NaN in this type, little-endian, used to poison outputs
+    /// in tests. Integer types have no NaN and get an all-ones pattern (-1).
+    pub fn nan_bytes(self) -> &'static [u8] {
+        match self {
+            DType::BF16 => &[0xc0, 0x7f],
+            DType::F16 => &[0x00, 0x7e],
+            DType::F32 => &[0x00, 0x00, 0xc0, 0x7f],
+            DType::I32 => &[0xff; 4],
+            DType::I64 => &[0xff; 8],
+            DType::F8E4M3 => &[0x7f],
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that is stored as one of the [`DType`]s.
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    /// Lossless for f32 and the 16-bit floats; integers convert as `as f64`.
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i32
+    }
+}
+
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i64
+    }
+}

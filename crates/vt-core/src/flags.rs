@@ -1,0 +1,118 @@
+//! The one place where `VT_*` environment flags are read.
+//!
+//! | flag | default | effect |
+//! |---|---|---|
+//! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
+//!
+//! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else logs a
+//! warning and keeps the default. The environment is read once, at first use; a code
+//! override ([`set_override`]) wins over it so one process can A/B both paths.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use once_cell::sync::Lazy;
+
+/// A boolean `VT_*` flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flag {
+    MlaFusedNormRope,
+}
+
+impl Flag {
+    pub const ALL: [Flag; 1] = [Flag::MlaFusedNormRope];
+
+    pub const fn env_name(self) -> &'static str {
+        match self {
+            Flag::MlaFusedNormRope => "VT_MLA_FUSED_NORM_ROPE",
+        }
+    }
+
+    pub const fn default_value(self) -> bool {
+        match self {
+            Flag::MlaFusedNormRope => true,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Parses a flag value; `None` for anything unrecognized.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+fn from_env(flag: Flag) -> bool {
+    match std::env::var(flag.env_name()) {
+        Err(_) => flag.default_value(),
+        Ok(v) => parse_bool(&v).unwrap_or_else(|| {
+            tracing::warn!(
+                "{}={v:?} is not one of 0/1/true/false/on/off; keeping the default ({})",
+                flag.env_name(),
+                flag.default_value()
+            );
+            flag.default_value()
+        }),
+    }
+}
+
+static ENV: Lazy<[bool; 1]> = Lazy::new(|| Flag::ALL.map(from_env));
+
+// 0 = no override, 1 = forced off, 2 = forced on.
+static OVERRIDES: [AtomicU8; 1] = [AtomicU8::new(0)];
+
+/// The flag's value: the code override if set, else the environment, else the default.
+pub fn get(flag: Flag) -> bool {
+    match OVERRIDES[flag.index()].load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => ENV[flag.index()],
+    }
+}
+
+/// Overrides a flag for the whole process (`None` returns to the environment's value).
+pub fn set_override(flag: Flag, value: Option<bool>) {
+    let v = match value {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    OVERRIDES[flag.index()].store(v, Ordering::Relaxed);
+}
+
+/// `VT_MLA_FUSED_NORM_ROPE`.
+pub fn mla_fused_norm_rope() -> bool {
+    get(Flag::MlaFusedNormRope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_accepts_the_documented_spellings_only() {
+        for v in ["1", "true", "ON", "yes", " on "] {
+            assert_eq!(parse_bool(v), Some(true), "{v}");
+        }
+        for v in ["0", "false", "Off", "no"] {
+            assert_eq!(parse_bool(v), Some(false), "{v}");
+        }
+        for v in ["", "2", "maybe", "o"] {
+            assert_eq!(parse_bool(v), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn override_wins_and_can_be_cleared() {
+        let env = get(Flag::MlaFusedNormRope);
+        set_override(Flag::MlaFusedNormRope, Some(!env));
+        assert_eq!(get(Flag::MlaFusedNormRope), !env);
+        set_override(Flag::MlaFusedNormRope, None);
+        assert_eq!(get(Flag::MlaFusedNormRope), env);
+    }
+}

@@ -1,0 +1,31 @@
+//! vt-core: the backend-independent half of vt.
+//!
+//! - [`DType`], [`DeviceType`], [`Device`]: what memory holds and where it lives.
+//! - [`Tensor`]: a non-owning strided view (no copies for slices, transposes, reshapes).
+//! - [`Buffer`], [`Queue`]: owning device memory and in-order work queues, provided by a
+//!   registered [`Backend`].
+//! - [`registry`]: (OpId, DeviceType) -> implementation, filled by backends at start-up.
+//! - [`ops`]: one validated, typed entry point per op; its doc comment is the contract.
+//! - [`flags`]: the one place `VT_*` environment flags are read.
+//!
+//! See `docs/architecture.md` for the registry's life cycle.
+
+mod backend;
+mod device;
+mod dtype;
+mod error;
+pub mod flags;
+pub mod ops;
+pub mod registry;
+mod tensor;
+mod validate;
+
+pub use backend::{encode_f64, f32_to_f8e4m3, Backend, Buffer, Queue, QueueImpl};
+pub use device::{Device, DeviceType};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use ops::*;
+pub use registry::{op_registered, registered_ops, OpId, OpImpl, Probe};
+pub use tensor::{
+    contiguous_strides, f8e4m3_to_f32, for_each_offset, read_host_elem, Tensor, MAX_RANK,
+};

@@ -1,0 +1,69 @@
+use crate::registry::dispatch;
+use crate::validate::{host_ints, Check};
+use crate::{DType, Queue, Result, Tensor};
+
+/// Arguments of [`concat_and_cache_mla`].
+#[derive(Clone, Copy, Debug)]
+pub struct ConcatAndCacheMlaArgs<'a> {
+    pub kv_c: Tensor<'a>,
+    pub k_pe: Tensor<'a>,
+    pub cache: Tensor<'a>,
+    pub slot_mapping: Tensor<'a>,
+}
+
+/// `cache[s / BS, s % BS, :] = [kv_c[t] | k_pe[t]]` for `s = slot_mapping[t]`.
+///
+/// - `kv_c` [T,L], `k_pe` [T,R] (stride 1 on the last dim), `cache` [NB,BS,L+R] (stride
+///   1 on the last dim; block and row strides free, so a cache may be a view into a
+///   larger pool); one float dtype. Any block size BS >= 1.
+/// - `slot_mapping` [T] i64. A slot < 0 is padding: that token is skipped. A slot
+///   >= NB*BS is an error on the CPU; GPU kernels skip it.
+/// - `cache` must not overlap the inputs. Two tokens with the same slot: the last wins
+///   on the CPU; unspecified on GPUs.
+pub fn concat_and_cache_mla(
+    q: &Queue,
+    kv_c: &Tensor<'_>,
+    k_pe: &Tensor<'_>,
+    cache: &Tensor<'_>,
+    slot_mapping: &Tensor<'_>,
+) -> Result<()> {
+    let args = ConcatAndCacheMlaArgs {
+        kv_c: *kv_c,
+        k_pe: *k_pe,
+        cache: *cache,
+        slot_mapping: *slot_mapping,
+    };
+    validate(q, &args)?;
+    dispatch!(q, ConcatAndCacheMla, &args)
+}
+
+fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
+    let c = Check::new("ConcatAndCacheMla", q.device());
+    c.float("kv_c", &a.kv_c, 2)?;
+    c.float("k_pe", &a.k_pe, 2)?;
+    c.float("cache", &a.cache, 3)?;
+    let dt = a.cache.dtype();
+    c.same_dtype("kv_c", &a.kv_c, dt)?;
+    c.same_dtype("k_pe", &a.k_pe, dt)?;
+    let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
+    c.dim("k_pe", &a.k_pe, 0, t, "kv_c's T")?;
+    c.dim("cache", &a.cache, 2, l + r, "kv_c's L + k_pe's R")?;
+    for (name, x) in [("kv_c", &a.kv_c), ("k_pe", &a.k_pe), ("cache", &a.cache)] {
+        c.unit_inner(name, x)?;
+    }
+    c.output("cache", &a.cache)?;
+    c.disjoint("cache", &a.cache, "kv_c", &a.kv_c)?;
+    c.disjoint("cache", &a.cache, "k_pe", &a.k_pe)?;
+    c.typed("slot_mapping", &a.slot_mapping, 1, DType::I64)?;
+    c.dim("slot_mapping", &a.slot_mapping, 0, t, "kv_c's T")?;
+    if let Some(v) = host_ints(&a.slot_mapping) {
+        let slots = a.cache.dim(0) * a.cache.dim(1);
+        if let Some((i, s)) = v.iter().enumerate().find(|(_, &s)| s >= slots) {
+            return Err(c.err(
+                "slot_mapping",
+                format!("slot_mapping[{i}] = {s} is past the cache's {slots} slots"),
+            ));
+        }
+    }
+    Ok(())
+}
