@@ -5,11 +5,7 @@
 use once_cell::sync::Lazy;
 use vt_core::{DeviceType, Probe};
 
-static PROBES: Lazy<Vec<(DeviceType, Probe)>> = Lazy::new(|| {
-    vec![
-        (DeviceType::Cpu, vt_cpu::register()),
-    ]
-});
+static PROBES: Lazy<Vec<(DeviceType, Probe)>> = Lazy::new(|| vec![(DeviceType::Cpu, vt_cpu::register())]);
 
 /// Registers every backend that finds a device (idempotent) and returns what each found.
 pub fn init() -> &'static [(DeviceType, Probe)] {

@@ -69,11 +69,7 @@ impl Queue {
             });
         }
         let inner = backend.new_queue(device.ordinal)?;
-        Ok(Queue {
-            device,
-            inner,
-            backend,
-        })
+        Ok(Queue { device, inner, backend })
     }
 
     pub fn device(&self) -> Device {
@@ -100,10 +96,7 @@ impl Queue {
         let mut bytes = vec![0u8; ((hi - lo) as usize) * size];
         // SAFETY: the span lies inside the view's allocation (checked when the view was
         // made) and the view's lifetime keeps the allocation alive.
-        unsafe {
-            self.inner
-                .copy_d2h(t.base_addr() + lo as u64 * size as u64, &mut bytes)?
-        };
+        unsafe { self.inner.copy_d2h(t.base_addr() + lo as u64 * size as u64, &mut bytes)? };
         let mut out = Vec::with_capacity(t.numel() as usize);
         let base = bytes.as_ptr() as u64;
         crate::tensor::for_each_offset(t, |off| {
@@ -118,11 +111,7 @@ impl Queue {
             return Err(Error::invalid(
                 op,
                 "tensor",
-                format!(
-                    "tensor is on {} but the queue is on {}",
-                    t.device(),
-                    self.device
-                ),
+                format!("tensor is on {} but the queue is on {}", t.device(), self.device),
             ));
         }
         Ok(())
@@ -175,9 +164,8 @@ impl Buffer {
     /// A buffer holding `data` (row-major) with `shape`.
     pub fn from_slice<T: Element>(queue: &Queue, shape: &[i64], data: &[T]) -> Result<Buffer> {
         // SAFETY: `Element` types are plain old data; reading their bytes is sound.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data)) };
         Buffer::from_bytes(queue, T::DTYPE, shape, bytes)
     }
 
@@ -215,12 +203,7 @@ impl Buffer {
     /// Fills every element with the byte pattern of one element.
     pub fn fill_pattern(&self, queue: &Queue, pattern: &[u8]) -> Result<()> {
         let n = self.numel() as usize;
-        let bytes: Vec<u8> = pattern
-            .iter()
-            .copied()
-            .cycle()
-            .take(n * pattern.len())
-            .collect();
+        let bytes: Vec<u8> = pattern.iter().copied().cycle().take(n * pattern.len()).collect();
         self.write_bytes(queue, &bytes)
     }
 
@@ -287,10 +270,7 @@ impl Buffer {
             return Err(Error::invalid(
                 "Buffer",
                 "queue",
-                format!(
-                    "buffer is on {} but the queue is on {}",
-                    self.device, queue.device
-                ),
+                format!("buffer is on {} but the queue is on {}", self.device, queue.device),
             ));
         }
         Ok(())
@@ -301,20 +281,13 @@ impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: `addr` came from `alloc(ordinal, bytes)` and every view of it borrowed
         // `self`, so none outlives this point.
-        unsafe {
-            self.backend
-                .free(self.device.ordinal, self.addr, self.bytes)
-        }
+        unsafe { self.backend.free(self.device.ordinal, self.addr, self.bytes) }
     }
 }
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Buffer({} {:?} on {})",
-            self.dtype, self.shape, self.device
-        )
+        write!(f, "Buffer({} {:?} on {})", self.dtype, self.shape, self.device)
     }
 }
 

@@ -46,10 +46,7 @@ pub struct Device {
 }
 
 impl Device {
-    pub const CPU: Device = Device {
-        kind: DeviceType::Cpu,
-        ordinal: 0,
-    };
+    pub const CPU: Device = Device { kind: DeviceType::Cpu, ordinal: 0 };
 
     pub const fn new(kind: DeviceType, ordinal: usize) -> Device {
         Device { kind, ordinal }

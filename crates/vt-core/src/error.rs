@@ -7,11 +7,7 @@ use crate::{DeviceType, OpId};
 pub enum Error {
     /// An argument broke an op's contract. `op` is the op (or API) name, `arg` the argument.
     #[error("{op}: argument `{arg}`: {msg}")]
-    InvalidArgument {
-        op: &'static str,
-        arg: &'static str,
-        msg: String,
-    },
+    InvalidArgument { op: &'static str, arg: &'static str, msg: String },
 
     /// The op has no implementation for this device type.
     #[error("{op} is not registered for device type {device}")]
@@ -32,25 +28,15 @@ pub enum Error {
 
 impl Error {
     pub fn invalid(op: &'static str, arg: &'static str, msg: impl Into<String>) -> Error {
-        Error::InvalidArgument {
-            op,
-            arg,
-            msg: msg.into(),
-        }
+        Error::InvalidArgument { op, arg, msg: msg.into() }
     }
 
     pub fn backend(backend: &'static str, msg: impl Into<String>) -> Error {
-        Error::Backend {
-            backend,
-            msg: msg.into(),
-        }
+        Error::Backend { backend, msg: msg.into() }
     }
 
     pub fn other(context: impl Into<String>, msg: impl Into<String>) -> Error {
-        Error::Other {
-            context: context.into(),
-            msg: msg.into(),
-        }
+        Error::Other { context: context.into(), msg: msg.into() }
     }
 }
 

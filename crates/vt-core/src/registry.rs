@@ -95,11 +95,7 @@ pub fn op_registered(op: OpId, device: DeviceType) -> bool {
 
 /// The ops registered on `device`, in [`OpId::ALL`] order.
 pub fn registered_ops(device: DeviceType) -> Vec<OpId> {
-    OpId::ALL
-        .iter()
-        .copied()
-        .filter(|&op| op_registered(op, device))
-        .collect()
+    OpId::ALL.iter().copied().filter(|&op| op_registered(op, device)).collect()
 }
 
 /// Removes every op and the backend of `device` (tests of the life cycle use this).
@@ -109,9 +105,7 @@ pub fn unregister_device(device: DeviceType) {
 }
 
 pub(crate) fn lookup(op: OpId, device: DeviceType) -> Result<OpImpl> {
-    OPS.get(&(op, device))
-        .map(|e| e.value().clone())
-        .ok_or(Error::NotRegistered { op, device })
+    OPS.get(&(op, device)).map(|e| e.value().clone()).ok_or(Error::NotRegistered { op, device })
 }
 
 /// Looks up `$id` for the queue's device and calls it with `$args`, inside a span.

@@ -90,15 +90,7 @@ impl<'a> Tensor<'a> {
     ) -> Result<Tensor<'a>> {
         let strides = contiguous_strides(shape);
         let extent = shape.iter().product::<i64>();
-        Tensor::from_raw_parts(
-            base,
-            extent,
-            dtype,
-            device,
-            shape,
-            &strides[..shape.len()],
-            0,
-        )
+        Tensor::from_raw_parts(base, extent, dtype, device, shape, &strides[..shape.len()], 0)
     }
 
     /// A contiguous view of a whole allocation, for [`crate::Buffer::view`].
@@ -182,8 +174,7 @@ impl<'a> Tensor<'a> {
     /// The byte range `[start, end)` this view touches, `None` for an empty view.
     pub fn byte_span(&self) -> Option<(u64, u64)> {
         let s = self.dtype.size_of() as u64;
-        self.elem_span()
-            .map(|(lo, hi)| (self.base + lo as u64 * s, self.base + hi as u64 * s))
+        self.elem_span().map(|(lo, hi)| (self.base + lo as u64 * s, self.base + hi as u64 * s))
     }
 
     /// Whether two views may share memory (same device and overlapping byte spans).
@@ -221,10 +212,8 @@ impl<'a> Tensor<'a> {
 
     /// No two index tuples map to the same element: required of every output.
     pub fn is_non_overlapping(&self) -> bool {
-        let mut dims: Vec<(i64, i64)> = (0..self.rank)
-            .filter(|&d| self.shape[d] > 1)
-            .map(|d| (self.strides[d], self.shape[d]))
-            .collect();
+        let mut dims: Vec<(i64, i64)> =
+            (0..self.rank).filter(|&d| self.shape[d] > 1).map(|d| (self.strides[d], self.shape[d])).collect();
         dims.sort_unstable();
         let mut reach = 1i64; // one past the largest offset covered by the smaller dims
         for (stride, size) in dims {
@@ -239,18 +228,9 @@ impl<'a> Tensor<'a> {
     /// A view of the same memory with an explicit shape and element strides, starting
     /// `elem_offset` elements after this view's first element (the seed's View2/View3).
     /// Errors if the result would reach outside the allocation.
-    pub fn as_strided(
-        &self,
-        elem_offset: i64,
-        shape: &[i64],
-        strides: &[i64],
-    ) -> Result<Tensor<'a>> {
+    pub fn as_strided(&self, elem_offset: i64, shape: &[i64], strides: &[i64]) -> Result<Tensor<'a>> {
         if shape.len() > MAX_RANK {
-            return Err(Error::invalid(
-                OP,
-                "shape",
-                format!("rank {} exceeds {MAX_RANK}", shape.len()),
-            ));
+            return Err(Error::invalid(OP, "shape", format!("rank {} exceeds {MAX_RANK}", shape.len())));
         }
         if shape.len() != strides.len() {
             return Err(Error::invalid(
@@ -260,18 +240,10 @@ impl<'a> Tensor<'a> {
             ));
         }
         if let Some(d) = shape.iter().position(|&s| s < 0) {
-            return Err(Error::invalid(
-                OP,
-                "shape",
-                format!("dim {d} is negative: {shape:?}"),
-            ));
+            return Err(Error::invalid(OP, "shape", format!("dim {d} is negative: {shape:?}")));
         }
         if let Some(d) = strides.iter().position(|&s| s < 0) {
-            return Err(Error::invalid(
-                OP,
-                "strides",
-                format!("stride {d} is negative: {strides:?}"),
-            ));
+            return Err(Error::invalid(OP, "strides", format!("stride {d} is negative: {strides:?}")));
         }
         let mut t = *self;
         t.offset = self.offset + elem_offset;
@@ -303,19 +275,12 @@ impl<'a> Tensor<'a> {
             return Err(Error::invalid(
                 OP,
                 "slice",
-                format!(
-                    "range {start}..{end} out of 0..{} on dim {dim}",
-                    self.shape[dim]
-                ),
+                format!("range {start}..{end} out of 0..{} on dim {dim}", self.shape[dim]),
             ));
         }
         let mut shape = self.shape;
         shape[dim] = end - start;
-        self.as_strided(
-            start * self.strides[dim],
-            &shape[..self.rank],
-            self.strides(),
-        )
+        self.as_strided(start * self.strides[dim], &shape[..self.rank], self.strides())
     }
 
     /// Index `i` along `dim`, dropping that dim.
@@ -342,9 +307,7 @@ impl<'a> Tensor<'a> {
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor<'a>> {
         let mut seen = [false; MAX_RANK];
         if perm.len() != self.rank
-            || perm
-                .iter()
-                .any(|&p| p >= self.rank || std::mem::replace(&mut seen[p], true))
+            || perm.iter().any(|&p| p >= self.rank || std::mem::replace(&mut seen[p], true))
         {
             return Err(Error::invalid(
                 OP,
@@ -360,21 +323,13 @@ impl<'a> Tensor<'a> {
     /// A new shape over contiguous data (no copy). Errors on non-contiguous views.
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor<'a>> {
         if !self.is_contiguous() {
-            return Err(Error::invalid(
-                OP,
-                "reshape",
-                format!("{self:?} is not contiguous"),
-            ));
+            return Err(Error::invalid(OP, "reshape", format!("{self:?} is not contiguous")));
         }
         if shape.iter().product::<i64>() != self.numel() {
             return Err(Error::invalid(
                 OP,
                 "reshape",
-                format!(
-                    "cannot view {:?} ({} elements) as {shape:?}",
-                    self.shape(),
-                    self.numel()
-                ),
+                format!("cannot view {:?} ({} elements) as {shape:?}", self.shape(), self.numel()),
             ));
         }
         let strides = contiguous_strides(shape);
@@ -384,19 +339,11 @@ impl<'a> Tensor<'a> {
     /// Inserts a size-1 dim at `dim`.
     pub fn unsqueeze(&self, dim: usize) -> Result<Tensor<'a>> {
         if dim > self.rank {
-            return Err(Error::invalid(
-                OP,
-                "dim",
-                format!("{dim} > rank {}", self.rank),
-            ));
+            return Err(Error::invalid(OP, "dim", format!("{dim} > rank {}", self.rank)));
         }
         let mut shape = self.shape().to_vec();
         let mut strides = self.strides().to_vec();
-        let s = if dim < self.rank {
-            self.strides[dim] * self.shape[dim]
-        } else {
-            1
-        };
+        let s = if dim < self.rank { self.strides[dim] * self.shape[dim] } else { 1 };
         shape.insert(dim, 1);
         strides.insert(dim, s);
         self.as_strided(0, &shape, &strides)
@@ -419,11 +366,7 @@ impl<'a> Tensor<'a> {
 
     fn check_dim(&self, dim: usize) -> Result<()> {
         if dim >= self.rank {
-            return Err(Error::invalid(
-                OP,
-                "dim",
-                format!("dim {dim} out of range for rank {}", self.rank),
-            ));
+            return Err(Error::invalid(OP, "dim", format!("dim {dim} out of range for rank {}", self.rank)));
         }
         Ok(())
     }
@@ -453,12 +396,7 @@ pub fn for_each_offset(t: &Tensor<'_>, mut f: impl FnMut(i64)) {
     let rank = t.rank();
     let mut idx = [0i64; MAX_RANK];
     loop {
-        let off = t.offset()
-            + idx[..rank]
-                .iter()
-                .zip(t.strides())
-                .map(|(i, s)| i * s)
-                .sum::<i64>();
+        let off = t.offset() + idx[..rank].iter().zip(t.strides()).map(|(i, s)| i * s).sum::<i64>();
         f(off);
         let mut d = rank;
         loop {

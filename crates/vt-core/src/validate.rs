@@ -22,22 +22,13 @@ impl Check {
         self.rank(arg, t, rank)?;
         self.on_device(arg, t)?;
         if !t.dtype().is_compute_float() {
-            return Err(self.err(
-                arg,
-                format!("dtype {} is not one of bf16, f16, f32", t.dtype()),
-            ));
+            return Err(self.err(arg, format!("dtype {} is not one of bf16, f16, f32", t.dtype())));
         }
         Ok(())
     }
 
     /// Rank, device and exact dtype.
-    pub fn typed(
-        &self,
-        arg: &'static str,
-        t: &Tensor<'_>,
-        rank: usize,
-        dtype: DType,
-    ) -> Result<()> {
+    pub fn typed(&self, arg: &'static str, t: &Tensor<'_>, rank: usize, dtype: DType) -> Result<()> {
         self.rank(arg, t, rank)?;
         self.on_device(arg, t)?;
         if t.dtype() != dtype {
@@ -48,55 +39,33 @@ impl Check {
 
     pub fn rank(&self, arg: &'static str, t: &Tensor<'_>, rank: usize) -> Result<()> {
         if t.rank() != rank {
-            return Err(self.err(
-                arg,
-                format!(
-                    "rank is {} (shape {:?}), expected {rank}",
-                    t.rank(),
-                    t.shape()
-                ),
-            ));
+            return Err(
+                self.err(arg, format!("rank is {} (shape {:?}), expected {rank}", t.rank(), t.shape()))
+            );
         }
         Ok(())
     }
 
     pub fn on_device(&self, arg: &'static str, t: &Tensor<'_>) -> Result<()> {
         if t.device() != self.device {
-            return Err(self.err(
-                arg,
-                format!("is on {} but the queue is on {}", t.device(), self.device),
-            ));
+            return Err(self.err(arg, format!("is on {} but the queue is on {}", t.device(), self.device)));
         }
         Ok(())
     }
 
     pub fn same_dtype(&self, arg: &'static str, t: &Tensor<'_>, dtype: DType) -> Result<()> {
         if t.dtype() != dtype {
-            return Err(self.err(
-                arg,
-                format!("dtype is {}, but the op runs in {dtype}", t.dtype()),
-            ));
+            return Err(self.err(arg, format!("dtype is {}, but the op runs in {dtype}", t.dtype())));
         }
         Ok(())
     }
 
     /// `t.shape()[d] == want`; `what` says where `want` comes from.
-    pub fn dim(
-        &self,
-        arg: &'static str,
-        t: &Tensor<'_>,
-        d: usize,
-        want: i64,
-        what: &str,
-    ) -> Result<()> {
+    pub fn dim(&self, arg: &'static str, t: &Tensor<'_>, d: usize, want: i64, what: &str) -> Result<()> {
         if t.dim(d) != want {
             return Err(self.err(
                 arg,
-                format!(
-                    "dim {d} is {} (shape {:?}), expected {want} ({what})",
-                    t.dim(d),
-                    t.shape()
-                ),
+                format!("dim {d} is {} (shape {:?}), expected {want} ({what})", t.dim(d), t.shape()),
             ));
         }
         Ok(())
@@ -106,24 +75,16 @@ impl Check {
     pub fn unit_inner(&self, arg: &'static str, t: &Tensor<'_>) -> Result<()> {
         let r = t.rank();
         if r > 0 && t.dim(r - 1) > 1 && t.stride(r - 1) != 1 {
-            return Err(self.err(
-                arg,
-                format!("last dim must have stride 1, strides are {:?}", t.strides()),
-            ));
+            return Err(self.err(arg, format!("last dim must have stride 1, strides are {:?}", t.strides())));
         }
         Ok(())
     }
 
     pub fn contiguous(&self, arg: &'static str, t: &Tensor<'_>) -> Result<()> {
         if !t.is_contiguous() {
-            return Err(self.err(
-                arg,
-                format!(
-                    "must be contiguous, shape {:?} strides {:?}",
-                    t.shape(),
-                    t.strides()
-                ),
-            ));
+            return Err(
+                self.err(arg, format!("must be contiguous, shape {:?} strides {:?}", t.shape(), t.strides()))
+            );
         }
         Ok(())
     }
@@ -133,11 +94,7 @@ impl Check {
         if !t.is_non_overlapping() {
             return Err(self.err(
                 arg,
-                format!(
-                    "output overlaps itself (shape {:?}, strides {:?})",
-                    t.shape(),
-                    t.strides()
-                ),
+                format!("output overlaps itself (shape {:?}, strides {:?})", t.shape(), t.strides()),
             ));
         }
         Ok(())
@@ -152,10 +109,7 @@ impl Check {
         input: &Tensor<'_>,
     ) -> Result<()> {
         if out.overlaps(input) {
-            return Err(self.err(
-                out_arg,
-                format!("overlaps input `{in_arg}`, which this op does not allow"),
-            ));
+            return Err(self.err(out_arg, format!("overlaps input `{in_arg}`, which this op does not allow")));
         }
         Ok(())
     }
@@ -172,38 +126,23 @@ impl Check {
 /// (the CPU device); GPU kernels instead skip out-of-range indices and never write
 /// outside their outputs (see each op's contract).
 pub(crate) fn host_ints(t: &Tensor<'_>) -> Option<Vec<i64>> {
-    t.host_values()
-        .map(|v| v.into_iter().map(|x| x as i64).collect())
+    t.host_values().map(|v| v.into_iter().map(|x| x as i64).collect())
 }
 
 /// A cumulative-lengths tensor [B+1]: starts at 0, nondecreasing, ends at most at `total`.
-pub(crate) fn check_cu_seqlens(
-    c: &Check,
-    arg: &'static str,
-    t: &Tensor<'_>,
-    total: i64,
-) -> Result<()> {
+pub(crate) fn check_cu_seqlens(c: &Check, arg: &'static str, t: &Tensor<'_>, total: i64) -> Result<()> {
     let Some(v) = host_ints(t) else { return Ok(()) };
     if v.first().copied() != Some(0) {
         return Err(c.err(arg, format!("must start at 0, got {:?}", v.first())));
     }
     if let Some(i) = v.windows(2).position(|w| w[1] < w[0]) {
-        return Err(c.err(
-            arg,
-            format!(
-                "must be nondecreasing: entry {} is {} after {}",
-                i + 1,
-                v[i + 1],
-                v[i]
-            ),
-        ));
+        return Err(
+            c.err(arg, format!("must be nondecreasing: entry {} is {} after {}", i + 1, v[i + 1], v[i]))
+        );
     }
     let last = v.last().copied().unwrap_or(0);
     if last > total {
-        return Err(c.err(
-            arg,
-            format!("ends at {last}, past the {total} rows available"),
-        ));
+        return Err(c.err(arg, format!("ends at {last}, past the {total} rows available")));
     }
     Ok(())
 }

@@ -18,11 +18,7 @@ pub struct BatchedMatmulArgs<'a> {
 /// kernel when neither of a matrix's last two strides is 1. `out` must not overlap
 /// itself, `a` or `b`.
 pub fn batched_matmul(q: &Queue, out: &Tensor<'_>, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
-    let args = BatchedMatmulArgs {
-        out: *out,
-        a: *a,
-        b: *b,
-    };
+    let args = BatchedMatmulArgs { out: *out, a: *a, b: *b };
     validate(q, &args)?;
     dispatch!(q, BatchedMatmul, &args)
 }

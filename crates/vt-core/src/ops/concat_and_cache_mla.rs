@@ -27,12 +27,7 @@ pub fn concat_and_cache_mla(
     cache: &Tensor<'_>,
     slot_mapping: &Tensor<'_>,
 ) -> Result<()> {
-    let args = ConcatAndCacheMlaArgs {
-        kv_c: *kv_c,
-        k_pe: *k_pe,
-        cache: *cache,
-        slot_mapping: *slot_mapping,
-    };
+    let args = ConcatAndCacheMlaArgs { kv_c: *kv_c, k_pe: *k_pe, cache: *cache, slot_mapping: *slot_mapping };
     validate(q, &args)?;
     dispatch!(q, ConcatAndCacheMla, &args)
 }
@@ -59,10 +54,9 @@ fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
     if let Some(v) = host_ints(&a.slot_mapping) {
         let slots = a.cache.dim(0) * a.cache.dim(1);
         if let Some((i, s)) = v.iter().enumerate().find(|(_, &s)| s >= slots) {
-            return Err(c.err(
-                "slot_mapping",
-                format!("slot_mapping[{i}] = {s} is past the cache's {slots} slots"),
-            ));
+            return Err(
+                c.err("slot_mapping", format!("slot_mapping[{i}] = {s} is past the cache's {slots} slots"))
+            );
         }
     }
     Ok(())

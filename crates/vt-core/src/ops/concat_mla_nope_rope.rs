@@ -16,17 +16,8 @@ pub struct ConcatMlaNopeRopeArgs<'a> {
 ///   [T,N,R], `out` [T,N,P+R]; one float dtype; stride 1 on the last dim of each, any
 ///   other strides (the absorbed decode feeds a transposed `nope`).
 /// - `out` must not overlap the inputs.
-pub fn concat_mla_nope_rope(
-    q: &Queue,
-    out: &Tensor<'_>,
-    nope: &Tensor<'_>,
-    rope: &Tensor<'_>,
-) -> Result<()> {
-    let args = ConcatMlaNopeRopeArgs {
-        out: *out,
-        nope: *nope,
-        rope: *rope,
-    };
+pub fn concat_mla_nope_rope(q: &Queue, out: &Tensor<'_>, nope: &Tensor<'_>, rope: &Tensor<'_>) -> Result<()> {
+    let args = ConcatMlaNopeRopeArgs { out: *out, nope: *nope, rope: *rope };
     validate(q, &args)?;
     dispatch!(q, ConcatMlaNopeRope, &args)
 }
@@ -42,13 +33,9 @@ fn validate(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
     let (t, n, p, r) = (a.nope.dim(0), a.nope.dim(1), a.nope.dim(2), a.rope.dim(2));
     c.dim("rope", &a.rope, 0, t, "nope's T")?;
     if a.rope.dim(1) != 1 && a.rope.dim(1) != n {
-        return Err(c.err(
-            "rope",
-            format!(
-                "dim 1 is {}, expected 1 (broadcast) or nope's N = {n}",
-                a.rope.dim(1)
-            ),
-        ));
+        return Err(
+            c.err("rope", format!("dim 1 is {}, expected 1 (broadcast) or nope's N = {n}", a.rope.dim(1)))
+        );
     }
     c.dim("out", &a.out, 0, t, "nope's T")?;
     c.dim("out", &a.out, 1, n, "nope's N")?;

@@ -59,34 +59,23 @@ fn validate(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
     c.float("latent_out", &a.latent_out, 2)?;
     c.float("rope_out", &a.rope_out, 2)?;
     let dt = a.kv.dtype();
-    for (name, t) in [
-        ("weight", &a.weight),
-        ("latent_out", &a.latent_out),
-        ("rope_out", &a.rope_out),
-    ] {
+    for (name, t) in [("weight", &a.weight), ("latent_out", &a.latent_out), ("rope_out", &a.rope_out)] {
         c.same_dtype(name, t, dt)?;
     }
     let (t, l) = (a.kv.dim(0), a.weight.dim(0));
     let r = a.kv.dim(1) - l;
     if r <= 0 {
-        return Err(c.err(
-            "kv",
-            format!(
-                "width {} leaves no rope part after the {l}-wide latent",
-                a.kv.dim(1)
-            ),
-        ));
+        return Err(
+            c.err("kv", format!("width {} leaves no rope part after the {l}-wide latent", a.kv.dim(1)))
+        );
     }
     c.dim("latent_out", &a.latent_out, 0, t, "kv's T")?;
     c.dim("latent_out", &a.latent_out, 1, l, "weight's L")?;
     c.dim("rope_out", &a.rope_out, 0, t, "kv's T")?;
     c.dim("rope_out", &a.rope_out, 1, r, "kv's width minus L")?;
-    for (name, x) in [
-        ("kv", &a.kv),
-        ("weight", &a.weight),
-        ("latent_out", &a.latent_out),
-        ("rope_out", &a.rope_out),
-    ] {
+    for (name, x) in
+        [("kv", &a.kv), ("weight", &a.weight), ("latent_out", &a.latent_out), ("rope_out", &a.rope_out)]
+    {
         c.unit_inner(name, x)?;
     }
     c.output("latent_out", &a.latent_out)?;

@@ -57,13 +57,7 @@ fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     c.typed("block_table", &a.block_table, 2, DType::I32)?;
     let b = a.block_table.dim(0);
     c.typed("cu_seq_lens", &a.cu_seq_lens, 1, DType::I32)?;
-    c.dim(
-        "cu_seq_lens",
-        &a.cu_seq_lens,
-        0,
-        b + 1,
-        "block_table's B + 1",
-    )?;
+    c.dim("cu_seq_lens", &a.cu_seq_lens, 0, b + 1, "block_table's B + 1")?;
     check_cu_seqlens(&c, "cu_seq_lens", &a.cu_seq_lens, a.out.dim(0))?;
     if let Some(s) = &a.seq_starts {
         c.typed("seq_starts", s, 1, DType::I32)?;
@@ -78,21 +72,10 @@ fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     };
     for i in 0..b as usize {
         if starts[i] < 0 {
-            return Err(c.err(
-                "seq_starts",
-                format!("seq_starts[{i}] = {} is negative", starts[i]),
-            ));
+            return Err(c.err("seq_starts", format!("seq_starts[{i}] = {} is negative", starts[i])));
         }
         let len = cu[i + 1] - cu[i];
-        check_block_table_rows(
-            &c,
-            &bt,
-            &a.block_table,
-            &a.cache,
-            i,
-            starts[i],
-            starts[i] + len,
-        )?;
+        check_block_table_rows(&c, &bt, &a.block_table, &a.cache, i, starts[i], starts[i] + len)?;
     }
     Ok(())
 }

@@ -17,11 +17,7 @@ pub struct MatmulBTArgs<'a> {
 ///   weight). K may be 0 (out = 0).
 /// - `out` must not overlap `a` or `b`.
 pub fn matmul_bt(q: &Queue, out: &Tensor<'_>, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
-    let args = MatmulBTArgs {
-        out: *out,
-        a: *a,
-        b: *b,
-    };
+    let args = MatmulBTArgs { out: *out, a: *a, b: *b };
     validate(q, &args)?;
     dispatch!(q, MatmulBT, &args)
 }

@@ -41,11 +41,7 @@ fn validate(queue: &Queue, a: &MergeAttnStatesArgs<'_>) -> Result<()> {
         c.dim(name, x, 1, n, "out's N")?;
         c.dim(name, x, 2, v, "out's V")?;
     }
-    for (name, x) in [
-        ("out", &a.out),
-        ("prefix", &a.prefix),
-        ("suffix", &a.suffix),
-    ] {
+    for (name, x) in [("out", &a.out), ("prefix", &a.prefix), ("suffix", &a.suffix)] {
         c.unit_inner(name, x)?;
     }
     for (name, x) in [("prefix_lse", &a.prefix_lse), ("suffix_lse", &a.suffix_lse)] {

@@ -70,10 +70,7 @@ fn validate(queue: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     c.dim("out", &a.out, 2, n, "q's N")?;
     let dv = a.out.dim(3);
     if dv > d || dv <= 0 {
-        return Err(c.err(
-            "out",
-            format!("value dim {dv} must be in 1..={d} (q's head dim)"),
-        ));
+        return Err(c.err("out", format!("value dim {dv} must be in 1..={d} (q's head dim)")));
     }
     for (name, x) in [("q", &a.q), ("cache", &a.cache), ("out", &a.out)] {
         c.unit_inner(name, x)?;

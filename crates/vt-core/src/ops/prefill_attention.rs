@@ -79,18 +79,9 @@ fn validate(queue: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     c.typed("cu_seqlens_k", &a.cu_seqlens_k, 1, DType::I32)?;
     let b = a.cu_seqlens_q.dim(0) - 1;
     if b < 0 {
-        return Err(c.err(
-            "cu_seqlens_q",
-            "must hold at least one entry (B+1 with B >= 0)",
-        ));
+        return Err(c.err("cu_seqlens_q", "must hold at least one entry (B+1 with B >= 0)"));
     }
-    c.dim(
-        "cu_seqlens_k",
-        &a.cu_seqlens_k,
-        0,
-        b + 1,
-        "cu_seqlens_q's B+1",
-    )?;
+    c.dim("cu_seqlens_k", &a.cu_seqlens_k, 0, b + 1, "cu_seqlens_q's B+1")?;
     check_cu_seqlens(&c, "cu_seqlens_q", &a.cu_seqlens_q, tq)?;
     check_cu_seqlens(&c, "cu_seqlens_k", &a.cu_seqlens_k, tk)?;
     if a.max_seqlen_q < 0 {
@@ -100,11 +91,7 @@ fn validate(queue: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
         if let Some(i) = cu.windows(2).position(|w| w[1] - w[0] > a.max_seqlen_q) {
             return Err(c.err(
                 "max_seqlen_q",
-                format!(
-                    "{} is less than sequence {i}'s {} query rows",
-                    a.max_seqlen_q,
-                    cu[i + 1] - cu[i]
-                ),
+                format!("{} is less than sequence {i}'s {} query rows", a.max_seqlen_q, cu[i + 1] - cu[i]),
             ));
         }
     }

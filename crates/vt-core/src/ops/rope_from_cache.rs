@@ -75,20 +75,16 @@ pub(crate) fn check_cache_and_positions(
     c.contiguous("cos_sin_cache", cache)?;
     c.dim("cos_sin_cache", cache, 1, r, "the rotary dim")?;
     if r <= 0 || r % 2 != 0 {
-        return Err(c.err(
-            "cos_sin_cache",
-            format!("rotary dim must be even and > 0, got {r}"),
-        ));
+        return Err(c.err("cos_sin_cache", format!("rotary dim must be even and > 0, got {r}")));
     }
     c.typed("positions", positions, 1, DType::I64)?;
     c.dim("positions", positions, 0, t, "tokens")?;
     if let Some(v) = host_ints(positions) {
         let max_pos = cache.dim(0);
         if let Some((i, p)) = v.iter().enumerate().find(|(_, &p)| p < 0 || p >= max_pos) {
-            return Err(c.err(
-                "positions",
-                format!("positions[{i}] = {p} is outside the cache's 0..{max_pos}"),
-            ));
+            return Err(
+                c.err("positions", format!("positions[{i}] = {p} is outside the cache's 0..{max_pos}"))
+            );
         }
     }
     Ok(())
