@@ -114,6 +114,14 @@ impl Check {
         Ok(())
     }
 
+    /// A paged cache [NB, BS, D] has a block size BS >= 1 (block arithmetic divides by it).
+    pub fn block_size(&self, arg: &'static str, cache: &Tensor<'_>) -> Result<()> {
+        if cache.dim(1) < 1 {
+            return Err(self.err(arg, format!("block size (dim 1) must be >= 1, shape {:?}", cache.shape())));
+        }
+        Ok(())
+    }
+
     pub fn positive_finite(&self, arg: &'static str, v: f32) -> Result<()> {
         if !(v.is_finite() && v > 0.0) {
             return Err(self.err(arg, format!("must be finite and > 0, got {v}")));

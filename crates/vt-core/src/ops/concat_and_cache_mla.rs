@@ -43,6 +43,7 @@ fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
     let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
     c.dim("k_pe", &a.k_pe, 0, t, "kv_c's T")?;
     c.dim("cache", &a.cache, 2, l + r, "kv_c's L + k_pe's R")?;
+    c.block_size("cache", &a.cache)?;
     for (name, x) in [("kv_c", &a.kv_c), ("k_pe", &a.k_pe), ("cache", &a.cache)] {
         c.unit_inner(name, x)?;
     }
@@ -51,6 +52,7 @@ fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
     c.disjoint("cache", &a.cache, "k_pe", &a.k_pe)?;
     c.typed("slot_mapping", &a.slot_mapping, 1, DType::I64)?;
     c.dim("slot_mapping", &a.slot_mapping, 0, t, "kv_c's T")?;
+    c.disjoint("cache", &a.cache, "slot_mapping", &a.slot_mapping)?;
     if let Some(v) = host_ints(&a.slot_mapping) {
         let slots = a.cache.dim(0) * a.cache.dim(1);
         if let Some((i, s)) = v.iter().enumerate().find(|(_, &s)| s >= slots) {

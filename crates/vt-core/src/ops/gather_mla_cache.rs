@@ -49,6 +49,7 @@ fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     c.float("out", &a.out, 2)?;
     c.float("cache", &a.cache, 3)?;
     c.same_dtype("out", &a.out, a.cache.dtype())?;
+    c.block_size("cache", &a.cache)?;
     c.dim("out", &a.out, 1, a.cache.dim(2), "the cache row width")?;
     c.unit_inner("out", &a.out)?;
     c.unit_inner("cache", &a.cache)?;
@@ -62,7 +63,10 @@ fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     if let Some(s) = &a.seq_starts {
         c.typed("seq_starts", s, 1, DType::I32)?;
         c.dim("seq_starts", s, 0, b, "block_table's B")?;
+        c.disjoint("out", &a.out, "seq_starts", s)?;
     }
+    c.disjoint("out", &a.out, "block_table", &a.block_table)?;
+    c.disjoint("out", &a.out, "cu_seq_lens", &a.cu_seq_lens)?;
     let (Some(cu), Some(bt)) = (host_ints(&a.cu_seq_lens), host_ints(&a.block_table)) else {
         return Ok(());
     };

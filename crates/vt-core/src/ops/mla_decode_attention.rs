@@ -65,6 +65,7 @@ fn validate(queue: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     c.same_dtype("out", &a.out, dt)?;
     let (b, sq, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
     c.dim("cache", &a.cache, 2, d, "q's head dim D")?;
+    c.block_size("cache", &a.cache)?;
     c.dim("out", &a.out, 0, b, "q's B")?;
     c.dim("out", &a.out, 1, sq, "q's s_q")?;
     c.dim("out", &a.out, 2, n, "q's N")?;
@@ -93,12 +94,25 @@ fn validate(queue: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     c.dim("block_table", &a.block_table, 0, b, "q's B")?;
     c.typed("seq_lens", &a.seq_lens, 1, DType::I32)?;
     c.dim("seq_lens", &a.seq_lens, 0, b, "q's B")?;
+    for (name, x) in [("block_table", &a.block_table), ("seq_lens", &a.seq_lens)] {
+        c.disjoint("out", &a.out, name, x)?;
+        if let Some(l) = &a.lse {
+            c.disjoint("lse", l, name, x)?;
+        }
+    }
     let (Some(lens), Some(bt)) = (host_ints(&a.seq_lens), host_ints(&a.block_table)) else {
         return Ok(());
     };
     for (i, &len) in lens.iter().enumerate() {
         if len < 0 {
             return Err(c.err("seq_lens", format!("seq_lens[{i}] = {len} is negative")));
+        }
+        let capacity = a.block_table.dim(1) * a.cache.dim(1);
+        if len > capacity {
+            return Err(c.err(
+                "seq_lens",
+                format!("seq_lens[{i}] = {len} is more than the block table holds (MB * BS = {capacity})"),
+            ));
         }
         check_block_table_rows(&c, &bt, &a.block_table, &a.cache, i, 0, len)?;
     }

@@ -82,6 +82,12 @@ fn validate(queue: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
         return Err(c.err("cu_seqlens_q", "must hold at least one entry (B+1 with B >= 0)"));
     }
     c.dim("cu_seqlens_k", &a.cu_seqlens_k, 0, b + 1, "cu_seqlens_q's B+1")?;
+    for (name, x) in [("cu_seqlens_q", &a.cu_seqlens_q), ("cu_seqlens_k", &a.cu_seqlens_k)] {
+        c.disjoint("out", &a.out, name, x)?;
+        if let Some(l) = &a.lse {
+            c.disjoint("lse", l, name, x)?;
+        }
+    }
     check_cu_seqlens(&c, "cu_seqlens_q", &a.cu_seqlens_q, tq)?;
     check_cu_seqlens(&c, "cu_seqlens_k", &a.cu_seqlens_k, tk)?;
     if a.max_seqlen_q < 0 {

@@ -59,6 +59,13 @@ fn validate(queue: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
         c.output("k", k)?;
         c.disjoint("k", k, "q", &a.q)?;
     }
+    // q and k are rotated in place: they are outputs and must not overlap the inputs.
+    for (name, x) in [("positions", &a.positions), ("cos_sin_cache", &a.cos_sin_cache)] {
+        c.disjoint("q", &a.q, name, x)?;
+        if let Some(k) = &a.k {
+            c.disjoint("k", k, name, x)?;
+        }
+    }
     Ok(())
 }
 
