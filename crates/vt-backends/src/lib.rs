@@ -5,7 +5,8 @@
 use once_cell::sync::Lazy;
 use vt_core::{DeviceType, Probe};
 
-static PROBES: Lazy<Vec<(DeviceType, Probe)>> = Lazy::new(|| vec![(DeviceType::Cpu, vt_cpu::register())]);
+static PROBES: Lazy<Vec<(DeviceType, Probe)>> =
+    Lazy::new(|| vec![(DeviceType::Cpu, vt_cpu::register()), (DeviceType::Cuda, vt_cuda::register())]);
 
 /// Registers every backend that finds a device (idempotent) and returns what each found.
 pub fn init() -> &'static [(DeviceType, Probe)] {
