@@ -1,0 +1,228 @@
+//! `vt-mla`: the MLA block from the command line (see docs/mla.md).
+//!
+//! ```text
+//! vt-mla run --config C.json --weights W.safetensors [--layer-prefix model.layers.0.self_attn.]
+//!            --input IN.safetensors --output OUT.safetensors [--backend auto|cpu|cuda|hip]
+//!            [--schedule prefill:N,decode:N,...] [--block-size 64]
+//! vt-mla info
+//! ```
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use mla_block::runner::{positions_or_default, run_schedule, RunOptions, Schedule};
+use mla_block::{HostTensor, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use safetensors::{Dtype as StDtype, SafeTensors};
+use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
+
+const USAGE: &str = "usage:
+  vt-mla run --config C.json --weights W.safetensors [--layer-prefix model.layers.0.self_attn.]
+             --input IN.safetensors --output OUT.safetensors [--backend auto|cpu|cuda|hip]
+             [--schedule prefill:N,decode:N,...] [--block-size 64]
+  vt-mla info";
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("run") => parse_run(&args[1..]).and_then(|a| run(&a)),
+        Some("info") if args.len() == 1 => info(),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vt-mla: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct RunArgs {
+    config: PathBuf,
+    weights: PathBuf,
+    layer_prefix: String,
+    input: PathBuf,
+    output: PathBuf,
+    backend: String,
+    schedule: Option<String>,
+    block_size: i64,
+}
+
+fn usage_err(msg: impl Into<String>) -> Error {
+    Error::other("vt-mla run", format!("{}\n{USAGE}", msg.into()))
+}
+
+fn parse_run(args: &[String]) -> Result<RunArgs> {
+    let mut m: HashMap<&str, String> = HashMap::new();
+    let known = [
+        "--config",
+        "--weights",
+        "--layer-prefix",
+        "--input",
+        "--output",
+        "--backend",
+        "--schedule",
+        "--block-size",
+    ];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (key, val) = match a.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (a.as_str(), None),
+        };
+        let Some(&key) = known.iter().find(|k| **k == key) else {
+            return Err(usage_err(format!("unknown argument `{a}`")));
+        };
+        let val = match val {
+            Some(v) => v,
+            None => it.next().cloned().ok_or_else(|| usage_err(format!("`{key}` needs a value")))?,
+        };
+        if m.insert(key, val).is_some() {
+            return Err(usage_err(format!("`{key}` given twice")));
+        }
+    }
+    let mut req = |k: &str| m.remove(k).ok_or_else(|| usage_err(format!("`{k}` is required")));
+    let config = req("--config")?.into();
+    let weights = req("--weights")?.into();
+    let input = req("--input")?.into();
+    let output = req("--output")?.into();
+    let block_size = match m.remove("--block-size") {
+        None => 64,
+        Some(s) => match s.parse::<i64>() {
+            Ok(v) if v > 0 => v,
+            _ => return Err(usage_err(format!("--block-size `{s}` is not a positive integer"))),
+        },
+    };
+    Ok(RunArgs {
+        config,
+        weights,
+        layer_prefix: m.remove("--layer-prefix").unwrap_or_else(|| DEFAULT_LAYER_PREFIX.to_string()),
+        input,
+        output,
+        backend: m.remove("--backend").unwrap_or_else(|| "auto".into()),
+        schedule: m.remove("--schedule"),
+        block_size,
+    })
+}
+
+fn pick_device(backend: &str) -> Result<DeviceType> {
+    let probes = vt_backends::init();
+    if backend == "auto" {
+        return Ok(vt_backends::best_device());
+    }
+    let kind = DeviceType::parse(backend)
+        .ok_or_else(|| usage_err(format!("--backend `{backend}` is not one of auto, cpu, cuda, hip")))?;
+    match probes.iter().find(|(k, _)| *k == kind) {
+        Some((_, Probe::Registered { .. })) => Ok(kind),
+        Some((_, p)) => Err(Error::NoDevice { device: kind.to_string(), msg: p.to_string() }),
+        None => {
+            Err(Error::NoDevice { device: kind.to_string(), msg: "this build has no such backend".into() })
+        }
+    }
+}
+
+fn run(a: &RunArgs) -> Result<()> {
+    let kind = pick_device(&a.backend)?;
+    let queue = Queue::new(Device::new(kind, 0))?;
+    let cfg = MlaConfig::from_file(&a.config)?;
+    let ctx = a.input.display().to_string();
+    let bytes =
+        std::fs::read(&a.input).map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::other(ctx.clone(), format!("not a safetensors file: {e}")))?;
+    let hidden = HostTensor::from_safetensors(&st, "hidden_states", &ctx)?;
+    if !hidden.dtype.is_compute_float() || hidden.shape.len() != 3 {
+        return Err(Error::other(
+            ctx,
+            format!(
+                "`hidden_states` is {} {:?}, expected f32/bf16/f16 [S, T, H]",
+                hidden.dtype, hidden.shape
+            ),
+        ));
+    }
+    let (s, t) = (hidden.shape[0], hidden.shape[1]);
+    let positions = match st.tensor("positions") {
+        Ok(_) => Some(HostTensor::from_safetensors(&st, "positions", &ctx)?),
+        Err(_) => None,
+    };
+    let positions = positions_or_default(positions.as_ref(), s, t)?;
+    let schedule = match &a.schedule {
+        Some(sch) => sch.parse::<Schedule>()?,
+        None => Schedule::all_at_once(t),
+    };
+    schedule.check(t)?;
+
+    let store = MlaWeightStore::load(&queue, &cfg, &a.weights, &a.layer_prefix, Some(hidden.dtype))?;
+    let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
+    let opts = RunOptions { block_size: a.block_size, chunk_workspace_tokens: None };
+    let (out, stats) = run_schedule(&queue, &block, &hidden, &positions, &schedule, &opts)?;
+
+    let dtype = match out.dtype {
+        vt_core::DType::BF16 => StDtype::BF16,
+        vt_core::DType::F16 => StDtype::F16,
+        _ => StDtype::F32,
+    };
+    let shape: Vec<usize> = out.shape.iter().map(|&d| d as usize).collect();
+    let view = safetensors::tensor::TensorView::new(dtype, shape, &out.bytes)
+        .map_err(|e| Error::other("vt-mla run", format!("output tensor: {e}")))?;
+    safetensors::serialize_to_file(vec![("out", view)], &None, &a.output)
+        .map_err(|e| Error::other(a.output.display().to_string(), format!("cannot write: {e}")))?;
+    eprintln!(
+        "vt-mla: {} on {kind}: S={s} T={t} {} schedule {schedule}, block size {}, {} path: {} forwards, {} context chunks -> {}",
+        if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
+        out.dtype,
+        a.block_size,
+        if block.uses_fused_norm_rope() { "fused norm+rope" } else { "split norm+rope" },
+        stats.forwards,
+        stats.context_chunks,
+        a.output.display()
+    );
+    Ok(())
+}
+
+fn info() -> Result<()> {
+    let probes = vt_backends::init();
+    println!("backends:");
+    for (kind, probe) in probes {
+        println!("  {kind}: {probe}");
+        if !matches!(probe, Probe::Registered { .. }) {
+            continue;
+        }
+        if let Some(b) = registry::backend(*kind) {
+            println!("    {}", b.description());
+            for i in 0..b.device_count() {
+                println!("    device {kind}:{i}: {}", b.device_name(i));
+            }
+        }
+        let ops = registry::registered_ops(*kind);
+        println!(
+            "    ops ({}/{}): {}",
+            ops.len(),
+            vt_core::OpId::ALL.len(),
+            ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
+        );
+        let missing: Vec<_> =
+            vt_core::OpId::ALL.iter().filter(|o| !ops.contains(o)).map(|o| o.name()).collect();
+        if !missing.is_empty() {
+            println!("    not registered: {}", missing.join(", "));
+        }
+    }
+    println!("best device (--backend auto): {}", vt_backends::best_device());
+    println!("flags:");
+    for f in flags::Flag::ALL {
+        println!("  {}={} (default {})", f.env_name(), flags::get(f) as u8, f.default_value() as u8);
+    }
+    Ok(())
+}

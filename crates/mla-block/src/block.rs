@@ -1,0 +1,457 @@
+//! The MLA attention block: one step of mixed decode + prefill tokens through registered
+//! vt ops only.
+//!
+//! Per step (T tokens, the first D of them decode tokens):
+//! 1. A-projections and the q branch: q_lora (`q_a_proj` -> `q_a_layernorm` -> `q_b_proj`)
+//!    or q_proj; the kv A-projection either as one merged [L+R, H] GEMM (fused path) or as
+//!    two GEMMs for the latent and the rope part (split path).
+//! 2. `kv_a_layernorm` on the latent only, RoPE on q's rope slice and the shared k_pe:
+//!    `FusedNormRope` + `RopeFromCache(q)` (fused) or `RmsNorm` + `RopeFromCache(q, k)`.
+//! 3. `ConcatAndCacheMla`: the step's `[kv_c_normed | k_pe]` rows into the paged cache,
+//!    before any attention reads it.
+//! 4. Prefill tokens, materialized MHA: `kv_b_proj` up-projection, `ConcatMlaNopeRope`,
+//!    causal `PrefillAttention` over the new tokens; with cached context, per chunk
+//!    `GatherMlaCache` -> up-projection -> non-causal `PrefillAttention` with lse, then
+//!    `MergeAttnStates`.
+//! 5. Decode tokens, absorbed MQA: `BatchedMatmul(q_nope, W_UK_T)`, `ConcatMlaNopeRope`,
+//!    `MlaDecodeAttention` over the latent cache, `BatchedMatmul(., W_UV)`.
+//! 6. `o_proj`.
+
+use vt_core::{
+    batched_matmul, concat_and_cache_mla, concat_mla_nope_rope, flags, fused_norm_rope, gather_mla_cache,
+    matmul_bt, merge_attn_states, mla_decode_attention, op_registered, prefill_attention, rms_norm,
+    rope_from_cache, DType, Device, Error, MergeAttnStatesArgs, OpId, PrefillAttentionArgs, Queue, Result,
+    Tensor,
+};
+
+use crate::dims::MlaBlockDims;
+use crate::metadata::MlaBatchMetadata;
+use crate::weights::MlaBlockWeights;
+use crate::workspace::{MlaWorkspace, Slot};
+
+const OP: &str = "MlaBlock";
+
+/// One MLA attention layer bound to its weights.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaBlock<'w> {
+    dims: MlaBlockDims,
+    w: MlaBlockWeights<'w>,
+    dtype: DType,
+    device: Device,
+    is_neox: bool,
+    fused_override: Option<bool>,
+}
+
+fn req<'a>(t: Option<Tensor<'a>>, name: &'static str) -> Result<Tensor<'a>> {
+    t.ok_or_else(|| Error::invalid(OP, name, format!("required weight `{name}` is not set")))
+}
+
+impl<'w> MlaBlock<'w> {
+    /// Binds weights to dims after checking every weight the branch needs (see
+    /// [`MlaBlockWeights::check`]). The block computes in the dtype of `o_proj`, on its
+    /// device. `is_neox`: rotation pairing (DeepSeek's default is GPT-J, false).
+    pub fn new(dims: MlaBlockDims, weights: MlaBlockWeights<'w>, is_neox: bool) -> Result<MlaBlock<'w>> {
+        dims.validate()?;
+        let o = weights.o_proj.ok_or_else(|| {
+            Error::invalid(
+                "MlaBlockWeights",
+                "o_proj",
+                format!(
+                    "required weight `o_proj` is not set for the {} branch",
+                    if dims.has_q_lora() { "q_lora" } else { "q_proj" }
+                ),
+            )
+        })?;
+        let (dtype, device) = (o.dtype(), o.device());
+        if !dtype.is_compute_float() {
+            return Err(Error::invalid(OP, "o_proj", format!("dtype {dtype} is not bf16/f16/f32")));
+        }
+        weights.check(&dims, dtype, device)?;
+        Ok(MlaBlock { dims, w: weights, dtype, device, is_neox, fused_override: None })
+    }
+
+    pub fn dims(&self) -> &MlaBlockDims {
+        &self.dims
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// Rows of the cos/sin cache: positions must be below this.
+    pub fn max_position(&self) -> i64 {
+        self.w.rope_cos_sin_cache.map(|c| c.dim(0)).unwrap_or(0)
+    }
+
+    /// Forces the fused (`Some(true)`) or split (`Some(false)`) kv path for this block only,
+    /// or follows `VT_MLA_FUSED_NORM_ROPE` (`None`, the default). Either way the fused path
+    /// is taken only where `FusedNormRope` is registered.
+    pub fn set_fused_norm_rope(&mut self, value: Option<bool>) {
+        self.fused_override = value;
+    }
+
+    /// Whether the next forward takes the fused path.
+    pub fn uses_fused_norm_rope(&self) -> bool {
+        self.fused_override.unwrap_or_else(flags::mla_fused_norm_rope)
+            && op_registered(OpId::FusedNormRope, self.device.kind)
+    }
+
+    /// Runs one step: `out[T, H]` for `hidden[T, H]`, writing the step's latents into
+    /// `kv_cache` [num_blocks, block_size, L+R] at `meta.slot_mapping` first.
+    ///
+    /// Issues work on `q` without waiting for it (no synchronization). Scratch memory and the
+    /// metadata's device copy come from `ws`, which allocates only when the step is larger
+    /// than anything before it (or its limits).
+    pub fn forward(
+        &self,
+        q: &Queue,
+        ws: &mut MlaWorkspace,
+        hidden: &Tensor<'_>,
+        meta: &MlaBatchMetadata,
+        kv_cache: &Tensor<'_>,
+        out: &Tensor<'_>,
+    ) -> Result<()> {
+        let d = self.dims;
+        let (h, n, ql) = (d.hidden_size, d.num_heads, d.q_lora_rank);
+        let (l, p, r, v) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
+        let dqk = d.qk_head_dim();
+        let dt = self.dtype;
+        if q.device() != self.device {
+            return Err(Error::invalid(
+                OP,
+                "queue",
+                format!("is on {}, the weights on {}", q.device(), self.device),
+            ));
+        }
+        for (name, x) in [("hidden", hidden), ("out", out)] {
+            if x.rank() != 2 || x.dim(1) != h || x.dtype() != dt {
+                return Err(Error::invalid(
+                    OP,
+                    name,
+                    format!("is {} {:?}, expected {dt} [T, hidden_size = {h}]", x.dtype(), x.shape()),
+                ));
+            }
+        }
+        let t = hidden.dim(0);
+        if out.dim(0) != t {
+            return Err(Error::invalid(OP, "out", format!("has {} rows for {t} tokens", out.dim(0))));
+        }
+        if kv_cache.rank() != 3 || kv_cache.dim(2) != l + r || kv_cache.dtype() != dt {
+            return Err(Error::invalid(
+                OP,
+                "kv_cache",
+                format!(
+                    "is {} {:?}, expected {dt} [num_blocks, block_size, L+R = {}]",
+                    kv_cache.dtype(),
+                    kv_cache.shape(),
+                    l + r
+                ),
+            ));
+        }
+        meta.check(t, kv_cache.dim(0), kv_cache.dim(1), self.max_position())?;
+        if t == 0 {
+            return Ok(());
+        }
+        let dn = meta.num_decode_tokens;
+        let tp = t - dn;
+        let bp = meta.num_prefill_seqs();
+        let fused = self.uses_fused_norm_rope();
+        let w = &self.w;
+        let cache_rs = req(w.rope_cos_sin_cache, "rope_cos_sin_cache")?;
+
+        // ---- sizes, then the metadata upload: the only mutable uses of the workspace ----
+        let lim = *ws.limits();
+        let tmax = lim.max_tokens.max(t);
+        let wmax = lim.chunk_workspace_tokens.max(meta.max_chunk_tokens());
+        let f32_ = DType::F32;
+        let mut need: Vec<(Slot, DType, i64, i64)> = vec![
+            (Slot::QRaw, dt, t * n * dqk, tmax * n * dqk),
+            (Slot::KPe, dt, t * r, tmax * r),
+            (Slot::KvCNormed, dt, t * l, tmax * l),
+            (Slot::Attn, dt, t * n * v, tmax * n * v),
+            (Slot::MetaI64, DType::I64, 2 * t, 2 * tmax),
+        ];
+        if d.has_q_lora() {
+            need.push((Slot::QC, dt, t * ql, tmax * ql));
+        }
+        if fused {
+            need.push((Slot::KvMerged, dt, t * (l + r), tmax * (l + r)));
+        } else {
+            need.push((Slot::KvC, dt, t * l, tmax * l));
+        }
+        let i32_floor = lim.max_seqs * (lim.max_blocks_per_seq + 1) + lim.max_seqs + 1;
+        need.push((Slot::MetaI32, DType::I32, meta.i32_len() as i64, i32_floor));
+        if tp > 0 {
+            need.push((Slot::KvNope, dt, tp * n * (p + v), tmax * n * (p + v)));
+            need.push((Slot::Key, dt, tp * n * dqk, tmax * n * dqk));
+            if !meta.chunks.is_empty() {
+                for (o, ls) in [
+                    (Slot::SuffixOut, Slot::SuffixLse),
+                    (Slot::ChunkOut, Slot::ChunkLse),
+                    (Slot::AccOutA, Slot::AccLseA),
+                    (Slot::AccOutB, Slot::AccLseB),
+                ] {
+                    need.push((o, dt, tp * n * v, tmax * n * v));
+                    need.push((ls, f32_, n * tp, n * tmax));
+                }
+                let wc = meta.max_chunk_tokens();
+                need.push((Slot::CtxKv, dt, wc * (l + r), wmax * (l + r)));
+                need.push((Slot::CtxKvNope, dt, wc * n * (p + v), wmax * n * (p + v)));
+                need.push((Slot::CtxKey, dt, wc * n * dqk, wmax * n * dqk));
+            }
+        }
+        if dn > 0 {
+            need.push((Slot::QlNope, dt, n * dn * l, n * tmax * l));
+            need.push((Slot::MqaQ, dt, dn * n * (l + r), tmax * n * (l + r)));
+            need.push((Slot::MqaOut, dt, dn * n * l, tmax * n * l));
+        }
+        for (slot, dtype, elems, floor) in need {
+            ws.ensure(q, slot, dtype, elems, floor)?;
+        }
+        let st = ws.staging();
+        for x in meta.positions.iter().chain(&meta.slot_mapping) {
+            st.extend_from_slice(&x.to_le_bytes());
+        }
+        ws.commit_staging(q, Slot::MetaI64)?;
+        let st = ws.staging();
+        let mut parts: Vec<&[i32]> = vec![
+            &meta.decode_block_table,
+            &meta.decode_seq_lens,
+            &meta.prefill_block_table,
+            &meta.prefill_cu_seqlens_q,
+        ];
+        for c in &meta.chunks {
+            parts.push(&c.cu_seq_lens);
+            parts.push(&c.seq_starts);
+        }
+        for x in parts.iter().flat_map(|s| s.iter()) {
+            st.extend_from_slice(&x.to_le_bytes());
+        }
+        ws.commit_staging(q, Slot::MetaI32)?;
+        let ws = &*ws;
+
+        // Metadata views, in the order they were packed.
+        let positions = ws.view(Slot::MetaI64, 0, &[t])?;
+        let slot_mapping = ws.view(Slot::MetaI64, t, &[t])?;
+        let mut off = 0i64;
+        let mut take = |shape: &[i64]| -> Result<Tensor<'_>> {
+            let view = ws.view(Slot::MetaI32, off, shape)?;
+            off += shape.iter().product::<i64>();
+            Ok(view)
+        };
+        let dec_bt = take(&[dn, meta.decode_max_blocks])?;
+        let dec_lens = take(&[dn])?;
+        let pre_bt = take(&[bp, meta.prefill_max_blocks])?;
+        let pre_cu = take(&[if tp > 0 { bp + 1 } else { 0 }])?;
+        let mut chunk_meta = Vec::with_capacity(meta.chunks.len());
+        for c in &meta.chunks {
+            let cu = take(&[bp + 1])?;
+            let starts = take(&[bp])?;
+            chunk_meta.push((cu, starts, c.tokens()));
+        }
+
+        // ---- 1. A-projections and the q branch ----
+        let q_raw = ws.view(Slot::QRaw, 0, &[t, n * dqk])?;
+        let (kva, q_norm_w) = if d.has_q_lora() {
+            let fused_w = req(w.fused_qkv_a_proj, "fused_qkv_a_proj")?;
+            let q_c = ws.view(Slot::QC, 0, &[t, ql])?;
+            matmul_bt(q, &q_c, hidden, &fused_w.slice(0, 0, ql)?)?;
+            (fused_w.slice(0, ql, ql + l + r)?, Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)))
+        } else {
+            (req(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")?, None)
+        };
+        let kv_merged = if fused {
+            let m = ws.view(Slot::KvMerged, 0, &[t, l + r])?;
+            matmul_bt(q, &m, hidden, &kva)?;
+            Some(m)
+        } else {
+            None
+        };
+        let kv_c = if fused {
+            None
+        } else {
+            let kv_c = ws.view(Slot::KvC, 0, &[t, l])?;
+            let k_pe = ws.view(Slot::KPe, 0, &[t, r])?;
+            matmul_bt(q, &kv_c, hidden, &kva.slice(0, 0, l)?)?;
+            matmul_bt(q, &k_pe, hidden, &kva.slice(0, l, l + r)?)?;
+            Some(kv_c)
+        };
+        match q_norm_w {
+            Some((q_c, q_ln)) => {
+                rms_norm(q, &q_c, &q_c, &q_ln, d.rms_norm_eps)?;
+                matmul_bt(q, &q_raw, &q_c, &req(w.q_b_proj, "q_b_proj")?)?;
+            }
+            None => matmul_bt(q, &q_raw, hidden, &req(w.q_proj, "q_proj")?)?,
+        }
+
+        // ---- 2. kv_a_layernorm (latent only) and RoPE ----
+        let kv_ln = req(w.kv_a_layernorm, "kv_a_layernorm")?;
+        let kv_c_normed = ws.view(Slot::KvCNormed, 0, &[t, l])?;
+        let k_pe = ws.view(Slot::KPe, 0, &[t, r])?;
+        let q_pe = q_raw.as_strided(p, &[t, n, r], &[n * dqk, dqk, 1])?;
+        match (kv_merged, kv_c) {
+            (Some(m), _) => {
+                fused_norm_rope(
+                    q,
+                    &kv_c_normed,
+                    &k_pe,
+                    &m,
+                    &kv_ln,
+                    &positions,
+                    &cache_rs,
+                    d.rms_norm_eps,
+                    self.is_neox,
+                )?;
+                rope_from_cache(q, &q_pe, None, &positions, &cache_rs, self.is_neox)?;
+            }
+            (None, Some(kv_c)) => {
+                rms_norm(q, &kv_c_normed, &kv_c, &kv_ln, d.rms_norm_eps)?;
+                let k_pe3 = k_pe.as_strided(0, &[t, 1, r], &[r, r, 1])?;
+                rope_from_cache(q, &q_pe, Some(&k_pe3), &positions, &cache_rs, self.is_neox)?;
+            }
+            (None, None) => return Err(Error::backend(OP, "neither kv path was set up")),
+        }
+
+        // ---- 3. the cache write, before attention reads the cache ----
+        concat_and_cache_mla(q, &kv_c_normed, &k_pe, kv_cache, &slot_mapping)?;
+
+        let attn = ws.view(Slot::Attn, 0, &[t, n, v])?;
+
+        // ---- 4. prefill: materialized MHA over the tail `[D, T)` ----
+        if tp > 0 {
+            let kv_b = req(w.kv_b_proj, "kv_b_proj")?;
+            let q_pre = q_raw.as_strided(dn * n * dqk, &[tp, n, dqk], &[n * dqk, dqk, 1])?;
+            let kv_nope = ws.view(Slot::KvNope, 0, &[tp, n * (p + v)])?;
+            matmul_bt(q, &kv_nope, &kv_c_normed.slice(0, dn, t)?, &kv_b)?;
+            let (key, value) = self.up_projected_kv(
+                q,
+                ws,
+                Slot::Key,
+                &kv_nope,
+                &k_pe.as_strided(dn * r, &[tp, 1, r], &[r, r, 1])?,
+                tp,
+            )?;
+            let pre_out = attn.slice(0, dn, t)?;
+            let attend = |out: &Tensor<'_>,
+                          lse: Option<Tensor<'_>>,
+                          k: &Tensor<'_>,
+                          vv: &Tensor<'_>,
+                          cu_k: &Tensor<'_>,
+                          causal: bool| {
+                prefill_attention(
+                    q,
+                    &PrefillAttentionArgs {
+                        out: *out,
+                        lse,
+                        q: q_pre,
+                        k: *k,
+                        v: *vv,
+                        cu_seqlens_q: pre_cu,
+                        cu_seqlens_k: *cu_k,
+                        max_seqlen_q: meta.max_query_len,
+                        causal,
+                        scale: d.scale,
+                    },
+                )
+            };
+            if chunk_meta.is_empty() {
+                attend(&pre_out, None, &key, &value, &pre_cu, true)?;
+            } else {
+                // The new tokens over themselves (causal), kept with their lse ...
+                let suffix = ws.view(Slot::SuffixOut, 0, &[tp, n, v])?;
+                let suffix_lse = ws.view(Slot::SuffixLse, 0, &[n, tp])?;
+                attend(&suffix, Some(suffix_lse), &key, &value, &pre_cu, true)?;
+                // ... the cached context chunk by chunk (non-causal), merged as it goes ...
+                let acc = [
+                    (ws.view(Slot::AccOutA, 0, &[tp, n, v])?, ws.view(Slot::AccLseA, 0, &[n, tp])?),
+                    (ws.view(Slot::AccOutB, 0, &[tp, n, v])?, ws.view(Slot::AccLseB, 0, &[n, tp])?),
+                ];
+                let chunk_out = ws.view(Slot::ChunkOut, 0, &[tp, n, v])?;
+                let chunk_lse = ws.view(Slot::ChunkLse, 0, &[n, tp])?;
+                let mut cur = 0;
+                for (c, (cu, starts, toks)) in chunk_meta.iter().enumerate() {
+                    let ctx = ws.view(Slot::CtxKv, 0, &[*toks, l + r])?;
+                    gather_mla_cache(q, &ctx, kv_cache, &pre_bt, cu, Some(starts))?;
+                    let ctx_nope = ws.view(Slot::CtxKvNope, 0, &[*toks, n * (p + v)])?;
+                    matmul_bt(q, &ctx_nope, &ctx.slice(1, 0, l)?, &kv_b)?;
+                    let ctx_pe = ctx.as_strided(l, &[*toks, 1, r], &[l + r, r, 1])?;
+                    let (ck, cv) = self.up_projected_kv(q, ws, Slot::CtxKey, &ctx_nope, &ctx_pe, *toks)?;
+                    if c == 0 {
+                        attend(&acc[0].0, Some(acc[0].1), &ck, &cv, cu, false)?;
+                    } else {
+                        attend(&chunk_out, Some(chunk_lse), &ck, &cv, cu, false)?;
+                        merge_attn_states(
+                            q,
+                            &MergeAttnStatesArgs {
+                                out: acc[1 - cur].0,
+                                out_lse: Some(acc[1 - cur].1),
+                                prefix: acc[cur].0,
+                                prefix_lse: acc[cur].1,
+                                suffix: chunk_out,
+                                suffix_lse: chunk_lse,
+                            },
+                        )?;
+                        cur = 1 - cur;
+                    }
+                }
+                // ... and finally context with the new tokens.
+                merge_attn_states(
+                    q,
+                    &MergeAttnStatesArgs {
+                        out: pre_out,
+                        out_lse: None,
+                        prefix: acc[cur].0,
+                        prefix_lse: acc[cur].1,
+                        suffix,
+                        suffix_lse,
+                    },
+                )?;
+            }
+        }
+
+        // ---- 5. decode: absorbed MQA over the head `[0, D)` ----
+        if dn > 0 {
+            let b = dn;
+            // q_nope as [N, B, P] (a transposed view, no copy) times W_UK_T [N, P, L].
+            let q_nope = q_raw.as_strided(0, &[n, b, p], &[dqk, n * dqk, 1])?;
+            let ql_nope = ws.view(Slot::QlNope, 0, &[n, b, l])?;
+            batched_matmul(q, &ql_nope, &q_nope, &req(w.w_uk_t, "w_uk_t")?)?;
+            let mqa_q = ws.view(Slot::MqaQ, 0, &[b, n, l + r])?;
+            let ql_bn = ql_nope.as_strided(0, &[b, n, l], &[l, b * l, 1])?;
+            let q_pe_bn = q_raw.as_strided(p, &[b, n, r], &[n * dqk, dqk, 1])?;
+            concat_mla_nope_rope(q, &mqa_q, &ql_bn, &q_pe_bn)?;
+            let mqa_q4 = mqa_q.as_strided(0, &[b, 1, n, l + r], &[n * (l + r), n * (l + r), l + r, 1])?;
+            let mqa_out = ws.view(Slot::MqaOut, 0, &[b, 1, n, l])?;
+            mla_decode_attention(q, &mqa_out, None, &mqa_q4, kv_cache, &dec_bt, &dec_lens, d.scale)?;
+            // Back from latent to value space: [N, B, L] x W_UV [N, L, V] into attn[:D] as [N, B, V].
+            let x = mqa_out.as_strided(0, &[n, b, l], &[l, n * l, 1])?;
+            let v_out = attn.as_strided(0, &[n, b, v], &[v, n * v, 1])?;
+            batched_matmul(q, &v_out, &x, &req(w.w_uv, "w_uv")?)?;
+        }
+
+        // ---- 6. o_proj ----
+        let attn_flat = attn.as_strided(0, &[t, n * v], &[n * v, 1])?;
+        matmul_bt(q, out, &attn_flat, &req(w.o_proj, "o_proj")?)
+    }
+
+    /// Splits an up-projection `kv_nope` [rows, N*(P+V)] into the key
+    /// `[k_nope | k_pe broadcast over heads]` (written to `key_slot`) and a value view.
+    fn up_projected_kv<'a>(
+        &self,
+        q: &Queue,
+        ws: &'a MlaWorkspace,
+        key_slot: Slot,
+        kv_nope: &Tensor<'a>,
+        k_pe: &Tensor<'_>,
+        rows: i64,
+    ) -> Result<(Tensor<'a>, Tensor<'a>)> {
+        let d = &self.dims;
+        let (n, p, v) = (d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
+        let k_nope = kv_nope.as_strided(0, &[rows, n, p], &[n * (p + v), p + v, 1])?;
+        let value = kv_nope.as_strided(p, &[rows, n, v], &[n * (p + v), p + v, 1])?;
+        let key = ws.view(key_slot, 0, &[rows, n, d.qk_head_dim()])?;
+        concat_mla_nope_rope(q, &key, &k_nope, k_pe)?;
+        Ok((key, value))
+    }
+}

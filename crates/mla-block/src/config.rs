@@ -1,0 +1,238 @@
+//! Hugging Face `config.json` of DeepSeek-V2/V3 (and V2-Lite) models.
+//!
+//! Both rope forms are read:
+//! - the released checkpoints' top-level `rope_theta` plus `rope_scaling` (`null`, or an
+//!   object keyed by `type` or `rope_type`);
+//! - transformers 5's `rope_parameters` object, which carries `rope_type` and `rope_theta`
+//!   itself (a top-level `rope_theta` is the fallback).
+//!
+//! `rope_interleave` absent means interleaved (GPT-J pairs), as in transformers;
+//! `q_lora_rank: null` (or absent, or 0) selects the q_proj branch. Anything the block
+//! cannot reproduce (another rope type, attention bias, quantized weights) is an error that
+//! names the field and its value.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use vt_core::{Error, Result};
+
+use crate::dims::MlaBlockDims;
+use crate::rope::{YarnRopeParams, YarnScaling};
+
+const CTX: &str = "config.json";
+
+/// What the block needs from a model config.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaConfig {
+    pub dims: MlaBlockDims,
+    pub rope: YarnRopeParams,
+    /// `max_position_embeddings`: rows of the cos/sin cache (positions must be below it).
+    pub max_position_embeddings: i64,
+}
+
+impl MlaConfig {
+    /// Reads and parses a `config.json` file.
+    pub fn from_file(path: &Path) -> Result<MlaConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::other(path.display().to_string(), format!("cannot read: {e}")))?;
+        MlaConfig::from_json_str(&text)
+    }
+
+    /// Parses the text of a `config.json`.
+    pub fn from_json_str(text: &str) -> Result<MlaConfig> {
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| Error::other(CTX, format!("not valid JSON: {e}")))?;
+        let Some(obj) = v.as_object() else {
+            return Err(Error::other(CTX, "the top level is not a JSON object"));
+        };
+        MlaConfig::from_json(obj)
+    }
+
+    /// Parses an already decoded `config.json` object.
+    pub fn from_json(c: &Map<String, Value>) -> Result<MlaConfig> {
+        reject_unsupported(c)?;
+        let hidden_size = req_int(c, "hidden_size")?;
+        let num_heads = req_int(c, "num_attention_heads")?;
+        let q_lora_rank = match c.get("q_lora_rank") {
+            None | Some(Value::Null) => 0,
+            Some(_) => req_int(c, "q_lora_rank")?,
+        };
+        let kv_lora_rank = req_int(c, "kv_lora_rank")?;
+        let nope = req_int(c, "qk_nope_head_dim")?;
+        let rope_dim = req_int(c, "qk_rope_head_dim")?;
+        let v = req_int(c, "v_head_dim")?;
+        let eps = opt_f64(c, "rms_norm_eps")?.unwrap_or(1e-6);
+        let max_pos = req_int(c, "max_position_embeddings")?;
+        if max_pos <= 0 {
+            return Err(field_err("max_position_embeddings", format!("must be > 0, got {max_pos}")));
+        }
+        let is_neox = match c.get("rope_interleave") {
+            None => false,
+            Some(Value::Bool(b)) => !b,
+            // transformers reads an explicit null as false (neox), DeepSeek's default is
+            // interleaved: too ambiguous to guess.
+            Some(Value::Null) => {
+                return Err(field_err(
+                    "rope_interleave",
+                    "null is ambiguous; write true (interleaved) or false (neox)",
+                ))
+            }
+            Some(other) => {
+                return Err(field_err("rope_interleave", format!("must be true or false, got {other}")))
+            }
+        };
+        let rope = parse_rope(c, max_pos, is_neox)?;
+        let dims = MlaBlockDims::new(
+            hidden_size,
+            num_heads,
+            q_lora_rank,
+            kv_lora_rank,
+            nope,
+            rope_dim,
+            v,
+            eps as f32,
+            &rope,
+        )?;
+        Ok(MlaConfig { dims, rope, max_position_embeddings: max_pos })
+    }
+}
+
+fn field_err(field: &str, msg: impl std::fmt::Display) -> Error {
+    Error::other(CTX, format!("field `{field}`: {msg}"))
+}
+
+fn reject_unsupported(c: &Map<String, Value>) -> Result<()> {
+    if let Some(q) = c.get("quantization_config").filter(|q| !q.is_null()) {
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+        return Err(field_err(
+            "quantization_config",
+            format!(
+                "quantized checkpoints (quant_method {method:?}) are not supported; use bf16/f16/f32 weights"
+            ),
+        ));
+    }
+    if c.get("attention_bias").and_then(Value::as_bool) == Some(true) {
+        return Err(field_err(
+            "attention_bias",
+            "true is not supported (DeepSeek's MLA projections have no bias)",
+        ));
+    }
+    Ok(())
+}
+
+fn req_int(c: &Map<String, Value>, key: &str) -> Result<i64> {
+    match c.get(key) {
+        None => Err(field_err(key, "is missing")),
+        Some(v) => as_int(key, v),
+    }
+}
+
+fn as_int(key: &str, v: &Value) -> Result<i64> {
+    if let Some(i) = v.as_i64() {
+        return Ok(i);
+    }
+    // Some configs write integers as floats (`64.0`); accept only exact ones.
+    match v.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => Ok(f as i64),
+        _ => Err(field_err(key, format!("must be an integer, got {v}"))),
+    }
+}
+
+fn opt_f64(c: &Map<String, Value>, key: &str) -> Result<Option<f64>> {
+    match c.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| field_err(key, format!("must be a number, got {v}"))),
+    }
+}
+
+fn parse_rope(c: &Map<String, Value>, max_pos: i64, is_neox: bool) -> Result<YarnRopeParams> {
+    let top_theta = opt_f64(c, "rope_theta")?;
+    // transformers 5 form first; the released checkpoints' form otherwise.
+    let (section, params) = match (c.get("rope_parameters"), c.get("rope_scaling")) {
+        (Some(Value::Object(p)), _) => ("rope_parameters", Some(p)),
+        (Some(Value::Null) | None, Some(Value::Object(s))) => ("rope_scaling", Some(s)),
+        (Some(Value::Null) | None, Some(Value::Null) | None) => ("rope_scaling", None),
+        (Some(other), _) => {
+            return Err(field_err("rope_parameters", format!("must be an object, got {other}")))
+        }
+        (_, Some(other)) => {
+            return Err(field_err("rope_scaling", format!("must be an object or null, got {other}")))
+        }
+    };
+    let Some(p) = params else {
+        return Ok(YarnRopeParams { base: top_theta.unwrap_or(10000.0), yarn: None, is_neox });
+    };
+    let key = |k: &str| format!("{section}.{k}");
+    let num = |k: &str| -> Result<Option<f64>> {
+        match p.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => {
+                v.as_f64().map(Some).ok_or_else(|| field_err(&key(k), format!("must be a number, got {v}")))
+            }
+        }
+    };
+    let theta = num("rope_theta")?.or(top_theta).unwrap_or(10000.0);
+    let rope_type = match p.get("rope_type").or_else(|| p.get("type")) {
+        None | Some(Value::Null) => "default".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => return Err(field_err(&key("rope_type"), format!("must be a string, got {other}"))),
+    };
+    match rope_type.as_str() {
+        "default" => Ok(YarnRopeParams { base: theta, yarn: None, is_neox }),
+        "yarn" | "deepseek_yarn" => {
+            let factor = num("factor")?.ok_or_else(|| field_err(&key("factor"), "is missing for YaRN"))?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(field_err(&key("factor"), format!("must be finite and > 0, got {factor}")));
+            }
+            let orig = match p.get("original_max_position_embeddings") {
+                None | Some(Value::Null) => max_pos,
+                Some(v) => as_int(&key("original_max_position_embeddings"), v)?,
+            };
+            if orig <= 0 {
+                return Err(field_err(
+                    &key("original_max_position_embeddings"),
+                    format!("must be > 0, got {orig}"),
+                ));
+            }
+            let mut y = YarnScaling::with_defaults(factor, orig);
+            if let Some(v) = num("beta_fast")? {
+                y.beta_fast = v;
+            }
+            if let Some(v) = num("beta_slow")? {
+                y.beta_slow = v;
+            }
+            if let Some(v) = num("mscale")? {
+                y.mscale = v;
+            }
+            if let Some(v) = num("mscale_all_dim")? {
+                y.mscale_all_dim = v;
+            }
+            if let Some(v) = num("extrapolation_factor")? {
+                y.extrapolation_factor = v;
+            }
+            if let Some(v) = num("attn_factor")? {
+                y.attn_factor = v;
+            }
+            if let Some(v) = p.get("attention_factor").filter(|v| !v.is_null()) {
+                return Err(field_err(
+                    &key("attention_factor"),
+                    format!(
+                        "an explicit attention_factor ({v}) is not supported; use mscale / mscale_all_dim"
+                    ),
+                ));
+            }
+            match p.get("truncate") {
+                None | Some(Value::Null) => {}
+                Some(Value::Bool(b)) => y.truncate = *b,
+                Some(other) => {
+                    return Err(field_err(&key("truncate"), format!("must be a bool, got {other}")))
+                }
+            }
+            Ok(YarnRopeParams { base: theta, yarn: Some(y), is_neox })
+        }
+        other => Err(field_err(
+            &key("rope_type"),
+            format!("rope type {other:?} is not supported (only \"default\" and \"yarn\")"),
+        )),
+    }
+}

@@ -1,0 +1,143 @@
+//! The block's dimensions and their validation.
+
+use vt_core::{Error, Result};
+
+use crate::rope::{mla_attention_scale, YarnRopeParams};
+
+const OP: &str = "MlaBlockDims";
+
+/// The dimensions of one MLA attention block (Hugging Face config names in brackets).
+///
+/// Build with [`MlaBlockDims::new`], which sets `scale` through [`mla_attention_scale`]
+/// so the YaRN `mscale^2` correction cannot be forgotten; [`MlaBlockDims::validate`]
+/// rejects a default-constructed `scale` of 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaBlockDims {
+    /// H [`hidden_size`].
+    pub hidden_size: i64,
+    /// N [`num_attention_heads`].
+    pub num_heads: i64,
+    /// Q [`q_lora_rank`]; 0 means the q_proj branch (config value `null`, V2-Lite).
+    pub q_lora_rank: i64,
+    /// L [`kv_lora_rank`]: the width of the compressed latent that the cache stores.
+    pub kv_lora_rank: i64,
+    /// P [`qk_nope_head_dim`]: the part of a q/k head without rotary embedding.
+    pub qk_nope_head_dim: i64,
+    /// R [`qk_rope_head_dim`]: the rotary part of a q/k head (and of a cache row).
+    pub qk_rope_head_dim: i64,
+    /// V [`v_head_dim`].
+    pub v_head_dim: i64,
+    /// [`rms_norm_eps`] of `q_a_layernorm` and `kv_a_layernorm`.
+    pub rms_norm_eps: f32,
+    /// Softmax scale; set by [`MlaBlockDims::new`] (`qk_head_dim^-0.5`, times `mscale^2`
+    /// under YaRN).
+    pub scale: f32,
+}
+
+impl MlaBlockDims {
+    /// Dims with `scale` derived from the rope parameters, validated.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        hidden_size: i64,
+        num_heads: i64,
+        q_lora_rank: i64,
+        kv_lora_rank: i64,
+        qk_nope_head_dim: i64,
+        qk_rope_head_dim: i64,
+        v_head_dim: i64,
+        rms_norm_eps: f32,
+        rope: &YarnRopeParams,
+    ) -> Result<MlaBlockDims> {
+        let mut d = MlaBlockDims {
+            hidden_size,
+            num_heads,
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            rms_norm_eps,
+            scale: 0.0,
+        };
+        d.scale = mla_attention_scale(&d, rope);
+        d.validate()?;
+        Ok(d)
+    }
+
+    /// P + R: the q/k head width of the materialized (prefill) form.
+    pub const fn qk_head_dim(&self) -> i64 {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// L + R: the width of one latent cache row and of the absorbed decode query.
+    pub const fn cache_row_dim(&self) -> i64 {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Whether q goes through the low-rank q_a / q_b pair.
+    pub const fn has_q_lora(&self) -> bool {
+        self.q_lora_rank > 0
+    }
+
+    /// The seed's checks: every dim > 0 (q_lora_rank >= 0), an even rope dim,
+    /// `v_head_dim <= qk_head_dim`, a positive finite eps, and a scale that was set.
+    pub fn validate(&self) -> Result<()> {
+        let dims = [
+            ("hidden_size", self.hidden_size),
+            ("num_heads", self.num_heads),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_nope_head_dim", self.qk_nope_head_dim),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+        ];
+        for (name, v) in dims {
+            if v <= 0 {
+                return Err(Error::invalid(OP, name, format!("every dimension must be > 0, got {v}")));
+            }
+        }
+        if self.q_lora_rank < 0 {
+            return Err(Error::invalid(
+                OP,
+                "q_lora_rank",
+                format!("must be >= 0 (0 selects the q_proj branch), got {}", self.q_lora_rank),
+            ));
+        }
+        if self.qk_rope_head_dim % 2 != 0 {
+            return Err(Error::invalid(
+                OP,
+                "qk_rope_head_dim",
+                format!("must be even (it is the rotary dim), got {}", self.qk_rope_head_dim),
+            ));
+        }
+        if self.v_head_dim > self.qk_head_dim() {
+            return Err(Error::invalid(
+                OP,
+                "v_head_dim",
+                format!(
+                    "{} exceeds qk_head_dim = qk_nope_head_dim + qk_rope_head_dim = {}",
+                    self.v_head_dim,
+                    self.qk_head_dim()
+                ),
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(Error::invalid(
+                OP,
+                "rms_norm_eps",
+                format!("must be finite and > 0, got {}", self.rms_norm_eps),
+            ));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return Err(Error::invalid(
+                OP,
+                "scale",
+                format!(
+                    "is {}; set it with mla_attention_scale() (MlaBlockDims::new does), which \
+                     carries the YaRN mscale^2 correction",
+                    self.scale
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! A paged latent KV cache for one layer: device memory `[num_blocks, block_size, L+R]`,
+//! a free list of blocks, and per-sequence block tables.
+//!
+//! Token `j` of a sequence lives in block `table[j / block_size]`, row `j % block_size`,
+//! i.e. at slot `table[j / bs] * bs + j % bs`, which is what `ConcatAndCacheMla` writes
+//! and `GatherMlaCache` / `MlaDecodeAttention` read. Running out of blocks is an error
+//! that leaves the cache unchanged.
+
+use vt_core::{Buffer, DType, Error, Queue, Result, Tensor};
+
+const OP: &str = "PagedKvCache";
+
+/// A sequence's handle in a [`PagedKvCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SeqId(pub usize);
+
+#[derive(Clone, Debug, Default)]
+struct SeqState {
+    blocks: Vec<i32>,
+    len: i64,
+}
+
+/// One layer's paged MLA cache and its block allocator.
+pub struct PagedKvCache {
+    buffer: Buffer,
+    num_blocks: i64,
+    block_size: i64,
+    row_dim: i64,
+    /// Free block ids; popped from the end, so blocks are handed out in ascending order.
+    free: Vec<i32>,
+    seqs: Vec<Option<SeqState>>,
+}
+
+impl PagedKvCache {
+    /// A cache of `num_blocks` blocks of `block_size` rows of `row_dim` (= L+R) elements.
+    /// The memory starts as NaN so a read of a row that was never written shows up.
+    pub fn new(queue: &Queue, dtype: DType, num_blocks: i64, block_size: i64, row_dim: i64) -> Result<Self> {
+        for (name, v) in [("num_blocks", num_blocks), ("block_size", block_size), ("row_dim", row_dim)] {
+            if v <= 0 {
+                return Err(Error::invalid(OP, name, format!("must be > 0, got {v}")));
+            }
+        }
+        if num_blocks > i32::MAX as i64 {
+            return Err(Error::invalid(
+                OP,
+                "num_blocks",
+                format!("{num_blocks} does not fit block ids (i32)"),
+            ));
+        }
+        if !dtype.is_compute_float() {
+            return Err(Error::invalid(OP, "dtype", format!("{dtype} is not bf16/f16/f32")));
+        }
+        let buffer = Buffer::nan(queue, dtype, &[num_blocks, block_size, row_dim])?;
+        Ok(PagedKvCache {
+            buffer,
+            num_blocks,
+            block_size,
+            row_dim,
+            free: (0..num_blocks as i32).rev().collect(),
+            seqs: Vec::new(),
+        })
+    }
+
+    /// The cache memory as `[num_blocks, block_size, row_dim]`.
+    pub fn view(&self) -> Tensor<'_> {
+        self.buffer.view()
+    }
+
+    pub fn block_size(&self) -> i64 {
+        self.block_size
+    }
+    pub fn num_blocks(&self) -> i64 {
+        self.num_blocks
+    }
+    pub fn row_dim(&self) -> i64 {
+        self.row_dim
+    }
+    pub fn free_blocks(&self) -> i64 {
+        self.free.len() as i64
+    }
+
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: i64) -> i64 {
+        (tokens + self.block_size - 1) / self.block_size
+    }
+
+    /// Starts an empty sequence.
+    pub fn add_sequence(&mut self) -> SeqId {
+        if let Some(i) = self.seqs.iter().position(Option::is_none) {
+            self.seqs[i] = Some(SeqState::default());
+            return SeqId(i);
+        }
+        self.seqs.push(Some(SeqState::default()));
+        SeqId(self.seqs.len() - 1)
+    }
+
+    /// Ends a sequence and returns its blocks to the free list.
+    pub fn free_sequence(&mut self, id: SeqId) -> Result<()> {
+        let st = self.seqs.get_mut(id.0).and_then(Option::take).ok_or_else(|| unknown(id))?;
+        self.free.extend(st.blocks.into_iter().rev());
+        Ok(())
+    }
+
+    fn seq(&self, id: SeqId) -> Result<&SeqState> {
+        self.seqs.get(id.0).and_then(Option::as_ref).ok_or_else(|| unknown(id))
+    }
+
+    /// Tokens cached for the sequence so far.
+    pub fn seq_len(&self, id: SeqId) -> Result<i64> {
+        Ok(self.seq(id)?.len)
+    }
+
+    /// The sequence's block table (block ids in logical order).
+    pub fn block_table(&self, id: SeqId) -> Result<&[i32]> {
+        Ok(&self.seq(id)?.blocks)
+    }
+
+    /// Blocks that appending `n` tokens to the sequence would take from the free list.
+    pub fn blocks_needed(&self, id: SeqId, n: i64) -> Result<i64> {
+        let st = self.seq(id)?;
+        Ok((self.blocks_for(st.len + n) - st.blocks.len() as i64).max(0))
+    }
+
+    /// Appends `n` tokens to the sequence: takes the blocks they need and pushes their
+    /// slots onto `slots`. Errors (changing nothing) if the free list is too short.
+    pub fn append(&mut self, id: SeqId, n: i64, slots: &mut Vec<i64>) -> Result<()> {
+        if n < 0 {
+            return Err(Error::invalid(OP, "n", format!("cannot append {n} tokens")));
+        }
+        let need = self.blocks_needed(id, n)?;
+        if need > self.free.len() as i64 {
+            return Err(Error::invalid(
+                OP,
+                "num_blocks",
+                format!(
+                    "out of KV cache blocks: sequence {} needs {need} more block(s) of {} tokens, {} of {} are free",
+                    id.0,
+                    self.block_size,
+                    self.free.len(),
+                    self.num_blocks
+                ),
+            ));
+        }
+        let bs = self.block_size;
+        let Some(Some(st)) = self.seqs.get_mut(id.0) else { return Err(unknown(id)) };
+        for _ in 0..need {
+            match self.free.pop() {
+                Some(b) => st.blocks.push(b),
+                None => return Err(Error::invalid(OP, "num_blocks", "free list shrank while appending")),
+            }
+        }
+        for j in st.len..st.len + n {
+            slots.push(st.blocks[(j / bs) as usize] as i64 * bs + j % bs);
+        }
+        st.len += n;
+        Ok(())
+    }
+}
+
+fn unknown(id: SeqId) -> Error {
+    Error::invalid(OP, "seq", format!("sequence {} does not exist (never added, or freed)", id.0))
+}

@@ -1,0 +1,43 @@
+//! DeepSeek's Multi-head Latent Attention (MLA) block, composed only of vt-core's
+//! registered ops, so it runs on whichever backend the caller's queue belongs to.
+//!
+//! - [`MlaConfig`]: a Hugging Face `config.json` (both rope forms) -> [`MlaBlockDims`] and
+//!   [`YarnRopeParams`].
+//! - [`MlaWeightStore`]: safetensors weights under HF names -> device buffers, including
+//!   the fused q_a/kv_a projection, the absorbed `W_UK_T`/`W_UV` and the f32 cos/sin cache;
+//!   [`MlaBlockWeights`] are the views the forward reads.
+//! - [`PagedKvCache`] + [`MlaBatchMetadata::plan`]: blocks, block tables, slot mapping and
+//!   context chunks for a mixed decode/prefill step.
+//! - [`MlaBlock::forward`]: one step; [`MlaWorkspace`] holds its reusable scratch memory.
+//! - [`runner::run_schedule`]: whole sequences under a `prefill:N,decode:N` schedule
+//!   (what `vt-mla run` does).
+//!
+//! See `docs/mla.md` for the op map and the upstream port map.
+
+mod block;
+mod config;
+mod dims;
+mod kv_cache;
+mod metadata;
+mod rope;
+pub mod runner;
+mod weights;
+mod workspace;
+
+pub use block::MlaBlock;
+pub use config::MlaConfig;
+pub use dims::MlaBlockDims;
+pub use kv_cache::{PagedKvCache, SeqId};
+pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};
+pub use rope::{
+    mla_attention_scale, yarn_correction_range, yarn_find_correction_dim, yarn_get_mscale, YarnRopeParams,
+    YarnScaling,
+};
+pub use weights::{
+    absorb_bytes, absorb_kv_b_proj, decode_f64, hf_weight_shapes, AbsorbedKvBProj, HostTensor, HostWeights,
+    MlaBlockWeights, MlaWeightStore,
+};
+pub use workspace::{MlaLimits, MlaWorkspace};
+
+/// The layer prefix of the first layer's attention weights in Hugging Face checkpoints.
+pub const DEFAULT_LAYER_PREFIX: &str = "model.layers.0.self_attn.";

@@ -1,0 +1,249 @@
+//! DeepSeek's YaRN rotary embedding: the cos/sin cache the rope ops read and the softmax
+//! scale correction.
+//!
+//! Two different mscales are involved and must not be confused:
+//! - the *rotation* mscale `yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor,
+//!   mscale_all_dim) * attn_factor` multiplies every cos/sin entry of the cache;
+//! - the *softmax* correction `yarn_get_mscale(factor, mscale_all_dim)^2` multiplies the
+//!   attention scale ([`mla_attention_scale`]).
+
+use vt_core::{Buffer, Error, Queue, Result};
+
+use crate::dims::MlaBlockDims;
+
+/// YaRN scaling of the rotary frequencies (DeepSeek's `rope_scaling` with type `yarn`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnScaling {
+    /// `factor`: context extension factor. `<= 1` disables YaRN (plain rope, scale unchanged).
+    pub factor: f64,
+    /// `original_max_position_embeddings`: the pre-extension context length.
+    pub original_max_position_embeddings: i64,
+    /// `beta_fast` (default 32): rotations at which the ramp starts (high frequencies).
+    pub beta_fast: f64,
+    /// `beta_slow` (default 1): rotations at which the ramp ends (low frequencies).
+    pub beta_slow: f64,
+    /// `mscale` (default 1).
+    pub mscale: f64,
+    /// `mscale_all_dim` (default 0).
+    pub mscale_all_dim: f64,
+    /// Extra multiplier of the rotation mscale (vLLM's `attn_factor`, default 1).
+    pub attn_factor: f64,
+    /// vLLM's `extrapolation_factor` (default 1): weight of the extrapolated frequencies.
+    pub extrapolation_factor: f64,
+    /// Round the correction range to whole dims (`truncate`, default true).
+    pub truncate: bool,
+}
+
+impl YarnScaling {
+    /// The given factor and original context length with every other field at its default.
+    pub fn with_defaults(factor: f64, original_max_position_embeddings: i64) -> YarnScaling {
+        YarnScaling {
+            factor,
+            original_max_position_embeddings,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.0,
+            mscale_all_dim: 0.0,
+            attn_factor: 1.0,
+            extrapolation_factor: 1.0,
+            truncate: true,
+        }
+    }
+
+    /// Whether YaRN actually changes anything (`factor > 1`).
+    pub fn active(&self) -> bool {
+        self.factor > 1.0
+    }
+}
+
+/// The rotary embedding of an MLA block: base frequency, optional YaRN and the pairing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnRopeParams {
+    /// `rope_theta`.
+    pub base: f64,
+    /// `None`: plain rope.
+    pub yarn: Option<YarnScaling>,
+    /// Neox half-split pairs `(i, i + R/2)`; false: GPT-J adjacent pairs `(2i, 2i+1)`, the
+    /// DeepSeek default (`rope_interleave` absent or true).
+    pub is_neox: bool,
+}
+
+impl YarnRopeParams {
+    /// Plain rope with GPT-J pairing.
+    pub fn plain(base: f64) -> YarnRopeParams {
+        YarnRopeParams { base, yarn: None, is_neox: false }
+    }
+
+    fn active_yarn(&self) -> Option<&YarnScaling> {
+        self.yarn.as_ref().filter(|y| y.active())
+    }
+
+    /// The rotation mscale multiplying cos and sin (1 without YaRN).
+    pub fn rotation_mscale(&self) -> f64 {
+        match self.active_yarn() {
+            Some(y) => {
+                yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim)
+                    * y.attn_factor
+            }
+            None => 1.0,
+        }
+    }
+
+    /// `inv_freq[i]` for the `rotary_dim / 2` pairs, in f64.
+    pub fn inv_freq(&self, rotary_dim: i64) -> Result<Vec<f64>> {
+        check_rotary_dim("YarnRopeParams::inv_freq", rotary_dim)?;
+        if !(self.base.is_finite() && self.base > 1.0) {
+            return Err(Error::invalid(
+                "YarnRopeParams",
+                "base",
+                format!("rope_theta must be finite and > 1, got {}", self.base),
+            ));
+        }
+        let rot = rotary_dim as f64;
+        let half = rotary_dim / 2;
+        let yarn = self.active_yarn();
+        let (low, high) = match yarn {
+            Some(y) => yarn_correction_range(y, rotary_dim, self.base),
+            None => (0.0, 0.0),
+        };
+        Ok((0..half)
+            .map(|i| {
+                let pos_freq = self.base.powf(2.0 * i as f64 / rot);
+                let extrapolation = 1.0 / pos_freq;
+                let Some(y) = yarn else { return extrapolation };
+                let interpolation = 1.0 / (y.factor * pos_freq);
+                // The ramp runs over rotary_dim / 2 entries although the correction range
+                // was computed against rotary_dim: upstream's asymmetry, kept on purpose.
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let mask = (1.0 - ramp) * y.extrapolation_factor;
+                interpolation * (1.0 - mask) + extrapolation * mask
+            })
+            .collect())
+    }
+
+    /// The cos/sin cache [rows, R] in f32: row t is `[cos(t*inv_freq) | sin(t*inv_freq)] *
+    /// rotation_mscale`, computed in f64 and rounded once (the layout the rope ops read).
+    pub fn cos_sin_cache(&self, rotary_dim: i64, rows: i64) -> Result<Vec<f32>> {
+        if rows <= 0 {
+            return Err(Error::invalid(
+                "YarnRopeParams::cos_sin_cache",
+                "rows",
+                format!("must be > 0, got {rows}"),
+            ));
+        }
+        let inv = self.inv_freq(rotary_dim)?;
+        let ms = self.rotation_mscale();
+        let (rot, half) = (rotary_dim as usize, rotary_dim as usize / 2);
+        let mut cache = vec![0f32; rows as usize * rot];
+        for (t, row) in cache.chunks_exact_mut(rot).enumerate() {
+            for (i, f) in inv.iter().enumerate() {
+                let angle = t as f64 * f;
+                row[i] = (angle.cos() * ms) as f32;
+                row[half + i] = (angle.sin() * ms) as f32;
+            }
+        }
+        Ok(cache)
+    }
+
+    /// [`YarnRopeParams::cos_sin_cache`] uploaded to the queue's device as an f32 buffer.
+    pub fn cos_sin_cache_buffer(&self, queue: &Queue, rotary_dim: i64, rows: i64) -> Result<Buffer> {
+        let cache = self.cos_sin_cache(rotary_dim, rows)?;
+        Buffer::from_slice(queue, &[rows, rotary_dim], &cache)
+    }
+}
+
+fn check_rotary_dim(op: &'static str, rotary_dim: i64) -> Result<()> {
+    if rotary_dim <= 0 || rotary_dim % 2 != 0 {
+        return Err(Error::invalid(op, "rotary_dim", format!("must be even and > 0, got {rotary_dim}")));
+    }
+    Ok(())
+}
+
+/// `0.1 * mscale * ln(scale) + 1` for `scale > 1`, else 1.
+pub fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+/// The (fractional) dim whose wavelength completes `num_rotations` turns over the original
+/// context.
+pub fn yarn_find_correction_dim(
+    num_rotations: f64,
+    dim: i64,
+    base: f64,
+    max_position_embeddings: i64,
+) -> f64 {
+    (dim as f64 * (max_position_embeddings as f64 / (num_rotations * 2.0 * std::f64::consts::PI)).ln())
+        / (2.0 * base.ln())
+}
+
+/// The ramp's `[low, high]` range: floor/ceil of the correction dims for `beta_fast` and
+/// `beta_slow` (unless `truncate` is off), clamped to `[0, dim - 1]`, widened by 0.001 when
+/// empty so the ramp never divides by zero.
+pub fn yarn_correction_range(y: &YarnScaling, dim: i64, base: f64) -> (f64, f64) {
+    let lo = yarn_find_correction_dim(y.beta_fast, dim, base, y.original_max_position_embeddings);
+    let hi = yarn_find_correction_dim(y.beta_slow, dim, base, y.original_max_position_embeddings);
+    let (lo, hi) = if y.truncate { (lo.floor(), hi.ceil()) } else { (lo, hi) };
+    let low = lo.max(0.0);
+    let mut high = hi.min((dim - 1) as f64);
+    if low == high {
+        high += 0.001;
+    }
+    (low, high)
+}
+
+/// The softmax scale: `qk_head_dim^-0.5`, times `yarn_get_mscale(factor, mscale_all_dim)^2`
+/// when YaRN is active.
+pub fn mla_attention_scale(dims: &MlaBlockDims, rope: &YarnRopeParams) -> f32 {
+    let base = (dims.qk_head_dim() as f64).powf(-0.5);
+    match rope.active_yarn() {
+        Some(y) => {
+            let m = yarn_get_mscale(y.factor, y.mscale_all_dim);
+            (base * m * m) as f32
+        }
+        None => base as f32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mscale_is_one_without_extension_and_log_shaped_with_it() {
+        assert_eq!(yarn_get_mscale(1.0, 0.707), 1.0);
+        assert_eq!(yarn_get_mscale(0.5, 1.0), 1.0);
+        let m = yarn_get_mscale(40.0, 1.0);
+        assert!((m - (0.1 * 40f64.ln() + 1.0)).abs() < 1e-15);
+    }
+
+    #[test]
+    fn plain_rope_cache_rows_are_cos_then_sin_of_position_times_inv_freq() {
+        let p = YarnRopeParams::plain(10000.0);
+        let c = p.cos_sin_cache(4, 3).unwrap();
+        let inv = [1.0, 1.0 / 100.0];
+        for t in 0..3 {
+            for i in 0..2 {
+                let a = t as f64 * inv[i];
+                assert!((c[t * 4 + i] as f64 - a.cos()).abs() < 1e-7);
+                assert!((c[t * 4 + 2 + i] as f64 - a.sin()).abs() < 1e-7);
+            }
+        }
+    }
+
+    #[test]
+    fn yarn_interpolates_low_frequencies_and_keeps_high_ones() {
+        let mut y = YarnScaling::with_defaults(40.0, 4096);
+        y.mscale = 1.0;
+        y.mscale_all_dim = 1.0;
+        let p = YarnRopeParams { base: 10000.0, yarn: Some(y), is_neox: false };
+        let plain = YarnRopeParams::plain(10000.0).inv_freq(64).unwrap();
+        let inv = p.inv_freq(64).unwrap();
+        assert_eq!(inv[0], plain[0], "the fastest pair is extrapolated unchanged");
+        assert!((inv[31] - plain[31] / 40.0).abs() < 1e-18, "the slowest pair is interpolated by 1/factor");
+        assert_eq!(p.rotation_mscale(), 1.0, "mscale == mscale_all_dim cancels in the rotation");
+    }
+}

@@ -1,0 +1,324 @@
+//! Running whole sequences through the block under a schedule of prefill and decode steps:
+//! what `vt-mla run` does, as a library function the tests share.
+
+use std::fmt;
+use std::str::FromStr;
+
+use vt_core::{Buffer, DType, Error, Queue, Result};
+
+use crate::block::MlaBlock;
+use crate::kv_cache::PagedKvCache;
+use crate::metadata::{MlaBatchMetadata, StepSeq};
+use crate::weights::HostTensor;
+use crate::workspace::{MlaLimits, MlaWorkspace};
+
+/// One entry of a schedule, taken by every sequence together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The next N tokens in one forward (chunked prefill when earlier tokens are cached).
+    Prefill(i64),
+    /// N one-token decode forwards.
+    Decode(i64),
+}
+
+/// `prefill:N,decode:N,...`: how each sequence's T tokens are split into steps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule(pub Vec<Step>);
+
+impl Schedule {
+    /// All T tokens in one prefill (the default).
+    pub fn all_at_once(t: i64) -> Schedule {
+        Schedule(vec![Step::Prefill(t)])
+    }
+
+    /// Tokens the schedule covers.
+    pub fn total(&self) -> i64 {
+        self.0
+            .iter()
+            .map(|s| match s {
+                Step::Prefill(n) | Step::Decode(n) => *n,
+            })
+            .sum()
+    }
+
+    /// The schedule covers exactly `t` tokens.
+    pub fn check(&self, t: i64) -> Result<()> {
+        if self.total() != t {
+            return Err(Error::invalid(
+                "Schedule",
+                "schedule",
+                format!("`{self}` covers {} tokens but each sequence has {t}", self.total()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The forwards the schedule expands to: `(tokens per sequence, decode)`.
+    pub fn forwards(&self) -> impl Iterator<Item = (i64, bool)> + '_ {
+        self.0.iter().flat_map(|s| match *s {
+            Step::Prefill(n) => vec![(n, false)],
+            Step::Decode(n) => vec![(1, true); n as usize],
+        })
+    }
+}
+
+impl FromStr for Schedule {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Schedule> {
+        let bad = |msg: String| Error::invalid("Schedule", "schedule", msg);
+        let mut steps = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            let (kind, n) = part
+                .split_once(':')
+                .ok_or_else(|| bad(format!("`{part}` is not `prefill:N` or `decode:N`")))?;
+            let n: i64 = n.trim().parse().map_err(|_| bad(format!("`{part}`: `{n}` is not a count")))?;
+            if n <= 0 {
+                return Err(bad(format!("`{part}`: the count must be > 0")));
+            }
+            steps.push(match kind.trim() {
+                "prefill" => Step::Prefill(n),
+                "decode" => Step::Decode(n),
+                other => return Err(bad(format!("`{part}`: unknown step kind `{other}`"))),
+            });
+        }
+        Ok(Schedule(steps))
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match s {
+                Step::Prefill(n) => write!(f, "prefill:{n}")?,
+                Step::Decode(n) => write!(f, "decode:{n}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Options of [`run_schedule`].
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// Tokens per KV cache block.
+    pub block_size: i64,
+    /// Rows of the chunked-context workspace (default: every cached token at once, capped
+    /// at 64Ki rows).
+    pub chunk_workspace_tokens: Option<i64>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { block_size: 64, chunk_workspace_tokens: None }
+    }
+}
+
+/// What [`run_schedule`] observed besides the output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    pub forwards: usize,
+    /// Context chunks gathered over all forwards.
+    pub context_chunks: usize,
+    /// `(decode, workspace allocations so far)` after each forward.
+    pub allocations: Vec<(bool, usize)>,
+}
+
+/// One sequence's part of one forward in [`run_steps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqPart {
+    /// Index of the sequence (0..S).
+    pub seq: usize,
+    /// Its next `tokens` tokens.
+    pub tokens: i64,
+    /// Decode form (then `tokens` must be 1 and the part must precede every prefill part).
+    pub decode: bool,
+}
+
+/// The forwards a schedule expands to, every sequence taking each step together.
+pub fn schedule_forwards(schedule: &Schedule, num_seqs: usize) -> Vec<Vec<SeqPart>> {
+    schedule
+        .forwards()
+        .map(|(tokens, decode)| (0..num_seqs).map(|seq| SeqPart { seq, tokens, decode }).collect())
+        .collect()
+}
+
+/// Runs S sequences of T tokens (`hidden` [S,T,H], `positions` [S*T]) through the block
+/// under `schedule`, with a fresh paged cache of exactly the blocks needed. Returns `out`
+/// [S,T,H] in the block's dtype.
+pub fn run_schedule(
+    queue: &Queue,
+    block: &MlaBlock<'_>,
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+) -> Result<(HostTensor, RunStats)> {
+    let t = hidden.shape.get(1).copied().unwrap_or(0);
+    schedule.check(t)?;
+    let s = hidden.shape.first().copied().unwrap_or(0).max(0) as usize;
+    run_steps(queue, block, hidden, positions, &schedule_forwards(schedule, s), opts)
+}
+
+/// Runs arbitrary forwards: each is a list of sequence parts (decode parts first), taking
+/// each listed sequence's next tokens. Every sequence must end up with all T tokens.
+pub fn run_steps(
+    queue: &Queue,
+    block: &MlaBlock<'_>,
+    hidden: &HostTensor,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+) -> Result<(HostTensor, RunStats)> {
+    let d = block.dims();
+    let dt = block.dtype();
+    let [s, t, h] = hidden.shape[..] else {
+        return Err(Error::invalid(
+            "run_steps",
+            "hidden_states",
+            format!("shape {:?} is not [S, T, H]", hidden.shape),
+        ));
+    };
+    if h != d.hidden_size || hidden.dtype != dt {
+        return Err(Error::invalid(
+            "run_steps",
+            "hidden_states",
+            format!(
+                "is {} {:?}, the block expects {dt} [S, T, {}]",
+                hidden.dtype, hidden.shape, d.hidden_size
+            ),
+        ));
+    }
+    if positions.len() as i64 != s * t {
+        return Err(Error::invalid(
+            "run_steps",
+            "positions",
+            format!("holds {} entries for S*T = {}", positions.len(), s * t),
+        ));
+    }
+    if opts.block_size <= 0 {
+        return Err(Error::invalid(
+            "run_steps",
+            "block_size",
+            format!("must be > 0, got {}", opts.block_size),
+        ));
+    }
+    // Host order of the forwards' rows, and each sequence's progress.
+    let mut order: Vec<(i64, i64)> = Vec::with_capacity((s * t) as usize);
+    let mut done = vec![0i64; s as usize];
+    let mut max_step = 0;
+    for (f, parts) in forwards.iter().enumerate() {
+        let mut rows = 0;
+        for part in parts {
+            let Some(t0) = done.get_mut(part.seq) else {
+                return Err(Error::invalid(
+                    "run_steps",
+                    "forwards",
+                    format!("forward {f} names sequence {} of {s}", part.seq),
+                ));
+            };
+            if part.tokens <= 0 || *t0 + part.tokens > t {
+                return Err(Error::invalid(
+                    "run_steps",
+                    "forwards",
+                    format!(
+                        "forward {f}: sequence {} has {} of {t} tokens left, asked for {}",
+                        part.seq,
+                        t - *t0,
+                        part.tokens
+                    ),
+                ));
+            }
+            order.extend((*t0..*t0 + part.tokens).map(|ti| (part.seq as i64, ti)));
+            *t0 += part.tokens;
+            rows += part.tokens;
+        }
+        max_step = max_step.max(rows);
+    }
+    if let Some(si) = done.iter().position(|&n| n != t) {
+        return Err(Error::invalid(
+            "run_steps",
+            "forwards",
+            format!("sequence {si} gets {} of its {t} tokens", done[si]),
+        ));
+    }
+    let es = dt.size_of();
+    let row = h as usize * es;
+    let mut staged = Vec::with_capacity(hidden.bytes.len());
+    for &(si, ti) in &order {
+        let at = ((si * t + ti) as usize) * row;
+        staged.extend_from_slice(&hidden.bytes[at..at + row]);
+    }
+    let x = Buffer::from_bytes(queue, dt, &[s * t, h], &staged)?;
+    let y = Buffer::nan(queue, dt, &[s * t, h])?;
+
+    let bs = opts.block_size;
+    let blocks_per_seq = (t + bs - 1) / bs;
+    let mut cache = PagedKvCache::new(queue, dt, (s * blocks_per_seq).max(1), bs, d.cache_row_dim())?;
+    let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
+    let mut ws = MlaWorkspace::new(MlaLimits {
+        max_tokens: max_step.max(1),
+        max_seqs: s.max(1),
+        max_blocks_per_seq: blocks_per_seq.max(1),
+        chunk_workspace_tokens: chunk_ws.max(1),
+    })?;
+    let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
+    let mut meta = MlaBatchMetadata::default();
+    let mut stats = RunStats::default();
+    let mut row0 = 0i64;
+    let mut done = vec![0i64; s as usize];
+    for parts in forwards {
+        let seqs: Vec<StepSeq<'_>> = parts
+            .iter()
+            .map(|p| {
+                let at = p.seq * t as usize + done[p.seq] as usize;
+                done[p.seq] += p.tokens;
+                StepSeq {
+                    seq: ids[p.seq],
+                    positions: &positions[at..at + p.tokens as usize],
+                    decode: p.decode,
+                }
+            })
+            .collect();
+        meta.plan(&mut cache, &seqs, chunk_ws)?;
+        let rows = meta.num_tokens();
+        let xin = x.view().slice(0, row0, row0 + rows)?;
+        let yout = y.view().slice(0, row0, row0 + rows)?;
+        block.forward(queue, &mut ws, &xin, &meta, &cache.view(), &yout)?;
+        stats.forwards += 1;
+        stats.context_chunks += meta.chunks.len();
+        stats.allocations.push((meta.num_decode_tokens == rows, ws.allocations()));
+        row0 += rows;
+    }
+    let got = y.to_bytes(queue)?;
+    let mut out = vec![0u8; got.len()];
+    for (i, &(si, ti)) in order.iter().enumerate() {
+        let at = ((si * t + ti) as usize) * row;
+        out[at..at + row].copy_from_slice(&got[i * row..(i + 1) * row]);
+    }
+    Ok((HostTensor { dtype: dt, shape: vec![s, t, h], bytes: out }, stats))
+}
+
+/// The positions input of the CLI: `positions` [S,T] i64 if given, else `0..T` for each
+/// sequence.
+pub fn positions_or_default(positions: Option<&HostTensor>, s: i64, t: i64) -> Result<Vec<i64>> {
+    match positions {
+        None => Ok((0..s).flat_map(|_| 0..t).collect()),
+        Some(p) => {
+            if p.dtype != DType::I64 || p.shape != [s, t] {
+                return Err(Error::invalid(
+                    "input",
+                    "positions",
+                    format!("is {} {:?}, expected i64 [{s}, {t}]", p.dtype, p.shape),
+                ));
+            }
+            Ok(p.bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect())
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Shared by the integration tests: the golden cases and the comparison metric.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use mla_block::runner::{run_schedule, run_steps, RunOptions, RunStats, Schedule, SeqPart};
+use mla_block::{HostTensor, HostWeights, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use safetensors::SafeTensors;
+use vt_core::{DType, Device, Queue};
+
+/// `tests/golden` of the workspace, found from this crate's manifest directory.
+pub fn golden_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
+}
+
+/// The golden case directories, or `None` (with a loud message) if the goldens have not
+/// landed yet. Once `tests/golden` exists, a missing case is a failure, not a skip.
+pub fn golden_case(name: &str) -> Option<PathBuf> {
+    let root = golden_root();
+    if !root.is_dir() {
+        eprintln!("\n!!!!! SKIPPED: {} does not exist yet, golden tests did not run !!!!!\n", root.display());
+        return None;
+    }
+    let dir = root.join(name);
+    assert!(dir.join("config.json").is_file(), "golden case {} is missing its config.json", dir.display());
+    Some(dir)
+}
+
+pub fn cpu_queue() -> Queue {
+    vt_backends::init();
+    Queue::new(Device::CPU).expect("the CPU backend registers")
+}
+
+pub struct Case {
+    pub name: String,
+    pub cfg: MlaConfig,
+    pub weights: HostWeights,
+    pub hidden: HostTensor,
+    pub positions: Vec<i64>,
+    pub expected: Vec<f64>,
+}
+
+impl Case {
+    pub fn load(dir: &Path) -> Case {
+        let cfg = MlaConfig::from_file(&dir.join("config.json")).unwrap();
+        let weights =
+            HostWeights::from_file(&dir.join("weights.safetensors"), &cfg.dims, DEFAULT_LAYER_PREFIX, None)
+                .unwrap();
+        let input = std::fs::read(dir.join("input.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&input).unwrap();
+        let hidden = HostTensor::from_safetensors(&st, "hidden_states", "input").unwrap();
+        let pos = HostTensor::from_safetensors(&st, "positions", "input").unwrap();
+        let positions =
+            mla_block::runner::positions_or_default(Some(&pos), hidden.shape[0], hidden.shape[1]).unwrap();
+        let exp = std::fs::read(dir.join("expected.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&exp).unwrap();
+        let expected = HostTensor::from_safetensors(&st, "out", "expected").unwrap();
+        assert_eq!(expected.shape, hidden.shape);
+        Case {
+            name: dir.file_name().unwrap().to_string_lossy().into_owned(),
+            cfg,
+            weights,
+            hidden,
+            positions,
+            expected: expected.to_f64(),
+        }
+    }
+
+    pub fn s(&self) -> i64 {
+        self.hidden.shape[0]
+    }
+    pub fn t(&self) -> i64 {
+        self.hidden.shape[1]
+    }
+    pub fn dtype(&self) -> DType {
+        self.hidden.dtype
+    }
+
+    /// Relative Frobenius tolerance of the case's dtype (f32 1e-4, bf16/f16 2e-2).
+    pub fn tolerance(&self) -> f64 {
+        if self.dtype() == DType::F32 {
+            1e-4
+        } else {
+            2e-2
+        }
+    }
+
+    pub fn store(&self, q: &Queue) -> MlaWeightStore {
+        MlaWeightStore::from_host(q, &self.cfg, &self.weights).unwrap()
+    }
+
+    pub fn block<'a>(&self, store: &'a MlaWeightStore, fused: Option<bool>) -> MlaBlock<'a> {
+        let mut b = MlaBlock::new(self.cfg.dims, store.views(), self.cfg.rope.is_neox).unwrap();
+        b.set_fused_norm_rope(fused);
+        b
+    }
+
+    pub fn run(
+        &self,
+        q: &Queue,
+        block: &MlaBlock<'_>,
+        schedule: &str,
+        opts: &RunOptions,
+    ) -> (HostTensor, RunStats) {
+        let sch: Schedule = schedule.parse().unwrap();
+        run_schedule(q, block, &self.hidden, &self.positions, &sch, opts)
+            .unwrap_or_else(|e| panic!("{} under {schedule}: {e}", self.name))
+    }
+
+    pub fn run_steps(
+        &self,
+        q: &Queue,
+        block: &MlaBlock<'_>,
+        steps: &[Vec<SeqPart>],
+        opts: &RunOptions,
+    ) -> HostTensor {
+        run_steps(q, block, &self.hidden, &self.positions, steps, opts).unwrap().0
+    }
+
+    /// ||out - expected|| / ||expected||.
+    pub fn rel_err(&self, out: &HostTensor) -> f64 {
+        rel_frobenius(&out.to_f64(), &self.expected)
+    }
+}
+
+pub fn rel_frobenius(out: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let (mut num, mut den) = (0.0, 0.0);
+    for (a, b) in out.iter().zip(reference) {
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    // NaN anywhere (an unwritten element) must fail, so do not let it compare as "small".
+    if num.is_nan() {
+        return f64::INFINITY;
+    }
+    (num / den).sqrt()
+}
+
+pub const CASES: [&str; 5] = [
+    "qlora_yarn_interleave_f32",
+    "qlora_yarn_neox_bf16",
+    "v2lite_yarn_f32",
+    "v2lite_noyarn_bf16",
+    "qlora_yarn_mscale_f32",
+];

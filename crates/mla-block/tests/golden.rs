@@ -1,0 +1,176 @@
+//! The block against transformers' `DeepseekV3Attention` (tests/golden, see its README):
+//! every golden under every kind of schedule and block sizes 1, 16 and 64, on the CPU
+//! backend. Tolerances (relative Frobenius error vs `expected`): f32 1e-4, bf16 2e-2.
+
+mod common;
+
+use common::{cpu_queue, golden_case, Case};
+use mla_block::runner::{RunOptions, SeqPart};
+use vt_core::{op_registered, DeviceType, OpId};
+
+/// (schedule, block size, chunk workspace rows) for a sequence of `t` tokens.
+fn schedules(t: i64) -> Vec<(String, i64, Option<i64>)> {
+    let chunked = if t > 24 {
+        format!("prefill:16,prefill:8,prefill:{}", t - 24)
+    } else {
+        "prefill:16,prefill:8".into()
+    };
+    let half = t / 2;
+    vec![
+        // all at once
+        (format!("prefill:{t}"), 64, None),
+        // chunked prefill: later chunks attend to cached context (one gather chunk) ...
+        (chunked.clone(), 16, None),
+        // ... and with a 6-row gather workspace, so the context is split into many chunks
+        (chunked, 1, Some(6)),
+        // prefill then decodes
+        (format!("prefill:{half},decode:{}", t - half), 16, None),
+        // prefill:1 then decodes
+        (format!("prefill:1,decode:{}", t - 1), 1, None),
+        // interleaved, with a 4-row workspace
+        (format!("prefill:5,decode:3,prefill:9,decode:{}", t - 17), 64, Some(4)),
+    ]
+}
+
+fn check_case(name: &str) {
+    let Some(dir) = golden_case(name) else { return };
+    let case = Case::load(&dir);
+    let q = cpu_queue();
+    let store = case.store(&q);
+    let block = case.block(&store, None);
+    let mut worst: f64 = 0.0;
+    for (schedule, block_size, ws) in schedules(case.t()) {
+        let opts = RunOptions { block_size, chunk_workspace_tokens: ws };
+        let (out, stats) = case.run(&q, &block, &schedule, &opts);
+        let err = case.rel_err(&out);
+        eprintln!(
+            "golden {name:26} {:4} | {schedule:42} | block {block_size:2} | ws {:>4} | {:3} forwards, {:3} chunks | rel err {err:.3e}",
+            case.dtype(),
+            ws.map_or("all".into(), |w| w.to_string()),
+            stats.forwards,
+            stats.context_chunks
+        );
+        assert!(
+            err <= case.tolerance(),
+            "{name} under {schedule} (block {block_size}): rel err {err:.3e} > {:.0e}",
+            case.tolerance()
+        );
+        if schedule.contains("prefill:16,prefill:8") {
+            assert!(stats.context_chunks >= 1, "chunked prefill must go through the chunked-context path");
+            if ws == Some(6) {
+                assert!(
+                    stats.context_chunks >= 4,
+                    "a 6-row workspace must split the context into several chunks"
+                );
+            }
+        }
+        worst = worst.max(err);
+    }
+    eprintln!("golden {name}: worst rel err {worst:.3e} (tolerance {:.0e})", case.tolerance());
+}
+
+#[test]
+fn golden_qlora_yarn_interleave_f32_matches_transformers_under_every_schedule() {
+    check_case("qlora_yarn_interleave_f32");
+}
+
+#[test]
+fn golden_qlora_yarn_neox_bf16_matches_transformers_under_every_schedule() {
+    check_case("qlora_yarn_neox_bf16");
+}
+
+#[test]
+fn golden_v2lite_yarn_f32_matches_transformers_under_every_schedule() {
+    check_case("v2lite_yarn_f32");
+}
+
+#[test]
+fn golden_v2lite_noyarn_bf16_matches_transformers_under_every_schedule() {
+    check_case("v2lite_noyarn_bf16");
+}
+
+#[test]
+fn golden_qlora_yarn_mscale_f32_matches_transformers_under_every_schedule() {
+    check_case("qlora_yarn_mscale_f32");
+}
+
+/// The fused kv path (one merged A-projection GEMM + FusedNormRope) and the split path
+/// (two GEMMs + RmsNorm + RopeFromCache) give the same bits on the CPU, for both q
+/// branches, both rotation styles and both dtypes, through prefill, chunked context and
+/// decode.
+#[test]
+fn fused_and_split_paths_are_bit_identical_on_cpu() {
+    let q = cpu_queue();
+    assert!(
+        op_registered(OpId::FusedNormRope, DeviceType::Cpu),
+        "the fused path needs FusedNormRope on the CPU"
+    );
+    for name in common::CASES {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        let store = case.store(&q);
+        let fused = case.block(&store, Some(true));
+        let split = case.block(&store, Some(false));
+        assert!(fused.uses_fused_norm_rope() && !split.uses_fused_norm_rope());
+        let t = case.t();
+        let schedule = format!("prefill:7,prefill:9,decode:{}", t - 16);
+        let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(6) };
+        let (a, _) = case.run(&q, &fused, &schedule, &opts);
+        let (b, _) = case.run(&q, &split, &schedule, &opts);
+        assert!(a.bytes == b.bytes, "{name}: fused and split outputs differ");
+        assert!(case.rel_err(&a) <= case.tolerance(), "{name}: {:.3e}", case.rel_err(&a));
+    }
+}
+
+/// Decode and prefill tokens in the same forward (decode tokens first; prefill sequences
+/// with and without cached context) give every token its full-causal output.
+#[test]
+fn mixed_decode_and_prefill_step_matches_the_full_causal_result() {
+    let q = cpu_queue();
+    for name in ["qlora_yarn_interleave_f32", "v2lite_yarn_f32"] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        assert_eq!(case.s(), 2);
+        let t = case.t();
+        let store = case.store(&q);
+        let block = case.block(&store, None);
+        let p = |seq, tokens| SeqPart { seq, tokens, decode: false };
+        let dec = |seq| SeqPart { seq, tokens: 1, decode: true };
+        let steps = vec![
+            vec![p(0, 10), p(1, 3)],
+            // seq 0 decodes while seq 1 prefills over its 3 cached tokens
+            vec![dec(0), p(1, 9)],
+            // seq 1 decodes while seq 0 prefills over its 11 cached tokens
+            vec![dec(1), p(0, 6)],
+            vec![dec(0), dec(1)],
+            vec![p(0, t - 18), p(1, t - 14)],
+        ];
+        for (block_size, ws) in [(16, None), (1, Some(5))] {
+            let out =
+                case.run_steps(&q, &block, &steps, &RunOptions { block_size, chunk_workspace_tokens: ws });
+            let err = case.rel_err(&out);
+            eprintln!("mixed {name}: block {block_size} ws {ws:?}: rel err {err:.3e}");
+            assert!(err <= case.tolerance(), "{name} mixed steps (block {block_size}): rel err {err:.3e}");
+        }
+    }
+}
+
+/// After the first forward of each kind, further decode forwards allocate no device
+/// memory (the workspace and the metadata buffers are reused).
+#[test]
+fn decode_steps_do_not_allocate_after_warm_up() {
+    let Some(dir) = golden_case("v2lite_yarn_f32") else { return };
+    let case = Case::load(&dir);
+    let q = cpu_queue();
+    let store = case.store(&q);
+    let block = case.block(&store, None);
+    let (_, stats) = case.run(
+        &q,
+        &block,
+        "prefill:8,decode:32",
+        &RunOptions { block_size: 4, chunk_workspace_tokens: None },
+    );
+    let decodes: Vec<usize> = stats.allocations.iter().filter(|(d, _)| *d).map(|(_, n)| *n).collect();
+    assert_eq!(decodes.len(), 32);
+    assert!(decodes.iter().all(|&n| n == decodes[0]), "allocations grew during decode: {decodes:?}");
+}
