@@ -1,0 +1,896 @@
+//! Every entry point of `vt_core::ops`, fed malformed arguments on the CPU: each call
+//! returns `Error::InvalidArgument` naming the op and the argument, never panics, and
+//! leaves the (NaN-poisoned) outputs exactly as they were.
+
+mod common;
+
+use common::*;
+use vt_core::*;
+
+/// Asserts `r` is `InvalidArgument { op, arg }` and that every pool in `untouched` is
+/// unchanged. `case` describes the malformation.
+fn expect_invalid(case: &str, r: Result<()>, op: &str, arg: &str, q: &Queue, untouched: &[&Pool]) {
+    match r {
+        Err(Error::InvalidArgument { op: o, arg: a, msg }) => {
+            assert_eq!((o, a), (op, arg), "{case}: wrong op/arg (message: {msg})");
+            assert!(!msg.is_empty(), "{case}: empty message");
+        }
+        other => panic!("{case}: expected InvalidArgument {{ op: {op}, arg: {arg} }}, got {other:?}"),
+    }
+    for p in untouched {
+        p.assert_unchanged(q);
+    }
+}
+
+/// The same memory described as living on a CUDA device (never dereferenced: validation
+/// rejects it first).
+fn on_cuda<'a>(t: &Tensor<'a>) -> Tensor<'a> {
+    let extent = t.elem_span().map_or(0, |s| s.1);
+    // SAFETY: the view is only inspected by validation, which rejects it before any access.
+    unsafe {
+        Tensor::from_raw_parts(
+            t.base_addr(),
+            extent,
+            t.dtype(),
+            Device::new(DeviceType::Cuda, 0),
+            t.shape(),
+            t.strides(),
+            t.offset(),
+        )
+    }
+    .unwrap()
+}
+
+/// An f32 view of `shape` over the first bytes of an index buffer (to alias an output
+/// with an index input).
+fn f32_alias<'a>(b: &'a Buffer, shape: &[i64]) -> Tensor<'a> {
+    let extent = (b.size_bytes() / 4) as i64;
+    let strides = contiguous_strides(shape);
+    // SAFETY: the f32 elements the view may reach lie inside `b`'s live allocation (checked
+    // against `extent`), and `b` outlives the view.
+    unsafe {
+        Tensor::from_raw_parts(
+            b.view().base_addr(),
+            extent,
+            F,
+            Device::CPU,
+            shape,
+            &strides[..shape.len()],
+            0,
+        )
+    }
+    .unwrap()
+}
+
+fn zeros(q: &Queue, dt: DType, shape: &[i64]) -> Buffer {
+    Buffer::zeros(q, dt, shape).unwrap()
+}
+
+fn nan_out(q: &Queue, dt: DType, shape: &[i64]) -> Pool {
+    Pool::output(q, dt, shape, Layout::Contiguous)
+}
+
+const F: DType = DType::F32;
+
+/// Runs each `(case, call, arg)` and checks it with [`expect_invalid`] before the next.
+macro_rules! invalid_cases {
+    ($q:expr, $op:expr, $pools:expr, [$(($case:expr, $call:expr, $arg:expr $(,)?)),* $(,)?]) => {
+        $( expect_invalid($case, $call, $op, $arg, $q, $pools); )*
+    };
+}
+
+#[test]
+fn matmul_bt_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "MatmulBT";
+    let (a, b) = (zeros(&q, F, &[4, 6]), zeros(&q, F, &[5, 6]));
+    let out = nan_out(&q, F, &[4, 5]);
+    let (av, bv, ov) = (a.view(), b.view(), out.view());
+    let a3 = zeros(&q, F, &[1, 4, 6]);
+    let b7 = zeros(&q, F, &[5, 7]);
+    let b16 = zeros(&q, DType::F16, &[5, 6]);
+    let ai = zeros(&q, DType::I32, &[4, 6]);
+    let wide = zeros(&q, F, &[4, 11]); // a in columns 0..6, an overlapping out in 6..11
+    invalid_cases!(
+        &q,
+        op,
+        &[&out],
+        [
+            ("a of rank 3", matmul_bt(&q, &ov, &a3.view(), &bv), "a"),
+            ("K mismatch", matmul_bt(&q, &ov, &av, &b7.view()), "b"),
+            ("out of the wrong shape", matmul_bt(&q, &ov.slice(1, 0, 4).unwrap(), &av, &bv), "out"),
+            ("mixed dtypes", matmul_bt(&q, &ov, &av, &b16.view()), "b"),
+            ("integer a", matmul_bt(&q, &ov, &ai.view(), &bv), "a"),
+            ("a on another device", matmul_bt(&q, &ov, &on_cuda(&av), &bv), "a"),
+            (
+                "a transposed (inner stride != 1)",
+                matmul_bt(&q, &ov, &zeros(&q, F, &[6, 4]).view().transpose(0, 1).unwrap(), &bv),
+                "a"
+            ),
+            (
+                "out overlapping itself",
+                matmul_bt(&q, &out.buf.view().as_strided(0, &[4, 5], &[0, 1]).unwrap(), &av, &bv),
+                "out"
+            ),
+            (
+                "out overlapping a",
+                matmul_bt(
+                    &q,
+                    &wide.view().slice(1, 6, 11).unwrap(),
+                    &wide.view().slice(1, 0, 6).unwrap(),
+                    &bv
+                ),
+                "out",
+            ),
+        ]
+    );
+    matmul_bt(&q, &ov, &av, &bv).unwrap(); // the well-formed call is accepted
+}
+
+#[test]
+fn batched_matmul_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "BatchedMatmul";
+    let (a, b) = (zeros(&q, F, &[2, 3, 4]), zeros(&q, F, &[2, 4, 5]));
+    let out = nan_out(&q, F, &[2, 3, 5]);
+    let (av, bv, ov) = (a.view(), b.view(), out.view());
+    invalid_cases!(
+        &q,
+        op,
+        &[&out],
+        [
+            ("a of rank 2", batched_matmul(&q, &ov, &zeros(&q, F, &[3, 4]).view(), &bv), "a"),
+            ("G mismatch", batched_matmul(&q, &ov, &av, &zeros(&q, F, &[3, 4, 5]).view()), "b"),
+            ("K mismatch", batched_matmul(&q, &ov, &av, &zeros(&q, F, &[2, 5, 5]).view()), "b"),
+            ("out N mismatch", batched_matmul(&q, &ov.slice(2, 0, 4).unwrap(), &av, &bv), "out"),
+            ("mixed dtypes", batched_matmul(&q, &ov, &zeros(&q, DType::BF16, &[2, 3, 4]).view(), &bv), "a"),
+            ("b on another device", batched_matmul(&q, &ov, &av, &on_cuda(&bv)), "b"),
+            (
+                "out overlapping itself",
+                batched_matmul(&q, &out.buf.view().as_strided(0, &[2, 3, 5], &[0, 5, 1]).unwrap(), &av, &bv),
+                "out"
+            ),
+            ("out overlapping b", batched_matmul(&q, &b.view().slice(1, 0, 3).unwrap(), &av, &bv), "out"),
+        ]
+    );
+    batched_matmul(&q, &ov, &av, &bv).unwrap();
+}
+
+#[test]
+fn rms_norm_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "RmsNorm";
+    let x = zeros(&q, F, &[3, 8]);
+    let w = zeros(&q, F, &[8]);
+    let out = nan_out(&q, F, &[3, 8]);
+    let (xv, wv, ov) = (x.view(), w.view(), out.view());
+    let big = Pool::output(&q, F, &[4, 8], Layout::Contiguous); // x rows 0..3, out rows 1..4
+    let bigv = big.view();
+    invalid_cases!(
+        &q,
+        op,
+        &[&out, &big],
+        [
+            ("x of rank 3", rms_norm(&q, &ov, &zeros(&q, F, &[1, 3, 8]).view(), &wv, 1e-6), "x"),
+            ("weight length mismatch", rms_norm(&q, &ov, &xv, &zeros(&q, F, &[7]).view(), 1e-6), "weight"),
+            ("out shape mismatch", rms_norm(&q, &ov.slice(0, 0, 2).unwrap(), &xv, &wv, 1e-6), "out"),
+            ("mixed dtypes", rms_norm(&q, &ov, &xv, &zeros(&q, DType::F16, &[8]).view(), 1e-6), "weight"),
+            ("x on another device", rms_norm(&q, &ov, &on_cuda(&xv), &wv, 1e-6), "x"),
+            (
+                "weight not unit-strided",
+                rms_norm(&q, &ov, &xv, &zeros(&q, F, &[8, 2]).view().select(1, 0).unwrap(), 1e-6),
+                "weight"
+            ),
+            (
+                "out partly overlapping x",
+                rms_norm(&q, &bigv.slice(0, 1, 4).unwrap(), &bigv.slice(0, 0, 3).unwrap(), &wv, 1e-6),
+                "out"
+            ),
+            ("eps = 0", rms_norm(&q, &ov, &xv, &wv, 0.0), "eps"),
+            ("eps = NaN", rms_norm(&q, &ov, &xv, &wv, f32::NAN), "eps"),
+            ("eps < 0", rms_norm(&q, &ov, &xv, &wv, -1e-6), "eps"),
+            ("eps = inf", rms_norm(&q, &ov, &xv, &wv, f32::INFINITY), "eps"),
+        ]
+    );
+    // out overlapping the weight
+    let ww = Pool::output(&q, F, &[4, 8], Layout::Contiguous);
+    let r = rms_norm(&q, &ww.view().slice(0, 0, 3).unwrap(), &xv, &ww.view().select(0, 2).unwrap(), 1e-6);
+    expect_invalid("out overlapping weight", r, op, "out", &q, &[&ww]);
+    rms_norm(&q, &ov, &xv, &wv, 1e-6).unwrap();
+}
+
+#[test]
+fn rope_from_cache_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "RopeFromCache";
+    let (t, h, r) = (3i64, 2i64, 8i64);
+    let qp = nan_out(&q, F, &[t, h, r]);
+    let kp = nan_out(&q, F, &[t, 1, r]);
+    let cache = cos_sin_cache(&q, 16, r as usize);
+    let pos = i64_buf(&q, &[0, 5, 15]);
+    let (qv, kv, cv, pv) = (qp.view(), kp.view(), cache.view(), pos.view());
+    let odd = cos_sin_cache(&q, 16, 8);
+    let oddv = odd.view().slice(1, 0, 7).unwrap().as_strided(0, &[16, 7], &[7, 1]).unwrap();
+    let q7 = nan_out(&q, F, &[t, h, 7]);
+    let both = Pool::output(&q, F, &[t, h + 1, r], Layout::Contiguous); // q and an overlapping k
+                                                                        // q placed inside the cos/sin cache's own memory
+    let cache_pool = Pool::with_values(&q, F, &[16, r], 16 * r, 0, vec![r, 1], &cache.to_f64(&q).unwrap());
+    invalid_cases!(
+        &q,
+        op,
+        &[&qp, &kp, &q7, &both, &cache_pool],
+        [
+            ("q of rank 2", rope_from_cache(&q, &qv.select(1, 0).unwrap(), Some(&kv), &pv, &cv, true), "q"),
+            (
+                "position == max_pos",
+                rope_from_cache(&q, &qv, Some(&kv), &i64_buf(&q, &[0, 16, 1]).view(), &cv, true),
+                "positions"
+            ),
+            (
+                "negative position",
+                rope_from_cache(&q, &qv, Some(&kv), &i64_buf(&q, &[0, -1, 1]).view(), &cv, true),
+                "positions"
+            ),
+            (
+                "positions i32",
+                rope_from_cache(&q, &qv, Some(&kv), &i32_buf(&q, &[3], &[0, 1, 2]).view(), &cv, true),
+                "positions"
+            ),
+            (
+                "positions length",
+                rope_from_cache(&q, &qv, Some(&kv), &i64_buf(&q, &[0, 1]).view(), &cv, true),
+                "positions"
+            ),
+            (
+                "cache in f16",
+                rope_from_cache(&q, &qv, Some(&kv), &pv, &zeros(&q, DType::F16, &[16, r]).view(), true),
+                "cos_sin_cache"
+            ),
+            (
+                "cache width != R",
+                rope_from_cache(&q, &qv, Some(&kv), &pv, &zeros(&q, F, &[16, 6]).view(), true),
+                "cos_sin_cache"
+            ),
+            ("odd rotary dim", rope_from_cache(&q, &q7.view(), None, &pv, &oddv, true), "cos_sin_cache"),
+            (
+                "k dtype",
+                rope_from_cache(&q, &qv, Some(&zeros(&q, DType::BF16, &[t, 1, r]).view()), &pv, &cv, true),
+                "k"
+            ),
+            (
+                "k T mismatch",
+                rope_from_cache(&q, &qv, Some(&kv.slice(0, 0, 2).unwrap()), &pv, &cv, true),
+                "k"
+            ),
+            (
+                "k overlapping q",
+                rope_from_cache(
+                    &q,
+                    &both.view().slice(1, 0, h).unwrap(),
+                    Some(&both.view().slice(1, h, h + 1).unwrap()),
+                    &pv,
+                    &cv,
+                    true
+                ),
+                "k",
+            ),
+            ("q on another device", rope_from_cache(&q, &on_cuda(&qv), Some(&kv), &pv, &cv, true), "q"),
+            (
+                "positions on another device",
+                rope_from_cache(&q, &qv, Some(&kv), &on_cuda(&pv), &cv, true),
+                "positions"
+            ),
+            (
+                "q overlapping the cache",
+                rope_from_cache(
+                    &q,
+                    &cache_pool.view().as_strided(0, &[t, 1, r], &[r, r, 1]).unwrap(),
+                    None,
+                    &pv,
+                    &cache_pool.view(),
+                    true
+                ),
+                "q",
+            ),
+        ]
+    );
+    rope_from_cache(&q, &qv, Some(&kv), &pv, &cv, true).unwrap();
+}
+
+#[test]
+fn fused_norm_rope_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "FusedNormRope";
+    let (t, l, r) = (3i64, 8i64, 4i64);
+    let kv = zeros(&q, F, &[t, l + r]);
+    let w = zeros(&q, F, &[l]);
+    let lat = nan_out(&q, F, &[t, l]);
+    let rope = nan_out(&q, F, &[t, r]);
+    let cache = cos_sin_cache(&q, 16, r as usize);
+    let pos = i64_buf(&q, &[0, 3, 15]);
+    let (kvv, wv, lv, rv, cv, pv) = (kv.view(), w.view(), lat.view(), rope.view(), cache.view(), pos.view());
+    let both = Pool::output(&q, F, &[t, l + r], Layout::Contiguous);
+    let kv_pool = Pool::output(&q, F, &[t, l + r], Layout::Contiguous);
+    let f = |lat: &Tensor, rope: &Tensor, kv: &Tensor, w: &Tensor, p: &Tensor, c: &Tensor, eps: f32| {
+        fused_norm_rope(&q, lat, rope, kv, w, p, c, eps, false)
+    };
+    invalid_cases!(
+        &q,
+        op,
+        &[&lat, &rope, &both, &kv_pool],
+        [
+            ("kv of rank 3", f(&lv, &rv, &zeros(&q, F, &[1, t, l + r]).view(), &wv, &pv, &cv, 1e-6), "kv"),
+            (
+                "weight dtype",
+                f(&lv, &rv, &kvv, &zeros(&q, DType::F16, &[l]).view(), &pv, &cv, 1e-6),
+                "weight"
+            ),
+            (
+                "latent_out shape",
+                f(&lv.slice(1, 0, l - 1).unwrap(), &rv, &kvv, &wv, &pv, &cv, 1e-6),
+                "latent_out"
+            ),
+            ("rope_out shape", f(&lv, &rv.slice(0, 0, 2).unwrap(), &kvv, &wv, &pv, &cv, 1e-6), "rope_out"),
+            ("no rope part", f(&lv, &rv, &kvv.slice(1, 0, l).unwrap(), &wv, &pv, &cv, 1e-6), "kv"),
+            (
+                "rope width != cache width",
+                f(&lv, &zeros(&q, F, &[t, 6]).view(), &zeros(&q, F, &[t, l + 6]).view(), &wv, &pv, &cv, 1e-6),
+                "cos_sin_cache"
+            ),
+            (
+                "position outside the cache",
+                f(&lv, &rv, &kvv, &wv, &i64_buf(&q, &[0, 16, 1]).view(), &cv, 1e-6),
+                "positions"
+            ),
+            ("eps = 0", f(&lv, &rv, &kvv, &wv, &pv, &cv, 0.0), "eps"),
+            ("eps = NaN", f(&lv, &rv, &kvv, &wv, &pv, &cv, f32::NAN), "eps"),
+            ("kv on another device", f(&lv, &rv, &on_cuda(&kvv), &wv, &pv, &cv, 1e-6), "kv"),
+            (
+                "rope_out overlapping latent_out",
+                f(
+                    &both.view().slice(1, 0, l).unwrap(),
+                    &both.view().slice(1, l, l + r).unwrap(),
+                    &kvv,
+                    &wv,
+                    &pv,
+                    &cv,
+                    1e-6
+                ),
+                "rope_out",
+            ),
+            (
+                "latent_out overlapping kv",
+                f(&kv_pool.view().slice(1, 0, l).unwrap(), &rv, &kv_pool.view(), &wv, &pv, &cv, 1e-6),
+                "latent_out",
+            ),
+        ]
+    );
+    f(&lv, &rv, &kvv, &wv, &pv, &cv, 1e-6).unwrap();
+}
+
+#[test]
+fn concat_and_cache_mla_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "ConcatAndCacheMla";
+    let (t, l, r, nb, bs) = (3i64, 6i64, 2i64, 2i64, 4i64);
+    let kv_c = zeros(&q, F, &[t, l]);
+    let k_pe = zeros(&q, F, &[t, r]);
+    let cache = nan_out(&q, F, &[nb, bs, l + r]);
+    let slots = i64_buf(&q, &[0, -1, 7]);
+    let (kcv, kpv, cv, sv) = (kv_c.view(), k_pe.view(), cache.view(), slots.view());
+    let bs0 = nan_out(&q, F, &[nb, 0, l + r]);
+    let pad_slots = i64_buf(&q, &[-1; 8]);
+    let shared = Pool::output(&q, F, &[nb * bs * (l + r) + t * l], Layout::Contiguous);
+    invalid_cases!(
+        &q,
+        op,
+        &[&cache, &bs0, &shared],
+        [
+            (
+                "kv_c of rank 3",
+                concat_and_cache_mla(&q, &zeros(&q, F, &[1, t, l]).view(), &kpv, &cv, &sv),
+                "kv_c"
+            ),
+            (
+                "k_pe T mismatch",
+                concat_and_cache_mla(&q, &kcv, &zeros(&q, F, &[2, r]).view(), &cv, &sv),
+                "k_pe"
+            ),
+            (
+                "cache width mismatch",
+                concat_and_cache_mla(&q, &kcv, &zeros(&q, F, &[t, r + 1]).view(), &cv, &sv),
+                "cache"
+            ),
+            (
+                "mixed dtypes",
+                concat_and_cache_mla(&q, &zeros(&q, DType::BF16, &[t, l]).view(), &kpv, &cv, &sv),
+                "kv_c"
+            ),
+            (
+                "slot == NB*BS",
+                concat_and_cache_mla(&q, &kcv, &kpv, &cv, &i64_buf(&q, &[0, 1, nb * bs]).view()),
+                "slot_mapping"
+            ),
+            (
+                "slots as i32",
+                concat_and_cache_mla(&q, &kcv, &kpv, &cv, &i32_buf(&q, &[t], &[0, 1, 2]).view()),
+                "slot_mapping"
+            ),
+            (
+                "slot_mapping length",
+                concat_and_cache_mla(&q, &kcv, &kpv, &cv, &i64_buf(&q, &[0, 1]).view()),
+                "slot_mapping"
+            ),
+            (
+                "block size 0",
+                concat_and_cache_mla(&q, &kcv, &kpv, &bs0.view(), &i64_buf(&q, &[-1, -1, -1]).view()),
+                "cache"
+            ),
+            ("cache on another device", concat_and_cache_mla(&q, &kcv, &kpv, &on_cuda(&cv), &sv), "cache"),
+            (
+                "cache overlapping slot_mapping",
+                concat_and_cache_mla(
+                    &q,
+                    &kcv.slice(0, 0, 1).unwrap(),
+                    &kpv.slice(0, 0, 1).unwrap(),
+                    &f32_alias(&pad_slots, &[1, 1, l + r]),
+                    &pad_slots.view().slice(0, 0, 1).unwrap()
+                ),
+                "cache"
+            ),
+            (
+                "cache overlapping kv_c",
+                {
+                    let sh = shared.view();
+                    let c = sh.as_strided(0, &[nb, bs, l + r], &[bs * (l + r), l + r, 1]).unwrap();
+                    concat_and_cache_mla(&q, &sh.as_strided(l + r, &[t, l], &[l, 1]).unwrap(), &kpv, &c, &sv)
+                },
+                "cache",
+            ),
+        ]
+    );
+    concat_and_cache_mla(&q, &kcv, &kpv, &cv, &sv).unwrap();
+}
+
+#[test]
+fn gather_mla_cache_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "GatherMlaCache";
+    let (nb, bs, d, b, mb) = (4i64, 4i64, 6i64, 2i64, 2i64);
+    let cache = zeros(&q, F, &[nb, bs, d]);
+    let out = nan_out(&q, F, &[10, d]);
+    let bt = i32_buf(&q, &[b, mb], &[0, 1, 2, 3]);
+    let cu = i32_buf(&q, &[b + 1], &[0, 5, 8]);
+    let (ov, cv, btv, cuv) = (out.view(), cache.view(), bt.view(), cu.view());
+    let g = |o: &Tensor, c: &Tensor, bt: &Tensor, cu: &Tensor, s: Option<&Tensor>| {
+        gather_mla_cache(&q, o, c, bt, cu, s)
+    };
+    let cu_of = |v: &[i32]| i32_buf(&q, &[v.len() as i64], v);
+    let bs0 = zeros(&q, F, &[nb, 0, d]);
+    let cu_long = cu_of(&[0, 0, 1, 0, 0, 0]);
+    let bt_wide = i32_buf(&q, &[b, 3], &[0, 1, 2, 3, 0, 0]);
+    invalid_cases!(
+        &q,
+        op,
+        &[&out],
+        [
+            ("out width mismatch", g(&ov.slice(1, 0, d - 1).unwrap(), &cv, &btv, &cuv, None), "out"),
+            ("cache of rank 2", g(&ov, &zeros(&q, F, &[nb * bs, d]).view(), &btv, &cuv, None), "cache"),
+            ("mixed dtypes", g(&ov, &zeros(&q, DType::F16, &[nb, bs, d]).view(), &btv, &cuv, None), "out"),
+            (
+                "block_table as i64",
+                g(&ov, &cv, &Buffer::from_slice(&q, &[b, mb], &[0i64, 1, 2, 3]).unwrap().view(), &cuv, None),
+                "block_table"
+            ),
+            ("cu_seq_lens length", g(&ov, &cv, &btv, &cu_of(&[0, 5]).view(), None), "cu_seq_lens"),
+            (
+                "cu_seq_lens not starting at 0",
+                g(&ov, &cv, &btv, &cu_of(&[1, 5, 8]).view(), None),
+                "cu_seq_lens"
+            ),
+            ("cu_seq_lens decreasing", g(&ov, &cv, &btv, &cu_of(&[0, 5, 3]).view(), None), "cu_seq_lens"),
+            ("cu_seq_lens negative", g(&ov, &cv, &btv, &cu_of(&[0, -2, 3]).view(), None), "cu_seq_lens"),
+            (
+                "cu_seq_lens past the workspace",
+                g(&ov, &cv, &btv, &cu_of(&[0, 5, 11]).view(), None),
+                "cu_seq_lens"
+            ),
+            (
+                "a sequence past its block table",
+                g(&ov, &cv, &btv, &cu_of(&[0, 9, 10]).view(), None),
+                "block_table"
+            ),
+            (
+                "block id past the cache",
+                g(&ov, &cv, &i32_buf(&q, &[b, mb], &[0, 4, 2, 3]).view(), &cuv, None),
+                "block_table"
+            ),
+            (
+                "negative block id",
+                g(&ov, &cv, &i32_buf(&q, &[b, mb], &[0, 1, -1, 3]).view(), &cuv, None),
+                "block_table"
+            ),
+            (
+                "negative seq_starts",
+                g(&ov, &cv, &btv, &cuv, Some(&i32_buf(&q, &[b], &[0, -1]).view())),
+                "seq_starts"
+            ),
+            (
+                "seq_starts past the block table",
+                g(&ov, &cv, &btv, &cuv, Some(&i32_buf(&q, &[b], &[4, 0]).view())),
+                "block_table"
+            ),
+            (
+                "seq_starts length",
+                g(&ov, &cv, &btv, &cuv, Some(&i32_buf(&q, &[3], &[0, 0, 0]).view())),
+                "seq_starts"
+            ),
+            ("block size 0", g(&ov, &bs0.view(), &btv, &cuv, None), "cache"),
+            (
+                "out overlapping the cache",
+                g(
+                    &cache.view().reshape(&[nb * bs, d]).unwrap().slice(0, 0, 10).unwrap(),
+                    &cv,
+                    &btv,
+                    &cuv,
+                    None
+                ),
+                "out"
+            ),
+            ("block_table on another device", g(&ov, &cv, &on_cuda(&btv), &cuv, None), "block_table"),
+            (
+                "out overlapping cu_seq_lens",
+                g(&f32_alias(&cu_long, &[1, d]), &cv, &btv, &cu_long.view().slice(0, 0, 3).unwrap(), None),
+                "out"
+            ),
+            (
+                "out overlapping block_table",
+                g(&f32_alias(&bt_wide, &[1, d]), &cv, &bt_wide.view(), &cu_of(&[0, 0, 1]).view(), None),
+                "out"
+            ),
+        ]
+    );
+    g(&ov, &cv, &btv, &cuv, None).unwrap();
+}
+
+#[test]
+fn concat_mla_nope_rope_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "ConcatMlaNopeRope";
+    let (t, n, p, r) = (2i64, 3i64, 4i64, 2i64);
+    let nope = zeros(&q, F, &[t, n, p]);
+    let rope = zeros(&q, F, &[t, 1, r]);
+    let out = nan_out(&q, F, &[t, n, p + r]);
+    let (nv, rv, ov) = (nope.view(), rope.view(), out.view());
+    let c = |o: &Tensor, n: &Tensor, r: &Tensor| concat_mla_nope_rope(&q, o, n, r);
+    let big = Pool::output(&q, F, &[t, n, p + r], Layout::Contiguous);
+    let bigv = big.view();
+    invalid_cases!(
+        &q,
+        op,
+        &[&out, &big],
+        [
+            ("nope of rank 2", c(&ov, &nv.select(1, 0).unwrap(), &rv), "nope"),
+            ("rope with 2 of 3 heads", c(&ov, &nv, &zeros(&q, F, &[t, 2, r]).view()), "rope"),
+            ("rope T mismatch", c(&ov, &nv, &zeros(&q, F, &[1, 1, r]).view()), "rope"),
+            ("out width mismatch", c(&ov.slice(2, 0, p + r - 1).unwrap(), &nv, &rv), "out"),
+            ("mixed dtypes", c(&ov, &nv, &zeros(&q, DType::F16, &[t, 1, r]).view()), "rope"),
+            ("nope on another device", c(&ov, &on_cuda(&nv), &rv), "nope"),
+            ("out overlapping nope", c(&bigv, &bigv.slice(2, 0, p).unwrap(), &rv), "out"),
+        ]
+    );
+    c(&ov, &nv, &rv).unwrap();
+}
+
+#[test]
+fn mla_decode_attention_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "MlaDecodeAttention";
+    let (b, sq, n, d, dv, nb, bs, mb) = (2i64, 1i64, 2i64, 6i64, 4i64, 4i64, 4i64, 2i64);
+    let qb = zeros(&q, F, &[b, sq, n, d]);
+    let cache = zeros(&q, F, &[nb, bs, d]);
+    let out = nan_out(&q, F, &[b, sq, n, dv]);
+    let lse = nan_out(&q, F, &[b, n, sq]);
+    let bt = i32_buf(&q, &[b, mb], &[0, 1, 2, 3]);
+    let lens = i32_buf(&q, &[b], &[5, 0]);
+    let (qv, cv, ov, lv, btv, lnv) =
+        (qb.view(), cache.view(), out.view(), lse.view(), bt.view(), lens.view());
+    let m =
+        |o: &Tensor, l: Option<&Tensor>, qq: &Tensor, c: &Tensor, bt: &Tensor, sl: &Tensor, scale: f32| {
+            mla_decode_attention(&q, o, l, qq, c, bt, sl, scale)
+        };
+    let lens_of = |v: &[i32]| i32_buf(&q, &[v.len() as i64], v);
+    let both = Pool::output(&q, F, &[b * sq * n * dv + b * n * sq], Layout::Contiguous);
+    let bothv = both.view();
+    let o_in_both = bothv.as_strided(0, &[b, sq, n, dv], &[sq * n * dv, n * dv, dv, 1]).unwrap();
+    let l_in_both = bothv.as_strided(b * sq * n * dv - 1, &[b, n, sq], &[n * sq, sq, 1]).unwrap();
+    let bs0 = zeros(&q, F, &[nb, 0, d]);
+    invalid_cases!(
+        &q,
+        op,
+        &[&out, &lse, &both],
+        [
+            ("q of rank 3", m(&ov, Some(&lv), &qv.select(1, 0).unwrap(), &cv, &btv, &lnv, 0.5), "q"),
+            (
+                "cache head dim mismatch",
+                m(&ov, Some(&lv), &qv, &zeros(&q, F, &[nb, bs, d + 1]).view(), &btv, &lnv, 0.5),
+                "cache"
+            ),
+            (
+                "Dv > D",
+                m(&zeros(&q, F, &[b, sq, n, d + 1]).view(), Some(&lv), &qv, &cv, &btv, &lnv, 0.5),
+                "out"
+            ),
+            ("Dv = 0", m(&ov.slice(3, 0, 0).unwrap(), Some(&lv), &qv, &cv, &btv, &lnv, 0.5), "out"),
+            (
+                "out s_q mismatch",
+                m(&zeros(&q, F, &[b, 2, n, dv]).view(), Some(&lv), &qv, &cv, &btv, &lnv, 0.5),
+                "out"
+            ),
+            (
+                "mixed dtypes",
+                m(&ov, Some(&lv), &qv, &zeros(&q, DType::BF16, &[nb, bs, d]).view(), &btv, &lnv, 0.5),
+                "cache"
+            ),
+            (
+                "lse in bf16",
+                m(&ov, Some(&zeros(&q, DType::BF16, &[b, n, sq]).view()), &qv, &cv, &btv, &lnv, 0.5),
+                "lse"
+            ),
+            (
+                "lse s_q mismatch",
+                m(&ov, Some(&zeros(&q, F, &[b, n, sq + 1]).view()), &qv, &cv, &btv, &lnv, 0.5),
+                "lse"
+            ),
+            ("scale = 0", m(&ov, Some(&lv), &qv, &cv, &btv, &lnv, 0.0), "scale"),
+            ("scale = NaN", m(&ov, Some(&lv), &qv, &cv, &btv, &lnv, f32::NAN), "scale"),
+            ("scale = inf", m(&ov, Some(&lv), &qv, &cv, &btv, &lnv, f32::INFINITY), "scale"),
+            (
+                "negative seq_lens",
+                m(&ov, Some(&lv), &qv, &cv, &btv, &lens_of(&[5, -1]).view(), 0.5),
+                "seq_lens"
+            ),
+            (
+                "seq_lens past the block table",
+                m(&ov, Some(&lv), &qv, &cv, &btv, &lens_of(&[9, 0]).view(), 0.5),
+                "seq_lens"
+            ),
+            ("seq_lens length", m(&ov, Some(&lv), &qv, &cv, &btv, &lens_of(&[5]).view(), 0.5), "seq_lens"),
+            (
+                "seq_lens as i64",
+                m(&ov, Some(&lv), &qv, &cv, &btv, &i64_buf(&q, &[5, 0]).view(), 0.5),
+                "seq_lens"
+            ),
+            (
+                "block id past the cache",
+                m(&ov, Some(&lv), &qv, &cv, &i32_buf(&q, &[b, mb], &[0, 4, 2, 3]).view(), &lnv, 0.5),
+                "block_table"
+            ),
+            (
+                "negative block id",
+                m(&ov, Some(&lv), &qv, &cv, &i32_buf(&q, &[b, mb], &[-1, 1, 2, 3]).view(), &lnv, 0.5),
+                "block_table"
+            ),
+            (
+                "block_table B mismatch",
+                m(&ov, Some(&lv), &qv, &cv, &i32_buf(&q, &[1, mb], &[0, 1]).view(), &lnv, 0.5),
+                "block_table"
+            ),
+            (
+                "block size 0",
+                m(&ov, Some(&lv), &qv, &bs0.view(), &btv, &lens_of(&[0, 0]).view(), 0.5),
+                "cache"
+            ),
+            ("q on another device", m(&ov, Some(&lv), &on_cuda(&qv), &cv, &btv, &lnv, 0.5), "q"),
+            (
+                "out overlapping seq_lens",
+                m(
+                    &f32_alias(&lens, &[1, 1, 1, 2]),
+                    None,
+                    &qv.slice(0, 0, 1).unwrap(),
+                    &cv,
+                    &btv.slice(0, 0, 1).unwrap(),
+                    &lnv.slice(0, 0, 1).unwrap(),
+                    0.5
+                ),
+                "out"
+            ),
+            (
+                "lse overlapping block_table",
+                m(&ov, Some(&f32_alias(&bt, &[b, n, sq])), &qv, &cv, &btv, &lnv, 0.5),
+                "lse"
+            ),
+            ("lse overlapping out", m(&o_in_both, Some(&l_in_both), &qv, &cv, &btv, &lnv, 0.5), "lse"),
+            (
+                "out overlapping the cache",
+                m(
+                    &cache
+                        .view()
+                        .reshape(&[nb * bs * d])
+                        .unwrap()
+                        .as_strided(0, &[b, sq, n, dv], &[n * dv, n * dv, dv, 1])
+                        .unwrap(),
+                    None,
+                    &qv,
+                    &cv,
+                    &btv,
+                    &lnv,
+                    0.5
+                ),
+                "out",
+            ),
+        ]
+    );
+    m(&ov, Some(&lv), &qv, &cv, &btv, &lnv, 0.5).unwrap();
+}
+
+#[test]
+fn prefill_attention_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "PrefillAttention";
+    let (tq, tk, n, d, dv) = (5i64, 6i64, 2i64, 4i64, 3i64);
+    let qb = zeros(&q, F, &[tq, n, d]);
+    let kb = zeros(&q, F, &[tk, n, d]);
+    let vb = zeros(&q, F, &[tk, n, dv]);
+    let out = nan_out(&q, F, &[tq, n, dv]);
+    let lse = nan_out(&q, F, &[n, tq]);
+    let cq = i32_buf(&q, &[3], &[0, 2, 5]);
+    let ck = i32_buf(&q, &[3], &[0, 4, 6]);
+    let good = PrefillAttentionArgs {
+        out: out.view(),
+        lse: Some(lse.view()),
+        q: qb.view(),
+        k: kb.view(),
+        v: vb.view(),
+        cu_seqlens_q: cq.view(),
+        cu_seqlens_k: ck.view(),
+        max_seqlen_q: 3,
+        causal: true,
+        scale: 0.5,
+    };
+    let cu = |v: &[i32]| i32_buf(&q, &[v.len() as i64], v);
+    let (k5, v5, o4, l_bf, l_sh) = (
+        zeros(&q, F, &[tk, 3, d]),
+        zeros(&q, F, &[tk - 1, n, dv]),
+        zeros(&q, F, &[tq, n, 4]),
+        zeros(&q, DType::BF16, &[n, tq]),
+        zeros(&q, F, &[tq, n]),
+    );
+    let v16 = zeros(&q, DType::F16, &[tk, n, dv]);
+    let (unsorted, not0, neg, past, short, cq64) = (
+        cu(&[0, 3, 2]),
+        cu(&[1, 2, 5]),
+        cu(&[0, -1, 6]),
+        cu(&[0, 2, 6]),
+        cu(&[0, 5]),
+        Buffer::from_slice(&q, &[3], &[0i64, 2, 5]).unwrap(),
+    );
+    let empty = cu(&[]);
+    let cq_long = cu(&[0, 2, 5, 0, 0, 0, 0, 0, 0, 0]);
+    let kv_pool = Pool::output(&q, F, &[tk * n * (d + dv)], Layout::Contiguous);
+    let kvp = kv_pool.view();
+    let both = Pool::output(&q, F, &[tq * n * dv + n * tq], Layout::Contiguous);
+    let bv = both.view();
+    type Edit<'a> = Box<dyn Fn(&mut PrefillAttentionArgs<'a>) + 'a>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        ("k head count mismatch", Box::new(|a| a.k = k5.view()), "k"),
+        ("v Tk mismatch", Box::new(|a| a.v = v5.view()), "v"),
+        ("out Dv mismatch", Box::new(|a| a.out = o4.view()), "out"),
+        ("q of rank 2", Box::new(|a| a.q = qb.view().select(1, 0).unwrap()), "q"),
+        ("mixed dtypes", Box::new(|a| a.v = v16.view()), "v"),
+        ("lse in bf16", Box::new(|a| a.lse = Some(l_bf.view())), "lse"),
+        ("lse as [Tq, N]", Box::new(|a| a.lse = Some(l_sh.view())), "lse"),
+        ("cu_seqlens_q decreasing", Box::new(|a| a.cu_seqlens_q = unsorted.view()), "cu_seqlens_q"),
+        ("cu_seqlens_q not starting at 0", Box::new(|a| a.cu_seqlens_q = not0.view()), "cu_seqlens_q"),
+        ("cu_seqlens_k negative", Box::new(|a| a.cu_seqlens_k = neg.view()), "cu_seqlens_k"),
+        ("cu_seqlens_q past Tq", Box::new(|a| a.cu_seqlens_q = past.view()), "cu_seqlens_q"),
+        ("cu_seqlens_k length mismatch", Box::new(|a| a.cu_seqlens_k = short.view()), "cu_seqlens_k"),
+        ("cu_seqlens_q empty", Box::new(|a| a.cu_seqlens_q = empty.view()), "cu_seqlens_q"),
+        ("cu_seqlens_q as i64", Box::new(|a| a.cu_seqlens_q = cq64.view()), "cu_seqlens_q"),
+        ("max_seqlen_q too small", Box::new(|a| a.max_seqlen_q = 2), "max_seqlen_q"),
+        ("max_seqlen_q negative", Box::new(|a| a.max_seqlen_q = -1), "max_seqlen_q"),
+        ("scale = 0", Box::new(|a| a.scale = 0.0), "scale"),
+        ("scale = NaN", Box::new(|a| a.scale = f32::NAN), "scale"),
+        ("q on another device", Box::new(|a| a.q = on_cuda(&qb.view())), "q"),
+        (
+            "cu_seqlens_k on another device",
+            Box::new(|a| a.cu_seqlens_k = on_cuda(&ck.view())),
+            "cu_seqlens_k",
+        ),
+        (
+            "lse overlapping cu_seqlens_q",
+            Box::new(|a| {
+                a.cu_seqlens_q = cq_long.view().slice(0, 0, 3).unwrap();
+                a.lse = Some(f32_alias(&cq_long, &[n, tq]));
+            }),
+            "lse",
+        ),
+        (
+            "out overlapping k",
+            Box::new(|a| {
+                a.k = kvp.as_strided(0, &[tk, n, d], &[n * (d + dv), d + dv, 1]).unwrap();
+                a.out = kvp.as_strided(d, &[tq, n, dv], &[n * (d + dv), d + dv, 1]).unwrap();
+            }),
+            "out",
+        ),
+        (
+            "lse overlapping out",
+            Box::new(|a| {
+                a.out = bv.as_strided(0, &[tq, n, dv], &[n * dv, dv, 1]).unwrap();
+                a.lse = Some(bv.as_strided(tq * n * dv - 1, &[n, tq], &[tq, 1]).unwrap());
+            }),
+            "lse",
+        ),
+    ];
+    for (case, edit, arg) in cases {
+        let mut a = good;
+        edit(&mut a);
+        expect_invalid(case, prefill_attention(&q, &a), op, arg, &q, &[&out, &lse, &kv_pool, &both]);
+    }
+    prefill_attention(&q, &good).unwrap();
+}
+
+#[test]
+fn merge_attn_states_rejects_malformed_arguments() {
+    let q = queue();
+    let op = "MergeAttnStates";
+    let (t, n, v) = (3i64, 2i64, 4i64);
+    let (pb, sb) = (zeros(&q, F, &[t, n, v]), zeros(&q, F, &[t, n, v]));
+    let (plb, slb) = (zeros(&q, F, &[n, t]), zeros(&q, F, &[n, t]));
+    let out = nan_out(&q, F, &[t, n, v]);
+    let out_lse = nan_out(&q, F, &[n, t]);
+    let good = MergeAttnStatesArgs {
+        out: out.view(),
+        out_lse: Some(out_lse.view()),
+        prefix: pb.view(),
+        prefix_lse: plb.view(),
+        suffix: sb.view(),
+        suffix_lse: slb.view(),
+    };
+    let (p_sh, s16, pl_sh, sl16, p2) = (
+        zeros(&q, F, &[t, n, v + 1]),
+        zeros(&q, DType::F16, &[t, n, v]),
+        zeros(&q, F, &[t, n]),
+        zeros(&q, DType::F16, &[n, t]),
+        zeros(&q, F, &[t, n * v]),
+    );
+    let lse_pool = Pool::with_values(&q, F, &[n, t], n * t, 0, vec![t, 1], &vec![0.0; (n * t) as usize]);
+    let io = Pool::output(&q, F, &[t, n, v], Layout::Contiguous);
+    type Edit<'a> = Box<dyn Fn(&mut MergeAttnStatesArgs<'a>) + 'a>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        ("prefix shape mismatch", Box::new(|a| a.prefix = p_sh.view()), "prefix"),
+        ("prefix of rank 2", Box::new(|a| a.prefix = p2.view()), "prefix"),
+        ("suffix dtype", Box::new(|a| a.suffix = s16.view()), "suffix"),
+        ("prefix_lse as [T, N]", Box::new(|a| a.prefix_lse = pl_sh.view()), "prefix_lse"),
+        ("suffix_lse in f16", Box::new(|a| a.suffix_lse = sl16.view()), "suffix_lse"),
+        ("out_lse as [T, N]", Box::new(|a| a.out_lse = Some(pl_sh.view())), "out_lse"),
+        ("prefix on another device", Box::new(|a| a.prefix = on_cuda(&pb.view())), "prefix"),
+        (
+            "out_lse overlapping prefix_lse",
+            Box::new(|a| {
+                a.prefix_lse = lse_pool.view();
+                a.out_lse = Some(lse_pool.view());
+            }),
+            "out_lse",
+        ),
+        (
+            "out overlapping prefix",
+            Box::new(|a| {
+                a.prefix = io.view();
+                a.out = io.view();
+            }),
+            "out",
+        ),
+        (
+            "out overlapping itself",
+            Box::new(|a| a.out = out.buf.view().as_strided(0, &[t, n, v], &[0, v, 1]).unwrap()),
+            "out",
+        ),
+    ];
+    for (case, edit, arg) in cases {
+        let mut a = good;
+        edit(&mut a);
+        expect_invalid(case, merge_attn_states(&q, &a), op, arg, &q, &[&out, &out_lse, &lse_pool, &io]);
+    }
+    merge_attn_states(&q, &good).unwrap();
+}
