@@ -200,12 +200,14 @@ impl HostTensor {
             StDtype::F32 => DType::F32,
             StDtype::I32 => DType::I32,
             StDtype::I64 => DType::I64,
-            other => return Err(Error::other(
-                context,
-                format!(
+            other => {
+                return Err(Error::other(
+                    context,
+                    format!(
                     "tensor `{name}` has dtype {other:?}; supported: bf16, f16, f32 (i32/i64 for indices)"
                 ),
-            )),
+                ))
+            }
         };
         Ok(HostTensor {
             dtype,

@@ -174,3 +174,24 @@ fn decode_steps_do_not_allocate_after_warm_up() {
     assert_eq!(decodes.len(), 32);
     assert!(decodes.iter().all(|&n| n == decodes[0]), "allocations grew during decode: {decodes:?}");
 }
+
+/// transformers' interleaved rope (permute q_pe/k_pe evens-then-odds, then neox) is
+/// reproduced by the ops' GPT-J rotation (pair (2i, 2i+1) with frequency i): the interleaved
+/// goldens pass with it, and fail by a wide margin with neox pairing.
+#[test]
+fn interleaved_goldens_match_gptj_pairing_and_not_neox() {
+    let q = cpu_queue();
+    for name in ["qlora_yarn_interleave_f32", "v2lite_yarn_f32", "v2lite_noyarn_bf16"] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        assert!(!case.cfg.rope.is_neox, "{name} is an interleaved case");
+        let store = case.store(&q);
+        let schedule = format!("prefill:{}", case.t());
+        let gptj = mla_block::MlaBlock::new(case.cfg.dims, store.views(), false).unwrap();
+        let neox = mla_block::MlaBlock::new(case.cfg.dims, store.views(), true).unwrap();
+        let e_gptj = case.rel_err(&case.run(&q, &gptj, &schedule, &RunOptions::default()).0);
+        let e_neox = case.rel_err(&case.run(&q, &neox, &schedule, &RunOptions::default()).0);
+        eprintln!("{name}: GPT-J pairing rel err {e_gptj:.3e}, neox pairing {e_neox:.3e}");
+        assert!(e_gptj <= case.tolerance() && e_neox > 0.05, "{name}: gptj {e_gptj:.3e} neox {e_neox:.3e}");
+    }
+}

@@ -144,3 +144,56 @@ pub const CASES: [&str; 5] = [
     "v2lite_noyarn_bf16",
     "qlora_yarn_mscale_f32",
 ];
+
+/// A small random block that needs no golden files: H 16, N 2, Q 8 (or the q_proj branch),
+/// L 8, P 4, R 4, V 4, plain rope, max_position_embeddings 64.
+pub fn synthetic_config_json(q_lora: bool) -> String {
+    format!(
+        r#"{{"hidden_size": 16, "num_attention_heads": 2, "q_lora_rank": {}, "kv_lora_rank": 8,
+            "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 64, "rope_theta": 10000.0, "rope_scaling": null}}"#,
+        if q_lora { "8" } else { "null" }
+    )
+}
+
+pub fn synthetic(q_lora: bool, dtype: DType) -> (MlaConfig, HostWeights) {
+    use rand::{Rng, SeedableRng};
+    let cfg = MlaConfig::from_json_str(&synthetic_config_json(q_lora)).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let tensors = mla_block::hf_weight_shapes(&cfg.dims)
+        .into_iter()
+        .map(|(name, shape)| {
+            let n: i64 = shape.iter().product();
+            let vals: Vec<f64> = (0..n).map(|_| rng.gen_range(-0.5..0.5)).collect();
+            (name, HostTensor { dtype, shape, bytes: vt_core::encode_f64(dtype, &vals) })
+        })
+        .collect();
+    (cfg, HostWeights { dtype, tensors })
+}
+
+/// Safetensors bytes of `tensors` (names as given).
+pub fn safetensors_bytes(tensors: &[(String, HostTensor)]) -> Vec<u8> {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let dt = match t.dtype {
+                DType::BF16 => Dtype::BF16,
+                DType::F16 => Dtype::F16,
+                DType::F32 => Dtype::F32,
+                DType::I32 => Dtype::I32,
+                DType::I64 => Dtype::I64,
+                DType::F8E4M3 => Dtype::F8_E4M3,
+            };
+            let shape = t.shape.iter().map(|&d| d as usize).collect();
+            (n.clone(), TensorView::new(dt, shape, &t.bytes).unwrap())
+        })
+        .collect();
+    safetensors::serialize(views, &None).unwrap()
+}
+
+/// The synthetic weights as a checkpoint under `prefix`.
+pub fn synthetic_checkpoint(w: &HostWeights, prefix: &str) -> Vec<(String, HostTensor)> {
+    w.tensors.iter().map(|(n, t)| (format!("{prefix}{n}.weight"), t.clone())).collect()
+}

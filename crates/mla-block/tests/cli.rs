@@ -1,0 +1,161 @@
+//! The `vt-mla` binary: `run` on the goldens, `info`, and its errors.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{golden_case, safetensors_bytes, synthetic, synthetic_checkpoint, Case};
+use mla_block::{HostTensor, DEFAULT_LAYER_PREFIX};
+use safetensors::SafeTensors;
+use vt_core::DType;
+
+fn vt_mla() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vt-mla"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vt-mla-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn read_out(path: &Path) -> HostTensor {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    HostTensor::from_safetensors(&st, "out", "out").unwrap()
+}
+
+fn run_case(dir: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    vt_mla()
+        .arg("run")
+        .arg("--config")
+        .arg(dir.join("config.json"))
+        .arg("--weights")
+        .arg(dir.join("weights.safetensors"))
+        .arg("--input")
+        .arg(dir.join("input.safetensors"))
+        .arg("--output")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_reproduces_the_goldens_in_the_input_dtype() {
+    for (name, schedule, bs) in [
+        ("qlora_yarn_mscale_f32", "prefill:10,decode:4,prefill:18", "16"),
+        ("v2lite_noyarn_bf16", "prefill:1,decode:27", "1"),
+    ] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        let out_path = tmp(&format!("{name}.safetensors"));
+        let o = run_case(&dir, &out_path, &["--backend", "cpu", "--schedule", schedule, "--block-size", bs]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{name}: {stderr}");
+        let out = read_out(&out_path);
+        assert_eq!(out.dtype, case.dtype(), "out is written in the input dtype");
+        assert_eq!(out.shape, case.hidden.shape);
+        let err = case.rel_err(&out);
+        eprintln!("vt-mla run {name} --schedule {schedule} --block-size {bs}: rel err {err:.3e}\n{stderr}");
+        assert!(err <= case.tolerance(), "{name}: {err:.3e}");
+    }
+}
+
+#[test]
+fn run_defaults_positions_to_0_through_t_and_honours_layer_prefix() {
+    let (_, host) = synthetic(false, DType::F32);
+    let cfg_path = tmp("synthetic_config.json");
+    std::fs::write(&cfg_path, common::synthetic_config_json(false)).unwrap();
+    let w_path = tmp("synthetic_weights.safetensors");
+    std::fs::write(&w_path, safetensors_bytes(&synthetic_checkpoint(&host, "model.layers.5.self_attn.")))
+        .unwrap();
+    let (s, t, h) = (2i64, 6i64, 16i64);
+    let vals: Vec<f64> = (0..s * t * h).map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0).collect();
+    let hidden =
+        HostTensor { dtype: DType::F32, shape: vec![s, t, h], bytes: vt_core::encode_f64(DType::F32, &vals) };
+    let pos: Vec<f64> = (0..s).flat_map(|_| 0..t).map(|p| p as f64).collect();
+    let positions =
+        HostTensor { dtype: DType::I64, shape: vec![s, t], bytes: vt_core::encode_f64(DType::I64, &pos) };
+    let with_pos = tmp("in_pos.safetensors");
+    let no_pos = tmp("in_nopos.safetensors");
+    std::fs::write(
+        &with_pos,
+        safetensors_bytes(&[("hidden_states".into(), hidden.clone()), ("positions".into(), positions)]),
+    )
+    .unwrap();
+    std::fs::write(&no_pos, safetensors_bytes(&[("hidden_states".into(), hidden)])).unwrap();
+    let mut outs = Vec::new();
+    for (input, name) in [(&with_pos, "out_pos.safetensors"), (&no_pos, "out_nopos.safetensors")] {
+        let out = tmp(name);
+        let o = vt_mla()
+            .args(["run", "--layer-prefix", "model.layers.5.self_attn.", "--schedule", "prefill:2,decode:4"])
+            .arg("--config")
+            .arg(&cfg_path)
+            .arg("--weights")
+            .arg(&w_path)
+            .arg("--input")
+            .arg(input)
+            .arg("--output")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        outs.push(read_out(&out));
+    }
+    assert_eq!(outs[0].bytes, outs[1].bytes);
+    assert!(outs[0].to_f64().iter().all(|v| v.is_finite()));
+    // The default prefix does not find layer 5's weights, and says which tensor it wanted.
+    let o = vt_mla()
+        .arg("run")
+        .arg("--config")
+        .arg(&cfg_path)
+        .arg("--weights")
+        .arg(&w_path)
+        .arg("--input")
+        .arg(&no_pos)
+        .arg("--output")
+        .arg(tmp("never.safetensors"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains(&format!("{DEFAULT_LAYER_PREFIX}q_proj.weight")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_rejects_a_schedule_that_does_not_sum_to_t_and_bad_arguments() {
+    let Some(dir) = golden_case("qlora_yarn_interleave_f32") else { return };
+    let out = tmp("bad.safetensors");
+    let o = run_case(&dir, &out, &["--schedule", "prefill:16,decode:4"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("covers 20 tokens but each sequence has 24"), "{stderr}");
+    let o = run_case(&dir, &out, &["--backend", "tpu"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--backend `tpu`"));
+    let o = run_case(&dir, &out, &["--block-size", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--block-size"));
+    let o = run_case(&dir, &out, &["--frobnicate", "1"]);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("unknown argument `--frobnicate`")
+    );
+    let o = vt_mla().args(["run", "--config", "x.json"]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("`--weights` is required"));
+    let o = vt_mla().arg("frob").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn info_lists_backends_devices_and_registered_ops() {
+    let o = vt_mla().arg("info").output().unwrap();
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("cpu: registered"), "{text}");
+    for op in vt_core::OpId::ALL {
+        assert!(text.contains(op.name()), "{text} lacks {op}");
+    }
+    assert!(text.contains("VT_MLA_FUSED_NORM_ROPE="));
+}
