@@ -195,3 +195,26 @@ fn interleaved_goldens_match_gptj_pairing_and_not_neox() {
         assert!(e_gptj <= case.tolerance() && e_neox > 0.05, "{name}: gptj {e_gptj:.3e} neox {e_neox:.3e}");
     }
 }
+
+/// f16 checkpoints and inputs work too: an f32 golden converted to f16 stays within the
+/// half-precision tolerance under a chunked-prefill + decode schedule.
+#[test]
+fn f16_run_of_an_f32_golden_is_within_the_half_precision_tolerance() {
+    let Some(dir) = golden_case("qlora_yarn_interleave_f32") else { return };
+    let mut case = Case::load(&dir);
+    case.hidden = case.hidden.converted(vt_core::DType::F16);
+    case.weights.dtype = vt_core::DType::F16;
+    for (_, t) in case.weights.tensors.iter_mut() {
+        *t = t.converted(vt_core::DType::F16);
+    }
+    let q = cpu_queue();
+    let store = case.store(&q);
+    let block = case.block(&store, None);
+    assert_eq!(block.dtype(), vt_core::DType::F16);
+    let (out, _) =
+        case.run(&q, &block, "prefill:9,prefill:6,decode:9", &RunOptions { block_size: 16, chunk_workspace_tokens: Some(6) });
+    assert_eq!(out.dtype, vt_core::DType::F16);
+    let err = case.rel_err(&out);
+    eprintln!("qlora_yarn_interleave_f32 as f16: rel err {err:.3e}");
+    assert!(err <= 2e-2, "{err:.3e}");
+}
