@@ -254,6 +254,12 @@ impl MlaBatchMetadata {
                 format!("holds {} entries for {d} decode tokens", self.decode_seq_lens.len()),
             );
         }
+        if let Some((i, l)) = self.decode_seq_lens.iter().enumerate().find(|(_, &l)| l < 1) {
+            return err(
+                "decode_seq_lens",
+                format!("decode_seq_lens[{i}] = {l}: a decoding sequence holds its new token"),
+            );
+        }
         if d > 0 {
             check_table(
                 "decode_block_table",
@@ -264,12 +270,6 @@ impl MlaBatchMetadata {
                 block_size,
                 |b| self.decode_seq_lens[b] as i64,
             )?;
-            if let Some((i, l)) = self.decode_seq_lens.iter().enumerate().find(|(_, &l)| l < 1) {
-                return err(
-                    "decode_seq_lens",
-                    format!("decode_seq_lens[{i}] = {l}: a decoding sequence holds its new token"),
-                );
-            }
         }
         // Prefill part.
         let tp = t - d;

@@ -43,6 +43,9 @@ impl Schedule {
 
     /// The schedule covers exactly `t` tokens.
     pub fn check(&self, t: i64) -> Result<()> {
+        if let Some(s) = self.0.iter().find(|s| matches!(s, Step::Prefill(n) | Step::Decode(n) if *n <= 0)) {
+            return Err(Error::invalid("Schedule", "schedule", format!("{s:?}: every count must be > 0")));
+        }
         if self.total() != t {
             return Err(Error::invalid(
                 "Schedule",
@@ -57,7 +60,7 @@ impl Schedule {
     pub fn forwards(&self) -> impl Iterator<Item = (i64, bool)> + '_ {
         self.0.iter().flat_map(|s| match *s {
             Step::Prefill(n) => vec![(n, false)],
-            Step::Decode(n) => vec![(1, true); n as usize],
+            Step::Decode(n) => vec![(1, true); n.max(0) as usize],
         })
     }
 }
@@ -247,6 +250,18 @@ pub fn run_steps(
     }
     let es = dt.size_of();
     let row = h as usize * es;
+    if hidden.bytes.len() != (s * t) as usize * row {
+        return Err(Error::invalid(
+            "run_steps",
+            "hidden_states",
+            format!(
+                "holds {} bytes, its shape {:?} needs {}",
+                hidden.bytes.len(),
+                hidden.shape,
+                (s * t) as usize * row
+            ),
+        ));
+    }
     let mut staged = Vec::with_capacity(hidden.bytes.len());
     for &(si, ti) in &order {
         let at = ((si * t + ti) as usize) * row;

@@ -134,6 +134,7 @@ pub struct AbsorbedKvBProj<T> {
 /// `W_UK_T[n,p,l] = kv_b[n*(P+V) + p, l]` and `W_UV[n,l,v] = kv_b[n*(P+V) + P + v, l]`.
 /// Pure data movement, so exact for any element type (bf16, f16, f32).
 pub fn absorb_kv_b_proj<T: Element>(kv_b_proj: &[T], dims: &MlaBlockDims) -> Result<AbsorbedKvBProj<T>> {
+    dims.validate()?;
     let (n, p, v, l) = (
         dims.num_heads as usize,
         dims.qk_nope_head_dim as usize,

@@ -211,8 +211,12 @@ fn f16_run_of_an_f32_golden_is_within_the_half_precision_tolerance() {
     let store = case.store(&q);
     let block = case.block(&store, None);
     assert_eq!(block.dtype(), vt_core::DType::F16);
-    let (out, _) =
-        case.run(&q, &block, "prefill:9,prefill:6,decode:9", &RunOptions { block_size: 16, chunk_workspace_tokens: Some(6) });
+    let (out, _) = case.run(
+        &q,
+        &block,
+        "prefill:9,prefill:6,decode:9",
+        &RunOptions { block_size: 16, chunk_workspace_tokens: Some(6) },
+    );
     assert_eq!(out.dtype, vt_core::DType::F16);
     let err = case.rel_err(&out);
     eprintln!("qlora_yarn_interleave_f32 as f16: rel err {err:.3e}");
