@@ -5,8 +5,13 @@
 use once_cell::sync::Lazy;
 use vt_core::{DeviceType, Probe};
 
-static PROBES: Lazy<Vec<(DeviceType, Probe)>> =
-    Lazy::new(|| vec![(DeviceType::Cpu, vt_cpu::register()), (DeviceType::Cuda, vt_cuda::register())]);
+static PROBES: Lazy<Vec<(DeviceType, Probe)>> = Lazy::new(|| {
+    vec![
+        (DeviceType::Cpu, vt_cpu::register()),
+        (DeviceType::Cuda, vt_cuda::register()),
+        (DeviceType::Hip, vt_hip::register()),
+    ]
+});
 
 /// Registers every backend that finds a device (idempotent) and returns what each found.
 pub fn init() -> &'static [(DeviceType, Probe)] {

@@ -1,0 +1,141 @@
+//! The kernel sources (kernels-hip/, built into the binary) and their run-time compilation
+//! with hiprtc, cached on disk.
+//!
+//! - Each `.hip` file is compiled on first use for the exact target of the device that
+//!   runs it (`gcnArchName`, e.g. `gfx942:sramecc+:xnack-`), so one binary serves every
+//!   AMD GPU that its user's ROCm knows, including ones newer than any toolchain here.
+//! - Headers (`common.h`, `attention.h`) are served to hiprtc from memory; the file then
+//!   compiles the same here, in `cargo xtask kernels` (hipcc) and on an AMD machine.
+//! - The cache key is a SHA-256 of the file name, the source, every header, the options
+//!   and the hiprtc version, plus the target. Files live in `$VT_CACHE_DIR/hip`, else
+//!   `$XDG_CACHE_HOME/vt/hip`, else `~/.cache/vt/hip`; a second start compiles nothing. A
+//!   cache that cannot be written is logged and skipped.
+//! - A failed compile is an error that carries hiprtc's log.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use vt_core::Result;
+
+use crate::driver::{self, err};
+use crate::sys::HiprtcApi;
+
+macro_rules! kernel_files {
+    ($($name:literal),* $(,)?) => {
+        /// Every kernel file: `(file name, source)`.
+        pub const SOURCES: &[(&str, &str)] = &[$(($name, include_str!(concat!("../../../kernels-hip/", $name)))),*];
+    };
+}
+
+kernel_files!(
+    "batched_matmul.hip",
+    "concat_and_cache_mla.hip",
+    "concat_mla_nope_rope.hip",
+    "fused_norm_rope.hip",
+    "gather_mla_cache.hip",
+    "merge_attn_states.hip",
+    "mla_decode_attention.hip",
+    "prefill_attention.hip",
+    "rms_norm.hip",
+    "rope_from_cache.hip",
+);
+
+/// The headers the kernel files include, served from memory.
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.h", include_str!("../../../kernels-hip/common.h")),
+    ("attention.h", include_str!("../../../kernels-hip/attention.h")),
+];
+
+/// The options every file is compiled with, besides the target. `cargo xtask kernels`
+/// passes the same ones to hipcc.
+pub const OPTIONS: &[&str] = &["-O3", "-std=c++17", "-ffp-contract=off", "-DVT_HIPRTC=1"];
+
+/// The source of one kernel file.
+pub fn source(file: &str) -> Result<&'static str> {
+    SOURCES
+        .iter()
+        .find(|(n, _)| *n == file)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| err(format!("no kernel file {file} in kernels-hip/")))
+}
+
+/// Where compiled code objects are cached (see the module docs).
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("VT_CACHE_DIR") {
+        return Some(PathBuf::from(d).join("hip"));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("vt").join("hip"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("vt").join("hip"))
+}
+
+/// A compiled code object.
+pub struct CodeObject {
+    pub bytes: Vec<u8>,
+    /// Whether it came from the disk cache.
+    pub cached: bool,
+}
+
+/// Compiles kernel file `file` for target `arch` (a gcnArchName such as `gfx90a` or
+/// `gfx942:sramecc+:xnack-`), or returns the cached result of an identical compile.
+pub fn compile(api: &HiprtcApi, file: &str, arch: &str) -> Result<CodeObject> {
+    compile_with_cache(api, file, arch, cache_dir().as_deref())
+}
+
+pub(crate) fn compile_with_cache(
+    api: &HiprtcApi,
+    file: &str,
+    arch: &str,
+    cache: Option<&Path>,
+) -> Result<CodeObject> {
+    let src = source(file)?;
+    let ver = driver::hiprtc_version(api)?;
+    let mut opts: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    opts.push(format!("--offload-arch={arch}"));
+
+    let mut h = Sha256::new();
+    for part in [file, src] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    for (name, text) in HEADERS {
+        for part in [*name, *text] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+    }
+    for o in &opts {
+        h.update(o.as_bytes());
+        h.update([0u8]);
+    }
+    let digest: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let target: String = arch.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    let stem = file.trim_end_matches(".hip");
+    let name = format!("{stem}-hiprtc{}.{}-{target}-{digest}.co", ver.0, ver.1);
+
+    if let Some(dir) = cache {
+        if let Ok(bytes) = std::fs::read(dir.join(&name)) {
+            if !bytes.is_empty() {
+                tracing::debug!(kernel = file, name, "loaded a code object from the disk cache");
+                return Ok(CodeObject { bytes, cached: true });
+            }
+        }
+    }
+    let start = std::time::Instant::now();
+    let bytes = driver::hiprtc_compile(api, file, src, HEADERS, &opts)?;
+    tracing::debug!(kernel = file, arch, ms = start.elapsed().as_millis() as u64, "hiprtc compiled");
+    if let Some(dir) = cache {
+        if let Err(e) = write_atomically(dir, &name, &bytes) {
+            tracing::warn!(dir = %dir.display(), "cannot write the hiprtc cache: {e}");
+        }
+    }
+    Ok(CodeObject { bytes, cached: false })
+}
+
+fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(file))
+}

@@ -1,0 +1,24 @@
+//! RmsNorm: kernels-hip/rms_norm.hip, one block per row.
+
+use vt_core::{Queue, Result, RmsNormArgs};
+
+use crate::backend::HipQueue;
+use crate::launch::{kernels, KernelArgs, Launch, Step};
+
+pub(crate) fn plan(a: &RmsNormArgs<'_>) -> Result<Vec<Step>> {
+    let (t, d) = (a.x.dim(0), a.x.dim(1));
+    let args = KernelArgs::new()
+        .tensor(&a.out)
+        .i64(a.out.stride(0))
+        .tensor(&a.x)
+        .i64(a.x.stride(0))
+        .tensor(&a.weight)
+        .i64s(&[t, d])
+        .f32(a.eps);
+    let rows = if d == 0 { 0 } else { t };
+    Ok(kernels([Launch::new("rms_norm", "rms_norm.hip", a.x.dtype(), rows, args)?]))
+}
+
+pub(crate) fn run(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
+    HipQueue::of("RmsNorm", q)?.run(&plan(a)?)
+}
