@@ -1,5 +1,183 @@
-//! Placeholder until the `kernels` command lands; it fails loudly rather than pretending.
+//! `cargo xtask kernels [--backend cuda,hip]`: compile every GPU kernel file without a GPU.
+//!
+//! - CUDA: every `kernels-cuda/*.cu` with NVRTC, exactly as vt-cuda compiles it at run time
+//!   (same options, same in-memory headers), for sm_80 and sm_90, and sm_100 when this
+//!   NVRTC knows it. NVRTC and the headers come from the PyPI wheels that
+//!   `.ci/kernels-cuda-deps` installs (it exports `LD_LIBRARY_PATH` and `VT_CUDA_INCLUDE`).
+//! - HIP: `kernels_hip::run()` (a backend module returns its [`Outcome`]s; add it to
+//!   [`run`] next to [`cuda`]).
+//!
+//! Prints a table file x architecture (OK / FAIL) per backend, then the compiler log of
+//! every failure, and exits non-zero if anything failed or a toolchain is missing.
 
-pub fn run(_args: &[String]) -> Result<std::process::ExitCode, String> {
-    Err("`kernels` is not implemented yet".into())
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// One file compiled for one architecture.
+pub struct Outcome {
+    /// File name inside the kernel folder (`rms_norm.cu`).
+    pub file: String,
+    /// Architecture name as shown in the table (`sm_90`, `gfx90a`).
+    pub arch: String,
+    /// `None` when it compiled; the compiler's log otherwise.
+    pub error: Option<String>,
+    /// Wall time of this compile.
+    pub seconds: f64,
+}
+
+/// Runs `f` over `jobs` on all cores, keeping the jobs' order.
+pub fn parallel_map<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec<R> {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..n {
+            s.spawn(|| loop {
+                let job = queue.lock().ok().and_then(|mut q| q.pop());
+                let Some((i, j)) = job else { break };
+                let r = f(j);
+                if let Ok(mut out) = results.lock() {
+                    out.push((i, r));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_default();
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+pub fn run(args: &[String]) -> Result<ExitCode, String> {
+    let mut backends = vec!["cuda".to_string(), "hip".to_string()];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--backend" => {
+                let list = it.next().ok_or("--backend needs a list, e.g. cuda,hip")?;
+                backends = list.split(',').map(|s| s.trim().to_ascii_lowercase()).collect();
+            }
+            other => return Err(format!("unknown argument {other:?} (usage: kernels [--backend cuda,hip])")),
+        }
+    }
+    let root = workspace_root();
+    let mut ok = true;
+    for b in &backends {
+        let (title, outcomes) = match b.as_str() {
+            "cuda" => cuda(&root)?,
+            // The HIP engineer's module plugs in here:
+            // "hip" => crate::kernels_hip::run(&root)?,
+            "hip" => {
+                println!("hip: no kernel compile step yet (kernels_hip)");
+                continue;
+            }
+            other => return Err(format!("unknown backend {other:?}")),
+        };
+        ok &= report(&title, &outcomes);
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask/ sits in the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| ".".into())
+}
+
+/// Every `*.{ext}` file of `dir`, sorted by name.
+pub fn kernel_files(dir: &Path, ext: &str) -> Result<Vec<PathBuf>, String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("reading {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no *.{ext} files in {}", dir.display()));
+    }
+    Ok(files)
+}
+
+/// Compiles `kernels-cuda/*.cu` with NVRTC for every architecture we ship for.
+fn cuda(root: &Path) -> Result<(String, Vec<Outcome>), String> {
+    use vt_cuda::nvrtc::{self, Target};
+    if !nvrtc::available() {
+        return Err("libnvrtc.so.13 not found: `source .ci/kernels-cuda-deps` (installs the \
+                    nvidia-cuda-nvrtc wheel and sets LD_LIBRARY_PATH)"
+            .into());
+    }
+    let (major, minor) = nvrtc::version().map_err(|e| e.to_string())?;
+    let includes = nvrtc::include_dirs().map_err(|e| e.to_string())?;
+    let supported = nvrtc::supported_archs().map_err(|e| e.to_string())?;
+    let mut archs = vec![80u32, 90];
+    if supported.contains(&100) {
+        archs.push(100);
+    }
+    if let Some(a) = archs.iter().find(|a| !supported.contains(a)) {
+        return Err(format!("NVRTC {major}.{minor} cannot target sm_{a} (supports {supported:?})"));
+    }
+    let start = Instant::now();
+    let mut jobs = Vec::new();
+    for path in kernel_files(&root.join("kernels-cuda"), "cu")? {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let source =
+            std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        for &sm in &archs {
+            jobs.push((name.clone(), source.clone(), sm));
+        }
+    }
+    // NVRTC is thread-safe: compile on every core (CI has two).
+    let outcomes = parallel_map(jobs, |(name, source, sm)| {
+        let t0 = Instant::now();
+        // No disk cache: CI must see the compiler run.
+        let r = nvrtc::compile_in(None, &name, &source, vt_cuda::kernels::HEADERS, Target::Cubin(sm));
+        Outcome {
+            file: name,
+            arch: format!("sm_{sm}"),
+            seconds: t0.elapsed().as_secs_f64(),
+            error: r.err().map(|e| e.to_string()),
+        }
+    });
+    let inc: Vec<String> = includes.iter().map(|p| p.display().to_string()).collect();
+    let secs = start.elapsed().as_secs_f64();
+    Ok((format!("kernels-cuda: NVRTC {major}.{minor}, headers {}, {secs:.1} s", inc.join(", ")), outcomes))
+}
+
+/// Prints the table and the failures' logs; true when everything compiled.
+pub fn report(title: &str, outcomes: &[Outcome]) -> bool {
+    let mut archs: Vec<&str> = Vec::new();
+    let mut files: Vec<&str> = Vec::new();
+    for o in outcomes {
+        if !archs.contains(&o.arch.as_str()) {
+            archs.push(&o.arch);
+        }
+        if !files.contains(&o.file.as_str()) {
+            files.push(&o.file);
+        }
+    }
+    let width = files.iter().map(|f| f.len()).max().unwrap_or(4).max(4);
+    println!("\n{title}");
+    print!("{:<width$}", "file");
+    for a in &archs {
+        print!("  {a:<8}");
+    }
+    println!("  slowest");
+    for f in &files {
+        print!("{f:<width$}");
+        for a in &archs {
+            let cell = match outcomes.iter().find(|o| o.file == *f && o.arch == *a) {
+                Some(Outcome { error: None, .. }) => "OK",
+                Some(_) => "FAIL",
+                None => "-",
+            };
+            print!("  {cell:<8}");
+        }
+        let slowest = outcomes.iter().filter(|o| o.file == *f).map(|o| o.seconds).fold(0.0, f64::max);
+        println!("  {slowest:.1} s");
+    }
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_some()).collect();
+    for o in &failed {
+        println!("\n--- {} for {} ---\n{}", o.file, o.arch, o.error.as_deref().unwrap_or(""));
+    }
+    println!("{} of {} compiles OK", outcomes.len() - failed.len(), outcomes.len());
+    failed.is_empty()
 }
