@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cpu_queue, golden_case, Case};
+use common::{cpu_queue, golden_case, test_queue, Case};
 use mla_block::runner::{RunOptions, SeqPart};
 use vt_core::{op_registered, DeviceType, OpId};
 
@@ -35,7 +35,7 @@ fn schedules(t: i64) -> Vec<(String, i64, Option<i64>)> {
 fn check_case(name: &str) {
     let Some(dir) = golden_case(name) else { return };
     let case = Case::load(&dir);
-    let q = cpu_queue();
+    let q = test_queue();
     let store = case.store(&q);
     let block = case.block(&store, None);
     let mut worst: f64 = 0.0;
@@ -44,8 +44,9 @@ fn check_case(name: &str) {
         let (out, stats) = case.run(&q, &block, &schedule, &opts);
         let err = case.rel_err(&out);
         eprintln!(
-            "golden {name:26} {:4} | {schedule:42} | block {block_size:2} | ws {:>4} | {:3} forwards, {:3} chunks | rel err {err:.3e}",
+            "golden {name:26} {:4} {} | {schedule:42} | block {block_size:2} | ws {:>4} | {:3} forwards, {:3} chunks | rel err {err:.3e}",
             case.dtype(),
+            q.device(),
             ws.map_or("all".into(), |w| w.to_string()),
             stats.forwards,
             stats.context_chunks
@@ -126,7 +127,7 @@ fn fused_and_split_paths_are_bit_identical_on_cpu() {
 /// with and without cached context) give every token its full-causal output.
 #[test]
 fn mixed_decode_and_prefill_step_matches_the_full_causal_result() {
-    let q = cpu_queue();
+    let q = test_queue();
     for name in ["qlora_yarn_interleave_f32", "v2lite_yarn_f32"] {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
@@ -161,7 +162,7 @@ fn mixed_decode_and_prefill_step_matches_the_full_causal_result() {
 fn decode_steps_do_not_allocate_after_warm_up() {
     let Some(dir) = golden_case("v2lite_yarn_f32") else { return };
     let case = Case::load(&dir);
-    let q = cpu_queue();
+    let q = test_queue();
     let store = case.store(&q);
     let block = case.block(&store, None);
     let (_, stats) = case.run(
@@ -180,7 +181,7 @@ fn decode_steps_do_not_allocate_after_warm_up() {
 /// goldens pass with it, and fail by a wide margin with neox pairing.
 #[test]
 fn interleaved_goldens_match_gptj_pairing_and_not_neox() {
-    let q = cpu_queue();
+    let q = test_queue();
     for name in ["qlora_yarn_interleave_f32", "v2lite_yarn_f32", "v2lite_noyarn_bf16"] {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
@@ -207,7 +208,7 @@ fn f16_run_of_an_f32_golden_is_within_the_half_precision_tolerance() {
     for (_, t) in case.weights.tensors.iter_mut() {
         *t = t.converted(vt_core::DType::F16);
     }
-    let q = cpu_queue();
+    let q = test_queue();
     let store = case.store(&q);
     let block = case.block(&store, None);
     assert_eq!(block.dtype(), vt_core::DType::F16);

@@ -31,6 +31,19 @@ pub fn cpu_queue() -> Queue {
     Queue::new(Device::CPU).expect("the CPU backend registers")
 }
 
+/// The queue the golden tests run on: the CPU, or the device type named by
+/// `MLA_TEST_DEVICE` (`cpu`, `cuda`, `hip`) so a GPU backend can be held to the goldens with
+/// the same tests.
+pub fn test_queue() -> Queue {
+    vt_backends::init();
+    let kind = match std::env::var("MLA_TEST_DEVICE") {
+        Ok(s) => vt_core::DeviceType::parse(&s)
+            .unwrap_or_else(|| panic!("MLA_TEST_DEVICE={s:?} is not cpu/cuda/hip")),
+        Err(_) => vt_core::DeviceType::Cpu,
+    };
+    Queue::new(Device::new(kind, 0)).unwrap_or_else(|e| panic!("MLA_TEST_DEVICE: {e}"))
+}
+
 pub struct Case {
     pub name: String,
     pub cfg: MlaConfig,
