@@ -42,6 +42,26 @@ pub struct MlaBlock<'w> {
     fused_override: Option<bool>,
 }
 
+/// The ops every forward issues (`FusedNormRope` is optional: without it the split path
+/// runs).
+pub const REQUIRED_OPS: [OpId; 10] = [
+    OpId::MatmulBT,
+    OpId::BatchedMatmul,
+    OpId::RmsNorm,
+    OpId::RopeFromCache,
+    OpId::ConcatAndCacheMla,
+    OpId::GatherMlaCache,
+    OpId::ConcatMlaNopeRope,
+    OpId::MlaDecodeAttention,
+    OpId::PrefillAttention,
+    OpId::MergeAttnStates,
+];
+
+/// The [`REQUIRED_OPS`] not registered on `device` (empty: the block can run there).
+pub fn missing_ops(device: vt_core::DeviceType) -> Vec<OpId> {
+    REQUIRED_OPS.iter().copied().filter(|&op| !op_registered(op, device)).collect()
+}
+
 fn req<'a>(t: Option<Tensor<'a>>, name: &'static str) -> Result<Tensor<'a>> {
     t.ok_or_else(|| Error::invalid(OP, name, format!("required weight `{name}` is not set")))
 }

@@ -24,7 +24,7 @@ pub mod runner;
 mod weights;
 mod workspace;
 
-pub use block::MlaBlock;
+pub use block::{missing_ops, MlaBlock, REQUIRED_OPS};
 pub use config::MlaConfig;
 pub use dims::MlaBlockDims;
 pub use kv_cache::{PagedKvCache, SeqId};

@@ -158,4 +158,6 @@ fn info_lists_backends_devices_and_registered_ops() {
         assert!(text.contains(op.name()), "{text} lacks {op}");
     }
     assert!(text.contains("VT_MLA_FUSED_NORM_ROPE="));
+    assert!(text.contains("MLA block: runs here (fused and split norm+rope paths)"), "{text}");
+    assert!(text.contains("--backend auto runs the MLA block on:"), "{text}");
 }

@@ -138,13 +138,15 @@ fn mixed_decode_and_prefill_step_matches_the_full_causal_result() {
         let p = |seq, tokens| SeqPart { seq, tokens, decode: false };
         let dec = |seq| SeqPart { seq, tokens: 1, decode: true };
         let steps = vec![
-            vec![p(0, 10), p(1, 3)],
-            // seq 0 decodes while seq 1 prefills over its 3 cached tokens
+            vec![p(0, 10)],
+            // two prefills in one forward: seq 1 without context, seq 0 over 10 cached tokens
+            vec![p(1, 5), p(0, 4)],
+            // seq 0 decodes while seq 1 prefills over its 5 cached tokens
             vec![dec(0), p(1, 9)],
-            // seq 1 decodes while seq 0 prefills over its 11 cached tokens
+            // seq 1 decodes while seq 0 prefills over its 15 cached tokens
             vec![dec(1), p(0, 6)],
             vec![dec(0), dec(1)],
-            vec![p(0, t - 18), p(1, t - 14)],
+            vec![p(0, t - 22), p(1, t - 16)],
         ];
         for (block_size, ws) in [(16, None), (1, Some(5))] {
             let out =

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use mla_block::runner::{positions_or_default, run_schedule, RunOptions, Schedule};
-use mla_block::{HostTensor, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use mla_block::{missing_ops, HostTensor, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
 use safetensors::{Dtype as StDtype, SafeTensors};
 use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
 
@@ -117,15 +117,48 @@ fn parse_run(args: &[String]) -> Result<RunArgs> {
     })
 }
 
+fn names(ops: &[vt_core::OpId]) -> String {
+    ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// `auto`: the best registered device type whose backend has every op the block needs
+/// (CUDA, then HIP, then the CPU); a named backend must be registered and complete.
 fn pick_device(backend: &str) -> Result<DeviceType> {
     let probes = vt_backends::init();
+    let registered =
+        |k: DeviceType| probes.iter().any(|(d, p)| *d == k && matches!(p, Probe::Registered { .. }));
     if backend == "auto" {
-        return Ok(vt_backends::best_device());
+        let best = vt_backends::best_device();
+        let order = [best, DeviceType::Cuda, DeviceType::Hip, DeviceType::Cpu];
+        for kind in order.into_iter().filter(|&k| registered(k)) {
+            let missing = missing_ops(kind);
+            if missing.is_empty() {
+                return Ok(kind);
+            }
+            eprintln!("vt-mla: skipping {kind}: its backend lacks {}", names(&missing));
+        }
+        return Err(Error::NoDevice {
+            device: "auto".into(),
+            msg: "no registered backend has every op the block needs".into(),
+        });
     }
     let kind = DeviceType::parse(backend)
         .ok_or_else(|| usage_err(format!("--backend `{backend}` is not one of auto, cpu, cuda, hip")))?;
     match probes.iter().find(|(k, _)| *k == kind) {
-        Some((_, Probe::Registered { .. })) => Ok(kind),
+        Some((_, Probe::Registered { .. })) => {
+            let missing = missing_ops(kind);
+            if missing.is_empty() {
+                Ok(kind)
+            } else {
+                Err(Error::NoDevice {
+                    device: kind.to_string(),
+                    msg: format!(
+                        "its backend does not register {} (needed by the MLA block)",
+                        names(&missing)
+                    ),
+                })
+            }
+        }
         Some((_, p)) => Err(Error::NoDevice { device: kind.to_string(), msg: p.to_string() }),
         None => {
             Err(Error::NoDevice { device: kind.to_string(), msg: "this build has no such backend".into() })
@@ -207,19 +240,24 @@ fn info() -> Result<()> {
             }
         }
         let ops = registry::registered_ops(*kind);
-        println!(
-            "    ops ({}/{}): {}",
-            ops.len(),
-            vt_core::OpId::ALL.len(),
-            ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
-        );
-        let missing: Vec<_> =
-            vt_core::OpId::ALL.iter().filter(|o| !ops.contains(o)).map(|o| o.name()).collect();
+        println!("    ops ({}/{}): {}", ops.len(), vt_core::OpId::ALL.len(), names(&ops));
+        let missing: Vec<_> = vt_core::OpId::ALL.iter().copied().filter(|o| !ops.contains(o)).collect();
         if !missing.is_empty() {
-            println!("    not registered: {}", missing.join(", "));
+            println!("    not registered: {}", names(&missing));
+        }
+        let block_missing = missing_ops(*kind);
+        if block_missing.is_empty() {
+            let path = if ops.contains(&vt_core::OpId::FusedNormRope) { "fused and split" } else { "split" };
+            println!("    MLA block: runs here ({path} norm+rope paths)");
+        } else {
+            println!("    MLA block: cannot run here (lacks {})", names(&block_missing));
         }
     }
-    println!("best device (--backend auto): {}", vt_backends::best_device());
+    println!("best device: {}", vt_backends::best_device());
+    match pick_device("auto") {
+        Ok(k) => println!("--backend auto runs the MLA block on: {k}"),
+        Err(e) => println!("--backend auto: {e}"),
+    }
     println!("flags:");
     for f in flags::Flag::ALL {
         println!("  {}={} (default {})", f.env_name(), flags::get(f) as u8, f.default_value() as u8);
