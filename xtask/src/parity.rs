@@ -1,5 +1,315 @@
-//! Placeholder until the `parity` command lands; it fails loudly rather than pretending.
+//! `cargo xtask parity [--backend LIST] [--op LIST] [--dtype LIST] [--seed N] [--per-dtype] [-v]`
+//!
+//! Registers every backend found (`vt_backends::init`), runs every parity case of every
+//! op (see the vt-check crate) on every backend in bf16, f16 and f32 against the CPU
+//! reference, and prints one table: a row per op, a column per backend. A cell is the
+//! worst dtype (largest error relative to its tolerance) as `PASS err <= tol dtype`, or
+//! `FAIL ...` (details below the table), `not registered` (the backend is up but lacks
+//! the op), `no device` / `unavailable` (what the backend's probe said). `--per-dtype`
+//! gives a column per backend and dtype instead. Exits non-zero on any FAIL.
+//!
+//! LISTs are comma-separated: backends `cpu,cuda,hip`; ops as `OpId::parse` reads them
+//! (`rms_norm`, `MlaDecodeAttention`); dtypes `bf16,f16,f32`. The seed (random unless
+//! given) is printed first; `--seed N` with the same filters replays a run exactly.
 
-pub fn run(_args: &[String]) -> Result<std::process::ExitCode, String> {
-    Err("`parity` is not implemented yet".into())
+use std::process::ExitCode;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use vt_check::{run_cell, CellReport, DTYPES};
+use vt_core::{op_registered, DType, Device, DeviceType, Error, OpId, Probe};
+
+const USAGE: &str =
+    "usage: cargo xtask parity [--backend cpu,cuda,hip] [--op LIST] [--dtype bf16,f16,f32] [--seed N] \
+     [--per-dtype] [-v|--verbose]";
+
+struct Options {
+    backends: Vec<DeviceType>,
+    ops: Vec<OpId>,
+    dtypes: Vec<DType>,
+    seed: u64,
+    per_dtype: bool,
+    verbose: bool,
+}
+
+pub fn run(args: &[String]) -> Result<ExitCode, String> {
+    let opts = parse(args)?;
+    let started = Instant::now();
+    let probes = vt_backends::init();
+    println!("vt parity: every op on every backend against the CPU reference");
+    println!("seed {} (replay: cargo xtask parity --seed {})", opts.seed, opts.seed);
+    let found: Vec<String> = DeviceType::ALL
+        .iter()
+        .map(|&k| {
+            format!("{k}: {}", probe_of(probes, k).map_or("not built in".to_string(), |p| p.to_string()))
+        })
+        .collect();
+    println!("backends: {}", found.join("; "));
+    let dtypes: Vec<&str> = opts.dtypes.iter().map(|d| d.name()).collect();
+    println!(
+        "cells: max relative Frobenius error ||out - ref|| / ||ref|| over the op's cases vs the tolerance, {}",
+        if opts.per_dtype {
+            "per dtype".to_string()
+        } else {
+            format!("worst of {} (by error / tolerance)", dtypes.join(", "))
+        }
+    );
+    println!();
+
+    let mut grid: Vec<(OpId, Vec<(DeviceType, Cell)>)> = Vec::new();
+    for &op in &opts.ops {
+        let row = opts.backends.iter().map(|&k| (k, cell(op, k, probe_of(probes, k), &opts))).collect();
+        grid.push((op, row));
+    }
+    print_table(&grid, &opts);
+    let tally = print_failures(&grid, &opts);
+    if opts.verbose {
+        for (_, row) in &grid {
+            for (_, c) in row {
+                if let Cell::Ran(reports) = c {
+                    reports.iter().for_each(|r| println!("{r}"));
+                }
+            }
+        }
+    }
+    println!(
+        "\n(op, backend, dtype) cells: {} passed, {} failed, {} not registered, {} without a device; {:.1} s",
+        tally.pass,
+        tally.fail,
+        tally.not_registered,
+        tally.skipped,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if tally.fail > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        backends: DeviceType::ALL.to_vec(),
+        ops: OpId::ALL.to_vec(),
+        dtypes: DTYPES.to_vec(),
+        seed: fresh_seed(),
+        per_dtype: false,
+        verbose: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().cloned().ok_or_else(|| format!("{a} needs a value\n{USAGE}"));
+        match a.as_str() {
+            "--backend" | "--backends" => o.backends = list(&value()?, "backend", DeviceType::parse)?,
+            "--op" | "--ops" => o.ops = list(&value()?, "op", OpId::parse)?,
+            "--dtype" | "--dtypes" => o.dtypes = list(&value()?, "dtype", parse_dtype)?,
+            "--seed" => {
+                let v = value()?;
+                o.seed = v.parse().map_err(|_| format!("--seed: `{v}` is not a non-negative integer"))?;
+            }
+            "--per-dtype" => o.per_dtype = true,
+            "-v" | "--verbose" => o.verbose = true,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+        }
+    }
+    Ok(o)
+}
+
+fn list<T: PartialEq>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let v = parse(name).ok_or_else(|| format!("unknown {what} `{name}`"))?;
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("empty {what} list"));
+    }
+    Ok(out)
+}
+
+fn parse_dtype(s: &str) -> Option<DType> {
+    DTYPES.into_iter().find(|d| d.name().eq_ignore_ascii_case(s))
+}
+
+/// A seed from the clock: each plain run draws new inputs; the printed seed replays it.
+fn fresh_seed() -> u64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    (nanos as u64) % 1_000_000_000
+}
+
+fn probe_of(probes: &[(DeviceType, Probe)], kind: DeviceType) -> Option<&Probe> {
+    probes.iter().find(|(k, _)| *k == kind).map(|(_, p)| p)
+}
+
+enum Cell {
+    /// One report per dtype.
+    Ran(Vec<CellReport>),
+    /// A run could not start for one dtype (no queue, no reference op, ...).
+    Error(String),
+    NotRegistered,
+    NoDevice,
+    Unavailable,
+}
+
+fn cell(op: OpId, kind: DeviceType, probe: Option<&Probe>, opts: &Options) -> Cell {
+    match probe {
+        Some(Probe::Registered { .. }) => {}
+        Some(Probe::NoDevice { .. }) => return Cell::NoDevice,
+        Some(Probe::Unavailable { .. }) | None => return Cell::Unavailable,
+    }
+    if !op_registered(op, kind) {
+        return Cell::NotRegistered;
+    }
+    let mut reports = Vec::new();
+    for &dtype in &opts.dtypes {
+        match run_cell(op, Device::new(kind, 0), dtype, opts.seed) {
+            Ok(r) => reports.push(r),
+            Err(Error::NotRegistered { device: DeviceType::Cpu, .. }) => {
+                return Cell::Error("the CPU reference lacks this op".into())
+            }
+            Err(e) => return Cell::Error(format!("{dtype}: {e}")),
+        }
+    }
+    Cell::Ran(reports)
+}
+
+/// Error relative to tolerance, for picking a cell's worst dtype (a tolerance of 0 makes
+/// any error infinitely bad).
+fn badness(r: &CellReport) -> f64 {
+    if !r.passed() {
+        return f64::INFINITY;
+    }
+    if r.tolerance == 0.0 {
+        return if r.max_err() == 0.0 { 0.0 } else { f64::INFINITY };
+    }
+    r.max_err() / r.tolerance
+}
+
+fn num(x: f64, digits: usize) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.is_infinite() {
+        "inf".into()
+    } else {
+        format!("{x:.digits$e}")
+    }
+}
+
+fn verdict(r: &CellReport, with_dtype: bool) -> String {
+    let dt = if with_dtype { format!(" {}", r.dtype) } else { String::new() };
+    if r.passed() {
+        format!("PASS {} <= {}{dt}", num(r.max_err(), 1), num(r.tolerance, 0))
+    } else {
+        format!("FAIL {} vs {}{dt} *", num(r.max_err(), 1), num(r.tolerance, 0))
+    }
+}
+
+fn text(c: &Cell, dtype: Option<DType>) -> String {
+    match c {
+        Cell::Ran(reports) => match dtype {
+            Some(d) => reports.iter().find(|r| r.dtype == d).map_or("-".into(), |r| verdict(r, false)),
+            // Ties go to the later dtype: f32, the strictest tolerance.
+            None => reports
+                .iter()
+                .max_by(|a, b| badness(a).total_cmp(&badness(b)))
+                .map_or("-".into(), |r| verdict(r, true)),
+        },
+        Cell::Error(_) => "FAIL (error) *".into(),
+        Cell::NotRegistered => "not registered".into(),
+        Cell::NoDevice => "no device".into(),
+        Cell::Unavailable => "unavailable".into(),
+    }
+}
+
+fn print_table(grid: &[(OpId, Vec<(DeviceType, Cell)>)], opts: &Options) {
+    let dts: Vec<Option<DType>> =
+        if opts.per_dtype { opts.dtypes.iter().map(|&d| Some(d)).collect() } else { vec![None] };
+    let mut header = vec!["op".to_string()];
+    for k in &opts.backends {
+        for d in &dts {
+            header.push(d.map_or(k.to_string(), |d| format!("{k} {d}")));
+        }
+    }
+    let mut rows = vec![header];
+    for (op, row) in grid {
+        let mut r = vec![op.name().to_string()];
+        for (_, c) in row {
+            for &d in &dts {
+                r.push(text(c, d));
+            }
+        }
+        rows.push(r);
+    }
+    let ncol = rows[0].len();
+    let widths: Vec<usize> =
+        (0..ncol).map(|i| rows.iter().map(|r| r.get(i).map_or(0, String::len)).max().unwrap_or(0)).collect();
+    for (i, r) in rows.iter().enumerate() {
+        let cells: Vec<String> = r.iter().zip(&widths).map(|(c, &w)| format!("{c:<w$}")).collect();
+        println!("{}", cells.join(" | ").trim_end());
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+            println!("{}", rule.join("-+-"));
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    pass: usize,
+    fail: usize,
+    not_registered: usize,
+    skipped: usize,
+}
+
+/// Prints what failed (each failing case with its problems and a replay command) and
+/// counts the cells.
+fn print_failures(grid: &[(OpId, Vec<(DeviceType, Cell)>)], opts: &Options) -> Tally {
+    let mut t = Tally::default();
+    let mut first = true;
+    let mut header = || {
+        if std::mem::take(&mut first) {
+            println!("\n* failures:");
+        }
+    };
+    for (op, row) in grid {
+        for (kind, c) in row {
+            match c {
+                Cell::Ran(reports) => {
+                    for r in reports {
+                        if r.passed() {
+                            t.pass += 1;
+                            continue;
+                        }
+                        t.fail += 1;
+                        header();
+                        println!(
+                            "{op} on {kind} in {} (tolerance {}); replay: cargo xtask parity --backend {kind} \
+                             --op {op} --dtype {} --seed {}",
+                            r.dtype,
+                            num(r.tolerance, 0),
+                            r.dtype,
+                            opts.seed
+                        );
+                        for case in r.failures() {
+                            println!(
+                                "  {:>7}  {} (case seed {:#x})",
+                                num(case.rel_err, 2),
+                                case.name,
+                                case.seed
+                            );
+                            for p in case.problems.iter().take(4) {
+                                println!("           {p}");
+                            }
+                        }
+                    }
+                }
+                Cell::Error(e) => {
+                    t.fail += 1;
+                    header();
+                    println!("{op} on {kind}: {e}");
+                }
+                Cell::NotRegistered => t.not_registered += opts.dtypes.len(),
+                Cell::NoDevice | Cell::Unavailable => t.skipped += opts.dtypes.len(),
+            }
+        }
+    }
+    t
 }

@@ -1,0 +1,156 @@
+//! RmsNorm, RopeFromCache and FusedNormRope.
+
+use super::rotary_inputs;
+use crate::case::{Builder, Cases, Exec, Ty};
+
+const EPS: f32 = 1e-6;
+
+/// `out = RmsNorm(x)` for `x` = columns `x_off..x_off+D` of rows `x_ld` wide; `out` the
+/// same inside rows `out_ld` wide at `out_off`, or `x` itself (`out = None`: in place).
+struct RmsNorm {
+    t: i64,
+    d: i64,
+    x: (i64, i64),
+    out: Option<(i64, i64)>,
+}
+
+impl RmsNorm {
+    fn build(self, b: &mut Builder) -> Exec {
+        let RmsNorm { t, d, x: (x_ld, x_off), out } = self;
+        let x = b.uniform("x", &[t, x_ld], -1.0, 1.0).sub(x_off, &[t, d], &[x_ld, 1]);
+        let weight = b.uniform("weight", &[d], 0.5, 1.5);
+        let out = match out {
+            Some((ld, off)) => b.poison("out", Ty::Float, &[t, ld]).sub(off, &[t, d], &[ld, 1]),
+            None => x.clone(),
+        };
+        b.output("out", &out);
+        Box::new(move |q, bufs| {
+            vt_core::rms_norm(q, &out.tensor(bufs)?, &x.tensor(bufs)?, &weight.tensor(bufs)?, EPS)
+        })
+    }
+}
+
+pub(super) fn rms_norm(c: &mut Cases) {
+    c.add("contiguous T 4, D 512", |b| RmsNorm { t: 4, d: 512, x: (512, 0), out: Some((512, 0)) }.build(b));
+    c.add("kv_c = latent slice of kv rows [T 6, 512+64], out = cols 8..520 of rows of 520", |b| {
+        RmsNorm { t: 6, d: 512, x: (576, 0), out: Some((520, 8)) }.build(b)
+    });
+    c.add("in place (out = x), T 3, D 1536 = q_lora slice of the merged A-proj rows (stride 2112)", |b| {
+        RmsNorm { t: 3, d: 1536, x: (2112, 0), out: None }.build(b)
+    });
+    c.add("odd width D 100 at column 3 of rows of 104, T 5", |b| {
+        RmsNorm { t: 5, d: 100, x: (104, 3), out: Some((100, 0)) }.build(b)
+    });
+    c.add("no tokens: T 0, D 64", |b| RmsNorm { t: 0, d: 64, x: (64, 0), out: Some((64, 0)) }.build(b));
+}
+
+/// In-place rope of `q` = the trailing R columns of each of `hq` heads `q_w` wide, and
+/// optionally `k` = the trailing R columns of `hk` heads `k_w` wide.
+struct Rope {
+    t: i64,
+    hq: i64,
+    q_w: i64,
+    r: i64,
+    k: Option<(i64, i64)>,
+    neox: bool,
+}
+
+impl Rope {
+    fn build(self, b: &mut Builder) -> Exec {
+        let Rope { t, hq, q_w, r, k, neox } = self;
+        let q = b.uniform("q", &[t, hq, q_w], -1.0, 1.0).sub(q_w - r, &[t, hq, r], &[hq * q_w, q_w, 1]);
+        b.output("q", &q);
+        let k = k.map(|(hk, k_w)| {
+            let k = b.uniform("k", &[t, hk, k_w], -1.0, 1.0).sub(k_w - r, &[t, hk, r], &[hk * k_w, k_w, 1]);
+            b.output("k", &k);
+            k
+        });
+        let (positions, cos_sin) = rotary_inputs(b, t, r, 300);
+        Box::new(move |queue, bufs| {
+            let k = k.as_ref().map(|k| k.tensor(bufs)).transpose()?;
+            vt_core::rope_from_cache(
+                queue,
+                &q.tensor(bufs)?,
+                k.as_ref(),
+                &positions.tensor(bufs)?,
+                &cos_sin.tensor(bufs)?,
+                neox,
+            )
+        })
+    }
+}
+
+pub(super) fn rope_from_cache(c: &mut Cases) {
+    fn mla(neox: bool) -> Rope {
+        Rope { t: 5, hq: 16, q_w: 192, r: 64, k: Some((1, 576)), neox }
+    }
+    c.add("neox, q_pe = cols 128..192 of 16 heads of q [T 5, 16, 192], k_pe = cols 512.. of kv rows [T, 1, 576]", |b| {
+        mla(true).build(b)
+    });
+    c.add("GPT-J pairs, same views as above", |b| mla(false).build(b));
+    c.add("neox, q only, T 1, 4 heads of R 32 (whole head)", |b| {
+        Rope { t: 1, hq: 4, q_w: 32, r: 32, k: None, neox: true }.build(b)
+    });
+    c.add("GPT-J, k with as many heads as q (4), R 16, T 9, heads 24 / 40 wide", |b| {
+        Rope { t: 9, hq: 4, q_w: 24, r: 16, k: Some((4, 40)), neox: false }.build(b)
+    });
+    c.add("no tokens: T 0", |b| Rope { t: 0, hq: 2, q_w: 16, r: 16, k: Some((1, 16)), neox: true }.build(b));
+}
+
+/// FusedNormRope of `kv` = columns `lead..lead+L+R` of rows `lead+L+R` wide (the merged
+/// A-projection output); with `strided_out` the outputs are views into wider rows.
+struct NormRope {
+    t: i64,
+    l: i64,
+    r: i64,
+    lead: i64,
+    neox: bool,
+    strided_out: bool,
+}
+
+impl NormRope {
+    fn build(self, b: &mut Builder) -> Exec {
+        let NormRope { t, l, r, lead, neox, strided_out } = self;
+        let w = lead + l + r;
+        let kv = b.uniform("kv", &[t, w], -1.0, 1.0).sub(lead, &[t, l + r], &[w, 1]);
+        let weight = b.uniform("weight", &[l], 0.5, 1.5);
+        let (latent, rope) = if strided_out {
+            let latent = b.poison("latent_out", Ty::Float, &[t, l + 8]).sub(4, &[t, l], &[l + 8, 1]);
+            let rope = b.poison("rope_out", Ty::Float, &[t, r + 16]).sub(16, &[t, r], &[r + 16, 1]);
+            (latent, rope)
+        } else {
+            (b.poison("latent_out", Ty::Float, &[t, l]), b.poison("rope_out", Ty::Float, &[t, r]))
+        };
+        b.output("latent_out", &latent);
+        b.output("rope_out", &rope);
+        let (positions, cos_sin) = rotary_inputs(b, t, r, 300);
+        Box::new(move |q, bufs| {
+            vt_core::fused_norm_rope(
+                q,
+                &latent.tensor(bufs)?,
+                &rope.tensor(bufs)?,
+                &kv.tensor(bufs)?,
+                &weight.tensor(bufs)?,
+                &positions.tensor(bufs)?,
+                &cos_sin.tensor(bufs)?,
+                EPS,
+                neox,
+            )
+        })
+    }
+}
+
+pub(super) fn fused_norm_rope(c: &mut Cases) {
+    c.add("L 512, R 64, neox, kv = cols 1536.. of the merged A-proj rows (stride 2112), T 5", |b| {
+        NormRope { t: 5, l: 512, r: 64, lead: 1536, neox: true, strided_out: false }.build(b)
+    });
+    c.add("L 512, R 64, GPT-J, same views, T 3", |b| {
+        NormRope { t: 3, l: 512, r: 64, lead: 1536, neox: false, strided_out: false }.build(b)
+    });
+    c.add("L 32, R 16, GPT-J, outputs = views into wider rows, T 7", |b| {
+        NormRope { t: 7, l: 32, r: 16, lead: 0, neox: false, strided_out: true }.build(b)
+    });
+    c.add("L 512, R 64, neox, contiguous kv, T 1", |b| {
+        NormRope { t: 1, l: 512, r: 64, lead: 0, neox: true, strided_out: false }.build(b)
+    });
+}
