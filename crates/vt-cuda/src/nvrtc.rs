@@ -31,17 +31,28 @@ pub enum Target {
     Ptx(u32),
 }
 
+/// The real architecture a cubin is built for: Hopper gets its arch-specific target
+/// (sm_90a) so kernels may use wgmma (MlaDecodeAttention); such code runs on sm_90 devices
+/// only, the only ones a `Cubin(90)` is loaded on.
+fn cubin_arch(sm: u32) -> String {
+    if sm == 90 {
+        "sm_90a".to_string()
+    } else {
+        format!("sm_{sm}")
+    }
+}
+
 impl Target {
     fn arch_option(self) -> String {
         match self {
-            Target::Cubin(sm) => format!("--gpu-architecture=sm_{sm}"),
+            Target::Cubin(sm) => format!("--gpu-architecture={}", cubin_arch(sm)),
             Target::Ptx(sm) => format!("--gpu-architecture=compute_{sm}"),
         }
     }
 
     fn tag(self) -> String {
         match self {
-            Target::Cubin(sm) => format!("sm_{sm}.cubin"),
+            Target::Cubin(sm) => format!("{}.cubin", cubin_arch(sm)),
             Target::Ptx(sm) => format!("compute_{sm}.ptx"),
         }
     }

@@ -1,0 +1,377 @@
+//! MlaDecodeAttention: split-KV ("flash-decoding") attention over the paged latent cache
+//! (`kernels-cuda/mla_decode_attention.cu`, whose header comment describes the kernels).
+//!
+//! Each call launches two kernels on the queue's stream and nothing else:
+//! 1. the main kernel, grid (parts, row blocks): the KV tiles of all sequences are cut into
+//!    `parts` equal ranges, each CTA computing its range from `seq_lens` on the device (no
+//!    host sync, no metadata kernel), and writing either the final output of a sequence it
+//!    holds whole or one normalized partial per sequence it holds a piece of;
+//! 2. the combine kernel, which merges the partials of cut sequences by their log-sum-exp
+//!    and writes empty sequences (out = 0, lse = -inf).
+//!
+//! Kernel choice (bf16/f16 with D = 576, Dv = 512 and 16-byte aligned rows): on sm_90 the
+//! wgmma kernel (64 query rows per CTA) when the query rows per sequence (s_q * N) exceed
+//! 32, else the mma.sync kernel with 16 or 32 rows per CTA; elsewhere the mma.sync kernel.
+//! f32, other head dims and unaligned views take the generic kernel.
+//!
+//! Partial buffers: `(parts + B) * s_q * N * Dv` f32 plus lse and a per-sequence index,
+//! allocated on the first call and cached per queue (stream), grown only when a larger
+//! shape arrives; after that warm-up a call allocates nothing, reads nothing back and never
+//! waits, so a decode step can be captured in a CUDA graph.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use once_cell::sync::Lazy;
+use vt_core::{Buffer, DType, Error, MlaDecodeAttentionArgs, Queue, Result, Tensor};
+
+use crate::device::{drv, BACKEND};
+use crate::{cfg, kernel_source, CudaQueue, KernelSource};
+
+static SRC: KernelSource = kernel_source!("mla_decode_attention");
+
+const OP: &str = "MlaDecodeAttention";
+/// Fast-path head and value dims (DeepSeek MLA: kv_lora_rank 512 + rope 64).
+const FAST_D: i64 = 576;
+const FAST_DV: i64 = 512;
+const THREADS: u32 = 256;
+const GEN_THREADS: u32 = 128;
+/// The most dynamic shared memory a block may have on sm_80/sm_90.
+const MAX_SMEM: u32 = 232_448;
+
+/// The kernels' argument block; must match `mla::Params` in the kernel file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Params {
+    q: u64,
+    out: u64,
+    lse: u64,
+    cache: u64,
+    block_table: u64,
+    seq_lens: u64,
+    part_o: u64,
+    part_lse: u64,
+    seq_info: u64,
+    q_sb: i64,
+    q_ss: i64,
+    q_sh: i64,
+    o_sb: i64,
+    o_ss: i64,
+    o_sh: i64,
+    l_sb: i64,
+    l_sh: i64,
+    l_ss: i64,
+    c_sblk: i64,
+    c_srow: i64,
+    bt_sb: i64,
+    bt_sm: i64,
+    sl_s: i64,
+    b: i32,
+    s_q: i32,
+    n: i32,
+    d: i32,
+    dv: i32,
+    nb: i32,
+    bs: i32,
+    mb: i32,
+    m_total: i32,
+    num_parts: i32,
+    min_tiles: i32,
+    scale_log2: f32,
+}
+
+// SAFETY: plain old data with the C layout of the kernel's `mla::Params` (same field order
+// and types), passed by value as the only kernel parameter.
+unsafe impl DeviceRepr for Params {}
+
+/// Which kernel computes the attention. The op always uses [`Kernel::Auto`]; the others are
+/// for benchmarks and tests ([`mla_decode_attention_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Auto,
+    Generic,
+    Mma,
+    Wgmma,
+}
+
+/// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeOptions {
+    pub kernel: Kernel,
+    /// Fewest KV tiles (64 tokens) per part; `None`: the built-in choice.
+    pub min_tiles: Option<u32>,
+    /// Upper bound on the number of parts; `None`: one CTA per SM.
+    pub max_parts: Option<u32>,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions { kernel: Kernel::Auto, min_tiles: None, max_parts: None }
+    }
+}
+
+/// What one call launched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// `generic`, `mma16`, `mma32`, `mma64` or `wgmma`.
+    pub kernel: &'static str,
+    /// Query rows per CTA of the main kernel (1 for the generic kernel).
+    pub rows_per_cta: u32,
+    /// grid.y of the main kernel.
+    pub row_blocks: u32,
+    /// grid.x of the main kernel.
+    pub parts: u32,
+    pub min_tiles: u32,
+}
+
+/// The op as registered.
+pub(crate) fn run(q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
+    mla_decode_attention_with(q, a, &DecodeOptions::default()).map(|_| ())
+}
+
+/// What the kernels need to know about a device, looked up once.
+#[derive(Clone, Copy)]
+struct DeviceInfo {
+    sms: u32,
+    /// The module holds the sm_90a wgmma kernels.
+    wgmma: bool,
+}
+
+static DEVICES: Lazy<Mutex<HashMap<usize, DeviceInfo>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+/// Functions whose dynamic shared-memory limit was raised: (ordinal, symbol).
+static SMEM_SET: Lazy<Mutex<HashMap<(usize, String), u32>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock().map_err(|_| Error::backend(BACKEND, format!("{OP}: a cache lock was poisoned by a panic")))
+}
+
+fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
+    if let Some(i) = lock(&DEVICES)?.get(&ordinal) {
+        return Ok(*i);
+    }
+    let sms = cq
+        .device
+        .ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(drv("reading the SM count"))?
+        .max(1) as u32;
+    // The wgmma kernels exist only when the module was built for sm_90a.
+    let wgmma = cq.sm() == 90 && cq.function(&SRC, "mla_decode_wgmma", DType::BF16).is_ok();
+    let info = DeviceInfo { sms, wgmma };
+    lock(&DEVICES)?.insert(ordinal, info);
+    Ok(info)
+}
+
+/// The kernel `{base}_{dtype}` with its dynamic shared-memory limit raised to `smem`.
+fn function(cq: &CudaQueue, ordinal: usize, base: &'static str, dt: DType, smem: u32) -> Result<CudaFunction> {
+    let f = cq.function(&SRC, base, dt)?;
+    if smem > 48 * 1024 {
+        let key = (ordinal, format!("{base}_{}", dt.name()));
+        let mut set = lock(&SMEM_SET)?;
+        if set.get(&key).copied().unwrap_or(0) < smem {
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(drv("raising the shared-memory limit"))?;
+            set.insert(key, smem);
+        }
+    }
+    Ok(f)
+}
+
+/// Dynamic shared memory of the tensor-core kernels with `mt` query rows per CTA
+/// (`mla::Layout<MT>::SMEM`: Q, two KV tiles, P, reductions, flags, schedule, alignment).
+const fn tc_smem(mt: u32) -> u32 {
+    let tile = 9 * 64 * 128;
+    9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 40 * 4 + 1024
+}
+
+/// The split-KV partial buffers of one queue.
+struct Workspace {
+    stream: Weak<CudaStream>,
+    part_o: Option<Buffer>,
+    part_lse: Option<Buffer>,
+    seq_info: Option<Buffer>,
+}
+
+static WORKSPACES: Lazy<Mutex<HashMap<usize, Workspace>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Ensures `slot` holds at least `n` elements of `dtype`, allocating on growth only.
+fn ensure(q: &Queue, slot: &mut Option<Buffer>, dtype: DType, n: i64) -> Result<u64> {
+    let n = n.max(1);
+    if slot.as_ref().is_none_or(|b| b.numel() < n) {
+        // The old buffer (if any) is freed first; cuMemFree waits for queued work using it.
+        *slot = None;
+        *slot = Some(Buffer::uninit(q, dtype, &[n])?);
+    }
+    match slot {
+        Some(b) => Ok(b.view().data_addr()),
+        None => Err(Error::backend(BACKEND, format!("{OP}: workspace missing"))),
+    }
+}
+
+/// The partial buffers for this queue: (part_o, part_lse, seq_info) addresses.
+fn workspace(q: &Queue, cq: &CudaQueue, slots: i64, rows: i64, dv: i64, b: i64) -> Result<(u64, u64, u64)> {
+    let mut all = lock(&WORKSPACES)?;
+    // Drop the workspaces of queues that no longer exist.
+    all.retain(|_, w| w.stream.strong_count() > 0);
+    let key = Arc::as_ptr(&cq.stream) as usize;
+    let w = all.entry(key).or_insert_with(|| Workspace {
+        stream: Arc::downgrade(&cq.stream),
+        part_o: None,
+        part_lse: None,
+        seq_info: None,
+    });
+    let po = ensure(q, &mut w.part_o, DType::F32, slots * rows * dv)?;
+    let pl = ensure(q, &mut w.part_lse, DType::F32, slots * rows)?;
+    let si = ensure(q, &mut w.seq_info, DType::I32, 2 * b)?;
+    Ok((po, pl, si))
+}
+
+fn to_i32(arg: &'static str, what: &str, v: i64) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(OP, arg, format!("{what} = {v} exceeds the i32 range")))
+}
+
+/// 16-byte aligned start and strides (of `dims`) that are multiples of 8 elements: rows can
+/// be moved with 16-byte copies.
+fn rows_aligned(t: &Tensor<'_>, dims: &[usize]) -> bool {
+    t.data_addr().is_multiple_of(16) && dims.iter().all(|&d| t.stride(d) % 8 == 0)
+}
+
+/// MlaDecodeAttention with explicit kernel choices (the op itself uses the defaults).
+/// The arguments must have passed `vt_core::mla_decode_attention`'s validation: call that
+/// entry point for the op; this function is for benchmarks and tests, which call it with
+/// views they built to the contract. Returns what was launched.
+pub fn mla_decode_attention_with(
+    q: &Queue,
+    a: &MlaDecodeAttentionArgs<'_>,
+    opts: &DecodeOptions,
+) -> Result<Plan> {
+    let cq = CudaQueue::of(q, OP)?;
+    let ordinal = q.device().ordinal;
+    let (b, s_q, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
+    let dv = a.out.dim(3);
+    let m_total = s_q * n;
+    let dt = a.q.dtype();
+    let none = Plan { kernel: "none", rows_per_cta: 0, row_blocks: 0, parts: 0, min_tiles: 0 };
+    if b == 0 || m_total == 0 {
+        return Ok(none);
+    }
+    let info = device_info(cq, ordinal)?;
+
+    let fast = d == FAST_D
+        && dv == FAST_DV
+        && dt != DType::F32
+        && rows_aligned(&a.q, &[0, 1, 2])
+        && rows_aligned(&a.cache, &[0, 1])
+        && rows_aligned(&a.out, &[0, 1, 2]);
+    let kernel = match opts.kernel {
+        Kernel::Auto if !fast => Kernel::Generic,
+        Kernel::Auto if info.wgmma && m_total > 32 => Kernel::Wgmma,
+        Kernel::Auto => Kernel::Mma,
+        Kernel::Mma | Kernel::Wgmma if !fast => {
+            return Err(Error::backend(
+                BACKEND,
+                format!("{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512 and aligned rows"),
+            ))
+        }
+        Kernel::Wgmma if !info.wgmma => {
+            return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
+        }
+        k => k,
+    };
+
+    let (base, name, mt, smem, threads): (&'static str, &'static str, i64, u32, u32) = match kernel {
+        Kernel::Wgmma => ("mla_decode_wgmma", "wgmma", 64, tc_smem(64), THREADS),
+        Kernel::Mma if m_total <= 16 => ("mla_decode_mma16", "mma16", 16, tc_smem(16), THREADS),
+        Kernel::Mma if m_total <= 32 => ("mla_decode_mma32", "mma32", 32, tc_smem(32), THREADS),
+        Kernel::Mma => ("mla_decode_mma64", "mma64", 64, tc_smem(64), THREADS),
+        _ => {
+            let bytes = (d + 4 * dv) * 4;
+            if bytes > MAX_SMEM as i64 {
+                return Err(Error::invalid(
+                    OP,
+                    "q",
+                    format!("head dims D = {d}, Dv = {dv} need {bytes} bytes of shared memory (at most {MAX_SMEM})"),
+                ));
+            }
+            ("mla_decode_generic", "generic", 1, bytes as u32, GEN_THREADS)
+        }
+    };
+    let row_blocks = (m_total + mt - 1) / mt;
+    if row_blocks > 65_535 || (m_total + 7) / 8 > 65_535 {
+        return Err(Error::invalid(OP, "q", format!("s_q * N = {m_total} query rows per sequence is too many")));
+    }
+    // One CTA per SM for the tensor-core kernels (their shared memory allows no more); the
+    // small generic kernel gets 8.
+    let per_sm: i64 = if kernel == Kernel::Generic { 8 } else { 1 };
+    let mut parts = (info.sms as i64 * per_sm / row_blocks).max(1);
+    if let Some(mp) = opts.max_parts {
+        parts = parts.min(mp.max(1) as i64);
+    }
+    let min_tiles = opts.min_tiles.unwrap_or(1).max(1);
+
+    let f = function(cq, ordinal, base, dt, smem)?;
+    let combine = cq.function(&SRC, "mla_decode_combine", dt)?;
+    let (part_o, part_lse, seq_info) = workspace(q, cq, parts + b, m_total, dv, b)?;
+
+    let l = a.lse;
+    let p = Params {
+        q: a.q.data_addr(),
+        out: a.out.data_addr(),
+        lse: l.map_or(0, |t| t.data_addr()),
+        cache: a.cache.data_addr(),
+        block_table: a.block_table.data_addr(),
+        seq_lens: a.seq_lens.data_addr(),
+        part_o,
+        part_lse,
+        seq_info,
+        q_sb: a.q.stride(0),
+        q_ss: a.q.stride(1),
+        q_sh: a.q.stride(2),
+        o_sb: a.out.stride(0),
+        o_ss: a.out.stride(1),
+        o_sh: a.out.stride(2),
+        l_sb: l.map_or(0, |t| t.stride(0)),
+        l_sh: l.map_or(0, |t| t.stride(1)),
+        l_ss: l.map_or(0, |t| t.stride(2)),
+        c_sblk: a.cache.stride(0),
+        c_srow: a.cache.stride(1),
+        bt_sb: a.block_table.stride(0),
+        bt_sm: a.block_table.stride(1),
+        sl_s: a.seq_lens.stride(0),
+        b: to_i32("q", "B", b)?,
+        s_q: to_i32("q", "s_q", s_q)?,
+        n: to_i32("q", "N", n)?,
+        d: to_i32("q", "D", d)?,
+        dv: to_i32("out", "Dv", dv)?,
+        nb: to_i32("cache", "number of blocks", a.cache.dim(0))?,
+        bs: to_i32("cache", "block size", a.cache.dim(1))?,
+        mb: to_i32("block_table", "blocks per sequence", a.block_table.dim(1))?,
+        m_total: to_i32("q", "s_q * N", m_total)?,
+        num_parts: parts as i32,
+        min_tiles: min_tiles as i32,
+        scale_log2: a.scale * std::f32::consts::LOG2_E,
+    };
+    let main_grid = if kernel == Kernel::Generic { m_total } else { row_blocks };
+    launch(cq, &f, cfg((parts as u32, main_grid as u32, 1), threads, smem), &p)?;
+    let comb_grid = (b as u32, ((m_total + 7) / 8) as u32, ((dv + 127) / 128) as u32);
+    launch(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
+    Ok(Plan {
+        kernel: name,
+        rows_per_cta: mt as u32,
+        row_blocks: main_grid as u32,
+        parts: parts as u32,
+        min_tiles,
+    })
+}
+
+fn launch(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Params) -> Result<()> {
+    let mut lb = cq.stream.launch_builder(f);
+    lb.arg(p);
+    // SAFETY: `Params` is the kernel's only parameter, laid out as in the kernel file. Every
+    // address in it is a view vt-core validated against its allocation (or a workspace
+    // buffer sized for this call), and the kernels never index past the shapes and strides
+    // passed beside the addresses (block ids and lengths read on the device are clamped).
+    unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
+}

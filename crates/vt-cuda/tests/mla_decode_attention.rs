@@ -1,0 +1,362 @@
+//! MlaDecodeAttention on CUDA against the CPU reference (vt-cpu) on fresh random inputs:
+//! block sizes 1/16/64/128, head counts 8..128, mixed lengths up to 32k in one batch, one
+//! and two query tokens, lse, bf16/f16/f32, strided views, every kernel variant, split and
+//! unsplit schedules, and block ids outside the cache. Outputs are poisoned with NaN, cache
+//! slots past each sequence's length hold NaN. Skips (with a line saying so) without a
+//! CUDA device.
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use vt_core::{encode_f64, Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Probe, Queue, Tensor};
+use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
+
+fn gpu() -> Option<Queue> {
+    vt_cpu::register();
+    match vt_cuda::register() {
+        Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
+        other => {
+            println!("SKIP: no CUDA device ({other})");
+            None
+        }
+    }
+}
+
+fn cpu() -> Queue {
+    Queue::new(Device::CPU).unwrap()
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    dtype: DType,
+    lens: Vec<i32>,
+    s_q: i64,
+    n: i64,
+    d: i64,
+    dv: i64,
+    bs: i64,
+    scale: f32,
+    /// Extra elements on the last dim of q, cache and out (row strides wider than rows).
+    pad: i64,
+    /// Element offset of the q view in its buffer (1 breaks 16-byte alignment).
+    q_offset: i64,
+    seed: u64,
+}
+
+impl Case {
+    fn mla(lens: &[i32], n: i64, bs: i64) -> Case {
+        Case {
+            dtype: DType::BF16,
+            lens: lens.to_vec(),
+            s_q: 1,
+            n,
+            d: 576,
+            dv: 512,
+            bs,
+            scale: 0.1,
+            pad: 0,
+            q_offset: 0,
+            seed: 7,
+        }
+    }
+}
+
+/// Host-side inputs of a case (f64, already rounded to the dtype by the upload).
+struct Inputs {
+    q: Vec<f64>,
+    cache: Vec<f64>,
+    block_table: Vec<f64>,
+    seq_lens: Vec<f64>,
+    nb: i64,
+    mb: i64,
+}
+
+fn inputs(c: &Case) -> Inputs {
+    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let b = c.lens.len() as i64;
+    let blocks: Vec<i64> = c.lens.iter().map(|&l| (l as i64 + c.bs - 1) / c.bs).collect();
+    let mb = blocks.iter().copied().max().unwrap_or(0).max(1);
+    let nb = blocks.iter().sum::<i64>() + 3;
+    let mut ids: Vec<i64> = (0..nb).collect();
+    ids.shuffle(&mut rng);
+    let mut next = 0;
+    let mut block_table = vec![0f64; (b * mb) as usize];
+    let row = c.d + c.pad;
+    // NaN everywhere no sequence's token lives: reading it would poison the output.
+    let mut cache = vec![f64::NAN; (nb * c.bs * row) as usize];
+    for (i, &len) in c.lens.iter().enumerate() {
+        for j in 0..blocks[i] {
+            block_table[(i as i64 * mb + j) as usize] = ids[next] as f64;
+            next += 1;
+        }
+        for t in 0..len as i64 {
+            let blk = block_table[(i as i64 * mb + t / c.bs) as usize] as i64;
+            let base = ((blk * c.bs + t % c.bs) * row) as usize;
+            for e in 0..c.d as usize {
+                cache[base + e] = rng.gen_range(-1.0..1.0);
+            }
+        }
+    }
+    let qn = (b * c.s_q * c.n * row + c.q_offset) as usize;
+    let q: Vec<f64> = (0..qn).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let seq_lens = c.lens.iter().map(|&l| l as f64).collect();
+    Inputs { q, cache, block_table, seq_lens, nb, mb }
+}
+
+/// Device buffers of one case on one queue, outputs poisoned with NaN.
+struct Bufs {
+    q: Buffer,
+    cache: Buffer,
+    block_table: Buffer,
+    seq_lens: Buffer,
+    out: Buffer,
+    lse: Buffer,
+}
+
+fn upload(queue: &Queue, c: &Case, x: &Inputs) -> Bufs {
+    let b = c.lens.len() as i64;
+    let row = c.d + c.pad;
+    let orow = c.dv + c.pad;
+    let put = |dt: DType, shape: &[i64], v: &[f64]| Buffer::from_bytes(queue, dt, shape, &encode_f64(dt, v)).unwrap();
+    Bufs {
+        q: put(c.dtype, &[x.q.len() as i64], &x.q),
+        cache: put(c.dtype, &[x.nb, c.bs, row], &x.cache),
+        block_table: put(DType::I32, &[b, x.mb], &x.block_table),
+        seq_lens: put(DType::I32, &[b], &x.seq_lens),
+        out: Buffer::nan(queue, c.dtype, &[b, c.s_q, c.n, orow]).unwrap(),
+        lse: Buffer::nan(queue, DType::F32, &[b, c.n, c.s_q]).unwrap(),
+    }
+}
+
+/// The op's views of the buffers (strided when the case pads rows).
+fn views<'a>(c: &Case, bf: &'a Bufs) -> (Tensor<'a>, Tensor<'a>, Tensor<'a>, Tensor<'a>) {
+    let b = c.lens.len() as i64;
+    let row = c.d + c.pad;
+    let q = bf
+        .q
+        .view()
+        .as_strided(c.q_offset, &[b, c.s_q, c.n, c.d], &[c.s_q * c.n * row, c.n * row, row, 1])
+        .unwrap();
+    let cache = bf.cache.view().slice(2, 0, c.d).unwrap();
+    let out = bf.out.view().slice(3, 0, c.dv).unwrap();
+    (q, cache, out, bf.lse.view())
+}
+
+fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (g, w) in got.iter().zip(want) {
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::BF16 => 1e-2,
+        DType::F16 => 2e-3,
+        _ => 1e-4,
+    }
+}
+
+/// The CPU reference of a case: (out, lse) in logical order.
+struct Reference {
+    out: Vec<f64>,
+    lse: Vec<f64>,
+}
+
+fn reference(c: &Case, x: &Inputs) -> Reference {
+    let cq = cpu();
+    let cb = upload(&cq, c, x);
+    let (q, cache, out, lse) = views(c, &cb);
+    vt_core::mla_decode_attention(&cq, &out, Some(&lse), &q, &cache, &cb.block_table.view(), &cb.seq_lens.view(), c.scale)
+        .unwrap();
+    Reference { out: cq.read_f64(&out).unwrap(), lse: cq.read_f64(&lse).unwrap() }
+}
+
+/// Runs the case on the GPU (the op's entry point for default options, else the kernel the
+/// options force), compares out and lse with the reference, and checks that out's padding
+/// lanes were not written. `None` when the forced kernel does not exist on this device.
+fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptions) -> Option<String> {
+    let gb = upload(g, c, x);
+    let (q, cache, out, lse) = views(c, &gb);
+    let (bt, sl) = (gb.block_table.view(), gb.seq_lens.view());
+    let plan = if opts.kernel == Kernel::Auto && opts.min_tiles.is_none() && opts.max_parts.is_none() {
+        vt_core::mla_decode_attention(g, &out, Some(&lse), &q, &cache, &bt, &sl, c.scale).unwrap();
+        "auto".to_string()
+    } else {
+        let args =
+            MlaDecodeAttentionArgs { out, lse: Some(lse), q, cache, block_table: bt, seq_lens: sl, scale: c.scale };
+        match mla_decode_attention_with(g, &args, opts) {
+            Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
+            Err(e) if opts.kernel == Kernel::Wgmma => {
+                println!("wgmma kernel not available here: {e}");
+                return None;
+            }
+            Err(e) => panic!("{opts:?}: {e}"),
+        }
+    };
+    let got = g.read_f64(&out).unwrap();
+    let got_lse = g.read_f64(&lse).unwrap();
+    assert!(got.iter().all(|v| v.is_finite()), "{plan}: non-finite output (unwritten or NaN read) for {c:?}");
+    let e = rel_err(&got, &want.out);
+    assert!(e < tolerance(c.dtype), "{plan}: out rel error {e:.3e} for {c:?}");
+    for (i, (gl, w)) in got_lse.iter().zip(&want.lse).enumerate() {
+        let ok = if w.is_finite() { (gl - w).abs() <= 2e-3 * (1.0 + w.abs()) } else { *gl == *w };
+        assert!(ok, "{plan}: lse[{i}] = {gl}, reference {w}, for {c:?}");
+    }
+    if c.pad > 0 {
+        let all = g.read_f64(&gb.out.view()).unwrap();
+        let orow = (c.dv + c.pad) as usize;
+        assert!(
+            all.chunks(orow).all(|r| r[c.dv as usize..].iter().all(|v| v.is_nan())),
+            "{plan}: wrote outside out's view"
+        );
+    }
+    println!("{plan}: out rel error {e:.2e} ({:?}, N {}, s_q {}, BS {})", c.dtype, c.n, c.s_q, c.bs);
+    Some(plan)
+}
+
+/// Reference and GPU run of one case with the op's defaults.
+fn check(g: &Queue, c: &Case) {
+    let x = inputs(c);
+    let want = reference(c, &x);
+    run_gpu(g, c, &x, &want, &DecodeOptions::default());
+}
+
+const MIXED: [i32; 8] = [1, 17, 64, 65, 300, 1000, 0, 130];
+
+#[test]
+fn decode_attention_matches_reference_with_block_size_1() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::mla(&MIXED, 16, 1));
+}
+
+#[test]
+fn decode_attention_matches_reference_with_block_size_16() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::mla(&MIXED, 16, 16));
+}
+
+#[test]
+fn decode_attention_matches_reference_with_block_size_64() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::mla(&MIXED, 16, 64));
+}
+
+#[test]
+fn decode_attention_matches_reference_with_block_size_128() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::mla(&MIXED, 16, 128));
+}
+
+#[test]
+fn decode_attention_matches_reference_for_head_counts_8_to_128() {
+    let Some(g) = gpu() else { return };
+    for n in [8, 24, 32, 64, 128] {
+        check(&g, &Case::mla(&[5, 200, 777, 64], n, 16));
+    }
+}
+
+#[test]
+fn decode_attention_matches_reference_with_two_query_tokens_causal() {
+    let Some(g) = gpu() else { return };
+    for n in [16, 32, 64, 128] {
+        let mut c = Case::mla(&[1, 2, 3, 64, 65, 500, 0], n, 64);
+        c.s_q = 2;
+        check(&g, &c);
+    }
+}
+
+#[test]
+fn decode_attention_matches_reference_for_mixed_lengths_up_to_32k() {
+    let Some(g) = gpu() else { return };
+    let c = Case::mla(&[32768, 1, 4000, 0, 129, 16384], 8, 64);
+    check(&g, &c);
+}
+
+#[test]
+fn decode_attention_is_stable_with_peaked_softmax() {
+    let Some(g) = gpu() else { return };
+    let mut c = Case::mla(&[3000, 70, 5], 16, 16);
+    c.scale = 0.6;
+    check(&g, &c);
+}
+
+#[test]
+fn every_kernel_and_schedule_computes_the_same_function() {
+    let Some(g) = gpu() else { return };
+    for (n, s_q) in [(16, 1), (16, 2), (64, 1), (128, 1), (24, 2)] {
+        let mut c = Case::mla(&[700, 1, 64, 2000, 0, 129], n, 16);
+        c.s_q = s_q;
+        let x = inputs(&c);
+        let want = reference(&c, &x);
+        for kernel in [Kernel::Generic, Kernel::Mma, Kernel::Wgmma] {
+            for (min_tiles, max_parts) in [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(4), None)] {
+                run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles, max_parts });
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_attention_f16_and_f32_match_reference() {
+    let Some(g) = gpu() else { return };
+    for dtype in [DType::F16, DType::F32] {
+        let mut c = Case::mla(&[100, 1500, 3], 32, 16);
+        c.dtype = dtype;
+        check(&g, &c);
+    }
+}
+
+#[test]
+fn decode_attention_handles_strided_views_other_head_dims_and_misalignment() {
+    let Some(g) = gpu() else { return };
+    // Wider rows than the views (strided q, cache and out): the fast kernels.
+    let mut c = Case::mla(&[300, 64, 1], 16, 16);
+    c.pad = 64;
+    check(&g, &c);
+    // q one element off 16-byte alignment: the generic kernel.
+    c.q_offset = 1;
+    check(&g, &c);
+    // Other head dims, s_q = 3: the generic kernel.
+    let mut c = Case::mla(&[90, 7, 0, 33], 12, 4);
+    c.d = 80;
+    c.dv = 48;
+    c.s_q = 3;
+    c.pad = 5;
+    for dtype in [DType::BF16, DType::F32] {
+        c.dtype = dtype;
+        check(&g, &c);
+    }
+}
+
+/// Block ids outside the cache are skipped (their tokens take no part), on every kernel and
+/// with sequences cut over several parts; nothing outside the output changes. The reference
+/// is the same batch with those blocks left out of the table.
+#[test]
+fn out_of_range_block_ids_are_skipped() {
+    let Some(g) = gpu() else { return };
+    let mut c = Case::mla(&[128, 40], 16, 16);
+    c.pad = 8;
+    let bad_x = inputs(&c);
+    let mb = bad_x.mb as usize;
+    assert_eq!(mb, 8);
+    // Reference: sequence 0 without its blocks 2 and 5 (tokens 32..48 and 80..96).
+    let mut ref_c = c.clone();
+    ref_c.lens = vec![96, 40];
+    let mut ref_x = inputs(&c);
+    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| bad_x.block_table[j]).collect();
+    ref_x.block_table[..6].copy_from_slice(&kept);
+    ref_x.seq_lens = vec![96.0, 40.0];
+    let want = reference(&ref_c, &ref_x);
+
+    let mut x = inputs(&c);
+    x.block_table[2] = -1.0;
+    x.block_table[5] = (x.nb + 7) as f64;
+    for kernel in [Kernel::Generic, Kernel::Mma, Kernel::Wgmma] {
+        for max_parts in [Some(1), Some(3)] {
+            run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: Some(1), max_parts });
+        }
+    }
+}
