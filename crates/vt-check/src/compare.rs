@@ -97,6 +97,16 @@ pub fn compare(out: &[f64], reference: &[f64], written: &[bool]) -> Comparison {
     Comparison { rel_err: rel_fro_error(&sel_out, &sel_ref), problems }
 }
 
+/// A value for a message: plain when moderate, scientific when huge or tiny.
+fn short(x: f64) -> String {
+    let a = x.abs();
+    if a != 0.0 && a.is_finite() && !(1e-4..1e6).contains(&a) {
+        format!("{x:.6e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 /// Counts one kind of problem and remembers its first occurrence.
 struct Counter {
     what: &'static str,
@@ -116,7 +126,13 @@ impl Counter {
 
     fn report(self) -> Option<String> {
         let (i, o, r) = self.first?;
-        Some(format!("{} x {} (first at element {i}: got {o}, reference {r})", self.count, self.what))
+        Some(format!(
+            "{} x {} (first at buffer element {i}: got {}, reference {})",
+            self.count,
+            self.what,
+            short(o),
+            short(r)
+        ))
     }
 }
 
@@ -176,7 +192,7 @@ mod tests {
         written[2..].fill(true);
         let c = compare(&out, &r, &written);
         assert!(!c.passed(1.0), "{c:?}");
-        assert!(c.problems.iter().any(|p| p.contains("first at element 4")), "{c:?}");
+        assert!(c.problems.iter().any(|p| p.contains("first at buffer element 4")), "{c:?}");
     }
 
     #[test]
