@@ -40,7 +40,6 @@
 //! header in `kernels-cuda/` is listed in [`kernels::HEADERS`]. `cargo xtask kernels`
 //! compiles every kernel file for sm_80 and sm_90 without a GPU.
 
-// mod blas;
 mod device;
 #[doc(hidden)]
 pub mod kernels;
@@ -49,16 +48,16 @@ mod queue;
 
 pub mod bench;
 
-// mod concat_and_cache_mla;
-// mod concat_mla_nope_rope;
-// mod fused_norm_rope;
-// mod gather_mla_cache;
-// mod matmul;
-// mod merge_attn_states;
+mod concat_and_cache_mla;
+mod concat_mla_nope_rope;
+mod fused_norm_rope;
+mod gather_mla_cache;
+mod matmul;
+mod merge_attn_states;
 pub mod mla_decode_attention;
-// mod prefill_attention;
+mod prefill_attention;
 mod rms_norm;
-// mod rope_from_cache;
+mod rope_from_cache;
 
 use std::sync::Arc;
 
@@ -92,21 +91,21 @@ pub fn register() -> Probe {
         Ok(()) => {
             op!(RmsNorm, rms_norm::run);
             op!(MlaDecodeAttention, mla_decode_attention::run);
-            // op!(RopeFromCache, rope_from_cache::run);
-            // op!(FusedNormRope, fused_norm_rope::run);
-            // op!(ConcatAndCacheMla, concat_and_cache_mla::run);
-            // op!(GatherMlaCache, gather_mla_cache::run);
-            // op!(ConcatMlaNopeRope, concat_mla_nope_rope::run);
-            // op!(PrefillAttention, prefill_attention::run);
-            // op!(MergeAttnStates, merge_attn_states::run);
+            op!(RopeFromCache, rope_from_cache::run);
+            op!(FusedNormRope, fused_norm_rope::run);
+            op!(ConcatAndCacheMla, concat_and_cache_mla::run);
+            op!(GatherMlaCache, gather_mla_cache::run);
+            op!(ConcatMlaNopeRope, concat_mla_nope_rope::run);
+            op!(PrefillAttention, prefill_attention::run);
+            op!(MergeAttnStates, merge_attn_states::run);
         }
         Err(e) => tracing::warn!("CUDA kernels not registered: {e}"),
     }
     // The matmuls need cuBLAS, and NVRTC for the rare view cuBLAS cannot take; a missing
     // NVRTC is reported by that call rather than hiding the matmuls.
     if device::library_present("cublas") {
-        // op!(MatmulBT, matmul::matmul_bt);
-        // op!(BatchedMatmul, matmul::batched_matmul);
+        op!(MatmulBT, matmul::matmul_bt);
+        op!(BatchedMatmul, matmul::batched_matmul);
     } else {
         tracing::warn!("libcublas not found: MatmulBT and BatchedMatmul not registered on CUDA");
     }

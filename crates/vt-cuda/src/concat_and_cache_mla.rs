@@ -1,0 +1,40 @@
+//! ConcatAndCacheMla: one block per token writes `[kv_c | k_pe]` into its cache slot
+//! (`kernels-cuda/concat_and_cache_mla.cu`); padding and out-of-range slots are skipped on
+//! the device.
+
+use vt_core::{ConcatAndCacheMlaArgs, Queue, Result};
+
+use crate::rope_from_cache::int;
+use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+
+static SRC: KernelSource = kernel_source!("concat_and_cache_mla");
+
+pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
+    const OP: &str = "ConcatAndCacheMla";
+    let cq = CudaQueue::of(q, OP)?;
+    let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
+    let (nb, bs) = (a.cache.dim(0), a.cache.dim(1));
+    if t == 0 || nb == 0 || bs == 0 {
+        return Ok(());
+    }
+    let f = cq.function(&SRC, "concat_and_cache_mla", a.cache.dtype())?;
+    let args: [Arg; 14] = [
+        a.kv_c.data_addr().into(),
+        a.kv_c.stride(0).into(),
+        a.k_pe.data_addr().into(),
+        a.k_pe.stride(0).into(),
+        a.cache.data_addr().into(),
+        a.cache.stride(0).into(),
+        a.cache.stride(1).into(),
+        a.slot_mapping.data_addr().into(),
+        a.slot_mapping.stride(0).into(),
+        t.into(),
+        int(OP, "kv_c", l)?.into(),
+        int(OP, "k_pe", r)?.into(),
+        nb.into(),
+        bs.into(),
+    ];
+    // SAFETY: the arguments follow `concat_and_cache_mla_*`'s parameters; vt-core validated
+    // the views, and the kernel writes only rows of slots inside 0..NB*BS.
+    unsafe { cq.launch(OP, &f, cfg((grid_1d(t), 1, 1), 128, 0), &args) }
+}

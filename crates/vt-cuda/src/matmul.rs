@@ -1,0 +1,283 @@
+//! MatmulBT and BatchedMatmul through `cublasGemmStridedBatchedEx` on the views as they
+//! come: f32 compute (`CUBLAS_COMPUTE_32F`, no TF32), transpose flags and leading
+//! dimensions read off the strides, no copies. A view cuBLAS cannot express (neither of a
+//! matrix's last two strides is 1, or a leading dimension that is too small, such as a
+//! broadcast row) and K = 0 go to `kernels-cuda/batched_matmul.cu`.
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use vt_core::{BatchedMatmulArgs, DType, Error, MatmulBTArgs, Queue, Result, Tensor};
+
+use crate::device::BACKEND;
+use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+
+static SRC: KernelSource = kernel_source!("batched_matmul");
+
+/// A logical row-major matrix `[rows, cols]`: element (i, j) at `i * rs + j * cs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mat {
+    rows: i64,
+    cols: i64,
+    rs: i64,
+    cs: i64,
+}
+
+impl Mat {
+    /// Dims `d0`, `d1` of a view.
+    fn of(t: &Tensor<'_>, d0: usize, d1: usize) -> Mat {
+        Mat { rows: t.dim(d0), cols: t.dim(d1), rs: t.stride(d0), cs: t.stride(d1) }
+    }
+
+    fn t(self) -> Mat {
+        Mat { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
+    }
+
+    /// The leading dimension under which this matrix is stored row-major (column-major
+    /// storage of its transpose: cuBLAS op T). A size-1 dim's stride is irrelevant.
+    fn row_major_ld(self) -> Option<i64> {
+        if self.cs != 1 && self.cols != 1 {
+            return None;
+        }
+        let ld = if self.rows == 1 { self.cols.max(1) } else { self.rs };
+        (ld >= self.cols.max(1)).then_some(ld)
+    }
+
+    /// The leading dimension under which this matrix is stored column-major (cuBLAS op N).
+    fn col_major_ld(self) -> Option<i64> {
+        self.t().row_major_ld()
+    }
+
+    /// How cuBLAS (column-major) reads this matrix: `(op, ld)` such that `op` applied to
+    /// the column-major matrix stored with leading dimension `ld` is this matrix.
+    fn blas_layout(self) -> Option<(cublasOperation_t, i64)> {
+        self.row_major_ld()
+            .map(|ld| (cublasOperation_t::CUBLAS_OP_T, ld))
+            .or_else(|| self.col_major_ld().map(|ld| (cublasOperation_t::CUBLAS_OP_N, ld)))
+    }
+}
+
+/// One strided-batched GEMM `C[g] = A[g] . B[g]` in cuBLAS terms (column-major).
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    op_a: cublasOperation_t,
+    op_b: cublasOperation_t,
+    m: i64,
+    n: i64,
+    k: i64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    /// Whether cuBLAS's A is our `a` (else our `b`: the row-major output is computed as
+    /// `C^T = B^T . A^T`).
+    a_first: bool,
+}
+
+/// Plans `c[m,n] = a[m,k] . b[k,n]`, or `None` when cuBLAS cannot read the views.
+fn plan(a: Mat, b: Mat, c: Mat) -> Option<Plan> {
+    let (m, n, k) = (c.rows, c.cols, a.cols);
+    let fits = |v: i64| v <= i32::MAX as i64;
+    let p = if let Some(ldc) = c.row_major_ld() {
+        // C is row-major: C^T (column-major [n, m]) = B^T . A^T.
+        let (op_a, lda) = b.t().blas_layout()?;
+        let (op_b, ldb) = a.t().blas_layout()?;
+        Plan { op_a, op_b, m: n, n: m, k, lda, ldb, ldc, a_first: false }
+    } else if let Some(ldc) = c.col_major_ld() {
+        // C is column-major: C = op(A) . op(B).
+        let (op_a, lda) = a.blas_layout()?;
+        let (op_b, ldb) = b.blas_layout()?;
+        Plan { op_a, op_b, m, n, k, lda, ldb, ldc, a_first: true }
+    } else {
+        return None;
+    };
+    [p.m, p.n, p.k, p.lda, p.ldb, p.ldc].iter().all(|&v| fits(v)).then_some(p)
+}
+
+fn data_type(dt: DType) -> Result<cudaDataType> {
+    Ok(match dt {
+        DType::BF16 => cudaDataType::CUDA_R_16BF,
+        DType::F16 => cudaDataType::CUDA_R_16F,
+        DType::F32 => cudaDataType::CUDA_R_32F,
+        other => return Err(Error::backend(BACKEND, format!("matmul: dtype {other} has no cuBLAS type"))),
+    })
+}
+
+/// `out[g] = a[g] . b[g]` with `a` [G,M,K], `b` [G,K,N] (logical), `out` [G,M,N]; each given
+/// as (batch stride, matrix).
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    q: &Queue,
+    op: &'static str,
+    out: &Tensor<'_>,
+    (gc, c): (i64, Mat),
+    a: &Tensor<'_>,
+    (ga, am): (i64, Mat),
+    b: &Tensor<'_>,
+    (gb, bm): (i64, Mat),
+    batch: i64,
+) -> Result<()> {
+    let cq = CudaQueue::of(q, op)?;
+    let (m, n, k) = (c.rows, c.cols, am.cols);
+    if batch == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    let dt = out.dtype();
+    // Batch strides of a single matrix are never used; 0 keeps cuBLAS's checks quiet.
+    let (gc, ga, gb) = if batch == 1 { (0, 0, 0) } else { (gc, ga, gb) };
+    let blas_plan = if k > 0 && batch <= i32::MAX as i64 { plan(am, bm, c) } else { None };
+    let (Some(p), Some(blas)) = (blas_plan, cq.blas.as_ref()) else {
+        return fallback(cq, op, out, (gc, c), a, (ga, am), b, (gb, bm), batch, k);
+    };
+    let ty = data_type(dt)?;
+    let (pa, sa, pb, sb) = if p.a_first {
+        (a.data_addr(), ga, b.data_addr(), gb)
+    } else {
+        (b.data_addr(), gb, a.data_addr(), ga)
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    cq.device.ctx.bind_to_thread().map_err(crate::device::drv("binding the context"))?;
+    // SAFETY: the plan's shapes, leading dimensions and batch strides describe exactly the
+    // validated views (each inside its allocation); alpha/beta are host f32 values read
+    // during the call (host pointer mode, f32 compute); the handle is bound to this
+    // queue's stream and has its own workspace, so the call neither allocates nor syncs.
+    unsafe {
+        cudarc::cublas::result::gemm_strided_batched_ex(
+            blas.handle,
+            p.op_a,
+            p.op_b,
+            p.m as i32,
+            p.n as i32,
+            p.k as i32,
+            &alpha as *const f32 as *const _,
+            pa as *const _,
+            ty,
+            p.lda as i32,
+            sa,
+            pb as *const _,
+            ty,
+            p.ldb as i32,
+            sb,
+            &beta as *const f32 as *const _,
+            out.data_addr() as *mut _,
+            ty,
+            p.ldc as i32,
+            gc,
+            batch as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| Error::backend(BACKEND, format!("{op}: cublasGemmStridedBatchedEx: {e}")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fallback(
+    cq: &CudaQueue,
+    op: &'static str,
+    out: &Tensor<'_>,
+    (gc, c): (i64, Mat),
+    a: &Tensor<'_>,
+    (ga, am): (i64, Mat),
+    b: &Tensor<'_>,
+    (gb, bm): (i64, Mat),
+    batch: i64,
+    k: i64,
+) -> Result<()> {
+    tracing::debug!(op, ?am, ?bm, ?c, "matmul views not expressible in cuBLAS: fallback kernel");
+    let f = cq.function(&SRC, "batched_matmul", out.dtype())?;
+    let args: [Arg; 16] = [
+        out.data_addr().into(),
+        gc.into(),
+        c.rs.into(),
+        c.cs.into(),
+        a.data_addr().into(),
+        ga.into(),
+        am.rs.into(),
+        am.cs.into(),
+        b.data_addr().into(),
+        gb.into(),
+        bm.rs.into(),
+        bm.cs.into(),
+        batch.into(),
+        c.rows.into(),
+        c.cols.into(),
+        k.into(),
+    ];
+    let total = batch * c.rows * c.cols;
+    let grid = grid_1d((total + 255) / 256);
+    // SAFETY: the arguments follow `batched_matmul_*`'s parameters and describe the
+    // validated views.
+    unsafe { cq.launch(op, &f, cfg((grid, 1, 1), 256, 0), &args) }
+}
+
+pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
+    let a = Mat::of(&x.a, 0, 1);
+    // b is [N, K]; the product reads it as [K, N].
+    let b = Mat::of(&x.b, 0, 1).t();
+    let c = Mat::of(&x.out, 0, 1);
+    gemm(q, "MatmulBT", &x.out, (0, c), &x.a, (0, a), &x.b, (0, b), 1)
+}
+
+pub(crate) fn batched_matmul(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
+    let g = x.a.dim(0);
+    gemm(
+        q,
+        "BatchedMatmul",
+        &x.out,
+        (x.out.stride(0), Mat::of(&x.out, 1, 2)),
+        &x.a,
+        (x.a.stride(0), Mat::of(&x.a, 1, 2)),
+        &x.b,
+        (x.b.stride(0), Mat::of(&x.b, 1, 2)),
+        g,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cublasOperation_t::{CUBLAS_OP_N as N, CUBLAS_OP_T as T};
+
+    fn rm(rows: i64, cols: i64, ld: i64) -> Mat {
+        Mat { rows, cols, rs: ld, cs: 1 }
+    }
+
+    #[test]
+    fn row_major_linear_layer_is_c_transposed_with_b_first() {
+        // out[M,N] = a[M,K] . w[N,K]^T with a row-strided activation (ld 100 > K).
+        let (m, n, k) = (5, 7, 3);
+        let p = plan(rm(m, k, 100), rm(n, k, k).t(), rm(m, n, n)).unwrap();
+        assert_eq!(p, Plan { op_a: T, op_b: N, m: n, n: m, k, lda: k, ldb: 100, ldc: n, a_first: false });
+    }
+
+    #[test]
+    fn transposed_views_flip_the_flags_instead_of_copying() {
+        // a given as a transposed view of a [K, M] buffer: column-major, op N for A^T.
+        let (m, n, k) = (4, 6, 8);
+        let a = Mat { rows: m, cols: k, rs: 1, cs: m };
+        let p = plan(a, rm(k, n, n), rm(m, n, n)).unwrap();
+        assert_eq!((p.op_a, p.op_b, p.lda, p.ldb), (N, T, n, m));
+    }
+
+    #[test]
+    fn column_major_output_is_written_directly() {
+        let (m, n, k) = (4, 6, 8);
+        let c = Mat { rows: m, cols: n, rs: 1, cs: m + 3 };
+        let p = plan(rm(m, k, k), rm(k, n, n), c).unwrap();
+        assert_eq!(p, Plan { op_a: T, op_b: T, m, n, k, lda: k, ldb: n, ldc: m + 3, a_first: true });
+    }
+
+    #[test]
+    fn views_without_a_unit_stride_or_with_broadcast_rows_need_the_kernel() {
+        let (m, n, k) = (4, 6, 8);
+        let strided = Mat { rows: m, cols: k, rs: 2 * k, cs: 2 };
+        assert!(plan(strided, rm(k, n, n), rm(m, n, n)).is_none());
+        let broadcast = Mat { rows: m, cols: k, rs: 0, cs: 1 };
+        assert!(plan(broadcast, rm(k, n, n), rm(m, n, n)).is_none());
+    }
+
+    #[test]
+    fn single_rows_and_columns_ignore_their_meaningless_stride() {
+        // A decode step: M = 1, the row stride of a is arbitrary.
+        let p = plan(Mat { rows: 1, cols: 8, rs: 12345, cs: 1 }, rm(8, 6, 6), rm(1, 6, 6)).unwrap();
+        assert_eq!(p, Plan { op_a: N, op_b: T, m: 6, n: 1, k: 8, lda: 6, ldb: 1, ldc: 6, a_first: false });
+    }
+}

@@ -1,0 +1,47 @@
+//! RopeFromCache: one block per token rotates every head of q (and k) in place
+//! (`kernels-cuda/rope_from_cache.cu`).
+
+use vt_core::{Error, Queue, Result, RopeFromCacheArgs};
+
+use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+
+static SRC: KernelSource = kernel_source!("rope_from_cache");
+
+pub(crate) fn int(op: &'static str, arg: &'static str, v: i64) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(op, arg, format!("size {v} exceeds the kernels' i32 range")))
+}
+
+pub(crate) fn run(q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
+    const OP: &str = "RopeFromCache";
+    let cq = CudaQueue::of(q, OP)?;
+    let (t, r) = (a.q.dim(0), a.q.dim(2));
+    if t == 0 {
+        return Ok(());
+    }
+    let hq = int(OP, "q", a.q.dim(1))?;
+    let (k_ptr, k_st, k_sh, hk) = match &a.k {
+        Some(k) => (k.data_addr(), k.stride(0), k.stride(1), int(OP, "k", k.dim(1))?),
+        None => (0, 0, 0, 0),
+    };
+    let f = cq.function(&SRC, "rope_from_cache", a.q.dtype())?;
+    let args: [Arg; 15] = [
+        a.q.data_addr().into(),
+        a.q.stride(0).into(),
+        a.q.stride(1).into(),
+        hq.into(),
+        k_ptr.into(),
+        k_st.into(),
+        k_sh.into(),
+        hk.into(),
+        a.positions.data_addr().into(),
+        a.positions.stride(0).into(),
+        a.cos_sin_cache.data_addr().into(),
+        a.cos_sin_cache.dim(0).into(),
+        t.into(),
+        int(OP, "q", r)?.into(),
+        (a.is_neox as i32).into(),
+    ];
+    // SAFETY: the arguments follow `rope_from_cache_*`'s parameters; vt-core validated the
+    // views, and the kernel reads each position and skips those outside the cache.
+    unsafe { cq.launch(OP, &f, cfg((grid_1d(t), 1, 1), 128, 0), &args) }
+}
