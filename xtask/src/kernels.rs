@@ -69,7 +69,11 @@ pub fn run(args: &[String]) -> Result<ExitCode, String> {
     for b in &backends {
         let (title, outcomes) = match b.as_str() {
             "cuda" => cuda(&root, &filter)?,
-            "hip" => crate::kernels_hip::run(&root)?,
+            // The HIP engineer's module plugs in here: `crate::kernels_hip::run(&root)?`.
+            "hip" => {
+                println!("hip: no kernel compile step yet (kernels_hip)");
+                continue;
+            }
             other => return Err(format!("unknown backend {other:?}")),
         };
         ok &= report(&title, &outcomes);
