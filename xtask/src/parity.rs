@@ -29,10 +29,15 @@ struct Options {
     seed: u64,
     per_dtype: bool,
     verbose: bool,
+    help: bool,
 }
 
 pub fn run(args: &[String]) -> Result<ExitCode, String> {
     let opts = parse(args)?;
+    if opts.help {
+        println!("{USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    }
     let started = Instant::now();
     let probes = vt_backends::init();
     println!("vt parity: every op on every backend against the CPU reference");
@@ -90,6 +95,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         seed: fresh_seed(),
         per_dtype: false,
         verbose: false,
+        help: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -104,7 +110,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--per-dtype" => o.per_dtype = true,
             "-v" | "--verbose" => o.verbose = true,
-            "-h" | "--help" => return Err(USAGE.to_string()),
+            "-h" | "--help" => {
+                o.help = true;
+                return Ok(o);
+            }
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }

@@ -220,11 +220,44 @@ impl Case {
         self.long
     }
 
+    /// Draws the inputs, uploads them to `queue` in `dtype` (outputs poisoned) and
+    /// returns them ready to run, for benches and for tests that inspect results.
+    pub fn prepare(&self, queue: &Queue, dtype: DType) -> Result<Prepared> {
+        let built = self.build();
+        let bufs = built.upload(queue, dtype)?;
+        Ok(Prepared { queue: queue.clone(), bufs, built })
+    }
+
     /// Draws the inputs from the case's seed.
     pub(crate) fn build(&self) -> Built {
         let mut b = Builder::new(self.seed);
         let exec = (self.build)(&mut b);
         Built { bufs: b.bufs, outputs: b.outputs, exec }
+    }
+}
+
+/// A case uploaded to one queue ([`Case::prepare`]).
+pub struct Prepared {
+    queue: Queue,
+    bufs: Vec<Buffer>,
+    built: Built,
+}
+
+impl Prepared {
+    /// Issues the op once on the queue (asynchronously on GPUs). Running it again reruns
+    /// it on the current buffer contents: ops that work in place (RopeFromCache, an
+    /// in-place RmsNorm, ConcatAndCacheMla's cache) see their previous results.
+    pub fn run(&self) -> Result<()> {
+        (self.built.exec)(&self.queue, &self.bufs)
+    }
+
+    /// The case's buffers on the queue, in declaration order.
+    pub fn buffers(&self) -> &[Buffer] {
+        &self.bufs
+    }
+
+    pub fn queue(&self) -> &Queue {
+        &self.queue
     }
 }
 

@@ -35,7 +35,7 @@ mod cell;
 mod compare;
 mod tolerance;
 
-pub use case::{case_seed, Case};
+pub use case::{case_seed, Case, Prepared};
 pub use cases::cases;
 pub use cell::{run_case, run_cell, CaseReport, CellReport, DTYPES};
 pub use compare::{compare, rel_fro_error, Comparison};

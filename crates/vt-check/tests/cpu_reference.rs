@@ -68,6 +68,21 @@ fn run_cell_runs_every_case_and_reports_each() {
 }
 
 #[test]
+fn a_prepared_case_runs_repeatedly_for_benches() {
+    vt_cpu::register();
+    let queue = vt_core::Queue::new(Device::CPU).unwrap();
+    let case = &cases(OpId::MatmulBT, 4)[0];
+    let prepared = case.prepare(&queue, DType::F32).unwrap();
+    let out = prepared.buffers().last().unwrap();
+    assert!(out.to_f64(&queue).unwrap().iter().all(|v| v.is_nan()), "outputs start poisoned");
+    prepared.run().unwrap();
+    let first = out.to_f64(&queue).unwrap();
+    assert!(first.iter().all(|v| v.is_finite()));
+    prepared.run().unwrap();
+    assert_eq!(out.to_f64(&queue).unwrap(), first);
+}
+
+#[test]
 fn run_cell_rejects_integer_dtypes() {
     vt_cpu::register();
     let err = run_cell(OpId::RmsNorm, Device::CPU, DType::I32, 1).unwrap_err();
