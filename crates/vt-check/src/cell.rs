@@ -137,11 +137,11 @@ fn run_on(case: &Case, dev_q: &Queue, ref_q: &Queue, dtype: DType) -> CaseReport
             return report;
         }
     };
-    for (i, spec) in built.bufs.iter().enumerate() {
+    for (i, ((spec, dev), reference)) in built.bufs.iter().zip(&dev).zip(&reference).enumerate() {
         let output = built.outputs.iter().find(|o| o.buf == i);
         let c = match output {
-            Some(o) => compare(&dev[i], &reference[i], &o.written),
-            None => compare(&dev[i], &reference[i], &vec![false; dev[i].len()]),
+            Some(o) => compare(dev, reference, &o.written),
+            None => compare(dev, reference, &vec![false; dev.len()]),
         };
         let label = match output {
             Some(o) => format!("output `{}`", o.name),

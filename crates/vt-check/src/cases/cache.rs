@@ -148,6 +148,18 @@ pub(super) fn gather_mla_cache(c: &mut Cases) {
             .build(b)
         },
     );
+    c.add("bs 16, D 64, seq_starts off block boundaries [5, 17, 30], lens [20, 3, 2]", |b| {
+        Gather {
+            lens: vec![20, 3, 2],
+            starts: Some(vec![5, 17, 30]),
+            bs: 16,
+            d: 64,
+            spare: 1,
+            out_pad: 0,
+            pool: (1, 0),
+        }
+        .build(b)
+    });
     c.add("bs 16, every sequence empty: lens [0, 0], 3 spare rows", |b| {
         Gather { lens: vec![0, 0], starts: None, bs: 16, d: 32, spare: 3, out_pad: 0, pool: (1, 0) }.build(b)
     });
