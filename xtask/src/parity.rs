@@ -10,7 +10,8 @@
 //!
 //! LISTs are comma-separated: backends `cpu,cuda,hip`; ops as `OpId::parse` reads them
 //! (`rms_norm`, `MlaDecodeAttention`); dtypes `bf16,f16,f32`. The seed (random unless
-//! given) is printed first; `--seed N` with the same filters replays a run exactly.
+//! given) is printed first; `--seed N` replays a run: a case's inputs depend only on the
+//! seed, the op and the case, never on the filters, the backend or the dtype.
 
 use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
