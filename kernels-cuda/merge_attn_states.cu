@@ -24,8 +24,13 @@ __device__ void merge_attn_states(T* out, i64 o_st, i64 o_sh, float* out_lse, i6
             continue;
         }
         const float wp = expf(lp - m), ws = expf(ls - m), sum = wp + ws;
+        // An empty side is not read at all: its rows may hold anything (even NaN).
+        const bool use_p = lp != vt::neg_inf(), use_s = ls != vt::neg_inf();
         for (int i = threadIdx.x; i < v; i += blockDim.x) {
-            o[i] = vt::from_f32<T>((wp * vt::to_f32(a[i]) + ws * vt::to_f32(b[i])) / sum);
+            float acc = 0.0f;
+            if (use_p) acc += wp * vt::to_f32(a[i]);
+            if (use_s) acc += ws * vt::to_f32(b[i]);
+            o[i] = vt::from_f32<T>(acc / sum);
         }
         if (out_lse != nullptr && threadIdx.x == 0) out_lse[h * ol_sh + t * ol_st] = m + logf(sum);
     }

@@ -12,7 +12,8 @@
 //! - Every other op is a kernel in `kernels-cuda/`, compiled at run time by NVRTC for the
 //!   device's architecture and cached on disk (see [`nvrtc`]).
 //! - No op allocates device memory, reads device memory back or waits for the device: a
-//!   sequence of ops can be captured in a CUDA graph once modules are loaded (warm-up).
+//!   sequence of ops can be captured in a CUDA graph once modules are loaded (warm-up);
+//!   [`graph::capture`] does that, and its global capture mode fails if an op syncs.
 //!
 //! # How an op file plugs in
 //!
@@ -41,6 +42,7 @@
 //! compiles every kernel file for sm_80 and sm_90 without a GPU.
 
 mod device;
+pub mod graph;
 #[doc(hidden)]
 pub mod kernels;
 pub mod nvrtc;
