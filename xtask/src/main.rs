@@ -7,6 +7,7 @@
 
 mod bench;
 mod kernels;
+mod kernels_hip;
 mod parity;
 
 use std::process::ExitCode;

@@ -25,3 +25,20 @@ fn every_kernel_compiles_with_hiprtc_and_matches_its_planned_launches() {
     assert_eq!(report.wavefront_size, 64, "gfx90a runs 64-wide wavefronts");
     assert!(report.launches >= 30);
 }
+
+#[test]
+fn kernels_compile_for_32_wide_waves_too() {
+    // RDNA (gfx10/11) runs 32-wide waves: the reductions loop from warpSize / 2 and must not
+    // assume 64 (or 32) lanes.
+    let report =
+        match selfcheck::run(&Libraries::default(), "gfx1030", vt_hip::compile::cache_dir().as_deref()) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: no HIP runtime / hiprtc on this machine ({e})");
+                return;
+            }
+        };
+    eprintln!("{report}");
+    assert!(report.passed(), "{report}");
+    assert_eq!(report.wavefront_size, 32, "gfx1030 runs 32-wide wavefronts");
+}
