@@ -71,6 +71,7 @@ struct Params {
     int m_total;    // s_q * N query rows per sequence
     int num_parts;  // grid.x
     int min_tiles;  // fewest tiles per part (bounds the partial traffic)
+    int combine_wpr;  // combine kernel: warps per query row, 1 or 8
     float scale_log2;
 };
 
@@ -303,21 +304,28 @@ __device__ void decode_generic(const Params& p) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Combine: grid (B, ceil(m_total / 8), ceil(Dv / 128)), 256 threads, a warp per row.
+// Combine: grid (B, ceil(m_total / (8 / W)), ceil(Dv / 128)), 256 threads, W = combine_wpr
+// warps per query row (1 or 8), each taking every W-th partial of the row; lane l owns
+// columns l + 32 k of the CTA's 128. With W = 8 a b = 1 call spreads its ~100 partials per
+// row over 8 warps, so the read is not one long dependent chain.
 // ---------------------------------------------------------------------------------------
 template <typename T>
 __device__ void combine(const Params& p) {
+    __shared__ float red[8][128];
+    const int W = p.combine_wpr;
     const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.y * 8 + warp;
-    if (row >= p.m_total) return;
+    const int row = blockIdx.y * (8 / W) + warp / W;
+    const int sub = warp % W;
+    const bool active = row < p.m_total;
     const int len = eff_len(p, b);
     int first = 0, n = 0;
     if (len > 0) {
         first = p.seq_info[2 * b];
         n = p.seq_info[2 * b + 1];
-        if (n <= 1) return;  // written by the main kernel
+        if (n <= 1) return;  // written by the main kernel (uniform over the block)
     }
-    const float* plse = p.part_lse + (i64)first * p.m_total + row;
+    const int r = active ? row : 0;
+    const float* plse = p.part_lse + (i64)first * p.m_total + r;
     float mx = vt::neg_inf();
     for (int c = lane; c < n; c += 32) mx = fmaxf(mx, plse[(i64)c * p.m_total]);
     mx = vt::warp_max(mx);
@@ -328,11 +336,11 @@ __device__ void combine(const Params& p) {
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int c0 = blockIdx.z * 128 + lane;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (sum > 0.0f) {
-        const float* po = p.part_o + ((i64)first * p.m_total + row) * p.dv;
+    if (active && sum > 0.0f) {
+        const float* po = p.part_o + ((i64)first * p.m_total + r) * p.dv;
         const i64 slot_stride = (i64)p.m_total * p.dv;
 #pragma unroll 4
-        for (int c = 0; c < n; ++c) {
+        for (int c = sub; c < n; c += W) {
             const float w = exp2f(plse[(i64)c * p.m_total] - mx) * inv;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -341,6 +349,16 @@ __device__ void combine(const Params& p) {
             }
         }
     }
+    if (W > 1) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) red[warp][lane + 32 * k] = acc[k];
+        __syncthreads();
+        if (sub == 0)
+            for (int j = 1; j < W; ++j)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[k] += red[warp + j][lane + 32 * k];
+    }
+    if (!active || sub != 0) return;
     const int s = row / p.N, h = row - s * p.N;
     T* o = (T*)p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
 #pragma unroll

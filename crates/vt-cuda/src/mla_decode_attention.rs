@@ -79,6 +79,7 @@ struct Params {
     m_total: i32,
     num_parts: i32,
     min_tiles: i32,
+    combine_wpr: i32,
     scale_log2: f32,
 }
 
@@ -165,14 +166,23 @@ fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
 }
 
 /// The kernel `{base}_{dtype}` with its dynamic shared-memory limit raised to `smem`.
-fn function(cq: &CudaQueue, ordinal: usize, base: &'static str, dt: DType, smem: u32) -> Result<CudaFunction> {
+fn function(
+    cq: &CudaQueue,
+    ordinal: usize,
+    base: &'static str,
+    dt: DType,
+    smem: u32,
+) -> Result<CudaFunction> {
     let f = cq.function(&SRC, base, dt)?;
     if smem > 48 * 1024 {
         let key = (ordinal, format!("{base}_{}", dt.name()));
         let mut set = lock(&SMEM_SET)?;
         if set.get(&key).copied().unwrap_or(0) < smem {
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(drv("raising the shared-memory limit"))?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(drv("raising the shared-memory limit"))?;
             set.insert(key, smem);
         }
     }
@@ -299,8 +309,12 @@ pub fn mla_decode_attention_with(
         }
     };
     let row_blocks = (m_total + mt - 1) / mt;
-    if row_blocks > 65_535 || (m_total + 7) / 8 > 65_535 {
-        return Err(Error::invalid(OP, "q", format!("s_q * N = {m_total} query rows per sequence is too many")));
+    if row_blocks > 65_535 || m_total > 65_535 {
+        return Err(Error::invalid(
+            OP,
+            "q",
+            format!("s_q * N = {m_total} query rows per sequence is too many"),
+        ));
     }
     // One CTA per SM for the tensor-core kernels (their shared memory allows no more); the
     // small generic kernel gets 8.
@@ -310,6 +324,9 @@ pub fn mla_decode_attention_with(
         parts = parts.min(mp.max(1) as i64);
     }
     let min_tiles = opts.min_tiles.unwrap_or(1).max(1);
+    // Combine: when sequences are cut into many pieces (few sequences, many parts), 8
+    // warps share each row's partials; otherwise a warp per row.
+    let wpr: i64 = if parts >= 4 * b { 8 } else { 1 };
 
     let f = function(cq, ordinal, base, dt, smem)?;
     let combine = cq.function(&SRC, "mla_decode_combine", dt)?;
@@ -351,11 +368,14 @@ pub fn mla_decode_attention_with(
         m_total: to_i32("q", "s_q * N", m_total)?,
         num_parts: parts as i32,
         min_tiles: min_tiles as i32,
+        combine_wpr: wpr as i32,
         scale_log2: a.scale * std::f32::consts::LOG2_E,
     };
     let main_grid = if kernel == Kernel::Generic { m_total } else { row_blocks };
     launch(cq, &f, cfg((parts as u32, main_grid as u32, 1), threads, smem), &p)?;
-    let comb_grid = (b as u32, ((m_total + 7) / 8) as u32, ((dv + 127) / 128) as u32);
+    let rows_per_cta = 8 / wpr;
+    let comb_grid =
+        (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + 127) / 128) as u32);
     launch(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
     Ok(Plan {
         kernel: name,

@@ -117,7 +117,9 @@ fn upload(queue: &Queue, c: &Case, x: &Inputs) -> Bufs {
     let b = c.lens.len() as i64;
     let row = c.d + c.pad;
     let orow = c.dv + c.pad;
-    let put = |dt: DType, shape: &[i64], v: &[f64]| Buffer::from_bytes(queue, dt, shape, &encode_f64(dt, v)).unwrap();
+    let put = |dt: DType, shape: &[i64], v: &[f64]| {
+        Buffer::from_bytes(queue, dt, shape, &encode_f64(dt, v)).unwrap()
+    };
     Bufs {
         q: put(c.dtype, &[x.q.len() as i64], &x.q),
         cache: put(c.dtype, &[x.nb, c.bs, row], &x.cache),
@@ -132,11 +134,10 @@ fn upload(queue: &Queue, c: &Case, x: &Inputs) -> Bufs {
 fn views<'a>(c: &Case, bf: &'a Bufs) -> (Tensor<'a>, Tensor<'a>, Tensor<'a>, Tensor<'a>) {
     let b = c.lens.len() as i64;
     let row = c.d + c.pad;
-    let q = bf
-        .q
-        .view()
-        .as_strided(c.q_offset, &[b, c.s_q, c.n, c.d], &[c.s_q * c.n * row, c.n * row, row, 1])
-        .unwrap();
+    let q =
+        bf.q.view()
+            .as_strided(c.q_offset, &[b, c.s_q, c.n, c.d], &[c.s_q * c.n * row, c.n * row, row, 1])
+            .unwrap();
     let cache = bf.cache.view().slice(2, 0, c.d).unwrap();
     let out = bf.out.view().slice(3, 0, c.dv).unwrap();
     (q, cache, out, bf.lse.view())
@@ -169,8 +170,17 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
     let cq = cpu();
     let cb = upload(&cq, c, x);
     let (q, cache, out, lse) = views(c, &cb);
-    vt_core::mla_decode_attention(&cq, &out, Some(&lse), &q, &cache, &cb.block_table.view(), &cb.seq_lens.view(), c.scale)
-        .unwrap();
+    vt_core::mla_decode_attention(
+        &cq,
+        &out,
+        Some(&lse),
+        &q,
+        &cache,
+        &cb.block_table.view(),
+        &cb.seq_lens.view(),
+        c.scale,
+    )
+    .unwrap();
     Reference { out: cq.read_f64(&out).unwrap(), lse: cq.read_f64(&lse).unwrap() }
 }
 
@@ -185,8 +195,15 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
         vt_core::mla_decode_attention(g, &out, Some(&lse), &q, &cache, &bt, &sl, c.scale).unwrap();
         "auto".to_string()
     } else {
-        let args =
-            MlaDecodeAttentionArgs { out, lse: Some(lse), q, cache, block_table: bt, seq_lens: sl, scale: c.scale };
+        let args = MlaDecodeAttentionArgs {
+            out,
+            lse: Some(lse),
+            q,
+            cache,
+            block_table: bt,
+            seq_lens: sl,
+            scale: c.scale,
+        };
         match mla_decode_attention_with(g, &args, opts) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
             Err(e) if opts.kernel == Kernel::Wgmma => {
@@ -259,6 +276,16 @@ fn decode_attention_matches_reference_for_head_counts_8_to_128() {
 }
 
 #[test]
+fn decode_attention_matches_reference_for_a_large_batch() {
+    let Some(g) = gpu() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let lens: Vec<i32> = (0..48).map(|_| rng.gen_range(0..700)).collect();
+    for n in [16, 128] {
+        check(&g, &Case::mla(&lens, n, 16));
+    }
+}
+
+#[test]
 fn decode_attention_matches_reference_with_two_query_tokens_causal() {
     let Some(g) = gpu() else { return };
     for n in [16, 32, 64, 128] {
@@ -292,7 +319,9 @@ fn every_kernel_and_schedule_computes_the_same_function() {
         let x = inputs(&c);
         let want = reference(&c, &x);
         for kernel in [Kernel::Generic, Kernel::Mma, Kernel::Wgmma] {
-            for (min_tiles, max_parts) in [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(4), None)] {
+            for (min_tiles, max_parts) in
+                [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(4), None)]
+            {
                 run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles, max_parts });
             }
         }
