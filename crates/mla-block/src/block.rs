@@ -3,7 +3,7 @@
 //!
 //! Per step (T tokens, the first D of them decode tokens):
 //! 1. A-projections and the q branch: q_lora (`q_a_proj` -> `q_a_layernorm` -> `q_b_proj`)
-//!    or q_proj; the kv A-projection either as one merged [L+R, H] GEMM (fused path) or as
+//!    or q_proj; the kv A-projection either as one merged `[L+R, H]` GEMM (fused path) or as
 //!    two GEMMs for the latent and the rope part (split path).
 //! 2. `kv_a_layernorm` on the latent only, RoPE on q's rope slice and the shared k_pe:
 //!    `FusedNormRope` + `RopeFromCache(q)` (fused) or `RmsNorm` + `RopeFromCache(q, k)`.

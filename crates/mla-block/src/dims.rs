@@ -13,21 +13,21 @@ const OP: &str = "MlaBlockDims";
 /// rejects a default-constructed `scale` of 0.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MlaBlockDims {
-    /// H [`hidden_size`].
+    /// H (config `hidden_size`).
     pub hidden_size: i64,
-    /// N [`num_attention_heads`].
+    /// N (config `num_attention_heads`).
     pub num_heads: i64,
-    /// Q [`q_lora_rank`]; 0 means the q_proj branch (config value `null`, V2-Lite).
+    /// Q (config `q_lora_rank`); 0 means the q_proj branch (config value `null`, V2-Lite).
     pub q_lora_rank: i64,
-    /// L [`kv_lora_rank`]: the width of the compressed latent that the cache stores.
+    /// L (config `kv_lora_rank`): the width of the compressed latent that the cache stores.
     pub kv_lora_rank: i64,
-    /// P [`qk_nope_head_dim`]: the part of a q/k head without rotary embedding.
+    /// P (config `qk_nope_head_dim`): the part of a q/k head without rotary embedding.
     pub qk_nope_head_dim: i64,
-    /// R [`qk_rope_head_dim`]: the rotary part of a q/k head (and of a cache row).
+    /// R (config `qk_rope_head_dim`): the rotary part of a q/k head (and of a cache row).
     pub qk_rope_head_dim: i64,
-    /// V [`v_head_dim`].
+    /// V (config `v_head_dim`).
     pub v_head_dim: i64,
-    /// [`rms_norm_eps`] of `q_a_layernorm` and `kv_a_layernorm`.
+    /// Config `rms_norm_eps` of `q_a_layernorm` and `kv_a_layernorm`.
     pub rms_norm_eps: f32,
     /// Softmax scale; set by [`MlaBlockDims::new`] (`qk_head_dim^-0.5`, times `mscale^2`
     /// under YaRN).

@@ -15,9 +15,9 @@ const OP: &str = "MlaBatchMetadata";
 /// One slice of the prefill sequences' cached context, gathered into the workspace at once.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ContextChunk {
-    /// [B_p + 1]: sequence b's rows of this chunk are `cu_seq_lens[b] .. cu_seq_lens[b+1]`.
+    /// `[B_p + 1]`: sequence b's rows of this chunk are `cu_seq_lens[b] .. cu_seq_lens[b+1]`.
     pub cu_seq_lens: Vec<i32>,
-    /// [B_p]: the cache position of each sequence's first row in this chunk.
+    /// `[B_p]`: the cache position of each sequence's first row in this chunk.
     pub seq_starts: Vec<i32>,
 }
 
@@ -33,23 +33,23 @@ impl ContextChunk {
 pub struct MlaBatchMetadata {
     /// D: the first D tokens are decode tokens, one per decoding sequence.
     pub num_decode_tokens: i64,
-    /// [T] rope position of every token (i64).
+    /// `[T]` rope position of every token (i64).
     pub positions: Vec<i64>,
-    /// [T] cache slot of every token (`block * block_size + row`; < 0 skips the write).
+    /// `[T]` cache slot of every token (`block * block_size + row`; < 0 skips the write).
     pub slot_mapping: Vec<i64>,
     /// Width of `decode_block_table`.
     pub decode_max_blocks: i64,
-    /// [D, decode_max_blocks] block ids of the decoding sequences (unused entries 0).
+    /// `[D, decode_max_blocks]` block ids of the decoding sequences (unused entries 0).
     pub decode_block_table: Vec<i32>,
-    /// [D] cached tokens of each decoding sequence, its new token included.
+    /// `[D]` cached tokens of each decoding sequence, its new token included.
     pub decode_seq_lens: Vec<i32>,
-    /// [B_p + 1] cumulative new-token counts of the prefill sequences.
+    /// `[B_p + 1]` cumulative new-token counts of the prefill sequences.
     pub prefill_cu_seqlens_q: Vec<i32>,
-    /// [B_p] tokens each prefill sequence had cached before this step.
+    /// `[B_p]` tokens each prefill sequence had cached before this step.
     pub prefill_context_lens: Vec<i32>,
     /// Width of `prefill_block_table`.
     pub prefill_max_blocks: i64,
-    /// [B_p, prefill_max_blocks] block ids of the prefill sequences (unused entries 0).
+    /// `[B_p, prefill_max_blocks]` block ids of the prefill sequences (unused entries 0).
     pub prefill_block_table: Vec<i32>,
     /// The largest new-token count of a prefill sequence.
     pub max_query_len: i64,

@@ -149,9 +149,9 @@ pub fn schedule_forwards(schedule: &Schedule, num_seqs: usize) -> Vec<Vec<SeqPar
         .collect()
 }
 
-/// Runs S sequences of T tokens (`hidden` [S,T,H], `positions` [S*T]) through the block
+/// Runs S sequences of T tokens (`hidden` `[S,T,H]`, `positions` `[S*T]`) through the block
 /// under `schedule`, with a fresh paged cache of exactly the blocks needed. Returns `out`
-/// [S,T,H] in the block's dtype.
+/// `[S,T,H]` in the block's dtype.
 pub fn run_schedule(
     queue: &Queue,
     block: &MlaBlock<'_>,
@@ -317,7 +317,7 @@ pub fn run_steps(
     Ok((HostTensor { dtype: dt, shape: vec![s, t, h], bytes: out }, stats))
 }
 
-/// The positions input of the CLI: `positions` [S,T] i64 if given, else `0..T` for each
+/// The positions input of the CLI: `positions` `[S,T]` i64 if given, else `0..T` for each
 /// sequence.
 pub fn positions_or_default(positions: Option<&HostTensor>, s: i64, t: i64) -> Result<Vec<i64>> {
     match positions {

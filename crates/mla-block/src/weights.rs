@@ -16,25 +16,25 @@ use crate::dims::MlaBlockDims;
 /// All float weights share the activations' dtype; `rope_cos_sin_cache` is f32.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MlaBlockWeights<'a> {
-    /// q_lora branch: `[q_a_proj; kv_a_proj_with_mqa]` stacked by rows, [Q+L+R, H].
+    /// q_lora branch: `[q_a_proj; kv_a_proj_with_mqa]` stacked by rows, `[Q+L+R, H]`.
     pub fused_qkv_a_proj: Option<Tensor<'a>>,
-    /// q_lora branch: [Q].
+    /// q_lora branch: `[Q]`.
     pub q_a_layernorm: Option<Tensor<'a>>,
     /// q_lora branch: [N*(P+R), Q].
     pub q_b_proj: Option<Tensor<'a>>,
     /// q_proj branch: [N*(P+R), H].
     pub q_proj: Option<Tensor<'a>>,
-    /// q_proj branch: [L+R, H].
+    /// q_proj branch: `[L+R, H]`.
     pub kv_a_proj_with_mqa: Option<Tensor<'a>>,
-    /// [L]: normalizes the latent only, never the rope part.
+    /// `[L]`: normalizes the latent only, never the rope part.
     pub kv_a_layernorm: Option<Tensor<'a>>,
     /// [N*(P+V), L]: the up-projection of the materialized (prefill) form.
     pub kv_b_proj: Option<Tensor<'a>>,
-    /// [N, P, L]: `kv_b_proj`'s key half, absorbed into the decode query.
+    /// `[N, P, L]`: `kv_b_proj`'s key half, absorbed into the decode query.
     pub w_uk_t: Option<Tensor<'a>>,
-    /// [N, L, V]: `kv_b_proj`'s value half, applied after decode attention.
+    /// `[N, L, V]`: `kv_b_proj`'s value half, applied after decode attention.
     pub w_uv: Option<Tensor<'a>>,
-    /// [H, N*V].
+    /// `[H, N*V]`.
     pub o_proj: Option<Tensor<'a>>,
     /// [max_pos, R] f32, from [`crate::YarnRopeParams::cos_sin_cache`].
     pub rope_cos_sin_cache: Option<Tensor<'a>>,
@@ -123,7 +123,7 @@ fn check_tensor(
     Ok(())
 }
 
-/// `W_UK_T` [N,P,L] and `W_UV` [N,L,V] in row-major order.
+/// `W_UK_T` `[N,P,L]` and `W_UV` `[N,L,V]` in row-major order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AbsorbedKvBProj<T> {
     pub w_uk_t: Vec<T>,
