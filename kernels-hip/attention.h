@@ -16,10 +16,12 @@
 // (vt-hip computes the same number on the host.)
 #define VT_ATTN_SMEM_FLOATS(d, dv) ((d) + (dv) + VT_KEY_TILE)
 
+namespace vt {
+
 // `keys.row(j)` / `values.row(j)`: pointers to key / value row j (unit stride).
 template <typename T, typename Keys, typename Values>
-__device__ void vt_attend_row(const T* q, i64 d, i64 dv, i64 n_keys, float scale, const Keys& keys,
-                              const Values& values, float* smem, T* out, float* lse) {
+__device__ void attend_row(const T* q, i64 d, i64 dv, i64 n_keys, float scale, const Keys& keys,
+                           const Values& values, float* smem, T* out, float* lse) {
   float* qs = smem;
   float* acc = smem + d;
   float* p = smem + d + dv;
@@ -27,25 +29,25 @@ __device__ void vt_attend_row(const T* q, i64 d, i64 dv, i64 n_keys, float scale
   const int wave = threadIdx.x / warpSize;
   const int waves = (blockDim.x + warpSize - 1) / warpSize;
 
-  for (i64 i = threadIdx.x; i < d; i += blockDim.x) qs[i] = vt_load(q, i);
+  for (i64 i = threadIdx.x; i < d; i += blockDim.x) qs[i] = vt::to_f32(q[i]);
   for (i64 i = threadIdx.x; i < dv; i += blockDim.x) acc[i] = 0.0f;
   __syncthreads();
 
-  float m = -VT_INF, l = 0.0f;
+  float m = vt::neg_inf(), l = 0.0f;
   for (i64 j0 = 0; j0 < n_keys; j0 += VT_KEY_TILE) {
     const int nk = (int)((n_keys - j0) < VT_KEY_TILE ? (n_keys - j0) : VT_KEY_TILE);
     for (int jj = wave; jj < nk; jj += waves) {
       const T* k = keys.row(j0 + jj);
       float s = 0.0f;
-      for (i64 i = lane; i < d; i += warpSize) s += qs[i] * vt_load(k, i);
-      s = vt_wave_sum(s);
+      for (i64 i = lane; i < d; i += warpSize) s += qs[i] * vt::to_f32(k[i]);
+      s = vt::wave_sum(s);
       if (lane == 0) p[jj] = s * scale;
     }
     __syncthreads();
-    float tile_max = -VT_INF;
+    float tile_max = vt::neg_inf();
     for (int jj = 0; jj < nk; ++jj) tile_max = fmaxf(tile_max, p[jj]);
     const float m_new = fmaxf(m, tile_max);
-    const float corr = (m == -VT_INF) ? 0.0f : expf(m - m_new);
+    const float corr = (m == vt::neg_inf()) ? 0.0f : expf(m - m_new);
     __syncthreads();  // every thread has read the raw scores
     for (int jj = threadIdx.x; jj < nk; jj += blockDim.x) p[jj] = expf(p[jj] - m_new);
     __syncthreads();
@@ -55,17 +57,19 @@ __device__ void vt_attend_row(const T* q, i64 d, i64 dv, i64 n_keys, float scale
     m = m_new;
     for (i64 i = threadIdx.x; i < dv; i += blockDim.x) {
       float a = acc[i] * corr;
-      for (int jj = 0; jj < nk; ++jj) a += p[jj] * vt_load(values.row(j0 + jj), i);
+      for (int jj = 0; jj < nk; ++jj) a += p[jj] * vt::to_f32(values.row(j0 + jj)[i]);
       acc[i] = a;
     }
     __syncthreads();  // the next tile overwrites p
   }
 
   if (n_keys <= 0) {
-    for (i64 i = threadIdx.x; i < dv; i += blockDim.x) vt_store(out, i, 0.0f);
-    if (lse && threadIdx.x == 0) *lse = -VT_INF;
+    for (i64 i = threadIdx.x; i < dv; i += blockDim.x) out[i] = vt::from_f32<T>(0.0f);
+    if (lse && threadIdx.x == 0) *lse = vt::neg_inf();
     return;
   }
-  for (i64 i = threadIdx.x; i < dv; i += blockDim.x) vt_store(out, i, acc[i] / l);
+  for (i64 i = threadIdx.x; i < dv; i += blockDim.x) out[i] = vt::from_f32<T>(acc[i] / l);
   if (lse && threadIdx.x == 0) *lse = m + logf(l);
 }
+
+}  // namespace vt

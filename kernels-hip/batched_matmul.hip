@@ -23,13 +23,13 @@ __device__ void batched_matmul(T* out, i64 o_s0, i64 o_s1, i64 o_s2, const T* a,
     float acc = 0.0f;
     for (i64 k0 = 0; k0 < k; k0 += VT_TILE) {
       const i64 ka = k0 + tx, kb = k0 + ty;
-      as[ty][tx] = (row < m && ka < k) ? vt_load(ag, row * a_s1 + ka * a_s2) : 0.0f;
-      bs[ty][tx] = (kb < k && col < n) ? vt_load(bg, kb * b_s1 + col * b_s2) : 0.0f;
+      as[ty][tx] = (row < m && ka < k) ? vt::to_f32(ag[row * a_s1 + ka * a_s2]) : 0.0f;
+      bs[ty][tx] = (kb < k && col < n) ? vt::to_f32(bg[kb * b_s1 + col * b_s2]) : 0.0f;
       __syncthreads();
       for (int kk = 0; kk < VT_TILE; ++kk) acc += as[ty][kk] * bs[kk][tx];
       __syncthreads();
     }
-    if (row < m && col < n) vt_store(out, g * o_s0 + row * o_s1 + col * o_s2, acc);
+    if (row < m && col < n) out[g * o_s0 + row * o_s1 + col * o_s2] = vt::from_f32<T>(acc);
   }
 }
 
@@ -39,4 +39,4 @@ __device__ void batched_matmul(T* out, i64 o_s0, i64 o_s1, i64 o_s2, const T* a,
       i64 b_s1, i64 b_s2, i64 batch, i64 m, i64 n, i64 k) {                                                \
     batched_matmul<T>(out, o_s0, o_s1, o_s2, a, a_s0, a_s1, a_s2, b, b_s0, b_s1, b_s2, batch, m, n, k);     \
   }
-VT_FOR_EACH_DTYPE(VT_BATCHED_MATMUL)
+VT_FOR_EACH_FLOAT(VT_BATCHED_MATMUL)

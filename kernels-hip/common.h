@@ -1,14 +1,26 @@
-// Device helpers shared by every kernels-hip/*.hip file: storage types, f32 math of the
-// ops, and wavefront-size-independent reductions.
+// Shared device helpers for every kernel file of kernels-hip/. The names and conventions
+// are those of kernels-cuda/common.cuh, so a HIP kernel reads like its CUDA counterpart;
+// the differences are the ones the hardware and ROCm impose:
 //
-// Compiled two ways: by hiprtc at run time (vt-hip passes -DVT_HIPRTC=1 and serves this
-// header from memory) and by hipcc in `cargo xtask kernels` (ROCm 5.2 / clang 15, for
-// gfx90a and gfx940). Both get -ffp-contract=off so every multiply and add rounds on its
-// own, as on the CPU reference (and FusedNormRope stays bit-identical to RmsNorm +
-// RopeFromCache).
+// - Wavefronts are 64 lanes on CDNA (gfx9) and 32 on RDNA: reductions loop from
+//   `warpSize / 2` and per-wave scratch has room for 1024 / 32 waves. Nothing assumes 32.
+// - ROCm 5.2 has no hip_bf16.h: bf16 is a raw 16-bit pattern with its own conversions.
+// - ROCm 5.2's `__fmul_rn`-style intrinsics are not all correctly rounded (`__frcp_rn` and
+//   `__fsqrt_rn` map to the fast approximations), so the HIP kernels use plain operators
+//   and are compiled with -ffp-contract=off: every multiply and add rounds on its own, as
+//   on the CPU reference, and FusedNormRope stays bit-identical to RmsNorm + RopeFromCache.
 //
-// Wavefronts: CDNA (gfx9) runs 64 lanes, RDNA 32. Nothing here assumes either: reductions
-// loop from `warpSize / 2`, and per-wave scratch has room for 1024 / 32 waves.
+// Conventions (see crates/vt-hip/src/launch.rs):
+// - Every tensor arrives as a pointer to its element [0, 0, ...] plus explicit element
+//   strides as long long; the last dim has stride 1 wherever the op's contract says so.
+// - Index values (slots, block ids, lengths, positions) are read on the device and never
+//   trusted: an out-of-range one skips its row, so no write leaves an output.
+// - Arithmetic is f32; 16-bit values are widened on load and rounded once on store.
+// - Each kernel is a template instantiated for bf16, f16 and f32 as extern "C" symbols
+//   `{name}_bf16`, `{name}_f16`, `{name}_f32` with VT_FOR_EACH_FLOAT.
+//
+// Compiled by hiprtc at run time (vt-hip passes -DVT_HIPRTC=1 and serves the headers from
+// memory) and by hipcc in `cargo xtask kernels`.
 #pragma once
 
 #ifndef VT_HIPRTC
@@ -17,99 +29,83 @@
 
 typedef long long i64;
 
-// +infinity (hiprtc has no math.h, so no INFINITY macro).
-#define VT_INF __builtin_huge_valf()
+// bf16 storage: the upper half of an f32.
+struct bf16 {
+  unsigned short bits;
+};
+// f16 storage: clang's native half type (hardware conversions, round to nearest even).
+typedef _Float16 f16;
 
 // Threads per block of every kernel: a multiple of both wave sizes.
 #define VT_BLOCK 256
 // Upper bound on the waves of any block (1024 threads / 32 lanes).
 #define VT_MAX_WAVES 32
 
-// ---------------------------------------------------------------------------------------
-// Storage types. ROCm 5.2 ships no hip_bf16.h, so bf16 is a raw 16-bit pattern with its
-// own conversions (round to nearest even, NaN kept quiet: what Rust's `half` does). f16 is
-// clang's native _Float16 (hardware conversion, round to nearest even).
+namespace vt {
 
-struct vt_bf16 {
-  unsigned short bits;
-};
-typedef _Float16 vt_f16;
-
-__device__ __forceinline__ float vt_to_float(float x) { return x; }
-__device__ __forceinline__ float vt_to_float(vt_f16 x) { return (float)x; }
-__device__ __forceinline__ float vt_to_float(vt_bf16 x) {
-  return __uint_as_float(((unsigned)x.bits) << 16);
-}
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(f16 x) { return (float)x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __uint_as_float(((unsigned)x.bits) << 16); }
 
 template <typename T>
-__device__ __forceinline__ T vt_from_float(float x);
-
+__device__ __forceinline__ T from_f32(float x);
 template <>
-__device__ __forceinline__ float vt_from_float<float>(float x) {
+__device__ __forceinline__ float from_f32<float>(float x) {
   return x;
 }
 template <>
-__device__ __forceinline__ vt_f16 vt_from_float<vt_f16>(float x) {
-  return (vt_f16)x;
+__device__ __forceinline__ f16 from_f32<f16>(float x) {
+  return (f16)x;
 }
+// Round to nearest, ties to even; a NaN keeps its sign and payload and is made quiet (what
+// Rust's `half` does).
 template <>
-__device__ __forceinline__ vt_bf16 vt_from_float<vt_bf16>(float x) {
+__device__ __forceinline__ bf16 from_f32<bf16>(float x) {
   unsigned u = __float_as_uint(x);
-  vt_bf16 r;
+  bf16 r;
   if ((u & 0x7fffffffu) > 0x7f800000u) {
-    r.bits = (unsigned short)((u >> 16) | 0x40u);  // NaN: keep sign and payload, force quiet
+    r.bits = (unsigned short)((u >> 16) | 0x40u);
   } else {
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    u += 0x7fffu + ((u >> 16) & 1u);
     r.bits = (unsigned short)(u >> 16);
   }
   return r;
 }
 
-// `x` rounded to T's precision and back: what storing then loading does.
+// Rounds an f32 to T's precision and back (identity for f32).
 template <typename T>
-__device__ __forceinline__ float vt_round(float x) {
-  return vt_to_float(vt_from_float<T>(x));
+__device__ __forceinline__ float round_to(float x) {
+  return to_f32(from_f32<T>(x));
 }
 
-template <typename T>
-__device__ __forceinline__ float vt_load(const T* p, i64 i) {
-  return vt_to_float(p[i]);
-}
-template <typename T>
-__device__ __forceinline__ void vt_store(T* p, i64 i, float x) {
-  p[i] = vt_from_float<T>(x);
-}
+// hiprtc has no math.h, hence no INFINITY.
+__device__ __forceinline__ float neg_inf() { return -__builtin_huge_valf(); }
 
-// Instantiates `X(suffix, type)` once per float dtype: kernels are exported as
-// `extern "C"` names `<op>_<suffix>` (e.g. `rms_norm_bf16`), which vt-hip looks up.
-#define VT_FOR_EACH_DTYPE(X) \
-  X(f32, float)              \
-  X(f16, vt_f16)             \
-  X(bf16, vt_bf16)
-
-// ---------------------------------------------------------------------------------------
-// Reductions over a wave and over a block, for any wave size.
-
-__device__ __forceinline__ float vt_wave_sum(float v) {
+// Sum over a wave of any size; every lane gets the result. Fixed butterfly order.
+__device__ __forceinline__ float wave_sum(float v) {
   for (int o = warpSize / 2; o > 0; o >>= 1) v += __shfl_xor(v, o);
   return v;
 }
 
-// Sum over the block; every thread gets the same value (the per-wave partials are added
-// in wave order by every thread, so the result is deterministic). `scratch` holds
-// VT_MAX_WAVES floats. Must be reached by every thread of the block.
-__device__ __forceinline__ float vt_block_sum(float v, float* scratch) {
-  const int lane = threadIdx.x % warpSize;
-  const int wave = threadIdx.x / warpSize;
+// Sum over the block (blockDim.x a multiple of warpSize, at most 1024); every thread gets
+// the result, adding the per-wave partials in wave order, so it is deterministic for a
+// given blockDim.x and wave size. Starts and ends with a barrier: shared memory the block
+// read before the call may be overwritten after it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[VT_MAX_WAVES];
+  const int lane = threadIdx.x % warpSize, wave = threadIdx.x / warpSize;
   const int waves = (blockDim.x + warpSize - 1) / warpSize;
-  v = vt_wave_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[wave] = v;
+  v = wave_sum(v);
   __syncthreads();
-  float r = 0.0f;
-  for (int w = 0; w < waves; ++w) r += scratch[w];
-  return r;
+  if (lane == 0) partial[wave] = v;
+  __syncthreads();
+  float t = 0.0f;
+  for (int w = 0; w < waves; ++w) t += partial[w];
+  __syncthreads();  // `partial` may be reused by the next call
+  return t;
 }
+
+}  // namespace vt
 
 // Grid-stride loop over `n` items, one block each.
 #define VT_FOR_BLOCKS(i, n) for (i64 i = blockIdx.x; i < (n); i += gridDim.x)
@@ -117,41 +113,5 @@ __device__ __forceinline__ float vt_block_sum(float v, float* scratch) {
 #define VT_FOR_THREADS(i, n) \
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
-// ---------------------------------------------------------------------------------------
-// The ops' f32 math, one place for RmsNorm/FusedNormRope and RopeFromCache/FusedNormRope.
-
-// RmsNorm's scale of one row `x[0..d)`: 1 / sqrt(mean(x^2) + eps). Block-wide.
-template <typename T>
-__device__ __forceinline__ float vt_rms_scale(const T* x, i64 d, float eps, float* scratch) {
-  float ss = 0.0f;
-  for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = vt_load(x, i);
-    ss += v * v;
-  }
-  ss = vt_block_sum(ss, scratch);
-  return 1.0f / sqrtf(ss / (float)d + eps);
-}
-
-// One normalized element: `x * scale` rounded to the storage type, then times the weight.
-template <typename T>
-__device__ __forceinline__ float vt_rms_apply(float x, float scale, float w) {
-  return vt_round<T>(x * scale) * w;
-}
-
-// Element indices of rotary pair `i` of an `r`-wide slice: neox pairs (i, i + r/2),
-// GPT-J pairs (2i, 2i+1).
-__device__ __forceinline__ void vt_rope_pair_index(i64 i, i64 r, bool neox, i64* i0, i64* i1) {
-  if (neox) {
-    *i0 = i;
-    *i1 = i + r / 2;
-  } else {
-    *i0 = 2 * i;
-    *i1 = 2 * i + 1;
-  }
-}
-
-// Rotates one pair by (cos c, sin s).
-__device__ __forceinline__ void vt_rope_rotate(float x0, float x1, float c, float s, float* y0, float* y1) {
-  *y0 = x0 * c - x1 * s;
-  *y1 = x1 * c + x0 * s;
-}
+// Instantiates MACRO(suffix, type) for the three float dtypes.
+#define VT_FOR_EACH_FLOAT(MACRO) MACRO(bf16, bf16) MACRO(f16, f16) MACRO(f32, float)

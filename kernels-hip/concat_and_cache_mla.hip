@@ -25,4 +25,4 @@ __device__ void concat_and_cache_mla(T* cache, i64 c_s0, i64 c_s1, i64 num_block
     concat_and_cache_mla<T>(cache, c_s0, c_s1, num_blocks, block_size, kv_c, kv_s0, k_pe, pe_s0, slots,   \
                             slot_stride, tokens, l, r);                                                 \
   }
-VT_FOR_EACH_DTYPE(VT_CONCAT_AND_CACHE_MLA)
+VT_FOR_EACH_FLOAT(VT_CONCAT_AND_CACHE_MLA)

@@ -22,4 +22,4 @@ __device__ void concat_mla_nope_rope(T* out, i64 o_s0, i64 o_s1, const T* nope, 
       i64 tokens, i64 heads, i64 p, i64 r) {                                                              \
     concat_mla_nope_rope<T>(out, o_s0, o_s1, nope, n_s0, n_s1, rope, r_s0, r_s1, tokens, heads, p, r);    \
   }
-VT_FOR_EACH_DTYPE(VT_CONCAT_MLA_NOPE_ROPE)
+VT_FOR_EACH_FLOAT(VT_CONCAT_MLA_NOPE_ROPE)

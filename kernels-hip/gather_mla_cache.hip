@@ -45,4 +45,4 @@ __device__ void gather_mla_cache(T* out, i64 out_s0, i64 out_rows, const T* cach
     gather_mla_cache<T>(out, out_s0, out_rows, cache, c_s0, c_s1, num_blocks, block_size, d, block_table,  \
                         bt_s0, bt_s1, max_blocks, cu, cu_stride, batch, seq_starts, ss_stride);          \
   }
-VT_FOR_EACH_DTYPE(VT_GATHER_MLA_CACHE)
+VT_FOR_EACH_FLOAT(VT_GATHER_MLA_CACHE)

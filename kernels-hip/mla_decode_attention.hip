@@ -8,7 +8,7 @@
 #include "attention.h"
 
 template <typename T>
-struct vt_paged_rows {
+struct paged_rows {
   const T* cache;
   i64 c_s0, c_s1, block_size;
   const int* table;  // block_table row of this sequence
@@ -47,9 +47,9 @@ __device__ void mla_decode_attention(T* out, i64 o_s0, i64 o_s1, i64 o_s2, float
     const int skip = bad;
     __syncthreads();  // `bad` is reset by the next row
     if (skip) continue;
-    const vt_paged_rows<T> rows = {cache, c_s0, c_s1, block_size, table, bt_s1};
+    const paged_rows<T> rows = {cache, c_s0, c_s1, block_size, table, bt_s1};
     float* l = lse ? lse + b * l_s0 + n * l_s1 + s * l_s2 : (float*)0;
-    vt_attend_row(q + b * q_s0 + s * q_s1 + n * q_s2, d, dv, n_keys, scale, rows, rows, smem,
+    vt::attend_row(q + b * q_s0 + s * q_s1 + n * q_s2, d, dv, n_keys, scale, rows, rows, smem,
                   out + b * o_s0 + s * o_s1 + n * o_s2, l);
   }
 }
@@ -64,4 +64,4 @@ __device__ void mla_decode_attention(T* out, i64 o_s0, i64 o_s1, i64 o_s2, float
                             c_s1, num_blocks, block_size, block_table, bt_s0, bt_s1, max_blocks, seq_lens,  \
                             sl_stride, batch, s_q, heads, d, dv, scale);                                   \
   }
-VT_FOR_EACH_DTYPE(VT_MLA_DECODE_ATTENTION)
+VT_FOR_EACH_FLOAT(VT_MLA_DECODE_ATTENTION)

@@ -7,7 +7,7 @@
 #include "attention.h"
 
 template <typename T>
-struct vt_strided_rows {
+struct strided_rows {
   const T* base;  // row 0 of this sequence and head
   i64 s0;
   __device__ const T* row(i64 j) const { return base + j * s0; }
@@ -35,10 +35,10 @@ __device__ void prefill_attention(T* out, i64 o_s0, i64 o_s1, float* lse, i64 l_
       if (n_keys < 0) n_keys = 0;
       if (n_keys > lk) n_keys = lk;
     }
-    const vt_strided_rows<T> keys = {k + k0 * k_s0 + n * k_s1, k_s0};
-    const vt_strided_rows<T> values = {v + k0 * v_s0 + n * v_s1, v_s0};
+    const strided_rows<T> keys = {k + k0 * k_s0 + n * k_s1, k_s0};
+    const strided_rows<T> values = {v + k0 * v_s0 + n * v_s1, v_s0};
     float* l = lse ? lse + n * l_s0 + (q0 + i) * l_s1 : (float*)0;
-    vt_attend_row(q + (q0 + i) * q_s0 + n * q_s1, d, dv, n_keys, scale, keys, values, smem,
+    vt::attend_row(q + (q0 + i) * q_s0 + n * q_s1, d, dv, n_keys, scale, keys, values, smem,
                   out + (q0 + i) * o_s0 + n * o_s1, l);
   }
 }
@@ -53,4 +53,4 @@ __device__ void prefill_attention(T* out, i64 o_s0, i64 o_s1, float* lse, i64 l_
                          cu_q, cuq_stride, cu_k, cuk_stride, batch, max_q, total_q, total_k, heads, d, dv,  \
                          causal, scale);                                                                   \
   }
-VT_FOR_EACH_DTYPE(VT_PREFILL_ATTENTION)
+VT_FOR_EACH_FLOAT(VT_PREFILL_ATTENTION)

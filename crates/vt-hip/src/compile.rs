@@ -4,15 +4,16 @@
 //! - Each `.hip` file is compiled on first use for the exact target of the device that
 //!   runs it (`gcnArchName`, e.g. `gfx942:sramecc+:xnack-`), so one binary serves every
 //!   AMD GPU that its user's ROCm knows, including ones newer than any toolchain here.
-//! - Headers (`common.h`, `attention.h`) are served to hiprtc from memory; the file then
+//! - Headers (`common.h`, `norm_rope.h`, `attention.h`) are served to hiprtc from memory; the file then
 //!   compiles the same here, in `cargo xtask kernels` (hipcc) and on an AMD machine.
 //! - The cache key is a SHA-256 of the file name, the source, every header, the options
 //!   and the hiprtc version, plus the target. Files live in `$VT_CACHE_DIR/hip`, else
 //!   `$XDG_CACHE_HOME/vt/hip`, else `~/.cache/vt/hip`; a second start compiles nothing. A
 //!   cache that cannot be written is logged and skipped.
-//! - A failed compile is an error that carries hiprtc's log.
+//! - A failed compile is an error that carries hiprtc's log. Compiles run one at a time.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 use vt_core::Result;
@@ -43,12 +44,15 @@ kernel_files!(
 /// The headers the kernel files include, served from memory.
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.h", include_str!("../../../kernels-hip/common.h")),
+    ("norm_rope.h", include_str!("../../../kernels-hip/norm_rope.h")),
     ("attention.h", include_str!("../../../kernels-hip/attention.h")),
 ];
 
 /// The options every file is compiled with, besides the target. `cargo xtask kernels`
 /// passes the same ones to hipcc.
 pub const OPTIONS: &[&str] = &["-O3", "-std=c++17", "-ffp-contract=off", "-DVT_HIPRTC=1"];
+
+static COMPILE_LOCK: Mutex<()> = Mutex::new(());
 
 /// The source of one kernel file.
 pub fn source(file: &str) -> Result<&'static str> {
@@ -123,7 +127,12 @@ pub(crate) fn compile_with_cache(
         }
     }
     let start = std::time::Instant::now();
-    let bytes = driver::hiprtc_compile(api, file, src, HEADERS, &opts)?;
+    let bytes = {
+        // hiprtc of ROCm 5.2 crashes when two programs compile at once (seen here: SIGSEGV
+        // with two threads compiling), so compiles are serialized process-wide.
+        let _one_at_a_time = COMPILE_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        driver::hiprtc_compile(api, file, src, HEADERS, &opts)?
+    };
     tracing::debug!(kernel = file, arch, ms = start.elapsed().as_millis() as u64, "hiprtc compiled");
     if let Some(dir) = cache {
         if let Err(e) = write_atomically(dir, &name, &bytes) {
