@@ -1,9 +1,11 @@
 //! CUDA graph capture of a sequence of ops on one queue.
 //!
-//! Capture runs in the driver's global mode, in which any call that could synchronize or
-//! allocate (cuMemAlloc, a blocking copy, a stream synchronize) fails or invalidates the
-//! capture. So [`capture`] is both how a decode step becomes one replayable graph and the
-//! check that its ops do neither once warmed up (modules loaded, buffers allocated).
+//! Capture runs in the driver's thread-local mode: any call from the capturing thread that
+//! could synchronize or allocate (cuMemAlloc, a blocking copy, a stream synchronize) fails
+//! or invalidates the capture, while other threads are left alone (global mode would make
+//! such calls fail in every thread of the process, e.g. another queue's cuBLAS set-up).
+//! So [`capture`] is both how a decode step becomes one replayable graph and the check that
+//! its ops do neither once warmed up (modules loaded, buffers allocated).
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
@@ -30,7 +32,7 @@ impl Graph {
 pub fn capture(queue: &Queue, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
     let cq = CudaQueue::of(queue, "capture")?;
     cq.stream
-        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(drv("beginning stream capture"))?;
     let issued = f();
     // Always end the capture, so the stream is usable again whatever happened.

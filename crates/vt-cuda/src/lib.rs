@@ -13,7 +13,7 @@
 //!   device's architecture and cached on disk (see [`nvrtc`]).
 //! - No op allocates device memory, reads device memory back or waits for the device: a
 //!   sequence of ops can be captured in a CUDA graph once modules are loaded (warm-up);
-//!   [`graph::capture`] does that, and its global capture mode fails if an op syncs.
+//!   [`graph::capture`] does that, and its capture mode fails if an op syncs.
 //!
 //! # How an op file plugs in
 //!
@@ -45,6 +45,7 @@ mod device;
 pub mod graph;
 #[doc(hidden)]
 pub mod kernels;
+pub mod nccl;
 pub mod nvrtc;
 mod queue;
 

@@ -350,7 +350,7 @@ fn a_decode_step_captures_into_a_cuda_graph_and_replays_the_same_results() {
         // Warm-up: compiles and loads every module.
         step.run(&q).unwrap();
         let direct: Vec<Vec<u8>> = step.outputs().iter().map(|b| b.to_bytes(&q).unwrap()).collect();
-        // Global capture mode: any sync, allocation or read-back inside an op fails here.
+        // Capture mode: any sync, allocation or read-back inside an op fails here.
         let graph = vt_cuda::graph::capture(&q, || step.run(&q)).unwrap();
         for b in step.outputs() {
             b.fill_pattern(&q, b.dtype().nan_bytes()).unwrap();
