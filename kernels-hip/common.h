@@ -78,8 +78,9 @@ __device__ __forceinline__ float round_to(float x) {
   return to_f32(from_f32<T>(x));
 }
 
-// hiprtc has no math.h, hence no INFINITY.
-__device__ __forceinline__ float neg_inf() { return -__builtin_huge_valf(); }
+// -inf by its bit pattern (hiprtc has no math.h, hence no INFINITY).
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+__device__ __forceinline__ bool is_inf(float x) { return x == neg_inf() || x == -neg_inf(); }
 
 // Sum over a wave of any size; every lane gets the result. Fixed butterfly order.
 __device__ __forceinline__ float wave_sum(float v) {

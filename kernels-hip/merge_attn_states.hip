@@ -13,8 +13,8 @@ __device__ void merge_attn_states(T* out, i64 o_s0, i64 o_s1, float* out_lse, i6
     const i64 t = row / heads, n = row % heads;
     float lp = prefix_lse[n * pl_s0 + t * pl_s1];
     float ls = suffix_lse[n * sl_s0 + t * sl_s1];
-    if (__builtin_isinf(lp)) lp = vt::neg_inf();
-    if (__builtin_isinf(ls)) ls = vt::neg_inf();
+    if (vt::is_inf(lp)) lp = vt::neg_inf();
+    if (vt::is_inf(ls)) ls = vt::neg_inf();
     const float m = fmaxf(lp, ls);
     T* dst = out + t * o_s0 + n * o_s1;
     const T* pr = prefix + t * p_s0 + n * p_s1;
