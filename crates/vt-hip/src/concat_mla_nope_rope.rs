@@ -28,3 +28,28 @@ pub(crate) fn plan(a: &ConcatMlaNopeRopeArgs<'_>) -> Result<Vec<Step>> {
 pub(crate) fn run(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
     HipQueue::of("ConcatMlaNopeRope", q)?.run(&plan(a)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use vt_core::{ConcatMlaNopeRopeArgs, DType};
+
+    use crate::launch::{Arg, Step};
+    use crate::selfcheck::Fake;
+
+    #[test]
+    fn a_one_head_rope_is_broadcast_with_head_stride_0() {
+        let mut f = Fake::new();
+        for (rope_heads, want) in [(1, 0), (4, 64)] {
+            let args = ConcatMlaNopeRopeArgs {
+                out: f.c(DType::F16, &[3, 4, 192]).unwrap(),
+                nope: f.c(DType::F16, &[3, 4, 128]).unwrap(),
+                rope: f.c(DType::F16, &[3, rope_heads, 64]).unwrap(),
+            };
+            let steps = super::plan(&args).unwrap();
+            let [Step::Kernel(l)] = &steps[..] else { panic!("{steps:?}") };
+            // out, 2 strides, nope, 2 strides, rope, token stride, then the head stride.
+            assert_eq!(l.args.0[8], Arg::I64(want), "rope with {rope_heads} head(s)");
+            assert_eq!(l.grid, 12);
+        }
+    }
+}

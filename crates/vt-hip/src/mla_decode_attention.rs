@@ -53,3 +53,50 @@ pub(crate) fn plan(a: &MlaDecodeAttentionArgs<'_>) -> Result<Vec<Step>> {
 pub(crate) fn run(q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     HipQueue::of(OP, q)?.run(&plan(a)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use vt_core::{DType, Error, MlaDecodeAttentionArgs};
+
+    use crate::launch::Step;
+    use crate::selfcheck::Fake;
+
+    fn args(f: &mut Fake, b: i64, n: i64, d: i64, dv: i64) -> MlaDecodeAttentionArgs<'static> {
+        MlaDecodeAttentionArgs {
+            out: f.c(DType::BF16, &[b, 1, n, dv]).unwrap(),
+            lse: None,
+            q: f.c(DType::BF16, &[b, 1, n, d]).unwrap(),
+            cache: f.c(DType::BF16, &[64, 1, d]).unwrap(),
+            block_table: f.c(DType::I32, &[b, 64]).unwrap(),
+            seq_lens: f.c(DType::I32, &[b]).unwrap(),
+            scale: 0.1,
+        }
+    }
+
+    #[test]
+    fn decode_attention_with_page_size_1_and_two_heads_is_one_block_per_query_row() {
+        let mut f = Fake::new();
+        let steps = super::plan(&args(&mut f, 3, 2, 576, 512)).unwrap();
+        let [Step::Kernel(l)] = &steps[..] else { panic!("{steps:?}") };
+        assert_eq!(l.kernel, "mla_decode_attention_bf16");
+        assert_eq!(l.grid, 3 * 2);
+        assert_eq!(l.shared_bytes, (576 + 512 + 128) * 4);
+    }
+
+    #[test]
+    fn decode_attention_with_head_dims_past_shared_memory_is_an_error_naming_q() {
+        let mut f = Fake::new();
+        let e = super::plan(&args(&mut f, 1, 1, 16_000, 512)).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { op: "MlaDecodeAttention", arg: "q", .. }), "{e}");
+        assert!(e.to_string().contains("64 KiB"), "{e}");
+    }
+
+    #[test]
+    fn empty_batches_launch_nothing_and_huge_ones_cap_the_grid() {
+        let mut f = Fake::new();
+        assert!(super::plan(&args(&mut f, 0, 16, 576, 512)).unwrap().is_empty());
+        let steps = super::plan(&args(&mut f, 40_000, 16, 64, 32)).unwrap();
+        let [Step::Kernel(l)] = &steps[..] else { panic!("{steps:?}") };
+        assert_eq!(l.grid as i64, crate::launch::MAX_GRID);
+    }
+}

@@ -166,12 +166,15 @@ pub fn run(libs: &Libraries, arch: &str, cache: Option<&Path>) -> Result<Report,
 }
 
 /// Views over made-up addresses: plans read only their metadata, never their memory.
-struct Fake {
+pub(crate) struct Fake {
     next: u64,
 }
 
 impl Fake {
-    fn t(&mut self, dtype: DType, shape: &[i64], strides: &[i64]) -> Result<Tensor<'static>> {
+    pub(crate) fn new() -> Fake {
+        Fake { next: 0 }
+    }
+    pub(crate) fn t(&mut self, dtype: DType, shape: &[i64], strides: &[i64]) -> Result<Tensor<'static>> {
         self.next += 1 << 32;
         // SAFETY: these views are only handed to `plan` functions, which read their shape,
         // strides and addresses and never dereference them (nothing is launched).
@@ -187,7 +190,7 @@ impl Fake {
             )
         }
     }
-    fn c(&mut self, dtype: DType, shape: &[i64]) -> Result<Tensor<'static>> {
+    pub(crate) fn c(&mut self, dtype: DType, shape: &[i64]) -> Result<Tensor<'static>> {
         let s = contiguous_strides(shape);
         self.t(dtype, shape, &s[..shape.len()])
     }
@@ -229,7 +232,7 @@ fn sample_plans() -> (Plans, Vec<String>) {
 }
 
 fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
-    let mut f = Fake { next: 0 };
+    let mut f = Fake::new();
     let mut out: Vec<(OpId, Result<Vec<Step>>)> = Vec::new();
     let mut add = |op: OpId, r: Result<Vec<Step>>| out.push((op, r));
     let (t, n, l, r, bs, nb) = (3i64, 2i64, 8i64, 4i64, 1i64, 16i64);
