@@ -80,7 +80,8 @@ pub fn run(root: &Path) -> Result<(String, Vec<Outcome>), String> {
         eprintln!("hiprtc {arch} + launch check: {:.2} s", t0.elapsed().as_secs_f64());
         println!("{report}");
         rtc_version = format!("hiprtc {}.{}", report.hiprtc_version.0, report.hiprtc_version.1);
-        let col = format!("rtc:{arch}");
+        // Short column names keep the table aligned: rtc90a = hiprtc for gfx90a.
+        let col = format!("rtc{}", arch.trim_start_matches("gfx"));
         for (file, error) in &report.compiled {
             outcomes.push(Outcome { file: file.clone(), arch: col.clone(), error: error.clone() });
         }
@@ -105,7 +106,10 @@ pub fn run(root: &Path) -> Result<(String, Vec<Outcome>), String> {
 
     let secs = start.elapsed().as_secs_f64();
     Ok((
-        format!("kernels-hip: {}, {rtc_version}; hip probe: {probe}; {secs:.1} s", version.join(" / ")),
+        format!(
+            "kernels-hip: {}, {rtc_version} (columns rtc*); hip probe: {probe}; {secs:.1} s",
+            version.join(" / ")
+        ),
         outcomes,
     ))
 }
