@@ -21,6 +21,7 @@ mod kv_cache;
 mod metadata;
 mod rope;
 pub mod runner;
+pub mod tp;
 mod weights;
 mod workspace;
 

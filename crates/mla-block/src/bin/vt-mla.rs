@@ -3,9 +3,13 @@
 //! ```text
 //! vt-mla run --config C.json --weights W.safetensors [--layer-prefix model.layers.0.self_attn.]
 //!            --input IN.safetensors --output OUT.safetensors [--backend auto|cpu|cuda|hip]
-//!            [--schedule prefill:N,decode:N,...] [--block-size 64]
+//!            [--schedule prefill:N,decode:N,...] [--block-size 64] [--tp N] [--transport auto|host|nccl]
+//! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|small] ... (decode-step time per TP)
 //! vt-mla info
 //! ```
+
+#[path = "vt-mla/tp.rs"]
+mod tp_cli;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -19,7 +23,8 @@ use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
 const USAGE: &str = "usage:
   vt-mla run --config C.json --weights W.safetensors [--layer-prefix model.layers.0.self_attn.]
              --input IN.safetensors --output OUT.safetensors [--backend auto|cpu|cuda|hip]
-             [--schedule prefill:N,decode:N,...] [--block-size 64]
+             [--schedule prefill:N,decode:N,...] [--block-size 64] [--tp N] [--transport auto|host|nccl]
+  vt-mla bench [--backend auto|cpu|cuda] [--tp 1,2] [--layer v3|small] ... (--help for all)
   vt-mla info";
 
 fn main() -> ExitCode {
@@ -31,6 +36,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("run") => parse_run(&args[1..]).and_then(|a| run(&a)),
         Some("info") if args.len() == 1 => info(),
+        Some("bench") => tp_cli::bench(&args[1..], pick_device),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -58,6 +64,9 @@ struct RunArgs {
     backend: String,
     schedule: Option<String>,
     block_size: i64,
+    /// `--tp N`: the heads split over N ranks (N devices, or N CPU ranks).
+    tp: Option<usize>,
+    transport: String,
 }
 
 fn usage_err(msg: impl Into<String>) -> Error {
@@ -75,6 +84,8 @@ fn parse_run(args: &[String]) -> Result<RunArgs> {
         "--backend",
         "--schedule",
         "--block-size",
+        "--tp",
+        "--transport",
     ];
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -105,7 +116,20 @@ fn parse_run(args: &[String]) -> Result<RunArgs> {
             _ => return Err(usage_err(format!("--block-size `{s}` is not a positive integer"))),
         },
     };
+    let tp = match m.remove("--tp") {
+        None => None,
+        Some(s) => match s.parse::<usize>() {
+            Ok(v) if v > 0 => Some(v),
+            _ => return Err(usage_err(format!("--tp `{s}` is not a positive integer"))),
+        },
+    };
+    let transport = m.remove("--transport");
+    if transport.is_some() && tp.is_none() {
+        return Err(usage_err("`--transport` is for tensor-parallel runs: give `--tp N` too"));
+    }
     Ok(RunArgs {
+        tp,
+        transport: transport.unwrap_or_else(|| "auto".into()),
         config,
         weights,
         layer_prefix: m.remove("--layer-prefix").unwrap_or_else(|| DEFAULT_LAYER_PREFIX.to_string()),
@@ -167,8 +191,10 @@ fn pick_device(backend: &str) -> Result<DeviceType> {
 }
 
 fn run(a: &RunArgs) -> Result<()> {
-    let kind = pick_device(&a.backend)?;
-    let queue = Queue::new(Device::new(kind, 0))?;
+    let kind = match (a.tp, pick_device(&a.backend)) {
+        (Some(tp), Err(e)) => return Err(tp_cli::no_devices(tp, &a.backend, e)),
+        (_, k) => k?,
+    };
     let cfg = MlaConfig::from_file(&a.config)?;
     let ctx = a.input.display().to_string();
     let bytes =
@@ -197,10 +223,31 @@ fn run(a: &RunArgs) -> Result<()> {
     };
     schedule.check(t)?;
 
-    let store = MlaWeightStore::load(&queue, &cfg, &a.weights, &a.layer_prefix, Some(hidden.dtype))?;
-    let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
     let opts = RunOptions { block_size: a.block_size, chunk_workspace_tokens: None };
-    let (out, stats) = run_schedule(&queue, &block, &hidden, &positions, &schedule, &opts)?;
+    let (out, stats, fused, ranks) = match a.tp {
+        None => {
+            let queue = Queue::new(Device::new(kind, 0))?;
+            let store = MlaWeightStore::load(&queue, &cfg, &a.weights, &a.layer_prefix, Some(hidden.dtype))?;
+            let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
+            let (out, stats) = run_schedule(&queue, &block, &hidden, &positions, &schedule, &opts)?;
+            (out, stats, block.uses_fused_norm_rope(), String::new())
+        }
+        Some(tp) => {
+            let r = tp_cli::run(
+                kind,
+                tp,
+                &a.transport,
+                &cfg,
+                &a.weights,
+                &a.layer_prefix,
+                &hidden,
+                &positions,
+                &schedule,
+                &opts,
+            )?;
+            (r.out, r.stats, r.fused, format!(", tp {tp}: {}", r.group))
+        }
+    };
 
     let dtype = match out.dtype {
         vt_core::DType::BF16 => StDtype::BF16,
@@ -213,11 +260,11 @@ fn run(a: &RunArgs) -> Result<()> {
     safetensors::serialize_to_file(vec![("out", view)], &None, &a.output)
         .map_err(|e| Error::other(a.output.display().to_string(), format!("cannot write: {e}")))?;
     eprintln!(
-        "vt-mla: {} on {kind}: S={s} T={t} {} schedule {schedule}, block size {}, {} path: {} forwards, {} context chunks -> {}",
+        "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} path: {} forwards, {} context chunks -> {}",
         if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
         out.dtype,
         a.block_size,
-        if block.uses_fused_norm_rope() { "fused norm+rope" } else { "split norm+rope" },
+        if fused { "fused norm+rope" } else { "split norm+rope" },
         stats.forwards,
         stats.context_chunks,
         a.output.display()

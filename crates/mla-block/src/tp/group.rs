@@ -1,0 +1,193 @@
+//! A tensor-parallel group: one queue and one communicator per rank.
+
+use std::fmt;
+use std::str::FromStr;
+
+use vt_core::{registry, Device, DeviceType, Error, Queue, Result};
+
+use super::comm::{Communicator, HostCommunicator};
+
+const OP: &str = "TpGroup";
+
+/// Which communicator a group uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// NCCL on CUDA, the host communicator on the CPU.
+    Auto,
+    /// [`HostCommunicator`]: any number of ranks, also several on one device (emulation).
+    Host,
+    /// NCCL (CUDA only, feature `nccl`): one rank per device.
+    Nccl,
+}
+
+impl FromStr for Transport {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Transport> {
+        match s {
+            "auto" => Ok(Transport::Auto),
+            "host" => Ok(Transport::Host),
+            "nccl" => Ok(Transport::Nccl),
+            _ => Err(Error::invalid(OP, "transport", format!("`{s}` is not one of auto, host, nccl"))),
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Auto => "auto",
+            Transport::Host => "host",
+            Transport::Nccl => "nccl",
+        })
+    }
+}
+
+/// `tp` ranks: rank `r` issues its work on `queues()[r]` and reduces through `comm(r)`.
+pub struct TpGroup {
+    queues: Vec<Queue>,
+    comms: Vec<Box<dyn Communicator>>,
+}
+
+impl fmt::Debug for TpGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// Devices of `kind` the registered backend drives (0 when it is not registered).
+pub fn device_count(kind: DeviceType) -> usize {
+    registry::backend(kind).map_or(0, |b| b.device_count())
+}
+
+impl TpGroup {
+    /// A group from its parts: `comms[r].rank() == r`, one world size, one queue per rank.
+    pub fn new(queues: Vec<Queue>, comms: Vec<Box<dyn Communicator>>) -> Result<TpGroup> {
+        if queues.is_empty() || queues.len() != comms.len() {
+            return Err(Error::invalid(
+                OP,
+                "comms",
+                format!(
+                    "{} queues and {} communicators (need one of each per rank, >= 1)",
+                    queues.len(),
+                    comms.len()
+                ),
+            ));
+        }
+        for (r, c) in comms.iter().enumerate() {
+            if c.rank() != r || c.world_size() != comms.len() {
+                return Err(Error::invalid(
+                    OP,
+                    "comms",
+                    format!(
+                        "communicator {r} is rank {} of {}, expected rank {r} of {}",
+                        c.rank(),
+                        c.world_size(),
+                        comms.len()
+                    ),
+                ));
+            }
+        }
+        Ok(TpGroup { queues, comms })
+    }
+
+    /// `tp` ranks on devices of `kind`, reducing through `transport`.
+    ///
+    /// - NCCL (the default on CUDA) needs `tp` devices, one per rank: fewer is an error
+    ///   naming how many were found.
+    /// - The host transport (the default on the CPU, where all ranks share the one host
+    ///   device) puts rank `r` on device `r % devices`, so several ranks may share a GPU.
+    pub fn open(kind: DeviceType, tp: usize, transport: Transport) -> Result<TpGroup> {
+        if tp == 0 {
+            return Err(Error::invalid(OP, "tp", "must be >= 1"));
+        }
+        let found = device_count(kind);
+        let transport = match (transport, kind) {
+            (Transport::Auto, DeviceType::Cuda) => Transport::Nccl,
+            (Transport::Auto, DeviceType::Cpu) => Transport::Host,
+            (Transport::Auto, k) => {
+                return Err(Error::invalid(
+                    OP,
+                    "transport",
+                    format!("no communicator for {k} devices (RCCL is not wired); `host` emulates ranks"),
+                ))
+            }
+            (t, _) => t,
+        };
+        if found == 0 {
+            return Err(Error::NoDevice {
+                device: kind.to_string(),
+                msg: format!("tp = {tp} needs {kind} devices, found 0 (no {kind} backend registered)"),
+            });
+        }
+        match transport {
+            Transport::Nccl => {
+                if kind != DeviceType::Cuda {
+                    return Err(Error::invalid(
+                        OP,
+                        "transport",
+                        format!("NCCL runs on CUDA devices, not {kind}"),
+                    ));
+                }
+                if found < tp {
+                    return Err(Error::NoDevice {
+                        device: kind.to_string(),
+                        msg: format!("tp = {tp} needs {tp} CUDA devices (one rank per GPU), found {found}"),
+                    });
+                }
+                let queues = (0..tp).map(|r| Queue::new(Device::new(kind, r))).collect::<Result<Vec<_>>>()?;
+                let comms = nccl_group(&queues)?;
+                TpGroup::new(queues, comms)
+            }
+            _ => {
+                let queues =
+                    (0..tp).map(|r| Queue::new(Device::new(kind, r % found))).collect::<Result<Vec<_>>>()?;
+                let comms = HostCommunicator::group(tp)?
+                    .into_iter()
+                    .map(|c| Box::new(c) as Box<dyn Communicator>)
+                    .collect();
+                TpGroup::new(queues, comms)
+            }
+        }
+    }
+
+    /// Ranks in the group.
+    pub fn tp(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Rank `r`'s queue is `queues()[r]`.
+    pub fn queues(&self) -> &[Queue] {
+        &self.queues
+    }
+
+    /// Rank `r`'s communicator.
+    pub fn comm(&self, r: usize) -> Option<&dyn Communicator> {
+        self.comms.get(r).map(|c| c.as_ref())
+    }
+
+    /// `"2 ranks on cuda:0, cuda:1 over nccl"`, `"4 ranks sharing cpu:0 over host"`.
+    pub fn describe(&self) -> String {
+        let mut devs: Vec<String> = self.queues.iter().map(|q| q.device().to_string()).collect();
+        let n = devs.len();
+        devs.dedup();
+        let place = match (n, devs.len()) {
+            (1, _) => format!("1 rank on {}", devs[0]),
+            (_, 1) => format!("{n} ranks sharing {}", devs[0]),
+            _ => format!("{n} ranks on {}", devs.join(", ")),
+        };
+        format!("{place} over {}", self.comms[0].transport())
+    }
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_group(queues: &[Queue]) -> Result<Vec<Box<dyn Communicator>>> {
+    Ok(super::nccl::NcclCommunicator::group(queues)?
+        .into_iter()
+        .map(|c| Box::new(c) as Box<dyn Communicator>)
+        .collect())
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_group(_queues: &[Queue]) -> Result<Vec<Box<dyn Communicator>>> {
+    Err(Error::invalid(OP, "transport", "this build has no NCCL support (mla-block feature `nccl`)"))
+}

@@ -1,0 +1,558 @@
+//! Running the tensor-parallel block: per-rank weights, the per-step forward of one rank,
+//! and whole sequences under a schedule with one host thread per rank.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use vt_core::{Buffer, Error, Queue, Result, Tensor};
+
+use super::comm::{Communicator, Gate};
+use super::group::TpGroup;
+use super::shard::shard_weights;
+use crate::block::MlaBlock;
+use crate::config::MlaConfig;
+use crate::kv_cache::PagedKvCache;
+use crate::metadata::{MlaBatchMetadata, StepSeq};
+use crate::runner::{schedule_forwards, RunOptions, RunStats, Schedule, SeqPart};
+use crate::weights::{HostTensor, HostWeights, MlaWeightStore};
+use crate::workspace::{MlaLimits, MlaWorkspace};
+
+const OP: &str = "tensor-parallel MLA";
+
+/// One step of one rank: the rank's block (its heads) writes its partial `o_proj` output
+/// to `out`, then the communicator sums the partials of all ranks into `out` on every rank.
+/// `hidden`, `meta` and the cache's contents are the same on every rank.
+pub fn forward_rank(
+    block: &MlaBlock<'_>,
+    comm: &dyn Communicator,
+    q: &Queue,
+    ws: &mut MlaWorkspace,
+    hidden: &Tensor<'_>,
+    meta: &MlaBatchMetadata,
+    kv_cache: &Tensor<'_>,
+    out: &Tensor<'_>,
+) -> Result<()> {
+    block.forward(q, ws, hidden, meta, kv_cache, out)?;
+    comm.all_reduce_sum(q, out)
+}
+
+/// The weights of every rank of a group, each on its rank's device.
+pub struct TpModel {
+    cfg: MlaConfig,
+    rank_cfg: MlaConfig,
+    stores: Vec<MlaWeightStore>,
+}
+
+impl TpModel {
+    /// Splits the full layer's host weights (see [`super::shard_weights`]) and uploads each
+    /// rank's part to its queue's device. Errors if the heads do not split evenly.
+    pub fn load(group: &TpGroup, cfg: &MlaConfig, w: &HostWeights) -> Result<TpModel> {
+        let tp = group.tp();
+        let mut stores = Vec::with_capacity(tp);
+        let mut rank_cfg = *cfg;
+        for (r, q) in group.queues().iter().enumerate() {
+            let (c, hw) = shard_weights(cfg, w, tp, r)?;
+            stores.push(MlaWeightStore::from_host(q, &c, &hw)?);
+            rank_cfg = c;
+        }
+        Ok(TpModel { cfg: *cfg, rank_cfg, stores })
+    }
+
+    /// The full layer's config.
+    pub fn config(&self) -> &MlaConfig {
+        &self.cfg
+    }
+
+    /// One rank's config (`num_heads / tp` heads).
+    pub fn rank_config(&self) -> &MlaConfig {
+        &self.rank_cfg
+    }
+
+    /// Rank `r`'s weights.
+    pub fn store(&self, r: usize) -> Option<&MlaWeightStore> {
+        self.stores.get(r)
+    }
+
+    /// One block per rank; `fused` as [`MlaBlock::set_fused_norm_rope`].
+    pub fn blocks(&self, fused: Option<bool>) -> Result<Vec<MlaBlock<'_>>> {
+        self.stores
+            .iter()
+            .map(|s| {
+                let mut b = MlaBlock::new(self.rank_cfg.dims, s.views(), self.cfg.rope.is_neox)?;
+                b.set_fused_norm_rope(fused);
+                Ok(b)
+            })
+            .collect()
+    }
+}
+
+/// What [`run_steps_tp`] observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TpRunStats {
+    /// Rank 0's forwards, context chunks and workspace allocations.
+    pub run: RunStats,
+    /// All-reduces each rank issued (one per forward).
+    pub all_reduces: usize,
+    /// Every rank ended with the same output bits.
+    pub ranks_identical: bool,
+}
+
+/// [`crate::runner::run_schedule`] with every rank of `group`: S sequences of T tokens
+/// (`hidden` `[S,T,H]`, `positions` `[S*T]`) under `schedule`. `blocks[r]` runs on rank r's
+/// queue. Returns rank 0's `out` `[S,T,H]`.
+pub fn run_schedule_tp(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+) -> Result<(HostTensor, TpRunStats)> {
+    let t = hidden.shape.get(1).copied().unwrap_or(0);
+    schedule.check(t)?;
+    let s = hidden.shape.first().copied().unwrap_or(0).max(0) as usize;
+    run_steps_tp(group, blocks, hidden, positions, &schedule_forwards(schedule, s), opts)
+}
+
+/// The host side of a run, shared by every rank: the order in which the forwards take the
+/// rows of `hidden`, and the inputs in that order.
+struct RowPlan {
+    s: i64,
+    t: i64,
+    h: i64,
+    /// `(sequence, token)` of each staged row.
+    order: Vec<(i64, i64)>,
+    /// Rows of the largest forward.
+    max_step: i64,
+    staged: Vec<u8>,
+}
+
+fn plan_rows(
+    block: &MlaBlock<'_>,
+    hidden: &HostTensor,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+) -> Result<RowPlan> {
+    let (dt, hd) = (block.dtype(), block.dims().hidden_size);
+    let [s, t, h] = hidden.shape[..] else {
+        return Err(Error::invalid(
+            OP,
+            "hidden_states",
+            format!("shape {:?} is not [S, T, H]", hidden.shape),
+        ));
+    };
+    if h != hd || hidden.dtype != dt {
+        return Err(Error::invalid(
+            OP,
+            "hidden_states",
+            format!("is {} {:?}, the block expects {dt} [S, T, {hd}]", hidden.dtype, hidden.shape),
+        ));
+    }
+    if positions.len() as i64 != s * t {
+        return Err(Error::invalid(
+            OP,
+            "positions",
+            format!("holds {} entries for S*T = {}", positions.len(), s * t),
+        ));
+    }
+    if opts.block_size <= 0 {
+        return Err(Error::invalid(OP, "block_size", format!("must be > 0, got {}", opts.block_size)));
+    }
+    let row = h as usize * dt.size_of();
+    if hidden.bytes.len() != (s * t) as usize * row {
+        return Err(Error::invalid(
+            OP,
+            "hidden_states",
+            format!("holds {} bytes, its shape needs {}", hidden.bytes.len(), (s * t) as usize * row),
+        ));
+    }
+    let mut order = Vec::with_capacity((s * t) as usize);
+    let mut done = vec![0i64; s as usize];
+    let mut max_step = 0;
+    for (f, parts) in forwards.iter().enumerate() {
+        let mut rows = 0;
+        for part in parts {
+            let Some(t0) = done.get_mut(part.seq) else {
+                return Err(Error::invalid(
+                    OP,
+                    "forwards",
+                    format!("forward {f} names sequence {} of {s}", part.seq),
+                ));
+            };
+            if part.tokens <= 0 || *t0 + part.tokens > t {
+                return Err(Error::invalid(
+                    OP,
+                    "forwards",
+                    format!(
+                        "forward {f}: sequence {} has {} of {t} tokens left, asked for {}",
+                        part.seq,
+                        t - *t0,
+                        part.tokens
+                    ),
+                ));
+            }
+            order.extend((*t0..*t0 + part.tokens).map(|ti| (part.seq as i64, ti)));
+            *t0 += part.tokens;
+            rows += part.tokens;
+        }
+        max_step = max_step.max(rows);
+    }
+    if let Some(si) = done.iter().position(|&n| n != t) {
+        return Err(Error::invalid(
+            OP,
+            "forwards",
+            format!("sequence {si} gets {} of its {t} tokens", done[si]),
+        ));
+    }
+    let mut staged = Vec::with_capacity(hidden.bytes.len());
+    for &(si, ti) in &order {
+        let at = ((si * t + ti) as usize) * row;
+        staged.extend_from_slice(&hidden.bytes[at..at + row]);
+    }
+    Ok(RowPlan { s, t, h, order, max_step, staged })
+}
+
+/// Runs `f(rank)` on one scoped thread per rank and returns the results in rank order.
+/// The first rank to fail aborts the group and `gates` (so no peer waits for it forever),
+/// and its error is the one returned.
+fn on_every_rank<T: Send>(
+    group: &TpGroup,
+    gates: &[&Gate],
+    f: impl Fn(usize, &Queue, &dyn Communicator) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let first_failure = AtomicUsize::new(usize::MAX);
+    let results: Vec<Result<T>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..group.tp())
+            .map(|r| {
+                let (f, first_failure) = (&f, &first_failure);
+                sc.spawn(move || {
+                    let q = &group.queues()[r];
+                    let Some(comm) = group.comm(r) else {
+                        return Err(Error::other(OP, format!("rank {r} has no communicator")));
+                    };
+                    let _guard = AbortOnPanic(comm, gates);
+                    let res = f(r, q, comm);
+                    if res.is_err() {
+                        let _ =
+                            first_failure.compare_exchange(usize::MAX, r, Ordering::SeqCst, Ordering::SeqCst);
+                        comm.abort();
+                        gates.iter().for_each(|g| g.abort());
+                    }
+                    res
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| h.join().unwrap_or_else(|_| Err(Error::other(OP, format!("rank {r} panicked")))))
+            .collect()
+    });
+    let culprit = first_failure.load(Ordering::SeqCst);
+    let mut out = Vec::with_capacity(results.len());
+    let mut first_err = None;
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(v) => out.push(v),
+            Err(e) if r == culprit || (culprit == usize::MAX && first_err.is_none()) => {
+                first_err = Some(Error::other(OP, format!("rank {r}: {e}")))
+            }
+            Err(e) if first_err.is_none() => first_err = Some(Error::other(OP, format!("rank {r}: {e}"))),
+            Err(_) => {}
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Aborts the group if the rank's thread unwinds, so its peers do not wait for it.
+struct AbortOnPanic<'a>(&'a dyn Communicator, &'a [&'a Gate]);
+
+impl Drop for AbortOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort();
+            self.1.iter().for_each(|g| g.abort());
+        }
+    }
+}
+
+/// [`crate::runner::run_steps`] with every rank of `group`, one host thread per rank: each
+/// rank stages the same inputs, keeps its own paged latent cache (replicated: every rank
+/// writes the same rows) and workspace, and ends each forward with an all-reduce of its
+/// output rows. Returns rank 0's `out` `[S,T,H]`.
+pub fn run_steps_tp(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+) -> Result<(HostTensor, TpRunStats)> {
+    if blocks.len() != group.tp() {
+        return Err(Error::invalid(
+            OP,
+            "blocks",
+            format!("{} blocks for {} ranks", blocks.len(), group.tp()),
+        ));
+    }
+    for (r, (b, q)) in blocks.iter().zip(group.queues()).enumerate() {
+        if b.device() != q.device() || b.dims() != blocks[0].dims() || b.dtype() != blocks[0].dtype() {
+            return Err(Error::invalid(
+                OP,
+                "blocks",
+                format!(
+                    "block {r} ({} {} on {}) does not match rank {r}'s queue on {} or block 0",
+                    b.dtype(),
+                    b.dims().num_heads,
+                    b.device(),
+                    q.device()
+                ),
+            ));
+        }
+    }
+    let plan = plan_rows(&blocks[0], hidden, positions, forwards, opts)?;
+    let results = on_every_rank(group, &[], |r, q, comm| {
+        rank_steps(&blocks[r], comm, q, &plan, positions, forwards, opts)
+    })?;
+    let (out0, stats0) = &results[0];
+    let ranks_identical = results.iter().all(|(o, _)| o == out0);
+    let dt = blocks[0].dtype();
+    let row = plan.h as usize * dt.size_of();
+    let mut out = vec![0u8; out0.len()];
+    for (i, &(si, ti)) in plan.order.iter().enumerate() {
+        let at = ((si * plan.t + ti) as usize) * row;
+        out[at..at + row].copy_from_slice(&out0[i * row..(i + 1) * row]);
+    }
+    Ok((
+        HostTensor { dtype: dt, shape: vec![plan.s, plan.t, plan.h], bytes: out },
+        TpRunStats { run: stats0.clone(), all_reduces: stats0.forwards, ranks_identical },
+    ))
+}
+
+/// One rank's part of [`run_steps_tp`]: its output rows in staged order.
+fn rank_steps(
+    block: &MlaBlock<'_>,
+    comm: &dyn Communicator,
+    queue: &Queue,
+    plan: &RowPlan,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+) -> Result<(Vec<u8>, RunStats)> {
+    let (s, t, h) = (plan.s, plan.t, plan.h);
+    let dt = block.dtype();
+    let x = Buffer::from_bytes(queue, dt, &[s * t, h], &plan.staged)?;
+    let y = Buffer::nan(queue, dt, &[s * t, h])?;
+    let bs = opts.block_size;
+    let blocks_per_seq = (t + bs - 1) / bs;
+    let mut cache =
+        PagedKvCache::new(queue, dt, (s * blocks_per_seq).max(1), bs, block.dims().cache_row_dim())?;
+    let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
+    let mut ws = MlaWorkspace::new(MlaLimits {
+        max_tokens: plan.max_step.max(1),
+        max_seqs: s.max(1),
+        max_blocks_per_seq: blocks_per_seq.max(1),
+        chunk_workspace_tokens: chunk_ws.max(1),
+    })?;
+    let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
+    let mut meta = MlaBatchMetadata::default();
+    let mut stats = RunStats::default();
+    let mut row0 = 0i64;
+    let mut done = vec![0i64; s as usize];
+    for parts in forwards {
+        let seqs: Vec<StepSeq<'_>> = parts
+            .iter()
+            .map(|p| {
+                let at = p.seq * t as usize + done[p.seq] as usize;
+                done[p.seq] += p.tokens;
+                StepSeq {
+                    seq: ids[p.seq],
+                    positions: &positions[at..at + p.tokens as usize],
+                    decode: p.decode,
+                }
+            })
+            .collect();
+        meta.plan(&mut cache, &seqs, chunk_ws)?;
+        let rows = meta.num_tokens();
+        let xin = x.view().slice(0, row0, row0 + rows)?;
+        let yout = y.view().slice(0, row0, row0 + rows)?;
+        forward_rank(block, comm, queue, &mut ws, &xin, &meta, &cache.view(), &yout)?;
+        stats.forwards += 1;
+        stats.context_chunks += meta.chunks.len();
+        stats.allocations.push((meta.num_decode_tokens == rows, ws.allocations()));
+        row0 += rows;
+    }
+    Ok((y.to_bytes(queue)?, stats))
+}
+
+/// Sizes of [`bench_decode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeBenchOptions {
+    /// Sequences decoding together (one token each per step).
+    pub batch: i64,
+    /// Tokens cached per sequence before the timed steps (prefilled through the block).
+    pub context: i64,
+    /// Untimed decode steps first.
+    pub warmup: usize,
+    /// Timed decode steps per round.
+    pub steps: usize,
+    /// Rounds; the median round is reported.
+    pub rounds: usize,
+    /// Tokens per KV cache block.
+    pub block_size: i64,
+    /// Prefill token budget of one forward while filling the cache.
+    pub prefill_tokens: i64,
+}
+
+impl Default for DecodeBenchOptions {
+    fn default() -> Self {
+        DecodeBenchOptions {
+            batch: 64,
+            context: 1024,
+            warmup: 5,
+            steps: 20,
+            rounds: 5,
+            block_size: 64,
+            prefill_tokens: 8192,
+        }
+    }
+}
+
+/// What [`bench_decode`] measured: wall time per decode step (all ranks' forwards and the
+/// all-reduce, from a common start until every rank's queue has finished).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodeBenchResult {
+    pub tp: usize,
+    /// The median round's time per step, milliseconds.
+    pub ms_per_step: f64,
+    /// The fastest round's time per step.
+    pub min_ms_per_step: f64,
+    /// Every round's time per step.
+    pub rounds_ms: Vec<f64>,
+}
+
+/// Times decode steps of `blocks` (one per rank of `group`): fills each sequence's cache
+/// with `context` tokens by prefill forwards, runs `warmup` decode steps, then `rounds`
+/// rounds of `steps` decode steps of `batch` sequences each. Inputs are random
+/// (`seed`), the same on every rank.
+pub fn bench_decode(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    opts: &DecodeBenchOptions,
+    seed: u64,
+) -> Result<DecodeBenchResult> {
+    let o = *opts;
+    if blocks.len() != group.tp() {
+        return Err(Error::invalid(
+            OP,
+            "blocks",
+            format!("{} blocks for {} ranks", blocks.len(), group.tp()),
+        ));
+    }
+    for (name, v) in [
+        ("batch", o.batch),
+        ("context", o.context),
+        ("block_size", o.block_size),
+        ("prefill_tokens", o.prefill_tokens),
+    ] {
+        if v <= 0 {
+            return Err(Error::invalid("bench_decode", name, format!("must be > 0, got {v}")));
+        }
+    }
+    if o.steps == 0 || o.rounds == 0 {
+        return Err(Error::invalid("bench_decode", "steps", "steps and rounds must be > 0"));
+    }
+    let d = *blocks[0].dims();
+    let dt = blocks[0].dtype();
+    let total = o.context + (o.warmup + o.steps * o.rounds) as i64;
+    if total > blocks[0].max_position() {
+        return Err(Error::invalid(
+            "bench_decode",
+            "context",
+            format!(
+                "context + decode steps = {total} exceed the {} rope positions",
+                blocks[0].max_position()
+            ),
+        ));
+    }
+    // Whole sequences per prefill forward, at least one.
+    let seqs_per_prefill = (o.prefill_tokens / o.context).clamp(1, o.batch);
+    let prefill_rows = seqs_per_prefill * o.context;
+    let mut rng = super::random::SplitMix64::new(seed);
+    let prefill_hidden =
+        super::random::uniform_bytes(&mut rng, dt, (prefill_rows * d.hidden_size) as usize, 1.0);
+    let decode_hidden = super::random::uniform_bytes(&mut rng, dt, (o.batch * d.hidden_size) as usize, 1.0);
+    let (start, end) = (Gate::new(group.tp()), Gate::new(group.tp()));
+    let times = on_every_rank(group, &[&start, &end], |r, q, comm| {
+        let block = &blocks[r];
+        let bs = o.block_size;
+        let blocks_per_seq = (total + bs - 1) / bs;
+        let mut cache = PagedKvCache::new(q, dt, o.batch * blocks_per_seq, bs, d.cache_row_dim())?;
+        let mut ws = MlaWorkspace::new(MlaLimits {
+            max_tokens: prefill_rows.max(o.batch),
+            max_seqs: o.batch,
+            max_blocks_per_seq: blocks_per_seq,
+            chunk_workspace_tokens: prefill_rows,
+        })?;
+        let ids: Vec<_> = (0..o.batch).map(|_| cache.add_sequence()).collect();
+        let px = Buffer::from_bytes(q, dt, &[prefill_rows, d.hidden_size], &prefill_hidden)?;
+        let py = Buffer::nan(q, dt, &[prefill_rows, d.hidden_size])?;
+        let dx = Buffer::from_bytes(q, dt, &[o.batch, d.hidden_size], &decode_hidden)?;
+        let dy = Buffer::nan(q, dt, &[o.batch, d.hidden_size])?;
+        let mut meta = MlaBatchMetadata::default();
+        let ctx_pos: Vec<i64> = (0..o.context).collect();
+        for group_ids in ids.chunks(seqs_per_prefill as usize) {
+            let seqs: Vec<StepSeq<'_>> =
+                group_ids.iter().map(|&seq| StepSeq { seq, positions: &ctx_pos, decode: false }).collect();
+            meta.plan(&mut cache, &seqs, prefill_rows)?;
+            let rows = meta.num_tokens();
+            let (xin, yout) = (px.view().slice(0, 0, rows)?, py.view().slice(0, 0, rows)?);
+            forward_rank(block, comm, q, &mut ws, &xin, &meta, &cache.view(), &yout)?;
+        }
+        let mut pos = o.context;
+        let mut step =
+            |meta: &mut MlaBatchMetadata, ws: &mut MlaWorkspace, cache: &mut PagedKvCache| -> Result<()> {
+                let p = [pos];
+                let seqs: Vec<StepSeq<'_>> =
+                    ids.iter().map(|&seq| StepSeq { seq, positions: &p, decode: true }).collect();
+                meta.plan(cache, &seqs, prefill_rows)?;
+                forward_rank(block, comm, q, ws, &dx.view(), meta, &cache.view(), &dy.view())?;
+                pos += 1;
+                Ok(())
+            };
+        for _ in 0..o.warmup {
+            step(&mut meta, &mut ws, &mut cache)?;
+        }
+        q.synchronize()?;
+        let mut rounds = Vec::with_capacity(o.rounds);
+        for _ in 0..o.rounds {
+            start.wait()?;
+            let t0 = Instant::now();
+            for _ in 0..o.steps {
+                step(&mut meta, &mut ws, &mut cache)?;
+            }
+            q.synchronize()?;
+            end.wait()?;
+            rounds.push(t0.elapsed().as_secs_f64() * 1e3 / o.steps as f64);
+        }
+        let out = dy.to_f64(q)?;
+        if out.iter().any(|v| !v.is_finite()) {
+            return Err(Error::other("bench_decode", "a decode step produced a non-finite output"));
+        }
+        Ok(rounds)
+    })?;
+    // A round lasts until its slowest rank has finished.
+    let rounds_ms: Vec<f64> = (0..o.rounds).map(|i| times.iter().map(|t| t[i]).fold(0.0, f64::max)).collect();
+    let mut sorted = rounds_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(DecodeBenchResult {
+        tp: group.tp(),
+        ms_per_step: sorted[sorted.len() / 2],
+        min_ms_per_step: sorted[0],
+        rounds_ms,
+    })
+}
