@@ -75,6 +75,20 @@ struct Params {
     float scale_log2;
 };
 
+// Programmatic dependent launch (sm_90): the main kernels let the combine kernel launch
+// early; the combine waits for the main grid's completion (and memory) before reading.
+// Both are no-ops without the launch attribute and on older architectures.
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // Schedule
 // ---------------------------------------------------------------------------------------
@@ -126,6 +140,34 @@ struct Part {
 // The part of this CTA (blockIdx.x). Called by the whole block; every thread gets the same
 // result. `s` is 40 ints of shared memory.
 __device__ Part find_part(const Params& p, int* s) {
+    if (p.B <= (int)blockDim.x) {
+        // One pass: thread b owns sequence b.
+        const int b = threadIdx.x;
+        const int t = b < p.B ? tiles_of(eff_len(p, b)) : 0;
+        int t_total = 0;
+        const int incl = block_scan_incl(t, s, t_total);
+        const i64 total = t_total;
+        i64 q = (total + p.num_parts - 1) / p.num_parts;
+        if (q < p.min_tiles) q = p.min_tiles;
+        if (q < 1) q = 1;
+        Part r;
+        r.q = q;
+        r.begin = (i64)blockIdx.x * q;
+        r.end = r.begin + q < total ? r.begin + q : total;
+        r.b = p.B;
+        r.pre = total;
+        if (r.begin >= total) return r;
+        const i64 pre = incl - t;
+        if (t > 0 && pre <= r.begin && r.begin < pre + t) {
+            s[33] = b;
+            s[34] = (int)pre;
+        }
+        __syncthreads();
+        r.b = s[33];
+        r.pre = s[34];
+        __syncthreads();
+        return r;
+    }
     int t_total = 0, local = 0;
     for (int b = threadIdx.x; b < p.B; b += blockDim.x) local += tiles_of(eff_len(p, b));
     block_scan_incl(local, s, t_total);
@@ -246,6 +288,7 @@ __device__ void decode_generic(const Params& p) {
     float* ow = gdyn + p.d + warp * p.dv;
     const int row = blockIdx.y;
     const int s = row / p.N, h = row - s * p.N;
+    grid_dep_launch();
     const Part part = find_part(p, sched);
     int b = part.b;
     i64 pre = part.pre;
@@ -312,34 +355,45 @@ __device__ void decode_generic(const Params& p) {
 template <typename T>
 __device__ void combine(const Params& p) {
     __shared__ float red[8][128];
+    grid_dep_wait();
     const int W = p.combine_wpr;
     const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.y * (8 / W) + warp / W;
     const int sub = warp % W;
     const bool active = row < p.m_total;
+    // Loaded together (one round trip); seq_info is stale for empty sequences and unused.
     const int len = eff_len(p, b);
-    int first = 0, n = 0;
-    if (len > 0) {
-        first = p.seq_info[2 * b];
-        n = p.seq_info[2 * b + 1];
-        if (n <= 1) return;  // written by the main kernel (uniform over the block)
-    }
+    const int first = p.seq_info[2 * b], n_info = p.seq_info[2 * b + 1];
+    const int n = len > 0 ? n_info : 0;
+    if (len > 0 && n <= 1) return;  // written by the main kernel (uniform over the block)
     const int r = active ? row : 0;
     const float* plse = p.part_lse + (i64)first * p.m_total + r;
-    float mx = vt::neg_inf();
-    for (int c = lane; c < n; c += 32) mx = fmaxf(mx, plse[(i64)c * p.m_total]);
-    mx = vt::warp_max(mx);
-    float sum = 0.0f;
-    if (mx != vt::neg_inf())
-        for (int c = lane; c < n; c += 32) sum += exp2f(plse[(i64)c * p.m_total] - mx);
-    sum = vt::warp_sum(sum);
+    // One pass over the partial lse: running max and a sum rescaled to it (log2 domain).
+    float mx = vt::neg_inf(), sum = 0.0f;
+    for (int c = lane; c < n; c += 32) {
+        const float v = plse[(i64)c * p.m_total];
+        if (v == vt::neg_inf()) continue;
+        if (v > mx) {
+            sum *= exp2f(mx - v);
+            mx = v;
+        }
+        sum += exp2f(v - mx);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+        const float os = __shfl_xor_sync(0xffffffffu, sum, o);
+        const float m2 = fmaxf(mx, om);
+        sum = (mx == vt::neg_inf() ? 0.0f : sum * exp2f(mx - m2)) + (om == vt::neg_inf() ? 0.0f : os * exp2f(om - m2));
+        mx = m2;
+    }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int c0 = blockIdx.z * 128 + lane;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (active && sum > 0.0f) {
         const float* po = p.part_o + ((i64)first * p.m_total + r) * p.dv;
         const i64 slot_stride = (i64)p.m_total * p.dv;
-#pragma unroll 4
+#pragma unroll 8
         for (int c = sub; c < n; c += W) {
             const float w = exp2f(plse[(i64)c * p.m_total] - mx) * inv;
 #pragma unroll
@@ -440,9 +494,10 @@ template <int MT> struct Layout {
     static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
     static constexpr int OFF_P = OFF_KV + STAGES * TILE_BYTES;  // P [MT x 64 tokens] bf16/f16
     static constexpr int RED = 128;                             // floats: WC * MT = 8 / (MT / 16) * MT
-    static constexpr int OFF_RED = OFF_P + MT * 128;            // float [2][RED]: row max, row sum
-    static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [STAGES][BN]
-    static constexpr int OFF_SCHED = OFF_VALID + STAGES * BN;   // int [40]
+    static constexpr int OFF_RED = OFF_P + MT * 128;            // float [2][RED]
+    static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [STAGES][BN]: token row exists
+    static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
+    static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
     static constexpr int END = OFF_SCHED + 40 * 4;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
@@ -452,44 +507,54 @@ __device__ __forceinline__ unsigned char* align1024(unsigned char* ptr) {
     return ptr + ((1024 - (a & 1023)) & 1023);
 }
 
-// Issues the cp.async copies of one KV tile: thread tid copies token tid / 4, 16-byte chunks
-// (tid % 4) + 4k. `off` is the element offset of that token's row (-1: zero-fill and mark
-// invalid: past the sequence, past the part, or a block id outside the cache).
-template <typename T> struct Loader {
+// Issues the cp.async copies of one KV tile from NTHR threads (local ids 0..NTHR-1): thread
+// i copies token i / TPT, 16-byte chunks (i % TPT) + TPT k. `off` is the element offset of
+// that token's row, -1 when the token does not exist (past the part or the sequence), -2
+// when its block id is outside the cache (zero-filled, masked, and flagged per warp so the
+// softmax knows to mask).
+template <typename T, int NTHR> struct Loader {
+    static constexpr int TPT = NTHR / BN;
+    static constexpr int PER = CHUNKS / TPT;
     const T* cache;
-    int tok, sub;
+    int tok, sub, lane, warp;
 
-    __device__ __forceinline__ Loader(const Params& p) : cache((const T*)p.cache) {
-        tok = threadIdx.x >> 2;
-        sub = threadIdx.x & 3;
+    __device__ __forceinline__ Loader(const Params& p, int i) : cache((const T*)p.cache) {
+        tok = i / TPT;
+        sub = i % TPT;
+        lane = i & 31;
+        warp = i >> 5;
     }
 
-    // Element offset of this thread's token in local tile `tile` of the segment, or -1.
     __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile) const {
         const int j = tile * BN + tok;
         if (tile >= sg.t1 || j >= sg.len) return -1;
         const int bi = j / p.BS;
         const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -1;
+        if (blk < 0 || blk >= p.NB) return -2;
         return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
     }
 
-    __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, i64 off) const {
+    // All NTHR threads call this (warp-collective ballot).
+    __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, unsigned char* flags,
+                                          i64 off) const {
         const bool ok = off >= 0;
         const T* src = cache + (ok ? off : 0);
 #pragma unroll
-        for (int k = 0; k < CHUNKS / 4; ++k) {
-            const int c = sub + 4 * k;
+        for (int k = 0; k < PER; ++k) {
+            const int c = sub + TPT * k;
             cp_async16(dst + (c >> 3) * SUB_BYTES + swz(tok, c & 7), src + c * 8, ok);
         }
         if (sub == 0) valid[tok] = ok ? 1 : 0;
+        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
+        if (lane == 0) flags[warp] = bad != 0u ? 1 : 0;
     }
 };
 
-// Copies the CTA's MT query rows of sequence b into Q (zero rows past m_total).
-template <typename T, int MT>
-__device__ __forceinline__ void load_q(const Params& p, int b, int row0, uint32_t sQ) {
-    for (int idx = threadIdx.x; idx < MT * CHUNKS; idx += THREADS) {
+// Copies the CTA's MT query rows of sequence b into Q (zero rows past m_total), from NTHR
+// threads with local id i.
+template <typename T, int MT, int NTHR>
+__device__ __forceinline__ void load_q(const Params& p, int b, int row0, uint32_t sQ, int i) {
+    for (int idx = i; idx < MT * CHUNKS; idx += NTHR) {
         const int r = idx / CHUNKS, c = idx - r * CHUNKS;
         const int gr = row0 + r;
         const bool ok = gr < p.m_total;
@@ -502,11 +567,17 @@ __device__ __forceinline__ void load_q(const Params& p, int b, int row0, uint32_
     }
 }
 
+// A tile needs no masking when every token exists and is visible to every query row.
+__device__ __forceinline__ bool tile_is_full(int t, int lim_min, const unsigned char* flags_stage) {
+    return t * BN + BN <= lim_min && *reinterpret_cast<const unsigned long long*>(flags_stage) == 0ull;
+}
+
 // ---------------------------------------------------------------------------------------
 // mma.sync kernel: MR row blocks of 16 (MT = 16 * MR query rows), 8 warps.
-// QK: warp (wr, wc) computes rows 16 wr.. x tokens wc*TN..; PV: rows 16 wr.. x columns
-// wc*CV... Row maxima and sums are combined across the WC warps of a row block through
-// shared memory; P goes through shared memory (bf16/f16) as the A operand of PV.
+// QK: warp (wr, wc) computes rows 16 wr.. x tokens wc*TN.., the k loop split over NCH
+// independent accumulators (a single 36-long HMMA chain is latency-bound); PV: rows
+// 16 wr.. x columns wc*CV... Row maxima and sums are combined across the WC warps of a
+// row block through shared memory; P goes through shared memory as the A operand of PV.
 // ---------------------------------------------------------------------------------------
 template <typename T, int MR>
 __device__ void decode_mma(const Params& p) {
@@ -514,6 +585,7 @@ __device__ void decode_mma(const Params& p) {
     constexpr int WC = 8 / MR;
     constexpr int TN = BN / WC;  // tokens per warp (QK)
     constexpr int NTQ = TN / 8;
+    constexpr int NCH = NTQ >= 4 ? 1 : 4 / NTQ;
     constexpr int CV = FDV / WC;  // output columns per warp (PV)
     constexpr int NTV = CV / 8;
     using L = Layout<MT>;
@@ -526,13 +598,17 @@ __device__ void decode_mma(const Params& p) {
     float* red_max = (float*)(smem + L::OFF_RED);  // [WC][MT]
     float* red_l = red_max + L::RED;               // [WC][MT]
     unsigned char* valid = smem + L::OFF_VALID;    // [STAGES][BN]
+    unsigned char* flags = smem + L::OFF_FLAGS;    // [STAGES][8]
     int* sched = (int*)(smem + L::OFF_SCHED);
+    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    grid_dep_launch();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wr = warp % MR, wc = warp / MR;
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
-    const Loader<T> ld(p);
+    const float c = p.scale_log2;
+    const Loader<T, THREADS> ld(p, threadIdx.x);
 
     const Part part = find_part(p, sched);
     int nb = part.b;
@@ -546,12 +622,13 @@ __device__ void decode_mma(const Params& p) {
             const int s = r < p.m_total ? r / p.N : p.s_q - 1;
             lim[hi] = sg.len - p.s_q + s + 1;
         }
-        load_q<T, MT>(p, sg.b, row0, sQ);
+        const int lim_min = sg.len - p.s_q + 1;
+        load_q<T, MT, THREADS>(p, sg.b, row0, sQ, threadIdx.x);
         i64 off = ld.row_of(p, sg, sg.t0);
-        ld.issue(sKV, valid, off);
+        ld.issue(sKV, valid, flags, off);
         cp_async_commit();
         off = ld.row_of(p, sg, sg.t0 + 1);
-        if (sg.t0 + 1 < sg.t1) ld.issue(sKV + TILE_BYTES, valid + BN, off);
+        if (sg.t0 + 1 < sg.t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
         cp_async_commit();
         off = ld.row_of(p, sg, sg.t0 + 2);
 
@@ -559,6 +636,7 @@ __device__ void decode_mma(const Params& p) {
 #pragma unroll
         for (int i = 0; i < NTV; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
         float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
+        const int a_row = wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 
         for (int t = sg.t0; t < sg.t1; ++t) {
             const int st = (t - sg.t0) & 1;
@@ -567,13 +645,15 @@ __device__ void decode_mma(const Params& p) {
             cp_async_wait<1>();
             __syncthreads();
 
-            // S = Q K^T for rows 16 wr.. and tokens wc*TN..
-            float sacc[NTQ][4];
+            // S = Q K^T for rows 16 wr.. and tokens wc*TN.. (raw, unscaled).
+            float acc[NCH][NTQ][4];
 #pragma unroll
-            for (int i = 0; i < NTQ; ++i) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.0f;
-            const int a_row = wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            for (int ch = 0; ch < NCH; ++ch)
+#pragma unroll
+                for (int i = 0; i < NTQ; ++i) acc[ch][i][0] = acc[ch][i][1] = acc[ch][i][2] = acc[ch][i][3] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < FD / 16; ++ks) {
+                const int ch = ks % NCH;
                 uint32_t a[4];
                 const int akc = ks * 2 + (lane >> 4);
                 ldsm_x4(sQ + (akc >> 3) * (MT * 128) + swz(a_row, akc & 7), a);
@@ -582,7 +662,7 @@ __device__ void decode_mma(const Params& p) {
                     const int n = wc * TN + (lane & 7);
                     const int kc = ks * 2 + ((lane >> 3) & 1);
                     ldsm_x2(kst + (kc >> 3) * SUB_BYTES + swz(n, kc & 7), bb);
-                    Mma<T>::run(sacc[0], a, bb[0], bb[1]);
+                    Mma<T>::run(acc[ch][0], a, bb[0], bb[1]);
                 } else {
 #pragma unroll
                     for (int np = 0; np < NTQ / 2; ++np) {
@@ -590,25 +670,38 @@ __device__ void decode_mma(const Params& p) {
                         const int n = wc * TN + np * 16 + (lane & 7) + (lane >> 4) * 8;
                         const int kc = ks * 2 + ((lane >> 3) & 1);
                         ldsm_x4(kst + (kc >> 3) * SUB_BYTES + swz(n, kc & 7), bb);
-                        Mma<T>::run(sacc[2 * np], a, bb[0], bb[1]);
-                        Mma<T>::run(sacc[2 * np + 1], a, bb[2], bb[3]);
+                        Mma<T>::run(acc[ch][2 * np], a, bb[0], bb[1]);
+                        Mma<T>::run(acc[ch][2 * np + 1], a, bb[2], bb[3]);
                     }
                 }
             }
+            float sacc[NTQ][4];
+#pragma unroll
+            for (int i = 0; i < NTQ; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float v = acc[0][i][e];
+#pragma unroll
+                    for (int ch = 1; ch < NCH; ++ch) v += acc[ch][i][e];
+                    sacc[i][e] = v;
+                }
 
-            // Mask (invalid tokens, causal limit), scale, row maxima.
+            // Mask only boundary tiles (sequence end, causal limit, bad block ids); maxima.
             const int tok0 = t * BN;
+            // (64-row blocks always mask: the unmasked copy of this code spills there.)
+            const bool full = MR < 4 && tile_is_full(t, lim_min, flags + st * 8);
             float mx[2] = {vt::neg_inf(), vt::neg_inf()};
 #pragma unroll
             for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int col = wc * TN + nt * 8 + 2 * qd + (i & 1);
                     const int hi = i >> 1;
-                    const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
-                    const float v = ok ? sacc[nt][i] * p.scale_log2 : vt::neg_inf();
-                    sacc[nt][i] = v;
-                    mx[hi] = fmaxf(mx[hi], v);
+                    if (!full) {
+                        const int col = wc * TN + nt * 8 + 2 * qd + (i & 1);
+                        const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
+                        sacc[nt][i] = ok ? sacc[nt][i] : vt::neg_inf();
+                    }
+                    mx[hi] = fmaxf(mx[hi], sacc[nt][i]);
                 }
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
@@ -624,7 +717,7 @@ __device__ void decode_mma(const Params& p) {
                 float tm = vt::neg_inf();
 #pragma unroll
                 for (int w = 0; w < WC; ++w) tm = fmaxf(tm, red_max[w * MT + wr * 16 + g + 8 * hi]);
-                const float mn = fmaxf(m_run[hi], tm);
+                const float mn = fmaxf(m_run[hi], tm * c);
                 muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
                 alpha[hi] = exp2f(m_run[hi] - muse[hi]);
                 m_run[hi] = mn;
@@ -634,19 +727,21 @@ __device__ void decode_mma(const Params& p) {
             for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {
-                    const float p0 = exp2f(sacc[nt][2 * hi] - muse[hi]);
-                    const float p1 = exp2f(sacc[nt][2 * hi + 1] - muse[hi]);
+                    const float p0 = exp2f(fmaf(sacc[nt][2 * hi], c, -muse[hi]));
+                    const float p1 = exp2f(fmaf(sacc[nt][2 * hi + 1], c, -muse[hi]));
                     l_run[hi] += p0 + p1;
                     const int r = wr * 16 + g + 8 * hi;
                     const int col = wc * TN + nt * 8 + 2 * qd;
                     st_shared_u32(sP + swz(r, col >> 3) + (col & 7) * 2, pack2<T>(p0, p1));
                 }
+            if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
 #pragma unroll
-            for (int i = 0; i < NTV; ++i) {
-                o[i][0] *= alpha[0];
-                o[i][1] *= alpha[0];
-                o[i][2] *= alpha[1];
-                o[i][3] *= alpha[1];
+                for (int i = 0; i < NTV; ++i) {
+                    o[i][0] *= alpha[0];
+                    o[i][1] *= alpha[0];
+                    o[i][2] *= alpha[1];
+                    o[i][3] *= alpha[1];
+                }
             }
             __syncthreads();
 
@@ -667,7 +762,7 @@ __device__ void decode_mma(const Params& p) {
                 }
             }
             __syncthreads();
-            if (t + 2 < sg.t1) ld.issue(kst, valid + st * BN, off);
+            if (t + 2 < sg.t1) ld.issue(kst, valid + st * BN, flags + st * 8, off);
             cp_async_commit();
             off = ld.row_of(p, sg, t + 3);
         }
@@ -707,20 +802,30 @@ __device__ void decode_mma(const Params& p) {
 
 }  // namespace mla
 
-
 // ---------------------------------------------------------------------------------------
-// wgmma kernel (sm_90a): 64 query rows per CTA, two warpgroups.
-// Per tile: warpgroup 0 computes S = Q K^T with 36 wgmma m64n64k16 (A = Q, B = K, both
-// K-major from the swizzled tiles), masks, scales, runs the online softmax on its
-// registers (a row lives in one quad), writes P (16-bit, swizzled) and the row rescale
-// factors to shared memory; then each warpgroup rescales its half of O (64 x 256 f32 in
-// registers) and adds P V with 4 wgmma m64n256k16 (A = P K-major, B = V read MN-major in
-// place from the K tile's first 512 features).
+// wgmma kernel (sm_90a): 64 query rows per CTA, two warpgroups with separate roles.
+//
+// Warpgroup 0 (consumer): S = Q K^T with 36 wgmma m64n64k16 (Q and K from the swizzled
+// tiles, K-major), the online softmax on its registers (a row lives in one quad), P (16-bit)
+// and the row rescale factors into shared memory, then O[:, 0:256] += P V.
+// Warpgroup 1 (producer): all cp.async loads (Q, KV tiles) and O[:, 256:512] += P V.
+// Both PV halves use 4 wgmma m64n256k16 with V read MN-major in place from the K tile.
+//
+// Named barriers (arrive by one side, sync by the other) let warpgroup 1's PV and loads
+// run while warpgroup 0 computes the next S:
+//   K_FULL  tile t is in shared memory           WG1 arrives, WG0 syncs
+//   P_FULL  P(t) and the rescale factors written  WG0 arrives, WG1 syncs
+//   P_FREE  WG1 finished reading P(t)             WG1 arrives, WG0 syncs before P(t+1)
+//   V_FREE  WG0 finished with tile t's stage      WG0 arrives, WG1 syncs before reloading it
+// Every arrival is matched by exactly one sync in each segment, and neither side can arrive
+// twice on a barrier before the other side synced it (each next arrival is ordered after a
+// sync on a barrier the other side arrives only after consuming), so instances never mix.
 // ---------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mla {
 
-// Shared-memory matrix descriptor, 128-byte swizzle. `lbo`/`sbo` in bytes.
+// Shared-memory matrix descriptor, 128-byte swizzle. `lbo`/`sbo` in bytes. The start
+// address field counts 16-byte units, so a byte offset o inside the window is added as o/16.
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
     uint64_t d = (uint64_t)((saddr & 0x3FFFF) >> 4);
     d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
@@ -735,6 +840,14 @@ __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.s
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+constexpr int BAR_K_FULL = 1, BAR_P_FULL = 2, BAR_P_FREE = 3, BAR_V_FREE = 4, BAR_WG0 = 5;
+
 // Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
 template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
 #pragma unroll
@@ -831,6 +944,31 @@ template <> struct Wg<f16> {
     }
 };
 
+// O[:, half] += P V[:, half] for one tile: 4 wgmma m64n256k16 (A = P, B = V MN-major).
+template <typename T>
+__device__ __forceinline__ void pv_tile(float (&o)[128], uint64_t dp, uint32_t v_half_base) {
+    const uint64_t dv = gmma_desc(v_half_base, SUB_BYTES, 1024);
+    pin(o);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp + 2 * ks, dv + 128 * ks);  // +32 B, +2048 B
+    wgmma_commit();
+    wgmma_wait0();
+    pin(o);
+}
+
+__device__ __forceinline__ void rescale(float (&o)[128], float a0, float a1) {
+    if (a0 != 1.0f || a1 != 1.0f) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            o[4 * i + 0] *= a0;
+            o[4 * i + 1] *= a0;
+            o[4 * i + 2] *= a1;
+            o[4 * i + 3] *= a1;
+        }
+    }
+}
+
 template <typename T>
 __device__ void decode_wgmma(const Params& p) {
     constexpr int MT = 64;
@@ -840,161 +978,181 @@ __device__ void decode_wgmma(const Params& p) {
     unsigned char* smem = align1024(smem_raw);
     const uint32_t base = smem_u32(smem);
     const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
-    float* s_alpha = (float*)(smem + L::OFF_RED);  // [MT] rescale factors, then [2][MT] l, m
-    unsigned char* valid = smem + L::OFF_VALID;    // [STAGES][BN]
+    float* s_alpha = (float*)(smem + L::OFF_RED);  // [MT] rescale factors of the current tile
+    float* s_fin = s_alpha + MT;                    // [2][MT] final row sums and maxima
+    unsigned char* valid = smem + L::OFF_VALID;
+    unsigned char* flags = smem + L::OFF_FLAGS;
     int* sched = (int*)(smem + L::OFF_SCHED);
+    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    grid_dep_launch();
 
-    const int wg = threadIdx.x >> 7;
-    const int wwarp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
-    const int r_lo = wwarp * 16 + g;  // this thread's rows: r_lo, r_lo + 8
-    const Loader<T> ld(p);
+    const int r_lo = wwarp * 16 + g;  // this thread's accumulator rows: r_lo, r_lo + 8
+    const float c = p.scale_log2;
+    const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
+    const uint64_t dq = gmma_desc(sQ, 16, 1024);
+    const uint64_t dp = gmma_desc(sP, 16, 1024);
 
     const Part part = find_part(p, sched);
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
     while (next_segment(p, part, nb, pre, sg)) {
-        int lim[2];
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            const int r = row0 + r_lo + 8 * hi;
-            const int s = r < p.m_total ? r / p.N : p.s_q - 1;
-            lim[hi] = sg.len - p.s_q + s + 1;
-        }
-        load_q<T, MT>(p, sg.b, row0, sQ);
-        i64 off = ld.row_of(p, sg, sg.t0);
-        ld.issue(sKV, valid, off);
-        cp_async_commit();
-        off = ld.row_of(p, sg, sg.t0 + 1);
-        if (sg.t0 + 1 < sg.t1) ld.issue(sKV + TILE_BYTES, valid + BN, off);
-        cp_async_commit();
-        off = ld.row_of(p, sg, sg.t0 + 2);
-
+        const int t0 = sg.t0, t1 = sg.t1;
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
-        float alpha[2] = {1.0f, 1.0f};
 
-        for (int t = sg.t0; t < sg.t1; ++t) {
-            const int st = (t - sg.t0) & 1;
-            const uint32_t kst = sKV + st * TILE_BYTES;
-            const unsigned char* vst = valid + st * BN;
+        if (wg == 1) {
+            // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
+            // signal, and the load two tiles ahead.
+            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+            i64 off = ld.row_of(p, sg, t0);
+            ld.issue(sKV, valid, flags, off);
+            cp_async_commit();
+            off = ld.row_of(p, sg, t0 + 1);
+            if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
+            cp_async_commit();
+            off = ld.row_of(p, sg, t0 + 2);
             cp_async_wait<1>();
-            fence_proxy_async();  // cp.async wrote Q/K through the generic proxy; wgmma reads async
-            __syncthreads();
+            fence_proxy_async();
+            bar_arrive(BAR_K_FULL, 256);
+            bar_arrive(BAR_P_FREE, 256);
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                bar_sync(BAR_P_FULL, 256);
+                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                pv_tile<T>(o, dp, kst + 4 * SUB_BYTES);
+                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
+                if (t + 2 < t1) bar_sync(BAR_V_FREE, 256);
+                if (t + 1 < t1) {
+                    cp_async_wait<0>();  // tile t + 1, the newest group
+                    fence_proxy_async();
+                    bar_arrive(BAR_K_FULL, 256);
+                }
+                if (t + 2 < t1) {
+                    ld.issue(kst, valid + st * BN, flags + st * 8, off);
+                    cp_async_commit();
+                    off = ld.row_of(p, sg, t + 3);
+                }
+            }
+        } else {
+            int lim[2];
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int r = row0 + r_lo + 8 * hi;
+                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+                lim[hi] = sg.len - p.s_q + s + 1;
+            }
+            const int lim_min = sg.len - p.s_q + 1;
+            float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                const unsigned char* vst = valid + st * BN;
+                bar_sync(BAR_K_FULL, 256);
 
-            if (wg == 0) {
                 float s[32];
+                const uint64_t dk = gmma_desc(kst, 16, 1024);
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < FD / 16; ++ks) {
-                    const uint32_t koff = (ks >> 2) * SUB_BYTES + (ks & 3) * 32;
-                    const uint64_t da = gmma_desc(sQ + (ks >> 2) * (MT * 128) + (ks & 3) * 32, 16, 1024);
-                    const uint64_t db = gmma_desc(kst + koff, 16, 1024);
-                    Wg<T>::qk(s, da, db, ks > 0 ? 1 : 0);
+                    // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
+                    const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+                    Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
                 }
                 wgmma_commit();
                 wgmma_wait0();
                 pin(s);
 
-                // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1).
-                const int tok0 = t * BN;
+                // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
+                const bool full = tile_is_full(t, lim_min, flags + st * 8);
                 float mx[2] = {vt::neg_inf(), vt::neg_inf()};
+                if (full) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int col = 8 * i + 2 * qd + (j & 1);
-                        const int hi = j >> 1;
-                        const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
-                        const float v = ok ? s[4 * i + j] * p.scale_log2 : vt::neg_inf();
-                        s[4 * i + j] = v;
-                        mx[hi] = fmaxf(mx[hi], v);
+                    for (int i = 0; i < 8; ++i) {
+                        mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+                        mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
                     }
-                float muse[2];
+                } else {
+                    const int tok0 = t * BN;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const int col = 8 * i + 2 * qd + (j & 1);
+                            const int hi = j >> 1;
+                            const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
+                            s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
+                            mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
+                        }
+                }
+                float alpha[2], muse[2];
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {
                     mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
                     mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-                    const float mn = fmaxf(m_run[hi], mx[hi]);
+                    const float mn = fmaxf(m_run[hi], mx[hi] * c);
                     muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
                     alpha[hi] = exp2f(m_run[hi] - muse[hi]);
                     m_run[hi] = mn;
                     l_run[hi] *= alpha[hi];
-                    if (qd == 0) s_alpha[r_lo + 8 * hi] = alpha[hi];
                 }
+                uint32_t pk[16];
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
 #pragma unroll
                     for (int hi = 0; hi < 2; ++hi) {
-                        const float p0 = exp2f(s[4 * i + 2 * hi] - muse[hi]);
-                        const float p1 = exp2f(s[4 * i + 2 * hi + 1] - muse[hi]);
+                        const float p0 = exp2f(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
+                        const float p1 = exp2f(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
                         l_run[hi] += p0 + p1;
-                        const int r = r_lo + 8 * hi;
-                        st_shared_u32(sP + swz(r, i) + qd * 4, pack2<T>(p0, p1));
+                        pk[2 * i + hi] = pack2<T>(p0, p1);
                     }
-                fence_proxy_async();  // P is read by wgmma (async proxy)
-            }
-            __syncthreads();
-
-            if (wg == 1) {
-                alpha[0] = s_alpha[r_lo];
-                alpha[1] = s_alpha[r_lo + 8];
-            }
+                bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1)
 #pragma unroll
-            for (int i = 0; i < 32; ++i) {
-                o[4 * i + 0] *= alpha[0];
-                o[4 * i + 1] *= alpha[0];
-                o[4 * i + 2] *= alpha[1];
-                o[4 * i + 3] *= alpha[1];
-            }
-            pin(o);
-            wgmma_fence();
+                for (int i = 0; i < 8; ++i)
 #pragma unroll
-            for (int ks = 0; ks < BN / 16; ++ks) {
-                const uint64_t da = gmma_desc(sP + ks * 32, 16, 1024);
-                const uint64_t db = gmma_desc(kst + (4 * wg) * SUB_BYTES + ks * 2048, SUB_BYTES, 1024);
-                Wg<T>::pv(o, da, db);
+                    for (int hi = 0; hi < 2; ++hi) st_shared_u32(sP + swz(r_lo + 8 * hi, i) + qd * 4, pk[2 * i + hi]);
+                if (qd == 0) {
+                    s_alpha[r_lo] = alpha[0];
+                    s_alpha[r_lo + 8] = alpha[1];
+                }
+                fence_proxy_async();      // P is read by wgmma (async proxy)
+                bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
+                bar_arrive(BAR_P_FULL, 256);
+                rescale(o, alpha[0], alpha[1]);
+                pv_tile<T>(o, dp, kst);
+                if (t + 2 < t1) bar_arrive(BAR_V_FREE, 256);
             }
-            wgmma_commit();
-            wgmma_wait0();
-            pin(o);
-            __syncthreads();
-            if (t + 2 < sg.t1) ld.issue(kst, valid + st * BN, off);
-            cp_async_commit();
-            off = ld.row_of(p, sg, t + 3);
-        }
-        cp_async_wait<0>();
-
-        // Row sums: warpgroup 0 holds them (a quad per row); share through shared memory.
-        if (wg == 0) {
+            // Row sums (a quad per row) and maxima for the epilogue.
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 float l = l_run[hi];
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
                 l += __shfl_xor_sync(0xffffffffu, l, 2);
                 if (qd == 0) {
-                    s_alpha[r_lo + 8 * hi] = l;
-                    s_alpha[MT + r_lo + 8 * hi] = m_run[hi];
+                    s_fin[r_lo + 8 * hi] = l;
+                    s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
             }
         }
+        cp_async_wait<0>();
         __syncthreads();
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
             const int r = row0 + r_lo + 8 * hi;
             if (r >= p.m_total) continue;
-            const float l = s_alpha[r_lo + 8 * hi];
+            const float l = s_fin[r_lo + 8 * hi];
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
             for (int i = 0; i < 32; ++i)
-                store_pair<T>(p, sg, r, 256 * wg + 8 * i + 2 * qd, o[4 * i + 2 * hi] * inv,
-                              o[4 * i + 2 * hi + 1] * inv);
+                store_pair<T>(p, sg, r, 256 * wg + 8 * i + 2 * qd, o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
             if (wg == 0 && qd == 0)
-                store_lse<T>(p, sg, r, l > 0.0f ? s_alpha[MT + r_lo + 8 * hi] + log2f(l) : vt::neg_inf());
+                store_lse<T>(p, sg, r, l > 0.0f ? s_fin[MT + r_lo + 8 * hi] + log2f(l) : vt::neg_inf());
         }
         __syncthreads();
     }

@@ -141,8 +141,9 @@ struct DeviceInfo {
 }
 
 static DEVICES: Lazy<Mutex<HashMap<usize, DeviceInfo>>> = Lazy::new(|| Mutex::new(HashMap::new()));
-/// Functions whose dynamic shared-memory limit was raised: (ordinal, symbol).
-static SMEM_SET: Lazy<Mutex<HashMap<(usize, String), u32>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+/// Functions whose dynamic shared-memory limit was raised, by CUfunction handle (a module
+/// loaded again, e.g. after the backend registered again, has new handles).
+static SMEM_SET: Lazy<Mutex<HashMap<usize, u32>>> = Lazy::new(|| Mutex::new(HashMap::new()));
 
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
     m.lock().map_err(|_| Error::backend(BACKEND, format!("{OP}: a cache lock was poisoned by a panic")))
@@ -166,16 +167,10 @@ fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
 }
 
 /// The kernel `{base}_{dtype}` with its dynamic shared-memory limit raised to `smem`.
-fn function(
-    cq: &CudaQueue,
-    ordinal: usize,
-    base: &'static str,
-    dt: DType,
-    smem: u32,
-) -> Result<CudaFunction> {
+fn function(cq: &CudaQueue, base: &'static str, dt: DType, smem: u32) -> Result<CudaFunction> {
     let f = cq.function(&SRC, base, dt)?;
     if smem > 48 * 1024 {
-        let key = (ordinal, format!("{base}_{}", dt.name()));
+        let key = f.cu_function() as usize;
         let mut set = lock(&SMEM_SET)?;
         if set.get(&key).copied().unwrap_or(0) < smem {
             f.set_attribute(
@@ -190,10 +185,11 @@ fn function(
 }
 
 /// Dynamic shared memory of the tensor-core kernels with `mt` query rows per CTA
-/// (`mla::Layout<MT>::SMEM`: Q, two KV tiles, P, reductions, flags, schedule, alignment).
+/// (`mla::Layout<MT>::SMEM`: Q, two KV tiles, P, reductions, token and bad-block flags,
+/// schedule, alignment).
 const fn tc_smem(mt: u32) -> u32 {
     let tile = 9 * 64 * 128;
-    9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 40 * 4 + 1024
+    9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 1024
 }
 
 /// The split-KV partial buffers of one queue.
@@ -328,7 +324,7 @@ pub fn mla_decode_attention_with(
     // warps share each row's partials; otherwise a warp per row.
     let wpr: i64 = if parts >= 4 * b { 8 } else { 1 };
 
-    let f = function(cq, ordinal, base, dt, smem)?;
+    let f = function(cq, base, dt, smem)?;
     let combine = cq.function(&SRC, "mla_decode_combine", dt)?;
     let (part_o, part_lse, seq_info) = workspace(q, cq, parts + b, m_total, dv, b)?;
 
@@ -376,7 +372,13 @@ pub fn mla_decode_attention_with(
     let rows_per_cta = 8 / wpr;
     let comb_grid =
         (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + 127) / 128) as u32);
-    launch(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
+    // On sm_90 the combine launches while the main kernel runs (programmatic dependent
+    // launch) and waits for it on the device, hiding its launch latency.
+    if cq.sm() >= 90 {
+        launch_dependent(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
+    } else {
+        launch(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
+    }
     Ok(Plan {
         kernel: name,
         rows_per_cta: mt as u32,
@@ -394,4 +396,35 @@ fn launch(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Params) -> Re
     // buffer sized for this call), and the kernels never index past the shapes and strides
     // passed beside the addresses (block ids and lengths read on the device are clamped).
     unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
+}
+
+/// Launches `f` with programmatic stream serialization: it may start before the previous
+/// kernel on the stream has finished, and must execute `griddepcontrol.wait` (the combine
+/// kernel does, first thing) before touching what that kernel writes.
+fn launch_dependent(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Params) -> Result<()> {
+    use cudarc::driver::sys;
+    // SAFETY: an all-zero CUlaunchAttribute is a valid value of this plain C struct.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: cq.stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut params: [*mut std::ffi::c_void; 1] = [p as *const Params as *mut std::ffi::c_void];
+    cq.device.ctx.bind_to_thread().map_err(drv("binding the context"))?;
+    // SAFETY: as in `launch`: `Params` is the kernel's only parameter and every address in
+    // it is valid for the shapes beside it; `config`, `attr` and `params` outlive the call,
+    // which copies them.
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
 }

@@ -5,15 +5,23 @@
 //! slots past each sequence's length hold NaN. Skips (with a line saying so) without a
 //! CUDA device.
 
+use std::sync::OnceLock;
+
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vt_core::{encode_f64, Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Probe, Queue, Tensor};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
 
+/// A queue on CUDA device 0 (the backends registered once per process), or `None` with a
+/// line saying why the test is skipped.
 fn gpu() -> Option<Queue> {
-    vt_cpu::register();
-    match vt_cuda::register() {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
+    let probe = PROBE.get_or_init(|| {
+        vt_cpu::register();
+        vt_cuda::register()
+    });
+    match probe {
         Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
         other => {
             println!("SKIP: no CUDA device ({other})");
