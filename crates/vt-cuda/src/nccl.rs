@@ -213,6 +213,9 @@ impl NcclComm {
         let cq = CudaQueue::of(queue, OP)?;
         self.device.ctx.bind_to_thread().map_err(drv("binding the context"))?;
         let h = self.handle.lock().map_err(|_| Error::backend(NCCL, "a communicator lock was poisoned"))?;
+        if h.0.is_null() {
+            return Err(Error::backend(NCCL, format!("rank {}'s communicator was aborted", self.rank)));
+        }
         let ptr = x.data_addr() as *mut std::ffi::c_void;
         // SAFETY: `x` is a contiguous view of `numel` elements of `dtype` in a live
         // allocation of this rank's device (vt-core checked the view; its lifetime keeps the
@@ -234,8 +237,10 @@ impl NcclComm {
         .map_err(nerr("ncclAllReduce"))
     }
 
-    /// Aborts the communicator: pending and later collectives of this rank fail instead of
-    /// waiting for peers (used when another rank failed).
+    /// Aborts the communicator: NCCL stops this rank's collectives still running on the
+    /// device, and later calls return an error. Aborting every rank's communicator of a
+    /// group is how a group stops when one rank failed (its peers would otherwise wait on
+    /// the device for a collective that never comes).
     pub fn abort(&self) {
         if let Ok(mut h) = self.handle.lock() {
             if !h.0.is_null() {

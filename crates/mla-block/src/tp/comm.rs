@@ -11,8 +11,8 @@ use vt_core::{encode_f64, DeviceType, Error, Queue, Result, Tensor};
 ///
 /// Every rank of a group calls each collective the same number of times, in the same
 /// order, with the same element count and dtype (the ranks of a tensor-parallel block do,
-/// since they run the same steps). A rank that fails calls [`Communicator::abort`] so its
-/// peers return an error instead of waiting for it forever.
+/// since they run the same steps). When a rank fails, every rank's [`Communicator::abort`]
+/// is called so that its peers return an error instead of waiting for it forever.
 pub trait Communicator: Send + Sync {
     /// This rank, `0..world_size`.
     fn rank(&self) -> usize;
@@ -24,7 +24,8 @@ pub trait Communicator: Send + Sync {
     /// issued there. `x` is a contiguous bf16/f16/f32 view on the queue's device. Every rank
     /// ends with the same values.
     fn all_reduce_sum(&self, queue: &Queue, x: &Tensor<'_>) -> Result<()>;
-    /// Makes this rank's peers' pending and later collectives fail rather than wait.
+    /// Stops this rank's pending collectives and makes later ones fail rather than wait.
+    /// When one rank fails, the runner aborts every rank's communicator.
     fn abort(&self);
 }
 

@@ -231,13 +231,12 @@ fn on_every_rank<T: Send>(
                     let Some(comm) = group.comm(r) else {
                         return Err(Error::other(OP, format!("rank {r} has no communicator")));
                     };
-                    let _guard = AbortOnPanic(comm, gates);
+                    let _guard = AbortOnPanic(group, gates);
                     let res = f(r, q, comm);
                     if res.is_err() {
                         let _ =
                             first_failure.compare_exchange(usize::MAX, r, Ordering::SeqCst, Ordering::SeqCst);
-                        comm.abort();
-                        gates.iter().for_each(|g| g.abort());
+                        abort_all(group, gates);
                     }
                     res
                 })
@@ -268,14 +267,20 @@ fn on_every_rank<T: Send>(
     }
 }
 
+/// Aborts every rank's communicator and the gates: a failed rank's peers then get errors
+/// instead of waiting for it (on the host, or on the device for NCCL).
+fn abort_all(group: &TpGroup, gates: &[&Gate]) {
+    (0..group.tp()).filter_map(|r| group.comm(r)).for_each(|c| c.abort());
+    gates.iter().for_each(|g| g.abort());
+}
+
 /// Aborts the group if the rank's thread unwinds, so its peers do not wait for it.
-struct AbortOnPanic<'a>(&'a dyn Communicator, &'a [&'a Gate]);
+struct AbortOnPanic<'a>(&'a TpGroup, &'a [&'a Gate]);
 
 impl Drop for AbortOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.abort();
-            self.1.iter().for_each(|g| g.abort());
+            abort_all(self.0, self.1);
         }
     }
 }
