@@ -2,6 +2,8 @@
 //!
 //! - `parity [--backend LIST] [--op LIST] [--seed N]`: every op on every backend found,
 //!   against the CPU reference (see `parity.rs`).
+//! - `parity --tp N [--backend cpu|cuda]`: the tensor-parallel MLA block against TP = 1
+//!   on the goldens and a random layer (see `parity_tp.rs`).
 //! - `kernels`: compile every GPU kernel file without a GPU (see `kernels.rs`).
 //! - `bench decode [--json FILE]`: MLA decode attention timings on a GPU (see `bench.rs`).
 
@@ -9,6 +11,7 @@ mod bench;
 mod kernels;
 mod kernels_hip;
 mod parity;
+mod parity_tp;
 
 use std::process::ExitCode;
 

@@ -34,6 +34,9 @@ struct Options {
 }
 
 pub fn run(args: &[String]) -> Result<ExitCode, String> {
+    if crate::parity_tp::wants(args) {
+        return crate::parity_tp::run(args);
+    }
     let opts = parse(args)?;
     if opts.help {
         println!("{USAGE}");

@@ -1,0 +1,229 @@
+//! `cargo xtask parity --tp N [--backend cpu|cuda] [--transport auto|host|nccl]
+//! [--golden DIR] [--random v3|small|none] [--seqs S] [--tokens T] [--seed N]`
+//!
+//! Tensor parallelism of the MLA block: TP = N against TP = 1 (the ordinary block on rank
+//! 0's device) on every golden case in `tests/golden` and on a random layer (DeepSeek-V3's
+//! sizes in bf16 by default on a GPU, the scaled-down one on the CPU), printing the relative
+//! Frobenius errors and, for goldens, both runs against transformers' expected output.
+//!
+//! Tolerances: TP = N vs TP = 1 1e-5 (f32), 2e-2 (bf16); goldens 1e-4 / 2e-2. A golden whose
+//! heads do not split over N ranks is listed as such, not failed. On CUDA the ranks reduce
+//! through NCCL, one GPU per rank: fewer GPUs than N is an error naming how many were
+//! found (`--transport host` runs the N ranks on the GPUs there are, sharing them).
+//! `--backend cpu` runs N CPU ranks with the host communicator. Exits non-zero on any FAIL.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use mla_block::runner::{RunOptions, Schedule};
+use mla_block::tp::{check_tp, compare_tp, RandomLayerSpec, TpCase, TpGroup, Transport};
+use vt_core::{DType, DeviceType, Probe};
+
+const USAGE: &str = "usage: cargo xtask parity --tp N [--backend cpu|cuda] [--transport auto|host|nccl] \
+     [--golden DIR] [--random v3|small|none] [--seqs S] [--tokens T] [--seed N]";
+
+struct Options {
+    tp: usize,
+    backend: Option<DeviceType>,
+    transport: Transport,
+    golden: PathBuf,
+    random: Option<String>,
+    seqs: i64,
+    tokens: i64,
+    seed: u64,
+}
+
+/// Whether `args` ask for the tensor-parallel comparison.
+pub fn wants(args: &[String]) -> bool {
+    args.iter().any(|a| a == "--tp" || a.starts_with("--tp="))
+}
+
+fn parse(args: &[String]) -> Result<Option<Options>, String> {
+    let mut o = Options {
+        tp: 0,
+        backend: None,
+        transport: Transport::Auto,
+        golden: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden"),
+        random: None,
+        seqs: 4,
+        tokens: 64,
+        seed: 0,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (key, inline) = match a.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (a.as_str(), None),
+        };
+        if key == "-h" || key == "--help" {
+            println!("{USAGE}");
+            return Ok(None);
+        }
+        let v = match inline {
+            Some(v) => v,
+            None => it.next().cloned().ok_or_else(|| format!("{key} needs a value\n{USAGE}"))?,
+        };
+        let count = |v: &str| -> Result<i64, String> {
+            v.parse::<i64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("{key}: `{v}` is not a positive integer"))
+        };
+        match key {
+            "--tp" => o.tp = count(&v)? as usize,
+            "--backend" => {
+                o.backend =
+                    Some(DeviceType::parse(&v).ok_or_else(|| format!("--backend: unknown backend `{v}`"))?)
+            }
+            "--transport" => o.transport = v.parse().map_err(|e| format!("{e}"))?,
+            "--golden" => o.golden = PathBuf::from(v),
+            "--random" => o.random = Some(v),
+            "--seqs" => o.seqs = count(&v)?,
+            "--tokens" => o.tokens = count(&v)?,
+            "--seed" => {
+                o.seed = v.parse().map_err(|_| format!("--seed: `{v}` is not a non-negative integer"))?
+            }
+            _ => return Err(format!("unknown argument `{a}` with --tp\n{USAGE}")),
+        }
+    }
+    Ok(Some(o))
+}
+
+pub fn run(args: &[String]) -> Result<ExitCode, String> {
+    let Some(o) = parse(args)? else { return Ok(ExitCode::SUCCESS) };
+    let probes = vt_backends::init();
+    let registered =
+        |k: DeviceType| probes.iter().any(|(d, p)| *d == k && matches!(p, Probe::Registered { .. }));
+    let kind =
+        o.backend.unwrap_or(if registered(DeviceType::Cuda) { DeviceType::Cuda } else { DeviceType::Cpu });
+    if let Some((_, p)) = probes.iter().find(|(k, _)| *k == kind) {
+        if !matches!(p, Probe::Registered { .. }) {
+            return Err(format!("--tp {0} needs {0} {kind} device(s), found 0 ({kind}: {p})", o.tp));
+        }
+    }
+    let group = TpGroup::open(kind, o.tp, o.transport).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    println!(
+        "vt parity --tp {}: TP={} vs TP=1 (the plain block on {})",
+        o.tp,
+        o.tp,
+        group.queues()[0].device()
+    );
+    println!("ranks: {}", group.describe());
+    println!(
+        "errors: relative Frobenius; TP=N vs TP=1 tolerance 1e-5 (f32) / 2e-2 (bf16, f16); vs golden 1e-4 / 2e-2"
+    );
+    println!();
+    println!(
+        "{:<28} {:<5} {:>5}  {:<40} {:>10} {:>7}  {:>10} {:>10}  result",
+        "case", "dtype", "heads", "schedule", "vs TP=1", "tol", "TP=1 gold", "TP=N gold"
+    );
+    let mut t = Tally::default();
+
+    let mut dirs: Vec<PathBuf> = match std::fs::read_dir(&o.golden) {
+        Ok(rd) => {
+            rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.join("config.json").is_file()).collect()
+        }
+        Err(e) => {
+            println!("(goldens: {} not readable: {e})", o.golden.display());
+            Vec::new()
+        }
+    };
+    dirs.sort();
+    for dir in &dirs {
+        match TpCase::from_golden_dir(dir) {
+            Ok(case) => {
+                let n = case.t();
+                let all = RunOptions { block_size: 64, chunk_workspace_tokens: None };
+                report(&mut t, &group, o.tp, &case, &format!("prefill:{n}"), &all);
+                if n > 17 {
+                    // prefill, chunked context through a 4-row workspace, decode
+                    let mixed = format!("prefill:5,decode:3,prefill:9,decode:{}", n - 17);
+                    let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(4) };
+                    report(&mut t, &group, o.tp, &case, &mixed, &opts);
+                }
+            }
+            Err(e) => {
+                println!("{:<28} ERROR {e}", dir.display());
+                t.fail += 1;
+            }
+        }
+    }
+
+    let random =
+        o.random.clone().unwrap_or_else(|| if kind == DeviceType::Cpu { "small" } else { "v3" }.into());
+    if random != "none" {
+        let spec = RandomLayerSpec::by_name(&random)
+            .ok_or_else(|| format!("--random: `{random}` is not v3, small or none"))?;
+        let name = format!("random_{random}_bf16");
+        let case =
+            TpCase::random(&spec, &name, DType::BF16, o.seqs, o.tokens, o.seed).map_err(|e| e.to_string())?;
+        let half = o.tokens / 2;
+        let schedule = if half > 0 {
+            format!("prefill:{half},decode:{}", o.tokens - half)
+        } else {
+            format!("decode:{}", o.tokens)
+        };
+        report(
+            &mut t,
+            &group,
+            o.tp,
+            &case,
+            &schedule,
+            &RunOptions { block_size: 64, chunk_workspace_tokens: None },
+        );
+    }
+    println!(
+        "\n{} passed, {} failed, {} not splittable over {} ranks; {:.1} s",
+        t.pass,
+        t.fail,
+        t.skipped,
+        o.tp,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if t.fail > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+#[derive(Default)]
+struct Tally {
+    pass: usize,
+    fail: usize,
+    skipped: usize,
+}
+
+/// Compares one case under one schedule and prints its row.
+fn report(t: &mut Tally, group: &TpGroup, tp: usize, case: &TpCase, schedule: &str, opts: &RunOptions) {
+    let heads = case.cfg.dims.num_heads;
+    let head = format!("{:<28} {:<5} {heads:>5}  {schedule:<40}", case.name, case.dtype().name());
+    if check_tp(&case.cfg.dims, tp).is_err() {
+        println!("{head} n/a: {heads} heads do not split evenly over {tp} ranks");
+        t.skipped += 1;
+        return;
+    }
+    let result = schedule.parse::<Schedule>().and_then(|sch| compare_tp(case, group, &sch, opts));
+    match result {
+        Ok(c) => {
+            let g = |e: Option<f64>| e.map_or("-".to_string(), |e| format!("{e:.3e}"));
+            let ok = c.passed(case);
+            println!(
+                "{head} {:>10.3e} {:>7.0e}  {:>10} {:>10}  {}{}",
+                c.err_vs_tp1,
+                case.tp_tolerance(),
+                g(c.tp1_vs_expected),
+                g(c.tpn_vs_expected),
+                if ok { "PASS" } else { "FAIL" },
+                if c.stats.ranks_identical { "" } else { " (ranks differ)" }
+            );
+            if ok {
+                t.pass += 1
+            } else {
+                t.fail += 1
+            }
+        }
+        Err(e) => {
+            println!("{head} ERROR {e}");
+            t.fail += 1;
+        }
+    }
+}
