@@ -585,7 +585,7 @@ __device__ void decode_mma(const Params& p) {
     constexpr int WC = 8 / MR;
     constexpr int TN = BN / WC;  // tokens per warp (QK)
     constexpr int NTQ = TN / 8;
-    constexpr int NCH = NTQ >= 4 ? 1 : 4 / NTQ;
+    constexpr int NCH = 1;  // independent QK chains (more did not pay: measured slower)
     constexpr int CV = FDV / WC;  // output columns per warp (PV)
     constexpr int NTV = CV / 8;
     using L = Layout<MT>;
@@ -806,10 +806,11 @@ __device__ void decode_mma(const Params& p) {
 // wgmma kernel (sm_90a): 64 query rows per CTA, two warpgroups with separate roles.
 //
 // Warpgroup 0 (consumer): S = Q K^T with 36 wgmma m64n64k16 (Q and K from the swizzled
-// tiles, K-major), the online softmax on its registers (a row lives in one quad), P (16-bit)
-// and the row rescale factors into shared memory, then O[:, 0:256] += P V.
-// Warpgroup 1 (producer): all cp.async loads (Q, KV tiles) and O[:, 256:512] += P V.
-// Both PV halves use 4 wgmma m64n256k16 with V read MN-major in place from the K tile.
+// tiles, K-major) over three independent accumulators, the online softmax on its registers
+// (a row lives in one quad), P (16-bit) and the row rescale factors into shared memory,
+// then O[:, 0:128] += P V (4 wgmma m64n128k16).
+// Warpgroup 1 (producer): all cp.async loads (Q, KV tiles) and O[:, 128:512] += P V
+// (4 x (m64n256k16 + m64n128k16)). V is read MN-major in place from the K tile.
 //
 // Named barriers (arrive by one side, sync by the other) let warpgroup 1's PV and loads
 // run while warpgroup 0 computes the next S:
@@ -846,7 +847,7 @@ __device__ __forceinline__ void bar_sync(int id, int n) {
 __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-constexpr int BAR_K_FULL = 1, BAR_P_FULL = 2, BAR_P_FREE = 3, BAR_V_FREE = 4, BAR_WG0 = 5;
+constexpr int BAR_K_FULL = 1, BAR_P_FULL = 2, BAR_P_FREE = 3, BAR_V_FREE = 4, BAR_WG0 = 5, BAR_FIN = 6;
 
 // Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
 template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
@@ -863,6 +864,22 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t da
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_tb(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
@@ -902,6 +919,22 @@ __device__ __forceinline__ void wgmma_m64n64k16_f16(float (&d)[32], uint64_t da,
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+__device__ __forceinline__ void wgmma_m64n128k16_f16_tb(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
 __device__ __forceinline__ void wgmma_m64n256k16_f16_tb(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -931,6 +964,9 @@ template <> struct Wg<bf16> {
     static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
         wgmma_m64n64k16_bf16(d, a, b, sc);
     }
+    static __device__ __forceinline__ void pv(float (&d)[64], uint64_t a, uint64_t b) {
+        wgmma_m64n128k16_bf16_tb(d, a, b, 1);
+    }
     static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
         wgmma_m64n256k16_bf16_tb(d, a, b, 1);
     }
@@ -939,15 +975,19 @@ template <> struct Wg<f16> {
     static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
         wgmma_m64n64k16_f16(d, a, b, sc);
     }
+    static __device__ __forceinline__ void pv(float (&d)[64], uint64_t a, uint64_t b) {
+        wgmma_m64n128k16_f16_tb(d, a, b, 1);
+    }
     static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
         wgmma_m64n256k16_f16_tb(d, a, b, 1);
     }
 };
 
-// O[:, half] += P V[:, half] for one tile: 4 wgmma m64n256k16 (A = P, B = V MN-major).
-template <typename T>
-__device__ __forceinline__ void pv_tile(float (&o)[128], uint64_t dp, uint32_t v_half_base) {
-    const uint64_t dv = gmma_desc(v_half_base, SUB_BYTES, 1024);
+// O[:, cols] += P V[:, cols] for one tile: 4 wgmma (A = P, B = V MN-major, in place in the
+// K tile starting at column block `v_base`). N = 64 or 128 accumulator registers.
+template <typename T, int N>
+__device__ __forceinline__ void pv_tile(float (&o)[N], uint64_t dp, uint32_t v_base) {
+    const uint64_t dv = gmma_desc(v_base, SUB_BYTES, 1024);
     pin(o);
     wgmma_fence();
 #pragma unroll
@@ -957,10 +997,28 @@ __device__ __forceinline__ void pv_tile(float (&o)[128], uint64_t dp, uint32_t v
     pin(o);
 }
 
-__device__ __forceinline__ void rescale(float (&o)[128], float a0, float a1) {
+// The same for two column ranges at once (two independent accumulator chains).
+template <typename T>
+__device__ __forceinline__ void pv_tile2(float (&oa)[128], uint32_t va, float (&ob)[64], uint32_t vb, uint64_t dp) {
+    const uint64_t da = gmma_desc(va, SUB_BYTES, 1024), db = gmma_desc(vb, SUB_BYTES, 1024);
+    pin(oa);
+    pin(ob);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+        Wg<T>::pv(oa, dp + 2 * ks, da + 128 * ks);
+        Wg<T>::pv(ob, dp + 2 * ks, db + 128 * ks);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+    pin(oa);
+    pin(ob);
+}
+
+template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0, float a1) {
     if (a0 != 1.0f || a1 != 1.0f) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
+        for (int i = 0; i < N / 4; ++i) {
             o[4 * i + 0] *= a0;
             o[4 * i + 1] *= a0;
             o[4 * i + 2] *= a1;
@@ -1002,13 +1060,18 @@ __device__ void decode_wgmma(const Params& p) {
     Segment sg;
     while (next_segment(p, part, nb, pre, sg)) {
         const int t0 = sg.t0, t1 = sg.t1;
-        float o[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        // Output columns: warpgroup 0 holds 0..127 (o0), warpgroup 1 holds 128..383 (o1a)
+        // and 384..511 (o1b), so warpgroup 0 has registers for three S accumulators. Each
+        // branch ends with its own stores, so the two register sets never live together.
 
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
+            float o1a[128], o1b[64];
+#pragma unroll
+            for (int i = 0; i < 128; ++i) o1a[i] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 64; ++i) o1b[i] = 0.0f;
             load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
             i64 off = ld.row_of(p, sg, t0);
             ld.issue(sKV, valid, flags, off);
@@ -1025,8 +1088,10 @@ __device__ void decode_wgmma(const Params& p) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 bar_sync(BAR_P_FULL, 256);
-                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T>(o, dp, kst + 4 * SUB_BYTES);
+                const float a0 = s_alpha[r_lo], a1 = s_alpha[r_lo + 8];
+                rescale(o1a, a0, a1);
+                rescale(o1b, a0, a1);
+                pv_tile2<T>(o1a, kst + 2 * SUB_BYTES, o1b, kst + 6 * SUB_BYTES, dp);
                 if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < t1) bar_sync(BAR_V_FREE, 256);
                 if (t + 1 < t1) {
@@ -1040,6 +1105,23 @@ __device__ void decode_wgmma(const Params& p) {
                     off = ld.row_of(p, sg, t + 3);
                 }
             }
+            cp_async_wait<0>();
+            bar_sync(BAR_FIN, 256);  // warpgroup 0 wrote the row sums
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int r = row0 + r_lo + 8 * hi;
+                if (r >= p.m_total) continue;
+                const float l = s_fin[r_lo + 8 * hi];
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+                for (int i = 0; i < 32; ++i)
+                    store_pair<T>(p, sg, r, 128 + 8 * i + 2 * qd, o1a[4 * i + 2 * hi] * inv,
+                                  o1a[4 * i + 2 * hi + 1] * inv);
+#pragma unroll
+                for (int i = 0; i < 16; ++i)
+                    store_pair<T>(p, sg, r, 384 + 8 * i + 2 * qd, o1b[4 * i + 2 * hi] * inv,
+                                  o1b[4 * i + 2 * hi + 1] * inv);
+            }
         } else {
             int lim[2];
 #pragma unroll
@@ -1049,6 +1131,9 @@ __device__ void decode_wgmma(const Params& p) {
                 lim[hi] = sg.len - p.s_q + s + 1;
             }
             const int lim_min = sg.len - p.s_q + 1;
+            float o0[64];
+#pragma unroll
+            for (int i = 0; i < 64; ++i) o0[i] = 0.0f;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
@@ -1056,18 +1141,28 @@ __device__ void decode_wgmma(const Params& p) {
                 const unsigned char* vst = valid + st * BN;
                 bar_sync(BAR_K_FULL, 256);
 
-                float s[32];
+                // Three independent accumulator chains (k steps ks % 3): a single 36-deep
+                // chain of dependent wgmma is latency-bound, not tensor-bound.
+                float sc0[32], sc1[32], sc2[32];
                 const uint64_t dk = gmma_desc(kst, 16, 1024);
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < FD / 16; ++ks) {
                     // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
                     const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-                    Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
+                    const int acc = ks >= 3 ? 1 : 0;
+                    if (ks % 3 == 0) Wg<T>::qk(sc0, dq + o16, dk + o16, acc);
+                    else if (ks % 3 == 1) Wg<T>::qk(sc1, dq + o16, dk + o16, acc);
+                    else Wg<T>::qk(sc2, dq + o16, dk + o16, acc);
                 }
                 wgmma_commit();
                 wgmma_wait0();
-                pin(s);
+                pin(sc0);
+                pin(sc1);
+                pin(sc2);
+                float(&s)[32] = sc0;
+#pragma unroll
+                for (int i = 0; i < 32; ++i) s[i] += sc1[i] + sc2[i];
 
                 // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
                 const bool full = tile_is_full(t, lim_min, flags + st * 8);
@@ -1124,11 +1219,11 @@ __device__ void decode_wgmma(const Params& p) {
                 fence_proxy_async();      // P is read by wgmma (async proxy)
                 bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
                 bar_arrive(BAR_P_FULL, 256);
-                rescale(o, alpha[0], alpha[1]);
-                pv_tile<T>(o, dp, kst);
+                rescale(o0, alpha[0], alpha[1]);
+                pv_tile<T, 64>(o0, dp, kst);
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE, 256);
             }
-            // Row sums (a quad per row) and maxima for the epilogue.
+            // Row sums (a quad per row) and maxima, shared with warpgroup 1 for its columns.
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 float l = l_run[hi];
@@ -1139,20 +1234,19 @@ __device__ void decode_wgmma(const Params& p) {
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
             }
-        }
-        cp_async_wait<0>();
-        __syncthreads();
+            bar_sync(BAR_FIN, 256);
 #pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            const int r = row0 + r_lo + 8 * hi;
-            if (r >= p.m_total) continue;
-            const float l = s_fin[r_lo + 8 * hi];
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            for (int hi = 0; hi < 2; ++hi) {
+                const int r = row0 + r_lo + 8 * hi;
+                if (r >= p.m_total) continue;
+                const float l = s_fin[r_lo + 8 * hi];
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-            for (int i = 0; i < 32; ++i)
-                store_pair<T>(p, sg, r, 256 * wg + 8 * i + 2 * qd, o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
-            if (wg == 0 && qd == 0)
-                store_lse<T>(p, sg, r, l > 0.0f ? s_fin[MT + r_lo + 8 * hi] + log2f(l) : vt::neg_inf());
+                for (int i = 0; i < 16; ++i)
+                    store_pair<T>(p, sg, r, 8 * i + 2 * qd, o0[4 * i + 2 * hi] * inv, o0[4 * i + 2 * hi + 1] * inv);
+                if (qd == 0)
+                    store_lse<T>(p, sg, r, l > 0.0f ? s_fin[MT + r_lo + 8 * hi] + log2f(l) : vt::neg_inf());
+            }
         }
         __syncthreads();
     }

@@ -11,7 +11,8 @@
 //!
 //! Kernel choice (bf16/f16 with D = 576, Dv = 512 and 16-byte aligned rows): on sm_90 the
 //! wgmma kernel (64 query rows per CTA) when the query rows per sequence (s_q * N) exceed
-//! 32, else the mma.sync kernel with 16 or 32 rows per CTA; elsewhere the mma.sync kernel.
+//! 16, else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32
+//! or 64 rows per CTA).
 //! f32, other head dims and unaligned views take the generic kernel.
 //!
 //! Partial buffers: `(parts + B) * s_q * N * Dv` f32 plus lse and a per-sequence index,
@@ -273,7 +274,7 @@ pub fn mla_decode_attention_with(
         && rows_aligned(&a.out, &[0, 1, 2]);
     let kernel = match opts.kernel {
         Kernel::Auto if !fast => Kernel::Generic,
-        Kernel::Auto if info.wgmma && m_total > 32 => Kernel::Wgmma,
+        Kernel::Auto if info.wgmma && m_total > 16 => Kernel::Wgmma,
         Kernel::Auto => Kernel::Mma,
         Kernel::Mma | Kernel::Wgmma if !fast => {
             return Err(Error::backend(
