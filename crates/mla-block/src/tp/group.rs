@@ -139,6 +139,13 @@ impl TpGroup {
                 TpGroup::new(queues, comms)
             }
             _ => {
+                if !(kind == DeviceType::Cpu || (cfg!(feature = "nccl") && kind == DeviceType::Cuda)) {
+                    return Err(Error::invalid(
+                        OP,
+                        "transport",
+                        format!("the host communicator cannot write {kind} memory (cpu, and cuda with NCCL support)"),
+                    ));
+                }
                 let queues =
                     (0..tp).map(|r| Queue::new(Device::new(kind, r % found))).collect::<Result<Vec<_>>>()?;
                 let comms = HostCommunicator::group(tp)?
