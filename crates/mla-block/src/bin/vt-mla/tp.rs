@@ -18,10 +18,16 @@ pub const BENCH_USAGE: &str =
 /// `--tp N` asked for devices of a backend that is not there: say how many were found.
 pub fn no_devices(tp: usize, backend: &str, e: Error) -> Error {
     match DeviceType::parse(backend) {
-        Some(kind) if kind != DeviceType::Cpu => Error::NoDevice {
-            device: kind.to_string(),
-            msg: format!("--tp {tp} needs {tp} {kind} device(s), found {}: {e}", device_count(kind)),
-        },
+        Some(kind) if kind != DeviceType::Cpu => {
+            let why = match e {
+                Error::NoDevice { msg, .. } => msg,
+                other => other.to_string(),
+            };
+            Error::NoDevice {
+                device: kind.to_string(),
+                msg: format!("--tp {tp} needs {tp} {kind} device(s), found {} ({why})", device_count(kind)),
+            }
+        }
         _ => e,
     }
 }
@@ -123,7 +129,8 @@ pub fn bench(args: &[String], pick: impl Fn(&str) -> Result<DeviceType>) -> Resu
             _ => return Err(usage_err(format!("unknown argument `{a}`"))),
         }
     }
-    let kind = pick(&backend)?;
+    let most = tps.iter().copied().max().unwrap_or(1);
+    let kind = pick(&backend).map_err(|e| no_devices(most, &backend, e))?;
     let (cfg, weights) = layer.1.layer(dtype, seed)?;
     println!(
         "vt-mla bench: decode step of a random {} MLA layer ({dtype}; hidden {}, {} heads, q_lora {}, kv_lora {}, \
