@@ -814,13 +814,16 @@ __device__ void decode_mma(const Params& p) {
 //
 // Named barriers (arrive by one side, sync by the other) let warpgroup 1's PV and loads
 // run while warpgroup 0 computes the next S:
-//   K_FULL  tile t is in shared memory           WG1 arrives, WG0 syncs
-//   P_FULL  P(t) and the rescale factors written  WG0 arrives, WG1 syncs
-//   P_FREE  WG1 finished reading P(t)             WG1 arrives, WG0 syncs before P(t+1)
-//   V_FREE  WG0 finished with tile t's stage      WG0 arrives, WG1 syncs before reloading it
-// Every arrival is matched by exactly one sync in each segment, and neither side can arrive
-// twice on a barrier before the other side synced it (each next arrival is ordered after a
-// sync on a barrier the other side arrives only after consuming), so instances never mix.
+//   K_FULL[t&1]  tile t is in shared memory           WG1 arrives, WG0 syncs
+//   P_FULL       P(t) and the rescale factors written  WG0 arrives, WG1 syncs
+//   P_FREE       WG1 finished reading P(t)             WG1 arrives, WG0 syncs before P(t+1)
+//   V_FREE[t&1]  WG0 finished with tile t's stage      WG0 arrives, WG1 syncs before reloading it
+// Warpgroup 1 signals K_FULL(t+1) as soon as that tile has landed, before its PV(t), so
+// warpgroup 0 starts S(t+1) while warpgroup 1 still multiplies P(t) V(t). Every arrival is
+// matched by exactly one sync in each segment, and neither side can arrive on a barrier
+// again before the other side synced the previous instance (K_FULL and V_FREE alternate
+// by parity: the next arrival on the same id is ordered after a sync on a barrier the
+// other side arrives only after consuming), so instances never mix.
 // ---------------------------------------------------------------------------------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mla {
@@ -847,7 +850,8 @@ __device__ __forceinline__ void bar_sync(int id, int n) {
 __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-constexpr int BAR_K_FULL = 1, BAR_P_FULL = 2, BAR_P_FREE = 3, BAR_V_FREE = 4, BAR_WG0 = 5, BAR_FIN = 6;
+// K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
+constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
 
 // Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
 template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
@@ -1027,6 +1031,47 @@ template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0
     }
 }
 
+__device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// Row stride (floats) of O staged in shared memory: 512 + 8 keeps a warp's 8-byte stores to
+// 8 rows on distinct banks.
+constexpr int OSTR = FDV + 8;
+
+// Copies MT staged output rows (f32, stride OSTR, unnormalized) to out / the partial slot,
+// scaled by 1 / l, with 16-byte-wide coalesced stores; writes lse. All 256 threads.
+// A small loop, so the cold epilogue adds little code.
+template <typename T>
+__device__ void store_rows(const Params& p, const Segment& sg, int row0, int mt, const unsigned char* stage,
+                           const float* s_fin) {
+    const float* so = reinterpret_cast<const float*>(stage);
+#pragma unroll 2
+    for (int idx = threadIdx.x; idx < mt * (FDV / 4); idx += THREADS) {
+        const int r = idx / (FDV / 4), c = (idx - r * (FDV / 4)) * 4;
+        const int row = row0 + r;
+        if (row >= p.m_total) continue;
+        const float l = s_fin[r];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float4 v = *reinterpret_cast<const float4*>(so + r * OSTR + c);
+        if (sg.whole) {
+            const int s = row / p.N, h = row - s * p.N;
+            T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + c;
+            uint2 w;
+            w.x = pack2<T>(v.x * inv, v.y * inv);
+            w.y = pack2<T>(v.z * inv, v.w * inv);
+            *reinterpret_cast<uint2*>(o) = w;
+        } else {
+            *reinterpret_cast<float4*>(p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + c) =
+                make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+        }
+    }
+    if (threadIdx.x < mt && row0 + (int)threadIdx.x < p.m_total) {
+        const float l = s_fin[threadIdx.x];
+        store_lse<T>(p, sg, row0 + threadIdx.x, l > 0.0f ? s_fin[mt + threadIdx.x] + log2f(l) : vt::neg_inf());
+    }
+}
+
 template <typename T>
 __device__ void decode_wgmma(const Params& p) {
     constexpr int MT = 64;
@@ -1082,46 +1127,43 @@ __device__ void decode_wgmma(const Params& p) {
             off = ld.row_of(p, sg, t0 + 2);
             cp_async_wait<1>();
             fence_proxy_async();
-            bar_arrive(BAR_K_FULL, 256);
+            bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
             bar_arrive(BAR_P_FREE, 256);
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
+                if (t + 1 < t1) {
+                    cp_async_wait<0>();  // tile t + 1, the newest group
+                    fence_proxy_async();
+                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
+                }
                 bar_sync(BAR_P_FULL, 256);
                 const float a0 = s_alpha[r_lo], a1 = s_alpha[r_lo + 8];
                 rescale(o1a, a0, a1);
                 rescale(o1b, a0, a1);
                 pv_tile2<T>(o1a, kst + 2 * SUB_BYTES, o1b, kst + 6 * SUB_BYTES, dp);
                 if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
-                if (t + 2 < t1) bar_sync(BAR_V_FREE, 256);
-                if (t + 1 < t1) {
-                    cp_async_wait<0>();  // tile t + 1, the newest group
-                    fence_proxy_async();
-                    bar_arrive(BAR_K_FULL, 256);
-                }
                 if (t + 2 < t1) {
+                    bar_sync(BAR_V_FREE + st, 256);
                     ld.issue(kst, valid + st * BN, flags + st * 8, off);
                     cp_async_commit();
                     off = ld.row_of(p, sg, t + 3);
                 }
             }
             cp_async_wait<0>();
-            bar_sync(BAR_FIN, 256);  // warpgroup 0 wrote the row sums
+            __syncthreads();  // every tile consumed: the KV stages are free for staging O
 #pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int r = row0 + r_lo + 8 * hi;
-                if (r >= p.m_total) continue;
-                const float l = s_fin[r_lo + 8 * hi];
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            for (int i = 0; i < 32; ++i)
 #pragma unroll
-                for (int i = 0; i < 32; ++i)
-                    store_pair<T>(p, sg, r, 128 + 8 * i + 2 * qd, o1a[4 * i + 2 * hi] * inv,
-                                  o1a[4 * i + 2 * hi + 1] * inv);
+                for (int hi = 0; hi < 2; ++hi)
+                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 128 + 8 * i + 2 * qd) * 4, o1a[4 * i + 2 * hi],
+                                 o1a[4 * i + 2 * hi + 1]);
 #pragma unroll
-                for (int i = 0; i < 16; ++i)
-                    store_pair<T>(p, sg, r, 384 + 8 * i + 2 * qd, o1b[4 * i + 2 * hi] * inv,
-                                  o1b[4 * i + 2 * hi + 1] * inv);
-            }
+            for (int i = 0; i < 16; ++i)
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi)
+                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 384 + 8 * i + 2 * qd) * 4, o1b[4 * i + 2 * hi],
+                                 o1b[4 * i + 2 * hi + 1]);
         } else {
             int lim[2];
 #pragma unroll
@@ -1139,7 +1181,7 @@ __device__ void decode_wgmma(const Params& p) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 const unsigned char* vst = valid + st * BN;
-                bar_sync(BAR_K_FULL, 256);
+                bar_sync(BAR_K_FULL + st, 256);
 
                 // Three independent accumulator chains (k steps ks % 3): a single 36-deep
                 // chain of dependent wgmma is latency-bound, not tensor-bound.
@@ -1221,9 +1263,9 @@ __device__ void decode_wgmma(const Params& p) {
                 bar_arrive(BAR_P_FULL, 256);
                 rescale(o0, alpha[0], alpha[1]);
                 pv_tile<T, 64>(o0, dp, kst);
-                if (t + 2 < t1) bar_arrive(BAR_V_FREE, 256);
+                if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
-            // Row sums (a quad per row) and maxima, shared with warpgroup 1 for its columns.
+            // Row sums (a quad per row) and maxima for the copy-out.
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 float l = l_run[hi];
@@ -1234,20 +1276,16 @@ __device__ void decode_wgmma(const Params& p) {
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
             }
-            bar_sync(BAR_FIN, 256);
+            __syncthreads();  // matches warpgroup 1's: the KV stages are free
 #pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int r = row0 + r_lo + 8 * hi;
-                if (r >= p.m_total) continue;
-                const float l = s_fin[r_lo + 8 * hi];
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            for (int i = 0; i < 16; ++i)
 #pragma unroll
-                for (int i = 0; i < 16; ++i)
-                    store_pair<T>(p, sg, r, 8 * i + 2 * qd, o0[4 * i + 2 * hi] * inv, o0[4 * i + 2 * hi + 1] * inv);
-                if (qd == 0)
-                    store_lse<T>(p, sg, r, l > 0.0f ? s_fin[MT + r_lo + 8 * hi] + log2f(l) : vt::neg_inf());
-            }
+                for (int hi = 0; hi < 2; ++hi)
+                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 8 * i + 2 * qd) * 4, o0[4 * i + 2 * hi],
+                                 o0[4 * i + 2 * hi + 1]);
         }
+        __syncthreads();
+        store_rows<T>(p, sg, row0, MT, smem + L::OFF_KV, s_fin);
         __syncthreads();
     }
 }
