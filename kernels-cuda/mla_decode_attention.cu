@@ -806,11 +806,10 @@ __device__ void decode_mma(const Params& p) {
 // wgmma kernel (sm_90a): 64 query rows per CTA, two warpgroups with separate roles.
 //
 // Warpgroup 0 (consumer): S = Q K^T with 36 wgmma m64n64k16 (Q and K from the swizzled
-// tiles, K-major) over three independent accumulators, the online softmax on its registers
-// (a row lives in one quad), P (16-bit) and the row rescale factors into shared memory,
-// then O[:, 0:128] += P V (4 wgmma m64n128k16).
-// Warpgroup 1 (producer): all cp.async loads (Q, KV tiles) and O[:, 128:512] += P V
-// (4 x (m64n256k16 + m64n128k16)). V is read MN-major in place from the K tile.
+// tiles, K-major), the online softmax on its registers (a row lives in one quad), P
+// (16-bit) and the row rescale factors into shared memory, then O[:, 0:256] += P V.
+// Warpgroup 1 (producer): all cp.async loads (Q, KV tiles) and O[:, 256:512] += P V.
+// Both halves: 4 wgmma m64n256k16, V read MN-major in place from the K tile.
 //
 // Named barriers (arrive by one side, sync by the other) let warpgroup 1's PV and loads
 // run while warpgroup 0 computes the next S:
@@ -818,8 +817,9 @@ __device__ void decode_mma(const Params& p) {
 //   P_FULL       P(t) and the rescale factors written  WG0 arrives, WG1 syncs
 //   P_FREE       WG1 finished reading P(t)             WG1 arrives, WG0 syncs before P(t+1)
 //   V_FREE[t&1]  WG0 finished with tile t's stage      WG0 arrives, WG1 syncs before reloading it
-// Warpgroup 1 signals K_FULL(t+1) as soon as that tile has landed, before its PV(t), so
-// warpgroup 0 starts S(t+1) while warpgroup 1 still multiplies P(t) V(t). Every arrival is
+// Warpgroup 1 waits for tile t+1 only after its PV(t): with two 72 KB stages a tile is
+// loaded into the stage freed by PV(t-1), and waiting earlier leaves the load no time
+// (measured: signalling before PV(t) made every tile wait for a fresh load). Every arrival is
 // matched by exactly one sync in each segment, and neither side can arrive on a barrier
 // again before the other side synced the previous instance (K_FULL and V_FREE alternate
 // by parity: the next arrival on the same id is ordered after a sync on a barrier the
@@ -1001,24 +1001,6 @@ __device__ __forceinline__ void pv_tile(float (&o)[N], uint64_t dp, uint32_t v_b
     pin(o);
 }
 
-// The same for two column ranges at once (two independent accumulator chains).
-template <typename T>
-__device__ __forceinline__ void pv_tile2(float (&oa)[128], uint32_t va, float (&ob)[64], uint32_t vb, uint64_t dp) {
-    const uint64_t da = gmma_desc(va, SUB_BYTES, 1024), db = gmma_desc(vb, SUB_BYTES, 1024);
-    pin(oa);
-    pin(ob);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-        Wg<T>::pv(oa, dp + 2 * ks, da + 128 * ks);
-        Wg<T>::pv(ob, dp + 2 * ks, db + 128 * ks);
-    }
-    wgmma_commit();
-    wgmma_wait0();
-    pin(oa);
-    pin(ob);
-}
-
 template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0, float a1) {
     if (a0 != 1.0f || a1 != 1.0f) {
 #pragma unroll
@@ -1105,18 +1087,15 @@ __device__ void decode_wgmma(const Params& p) {
     Segment sg;
     while (next_segment(p, part, nb, pre, sg)) {
         const int t0 = sg.t0, t1 = sg.t1;
-        // Output columns: warpgroup 0 holds 0..127 (o0), warpgroup 1 holds 128..383 (o1a)
-        // and 384..511 (o1b), so warpgroup 0 has registers for three S accumulators. Each
-        // branch ends with its own stores, so the two register sets never live together.
+        // Output columns: warpgroup 0 holds 0..255 (o0), warpgroup 1 holds 256..511 (o1).
+        // Each branch stages its own columns, so the two register sets never live together.
 
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
-            float o1a[128], o1b[64];
+            float o1[128];
 #pragma unroll
-            for (int i = 0; i < 128; ++i) o1a[i] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 64; ++i) o1b[i] = 0.0f;
+            for (int i = 0; i < 128; ++i) o1[i] = 0.0f;
             load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
             i64 off = ld.row_of(p, sg, t0);
             ld.issue(sKV, valid, flags, off);
@@ -1132,19 +1111,17 @@ __device__ void decode_wgmma(const Params& p) {
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
+                bar_sync(BAR_P_FULL, 256);
+                rescale(o1, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                pv_tile<T, 128>(o1, dp, kst + 4 * SUB_BYTES);
+                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
+                if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
                 if (t + 1 < t1) {
                     cp_async_wait<0>();  // tile t + 1, the newest group
                     fence_proxy_async();
                     bar_arrive(BAR_K_FULL + (st ^ 1), 256);
                 }
-                bar_sync(BAR_P_FULL, 256);
-                const float a0 = s_alpha[r_lo], a1 = s_alpha[r_lo + 8];
-                rescale(o1a, a0, a1);
-                rescale(o1b, a0, a1);
-                pv_tile2<T>(o1a, kst + 2 * SUB_BYTES, o1b, kst + 6 * SUB_BYTES, dp);
-                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < t1) {
-                    bar_sync(BAR_V_FREE + st, 256);
                     ld.issue(kst, valid + st * BN, flags + st * 8, off);
                     cp_async_commit();
                     off = ld.row_of(p, sg, t + 3);
@@ -1156,14 +1133,8 @@ __device__ void decode_wgmma(const Params& p) {
             for (int i = 0; i < 32; ++i)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi)
-                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 128 + 8 * i + 2 * qd) * 4, o1a[4 * i + 2 * hi],
-                                 o1a[4 * i + 2 * hi + 1]);
-#pragma unroll
-            for (int i = 0; i < 16; ++i)
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi)
-                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 384 + 8 * i + 2 * qd) * 4, o1b[4 * i + 2 * hi],
-                                 o1b[4 * i + 2 * hi + 1]);
+                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 256 + 8 * i + 2 * qd) * 4, o1[4 * i + 2 * hi],
+                                 o1[4 * i + 2 * hi + 1]);
         } else {
             int lim[2];
 #pragma unroll
@@ -1173,9 +1144,9 @@ __device__ void decode_wgmma(const Params& p) {
                 lim[hi] = sg.len - p.s_q + s + 1;
             }
             const int lim_min = sg.len - p.s_q + 1;
-            float o0[64];
+            float o0[128];
 #pragma unroll
-            for (int i = 0; i < 64; ++i) o0[i] = 0.0f;
+            for (int i = 0; i < 128; ++i) o0[i] = 0.0f;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
@@ -1183,28 +1154,20 @@ __device__ void decode_wgmma(const Params& p) {
                 const unsigned char* vst = valid + st * BN;
                 bar_sync(BAR_K_FULL + st, 256);
 
-                // Three independent accumulator chains (k steps ks % 3): a single 36-deep
-                // chain of dependent wgmma is latency-bound, not tensor-bound.
-                float sc0[32], sc1[32], sc2[32];
+                // (Three independent accumulator chains with a 128/384 column split measured
+                // slower than this: see docs/perf.md.)
+                float s[32];
                 const uint64_t dk = gmma_desc(kst, 16, 1024);
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < FD / 16; ++ks) {
                     // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
                     const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-                    const int acc = ks >= 3 ? 1 : 0;
-                    if (ks % 3 == 0) Wg<T>::qk(sc0, dq + o16, dk + o16, acc);
-                    else if (ks % 3 == 1) Wg<T>::qk(sc1, dq + o16, dk + o16, acc);
-                    else Wg<T>::qk(sc2, dq + o16, dk + o16, acc);
+                    Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
                 }
                 wgmma_commit();
                 wgmma_wait0();
-                pin(sc0);
-                pin(sc1);
-                pin(sc2);
-                float(&s)[32] = sc0;
-#pragma unroll
-                for (int i = 0; i < 32; ++i) s[i] += sc1[i] + sc2[i];
+                pin(s);
 
                 // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
                 const bool full = tile_is_full(t, lim_min, flags + st * 8);
@@ -1262,7 +1225,7 @@ __device__ void decode_wgmma(const Params& p) {
                 bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
                 bar_arrive(BAR_P_FULL, 256);
                 rescale(o0, alpha[0], alpha[1]);
-                pv_tile<T, 64>(o0, dp, kst);
+                pv_tile<T, 128>(o0, dp, kst);
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
             // Row sums (a quad per row) and maxima for the copy-out.
@@ -1278,7 +1241,7 @@ __device__ void decode_wgmma(const Params& p) {
             }
             __syncthreads();  // matches warpgroup 1's: the KV stages are free
 #pragma unroll
-            for (int i = 0; i < 16; ++i)
+            for (int i = 0; i < 32; ++i)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi)
                     st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 8 * i + 2 * qd) * 4, o0[4 * i + 2 * hi],

@@ -321,9 +321,10 @@ pub fn mla_decode_attention_with(
         parts = parts.min(mp.max(1) as i64);
     }
     let min_tiles = opts.min_tiles.unwrap_or(1).max(1);
-    // Combine: when sequences are cut into many pieces (few sequences, many parts), 8
-    // warps share each row's partials; otherwise a warp per row.
-    let wpr: i64 = if parts >= 4 * b { 8 } else { 1 };
+    // Combine: when sequences are cut into many pieces (16 or more each: few sequences,
+    // many parts), 8 warps share each row's partials; otherwise a warp per row (8 warps
+    // per row at b = 32 launched 8192 mostly idle CTAs: measured slower).
+    let wpr: i64 = if parts >= 16 * b { 8 } else { 1 };
 
     let f = function(cq, base, dt, smem)?;
     let combine = cq.function(&SRC, "mla_decode_combine", dt)?;
