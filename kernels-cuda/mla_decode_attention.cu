@@ -7,8 +7,9 @@
 //
 // - The grid is (num_parts, m_blocks). The tiles of all sequences, laid end to end, are cut
 //   into num_parts equal ranges ("parts"), at least min_tiles long; part p covers tiles
-//   [p*Q, (p+1)*Q). Each CTA computes this schedule itself from seq_lens (two block-wide
-//   passes), so there is no host sync and no metadata kernel, and mixed lengths balance.
+//   [p*Q, (p+1)*Q). Each CTA computes this schedule itself from seq_lens (a block-wide
+//   scan; one pass when B <= blockDim), so there is no host sync and no metadata kernel,
+//   and mixed lengths balance.
 // - A part that holds a whole sequence writes out and lse directly. A sequence cut over
 //   several parts writes one normalized partial (O / l and its log2-sum-exp) per part into
 //   slot p + b of the partial buffers (unique: p + b grows along the tile stream), and the
@@ -23,11 +24,14 @@
 //   mma.sync m16n8k16 tensor cores (sm_80+), KV tiles double-buffered with cp.async into
 //   128-byte-swizzled shared memory, ldmatrix fragments.
 // - mla_decode_wgmma_{bf16,f16}: sm_90a only (compiled when __CUDA_ARCH_FEAT_SM90_ALL is
-//   defined): 64 query rows, same loader and layout, Hopper wgmma from shared memory.
-//   Warpgroup 0 computes S = Q K^T (m64n64k16) and the softmax; both warpgroups then
-//   compute half of O += P V each (m64n256k16, V read in place from the K tile, MN-major).
+//   defined): 64 query rows, same loader and layout, Hopper wgmma from shared memory, a
+//   consumer warpgroup (S = Q K^T, softmax, half of P V) and a producer warpgroup (loads,
+//   other half of P V) synchronized by named barriers (see the section's comment).
 // - mla_decode_combine_{bf16,f16,f32}: merges the partials of cut sequences and writes
-//   empty sequences.
+//   empty sequences. Launched with programmatic dependent launch on sm_90 (the main
+//   kernels trigger it early; it waits with griddepcontrol.wait).
+//
+// Measurements and the reasons behind these choices: docs/perf.md.
 //
 // Softmax runs in the log2 domain (scale_log2 = scale * log2(e)); partial lse are log2,
 // the lse output is natural log.
