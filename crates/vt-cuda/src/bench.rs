@@ -100,7 +100,9 @@ impl<'q> Bench<'q> {
         let target = nvrtc::target_for(cq.sm())?;
         let image = nvrtc::compile("vt_bench_fill.cu", FILL_SRC, &[], target)?;
         let module = match target {
-            nvrtc::Target::Cubin(_) => cq.device.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes)),
+            nvrtc::Target::Cubin(_) => {
+                cq.device.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes))
+            }
             nvrtc::Target::Ptx(_) => {
                 let text = String::from_utf8_lossy(&image.bytes).trim_end_matches('\0').to_string();
                 cq.device.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))
