@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use vt_core::{Buffer, DType, Error, Queue, Result};
+use vt_core::{Buffer, DType, Error, Queue, Result, Tensor};
 
 use crate::block::MlaBlock;
 use crate::kv_cache::PagedKvCache;
@@ -160,10 +160,19 @@ pub fn run_schedule(
     schedule: &Schedule,
     opts: &RunOptions,
 ) -> Result<(HostTensor, RunStats)> {
+    run_steps(queue, block, hidden, positions, &checked_schedule_forwards(hidden, schedule)?, opts)
+}
+
+/// [`schedule_forwards`] for the S sequences of `hidden` `[S,T,H]`, after checking that
+/// `schedule` covers T tokens.
+pub(crate) fn checked_schedule_forwards(
+    hidden: &HostTensor,
+    schedule: &Schedule,
+) -> Result<Vec<Vec<SeqPart>>> {
     let t = hidden.shape.get(1).copied().unwrap_or(0);
     schedule.check(t)?;
     let s = hidden.shape.first().copied().unwrap_or(0).max(0) as usize;
-    run_steps(queue, block, hidden, positions, &schedule_forwards(schedule, s), opts)
+    Ok(schedule_forwards(schedule, s))
 }
 
 /// Runs arbitrary forwards: each is a list of sequence parts (decode parts first), taking
@@ -176,145 +185,195 @@ pub fn run_steps(
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
 ) -> Result<(HostTensor, RunStats)> {
-    let d = block.dims();
-    let dt = block.dtype();
-    let [s, t, h] = hidden.shape[..] else {
-        return Err(Error::invalid(
-            "run_steps",
-            "hidden_states",
-            format!("shape {:?} is not [S, T, H]", hidden.shape),
-        ));
-    };
-    if h != d.hidden_size || hidden.dtype != dt {
-        return Err(Error::invalid(
-            "run_steps",
-            "hidden_states",
-            format!(
-                "is {} {:?}, the block expects {dt} [S, T, {}]",
-                hidden.dtype, hidden.shape, d.hidden_size
-            ),
-        ));
-    }
-    if positions.len() as i64 != s * t {
-        return Err(Error::invalid(
-            "run_steps",
-            "positions",
-            format!("holds {} entries for S*T = {}", positions.len(), s * t),
-        ));
-    }
-    if opts.block_size <= 0 {
-        return Err(Error::invalid(
-            "run_steps",
-            "block_size",
-            format!("must be > 0, got {}", opts.block_size),
-        ));
-    }
-    // Host order of the forwards' rows, and each sequence's progress.
-    let mut order: Vec<(i64, i64)> = Vec::with_capacity((s * t) as usize);
-    let mut done = vec![0i64; s as usize];
-    let mut max_step = 0;
-    for (f, parts) in forwards.iter().enumerate() {
-        let mut rows = 0;
-        for part in parts {
-            let Some(t0) = done.get_mut(part.seq) else {
-                return Err(Error::invalid(
-                    "run_steps",
-                    "forwards",
-                    format!("forward {f} names sequence {} of {s}", part.seq),
-                ));
-            };
-            if part.tokens <= 0 || *t0 + part.tokens > t {
-                return Err(Error::invalid(
-                    "run_steps",
-                    "forwards",
-                    format!(
-                        "forward {f}: sequence {} has {} of {t} tokens left, asked for {}",
-                        part.seq,
-                        t - *t0,
-                        part.tokens
-                    ),
-                ));
-            }
-            order.extend((*t0..*t0 + part.tokens).map(|ti| (part.seq as i64, ti)));
-            *t0 += part.tokens;
-            rows += part.tokens;
-        }
-        max_step = max_step.max(rows);
-    }
-    if let Some(si) = done.iter().position(|&n| n != t) {
-        return Err(Error::invalid(
-            "run_steps",
-            "forwards",
-            format!("sequence {si} gets {} of its {t} tokens", done[si]),
-        ));
-    }
-    let es = dt.size_of();
-    let row = h as usize * es;
-    if hidden.bytes.len() != (s * t) as usize * row {
-        return Err(Error::invalid(
-            "run_steps",
-            "hidden_states",
-            format!(
-                "holds {} bytes, its shape {:?} needs {}",
-                hidden.bytes.len(),
-                hidden.shape,
-                (s * t) as usize * row
-            ),
-        ));
-    }
-    let mut staged = Vec::with_capacity(hidden.bytes.len());
-    for &(si, ti) in &order {
-        let at = ((si * t + ti) as usize) * row;
-        staged.extend_from_slice(&hidden.bytes[at..at + row]);
-    }
-    let x = Buffer::from_bytes(queue, dt, &[s * t, h], &staged)?;
-    let y = Buffer::nan(queue, dt, &[s * t, h])?;
-
-    let bs = opts.block_size;
-    let blocks_per_seq = (t + bs - 1) / bs;
-    let mut cache = PagedKvCache::new(queue, dt, (s * blocks_per_seq).max(1), bs, d.cache_row_dim())?;
-    let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
-    let mut ws = MlaWorkspace::new(MlaLimits {
-        max_tokens: max_step.max(1),
-        max_seqs: s.max(1),
-        max_blocks_per_seq: blocks_per_seq.max(1),
-        chunk_workspace_tokens: chunk_ws.max(1),
+    let plan = RowPlan::new("run_steps", block, hidden, positions, forwards, opts)?;
+    let (got, stats) = plan.run(queue, block, positions, forwards, opts, |ws, xin, meta, cache, yout| {
+        block.forward(queue, ws, xin, meta, cache, yout)
     })?;
-    let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
-    let mut meta = MlaBatchMetadata::default();
-    let mut stats = RunStats::default();
-    let mut row0 = 0i64;
-    let mut done = vec![0i64; s as usize];
-    for parts in forwards {
-        let seqs: Vec<StepSeq<'_>> = parts
-            .iter()
-            .map(|p| {
-                let at = p.seq * t as usize + done[p.seq] as usize;
-                done[p.seq] += p.tokens;
-                StepSeq {
-                    seq: ids[p.seq],
-                    positions: &positions[at..at + p.tokens as usize],
-                    decode: p.decode,
+    Ok((plan.unstage(block.dtype(), &got), stats))
+}
+
+/// The host side of a run (shared by every rank of a tensor-parallel one): the order in
+/// which the forwards take the rows of `hidden`, and the inputs in that order.
+pub(crate) struct RowPlan {
+    s: i64,
+    t: i64,
+    h: i64,
+    /// `(sequence, token)` of each staged row.
+    order: Vec<(i64, i64)>,
+    /// Rows of the largest forward.
+    max_step: i64,
+    staged: Vec<u8>,
+}
+
+impl RowPlan {
+    /// Checks `hidden` `[S,T,H]`, `positions`, `opts` and `forwards` against `block` (errors
+    /// name `op`) and stages the rows of `hidden` in the order the forwards take them.
+    pub(crate) fn new(
+        op: &'static str,
+        block: &MlaBlock<'_>,
+        hidden: &HostTensor,
+        positions: &[i64],
+        forwards: &[Vec<SeqPart>],
+        opts: &RunOptions,
+    ) -> Result<RowPlan> {
+        let (dt, hd) = (block.dtype(), block.dims().hidden_size);
+        let [s, t, h] = hidden.shape[..] else {
+            return Err(Error::invalid(
+                op,
+                "hidden_states",
+                format!("shape {:?} is not [S, T, H]", hidden.shape),
+            ));
+        };
+        if h != hd || hidden.dtype != dt {
+            return Err(Error::invalid(
+                op,
+                "hidden_states",
+                format!("is {} {:?}, the block expects {dt} [S, T, {hd}]", hidden.dtype, hidden.shape),
+            ));
+        }
+        if positions.len() as i64 != s * t {
+            return Err(Error::invalid(
+                op,
+                "positions",
+                format!("holds {} entries for S*T = {}", positions.len(), s * t),
+            ));
+        }
+        if opts.block_size <= 0 {
+            return Err(Error::invalid(op, "block_size", format!("must be > 0, got {}", opts.block_size)));
+        }
+        let row = h as usize * dt.size_of();
+        if hidden.bytes.len() != (s * t) as usize * row {
+            return Err(Error::invalid(
+                op,
+                "hidden_states",
+                format!(
+                    "holds {} bytes, its shape {:?} needs {}",
+                    hidden.bytes.len(),
+                    hidden.shape,
+                    (s * t) as usize * row
+                ),
+            ));
+        }
+        let mut order = Vec::with_capacity((s * t) as usize);
+        let mut done = vec![0i64; s as usize];
+        let mut max_step = 0;
+        for (f, parts) in forwards.iter().enumerate() {
+            let mut rows = 0;
+            for part in parts {
+                let Some(t0) = done.get_mut(part.seq) else {
+                    return Err(Error::invalid(
+                        op,
+                        "forwards",
+                        format!("forward {f} names sequence {} of {s}", part.seq),
+                    ));
+                };
+                if part.tokens <= 0 || *t0 + part.tokens > t {
+                    return Err(Error::invalid(
+                        op,
+                        "forwards",
+                        format!(
+                            "forward {f}: sequence {} has {} of {t} tokens left, asked for {}",
+                            part.seq,
+                            t - *t0,
+                            part.tokens
+                        ),
+                    ));
                 }
-            })
-            .collect();
-        meta.plan(&mut cache, &seqs, chunk_ws)?;
-        let rows = meta.num_tokens();
-        let xin = x.view().slice(0, row0, row0 + rows)?;
-        let yout = y.view().slice(0, row0, row0 + rows)?;
-        block.forward(queue, &mut ws, &xin, &meta, &cache.view(), &yout)?;
-        stats.forwards += 1;
-        stats.context_chunks += meta.chunks.len();
-        stats.allocations.push((meta.num_decode_tokens == rows, ws.allocations()));
-        row0 += rows;
+                order.extend((*t0..*t0 + part.tokens).map(|ti| (part.seq as i64, ti)));
+                *t0 += part.tokens;
+                rows += part.tokens;
+            }
+            max_step = max_step.max(rows);
+        }
+        if let Some(si) = done.iter().position(|&n| n != t) {
+            return Err(Error::invalid(
+                op,
+                "forwards",
+                format!("sequence {si} gets {} of its {t} tokens", done[si]),
+            ));
+        }
+        let mut staged = Vec::with_capacity(hidden.bytes.len());
+        for &(si, ti) in &order {
+            let at = ((si * t + ti) as usize) * row;
+            staged.extend_from_slice(&hidden.bytes[at..at + row]);
+        }
+        Ok(RowPlan { s, t, h, order, max_step, staged })
     }
-    let got = y.to_bytes(queue)?;
-    let mut out = vec![0u8; got.len()];
-    for (i, &(si, ti)) in order.iter().enumerate() {
-        let at = ((si * t + ti) as usize) * row;
-        out[at..at + row].copy_from_slice(&got[i * row..(i + 1) * row]);
+
+    /// Runs the planned forwards on `queue` with a fresh paged cache and workspace:
+    /// `forward(ws, hidden, meta, kv_cache, out)` is one step of `block` (or of its rank).
+    /// Returns the output rows in staged order, and what the run observed.
+    pub(crate) fn run(
+        &self,
+        queue: &Queue,
+        block: &MlaBlock<'_>,
+        positions: &[i64],
+        forwards: &[Vec<SeqPart>],
+        opts: &RunOptions,
+        mut forward: impl FnMut(
+            &mut MlaWorkspace,
+            &Tensor<'_>,
+            &MlaBatchMetadata,
+            &Tensor<'_>,
+            &Tensor<'_>,
+        ) -> Result<()>,
+    ) -> Result<(Vec<u8>, RunStats)> {
+        let (s, t, h) = (self.s, self.t, self.h);
+        let dt = block.dtype();
+        let x = Buffer::from_bytes(queue, dt, &[s * t, h], &self.staged)?;
+        let y = Buffer::nan(queue, dt, &[s * t, h])?;
+        let bs = opts.block_size;
+        let blocks_per_seq = (t + bs - 1) / bs;
+        let mut cache =
+            PagedKvCache::new(queue, dt, (s * blocks_per_seq).max(1), bs, block.dims().cache_row_dim())?;
+        let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
+        let mut ws = MlaWorkspace::new(MlaLimits {
+            max_tokens: self.max_step.max(1),
+            max_seqs: s.max(1),
+            max_blocks_per_seq: blocks_per_seq.max(1),
+            chunk_workspace_tokens: chunk_ws.max(1),
+        })?;
+        let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
+        let mut meta = MlaBatchMetadata::default();
+        let mut stats = RunStats::default();
+        let mut row0 = 0i64;
+        let mut done = vec![0i64; s as usize];
+        for parts in forwards {
+            let seqs: Vec<StepSeq<'_>> = parts
+                .iter()
+                .map(|p| {
+                    let at = p.seq * t as usize + done[p.seq] as usize;
+                    done[p.seq] += p.tokens;
+                    StepSeq {
+                        seq: ids[p.seq],
+                        positions: &positions[at..at + p.tokens as usize],
+                        decode: p.decode,
+                    }
+                })
+                .collect();
+            meta.plan(&mut cache, &seqs, chunk_ws)?;
+            let rows = meta.num_tokens();
+            let xin = x.view().slice(0, row0, row0 + rows)?;
+            let yout = y.view().slice(0, row0, row0 + rows)?;
+            forward(&mut ws, &xin, &meta, &cache.view(), &yout)?;
+            stats.forwards += 1;
+            stats.context_chunks += meta.chunks.len();
+            stats.allocations.push((meta.num_decode_tokens == rows, ws.allocations()));
+            row0 += rows;
+        }
+        Ok((y.to_bytes(queue)?, stats))
     }
-    Ok((HostTensor { dtype: dt, shape: vec![s, t, h], bytes: out }, stats))
+
+    /// `out` `[S,T,H]` from the output rows `got` in staged order.
+    pub(crate) fn unstage(&self, dt: DType, got: &[u8]) -> HostTensor {
+        let row = self.h as usize * dt.size_of();
+        let mut out = vec![0u8; got.len()];
+        for (i, &(si, ti)) in self.order.iter().enumerate() {
+            let at = ((si * self.t + ti) as usize) * row;
+            out[at..at + row].copy_from_slice(&got[i * row..(i + 1) * row]);
+        }
+        HostTensor { dtype: dt, shape: vec![self.s, self.t, self.h], bytes: out }
+    }
 }
 
 /// The positions input of the CLI: `positions` `[S,T]` i64 if given, else `0..T` for each

@@ -13,7 +13,7 @@ use crate::block::MlaBlock;
 use crate::config::MlaConfig;
 use crate::kv_cache::PagedKvCache;
 use crate::metadata::{MlaBatchMetadata, StepSeq};
-use crate::runner::{schedule_forwards, RunOptions, RunStats, Schedule, SeqPart};
+use crate::runner::{checked_schedule_forwards, RowPlan, RunOptions, RunStats, Schedule, SeqPart};
 use crate::weights::{HostTensor, HostWeights, MlaWeightStore};
 use crate::workspace::{MlaLimits, MlaWorkspace};
 
@@ -108,109 +108,7 @@ pub fn run_schedule_tp(
     schedule: &Schedule,
     opts: &RunOptions,
 ) -> Result<(HostTensor, TpRunStats)> {
-    let t = hidden.shape.get(1).copied().unwrap_or(0);
-    schedule.check(t)?;
-    let s = hidden.shape.first().copied().unwrap_or(0).max(0) as usize;
-    run_steps_tp(group, blocks, hidden, positions, &schedule_forwards(schedule, s), opts)
-}
-
-/// The host side of a run, shared by every rank: the order in which the forwards take the
-/// rows of `hidden`, and the inputs in that order.
-struct RowPlan {
-    s: i64,
-    t: i64,
-    h: i64,
-    /// `(sequence, token)` of each staged row.
-    order: Vec<(i64, i64)>,
-    /// Rows of the largest forward.
-    max_step: i64,
-    staged: Vec<u8>,
-}
-
-fn plan_rows(
-    block: &MlaBlock<'_>,
-    hidden: &HostTensor,
-    positions: &[i64],
-    forwards: &[Vec<SeqPart>],
-    opts: &RunOptions,
-) -> Result<RowPlan> {
-    let (dt, hd) = (block.dtype(), block.dims().hidden_size);
-    let [s, t, h] = hidden.shape[..] else {
-        return Err(Error::invalid(
-            OP,
-            "hidden_states",
-            format!("shape {:?} is not [S, T, H]", hidden.shape),
-        ));
-    };
-    if h != hd || hidden.dtype != dt {
-        return Err(Error::invalid(
-            OP,
-            "hidden_states",
-            format!("is {} {:?}, the block expects {dt} [S, T, {hd}]", hidden.dtype, hidden.shape),
-        ));
-    }
-    if positions.len() as i64 != s * t {
-        return Err(Error::invalid(
-            OP,
-            "positions",
-            format!("holds {} entries for S*T = {}", positions.len(), s * t),
-        ));
-    }
-    if opts.block_size <= 0 {
-        return Err(Error::invalid(OP, "block_size", format!("must be > 0, got {}", opts.block_size)));
-    }
-    let row = h as usize * dt.size_of();
-    if hidden.bytes.len() != (s * t) as usize * row {
-        return Err(Error::invalid(
-            OP,
-            "hidden_states",
-            format!("holds {} bytes, its shape needs {}", hidden.bytes.len(), (s * t) as usize * row),
-        ));
-    }
-    let mut order = Vec::with_capacity((s * t) as usize);
-    let mut done = vec![0i64; s as usize];
-    let mut max_step = 0;
-    for (f, parts) in forwards.iter().enumerate() {
-        let mut rows = 0;
-        for part in parts {
-            let Some(t0) = done.get_mut(part.seq) else {
-                return Err(Error::invalid(
-                    OP,
-                    "forwards",
-                    format!("forward {f} names sequence {} of {s}", part.seq),
-                ));
-            };
-            if part.tokens <= 0 || *t0 + part.tokens > t {
-                return Err(Error::invalid(
-                    OP,
-                    "forwards",
-                    format!(
-                        "forward {f}: sequence {} has {} of {t} tokens left, asked for {}",
-                        part.seq,
-                        t - *t0,
-                        part.tokens
-                    ),
-                ));
-            }
-            order.extend((*t0..*t0 + part.tokens).map(|ti| (part.seq as i64, ti)));
-            *t0 += part.tokens;
-            rows += part.tokens;
-        }
-        max_step = max_step.max(rows);
-    }
-    if let Some(si) = done.iter().position(|&n| n != t) {
-        return Err(Error::invalid(
-            OP,
-            "forwards",
-            format!("sequence {si} gets {} of its {t} tokens", done[si]),
-        ));
-    }
-    let mut staged = Vec::with_capacity(hidden.bytes.len());
-    for &(si, ti) in &order {
-        let at = ((si * t + ti) as usize) * row;
-        staged.extend_from_slice(&hidden.bytes[at..at + row]);
-    }
-    Ok(RowPlan { s, t, h, order, max_step, staged })
+    run_steps_tp(group, blocks, hidden, positions, &checked_schedule_forwards(hidden, schedule)?, opts)
 }
 
 /// Runs `f(rank)` on one scoped thread per rank and returns the results in rank order.
@@ -319,79 +217,19 @@ pub fn run_steps_tp(
             ));
         }
     }
-    let plan = plan_rows(&blocks[0], hidden, positions, forwards, opts)?;
+    let plan = RowPlan::new(OP, &blocks[0], hidden, positions, forwards, opts)?;
     let results = on_every_rank(group, &[], |r, q, comm| {
-        rank_steps(&blocks[r], comm, q, &plan, positions, forwards, opts)
+        let block = &blocks[r];
+        plan.run(q, block, positions, forwards, opts, |ws, xin, meta, cache, yout| {
+            forward_rank(block, comm, q, ws, xin, meta, cache, yout)
+        })
     })?;
     let (out0, stats0) = &results[0];
     let ranks_identical = results.iter().all(|(o, _)| o == out0);
-    let dt = blocks[0].dtype();
-    let row = plan.h as usize * dt.size_of();
-    let mut out = vec![0u8; out0.len()];
-    for (i, &(si, ti)) in plan.order.iter().enumerate() {
-        let at = ((si * plan.t + ti) as usize) * row;
-        out[at..at + row].copy_from_slice(&out0[i * row..(i + 1) * row]);
-    }
     Ok((
-        HostTensor { dtype: dt, shape: vec![plan.s, plan.t, plan.h], bytes: out },
+        plan.unstage(blocks[0].dtype(), out0),
         TpRunStats { run: stats0.clone(), all_reduces: stats0.forwards, ranks_identical },
     ))
-}
-
-/// One rank's part of [`run_steps_tp`]: its output rows in staged order.
-fn rank_steps(
-    block: &MlaBlock<'_>,
-    comm: &dyn Communicator,
-    queue: &Queue,
-    plan: &RowPlan,
-    positions: &[i64],
-    forwards: &[Vec<SeqPart>],
-    opts: &RunOptions,
-) -> Result<(Vec<u8>, RunStats)> {
-    let (s, t, h) = (plan.s, plan.t, plan.h);
-    let dt = block.dtype();
-    let x = Buffer::from_bytes(queue, dt, &[s * t, h], &plan.staged)?;
-    let y = Buffer::nan(queue, dt, &[s * t, h])?;
-    let bs = opts.block_size;
-    let blocks_per_seq = (t + bs - 1) / bs;
-    let mut cache =
-        PagedKvCache::new(queue, dt, (s * blocks_per_seq).max(1), bs, block.dims().cache_row_dim())?;
-    let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
-    let mut ws = MlaWorkspace::new(MlaLimits {
-        max_tokens: plan.max_step.max(1),
-        max_seqs: s.max(1),
-        max_blocks_per_seq: blocks_per_seq.max(1),
-        chunk_workspace_tokens: chunk_ws.max(1),
-    })?;
-    let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
-    let mut meta = MlaBatchMetadata::default();
-    let mut stats = RunStats::default();
-    let mut row0 = 0i64;
-    let mut done = vec![0i64; s as usize];
-    for parts in forwards {
-        let seqs: Vec<StepSeq<'_>> = parts
-            .iter()
-            .map(|p| {
-                let at = p.seq * t as usize + done[p.seq] as usize;
-                done[p.seq] += p.tokens;
-                StepSeq {
-                    seq: ids[p.seq],
-                    positions: &positions[at..at + p.tokens as usize],
-                    decode: p.decode,
-                }
-            })
-            .collect();
-        meta.plan(&mut cache, &seqs, chunk_ws)?;
-        let rows = meta.num_tokens();
-        let xin = x.view().slice(0, row0, row0 + rows)?;
-        let yout = y.view().slice(0, row0, row0 + rows)?;
-        forward_rank(block, comm, queue, &mut ws, &xin, &meta, &cache.view(), &yout)?;
-        stats.forwards += 1;
-        stats.context_chunks += meta.chunks.len();
-        stats.allocations.push((meta.num_decode_tokens == rows, ws.allocations()));
-        row0 += rows;
-    }
-    Ok((y.to_bytes(queue)?, stats))
 }
 
 /// Sizes of [`bench_decode`].
