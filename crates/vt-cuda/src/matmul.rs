@@ -100,38 +100,38 @@ fn data_type(dt: DType) -> Result<cudaDataType> {
     })
 }
 
-/// `out[g] = a[g] . b[g]` with `a` [G,M,K], `b` [G,K,N] (logical), `out` [G,M,N]; each given
-/// as (batch stride, matrix).
-#[allow(clippy::too_many_arguments)]
+/// One operand of a batched GEMM: its view (for the address), the stride between its batch
+/// entries and the matrix each entry is.
+#[derive(Clone, Copy)]
+struct Operand<'a> {
+    view: &'a Tensor<'a>,
+    batch_stride: i64,
+    mat: Mat,
+}
+
+/// `out[g] = a[g] . b[g]` with `a` [G,M,K], `b` [G,K,N] (logical), `out` [G,M,N].
 fn gemm(
     q: &Queue,
     op: &'static str,
-    out: &Tensor<'_>,
-    (gc, c): (i64, Mat),
-    a: &Tensor<'_>,
-    (ga, am): (i64, Mat),
-    b: &Tensor<'_>,
-    (gb, bm): (i64, Mat),
+    out: Operand<'_>,
+    a: Operand<'_>,
+    b: Operand<'_>,
     batch: i64,
 ) -> Result<()> {
     let cq = CudaQueue::of(q, op)?;
-    let (m, n, k) = (c.rows, c.cols, am.cols);
+    let (m, n, k) = (out.mat.rows, out.mat.cols, a.mat.cols);
     if batch == 0 || m == 0 || n == 0 {
         return Ok(());
     }
-    let dt = out.dtype();
+    let dt = out.view.dtype();
     // Batch strides of a single matrix are never used; 0 keeps cuBLAS's checks quiet.
-    let (gc, ga, gb) = if batch == 1 { (0, 0, 0) } else { (gc, ga, gb) };
-    let blas_plan = if k > 0 && batch <= i32::MAX as i64 { plan(am, bm, c) } else { None };
+    let [out, a, b] = [out, a, b].map(|x| if batch == 1 { Operand { batch_stride: 0, ..x } } else { x });
+    let blas_plan = if k > 0 && batch <= i32::MAX as i64 { plan(a.mat, b.mat, out.mat) } else { None };
     let (Some(p), Some(blas)) = (blas_plan, cq.blas.as_ref()) else {
-        return fallback(cq, op, out, (gc, c), a, (ga, am), b, (gb, bm), batch, k);
+        return fallback(cq, op, out, a, b, batch, k);
     };
     let ty = data_type(dt)?;
-    let (pa, sa, pb, sb) = if p.a_first {
-        (a.data_addr(), ga, b.data_addr(), gb)
-    } else {
-        (b.data_addr(), gb, a.data_addr(), ga)
-    };
+    let (first, second) = if p.a_first { (a, b) } else { (b, a) };
     let (alpha, beta) = (1.0f32, 0.0f32);
     cq.device.ctx.bind_to_thread().map_err(crate::device::drv("binding the context"))?;
     // SAFETY: the plan's shapes, leading dimensions and batch strides describe exactly the
@@ -147,19 +147,19 @@ fn gemm(
             p.n as i32,
             p.k as i32,
             &alpha as *const f32 as *const _,
-            pa as *const _,
+            first.view.data_addr() as *const _,
             ty,
             p.lda as i32,
-            sa,
-            pb as *const _,
+            first.batch_stride,
+            second.view.data_addr() as *const _,
             ty,
             p.ldb as i32,
-            sb,
+            second.batch_stride,
             &beta as *const f32 as *const _,
-            out.data_addr() as *mut _,
+            out.view.data_addr() as *mut _,
             ty,
             p.ldc as i32,
-            gc,
+            out.batch_stride,
             batch as i32,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -168,32 +168,29 @@ fn gemm(
     .map_err(|e| Error::backend(BACKEND, format!("{op}: cublasGemmStridedBatchedEx: {e}")))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn fallback(
     cq: &CudaQueue,
     op: &'static str,
-    out: &Tensor<'_>,
-    (gc, c): (i64, Mat),
-    a: &Tensor<'_>,
-    (ga, am): (i64, Mat),
-    b: &Tensor<'_>,
-    (gb, bm): (i64, Mat),
+    out: Operand<'_>,
+    a: Operand<'_>,
+    b: Operand<'_>,
     batch: i64,
     k: i64,
 ) -> Result<()> {
+    let (am, bm, c) = (a.mat, b.mat, out.mat);
     tracing::debug!(op, ?am, ?bm, ?c, "matmul views not expressible in cuBLAS: fallback kernel");
-    let f = cq.function(&SRC, "batched_matmul", out.dtype())?;
+    let f = cq.function(&SRC, "batched_matmul", out.view.dtype())?;
     let args: [Arg; 16] = [
-        out.data_addr().into(),
-        gc.into(),
+        out.view.data_addr().into(),
+        out.batch_stride.into(),
         c.rs.into(),
         c.cs.into(),
-        a.data_addr().into(),
-        ga.into(),
+        a.view.data_addr().into(),
+        a.batch_stride.into(),
         am.rs.into(),
         am.cs.into(),
-        b.data_addr().into(),
-        gb.into(),
+        b.view.data_addr().into(),
+        b.batch_stride.into(),
         bm.rs.into(),
         bm.cs.into(),
         batch.into(),
@@ -209,26 +206,16 @@ fn fallback(
 }
 
 pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
-    let a = Mat::of(&x.a, 0, 1);
+    let a = Operand { view: &x.a, batch_stride: 0, mat: Mat::of(&x.a, 0, 1) };
     // b is [N, K]; the product reads it as [K, N].
-    let b = Mat::of(&x.b, 0, 1).t();
-    let c = Mat::of(&x.out, 0, 1);
-    gemm(q, "MatmulBT", &x.out, (0, c), &x.a, (0, a), &x.b, (0, b), 1)
+    let b = Operand { view: &x.b, batch_stride: 0, mat: Mat::of(&x.b, 0, 1).t() };
+    let out = Operand { view: &x.out, batch_stride: 0, mat: Mat::of(&x.out, 0, 1) };
+    gemm(q, "MatmulBT", out, a, b, 1)
 }
 
 pub(crate) fn batched_matmul(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
-    let g = x.a.dim(0);
-    gemm(
-        q,
-        "BatchedMatmul",
-        &x.out,
-        (x.out.stride(0), Mat::of(&x.out, 1, 2)),
-        &x.a,
-        (x.a.stride(0), Mat::of(&x.a, 1, 2)),
-        &x.b,
-        (x.b.stride(0), Mat::of(&x.b, 1, 2)),
-        g,
-    )
+    let batched = |t| Operand { view: t, batch_stride: t.stride(0), mat: Mat::of(t, 1, 2) };
+    gemm(q, "BatchedMatmul", batched(&x.out), batched(&x.a), batched(&x.b), x.a.dim(0))
 }
 
 #[cfg(test)]
