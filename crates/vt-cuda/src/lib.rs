@@ -126,3 +126,9 @@ fn kernels_ready() -> vt_core::Result<()> {
 pub(crate) fn grid_1d(n: i64) -> u32 {
     n.clamp(1, 1 << 20) as u32
 }
+
+/// An optional log-sum-exp output `[N, T]` as kernel arguments `(address, head stride,
+/// token stride)`: all 0 when there is none, and the kernels skip a null address.
+pub(crate) fn optional_lse(lse: Option<&vt_core::Tensor<'_>>) -> (u64, i64, i64) {
+    lse.map_or((0, 0, 0), |l| (l.data_addr(), l.stride(0), l.stride(1)))
+}

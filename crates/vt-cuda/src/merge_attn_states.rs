@@ -4,7 +4,7 @@
 use vt_core::{MergeAttnStatesArgs, Queue, Result};
 
 use crate::rope_from_cache::int;
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{cfg, grid_1d, kernel_source, optional_lse, Arg, CudaQueue, KernelSource};
 
 static SRC: KernelSource = kernel_source!("merge_attn_states");
 
@@ -15,10 +15,7 @@ pub(crate) fn run(q: &Queue, a: &MergeAttnStatesArgs<'_>) -> Result<()> {
     if t == 0 || n == 0 {
         return Ok(());
     }
-    let (lse, l_sh, l_st) = match &a.out_lse {
-        Some(l) => (l.data_addr(), l.stride(0), l.stride(1)),
-        None => (0, 0, 0),
-    };
+    let (lse, l_sh, l_st) = optional_lse(a.out_lse.as_ref());
     let f = cq.function(&SRC, "merge_attn_states", a.out.dtype())?;
     let args: [Arg; 21] = [
         a.out.data_addr().into(),

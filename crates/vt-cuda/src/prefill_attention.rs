@@ -7,7 +7,7 @@ use vt_core::{Error, PrefillAttentionArgs, Queue, Result};
 
 use crate::device::{drv, BACKEND};
 use crate::rope_from_cache::int;
-use crate::{cfg, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{cfg, kernel_source, optional_lse, Arg, CudaQueue, KernelSource};
 
 static SRC: KernelSource = kernel_source!("prefill_attention");
 
@@ -57,10 +57,7 @@ pub(crate) fn run(q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(drv("raising the shared memory limit"))?;
     }
-    let (lse, l_sh, l_st) = match &a.lse {
-        Some(l) => (l.data_addr(), l.stride(0), l.stride(1)),
-        None => (0, 0, 0),
-    };
+    let (lse, l_sh, l_st) = optional_lse(a.lse.as_ref());
     let args: [Arg; 25] = [
         a.out.data_addr().into(),
         a.out.stride(0).into(),
