@@ -2,7 +2,7 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vt_core::{Buffer, DType, Error, OpId, Queue, Result, Tensor};
+use vt_core::{for_each_strided_offset, Buffer, DType, Error, OpId, Queue, Result, Tensor};
 
 /// How a case calls its op on one queue, given the case's buffers uploaded there.
 pub(crate) type Exec = Box<dyn Fn(&Queue, &[Buffer]) -> Result<()> + Send + Sync>;
@@ -82,29 +82,11 @@ impl View {
 
     /// Marks every element of the view in `mask` (a mask over its whole buffer).
     pub fn mark(&self, mask: &mut [bool]) {
-        if self.shape.contains(&0) {
-            return;
-        }
-        let rank = self.shape.len();
-        let mut idx = vec![0i64; rank];
-        loop {
-            let off = self.offset + idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum::<i64>();
+        for_each_strided_offset(self.offset, &self.shape, &self.strides, |off| {
             if let Some(m) = mask.get_mut(off as usize) {
                 *m = true;
             }
-            let mut d = rank;
-            loop {
-                if d == 0 {
-                    return;
-                }
-                d -= 1;
-                idx[d] += 1;
-                if idx[d] < self.shape[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
+        });
     }
 }
 

@@ -26,4 +26,7 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use ops::*;
 pub use registry::{op_registered, registered_ops, OpId, OpImpl, Probe};
-pub use tensor::{contiguous_strides, f8e4m3_to_f32, for_each_offset, read_host_elem, Tensor, MAX_RANK};
+pub use tensor::{
+    contiguous_strides, f8e4m3_to_f32, for_each_offset, for_each_strided_offset, read_host_elem, Tensor,
+    MAX_RANK,
+};

@@ -389,14 +389,20 @@ pub fn contiguous_strides(shape: &[i64]) -> [i64; MAX_RANK] {
 }
 
 /// Calls `f` with the element offset (from base) of every element, in row-major order.
-pub fn for_each_offset(t: &Tensor<'_>, mut f: impl FnMut(i64)) {
-    if t.numel() == 0 {
+pub fn for_each_offset(t: &Tensor<'_>, f: impl FnMut(i64)) {
+    for_each_strided_offset(t.offset(), t.shape(), t.strides(), f)
+}
+
+/// [`for_each_offset`] of a view described by its first element's `offset`, `shape` and
+/// `strides` (elements; any rank), without a buffer behind it.
+pub fn for_each_strided_offset(offset: i64, shape: &[i64], strides: &[i64], mut f: impl FnMut(i64)) {
+    if shape.contains(&0) {
         return;
     }
-    let rank = t.rank();
-    let mut idx = [0i64; MAX_RANK];
+    let rank = shape.len();
+    let mut idx = vec![0i64; rank];
     loop {
-        let off = t.offset() + idx[..rank].iter().zip(t.strides()).map(|(i, s)| i * s).sum::<i64>();
+        let off = offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<i64>();
         f(off);
         let mut d = rank;
         loop {
@@ -405,7 +411,7 @@ pub fn for_each_offset(t: &Tensor<'_>, mut f: impl FnMut(i64)) {
             }
             d -= 1;
             idx[d] += 1;
-            if idx[d] < t.dim(d) {
+            if idx[d] < shape[d] {
                 break;
             }
             idx[d] = 0;
