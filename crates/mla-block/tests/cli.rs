@@ -2,45 +2,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use common::{golden_case, safetensors_bytes, synthetic, synthetic_checkpoint, Case};
+use common::{
+    golden_case, read_out, safetensors_bytes, synthetic, synthetic_checkpoint, tmp, vt_mla, vt_mla_run, Case,
+};
 use mla_block::{HostTensor, DEFAULT_LAYER_PREFIX};
-use safetensors::SafeTensors;
 use vt_core::DType;
-
-fn vt_mla() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vt-mla"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vt-mla-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn read_out(path: &Path) -> HostTensor {
-    let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    HostTensor::from_safetensors(&st, "out", "out").unwrap()
-}
-
-fn run_case(dir: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
-    vt_mla()
-        .arg("run")
-        .arg("--config")
-        .arg(dir.join("config.json"))
-        .arg("--weights")
-        .arg(dir.join("weights.safetensors"))
-        .arg("--input")
-        .arg(dir.join("input.safetensors"))
-        .arg("--output")
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap()
-}
 
 #[test]
 fn run_reproduces_the_goldens_in_the_input_dtype() {
@@ -51,7 +17,8 @@ fn run_reproduces_the_goldens_in_the_input_dtype() {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
         let out_path = tmp(&format!("{name}.safetensors"));
-        let o = run_case(&dir, &out_path, &["--backend", "cpu", "--schedule", schedule, "--block-size", bs]);
+        let o =
+            vt_mla_run(&dir, &out_path, &["--backend", "cpu", "--schedule", schedule, "--block-size", bs]);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{name}: {stderr}");
         let out = read_out(&out_path);
@@ -130,14 +97,14 @@ fn run_defaults_positions_to_0_through_t_and_honours_layer_prefix() {
 fn run_rejects_a_schedule_that_does_not_sum_to_t_and_bad_arguments() {
     let Some(dir) = golden_case("qlora_yarn_interleave_f32") else { return };
     let out = tmp("bad.safetensors");
-    let o = run_case(&dir, &out, &["--schedule", "prefill:16,decode:4"]);
+    let o = vt_mla_run(&dir, &out, &["--schedule", "prefill:16,decode:4"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && stderr.contains("covers 20 tokens but each sequence has 24"), "{stderr}");
-    let o = run_case(&dir, &out, &["--backend", "tpu"]);
+    let o = vt_mla_run(&dir, &out, &["--backend", "tpu"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--backend `tpu`"));
-    let o = run_case(&dir, &out, &["--block-size", "0"]);
+    let o = vt_mla_run(&dir, &out, &["--block-size", "0"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--block-size"));
-    let o = run_case(&dir, &out, &["--frobnicate", "1"]);
+    let o = vt_mla_run(&dir, &out, &["--frobnicate", "1"]);
     assert!(
         !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("unknown argument `--frobnicate`")
     );

@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{golden_case, CASES};
+use common::{golden_case, read_out, tmp, vt_mla, vt_mla_run, CASES};
 use mla_block::runner::{run_schedule, RunOptions, Schedule};
 use mla_block::tp::{
     bench_decode, check_tp, compare_tp_against, device_count, head_range, rank_dims, run_schedule_tp,
@@ -395,65 +393,33 @@ fn decode_bench_runs_at_tp_1_and_2() {
     }
 }
 
-fn vt_mla() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vt-mla"))
-}
-
-fn out_path(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("vt-mla-tp-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn cli_run(dir: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    vt_mla()
-        .arg("run")
-        .arg("--config")
-        .arg(dir.join("config.json"))
-        .arg("--weights")
-        .arg(dir.join("weights.safetensors"))
-        .arg("--input")
-        .arg(dir.join("input.safetensors"))
-        .arg("--output")
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
-fn read_out(path: &std::path::Path) -> Vec<f64> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    HostTensor::from_safetensors(&st, "out", "out").unwrap().to_f64()
-}
-
 #[test]
 fn cli_run_with_tp_matches_tp1_and_names_what_is_missing() {
     let Some(dir) = golden_case("v2lite_yarn_f32") else { return };
     let schedule = ["--schedule", "prefill:12,decode:8,prefill:20", "--block-size", "16"];
-    let (a, b) = (out_path("tp1.safetensors"), out_path("tp4.safetensors"));
-    let o1 = cli_run(&dir, &a, &[&schedule[..], &["--backend", "cpu"]].concat());
+    let (a, b) = (tmp("tp1.safetensors"), tmp("tp4.safetensors"));
+    let o1 = vt_mla_run(&dir, &a, &[&schedule[..], &["--backend", "cpu"]].concat());
     assert!(o1.status.success(), "{}", String::from_utf8_lossy(&o1.stderr));
-    let o4 = cli_run(&dir, &b, &[&schedule[..], &["--backend", "cpu", "--tp", "4"]].concat());
+    let o4 = vt_mla_run(&dir, &b, &[&schedule[..], &["--backend", "cpu", "--tp", "4"]].concat());
     let err = String::from_utf8_lossy(&o4.stderr);
     assert!(o4.status.success(), "{err}");
     assert!(err.contains("tp 4: 4 ranks sharing cpu:0 over host"), "{err}");
-    let e = common::rel_frobenius(&read_out(&b), &read_out(&a));
+    let e = common::rel_frobenius(&read_out(&b).to_f64(), &read_out(&a).to_f64());
     eprintln!("vt-mla run --tp 4 vs tp 1: {e:.3e}");
     assert!(e <= 1e-5, "{e:.3e}");
 
     let Some(six) = golden_case("qlora_yarn_neox_bf16") else { return };
-    let o = cli_run(&six, &out_path("x.safetensors"), &["--backend", "cpu", "--tp", "4"]);
+    let o = vt_mla_run(&six, &tmp("x.safetensors"), &["--backend", "cpu", "--tp", "4"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("is not divisible by tp = 4"), "{err}");
 
     vt_backends::init();
     let found = device_count(DeviceType::Cuda);
     let tp = (found + 1).to_string();
-    let o = cli_run(&dir, &out_path("y.safetensors"), &["--backend", "cuda", "--tp", &tp]);
+    let o = vt_mla_run(&dir, &tmp("y.safetensors"), &["--backend", "cuda", "--tp", &tp]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains(&format!("found {found}")), "{err}");
-    let o = cli_run(&dir, &out_path("z.safetensors"), &["--backend", "cpu", "--tp", "0"]);
+    let o = vt_mla_run(&dir, &tmp("z.safetensors"), &["--backend", "cpu", "--tp", "0"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--tp `0`"));
 }
 
