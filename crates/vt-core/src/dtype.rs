@@ -71,52 +71,32 @@ pub trait Element: Copy + Send + Sync + 'static {
     fn from_f64(v: f64) -> Self;
 }
 
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::BF16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(v: f64) -> Self {
-        half::bf16::from_f64(v)
-    }
+/// Implements [`Element`]: `half`'s types through their own f64 conversions (lossless),
+/// the primitives with `as`.
+macro_rules! impl_element {
+    (inherent: $($t:ty => $dtype:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f64(v)
+            }
+        }
+    )*};
+    (cast: $($t:ty => $dtype:ident),*) => {$(
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+        }
+    )*};
 }
 
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(v: f64) -> Self {
-        half::f16::from_f64(v)
-    }
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-}
-
-impl Element for i32 {
-    const DTYPE: DType = DType::I32;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as i32
-    }
-}
-
-impl Element for i64 {
-    const DTYPE: DType = DType::I64;
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn from_f64(v: f64) -> Self {
-        v as i64
-    }
-}
+impl_element!(inherent: half::bf16 => BF16, half::f16 => F16);
+impl_element!(cast: f32 => F32, i32 => I32, i64 => I64);
