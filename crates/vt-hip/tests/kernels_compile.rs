@@ -4,19 +4,24 @@
 //! ROCm 5.x, or libhiprtc), not a GPU; skips with a message where the library is absent
 //! (`.ci/kernels` runs the same check through `cargo xtask kernels` after installing it).
 
-use vt_hip::{selfcheck, Libraries};
+use vt_hip::selfcheck::{self, Report};
+use vt_hip::Libraries;
+
+/// The self-check for `arch`, or `None` (skipped, with a message) where there is no HIP
+/// runtime / hiprtc: `.ci/kernels` installs it after the tests run.
+fn selfcheck_for(arch: &str) -> Option<Report> {
+    match selfcheck::run(&Libraries::default(), arch, vt_hip::compile::cache_dir().as_deref()) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("skipped: no HIP runtime / hiprtc on this machine ({e})");
+            None
+        }
+    }
+}
 
 #[test]
 fn every_kernel_compiles_with_hiprtc_and_matches_its_planned_launches() {
-    let report =
-        match selfcheck::run(&Libraries::default(), "gfx90a", vt_hip::compile::cache_dir().as_deref()) {
-            Ok(r) => r,
-            // No HIP runtime here: `.ci/kernels` installs it after the tests run.
-            Err(e) => {
-                eprintln!("skipped: no HIP runtime / hiprtc on this machine ({e})");
-                return;
-            }
-        };
+    let Some(report) = selfcheck_for("gfx90a") else { return };
     eprintln!("{report}");
     assert!(report.passed(), "{report}");
     assert_eq!(report.files, 10);
@@ -30,14 +35,7 @@ fn every_kernel_compiles_with_hiprtc_and_matches_its_planned_launches() {
 fn kernels_compile_for_32_wide_waves_too() {
     // RDNA (gfx10/11) runs 32-wide waves: the reductions loop from warpSize / 2 and must not
     // assume 64 (or 32) lanes.
-    let report =
-        match selfcheck::run(&Libraries::default(), "gfx1030", vt_hip::compile::cache_dir().as_deref()) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("skipped: no HIP runtime / hiprtc on this machine ({e})");
-                return;
-            }
-        };
+    let Some(report) = selfcheck_for("gfx1030") else { return };
     eprintln!("{report}");
     assert!(report.passed(), "{report}");
     assert_eq!(report.wavefront_size, 32, "gfx1030 runs 32-wide wavefronts");
