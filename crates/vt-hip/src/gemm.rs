@@ -23,6 +23,13 @@ pub(crate) struct Operand {
     pub s: [i64; 3],
 }
 
+impl Operand {
+    /// The same memory with each batch entry transposed.
+    fn t(self) -> Operand {
+        Operand { addr: self.addr, s: [self.s[0], self.s[2], self.s[1]] }
+    }
+}
+
 /// One `rocblas_gemm_strided_batched_ex` call (C = D, alpha = 1, beta = 0, f32 compute).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RocblasGemm {
@@ -88,61 +95,36 @@ pub(crate) fn rocblas_call(
     let [g, m, n, k] = dims;
     let dt = blas_dtype(dtype)?;
     let batch_stride = |s: i64| if g == 1 { 0 } else { s };
-    // out row-major: out^T (N x M) = b^T (N x K) . a^T (K x M), all column-major.
-    let as_row_major = || -> Option<RocblasGemm> {
-        let (tc, ldc) = blas_layout(n, m, out.s[2], out.s[1])?;
+    // `c (p x q) = x (p x k) . y (k x q)` with `c` column-major.
+    let column_major = |p: i64, q: i64, c: Operand, x: Operand, y: Operand| -> Option<RocblasGemm> {
+        let (tc, ldc) = blas_layout(p, q, c.s[1], c.s[2])?;
         if tc != sys::ROCBLAS_OPERATION_NONE {
             return None;
         }
-        let (ta, lda) = blas_layout(n, k, b.s[2], b.s[1])?;
-        let (tb, ldb) = blas_layout(k, m, a.s[2], a.s[1])?;
+        let (ta, lda) = blas_layout(p, k, x.s[1], x.s[2])?;
+        let (tb, ldb) = blas_layout(k, q, y.s[1], y.s[2])?;
         Some(RocblasGemm {
             trans_a: ta,
             trans_b: tb,
-            m: int(n)?,
-            n: int(m)?,
+            m: int(p)?,
+            n: int(q)?,
             k: int(k)?,
-            a: b.addr,
+            a: x.addr,
             lda: int(lda)?,
-            stride_a: batch_stride(b.s[0]),
-            b: a.addr,
+            stride_a: batch_stride(x.s[0]),
+            b: y.addr,
             ldb: int(ldb)?,
-            stride_b: batch_stride(a.s[0]),
-            c: out.addr,
+            stride_b: batch_stride(y.s[0]),
+            c: c.addr,
             ldc: int(ldc)?,
-            stride_c: batch_stride(out.s[0]),
+            stride_c: batch_stride(c.s[0]),
             batch: int(g)?,
             dtype: dt,
         })
     };
-    // out column-major: out (M x N) = a (M x K) . b (K x N).
-    let as_col_major = || -> Option<RocblasGemm> {
-        let (tc, ldc) = blas_layout(m, n, out.s[1], out.s[2])?;
-        if tc != sys::ROCBLAS_OPERATION_NONE {
-            return None;
-        }
-        let (ta, lda) = blas_layout(m, k, a.s[1], a.s[2])?;
-        let (tb, ldb) = blas_layout(k, n, b.s[1], b.s[2])?;
-        Some(RocblasGemm {
-            trans_a: ta,
-            trans_b: tb,
-            m: int(m)?,
-            n: int(n)?,
-            k: int(k)?,
-            a: a.addr,
-            lda: int(lda)?,
-            stride_a: batch_stride(a.s[0]),
-            b: b.addr,
-            ldb: int(ldb)?,
-            stride_b: batch_stride(b.s[0]),
-            c: out.addr,
-            ldc: int(ldc)?,
-            stride_c: batch_stride(out.s[0]),
-            batch: int(g)?,
-            dtype: dt,
-        })
-    };
-    as_row_major().or_else(as_col_major)
+    // out row-major: out^T (N x M) = b^T (N x K) . a^T (K x M), all column-major; else out
+    // column-major: out (M x N) = a (M x K) . b (K x N).
+    column_major(n, m, out.t(), b.t(), a.t()).or_else(|| column_major(m, n, out, a, b))
 }
 
 /// The steps computing `out[g] = a[g] . b[g]`: rocBLAS when `blas` is available and the
