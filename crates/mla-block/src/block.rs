@@ -27,7 +27,7 @@ use vt_core::{
 use crate::dims::MlaBlockDims;
 use crate::metadata::MlaBatchMetadata;
 use crate::weights::MlaBlockWeights;
-use crate::workspace::{MlaWorkspace, Slot};
+use crate::workspace::{MlaWorkspace, Slot, StepKey};
 
 const OP: &str = "MlaBlock";
 
@@ -117,25 +117,17 @@ impl<'w> MlaBlock<'w> {
             && op_registered(OpId::FusedNormRope, self.device.kind)
     }
 
-    /// Runs one step: `out[T, H]` for `hidden[T, H]`, writing the step's latents into
-    /// `kv_cache` [num_blocks, block_size, L+R] at `meta.slot_mapping` first.
-    ///
-    /// Issues work on `q` without waiting for it (no synchronization). Scratch memory and the
-    /// metadata's device copy come from `ws`, which allocates only when the step is larger
-    /// than anything before it (or its limits).
-    pub fn forward(
+    /// Checks a step's arguments against the block (host-side only); returns T.
+    fn check_step(
         &self,
         q: &Queue,
-        ws: &mut MlaWorkspace,
         hidden: &Tensor<'_>,
         meta: &MlaBatchMetadata,
         kv_cache: &Tensor<'_>,
         out: &Tensor<'_>,
-    ) -> Result<()> {
+    ) -> Result<i64> {
         let d = self.dims;
-        let (h, n, ql) = (d.hidden_size, d.num_heads, d.q_lora_rank);
-        let (l, p, r, v) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
-        let dqk = d.qk_head_dim();
+        let (h, l, r) = (d.hidden_size, d.kv_lora_rank, d.qk_rope_head_dim);
         let dt = self.dtype;
         if q.device() != self.device {
             return Err(Error::invalid(
@@ -170,16 +162,47 @@ impl<'w> MlaBlock<'w> {
             ));
         }
         meta.check(t, kv_cache.dim(0), kv_cache.dim(1), self.max_position())?;
+        Ok(t)
+    }
+
+    /// Runs one step: `out[T, H]` for `hidden[T, H]`, writing the step's latents into
+    /// `kv_cache` [num_blocks, block_size, L+R] at `meta.slot_mapping` first.
+    ///
+    /// Issues work on `q` without waiting for it (no synchronization). Scratch memory and the
+    /// metadata's device copy come from `ws`, which allocates only when the step is larger
+    /// than anything before it (or its limits). Equivalent to [`MlaBlock::prepare`] then
+    /// [`MlaBlock::launch`].
+    pub fn forward(
+        &self,
+        q: &Queue,
+        ws: &mut MlaWorkspace,
+        hidden: &Tensor<'_>,
+        meta: &MlaBatchMetadata,
+        kv_cache: &Tensor<'_>,
+        out: &Tensor<'_>,
+    ) -> Result<()> {
+        self.check_step(q, hidden, meta, kv_cache, out)?;
+        self.prepare(q, ws, meta)?;
+        self.launch(q, ws, hidden, meta, kv_cache, out)
+    }
+
+    /// The host-side half of a step: sizes `ws` for `meta` (allocating only past its
+    /// high-water mark) and uploads the step's metadata (positions, slots, block tables,
+    /// lengths) into its device buffers. Not capturable: it copies from host memory.
+    pub fn prepare(&self, q: &Queue, ws: &mut MlaWorkspace, meta: &MlaBatchMetadata) -> Result<()> {
+        let d = self.dims;
+        let (n, ql) = (d.num_heads, d.q_lora_rank);
+        let (l, p, r, v) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
+        let dqk = d.qk_head_dim();
+        let dt = self.dtype;
+        let t = meta.num_tokens();
+        let dn = meta.num_decode_tokens;
+        let tp = t - dn;
+        let fused = self.uses_fused_norm_rope();
+        ws.prepared = None;
         if t == 0 {
             return Ok(());
         }
-        let dn = meta.num_decode_tokens;
-        let tp = t - dn;
-        let bp = meta.num_prefill_seqs();
-        let fused = self.uses_fused_norm_rope();
-        let w = &self.w;
-        let cache_rs = req(w.rope_cos_sin_cache, "rope_cos_sin_cache")?;
-
         // ---- sizes, then the metadata upload: the only mutable uses of the workspace ----
         let lim = *ws.limits();
         let tmax = lim.max_tokens.max(t);
@@ -249,7 +272,46 @@ impl<'w> MlaBlock<'w> {
             st.extend_from_slice(&x.to_le_bytes());
         }
         ws.commit_staging(q, Slot::MetaI32)?;
-        let ws = &*ws;
+        ws.prepared = Some(step_key(meta, fused));
+        Ok(())
+    }
+
+    /// The device-side half of a step, from a workspace [`MlaBlock::prepare`]d for this
+    /// `meta`: only op launches on `q` (no allocation, no host copy, no synchronization), so
+    /// a decode step's `launch` can be captured into a CUDA graph once warmed up and replayed
+    /// after each `prepare` (which rewrites the metadata in place). Errors if `ws` was last
+    /// prepared for a step of another shape.
+    pub fn launch(
+        &self,
+        q: &Queue,
+        ws: &MlaWorkspace,
+        hidden: &Tensor<'_>,
+        meta: &MlaBatchMetadata,
+        kv_cache: &Tensor<'_>,
+        out: &Tensor<'_>,
+    ) -> Result<()> {
+        let t = self.check_step(q, hidden, meta, kv_cache, out)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let d = self.dims;
+        let (n, ql) = (d.num_heads, d.q_lora_rank);
+        let (l, p, r, v) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
+        let dqk = d.qk_head_dim();
+        let dn = meta.num_decode_tokens;
+        let tp = t - dn;
+        let bp = meta.num_prefill_seqs();
+        let fused = self.uses_fused_norm_rope();
+        let w = &self.w;
+        let cache_rs = req(w.rope_cos_sin_cache, "rope_cos_sin_cache")?;
+
+        if ws.prepared != Some(step_key(meta, fused)) {
+            return Err(Error::invalid(
+                OP,
+                "ws",
+                "was not prepared for this step (call MlaBlock::prepare with the same metadata first)",
+            ));
+        }
 
         // Metadata views, in the order they were packed.
         let positions = ws.view(Slot::MetaI64, 0, &[t])?;
@@ -473,5 +535,15 @@ impl<'w> MlaBlock<'w> {
         let key = ws.view(key_slot, 0, &[rows, n, d.qk_head_dim()])?;
         concat_mla_nope_rope(q, &key, &k_nope, k_pe)?;
         Ok((key, value))
+    }
+}
+
+fn step_key(meta: &MlaBatchMetadata, fused: bool) -> StepKey {
+    StepKey {
+        tokens: meta.num_tokens(),
+        decode_tokens: meta.num_decode_tokens,
+        i32_len: meta.i32_len(),
+        chunks: meta.chunks.len(),
+        fused,
     }
 }

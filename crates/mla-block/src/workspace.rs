@@ -67,6 +67,19 @@ pub struct MlaWorkspace {
     bufs: Vec<Option<Buffer>>,
     allocations: usize,
     staging: Vec<u8>,
+    /// What the last [`crate::MlaBlock::prepare`] uploaded metadata for, so that
+    /// [`crate::MlaBlock::launch`] can refuse a step it was not prepared for.
+    pub(crate) prepared: Option<StepKey>,
+}
+
+/// The shape of a step as far as the workspace's metadata layout is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StepKey {
+    pub tokens: i64,
+    pub decode_tokens: i64,
+    pub i32_len: usize,
+    pub chunks: usize,
+    pub fused: bool,
 }
 
 impl MlaWorkspace {
@@ -88,6 +101,7 @@ impl MlaWorkspace {
             bufs: (0..NUM_SLOTS).map(|_| None).collect(),
             allocations: 0,
             staging: Vec::new(),
+            prepared: None,
         })
     }
 
