@@ -21,8 +21,9 @@
 // - mla_decode_generic_{bf16,f16,f32}: any D, Dv, strides; a warp per key, f32 math. One
 //   query row per CTA. Simple and obviously right; used for f32 and unusual shapes.
 // - mla_decode_mma{16,32,64}_{bf16,f16}: D = 576, Dv = 512, 16/32/64 query rows per CTA,
-//   mma.sync m16n8k16 tensor cores (sm_80+), KV tiles double-buffered with cp.async into
-//   128-byte-swizzled shared memory, ldmatrix fragments.
+//   mma.sync m16n8k16 tensor cores (sm_80+), KV tiles loaded with cp.async as 32-token
+//   halves into a ring of five (four at 64 rows) 128-byte-swizzled half-tile slots,
+//   ldmatrix fragments.
 // - mla_decode_wgmma_{bf16,f16}: sm_90a only (compiled when __CUDA_ARCH_FEAT_SM90_ALL is
 //   defined): 64 query rows, same loader and layout, Hopper wgmma from shared memory, a
 //   consumer warpgroup (S = Q K^T, softmax, half of P V) and a producer warpgroup (loads,
@@ -52,6 +53,9 @@ constexpr int NSUB = FD / 64;    // 64-feature (128-byte) column blocks of a 16-
 constexpr int CHUNKS = FD / 8;   // 16-byte chunks of a row
 constexpr int SUB_BYTES = BN * 128;          // one column block of a KV tile
 constexpr int TILE_BYTES = NSUB * SUB_BYTES; // one KV tile in shared memory (73728)
+constexpr int HALF = BN / 2;                 // mma kernels: tokens per half tile (load unit)
+constexpr int HSUB_BYTES = HALF * 128;       // one column block of a half tile
+constexpr int HALF_BYTES = NSUB * HSUB_BYTES; // one half tile in shared memory (36864)
 constexpr float LN2 = 0.6931471805599453f;
 
 // Must match `Params` in crates/vt-cuda/src/mla_decode_attention.rs (repr(C)).
@@ -489,7 +493,7 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-// Shared-memory layout of the tensor-core kernels (byte offsets from a 1024-aligned base).
+// Shared-memory layout of the wgmma kernel (byte offsets from a 1024-aligned base).
 // Q and every KV tile are NSUB column blocks of [rows x 128 B], swizzled (see swz).
 template <int MT> struct Layout {
     static constexpr int STAGES = 2;
@@ -576,6 +580,68 @@ __device__ __forceinline__ bool tile_is_full(int t, int lim_min, const unsigned 
     return t * BN + BN <= lim_min && *reinterpret_cast<const unsigned long long*>(flags_stage) == 0ull;
 }
 
+// Shared-memory layout of the mma.sync kernels. KV lives in a ring of HS half-tile slots
+// (32 tokens, NSUB column blocks of [32 rows x 128 B], swizzled): five where they fit beside
+// Q (MT <= 32), so while tile t is computed tile t+1 and half of t+2 are in flight, else
+// four (the same bytes as two whole stages). Token flags are per tile, RING tiles live.
+template <int MT> struct MmaLayout {
+    static constexpr int HS = MT <= 32 ? 5 : 4;                 // half-tile slots
+    static constexpr int RING = (HS + 1) / 2;                   // tiles with live flags
+    static constexpr int Q_SUB = MT * 128;
+    static constexpr int OFF_Q = 0;
+    static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
+    static constexpr int OFF_P = OFF_KV + HS * HALF_BYTES;      // P [MT x 64 tokens]
+    static constexpr int RED = 128;
+    static constexpr int OFF_RED = OFF_P + MT * 128;            // float [2][RED]
+    static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [RING][BN]
+    static constexpr int OFF_FLAGS = OFF_VALID + RING * BN;     // u8 [RING][2 halves][8 warps]
+    static constexpr int OFF_SCHED = OFF_FLAGS + RING * 16;     // int [40]
+    static constexpr int END = OFF_SCHED + 40 * 4;
+    static constexpr int SMEM = END + 1024;
+};
+
+// Issues the cp.async copies of one half tile (32 tokens) from 256 threads: thread i copies
+// token i / 8 of the half, 16-byte chunk i % 8 of each column block (8 threads move a
+// whole 128-byte row segment). Offsets as in Loader (-1 no token, -2 bad block id).
+template <typename T> struct HalfLoader {
+    const T* cache;
+    int tok, sub, lane, warp;
+
+    __device__ __forceinline__ HalfLoader(const Params& p, int i) : cache((const T*)p.cache) {
+        tok = i >> 3;
+        sub = i & 7;
+        lane = i & 31;
+        warp = i >> 5;
+    }
+
+    __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int h) const {
+        const int j = tile * BN + h * HALF + tok;
+        if (tile >= sg.t1 || j >= sg.len) return -1;
+        const int bi = j / p.BS;
+        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+        if (blk < 0 || blk >= p.NB) return -2;
+        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+    }
+
+    // All 256 threads call this (warp-collective ballot). `valid` and `flags` are the tile's.
+    __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, unsigned char* flags, int h,
+                                          i64 off) const {
+        const bool ok = off >= 0;
+        const T* src = cache + (ok ? off : 0) + sub * 8;
+#pragma unroll
+        for (int k = 0; k < NSUB; ++k) cp_async16(dst + k * HSUB_BYTES + swz(tok, sub), src + k * 64, ok);
+        if (sub == 0) valid[h * HALF + tok] = ok ? 1 : 0;
+        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
+        if (lane == 0) flags[h * 8 + warp] = bad != 0u ? 1 : 0;
+    }
+};
+
+// As tile_is_full, with the 16 per-half warp flags of the mma kernels.
+__device__ __forceinline__ bool tile_is_full16(int t, int lim_min, const unsigned char* f) {
+    const unsigned long long* w = reinterpret_cast<const unsigned long long*>(f);
+    return t * BN + BN <= lim_min && (w[0] | w[1]) == 0ull;
+}
+
 // ---------------------------------------------------------------------------------------
 // mma.sync kernel: MR row blocks of 16 (MT = 16 * MR query rows), 8 warps.
 // QK: warp (wr, wc) computes rows 16 wr.. x tokens wc*TN.., the k loop split over NCH
@@ -592,8 +658,11 @@ __device__ void decode_mma(const Params& p) {
     constexpr int NCH = 1;  // independent QK chains (more did not pay: measured slower)
     constexpr int CV = FDV / WC;  // output columns per warp (PV)
     constexpr int NTV = CV / 8;
-    using L = Layout<MT>;
+    using L = MmaLayout<MT>;
+    constexpr int HS = L::HS, RING = L::RING;
     static_assert(WC * MT == L::RED, "row reductions fill the RED arrays");
+    static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
+    static_assert(TN <= HALF && HALF % TN == 0, "a warp's QK tokens lie in one half tile");
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = align1024(smem_raw);
@@ -601,10 +670,10 @@ __device__ void decode_mma(const Params& p) {
     const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
     float* red_max = (float*)(smem + L::OFF_RED);  // [WC][MT]
     float* red_l = red_max + L::RED;               // [WC][MT]
-    unsigned char* valid = smem + L::OFF_VALID;    // [STAGES][BN]
-    unsigned char* flags = smem + L::OFF_FLAGS;    // [STAGES][8]
+    unsigned char* valid = smem + L::OFF_VALID;    // [RING][BN]
+    unsigned char* flags = smem + L::OFF_FLAGS;    // [RING][16]
     int* sched = (int*)(smem + L::OFF_SCHED);
-    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    if (threadIdx.x < RING * 16) flags[threadIdx.x] = 0;
     grid_dep_launch();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -612,7 +681,7 @@ __device__ void decode_mma(const Params& p) {
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
     const float c = p.scale_log2;
-    const Loader<T, THREADS> ld(p, threadIdx.x);
+    const HalfLoader<T> ld(p, threadIdx.x);
 
     const Part part = find_part(p, sched);
     int nb = part.b;
@@ -628,13 +697,21 @@ __device__ void decode_mma(const Params& p) {
         }
         const int lim_min = sg.len - p.s_q + 1;
         load_q<T, MT, THREADS>(p, sg.b, row0, sQ, threadIdx.x);
-        i64 off = ld.row_of(p, sg, sg.t0);
-        ld.issue(sKV, valid, flags, off);
-        cp_async_commit();
-        off = ld.row_of(p, sg, sg.t0 + 1);
-        if (sg.t0 + 1 < sg.t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
-        cp_async_commit();
-        off = ld.row_of(p, sg, sg.t0 + 2);
+        // Half tiles 0 .. HS-1 of the segment into slots 0 .. HS-1, one cp.async group each
+        // (Q joins the first). Half j of the segment always lives in slot j % HS, the flags
+        // of local tile u in ring entry u % RING.
+#pragma unroll
+        for (int j = 0; j < HS; ++j) {
+            const int u = j >> 1;
+            if (sg.t0 + u < sg.t1)
+                ld.issue(sKV + j * HALF_BYTES, valid + (u % RING) * BN, flags + (u % RING) * 16, j & 1,
+                         ld.row_of(p, sg, sg.t0 + u, j & 1));
+            cp_async_commit();
+        }
+        // Row offsets of the two halves the first iteration loads (HS and HS + 1).
+        i64 off_a = ld.row_of(p, sg, sg.t0 + HS / 2, HS & 1);
+        i64 off_b = ld.row_of(p, sg, sg.t0 + (HS + 1) / 2, (HS + 1) & 1);
+        int slot0 = 0;  // slot of the current tile's first half: 2u % HS
 
         float o[NTV][4];
 #pragma unroll
@@ -643,11 +720,16 @@ __device__ void decode_mma(const Params& p) {
         const int a_row = wr * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 
         for (int t = sg.t0; t < sg.t1; ++t) {
-            const int st = (t - sg.t0) & 1;
-            const uint32_t kst = sKV + st * TILE_BYTES;
-            const unsigned char* vst = valid + st * BN;
-            cp_async_wait<1>();
+            const int u = t - sg.t0;
+            const int slot1 = slot0 + 1 == HS ? 0 : slot0 + 1;
+            const uint32_t kh0 = sKV + slot0 * HALF_BYTES, kh1 = sKV + slot1 * HALF_BYTES;
+            const int ru = u % RING;
+            const unsigned char* vst = valid + ru * BN;
+            // Groups committed: HS + 2u; halves 2u and 2u + 1 must have landed.
+            cp_async_wait<HS - 2>();
             __syncthreads();
+            // This warp's QK tokens lie in one half.
+            const uint32_t kq = wc * TN >= HALF ? kh1 : kh0;
 
             // S = Q K^T for rows 16 wr.. and tokens wc*TN.. (raw, unscaled).
             float acc[NCH][NTQ][4];
@@ -663,17 +745,17 @@ __device__ void decode_mma(const Params& p) {
                 ldsm_x4(sQ + (akc >> 3) * (MT * 128) + swz(a_row, akc & 7), a);
                 if constexpr (NTQ == 1) {
                     uint32_t bb[2];
-                    const int n = wc * TN + (lane & 7);
+                    const int n = (wc * TN + (lane & 7)) & (HALF - 1);
                     const int kc = ks * 2 + ((lane >> 3) & 1);
-                    ldsm_x2(kst + (kc >> 3) * SUB_BYTES + swz(n, kc & 7), bb);
+                    ldsm_x2(kq + (kc >> 3) * HSUB_BYTES + swz(n, kc & 7), bb);
                     Mma<T>::run(acc[ch][0], a, bb[0], bb[1]);
                 } else {
 #pragma unroll
                     for (int np = 0; np < NTQ / 2; ++np) {
                         uint32_t bb[4];
-                        const int n = wc * TN + np * 16 + (lane & 7) + (lane >> 4) * 8;
+                        const int n = (wc * TN + np * 16 + (lane & 7) + (lane >> 4) * 8) & (HALF - 1);
                         const int kc = ks * 2 + ((lane >> 3) & 1);
-                        ldsm_x4(kst + (kc >> 3) * SUB_BYTES + swz(n, kc & 7), bb);
+                        ldsm_x4(kq + (kc >> 3) * HSUB_BYTES + swz(n, kc & 7), bb);
                         Mma<T>::run(acc[ch][2 * np], a, bb[0], bb[1]);
                         Mma<T>::run(acc[ch][2 * np + 1], a, bb[2], bb[3]);
                     }
@@ -693,7 +775,7 @@ __device__ void decode_mma(const Params& p) {
             // Mask only boundary tiles (sequence end, causal limit, bad block ids); maxima.
             const int tok0 = t * BN;
             // (64-row blocks always mask: the unmasked copy of this code spills there.)
-            const bool full = MR < 4 && tile_is_full(t, lim_min, flags + st * 8);
+            const bool full = MR < 4 && tile_is_full16(t, lim_min, flags + ru * 16);
             float mx[2] = {vt::neg_inf(), vt::neg_inf()};
 #pragma unroll
             for (int nt = 0; nt < NTQ; ++nt)
@@ -755,20 +837,32 @@ __device__ void decode_mma(const Params& p) {
                 uint32_t a[4];
                 const int akc = ks * 2 + (lane >> 4);
                 ldsm_x4(sP + swz(a_row, akc), a);
-                const int tok = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int tok = (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) & (HALF - 1);
+                const uint32_t vh = ks * 16 < HALF ? kh0 : kh1;
 #pragma unroll
                 for (int np = 0; np < NTV / 2; ++np) {
                     uint32_t bb[4];
                     const int fc = (wc * CV + np * 16) / 8 + (lane >> 4);
-                    ldsm_x4_t(kst + (fc >> 3) * SUB_BYTES + swz(tok, fc & 7), bb);
+                    ldsm_x4_t(vh + (fc >> 3) * HSUB_BYTES + swz(tok, fc & 7), bb);
                     Mma<T>::run(o[2 * np], a, bb[0], bb[1]);
                     Mma<T>::run(o[2 * np + 1], a, bb[2], bb[3]);
                 }
             }
             __syncthreads();
-            if (t + 2 < sg.t1) ld.issue(kst, valid + st * BN, flags + st * 8, off);
-            cp_async_commit();
-            off = ld.row_of(p, sg, t + 3);
+            // Refill the two freed slots: halves 2u + HS (into slot0) and 2u + HS + 1 (slot1).
+            {
+                const int ja = 2 * u + HS, jb = ja + 1;
+                const int ua = ja >> 1, ub = jb >> 1;
+                if (sg.t0 + ua < sg.t1)
+                    ld.issue(kh0, valid + (ua % RING) * BN, flags + (ua % RING) * 16, ja & 1, off_a);
+                cp_async_commit();
+                if (sg.t0 + ub < sg.t1)
+                    ld.issue(kh1, valid + (ub % RING) * BN, flags + (ub % RING) * 16, jb & 1, off_b);
+                cp_async_commit();
+                off_a = ld.row_of(p, sg, sg.t0 + ua + 1, ja & 1);
+                off_b = ld.row_of(p, sg, sg.t0 + ub + 1, jb & 1);
+            }
+            slot0 = slot0 + 2 >= HS ? slot0 + 2 - HS : slot0 + 2;
         }
         cp_async_wait<0>();
 

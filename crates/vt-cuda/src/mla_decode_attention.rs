@@ -185,12 +185,22 @@ fn function(cq: &CudaQueue, base: &'static str, dt: DType, smem: u32) -> Result<
     Ok(f)
 }
 
-/// Dynamic shared memory of the tensor-core kernels with `mt` query rows per CTA
+/// Dynamic shared memory of the wgmma kernel with `mt` query rows per CTA
 /// (`mla::Layout<MT>::SMEM`: Q, two KV tiles, P, reductions, token and bad-block flags,
 /// schedule, alignment).
 const fn tc_smem(mt: u32) -> u32 {
     let tile = 9 * 64 * 128;
     9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 1024
+}
+
+/// Dynamic shared memory of the mma.sync kernels with `mt` query rows per CTA
+/// (`mla::MmaLayout<MT>::SMEM`: Q, a ring of five half tiles (four at 64 rows), P,
+/// reductions, per-tile token and bad-block flags, schedule, alignment).
+const fn mma_smem(mt: u32) -> u32 {
+    let half = 9 * 32 * 128;
+    let slots: u32 = if mt <= 32 { 5 } else { 4 };
+    let ring = slots.div_ceil(2);
+    9 * mt * 128 + slots * half + mt * 128 + 2 * 128 * 4 + ring * 64 + ring * 16 + 40 * 4 + 1024
 }
 
 /// The split-KV partial buffers of one queue.
@@ -290,9 +300,9 @@ pub fn mla_decode_attention_with(
 
     let (base, name, mt, smem, threads): (&'static str, &'static str, i64, u32, u32) = match kernel {
         Kernel::Wgmma => ("mla_decode_wgmma", "wgmma", 64, tc_smem(64), THREADS),
-        Kernel::Mma if m_total <= 16 => ("mla_decode_mma16", "mma16", 16, tc_smem(16), THREADS),
-        Kernel::Mma if m_total <= 32 => ("mla_decode_mma32", "mma32", 32, tc_smem(32), THREADS),
-        Kernel::Mma => ("mla_decode_mma64", "mma64", 64, tc_smem(64), THREADS),
+        Kernel::Mma if m_total <= 16 => ("mla_decode_mma16", "mma16", 16, mma_smem(16), THREADS),
+        Kernel::Mma if m_total <= 32 => ("mla_decode_mma32", "mma32", 32, mma_smem(32), THREADS),
+        Kernel::Mma => ("mla_decode_mma64", "mma64", 64, mma_smem(64), THREADS),
         _ => {
             let bytes = (d + 4 * dv) * 4;
             if bytes > MAX_SMEM as i64 {
