@@ -139,6 +139,9 @@ struct DeviceInfo {
     sms: u32,
     /// The module holds the sm_90a wgmma kernels.
     wgmma: bool,
+    /// Largest dynamic shared memory a CTA may opt into (227 KB on the H200, 163 KB on an
+    /// A100): a tensor-core kernel whose layout needs more falls back to the generic one.
+    smem_optin: u32,
 }
 
 static DEVICES: Lazy<Mutex<HashMap<usize, DeviceInfo>>> = Lazy::new(|| Mutex::new(HashMap::new()));
@@ -162,7 +165,13 @@ fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
         .max(1) as u32;
     // The wgmma kernels exist only when the module was built for sm_90a.
     let wgmma = cq.sm() == 90 && cq.function(&SRC, "mla_decode_wgmma", DType::BF16).is_ok();
-    let info = DeviceInfo { sms, wgmma };
+    let smem_optin = cq
+        .device
+        .ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(drv("reading the shared-memory limit"))?
+        .max(0) as u32;
+    let info = DeviceInfo { sms, wgmma, smem_optin };
     lock(&DEVICES)?.insert(ordinal, info);
     Ok(info)
 }
@@ -276,6 +285,14 @@ pub fn mla_decode_attention_with(
     }
     let info = device_info(cq, ordinal)?;
 
+    let mma_rows = if m_total <= 16 {
+        16
+    } else if m_total <= 32 {
+        32
+    } else {
+        64
+    };
+    let fits = if info.wgmma && m_total > 16 { tc_smem(64) } else { mma_smem(mma_rows) } <= info.smem_optin;
     let fast = d == FAST_D
         && dv == FAST_DV
         && dt != DType::F32
@@ -283,7 +300,9 @@ pub fn mla_decode_attention_with(
         && rows_aligned(&a.cache, &[0, 1])
         && rows_aligned(&a.out, &[0, 1, 2]);
     let kernel = match opts.kernel {
-        Kernel::Auto if !fast => Kernel::Generic,
+        // A device with less shared memory than the tensor-core layouts need (an A100 for the
+        // mma kernels' KV ring) takes the generic kernel rather than failing.
+        Kernel::Auto if !fast || !fits => Kernel::Generic,
         Kernel::Auto if info.wgmma && m_total > 16 => Kernel::Wgmma,
         Kernel::Auto => Kernel::Mma,
         Kernel::Mma | Kernel::Wgmma if !fast => {
