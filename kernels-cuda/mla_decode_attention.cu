@@ -950,6 +950,10 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 }
 // K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
 constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
+// The epilogue's barrier between the warpgroups' last reads of the KV stages and their
+// staging of O there. Named (bar.sync id, count is the warp-specialized form): each
+// warpgroup reaches it from its own branch, where __syncthreads() is undefined behaviour.
+constexpr int BAR_EPILOGUE = 8;
 
 // Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
 template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
@@ -1226,7 +1230,7 @@ __device__ void decode_wgmma(const Params& p) {
                 }
             }
             cp_async_wait<0>();
-            __syncthreads();  // every tile consumed: the KV stages are free for staging O
+            bar_sync(BAR_EPILOGUE, 256);  // every tile consumed: the KV stages are free for staging O
 #pragma unroll
             for (int i = 0; i < 32; ++i)
 #pragma unroll
@@ -1337,7 +1341,7 @@ __device__ void decode_wgmma(const Params& p) {
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
             }
-            __syncthreads();  // matches warpgroup 1's: the KV stages are free
+            bar_sync(BAR_EPILOGUE, 256);  // matches warpgroup 1's: the KV stages are free
 #pragma unroll
             for (int i = 0; i < 32; ++i)
 #pragma unroll
