@@ -950,10 +950,9 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 }
 // K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
 constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
-// The epilogue's barrier between the warpgroups' last reads of the KV stages and their
-// staging of O there. Named (bar.sync id, count is the warp-specialized form): each
-// warpgroup reaches it from its own branch, where __syncthreads() is undefined behaviour.
-constexpr int BAR_EPILOGUE = 8;
+// Epilogue (see decode_wgmma): WG1 / WG0 done with the KV stages (and WG0's row sums
+// written), WG1's own staging barrier, WG0's copy-out done (the stages may be reloaded).
+constexpr int BAR_WG0_DONE = 8, BAR_WG1_DONE = 9, BAR_WG1 = 10, BAR_OUT_READ = 11;
 
 // Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
 template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
@@ -1123,16 +1122,25 @@ __device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
 // 8 rows on distinct banks.
 constexpr int OSTR = FDV + 8;
 
-// Copies MT staged output rows (f32, stride OSTR, unnormalized) to out / the partial slot,
-// scaled by 1 / l, with 16-byte-wide coalesced stores; writes lse. All 256 threads.
-// A small loop, so the cold epilogue adds little code.
-template <typename T>
-__device__ void store_rows(const Params& p, const Segment& sg, int row0, int mt, const unsigned char* stage,
-                           const float* s_fin) {
-    const float* so = reinterpret_cast<const float*>(stage);
+// One warpgroup's epilogue, once both are done with the KV stages: stages its accumulators (rows r_lo, r_lo + 8; columns col0 +
+// 8 i + 2 qd (+1)) in the freed KV stages, then copies its 256 columns of the MT rows out
+// with 16-byte loads and coalesced stores, scaled by 1 / l. `bar` is the warpgroup's own
+// 128-thread barrier; warpgroup 0 (with_lse) also writes lse.
+template <typename T, int MT>
+__device__ __forceinline__ void stage_and_store(const Params& p, const Segment& sg, int row0, uint32_t stage,
+                                                const float* so, const float (&o)[128], int r_lo, int qd, int col0,
+                                                const float* s_fin, int wtid, int bar, bool with_lse) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+            st_shared_f2(stage + ((r_lo + 8 * hi) * OSTR + col0 + 8 * i + 2 * qd) * 4, o[4 * i + 2 * hi],
+                         o[4 * i + 2 * hi + 1]);
+    bar_sync(bar, 128);
+    constexpr int C4 = 256 / 4;  // 16-byte chunks per row half
 #pragma unroll 2
-    for (int idx = threadIdx.x; idx < mt * (FDV / 4); idx += THREADS) {
-        const int r = idx / (FDV / 4), c = (idx - r * (FDV / 4)) * 4;
+    for (int idx = wtid; idx < MT * C4; idx += 128) {
+        const int r = idx / C4, c = col0 + (idx - r * C4) * 4;
         const int row = row0 + r;
         if (row >= p.m_total) continue;
         const float l = s_fin[r];
@@ -1140,19 +1148,19 @@ __device__ void store_rows(const Params& p, const Segment& sg, int row0, int mt,
         const float4 v = *reinterpret_cast<const float4*>(so + r * OSTR + c);
         if (sg.whole) {
             const int s = row / p.N, h = row - s * p.N;
-            T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + c;
+            T* out = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + c;
             uint2 w;
             w.x = pack2<T>(v.x * inv, v.y * inv);
             w.y = pack2<T>(v.z * inv, v.w * inv);
-            *reinterpret_cast<uint2*>(o) = w;
+            *reinterpret_cast<uint2*>(out) = w;
         } else {
             *reinterpret_cast<float4*>(p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + c) =
                 make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
     }
-    if (threadIdx.x < mt && row0 + (int)threadIdx.x < p.m_total) {
-        const float l = s_fin[threadIdx.x];
-        store_lse<T>(p, sg, row0 + threadIdx.x, l > 0.0f ? s_fin[mt + threadIdx.x] + log2f(l) : vt::neg_inf());
+    if (with_lse && wtid < MT && row0 + wtid < p.m_total) {
+        const float l = s_fin[wtid];
+        store_lse<T>(p, sg, row0 + wtid, l > 0.0f ? s_fin[MT + wtid] + log2f(l) : vt::neg_inf());
     }
 }
 
@@ -1170,6 +1178,7 @@ __device__ void decode_wgmma(const Params& p) {
     unsigned char* valid = smem + L::OFF_VALID;
     unsigned char* flags = smem + L::OFF_FLAGS;
     int* sched = (int*)(smem + L::OFF_SCHED);
+    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
     if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
     grid_dep_launch();
 
@@ -1189,15 +1198,14 @@ __device__ void decode_wgmma(const Params& p) {
     Segment sg;
     while (next_segment(p, part, nb, pre, sg)) {
         const int t0 = sg.t0, t1 = sg.t1;
-        // Output columns: warpgroup 0 holds 0..255 (o0), warpgroup 1 holds 256..511 (o1).
-        // Each branch stages its own columns, so the two register sets never live together.
+        // This warpgroup's output columns: 0..255 (warpgroup 0), 256..511 (warpgroup 1).
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
-            float o1[128];
-#pragma unroll
-            for (int i = 0; i < 128; ++i) o1[i] = 0.0f;
             load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
             i64 off = ld.row_of(p, sg, t0);
             ld.issue(sKV, valid, flags, off);
@@ -1214,8 +1222,8 @@ __device__ void decode_wgmma(const Params& p) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 bar_sync(BAR_P_FULL, 256);
-                rescale(o1, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T, 128>(o1, dp, kst + 4 * SUB_BYTES);
+                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
                 if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
                 if (t + 1 < t1) {
@@ -1230,13 +1238,10 @@ __device__ void decode_wgmma(const Params& p) {
                 }
             }
             cp_async_wait<0>();
-            bar_sync(BAR_EPILOGUE, 256);  // every tile consumed: the KV stages are free for staging O
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi)
-                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 256 + 8 * i + 2 * qd) * 4, o1[4 * i + 2 * hi],
-                                 o1[4 * i + 2 * hi + 1]);
+            bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
+            bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
+            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
+            bar_sync(BAR_OUT_READ, 256);  // warpgroup 0 copied its half out: the stages may be reloaded
         } else {
             int lim[2];
 #pragma unroll
@@ -1246,9 +1251,6 @@ __device__ void decode_wgmma(const Params& p) {
                 lim[hi] = sg.len - p.s_q + s + 1;
             }
             const int lim_min = sg.len - p.s_q + 1;
-            float o0[128];
-#pragma unroll
-            for (int i = 0; i < 128; ++i) o0[i] = 0.0f;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
@@ -1326,8 +1328,8 @@ __device__ void decode_wgmma(const Params& p) {
                 fence_proxy_async();      // P is read by wgmma (async proxy)
                 bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
                 bar_arrive(BAR_P_FULL, 256);
-                rescale(o0, alpha[0], alpha[1]);
-                pv_tile<T, 128>(o0, dp, kst);
+                rescale(o, alpha[0], alpha[1]);
+                pv_tile<T, 128>(o, dp, kst);
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
             // Row sums (a quad per row) and maxima for the copy-out.
@@ -1341,17 +1343,13 @@ __device__ void decode_wgmma(const Params& p) {
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
             }
-            bar_sync(BAR_EPILOGUE, 256);  // matches warpgroup 1's: the KV stages are free
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi)
-                    st_shared_f2(sKV + ((r_lo + 8 * hi) * OSTR + 8 * i + 2 * qd) * 4, o0[4 * i + 2 * hi],
-                                 o0[4 * i + 2 * hi + 1]);
+            bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
+            bar_sync(BAR_WG1_DONE, 256);
+            // (s_fin, written by each quad's first lane, is ordered before the copy-out by the
+            // warpgroup barrier inside.)
+            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
+            bar_arrive(BAR_OUT_READ, 256);
         }
-        __syncthreads();
-        store_rows<T>(p, sg, row0, MT, smem + L::OFF_KV, s_fin);
-        __syncthreads();
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
 use vt_core::{Backend, DType, DeviceType, Error, Probe, QueueImpl, Result};
 
-use crate::kernels::{KernelSource, HEADERS};
+use crate::kernels::{self, KernelSource};
 use crate::nvrtc;
 use crate::queue::CudaQueue;
 
@@ -109,7 +109,9 @@ impl DeviceState {
             return Ok(m.clone());
         }
         let target = nvrtc::target_for(self.sm)?;
-        let image = nvrtc::compile(&format!("{}.cu", src.name), src.code, HEADERS, target)?;
+        let (code, headers) = kernels::texts(src)?;
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let image = nvrtc::compile(&format!("{}.cu", src.name), &code, &headers, target)?;
         let module = match target {
             nvrtc::Target::Cubin(_) => self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes)),
             nvrtc::Target::Ptx(_) => {

@@ -30,3 +30,36 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../../kernels-cuda/common.cuh")),
     ("norm_rope.cuh", include_str!("../../../kernels-cuda/norm_rope.cuh")),
 ];
+
+/// `VT_CUDA_KERNELS_DIR`: a folder whose `.cu`/`.cuh` files replace the embedded copies
+/// (files it lacks stay embedded). For kernel work: edit a kernel and rerun a test or the
+/// bench without rebuilding. The disk cache is keyed by the text actually compiled.
+pub const KERNELS_DIR_ENV: &str = "VT_CUDA_KERNELS_DIR";
+
+fn override_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os(KERNELS_DIR_ENV).filter(|d| !d.is_empty()).map(Into::into)
+}
+
+fn read_override(file: &str) -> vt_core::Result<Option<String>> {
+    let Some(dir) = override_dir() else { return Ok(None) };
+    let path = dir.join(file);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(vt_core::Error::backend(
+            "cuda",
+            format!("{KERNELS_DIR_ENV}: reading {}: {e}", path.display()),
+        )),
+    }
+}
+
+/// The text of `src` and the headers to compile it with: the embedded copies, or the
+/// files of [`KERNELS_DIR_ENV`] where it is set and has them.
+pub(crate) fn texts(src: &KernelSource) -> vt_core::Result<(String, Vec<(&'static str, String)>)> {
+    let code = read_override(&format!("{}.cu", src.name))?.unwrap_or_else(|| src.code.to_string());
+    let mut headers = Vec::with_capacity(HEADERS.len());
+    for &(name, text) in HEADERS {
+        headers.push((name, read_override(name)?.unwrap_or_else(|| text.to_string())));
+    }
+    Ok((code, headers))
+}
