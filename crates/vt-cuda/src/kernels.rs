@@ -40,8 +40,8 @@ fn override_dir() -> Option<std::path::PathBuf> {
     std::env::var_os(KERNELS_DIR_ENV).filter(|d| !d.is_empty()).map(Into::into)
 }
 
-fn read_override(file: &str) -> vt_core::Result<Option<String>> {
-    let Some(dir) = override_dir() else { return Ok(None) };
+fn read_override(dir: Option<&std::path::Path>, file: &str) -> vt_core::Result<Option<String>> {
+    let Some(dir) = dir else { return Ok(None) };
     let path = dir.join(file);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(Some(text)),
@@ -56,10 +56,55 @@ fn read_override(file: &str) -> vt_core::Result<Option<String>> {
 /// The text of `src` and the headers to compile it with: the embedded copies, or the
 /// files of [`KERNELS_DIR_ENV`] where it is set and has them.
 pub(crate) fn texts(src: &KernelSource) -> vt_core::Result<(String, Vec<(&'static str, String)>)> {
-    let code = read_override(&format!("{}.cu", src.name))?.unwrap_or_else(|| src.code.to_string());
+    texts_from(src, override_dir().as_deref())
+}
+
+fn texts_from(
+    src: &KernelSource,
+    dir: Option<&std::path::Path>,
+) -> vt_core::Result<(String, Vec<(&'static str, String)>)> {
+    let code = read_override(dir, &format!("{}.cu", src.name))?.unwrap_or_else(|| src.code.to_string());
     let mut headers = Vec::with_capacity(HEADERS.len());
     for &(name, text) in HEADERS {
-        headers.push((name, read_override(name)?.unwrap_or_else(|| text.to_string())));
+        headers.push((name, read_override(dir, name)?.unwrap_or_else(|| text.to_string())));
     }
     Ok((code, headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static SRC: KernelSource = crate::kernel_source!("rms_norm");
+
+    #[test]
+    fn kernel_sources_are_embedded_unless_a_folder_has_the_file() {
+        let dir = std::env::temp_dir().join(format!("vt-kernels-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        // No override folder, or one without the file: the embedded text.
+        let (code, headers) = texts_from(&SRC, None).expect("embedded");
+        assert_eq!(code, SRC.code);
+        assert_eq!(headers.len(), HEADERS.len());
+        let (code, _) = texts_from(&SRC, Some(&dir)).expect("empty folder");
+        assert_eq!(code, SRC.code);
+        // The folder's kernel and header replace the embedded ones; other headers stay.
+        std::fs::write(dir.join("rms_norm.cu"), "// edited kernel").expect("write");
+        std::fs::write(dir.join("common.cuh"), "// edited header").expect("write");
+        let (code, headers) = texts_from(&SRC, Some(&dir)).expect("override");
+        assert_eq!(code, "// edited kernel");
+        for (name, text) in &headers {
+            if *name == "common.cuh" {
+                assert_eq!(text, "// edited header");
+            } else {
+                let embedded = HEADERS.iter().find(|(n, _)| n == name).map(|(_, t)| *t);
+                assert_eq!(Some(text.as_str()), embedded);
+            }
+        }
+        // A path that exists but cannot be read as text is an error naming the variable.
+        std::fs::remove_file(dir.join("rms_norm.cu")).expect("rm");
+        std::fs::create_dir_all(dir.join("rms_norm.cu")).expect("dir as file");
+        let err = texts_from(&SRC, Some(&dir)).expect_err("a folder is not a file").to_string();
+        assert!(err.contains(KERNELS_DIR_ENV), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
