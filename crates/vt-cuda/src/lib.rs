@@ -127,8 +127,14 @@ pub(crate) fn grid_1d(n: i64) -> u32 {
     n.clamp(1, 1 << 20) as u32
 }
 
-/// An optional log-sum-exp output `[N, T]` as kernel arguments `(address, head stride,
-/// token stride)`: all 0 when there is none, and the kernels skip a null address.
-pub(crate) fn optional_lse(lse: Option<&vt_core::Tensor<'_>>) -> (u64, i64, i64) {
-    lse.map_or((0, 0, 0), |l| (l.data_addr(), l.stride(0), l.stride(1)))
+/// A view's kernel arguments in the kernels' order: first-element address, then the strides
+/// of its first two dims (in elements). Views of other ranks pass their strides by hand.
+pub(crate) fn view_args(t: &vt_core::Tensor<'_>) -> [Arg; 3] {
+    [t.data_addr().into(), t.stride(0).into(), t.stride(1).into()]
+}
+
+/// [`view_args`] of an optional lse view; a null address (and zero strides) when absent,
+/// which the kernels read as "do not write lse".
+pub(crate) fn optional_lse(lse: Option<&vt_core::Tensor<'_>>) -> [Arg; 3] {
+    lse.map_or([0u64.into(), 0i64.into(), 0i64.into()], view_args)
 }

@@ -4,7 +4,7 @@
 use vt_core::{MergeAttnStatesArgs, Queue, Result};
 
 use crate::rope_from_cache::int;
-use crate::{cfg, grid_1d, kernel_source, optional_lse, Arg, CudaQueue, KernelSource};
+use crate::{cfg, grid_1d, kernel_source, optional_lse, view_args, Arg, CudaQueue, KernelSource};
 
 static SRC: KernelSource = kernel_source!("merge_attn_states");
 
@@ -15,31 +15,17 @@ pub(crate) fn run(q: &Queue, a: &MergeAttnStatesArgs<'_>) -> Result<()> {
     if t == 0 || n == 0 {
         return Ok(());
     }
-    let (lse, l_sh, l_st) = optional_lse(a.out_lse.as_ref());
     let f = cq.function(&SRC, "merge_attn_states", a.out.dtype())?;
-    let args: [Arg; 21] = [
-        a.out.data_addr().into(),
-        a.out.stride(0).into(),
-        a.out.stride(1).into(),
-        lse.into(),
-        l_sh.into(),
-        l_st.into(),
-        a.prefix.data_addr().into(),
-        a.prefix.stride(0).into(),
-        a.prefix.stride(1).into(),
-        a.prefix_lse.data_addr().into(),
-        a.prefix_lse.stride(0).into(),
-        a.prefix_lse.stride(1).into(),
-        a.suffix.data_addr().into(),
-        a.suffix.stride(0).into(),
-        a.suffix.stride(1).into(),
-        a.suffix_lse.data_addr().into(),
-        a.suffix_lse.stride(0).into(),
-        a.suffix_lse.stride(1).into(),
-        t.into(),
-        int(OP, "out", n)?.into(),
-        int(OP, "out", v)?.into(),
+    let views = [
+        view_args(&a.out),
+        optional_lse(a.out_lse.as_ref()),
+        view_args(&a.prefix),
+        view_args(&a.prefix_lse),
+        view_args(&a.suffix),
+        view_args(&a.suffix_lse),
     ];
+    let mut args: Vec<Arg> = views.concat();
+    args.extend::<[Arg; 3]>([t.into(), int(OP, "out", n)?.into(), int(OP, "out", v)?.into()]);
     // SAFETY: the arguments follow `merge_attn_states_*`'s parameters and describe the
     // validated views (lse tensors are [N, T]: head stride first).
     unsafe { cq.launch(OP, &f, cfg((grid_1d(t * n), 1, 1), 128, 0), &args) }

@@ -7,7 +7,7 @@ use vt_core::{Error, PrefillAttentionArgs, Queue, Result};
 
 use crate::device::{drv, BACKEND};
 use crate::rope_from_cache::int;
-use crate::{cfg, kernel_source, optional_lse, Arg, CudaQueue, KernelSource};
+use crate::{cfg, kernel_source, optional_lse, view_args, Arg, CudaQueue, KernelSource};
 
 static SRC: KernelSource = kernel_source!("prefill_attention");
 
@@ -57,23 +57,10 @@ pub(crate) fn run(q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
         f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(drv("raising the shared memory limit"))?;
     }
-    let (lse, l_sh, l_st) = optional_lse(a.lse.as_ref());
-    let args: [Arg; 25] = [
-        a.out.data_addr().into(),
-        a.out.stride(0).into(),
-        a.out.stride(1).into(),
-        lse.into(),
-        l_sh.into(),
-        l_st.into(),
-        a.q.data_addr().into(),
-        a.q.stride(0).into(),
-        a.q.stride(1).into(),
-        a.k.data_addr().into(),
-        a.k.stride(0).into(),
-        a.k.stride(1).into(),
-        a.v.data_addr().into(),
-        a.v.stride(0).into(),
-        a.v.stride(1).into(),
+    let views =
+        [view_args(&a.out), optional_lse(a.lse.as_ref()), view_args(&a.q), view_args(&a.k), view_args(&a.v)];
+    let mut args: Vec<Arg> = views.concat();
+    args.extend::<[Arg; 10]>([
         a.cu_seqlens_q.data_addr().into(),
         a.cu_seqlens_q.stride(0).into(),
         a.cu_seqlens_k.data_addr().into(),
@@ -84,7 +71,7 @@ pub(crate) fn run(q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
         int(OP, "v", dv)?.into(),
         a.scale.into(),
         (a.causal as i32).into(),
-    ];
+    ]);
     let grid = (tiles as u32, n as u32, b as u32);
     // SAFETY: the arguments follow `prefill_attention_*`'s parameters; vt-core validated the
     // views; the kernel checks each sequence's bounds against Tq / Tk before touching rows.
