@@ -145,6 +145,21 @@ struct Part {
     i64 pre;         // global index of that sequence's first tile
 };
 
+// This CTA's tile range [begin, end) of the `total` tiles of the batch: an even share of at
+// least min_tiles; b and pre say "nothing found" (the caller fills them in).
+__device__ __forceinline__ Part part_bounds(const Params& p, i64 total) {
+    i64 q = (total + p.num_parts - 1) / p.num_parts;
+    if (q < p.min_tiles) q = p.min_tiles;
+    if (q < 1) q = 1;
+    Part r;
+    r.q = q;
+    r.begin = (i64)blockIdx.x * q;
+    r.end = r.begin + q < total ? r.begin + q : total;
+    r.b = p.B;
+    r.pre = total;
+    return r;
+}
+
 // The part of this CTA (blockIdx.x). Called by the whole block; every thread gets the same
 // result. `s` is 40 ints of shared memory.
 __device__ Part find_part(const Params& p, int* s) {
@@ -155,15 +170,7 @@ __device__ Part find_part(const Params& p, int* s) {
         int t_total = 0;
         const int incl = block_scan_incl(t, s, t_total);
         const i64 total = t_total;
-        i64 q = (total + p.num_parts - 1) / p.num_parts;
-        if (q < p.min_tiles) q = p.min_tiles;
-        if (q < 1) q = 1;
-        Part r;
-        r.q = q;
-        r.begin = (i64)blockIdx.x * q;
-        r.end = r.begin + q < total ? r.begin + q : total;
-        r.b = p.B;
-        r.pre = total;
+        Part r = part_bounds(p, total);
         if (r.begin >= total) return r;
         const i64 pre = incl - t;
         if (t > 0 && pre <= r.begin && r.begin < pre + t) {
@@ -180,15 +187,7 @@ __device__ Part find_part(const Params& p, int* s) {
     for (int b = threadIdx.x; b < p.B; b += blockDim.x) local += tiles_of(eff_len(p, b));
     block_scan_incl(local, s, t_total);
     const i64 total = t_total;
-    i64 q = (total + p.num_parts - 1) / p.num_parts;
-    if (q < p.min_tiles) q = p.min_tiles;
-    if (q < 1) q = 1;
-    Part r;
-    r.q = q;
-    r.begin = (i64)blockIdx.x * q;
-    r.end = r.begin + q < total ? r.begin + q : total;
-    r.b = p.B;
-    r.pre = total;
+    Part r = part_bounds(p, total);
     if (r.begin >= total) return r;
     if (threadIdx.x == 0) s[33] = -1;
     __syncthreads();
