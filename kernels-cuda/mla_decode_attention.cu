@@ -23,7 +23,8 @@
 // - mla_decode_mma{16,32,64}_{bf16,f16}: D = 576, Dv = 512, 16/32/64 query rows per CTA,
 //   mma.sync m16n8k16 tensor cores (sm_80+), KV tiles loaded with cp.async as 32-token
 //   halves into a ring of five (four at 64 rows) 128-byte-swizzled half-tile slots,
-//   ldmatrix fragments.
+//   ldmatrix fragments. mla_decode_mma{16,32,64}s_*: the same with a ring of three (two at
+//   64 rows), for devices with less shared memory per block (an A100's 164 KB).
 // - mla_decode_wgmma_{bf16,f16}: sm_90a only (compiled when __CUDA_ARCH_FEAT_SM90_ALL is
 //   defined): 64 query rows, same loader and layout, Hopper wgmma from shared memory, a
 //   consumer warpgroup (S = Q K^T, softmax, half of P V) and a producer warpgroup (loads,
@@ -580,11 +581,13 @@ __device__ __forceinline__ bool tile_is_full(int t, int lim_min, const unsigned 
 }
 
 // Shared-memory layout of the mma.sync kernels. KV lives in a ring of HS half-tile slots
-// (32 tokens, NSUB column blocks of [32 rows x 128 B], swizzled): five where they fit beside
-// Q (MT <= 32), so while tile t is computed tile t+1 and half of t+2 are in flight, else
-// four (the same bytes as two whole stages). Token flags are per tile, RING tiles live.
-template <int MT> struct MmaLayout {
-    static constexpr int HS = MT <= 32 ? 5 : 4;                 // half-tile slots
+// (32 tokens, NSUB column blocks of [32 rows x 128 B], swizzled): five on the H200 where they
+// fit beside Q (MT <= 32), so while tile t is computed tile t+1 and half of t+2 are in
+// flight, else four (the same bytes as two whole stages); three / two where shared memory is
+// smaller (the "s" kernels). Token flags are per tile, RING tiles live.
+template <int MT, int HS_> struct MmaLayout {
+    static constexpr int HS = HS_;                              // half-tile slots
+    static_assert(HS >= 2, "the current tile's two halves need two slots");
     static constexpr int RING = (HS + 1) / 2;                   // tiles with live flags
     static constexpr int Q_SUB = MT * 128;
     static constexpr int OFF_Q = 0;
@@ -648,7 +651,7 @@ __device__ __forceinline__ bool tile_is_full16(int t, int lim_min, const unsigne
 // 16 wr.. x columns wc*CV... Row maxima and sums are combined across the WC warps of a
 // row block through shared memory; P goes through shared memory as the A operand of PV.
 // ---------------------------------------------------------------------------------------
-template <typename T, int MR>
+template <typename T, int MR, int HS_>
 __device__ void decode_mma(const Params& p) {
     constexpr int MT = 16 * MR;
     constexpr int WC = 8 / MR;
@@ -657,7 +660,7 @@ __device__ void decode_mma(const Params& p) {
     constexpr int NCH = 1;  // independent QK chains (more did not pay: measured slower)
     constexpr int CV = FDV / WC;  // output columns per warp (PV)
     constexpr int NTV = CV / 8;
-    using L = MmaLayout<MT>;
+    using L = MmaLayout<MT, HS_>;
     constexpr int HS = L::HS, RING = L::RING;
     static_assert(WC * MT == L::RED, "row reductions fill the RED arrays");
     static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
@@ -1295,18 +1298,16 @@ MLA_WGMMA(f16, f16)
     }
 VT_FOR_EACH_FLOAT(MLA_GENERIC)
 
-#define MLA_MMA(S, T)                                                                         \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
-        mla_decode_mma16_##S(const mla::Params p) {                                           \
-        mla::decode_mma<T, 1>(p);                                                             \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
-        mla_decode_mma32_##S(const mla::Params p) {                                           \
-        mla::decode_mma<T, 2>(p);                                                             \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
-        mla_decode_mma64_##S(const mla::Params p) {                                           \
-        mla::decode_mma<T, 4>(p);                                                             \
+#define MLA_MMA_KERNEL(NAME, S, T, MR, HS)                                                    \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) NAME##_##S(const mla::Params p) { \
+        mla::decode_mma<T, MR, HS>(p);                                                        \
     }
+#define MLA_MMA(S, T)                                                                         \
+    MLA_MMA_KERNEL(mla_decode_mma16, S, T, 1, 5)                                              \
+    MLA_MMA_KERNEL(mla_decode_mma32, S, T, 2, 5)                                              \
+    MLA_MMA_KERNEL(mla_decode_mma64, S, T, 4, 4)                                              \
+    MLA_MMA_KERNEL(mla_decode_mma16s, S, T, 1, 3)                                             \
+    MLA_MMA_KERNEL(mla_decode_mma32s, S, T, 2, 3)                                             \
+    MLA_MMA_KERNEL(mla_decode_mma64s, S, T, 4, 2)
 MLA_MMA(bf16, bf16)
 MLA_MMA(f16, f16)

@@ -355,7 +355,7 @@ pub fn run(args_in: &[String]) -> Result<ExitCode, String> {
         let (us, lo, hi) = time_call(&bench, &q, &a, &auto, iters).map_err(e)?;
         let mut sw = Vec::new();
         if sweep {
-            for kernel in [Kernel::Mma, Kernel::Wgmma] {
+            for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma] {
                 for mt in [1u32, 2, 4, 8] {
                     let o = DecodeOptions { kernel, min_tiles: Some(mt), max_parts: None };
                     let label = format!("{kernel:?}/min{mt}").to_lowercase();

@@ -94,7 +94,11 @@ unsafe impl DeviceRepr for Params {}
 pub enum Kernel {
     Auto,
     Generic,
+    /// mma.sync with the full KV ring (5 half tiles at 16/32 rows, 4 at 64).
     Mma,
+    /// mma.sync with the small KV ring (3 half tiles, 2 at 64 rows): what a device with
+    /// less shared memory per block than the full ring needs (an A100) gets.
+    MmaSmall,
     Wgmma,
 }
 
@@ -117,7 +121,7 @@ impl Default for DecodeOptions {
 /// What one call launched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// `generic`, `mma16`, `mma32`, `mma64` or `wgmma`.
+    /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring) or `wgmma`.
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -140,7 +144,8 @@ struct DeviceInfo {
     /// The module holds the sm_90a wgmma kernels.
     wgmma: bool,
     /// Largest dynamic shared memory a CTA may opt into (227 KB on the H200, 163 KB on an
-    /// A100): a tensor-core kernel whose layout needs more falls back to the generic one.
+    /// A100): Auto takes the mma kernels' small KV ring where the full one does not fit,
+    /// and the generic kernel where neither does.
     smem_optin: u32,
 }
 
@@ -202,12 +207,21 @@ const fn tc_smem(mt: u32) -> u32 {
     9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 1024
 }
 
-/// Dynamic shared memory of the mma.sync kernels with `mt` query rows per CTA
-/// (`mla::MmaLayout<MT>::SMEM`: Q, a ring of five half tiles (four at 64 rows), P,
-/// reductions, per-tile token and bad-block flags, schedule, alignment).
-const fn mma_smem(mt: u32) -> u32 {
+/// Half-tile slots of the mma.sync kernels' KV ring (`HS` of `mla_decode_mma{16,32,64}[s]`).
+const fn mma_slots(mt: u32, small: bool) -> u32 {
+    match (mt <= 32, small) {
+        (true, false) => 5,
+        (false, false) => 4,
+        (true, true) => 3,
+        (false, true) => 2,
+    }
+}
+
+/// Dynamic shared memory of the mma.sync kernels with `mt` query rows per CTA and a ring of
+/// `slots` half tiles (`mla::MmaLayout<MT, HS>::SMEM`: Q, the ring, P, reductions, per-tile
+/// token and bad-block flags, schedule, alignment).
+const fn mma_smem(mt: u32, slots: u32) -> u32 {
     let half = 9 * 32 * 128;
-    let slots: u32 = if mt <= 32 { 5 } else { 4 };
     let ring = slots.div_ceil(2);
     9 * mt * 128 + slots * half + mt * 128 + 2 * 128 * 4 + ring * 64 + ring * 16 + 40 * 4 + 1024
 }
@@ -292,7 +306,7 @@ pub fn mla_decode_attention_with(
     } else {
         64
     };
-    let fits = if info.wgmma && m_total > 16 { tc_smem(64) } else { mma_smem(mma_rows) } <= info.smem_optin;
+    let fits = |bytes: u32| bytes <= info.smem_optin;
     let fast = d == FAST_D
         && dv == FAST_DV
         && dt != DType::F32
@@ -300,12 +314,13 @@ pub fn mla_decode_attention_with(
         && rows_aligned(&a.cache, &[0, 1])
         && rows_aligned(&a.out, &[0, 1, 2]);
     let kernel = match opts.kernel {
-        // A device with less shared memory than the tensor-core layouts need (an A100 for the
-        // mma kernels' KV ring) takes the generic kernel rather than failing.
-        Kernel::Auto if !fast || !fits => Kernel::Generic,
-        Kernel::Auto if info.wgmma && m_total > 16 => Kernel::Wgmma,
-        Kernel::Auto => Kernel::Mma,
-        Kernel::Mma | Kernel::Wgmma if !fast => {
+        Kernel::Auto if !fast => Kernel::Generic,
+        Kernel::Auto if info.wgmma && m_total > 16 && fits(tc_smem(64)) => Kernel::Wgmma,
+        Kernel::Auto if fits(mma_smem(mma_rows, mma_slots(mma_rows, false))) => Kernel::Mma,
+        // Less shared memory per block than the full ring needs (an A100): the small ring.
+        Kernel::Auto if fits(mma_smem(mma_rows, mma_slots(mma_rows, true))) => Kernel::MmaSmall,
+        Kernel::Auto => Kernel::Generic,
+        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma if !fast => {
             return Err(Error::backend(
                 BACKEND,
                 format!("{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512 and aligned rows"),
@@ -317,11 +332,21 @@ pub fn mla_decode_attention_with(
         k => k,
     };
 
+    let mma = |small: bool| -> (&'static str, &'static str, i64, u32, u32) {
+        let names = match (mma_rows, small) {
+            (16, false) => ("mla_decode_mma16", "mma16"),
+            (32, false) => ("mla_decode_mma32", "mma32"),
+            (_, false) => ("mla_decode_mma64", "mma64"),
+            (16, true) => ("mla_decode_mma16s", "mma16s"),
+            (32, true) => ("mla_decode_mma32s", "mma32s"),
+            (_, true) => ("mla_decode_mma64s", "mma64s"),
+        };
+        (names.0, names.1, mma_rows as i64, mma_smem(mma_rows, mma_slots(mma_rows, small)), THREADS)
+    };
     let (base, name, mt, smem, threads): (&'static str, &'static str, i64, u32, u32) = match kernel {
         Kernel::Wgmma => ("mla_decode_wgmma", "wgmma", 64, tc_smem(64), THREADS),
-        Kernel::Mma if m_total <= 16 => ("mla_decode_mma16", "mma16", 16, mma_smem(16), THREADS),
-        Kernel::Mma if m_total <= 32 => ("mla_decode_mma32", "mma32", 32, mma_smem(32), THREADS),
-        Kernel::Mma => ("mla_decode_mma64", "mma64", 64, mma_smem(64), THREADS),
+        Kernel::Mma => mma(false),
+        Kernel::MmaSmall => mma(true),
         _ => {
             let bytes = (d + 4 * dv) * 4;
             if bytes > MAX_SMEM as i64 {
@@ -334,6 +359,15 @@ pub fn mla_decode_attention_with(
             ("mla_decode_generic", "generic", 1, bytes as u32, GEN_THREADS)
         }
     };
+    if kernel != Kernel::Generic && !fits(smem) {
+        return Err(Error::backend(
+            BACKEND,
+            format!(
+                "{OP}: the {name} kernel needs {smem} bytes of shared memory per block, this device allows {}",
+                info.smem_optin
+            ),
+        ));
+    }
     let row_blocks = (m_total + mt - 1) / mt;
     if row_blocks > 65_535 || m_total > 65_535 {
         return Err(Error::invalid(
@@ -458,4 +492,26 @@ fn launch_dependent(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Par
     unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
         .map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An A100's opt-in shared memory per block (163 KB); an H100/H200 allows 227 KB.
+    const A100_SMEM: u32 = 166_912;
+    const H200_SMEM: u32 = 232_448;
+
+    #[test]
+    fn the_small_ring_fits_an_a100_and_the_full_ring_fits_a_hopper() {
+        for mt in [16, 32, 64] {
+            assert!(mma_smem(mt, mma_slots(mt, true)) <= A100_SMEM, "small ring, {mt} rows");
+            assert!(mma_smem(mt, mma_slots(mt, false)) <= H200_SMEM, "full ring, {mt} rows");
+        }
+        // The full rings are what an A100 cannot hold (so Auto picks the small one there).
+        for mt in [16, 32, 64] {
+            assert!(mma_smem(mt, mma_slots(mt, false)) > A100_SMEM, "full ring, {mt} rows");
+        }
+        assert!(tc_smem(64) <= H200_SMEM);
+    }
 }

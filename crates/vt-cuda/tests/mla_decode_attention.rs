@@ -319,6 +319,24 @@ fn decode_attention_is_stable_with_peaked_softmax() {
 }
 
 #[test]
+fn small_ring_kernels_match_reference_for_every_block_size() {
+    // The kernels an A100 (164 KB of shared memory per block) runs, forced on this device:
+    // 16 rows (mma16s), 32 (mma32s) and 64 (mma64s).
+    let Some(g) = gpu() else { return };
+    for (n, s_q) in [(16, 1), (16, 2), (128, 1)] {
+        for bs in [1, 16, 64, 128] {
+            let mut c = Case::mla(&MIXED, n, bs);
+            c.s_q = s_q;
+            let x = inputs(&c);
+            let want = reference(&c, &x);
+            let plan =
+                run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel: Kernel::MmaSmall, ..Default::default() });
+            assert!(plan.is_some_and(|p| p.starts_with("mma") && p.contains("s x")), "small ring kernel ran");
+        }
+    }
+}
+
+#[test]
 fn every_kernel_and_schedule_computes_the_same_function() {
     let Some(g) = gpu() else { return };
     for (n, s_q) in [(16, 1), (16, 2), (64, 1), (128, 1), (24, 2)] {
@@ -326,7 +344,7 @@ fn every_kernel_and_schedule_computes_the_same_function() {
         c.s_q = s_q;
         let x = inputs(&c);
         let want = reference(&c, &x);
-        for kernel in [Kernel::Generic, Kernel::Mma, Kernel::Wgmma] {
+        for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma] {
             for (min_tiles, max_parts) in
                 [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(4), None)]
             {
@@ -391,7 +409,7 @@ fn out_of_range_block_ids_are_skipped() {
     let mut x = inputs(&c);
     x.block_table[2] = -1.0;
     x.block_table[5] = (x.nb + 7) as f64;
-    for kernel in [Kernel::Generic, Kernel::Mma, Kernel::Wgmma] {
+    for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma] {
         for max_parts in [Some(1), Some(3)] {
             run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: Some(1), max_parts });
         }
