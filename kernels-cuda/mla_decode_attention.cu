@@ -1042,9 +1042,10 @@ __device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
 // 8 rows on distinct banks.
 constexpr int OSTR = FDV + 8;
 
-// One warpgroup's epilogue, once both are done with the KV stages: stages its accumulators (rows r_lo, r_lo + 8; columns col0 +
-// 8 i + 2 qd (+1)) in the freed KV stages, then copies its 256 columns of the MT rows out
-// with 16-byte loads and coalesced stores, scaled by 1 / l. `bar` is the warpgroup's own
+// One warpgroup's epilogue, once both are done with the KV stages: stages its accumulators
+// (rows r_lo, r_lo + 8; columns col0 + 8 i + 2 qd (+1)) in the freed KV stages (`stage` as a
+// shared address, `so` as a pointer), then copies its 256 columns of the MT rows out with
+// 16-byte loads and coalesced stores, scaled by 1 / l. `bar` is the warpgroup's own
 // 128-thread barrier; warpgroup 0 (with_lse) also writes lse.
 template <typename T, int MT>
 __device__ __forceinline__ void stage_and_store(const Params& p, const Segment& sg, int row0, uint32_t stage,
