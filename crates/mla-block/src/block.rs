@@ -166,7 +166,7 @@ impl<'w> MlaBlock<'w> {
     }
 
     /// Runs one step: `out[T, H]` for `hidden[T, H]`, writing the step's latents into
-    /// `kv_cache` [num_blocks, block_size, L+R] at `meta.slot_mapping` first.
+    /// `kv_cache` `[num_blocks, block_size, L+R]` at `meta.slot_mapping` first.
     ///
     /// Issues work on `q` without waiting for it (no synchronization). Scratch memory and the
     /// metadata's device copy come from `ws`, which allocates only when the step is larger

@@ -380,7 +380,7 @@ fn to_i32(v: i64, what: &'static str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::invalid(OP, what, format!("{v} does not fit in i32")))
 }
 
-/// A block table [rows, width] whose first `len(b)` positions map to blocks in the cache.
+/// A block table `[rows, width]` whose first `len(b)` positions map to blocks in the cache.
 fn check_table(
     arg: &'static str,
     table: &[i32],

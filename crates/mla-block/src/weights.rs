@@ -36,7 +36,7 @@ pub struct MlaBlockWeights<'a> {
     pub w_uv: Option<Tensor<'a>>,
     /// `[H, N*V]`.
     pub o_proj: Option<Tensor<'a>>,
-    /// [max_pos, R] f32, from [`crate::YarnRopeParams::cos_sin_cache`].
+    /// `[max_pos, R]` f32, from [`crate::YarnRopeParams::cos_sin_cache`].
     pub rope_cos_sin_cache: Option<Tensor<'a>>,
 }
 

@@ -51,8 +51,8 @@ macro_rules! define_ops {
 }
 
 define_ops! {
-    MatmulBT => MatmulBTArgs, "out[M,N] = a[M,K] . b[N,K]^T";
-    BatchedMatmul => BatchedMatmulArgs, "out[G,M,N] = a[G,M,K] . b[G,K,N], any strides";
+    MatmulBT => MatmulBTArgs, "`out[M,N] = a[M,K] . b[N,K]^T`";
+    BatchedMatmul => BatchedMatmulArgs, "`out[G,M,N] = a[G,M,K] . b[G,K,N]`, any strides";
     RmsNorm => RmsNormArgs, "out = x / sqrt(mean(x^2) + eps) * w";
     RopeFromCache => RopeFromCacheArgs, "rotary embedding from a cos/sin cache, in place";
     FusedNormRope => FusedNormRopeArgs, "RmsNorm of the latent part and RoPE of the rope part of one row";

@@ -142,7 +142,7 @@ impl<'a> Tensor<'a> {
     pub fn stride(&self, d: usize) -> i64 {
         self.strides()[d]
     }
-    /// The element offset of element [0, 0, ...] from the allocation's base.
+    /// The element offset of element `[0, 0, ...]` from the allocation's base.
     pub fn offset(&self) -> i64 {
         self.offset
     }
@@ -153,7 +153,7 @@ impl<'a> Tensor<'a> {
     pub fn base_addr(&self) -> u64 {
         self.base
     }
-    /// Address of element [0, 0, ...] of this view.
+    /// Address of element `[0, 0, ...]` of this view.
     pub fn data_addr(&self) -> u64 {
         self.base + (self.offset as u64) * self.dtype.size_of() as u64
     }

@@ -114,7 +114,7 @@ impl Check {
         Ok(())
     }
 
-    /// A paged cache [NB, BS, D] has a block size BS >= 1 (block arithmetic divides by it).
+    /// A paged cache `[NB, BS, D]` has a block size BS >= 1 (block arithmetic divides by it).
     pub fn block_size(&self, arg: &'static str, cache: &Tensor<'_>) -> Result<()> {
         if cache.dim(1) < 1 {
             return Err(self.err(arg, format!("block size (dim 1) must be >= 1, shape {:?}", cache.shape())));
@@ -137,7 +137,7 @@ pub(crate) fn host_ints(t: &Tensor<'_>) -> Option<Vec<i64>> {
     t.host_values().map(|v| v.into_iter().map(|x| x as i64).collect())
 }
 
-/// A cumulative-lengths tensor [B+1]: starts at 0, nondecreasing, ends at most at `total`.
+/// A cumulative-lengths tensor `[B+1]`: starts at 0, nondecreasing, ends at most at `total`.
 pub(crate) fn check_cu_seqlens(c: &Check, arg: &'static str, t: &Tensor<'_>, total: i64) -> Result<()> {
     let Some(v) = host_ints(t) else { return Ok(()) };
     if v.first().copied() != Some(0) {

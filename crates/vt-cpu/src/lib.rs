@@ -1,6 +1,6 @@
 //! vt-cpu: the reference backend. Every op of [`vt_core::OpId::ALL`], written to be
 //! obviously right rather than fast: f32 accumulation, bf16/f16/f32 storage, strided
-//! element access through [`host::HostView`], one rounding to the storage dtype per
+//! element access through `host::HostView`, one rounding to the storage dtype per
 //! stored value. GPU backends are checked against these implementations.
 //!
 //! Call [`register`] once at start-up (applications usually go through

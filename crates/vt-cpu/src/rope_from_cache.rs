@@ -1,4 +1,4 @@
-//! RopeFromCache: rotate q (and k) in place by angles from a [max_pos, R] cos/sin cache.
+//! RopeFromCache: rotate q (and k) in place by angles from a `[max_pos, R]` cos/sin cache.
 
 use vt_core::{Queue, Result, RopeFromCacheArgs};
 

@@ -1,6 +1,6 @@
 //! The kernel files of `kernels-cuda/`, embedded in the binary, and the headers they share.
 //!
-//! An op file names its kernel file with [`kernel_source!`] and asks its queue for a
+//! An op file names its kernel file with [`kernel_source!`](crate::kernel_source) and asks its queue for a
 //! function by base name and dtype; the file defines `extern "C"` kernels named
 //! `{base}_{bf16,f16,f32}` (see `kernels-cuda/common.cuh`, `VT_FOR_EACH_FLOAT`).
 

@@ -109,7 +109,7 @@ struct Operand<'a> {
     mat: Mat,
 }
 
-/// `out[g] = a[g] . b[g]` with `a` [G,M,K], `b` [G,K,N] (logical), `out` [G,M,N].
+/// `out[g] = a[g] . b[g]` with `a` `[G,M,K]`, `b` `[G,K,N]` (logical), `out` `[G,M,N]`.
 fn gemm(
     q: &Queue,
     op: &'static str,

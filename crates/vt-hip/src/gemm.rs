@@ -15,7 +15,7 @@ use vt_core::{DType, Result};
 use crate::launch::{kernels, KernelArgs, Launch, Step};
 use crate::sys;
 
-/// A strided operand of a batched matmul: element [g, r, c] is at
+/// A strided operand of a batched matmul: element `[g, r, c]` is at
 /// `addr + (g*s[0] + r*s[1] + c*s[2]) * element size`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Operand {
@@ -83,7 +83,7 @@ fn int(v: i64) -> Option<c_int> {
     c_int::try_from(v).ok()
 }
 
-/// The rocBLAS call computing `out[g] = a[g] . b[g]` (`a` [G,M,K], `b` [G,K,N]), if the
+/// The rocBLAS call computing `out[g] = a[g] . b[g]` (`a` `[G,M,K]`, `b` `[G,K,N]`), if the
 /// layouts allow one.
 pub(crate) fn rocblas_call(
     dtype: DType,
@@ -193,7 +193,7 @@ mod tests {
         }
     }
 
-    /// Strides of a [d0, d1, d2] tensor stored with its dims in `order` (outermost first),
+    /// Strides of a `[d0, d1, d2]` tensor stored with its dims in `order` (outermost first),
     /// each dim padded by `pad` elements.
     fn strides(dims: [i64; 3], order: [usize; 3], pad: i64) -> [i64; 3] {
         let mut s = [0i64; 3];

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `q_b_proj` [N(P+R), Q] / `q_proj` [N(P+R), H] | column-parallel (output rows) | rows of heads `r*N/tp .. (r+1)*N/tp` |
 //! | `kv_b_proj` [N(P+V), L] | column-parallel | rows of its heads; `W_UK_T` / `W_UV` absorbed from them |
-//! | `o_proj` [H, NV] | row-parallel (input columns) | columns of its heads; partial sums all-reduced |
+//! | `o_proj` `[H, NV]` | row-parallel (input columns) | columns of its heads; partial sums all-reduced |
 //! | `q_a_proj`, `kv_a_proj_with_mqa`, `q_a_layernorm`, `kv_a_layernorm` | replicated | all |
 //!
 //! Heads are contiguous row blocks because every per-head weight is laid out head-major

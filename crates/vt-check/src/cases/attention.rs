@@ -114,7 +114,7 @@ pub(super) fn mla_decode_attention(c: &mut Cases) {
 }
 
 /// Varlen attention over `seqs` = (query rows, key rows) per sequence. With `strided`,
-/// q is a head-strided view, k / v are column slices of one [Tk, N, D+Dv] buffer, out
+/// q is a head-strided view, k / v are column slices of one `[Tk, N, D+Dv]` buffer, out
 /// is a view into wider rows, and 3 query rows past the last sequence stay untouched.
 struct Prefill {
     seqs: Vec<(i64, i64)>,
@@ -222,9 +222,9 @@ enum Empty {
     All,
 }
 
-/// Merges two partial results [T, N, V] by their lse, drawn uniform in `+-lse_range`.
+/// Merges two partial results `[T, N, V]` by their lse, drawn uniform in `+-lse_range`.
 /// With `strided`, prefix / suffix / out are views into wider rows and the lse tensors
-/// are transposed views of [T, N] buffers.
+/// are transposed views of `[T, N]` buffers.
 struct Merge {
     t: i64,
     n: i64,

@@ -7,7 +7,7 @@ use crate::case::{Builder, Cases, Exec, Ty};
 
 /// Writes `t` tokens' `[kv_c | k_pe]` rows into a paged cache of `nb` blocks of `bs`
 /// rows (layer `pool.1` of a pool of `pool.0` layers) at distinct random slots, `padding`
-/// of them -1. With `one_row`, kv_c and k_pe are slices of one kv row buffer [T, L+R].
+/// of them -1. With `one_row`, kv_c and k_pe are slices of one kv row buffer `[T, L+R]`.
 struct Concat {
     t: i64,
     l: i64,

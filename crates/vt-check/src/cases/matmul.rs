@@ -48,7 +48,7 @@ pub(super) fn matmul_bt(c: &mut Cases) {
     c.add("M 0 (nothing to write)", |b| MatmulBT::contiguous(0, 4, 8).build(b));
 }
 
-/// A [d0, d1, d2] operand stored as a contiguous buffer whose dims are the logical dims
+/// A `[d0, d1, d2]` operand stored as a contiguous buffer whose dims are the logical dims
 /// in `order` (storage dim i = logical dim `order[i]`), the innermost storage dim `pad`
 /// elements wider; the view starts `pad / 2` elements in. `order = [0, 1, 2]` and
 /// `pad = 0` is plain contiguous.

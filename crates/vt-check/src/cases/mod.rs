@@ -37,8 +37,8 @@ pub fn cases(op: OpId, seed: u64) -> Vec<Case> {
     c.list
 }
 
-/// `positions` [T] i64 in `0..max_pos` (the first is the last cache row, the second 0,
-/// so both ends of the cache are read) and the f32 `cos_sin_cache` [max_pos, R] of
+/// `positions` `[T]` i64 in `0..max_pos` (the first is the last cache row, the second 0,
+/// so both ends of the cache are read) and the f32 `cos_sin_cache` `[max_pos, R]` of
 /// rotary base 10000: row p = `[cos(p * f_i) | sin(p * f_i)]`, `f_i = 10000^(-2i/R)`.
 pub(crate) fn rotary_inputs(b: &mut Builder, t: i64, r: i64, max_pos: i64) -> (View, View) {
     let mut pos: Vec<f64> = (0..t).map(|_| b.rng.gen_range(0..max_pos) as f64).collect();
@@ -60,7 +60,7 @@ pub(crate) fn rotary_inputs(b: &mut Builder, t: i64, r: i64, max_pos: i64) -> (V
     (positions, cos_sin)
 }
 
-/// A paged cache [nb, bs, w] that is layer `layer` of a pool [nb, layers, bs, w]
+/// A paged cache `[nb, bs, w]` that is layer `layer` of a pool `[nb, layers, bs, w]`
 /// interleaving `layers` layers (so block stride != bs * w and the view starts inside
 /// the pool). Random values, or NaN poison when it is an output.
 pub(crate) fn paged_cache(
@@ -84,7 +84,7 @@ pub(crate) fn paged_cache(
 /// `ceil(needs[b] / bs)` distinct blocks, shuffled over a cache of that many blocks plus
 /// `spare`. Table entries past a sequence's blocks hold other valid block ids, so a
 /// kernel that reads past a sequence's end sees wrong rows (caught) rather than faulting.
-/// Returns (num_blocks, max_blocks_per_seq, the table [B, MB] row-major).
+/// Returns (num_blocks, max_blocks_per_seq, the table `[B, MB]` row-major).
 pub(crate) fn block_table(b: &mut Builder, needs: &[i64], bs: i64, spare: i64) -> (i64, i64, Vec<f64>) {
     let counts: Vec<i64> = needs.iter().map(|&n| (n + bs - 1) / bs).collect();
     let nb = (counts.iter().sum::<i64>() + spare).max(1);

@@ -10,10 +10,10 @@ pub struct BatchedMatmulArgs<'a> {
     pub b: Tensor<'a>,
 }
 
-/// `out[g] = a[g] . b[g]` for `a` [G,M,K], `b` [G,K,N], `out` [G,M,N].
+/// `out[g] = a[g] . b[g]` for `a` `[G,M,K]`, `b` `[G,K,N]`, `out` `[G,M,N]`.
 ///
 /// Any strides on every dim of every operand (the MLA block feeds transposed views such
-/// as q_nope as [N,B,P] with strides [P+R, N*(P+R), 1]); one float dtype. Backends that
+/// as q_nope as `[N,B,P]` with strides [P+R, N*(P+R), 1]); one float dtype. Backends that
 /// call a BLAS pick the transpose flags from the strides and fall back to their own
 /// kernel when neither of a matrix's last two strides is 1. `out` must not overlap
 /// itself, `a` or `b`.

@@ -13,10 +13,10 @@ pub struct ConcatAndCacheMlaArgs<'a> {
 
 /// `cache[s / BS, s % BS, :] = [kv_c[t] | k_pe[t]]` for `s = slot_mapping[t]`.
 ///
-/// - `kv_c` [T,L], `k_pe` [T,R] (stride 1 on the last dim), `cache` [NB,BS,L+R] (stride
+/// - `kv_c` `[T,L]`, `k_pe` `[T,R]` (stride 1 on the last dim), `cache` `[NB,BS,L+R]` (stride
 ///   1 on the last dim; block and row strides free, so a cache may be a view into a
 ///   larger pool); one float dtype. Any block size BS >= 1.
-/// - `slot_mapping` [T] i64. A slot < 0 is padding: that token is skipped. A slot
+/// - `slot_mapping` `[T]` i64. A slot < 0 is padding: that token is skipped. A slot
 ///   >= NB*BS is an error on the CPU; GPU kernels skip it.
 /// - `cache` must not overlap the inputs. Two tokens with the same slot: the last wins
 ///   on the CPU; unspecified on GPUs.

@@ -12,8 +12,8 @@ pub struct ConcatMlaNopeRopeArgs<'a> {
 
 /// `out[t, n, :] = [nope[t, n, :] | rope[t, n or 0, :]]`.
 ///
-/// - `nope` [T,N,P], `rope` [T,1,R] (broadcast over the N heads: MLA's shared k_pe) or
-///   [T,N,R], `out` [T,N,P+R]; one float dtype; stride 1 on the last dim of each, any
+/// - `nope` `[T,N,P]`, `rope` `[T,1,R]` (broadcast over the N heads: MLA's shared k_pe) or
+///   `[T,N,R]`, `out` `[T,N,P+R]`; one float dtype; stride 1 on the last dim of each, any
 ///   other strides (the absorbed decode feeds a transposed `nope`).
 /// - `out` must not overlap the inputs.
 pub fn concat_mla_nope_rope(q: &Queue, out: &Tensor<'_>, nope: &Tensor<'_>, rope: &Tensor<'_>) -> Result<()> {

@@ -20,10 +20,10 @@ pub struct FusedNormRopeArgs<'a> {
 /// One launch for MLA's kv row: `latent_out = RmsNorm(kv[:, :L], weight, eps)` and
 /// `rope_out = RoPE(kv[:, L:], positions)`.
 ///
-/// - `kv` [T, L+R] (stride 1 on the last dim, rows may be strided: the merged
-///   A-projection output), `weight` [L], `latent_out` [T,L], `rope_out` [T,R] (stride 1
-///   on the last dim); one float dtype. `cos_sin_cache` [max_pos, R] f32 and
-///   `positions` [T] i64 as for [`crate::rope_from_cache`].
+/// - `kv` `[T, L+R]` (stride 1 on the last dim, rows may be strided: the merged
+///   A-projection output), `weight` `[L]`, `latent_out` `[T,L]`, `rope_out` `[T,R]` (stride 1
+///   on the last dim); one float dtype. `cos_sin_cache` `[max_pos, R]` f32 and
+///   `positions` `[T]` i64 as for [`crate::rope_from_cache`].
 /// - Outputs must not overlap each other or any input.
 /// - Bit-identical to [`crate::rms_norm`] on `kv[:, :L]` followed by
 ///   [`crate::rope_from_cache`] on a copy of `kv[:, L:]` (same arithmetic, same order).

@@ -19,10 +19,10 @@ pub struct GatherMlaCacheArgs<'a> {
 /// 0; chunked-context prefill passes each chunk's start), i.e.
 /// `out[cu[b] + j] = cache[block_table[b, p / BS], p % BS, :]`.
 ///
-/// - `out` [T_ws, D] with stride 1 on D (rows past `cu_seq_lens[B]` are untouched),
-///   `cache` [NB,BS,D] (stride 1 on D); one float dtype.
-/// - `block_table` [B, MB] i32, `cu_seq_lens` [B+1] i32 (0, nondecreasing, last <=
-///   T_ws), `seq_starts` [B] i32 >= 0.
+/// - `out` `[T_ws, D]` with stride 1 on D (rows past `cu_seq_lens[B]` are untouched),
+///   `cache` `[NB,BS,D]` (stride 1 on D); one float dtype.
+/// - `block_table` `[B, MB]` i32, `cu_seq_lens` `[B+1]` i32 (0, nondecreasing, last <=
+///   T_ws), `seq_starts` `[B]` i32 >= 0.
 /// - Errors (CPU): a position past the block table (`p / BS >= MB`) or a block id outside
 ///   `0..NB`. GPU kernels skip such rows.
 pub fn gather_mla_cache(

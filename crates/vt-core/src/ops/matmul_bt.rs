@@ -12,7 +12,7 @@ pub struct MatmulBTArgs<'a> {
 
 /// `out[M,N] = a[M,K] . b[N,K]^T` (a linear layer with torch's `[out, in]` weight).
 ///
-/// - `a` [M,K], `b` [N,K], `out` [M,N]: one float dtype; the last dim of each has
+/// - `a` `[M,K]`, `b` `[N,K]`, `out` `[M,N]`: one float dtype; the last dim of each has
 ///   stride 1, rows may be strided (a column slice of a wider buffer, a row slice of a
 ///   weight). K may be 0 (out = 0).
 /// - `out` must not overlap `a` or `b`.

@@ -17,8 +17,8 @@ pub struct MergeAttnStatesArgs<'a> {
 /// `m = max(lp, ls)`, `wp = exp(lp - m)`, `ws = exp(ls - m)`,
 /// `out = (wp * prefix + ws * suffix) / (wp + ws)`, `out_lse = m + ln(wp + ws)`.
 ///
-/// - `prefix`, `suffix`, `out` [T,N,V]; one float dtype; stride 1 on V.
-/// - `prefix_lse`, `suffix_lse`, `out_lse` (optional) [N,T] f32.
+/// - `prefix`, `suffix`, `out` `[T,N,V]`; one float dtype; stride 1 on V.
+/// - `prefix_lse`, `suffix_lse`, `out_lse` (optional) `[N,T]` f32.
 /// - Empty sides: an lse of -inf (or +inf, which upstream also treats as empty) means
 ///   "no keys": that side gets weight 0; both empty gives `out = 0`, `out_lse = -inf`.
 /// - Outputs must not overlap each other or any input.

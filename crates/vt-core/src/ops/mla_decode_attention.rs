@@ -25,11 +25,11 @@ pub struct MlaDecodeAttentionArgs<'a> {
 /// `K[j] = cache[block_table[b, j / BS], j % BS, :D]`, `V[j] = K[j][:Dv]`,
 /// `p = softmax(scale * q . K)`, `out = p . V`, `lse = ln(sum(exp(scale * q . K)))`.
 ///
-/// - `q` [B, s_q, N, D], `cache` [NB, BS, D], `out` [B, s_q, N, Dv] with `Dv <= D`
+/// - `q` `[B, s_q, N, D]`, `cache` `[NB, BS, D]`, `out` `[B, s_q, N, Dv]` with `Dv <= D`
 ///   (MLA: D = kv_lora_rank + rope dim = 576, Dv = kv_lora_rank = 512); one float dtype;
 ///   stride 1 on the last dim of each.
-/// - `lse` (optional) [B, N, s_q] f32, natural log.
-/// - `block_table` [B, MB] i32, `seq_lens` [B] i32 with `0 <= seq_lens[b] <= MB * BS`.
+/// - `lse` (optional) `[B, N, s_q]` f32, natural log.
+/// - `block_table` `[B, MB]` i32, `seq_lens` `[B]` i32 with `0 <= seq_lens[b] <= MB * BS`.
 /// - A query that sees no key (empty sequence) gets `out = 0` and `lse = -inf`.
 /// - `scale` finite and > 0. `out` and `lse` must not overlap each other or any input.
 pub fn mla_decode_attention(

@@ -24,12 +24,12 @@ pub struct PrefillAttentionArgs<'a> {
 /// query sees all `lk` keys. Causal (bottom-right): query i sees keys `0 ..= lk - lq + i`
 /// (none if that is negative).
 ///
-/// - `q` [Tq,N,D], `k` [Tk,N,D], `v` [Tk,N,Dv], `out` [Tq,N,Dv]; one float dtype; stride
+/// - `q` `[Tq,N,D]`, `k` `[Tk,N,D]`, `v` `[Tk,N,Dv]`, `out` `[Tq,N,Dv]`; one float dtype; stride
 ///   1 on the last dim of each, any other strides (`k`/`v` may be column slices of one
 ///   up-projection output).
-/// - `lse` (optional) [N, Tq] f32, natural log of the softmax denominator (scaled
+/// - `lse` (optional) `[N, Tq]` f32, natural log of the softmax denominator (scaled
 ///   logits). A query that sees no key gets `out = 0`, `lse = -inf`.
-/// - `cu_seqlens_q`, `cu_seqlens_k` [B+1] i32: start at 0, nondecreasing, end at most at
+/// - `cu_seqlens_q`, `cu_seqlens_k` `[B+1]` i32: start at 0, nondecreasing, end at most at
 ///   Tq / Tk. Rows past `cu_seqlens_q[B]` are untouched. `max_seqlen_q` >= every `lq`
 ///   (GPU grids are sized from it without reading lengths back).
 /// - `scale` finite and > 0. Outputs must not overlap each other or any input.

@@ -13,7 +13,7 @@ pub struct RmsNormArgs<'a> {
 
 /// `out[t,:] = x[t,:] / sqrt(mean(x[t,:]^2) + eps) * weight`, f32 accumulation.
 ///
-/// - `x`, `out` [T,D] with stride 1 on D (rows may be strided); `weight` [D]
+/// - `x`, `out` `[T,D]` with stride 1 on D (rows may be strided); `weight` `[D]`
 ///   contiguous; one float dtype.
 /// - `out` may be exactly `x` (same address, shape and strides: in place); any other
 ///   overlap is an error. `eps` must be finite and > 0.

@@ -12,14 +12,14 @@ pub struct RopeFromCacheArgs<'a> {
     pub is_neox: bool,
 }
 
-/// Rotates `q` [T,Hq,R] (and `k` [T,Hk,R] if given) in place by the angles of
-/// `positions[t]` from `cos_sin_cache` [max_pos, R] (row = `[cos(R/2) | sin(R/2)]`, f32).
+/// Rotates `q` `[T,Hq,R]` (and `k` `[T,Hk,R]` if given) in place by the angles of
+/// `positions[t]` from `cos_sin_cache` `[max_pos, R]` (row = `[cos(R/2) | sin(R/2)]`, f32).
 ///
 /// - `q`, `k`: the rotary slice itself (the caller slices the trailing R columns of a
 ///   head with a strided view); one float dtype; stride 1 on the last dim, any other
 ///   strides. `k` may have a different head count (1 for MLA's shared k_pe). `q` and
 ///   `k` must not overlap.
-/// - `positions` [T] i64, each in `[0, max_pos)` (checked on the CPU; GPU kernels leave
+/// - `positions` `[T]` i64, each in `[0, max_pos)` (checked on the CPU; GPU kernels leave
 ///   a token with an out-of-range position unrotated).
 /// - `is_neox`: pairs `(i, i + R/2)` (half split); otherwise GPT-J pairs `(2i, 2i+1)`.
 ///   Pair `i` uses `cos[i]`, `sin[i]`: `x0' = x0*cos - x1*sin`, `x1' = x1*cos + x0*sin`,
@@ -69,8 +69,8 @@ fn validate(queue: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Shared by RopeFromCache and FusedNormRope: the cache is [max_pos, R] f32 contiguous,
-/// R even and > 0; positions [T] i64 within the cache.
+/// Shared by RopeFromCache and FusedNormRope: the cache is `[max_pos, R]` f32 contiguous,
+/// R even and > 0; positions `[T]` i64 within the cache.
 pub(crate) fn check_cache_and_positions(
     c: &Check,
     cache: &Tensor<'_>,
