@@ -7,6 +7,7 @@
 //! - [`registry`]: (OpId, DeviceType) -> implementation, filled by backends at start-up.
 //! - [`ops`]: one validated, typed entry point per op; its doc comment is the contract.
 //! - [`flags`]: the one place `VT_*` environment flags are read.
+//! - [`kernel_cache`]: the disk cache of run-time compiled GPU code (CUDA and HIP backends).
 //!
 //! See `docs/architecture.md` for the registry's life cycle.
 
@@ -15,6 +16,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod flags;
+pub mod kernel_cache;
 pub mod ops;
 pub mod registry;
 mod tensor;

@@ -17,7 +17,6 @@ use std::ffi::{c_char, c_int, CString};
 use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::sys;
-use sha2::{Digest, Sha256};
 use vt_core::{Error, Result};
 
 const BACKEND: &str = "cuda";
@@ -166,15 +165,9 @@ fn options(includes: &[PathBuf]) -> Vec<String> {
     o
 }
 
-/// Where compiled code is cached (see the module docs).
+/// Where compiled code is cached: `vt_core::kernel_cache::dir("cuda")` (see the module docs).
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("VT_CACHE_DIR") {
-        return Some(PathBuf::from(d).join("cuda"));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("vt").join("cuda"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("vt").join("cuda"))
+    vt_core::kernel_cache::dir("cuda")
 }
 
 /// Compiles `source` (file `name`, e.g. `rms_norm.cu`) for `target`, or returns the cached
@@ -195,50 +188,27 @@ pub fn compile_in(
     let includes = include_dirs()?;
     let opts = options(&includes);
 
-    let mut h = Sha256::new();
-    for part in [name, source] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
+    let mut key = vt_core::kernel_cache::Key::new();
+    key.text(name).text(source);
     for (hn, ht) in headers {
-        h.update((hn.len() as u64).to_le_bytes());
-        h.update(hn.as_bytes());
-        h.update((ht.len() as u64).to_le_bytes());
-        h.update(ht.as_bytes());
+        key.text(hn).text(ht);
     }
     for o in &opts {
-        h.update(o.as_bytes());
-        h.update([0u8]);
+        key.option(o);
     }
-    let digest: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
     let stem = name.trim_end_matches(".cu");
-    let file = format!("{stem}-nvrtc{}.{}-{}-{digest}", ver.0, ver.1, target.tag());
+    let file = format!("{stem}-nvrtc{}.{}-{}-{}", ver.0, ver.1, target.tag(), key.digest());
 
-    if let Some(dir) = cache {
-        if let Ok(bytes) = std::fs::read(dir.join(&file)) {
-            if !bytes.is_empty() {
-                tracing::debug!(kernel = name, file, "loaded compiled kernel from the disk cache");
-                return Ok(Image { bytes, target, cached: true });
-            }
-        }
+    if let Some(bytes) = vt_core::kernel_cache::load(cache, &file) {
+        tracing::debug!(kernel = name, file, "loaded compiled kernel from the disk cache");
+        return Ok(Image { bytes, target, cached: true });
     }
 
     let start = std::time::Instant::now();
     let bytes = compile_uncached(name, source, headers, target, &opts)?;
     tracing::debug!(kernel = name, ?target, ms = start.elapsed().as_millis() as u64, "NVRTC compiled");
-    if let Some(dir) = cache {
-        if let Err(e) = write_atomically(dir, &file, &bytes) {
-            tracing::warn!(dir = %dir.display(), "cannot write the NVRTC cache: {e}");
-        }
-    }
+    vt_core::kernel_cache::store(cache, &file, &bytes);
     Ok(Image { bytes, target, cached: false })
-}
-
-fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, dir.join(file))
 }
 
 type SizeFn = unsafe fn(sys::nvrtcProgram, *mut usize) -> sys::nvrtcResult;

@@ -15,7 +15,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use sha2::{Digest, Sha256};
 use vt_core::Result;
 
 use crate::driver::{self, err};
@@ -63,15 +62,10 @@ pub fn source(file: &str) -> Result<&'static str> {
         .ok_or_else(|| err(format!("no kernel file {file} in kernels-hip/")))
 }
 
-/// Where compiled code objects are cached (see the module docs).
+/// Where compiled code objects are cached: `vt_core::kernel_cache::dir("hip")` (see the
+/// module docs).
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("VT_CACHE_DIR") {
-        return Some(PathBuf::from(d).join("hip"));
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(d).join("vt").join("hip"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("vt").join("hip"))
+    vt_core::kernel_cache::dir("hip")
 }
 
 /// A compiled code object.
@@ -98,33 +92,21 @@ pub(crate) fn compile_with_cache(
     let mut opts: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
     opts.push(format!("--offload-arch={arch}"));
 
-    let mut h = Sha256::new();
-    for part in [file, src] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
+    let mut key = vt_core::kernel_cache::Key::new();
+    key.text(file).text(src);
     for (name, text) in HEADERS {
-        for part in [*name, *text] {
-            h.update((part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
-        }
+        key.text(name).text(text);
     }
     for o in &opts {
-        h.update(o.as_bytes());
-        h.update([0u8]);
+        key.option(o);
     }
-    let digest: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
     let target: String = arch.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     let stem = file.trim_end_matches(".hip");
-    let name = format!("{stem}-hiprtc{}.{}-{target}-{digest}.co", ver.0, ver.1);
+    let name = format!("{stem}-hiprtc{}.{}-{target}-{}.co", ver.0, ver.1, key.digest());
 
-    if let Some(dir) = cache {
-        if let Ok(bytes) = std::fs::read(dir.join(&name)) {
-            if !bytes.is_empty() {
-                tracing::debug!(kernel = file, name, "loaded a code object from the disk cache");
-                return Ok(CodeObject { bytes, cached: true });
-            }
-        }
+    if let Some(bytes) = vt_core::kernel_cache::load(cache, &name) {
+        tracing::debug!(kernel = file, name, "loaded a code object from the disk cache");
+        return Ok(CodeObject { bytes, cached: true });
     }
     let start = std::time::Instant::now();
     let bytes = {
@@ -134,17 +116,6 @@ pub(crate) fn compile_with_cache(
         driver::hiprtc_compile(api, file, src, HEADERS, &opts)?
     };
     tracing::debug!(kernel = file, arch, ms = start.elapsed().as_millis() as u64, "hiprtc compiled");
-    if let Some(dir) = cache {
-        if let Err(e) = write_atomically(dir, &name, &bytes) {
-            tracing::warn!(dir = %dir.display(), "cannot write the hiprtc cache: {e}");
-        }
-    }
+    vt_core::kernel_cache::store(cache, &name, &bytes);
     Ok(CodeObject { bytes, cached: false })
-}
-
-fn write_atomically(dir: &Path, file: &str, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, dir.join(file))
 }
