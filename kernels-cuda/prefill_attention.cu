@@ -1,5 +1,11 @@
 // PrefillAttention: variable-length multi-head attention (flash-attn's varlen form),
-// causal bottom-right or not, optional lse. A straightforward tiled kernel with an online
+// causal bottom-right or not, optional lse. Three kernels (crates/vt-cuda/src/prefill_attention/
+// says which runs when):
+// - prefill_attention_wgmma_{bf16,f16}: sm_90a, prefill_attention/sm90.cuh.
+// - prefill_attention_mma_{bf16,f16}: sm_80+, prefill_attention/sm80.cuh.
+// - prefill_attention_generic_*: below, every dtype and head dims.
+//
+// The generic kernel: a straightforward tiled kernel with an online
 // softmax, everything in f32: block (x, y, z) = (query tile, head, sequence) handles
 // PF_BQ query rows and walks the keys in tiles of PF_BK through shared memory.
 //
@@ -10,6 +16,9 @@
 // decreasing or past Tq / Tk is skipped, and query rows past max_seqlen_q (which sizes the
 // grid) are never reached, so no write leaves `out` or `lse`.
 #include "common.cuh"
+#include "prefill_attention/params.cuh"
+#include "prefill_attention/sm80.cuh"
+#include "prefill_attention/sm90.cuh"
 
 #define PF_BQ 16
 #define PF_BK 16
@@ -115,7 +124,7 @@ __device__ void prefill_attention(T* out, i64 o_st, i64 o_sh, float* lse, i64 l_
 }
 
 #define VT_PREFILL(S, T)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attention_##S(                          \
+    extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attention_generic_##S(                          \
         T* out, i64 o_st, i64 o_sh, float* lse, i64 l_sh, i64 l_st, const T* q, i64 q_st, i64 q_sh,           \
         const T* k, i64 k_st, i64 k_sh, const T* v, i64 v_st, i64 v_sh, const int* cuq, i64 cuq_s,            \
         const int* cuk, i64 cuk_s, i64 tq_total, i64 tk_total, int d, int dv, float scale, int causal) {      \

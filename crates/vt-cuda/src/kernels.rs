@@ -29,6 +29,9 @@ macro_rules! kernel_source {
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../../kernels-cuda/common.cuh")),
     ("norm_rope.cuh", include_str!("../../../kernels-cuda/norm_rope.cuh")),
+    ("prefill_attention/params.cuh", include_str!("../../../kernels-cuda/prefill_attention/params.cuh")),
+    ("prefill_attention/sm80.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm80.cuh")),
+    ("prefill_attention/sm90.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm90.cuh")),
 ];
 
 /// `VT_CUDA_KERNELS_DIR`: a folder whose `.cu`/`.cuh` files replace the embedded copies

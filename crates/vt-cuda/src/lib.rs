@@ -58,7 +58,7 @@ mod gather_mla_cache;
 mod matmul;
 mod merge_attn_states;
 pub mod mla_decode_attention;
-mod prefill_attention;
+pub mod prefill_attention;
 mod rms_norm;
 mod rope_from_cache;
 

@@ -1,15 +1,12 @@
-//! PrefillAttention: a tiled online-softmax kernel with f32 accumulation
-//! (`kernels-cuda/prefill_attention.cu`). Grid (query tiles of `max_seqlen_q`, heads,
-//! sequences): sizes come from the arguments, never from lengths read back.
+//! The generic PrefillAttention kernel: a tiled online-softmax loop with f32 accumulation,
+//! for every dtype and head dims (`prefill_attention_generic_*` in
+//! `kernels-cuda/prefill_attention.cu`).
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use vt_core::{Error, PrefillAttentionArgs, Queue, Result};
+use vt_core::{PrefillAttentionArgs, Result};
 
-use crate::device::{drv, BACKEND};
+use super::{function, grid_fits, OP};
 use crate::rope_from_cache::int;
-use crate::{cfg, kernel_source, optional_lse, view_args, Arg, CudaQueue, KernelSource};
-
-static SRC: KernelSource = kernel_source!("prefill_attention");
+use crate::{cfg, optional_lse, view_args, Arg, CudaQueue};
 
 /// `PF_BQ`, `PF_BK` and `PF_THREADS` of the kernel file.
 const BQ: i64 = 16;
@@ -21,42 +18,13 @@ fn smem_bytes(d: i64, dv: i64) -> i64 {
     4 * (BQ * d + BK * d + BK * dv + BQ * dv + BQ * BK + 3 * BQ)
 }
 
-pub(crate) fn run(q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
-    const OP: &str = "PrefillAttention";
-    let cq = CudaQueue::of(q, OP)?;
+pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let (n, d, dv) = (a.q.dim(1), a.q.dim(2), a.v.dim(2));
     let b = a.cu_seqlens_q.dim(0) - 1;
-    if b <= 0 || n == 0 || a.max_seqlen_q == 0 || a.q.dim(0) == 0 {
-        return Ok(());
-    }
     let tiles = (a.max_seqlen_q + BQ - 1) / BQ;
-    if tiles > u32::MAX as i64 / 2 || n > 65535 || b > 65535 {
-        return Err(Error::invalid(
-            OP,
-            "q",
-            format!("grid of {tiles} query tiles x {n} heads x {b} sequences exceeds CUDA's limits"),
-        ));
-    }
+    grid_fits(tiles, n, b)?;
     let smem = smem_bytes(d, dv);
-    let f = cq.function(&SRC, "prefill_attention", a.q.dtype())?;
-    if smem > 48 * 1024 {
-        let max = cq
-            .device
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(drv("shared memory limit"))? as i64;
-        if smem > max {
-            return Err(Error::backend(
-                BACKEND,
-                format!(
-                    "{OP}: head dims D={d}, Dv={dv} need {smem} bytes of shared memory, the device has {max}"
-                ),
-            ));
-        }
-        // Not a stream operation: allowed between launches and during graph capture.
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(drv("raising the shared memory limit"))?;
-    }
+    let f = function(cq, "prefill_attention_generic", a.q.dtype(), u32::try_from(smem).unwrap_or(u32::MAX))?;
     let views =
         [view_args(&a.out), optional_lse(a.lse.as_ref()), view_args(&a.q), view_args(&a.k), view_args(&a.v)];
     let mut args: Vec<Arg> = views.concat();

@@ -1,0 +1,56 @@
+// PrefillAttention: the argument block of the tensor-core kernels (sm80.cuh, sm90.cuh),
+// passed by value as their only parameter. Must match `Params` in
+// crates/vt-cuda/src/prefill_attention/mod.rs field for field.
+#pragma once
+// Included by prefill_attention.cu after common.cuh (in-memory headers resolve by name).
+
+namespace pf {
+
+struct Params {
+    const void* q;    // [Tq, N, D]   element (0, 0, 0); strides q_st (token), q_sh (head)
+    const void* k;    // [Tk, N, D]
+    const void* v;    // [Tk, N, Dv]
+    void* out;        // [Tq, N, Dv]
+    float* lse;       // [N, Tq] f32 (natural log) or null
+    const int* cuq;   // [B + 1] query offsets, stride cuq_s
+    const int* cuk;   // [B + 1] key offsets, stride cuk_s
+    i64 q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh, l_sh, l_st;
+    i64 cuq_s, cuk_s;
+    i64 tq_total, tk_total;  // Tq, Tk: sequence bounds read on the device are checked against them
+    int n_heads;
+    int n_seqs;
+    int q_tiles;     // grid.x: query tiles of max_seqlen_q
+    int causal;      // bottom-right: query i of a sequence sees keys 0 ..= lk - lq + i
+    float scale_log2;  // softmax scale * log2(e)
+    float pad_;
+};
+
+// One sequence's bounds, read and checked on the device. `ok` is false for bounds that are
+// negative, decreasing or past Tq / Tk: such a sequence is skipped (nothing is written).
+struct Seq {
+    i64 qb, kb;
+    int lq, lk;
+    bool ok;
+};
+
+__device__ __forceinline__ Seq load_seq(const Params& p, int b) {
+    const i64 qb = p.cuq[b * p.cuq_s], qe = p.cuq[(b + 1) * p.cuq_s];
+    const i64 kb = p.cuk[b * p.cuk_s], ke = p.cuk[(b + 1) * p.cuk_s];
+    Seq s;
+    s.ok = qb >= 0 && qe >= qb && qe <= p.tq_total && kb >= 0 && ke >= kb && ke <= p.tk_total;
+    s.qb = qb;
+    s.kb = kb;
+    s.lq = s.ok ? (int)(qe - qb) : 0;
+    s.lk = s.ok ? (int)(ke - kb) : 0;
+    return s;
+}
+
+// Keys [0, key_end) are visible to at least one of the query rows [r0, r1) of a sequence
+// (r1 > r0, rows clipped to lq by the caller).
+__device__ __forceinline__ int key_end(const Params& p, const Seq& s, int r1) {
+    if (!p.causal) return s.lk;
+    const i64 e = (i64)s.lk - s.lq + r1;  // last row r1 - 1 sees keys ..= lk - lq + r1 - 1
+    return (int)max((i64)0, min((i64)s.lk, e));
+}
+
+}  // namespace pf

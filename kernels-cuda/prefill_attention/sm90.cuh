@@ -1,0 +1,2 @@
+// PrefillAttention, sm_90a wgmma kernel: being written.
+#pragma once
