@@ -6,7 +6,9 @@
 //! worst dtype (largest error relative to its tolerance) as `PASS err <= tol dtype`, or
 //! `FAIL ...` (details below the table), `not registered` (the backend is up but lacks
 //! the op), `no device` / `unavailable` (what the backend's probe said). `--per-dtype`
-//! gives a column per backend and dtype instead. Exits non-zero on any FAIL.
+//! gives a column per backend and dtype instead. Exits non-zero on any FAIL, and with
+//! `--require-all` also on any `not registered` cell (CI runs it so on the CPU, which
+//! registers every op).
 //!
 //! LISTs are comma-separated: backends `cpu,cuda,hip`; ops as `OpId::parse` reads them
 //! (`rms_norm`, `MlaDecodeAttention`); dtypes `bf16,f16,f32`. The seed (random unless
@@ -21,7 +23,7 @@ use vt_core::{op_registered, DType, Device, DeviceType, Error, OpId, Probe};
 
 const USAGE: &str =
     "usage: cargo xtask parity [--backend cpu,cuda,hip] [--op LIST] [--dtype bf16,f16,f32] [--seed N] \
-     [--per-dtype] [-v|--verbose]";
+     [--per-dtype] [--require-all] [-v|--verbose]";
 
 struct Options {
     backends: Vec<DeviceType>,
@@ -29,6 +31,8 @@ struct Options {
     dtypes: Vec<DType>,
     seed: u64,
     per_dtype: bool,
+    /// `--require-all`: a `not registered` cell fails the run too.
+    require_all: bool,
     verbose: bool,
     help: bool,
 }
@@ -88,6 +92,13 @@ pub fn run(args: &[String]) -> Result<ExitCode, String> {
         tally.skipped,
         started.elapsed().as_secs_f64()
     );
+    if opts.require_all && tally.not_registered > 0 {
+        println!(
+            "--require-all: {} cells are not registered (every op must exist on every backend that is up)",
+            tally.not_registered
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(if tally.fail > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
@@ -98,6 +109,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         dtypes: DTYPES.to_vec(),
         seed: fresh_seed(),
         per_dtype: false,
+        require_all: false,
         verbose: false,
         help: false,
     };
@@ -113,6 +125,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 o.seed = v.parse().map_err(|_| format!("--seed: `{v}` is not a non-negative integer"))?;
             }
             "--per-dtype" => o.per_dtype = true,
+            "--require-all" => o.require_all = true,
             "-v" | "--verbose" => o.verbose = true,
             "-h" | "--help" => {
                 o.help = true;
