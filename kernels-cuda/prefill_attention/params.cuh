@@ -22,7 +22,9 @@ struct Params {
     int q_tiles;     // grid.x: query tiles of max_seqlen_q
     int causal;      // bottom-right: query i of a sequence sees keys 0 ..= lk - lq + i
     float scale_log2;  // softmax scale * log2(e)
-    float pad_;
+    int d;             // qk head dim
+    int dv;            // v head dim
+    int pad_;
 };
 
 // One sequence's bounds, read and checked on the device. `ok` is false for bounds that are

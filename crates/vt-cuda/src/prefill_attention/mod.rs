@@ -82,7 +82,9 @@ pub(crate) struct Params {
     pub(crate) q_tiles: i32,
     causal: i32,
     scale_log2: f32,
-    pad_: f32,
+    d: i32,
+    dv: i32,
+    pad_: i32,
 }
 
 // SAFETY: plain old data with the C layout of the kernel's `pf::Params` (same field order
@@ -125,7 +127,10 @@ impl Params {
             q_tiles: tiles as i32,
             causal: a.causal as i32,
             scale_log2: a.scale * std::f32::consts::LOG2_E,
-            pad_: 0.0,
+            // Head dims are checked against FAST_DIMS before a tensor-core kernel is chosen.
+            d: i32::try_from(a.q.dim(2)).unwrap_or(0),
+            dv: i32::try_from(a.v.dim(2)).unwrap_or(0),
+            pad_: 0,
         })
     }
 }
