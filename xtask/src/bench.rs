@@ -1,5 +1,6 @@
-//! `cargo xtask bench decode [--json FILE] [--sweep] [--iters N]`: MlaDecodeAttention on the
-//! first CUDA device, on FlashMLA's benchmark shapes (../shared/ANCHORS.md).
+//! `cargo xtask bench decode [--json FILE] [--plot FILE] [--sweep] [--iters N] [--only SPEC]...
+//! [--no-parity]`: MlaDecodeAttention on the first CUDA device, on FlashMLA's benchmark shapes
+//! (../shared/ANCHORS.md).
 //!
 //! - Shapes: s_q = 1, one KV head, D = 576, Dv = 512, bf16, paged cache of block size 64
 //!   unless a row says otherwise, sequence i of a batch has `seqlen + 2 i` tokens, pages
@@ -14,17 +15,59 @@
 //!   reference (vt-cpu) on three sequences (first, middle, last) and up to four heads.
 //! - `--sweep` also times every kernel / minimum-tiles-per-part variant per shape;
 //!   `--only h128,b1,s8192` (repeatable) keeps matching shapes; `--no-parity` skips the
-//!   CPU check (for profiler runs).
+//!   CPU check (for profiler runs); `--plot FILE` (.svg or .png) draws time per shape, ours
+//!   beside FlashMLA's and the floor.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use vt_core::{Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Queue};
+
+use crate::plot::{Chart, Series};
+use crate::progress::Progress;
 use vt_cuda::bench::{filled_value, median, Bench};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel, Plan};
 
-const USAGE: &str = "usage: cargo xtask bench decode [--json FILE] [--sweep] [--iters N] [--no-parity] \
-                     [--only h128,b1,s8192[,bs64][,sq1]]...";
+/// `cargo xtask bench decode` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Write the rows (and this run's ceilings) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw time per shape (ours, FlashMLA, the floor) as .svg or .png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Also time every kernel / minimum-tiles-per-part variant per shape.
+    #[arg(long)]
+    pub sweep: bool,
+    /// Timed runs per shape (median reported).
+    #[arg(long, value_name = "N", default_value_t = 40, value_parser = positive)]
+    pub iters: usize,
+    /// Skip the CPU check before timing (for profiler runs).
+    #[arg(long)]
+    pub no_parity: bool,
+    /// Keep shapes matching every key given, e.g. h128,b1,s8192[,bs64][,sq1]; repeatable.
+    #[arg(long, value_name = "SPEC", value_parser = only_spec)]
+    pub only: Vec<String>,
+}
+
+/// A count of at least 1 (clap value parser).
+pub fn positive(s: &str) -> Result<usize, String> {
+    s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("`{s}` is not a positive count"))
+}
+
+/// `--only` keys: h, b, s, bs, sq, each followed by a number.
+fn only_spec(s: &str) -> Result<String, String> {
+    for kv in s.split(',') {
+        let i = kv.find(|c: char| c.is_ascii_digit()).unwrap_or(kv.len());
+        let (k, v) = kv.split_at(i);
+        if !matches!(k, "h" | "b" | "s" | "bs" | "sq") || v.parse::<i64>().is_err() {
+            return Err(format!("`{kv}` is not one of hN, bN, sN, bsN, sqN"));
+        }
+    }
+    Ok(s.to_string())
+}
 const D: i64 = 576;
 const DV: i64 = 512;
 const Q_SEED: u64 = 11;
@@ -289,33 +332,9 @@ fn time_call(
     Ok((m, t[t.len() / 10], t[t.len() - 1 - t.len() / 10]))
 }
 
-pub fn run(args_in: &[String]) -> Result<ExitCode, String> {
-    let mut json: Option<String> = None;
-    let mut sweep = false;
-    let mut iters = 40usize;
-    let mut check = true;
-    let mut only: Vec<String> = Vec::new();
-    let mut it = args_in.iter();
-    let what = it.next().map(String::as_str);
-    if what != Some("decode") {
-        return Err(USAGE.into());
-    }
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--json" => json = Some(it.next().ok_or("--json needs a file")?.clone()),
-            "--sweep" => sweep = true,
-            "--no-parity" => check = false,
-            "--only" => only.push(it.next().ok_or("--only needs h,b,seqlen[,bs][,sq]")?.clone()),
-            "--iters" => {
-                iters = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|&n| n > 0)
-                    .ok_or("--iters needs a count")?
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
+pub fn run(args_in: Args) -> Result<ExitCode, String> {
+    let Args { json, plot, sweep, iters, no_parity, only } = args_in;
+    let check = !no_parity;
     let probes = vt_backends::init();
     if !vt_core::op_registered(vt_core::OpId::MlaDecodeAttention, DeviceType::Cuda) {
         let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
@@ -335,7 +354,11 @@ pub fn run(args_in: &[String]) -> Result<ExitCode, String> {
     );
     let scale = 1.0 / (D as f32).sqrt();
     let mut rows: Vec<Row> = Vec::new();
-    for s in shapes().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))) {
+    let todo: Vec<Shape> =
+        shapes().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
+    let bar = Progress::new(todo.len() as u64, "bench decode");
+    for s in todo {
+        bar.step(format!("{}: cache fill", s.label()));
         let x = make_inputs(&q, &bench, &s).map_err(e)?;
         let a = args(&x, scale);
         vt_core::mla_decode_attention(
@@ -349,7 +372,9 @@ pub fn run(args_in: &[String]) -> Result<ExitCode, String> {
             scale,
         )
         .map_err(e)?;
+        bar.step(format!("{}: CPU reference", s.label()));
         let err = if check { parity(&q, &s, &x, scale).map_err(e)? } else { f64::NAN };
+        bar.step(format!("{}: timing", s.label()));
         let auto = DecodeOptions::default();
         let plan = mla_decode_attention_with(&q, &a, &auto).map_err(e)?;
         let (us, lo, hi) = time_call(&bench, &q, &a, &auto, iters).map_err(e)?;
@@ -367,14 +392,20 @@ pub fn run(args_in: &[String]) -> Result<ExitCode, String> {
             }
         }
         let row = Row { shape: s, plan, us, spread: (lo, hi), err, parity: !check || err < 1e-2, sweep: sw };
-        print_row(&row, copy_bw, gemm);
+        bar.println(format_row(&row, copy_bw, gemm));
+        bar.inc();
         rows.push(row);
     }
+    drop(bar);
     let summary = summarize(&rows, copy_bw, gemm);
     print!("{summary}");
     if let Some(f) = json {
         std::fs::write(&f, to_json(&rows, copy_bw, gemm, &name))
-            .map_err(|er| format!("writing {f}: {er}"))?;
+            .map_err(|er| format!("writing {}: {er}", f.display()))?;
+    }
+    if let Some(f) = plot {
+        crate::plot::write(&f, &chart(&rows, copy_bw, gemm, &name))?;
+        println!("plot: {}", f.display());
     }
     Ok(if rows.iter().all(|r| r.parity) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -383,7 +414,25 @@ fn floor_us(s: &Shape, bw: f64, gemm: f64) -> f64 {
     (s.bytes() / bw).max(s.flops() / gemm) * 1e6
 }
 
-fn print_row(r: &Row, bw: f64, gemm: f64) {
+/// The plot: time per shape, ours beside FlashMLA's and this run's floor.
+fn chart(rows: &[Row], bw: f64, gemm: f64, device: &str) -> Chart {
+    let labels = rows.iter().map(|r| format!("{} {}", r.shape.label(), r.plan.kernel)).collect();
+    Chart {
+        title: format!("MlaDecodeAttention, {device}: time per shape (lower is better)"),
+        unit: "time per call, us".into(),
+        labels,
+        series: vec![
+            Series { name: "vt".into(), values: rows.iter().map(|r| Some(r.us)).collect() },
+            Series { name: "FlashMLA".into(), values: rows.iter().map(|r| r.shape.flash_us).collect() },
+            Series {
+                name: "floor (this run's ceilings)".into(),
+                values: rows.iter().map(|r| Some(floor_us(&r.shape, bw, gemm))).collect(),
+            },
+        ],
+    }
+}
+
+fn format_row(r: &Row, bw: f64, gemm: f64) -> String {
     let s = &r.shape;
     let mut line = format!(
         "{:<30} {:>7} x{}p{:<4} {:>8.1} us [{:.1}..{:.1}] {:>6.0} GB/s {:>5.0} TFLOP/s {:>4.0}% floor",
@@ -402,11 +451,11 @@ fn print_row(r: &Row, bw: f64, gemm: f64) {
         let _ = write!(line, "  FlashMLA {f:.1} us, ratio {:.2}", r.us / f);
     }
     let _ = write!(line, "  parity {} ({:.1e})", if r.parity { "PASS" } else { "FAIL" }, r.err);
-    println!("{line}");
     if !r.sweep.is_empty() {
         let v: Vec<String> = r.sweep.iter().map(|(l, t)| format!("{l} {t:.1}")).collect();
-        println!("    sweep: {}", v.join(", "));
+        let _ = write!(line, "\n    sweep: {}", v.join(", "));
     }
+    line
 }
 
 fn summarize(rows: &[Row], bw: f64, gemm: f64) -> String {

@@ -46,24 +46,19 @@ pub fn parallel_map<J: Send, R: Send>(jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -
     results.into_iter().map(|(_, r)| r).collect()
 }
 
-pub fn run(args: &[String]) -> Result<ExitCode, String> {
-    let mut backends = vec!["cuda".to_string(), "hip".to_string()];
-    let mut filter = String::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--backend" => {
-                let list = it.next().ok_or("--backend needs a list, e.g. cuda,hip")?;
-                backends = list.split(',').map(|s| s.trim().to_ascii_lowercase()).collect();
-            }
-            "--file" => filter = it.next().ok_or("--file needs a substring of a file name")?.clone(),
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?} (usage: kernels [--backend cuda,hip] [--file SUBSTRING])"
-                ))
-            }
-        }
-    }
+/// `cargo xtask kernels` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Toolchains to check, comma-separated: cuda, hip.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "cuda,hip", value_parser = ["cuda", "hip"])]
+    pub backend: Vec<String>,
+    /// Only kernel files whose name contains this (CUDA).
+    #[arg(long, value_name = "SUBSTRING", default_value = "")]
+    pub file: String,
+}
+
+pub fn run(args: Args) -> Result<ExitCode, String> {
+    let (backends, filter) = (args.backend, args.file);
     let root = workspace_root();
     let mut ok = true;
     for b in &backends {
@@ -128,11 +123,14 @@ fn cuda(root: &Path, filter: &str) -> Result<(String, Vec<Outcome>), String> {
         }
     }
     // NVRTC is thread-safe: compile on every core (CI has two).
+    let bar = crate::progress::Progress::new(jobs.len() as u64, "NVRTC");
     let outcomes = parallel_map(jobs, |(name, source, sm)| {
         // No disk cache: CI must see the compiler run.
         let r = nvrtc::compile_in(None, &name, &source, vt_cuda::kernels::HEADERS, Target::Cubin(sm));
+        bar.inc();
         Outcome { file: name, arch: format!("sm_{sm}"), error: r.err().map(|e| e.to_string()) }
     });
+    drop(bar);
     let inc: Vec<String> = includes.iter().map(|p| p.display().to_string()).collect();
     let secs = start.elapsed().as_secs_f64();
     Ok((format!("kernels-cuda: NVRTC {major}.{minor}, headers {}, {secs:.1} s", inc.join(", ")), outcomes))

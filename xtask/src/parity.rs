@@ -21,9 +21,35 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use vt_check::{run_cell, CellReport, DTYPES};
 use vt_core::{op_registered, DType, Device, DeviceType, Error, OpId, Probe};
 
-const USAGE: &str =
-    "usage: cargo xtask parity [--backend cpu,cuda,hip] [--op LIST] [--dtype bf16,f16,f32] [--seed N] \
-     [--per-dtype] [--require-all] [-v|--verbose]";
+/// `cargo xtask parity` (with `--tp N`: the tensor-parallel comparison, whose own options
+/// need it; see `parity_tp.rs`).
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Backends, comma-separated: cpu,cuda,hip [default: all]. With --tp, one of cpu, cuda
+    /// [default: cuda when it is up, else cpu].
+    #[arg(long, visible_alias = "backends", value_name = "LIST", value_delimiter = ',', value_parser = parse_backend)]
+    pub backend: Vec<DeviceType>,
+    /// Ops, comma-separated, as `OpId::parse` reads them (rms_norm, MlaDecodeAttention) [default: all].
+    #[arg(long, visible_alias = "ops", value_name = "LIST", value_delimiter = ',', value_parser = parse_op, conflicts_with = "tp")]
+    pub op: Vec<OpId>,
+    /// Dtypes, comma-separated: bf16,f16,f32 [default: all].
+    #[arg(long, visible_alias = "dtypes", value_name = "LIST", value_delimiter = ',', value_parser = parse_dtype, conflicts_with = "tp")]
+    pub dtype: Vec<DType>,
+    /// Seed of the random inputs; replays a run [default: from the clock, printed; 0 with --tp].
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// A column per backend and dtype instead of the worst dtype per backend.
+    #[arg(long, conflicts_with = "tp")]
+    pub per_dtype: bool,
+    /// Fail on any `not registered` cell too (every op must exist on every backend that is up).
+    #[arg(long, conflicts_with = "tp")]
+    pub require_all: bool,
+    /// Print every case's report.
+    #[arg(short, long, conflicts_with = "tp")]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub tp_args: crate::parity_tp::TpArgs,
+}
 
 struct Options {
     backends: Vec<DeviceType>,
@@ -34,18 +60,13 @@ struct Options {
     /// `--require-all`: a `not registered` cell fails the run too.
     require_all: bool,
     verbose: bool,
-    help: bool,
 }
 
-pub fn run(args: &[String]) -> Result<ExitCode, String> {
-    if crate::parity_tp::wants(args) {
-        return crate::parity_tp::run(args);
+pub fn run(args: Args) -> Result<ExitCode, String> {
+    if args.tp_args.tp.is_some() {
+        return crate::parity_tp::run(crate::parity_tp::options(&args.backend, args.seed, args.tp_args));
     }
-    let opts = parse(args)?;
-    if opts.help {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
+    let opts = options(args);
     let started = Instant::now();
     let probes = vt_backends::init();
     println!("vt parity: every op on every backend against the CPU reference");
@@ -69,10 +90,14 @@ pub fn run(args: &[String]) -> Result<ExitCode, String> {
     println!();
 
     let mut grid: Vec<(OpId, Vec<(DeviceType, Cell)>)> = Vec::new();
+    let bar = crate::progress::Progress::new(opts.ops.len() as u64, "parity");
     for &op in &opts.ops {
+        bar.step(format!("{op:?}"));
         let row = opts.backends.iter().map(|&k| (k, cell(op, k, probe_of(probes, k), &opts))).collect();
         grid.push((op, row));
+        bar.inc();
     }
+    drop(bar);
     print_table(&grid, &opts);
     let tally = print_failures(&grid, &opts);
     if opts.verbose {
@@ -102,58 +127,48 @@ pub fn run(args: &[String]) -> Result<ExitCode, String> {
     Ok(if tally.fail > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-fn parse(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        backends: DeviceType::ALL.to_vec(),
-        ops: OpId::ALL.to_vec(),
-        dtypes: DTYPES.to_vec(),
-        seed: fresh_seed(),
-        per_dtype: false,
-        require_all: false,
-        verbose: false,
-        help: false,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || it.next().cloned().ok_or_else(|| format!("{a} needs a value\n{USAGE}"));
-        match a.as_str() {
-            "--backend" | "--backends" => o.backends = list(&value()?, "backend", DeviceType::parse)?,
-            "--op" | "--ops" => o.ops = list(&value()?, "op", OpId::parse)?,
-            "--dtype" | "--dtypes" => o.dtypes = list(&value()?, "dtype", parse_dtype)?,
-            "--seed" => {
-                let v = value()?;
-                o.seed = v.parse().map_err(|_| format!("--seed: `{v}` is not a non-negative integer"))?;
-            }
-            "--per-dtype" => o.per_dtype = true,
-            "--require-all" => o.require_all = true,
-            "-v" | "--verbose" => o.verbose = true,
-            "-h" | "--help" => {
-                o.help = true;
-                return Ok(o);
-            }
-            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+fn options(a: Args) -> Options {
+    // An empty list means "all" (clap leaves it empty when the option is not given).
+    fn or_all<T: Copy + PartialEq>(mut v: Vec<T>, all: &[T]) -> Vec<T> {
+        if v.is_empty() {
+            return all.to_vec();
         }
+        let mut seen = Vec::with_capacity(v.len());
+        v.retain(|x| {
+            let new = !seen.contains(x);
+            seen.push(*x);
+            new
+        });
+        v
     }
-    Ok(o)
+    Options {
+        backends: or_all(a.backend, &DeviceType::ALL),
+        ops: or_all(a.op, &OpId::ALL),
+        dtypes: or_all(a.dtype, &DTYPES),
+        seed: a.seed.unwrap_or_else(fresh_seed),
+        per_dtype: a.per_dtype,
+        require_all: a.require_all,
+        verbose: a.verbose,
+    }
 }
 
-fn list<T: PartialEq>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
-    let mut out = Vec::new();
-    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let v = parse(name).ok_or_else(|| format!("unknown {what} `{name}`"))?;
-        if !out.contains(&v) {
-            out.push(v);
-        }
-    }
-    if out.is_empty() {
-        return Err(format!("empty {what} list"));
-    }
-    Ok(out)
+/// clap value parsers: a bad name is a usage error (exit 2) naming the choices.
+pub fn parse_backend(s: &str) -> Result<DeviceType, String> {
+    let all: Vec<String> = DeviceType::ALL.iter().map(|d| d.to_string()).collect();
+    DeviceType::parse(s.trim()).ok_or_else(|| format!("unknown backend `{s}` (one of {})", all.join(", ")))
 }
 
-fn parse_dtype(s: &str) -> Option<DType> {
-    DTYPES.into_iter().find(|d| d.name().eq_ignore_ascii_case(s))
+fn parse_op(s: &str) -> Result<OpId, String> {
+    OpId::parse(s.trim()).ok_or_else(|| format!("unknown op `{s}`"))
 }
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    DTYPES
+        .into_iter()
+        .find(|d| d.name().eq_ignore_ascii_case(s.trim()))
+        .ok_or_else(|| format!("unknown dtype `{s}` (one of bf16, f16, f32)"))
+}
+
 
 /// A seed from the clock: each plain run draws new inputs; the printed seed replays it.
 fn fresh_seed() -> u64 {

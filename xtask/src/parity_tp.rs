@@ -20,10 +20,34 @@ use mla_block::runner::{RunOptions, Schedule};
 use mla_block::tp::{check_tp, compare_tp, RandomLayerSpec, TpCase, TpGroup, Transport};
 use vt_core::{DType, DeviceType, Probe};
 
-const USAGE: &str = "usage: cargo xtask parity --tp N [--backend cpu|cuda] [--transport auto|host|nccl] \
-     [--golden DIR] [--random v3|small|none] [--seqs S] [--tokens T] [--seed N]";
+/// The options of `cargo xtask parity --tp N` (each needs `--tp`).
+#[derive(clap::Args, Debug)]
+pub struct TpArgs {
+    /// Compare the MLA block on N tensor-parallel ranks against TP = 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub tp: Option<u64>,
+    /// With --tp: how ranks reduce: auto, host or nccl [default: auto].
+    #[arg(long, requires = "tp", value_name = "KIND", value_parser = parse_transport)]
+    pub transport: Option<Transport>,
+    /// With --tp: folder of golden cases [default: tests/golden].
+    #[arg(long, requires = "tp", value_name = "DIR")]
+    pub golden: Option<PathBuf>,
+    /// With --tp: the random layer: v3, small or none [default: v3 on a GPU, small on the CPU].
+    #[arg(long, requires = "tp", value_name = "SPEC")]
+    pub random: Option<String>,
+    /// With --tp: sequences of the random layer's batch [default: 4].
+    #[arg(long, requires = "tp", value_name = "S", value_parser = clap::value_parser!(i64).range(1..))]
+    pub seqs: Option<i64>,
+    /// With --tp: tokens of the random layer's batch [default: 64].
+    #[arg(long, requires = "tp", value_name = "T", value_parser = clap::value_parser!(i64).range(1..))]
+    pub tokens: Option<i64>,
+}
 
-struct Options {
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    s.parse().map_err(|e: vt_core::Error| e.to_string())
+}
+
+pub struct Options {
     tp: usize,
     backend: Option<DeviceType>,
     transport: Transport,
@@ -34,64 +58,26 @@ struct Options {
     seed: u64,
 }
 
-/// Whether `args` ask for the tensor-parallel comparison.
-pub fn wants(args: &[String]) -> bool {
-    args.iter().any(|a| a == "--tp" || a.starts_with("--tp="))
-}
-
-fn parse(args: &[String]) -> Result<Option<Options>, String> {
-    let mut o = Options {
-        tp: 0,
-        backend: None,
-        transport: Transport::Auto,
-        golden: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden"),
-        random: None,
-        seqs: 4,
-        tokens: 64,
-        seed: 0,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (key, inline) = match a.split_once('=') {
-            Some((k, v)) => (k, Some(v.to_string())),
-            None => (a.as_str(), None),
-        };
-        if key == "-h" || key == "--help" {
-            println!("{USAGE}");
-            return Ok(None);
-        }
-        let v = match inline {
-            Some(v) => v,
-            None => it.next().cloned().ok_or_else(|| format!("{key} needs a value\n{USAGE}"))?,
-        };
-        let count = |v: &str| -> Result<i64, String> {
-            v.parse::<i64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("{key}: `{v}` is not a positive integer"))
-        };
-        match key {
-            "--tp" => o.tp = count(&v)? as usize,
-            "--backend" => {
-                o.backend =
-                    Some(DeviceType::parse(&v).ok_or_else(|| format!("--backend: unknown backend `{v}`"))?)
-            }
-            "--transport" => o.transport = v.parse().map_err(|e| format!("{e}"))?,
-            "--golden" => o.golden = PathBuf::from(v),
-            "--random" => o.random = Some(v),
-            "--seqs" => o.seqs = count(&v)?,
-            "--tokens" => o.tokens = count(&v)?,
-            "--seed" => {
-                o.seed = v.parse().map_err(|_| format!("--seed: `{v}` is not a non-negative integer"))?
-            }
-            _ => return Err(format!("unknown argument `{a}` with --tp\n{USAGE}")),
-        }
+/// The comparison's options from the command line (`backend` and `seed` are parity's own:
+/// with `--tp` the backend list must name at most one, checked in `run`).
+pub fn options(backend: &[DeviceType], seed: Option<u64>, a: TpArgs) -> Result<Options, String> {
+    if backend.len() > 1 {
+        return Err(format!("--backend with --tp takes one backend (cpu or cuda), got {}", backend.len()));
     }
-    Ok(Some(o))
+    Ok(Options {
+        tp: a.tp.unwrap_or(1) as usize,
+        backend: backend.first().copied(),
+        transport: a.transport.unwrap_or(Transport::Auto),
+        golden: a.golden.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden")),
+        random: a.random,
+        seqs: a.seqs.unwrap_or(4),
+        tokens: a.tokens.unwrap_or(64),
+        seed: seed.unwrap_or(0),
+    })
 }
 
-pub fn run(args: &[String]) -> Result<ExitCode, String> {
-    let Some(o) = parse(args)? else { return Ok(ExitCode::SUCCESS) };
+pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
+    let o = o?;
     let probes = vt_backends::init();
     let registered =
         |k: DeviceType| probes.iter().any(|(d, p)| *d == k && matches!(p, Probe::Registered { .. }));
