@@ -6,6 +6,11 @@
 
 namespace pf {
 
+// NVRTC has no <cstdint>.
+using uint32_t = unsigned int;
+using uint64_t = unsigned long long;
+using uintptr_t = unsigned long long;
+
 struct Params {
     const void* q;    // [Tq, N, D]   element (0, 0, 0); strides q_st (token), q_sh (head)
     const void* k;    // [Tk, N, D]

@@ -209,6 +209,34 @@ pub(super) fn prefill_attention(c: &mut Cases) {
     c.add("MLA dims, causal, lse, one sequence of 200 tokens, N 2", |b| {
         Prefill::new(&[(200, 200)], (2, 192, 128), true).build(b)
     });
+    // The tensor-core kernels' tiles (128 query rows, 128 keys on sm_90; 64 on sm_80):
+    // lengths across tile edges, chunks with Tq < Tk, and every fast head-dim pair.
+    c.add(
+        "MLA dims, causal, lse, strided, varlen (lq, lk) [(129, 129), (1, 1), (0, 0), (300, 300), (64, 64)]",
+        |b| {
+            Prefill {
+                strided: true,
+                ..Prefill::new(&[(129, 129), (1, 1), (0, 0), (300, 300), (64, 64)], P_MLA, true)
+            }
+            .build(b)
+        },
+    );
+    c.add("MLA dims, causal bottom-right chunk, lse, (lq, lk) [(100, 357), (130, 129), (200, 70)]", |b| {
+        Prefill::new(&[(100, 357), (130, 129), (200, 70)], P_MLA, true).build(b)
+    });
+    c.add("MLA dims, non-causal chunk over context, lse, strided, (lq, lk) [(257, 700), (3, 1000)]", |b| {
+        Prefill { strided: true, ..Prefill::new(&[(257, 700), (3, 1000)], P_MLA, false) }.build(b)
+    });
+    c.add("head dims (128, 128), causal, lse, (lq, lk) [(250, 250), (17, 300)], N 3", |b| {
+        Prefill::new(&[(250, 250), (17, 300)], (3, 128, 128), true).build(b)
+    });
+    c.add("head dims (64, 64), non-causal, no lse, strided, (lq, lk) [(190, 190), (5, 260)], N 3", |b| {
+        Prefill { strided: true, lse: false, ..Prefill::new(&[(190, 190), (5, 260)], (3, 64, 64), false) }
+            .build(b)
+    });
+    c.add("MLA dims, causal, lse, one sequence of 1000 tokens, N 2 (8 query tiles, 8 key tiles)", |b| {
+        Prefill::new(&[(1000, 1000)], (2, 192, 128), true).build(b)
+    });
 }
 
 /// Which sides of a merge are empty (lse of -inf or +inf).
