@@ -1,9 +1,70 @@
 // GatherMlaCache: out[cu[b] + j] = cache[block_table[b, p / BS], p % BS, :] with
-// p = seq_starts[b] + j. One block per output row (grid-stride over the workspace rows);
-// the row's sequence is found by binary search in cu_seq_lens, so no length is read back
-// on the host. Rows past cu[B], and rows whose start, block index or block id is out of
-// range, are left untouched.
+// p = seq_starts[b] + j. The grid covers every workspace row; a row's sequence is found by
+// binary search in cu_seq_lens, so no length is read back on the host. Rows past cu[B],
+// and rows whose start, block index or block id is out of range, are left untouched.
+//
+// Two kernels:
+// - gather_mla_cache_v16: the fast path for rows that split into 16-byte vectors (D a
+//   multiple of 16 bytes, row and block strides whole vectors, 16-byte aligned bases; the
+//   host checks). Pointers and strides arrive in 16-byte units: one byte copy for every
+//   dtype. One warp per row (a part of a warp for rows under 32 vectors): every lane of
+//   the row does its lookup (same addresses, one broadcast load each), then issues up to
+//   U independent 16-byte loads before storing.
+//   Row and position math is 32-bit unsigned (the host checks rows < 2^31, so
+//   p = start + j < 2^32); block and row offsets into the cache are 64-bit.
+// - gather_mla_cache: the scalar fallback, one block per row, one element per thread.
 #include "common.cuh"
+
+namespace {
+
+constexpr int kLoadsPerLane = 4;  // U: 16-byte loads in flight per lane per pass
+
+__device__ void gather_v16(uint4* __restrict__ out, i64 o_s, unsigned rows, const uint4* __restrict__ cache,
+                           i64 c_sb, i64 c_sr, unsigned nb, unsigned bs, int dv, const int* __restrict__ bt,
+                           i64 bt_sb, i64 bt_sc, unsigned mb, const int* __restrict__ cu, i64 cu_s, int nseq,
+                           const int* __restrict__ starts, i64 st_s, int lpr_log2) {
+    constexpr int U = kLoadsPerLane;
+    if (nseq <= 0) return;
+    // lpr = 2^lpr_log2 lanes per row (32 for wide rows; fewer for narrow ones, so a warp
+    // copies several rows at once instead of idling lanes).
+    const unsigned lpr = 1u << lpr_log2;
+    const unsigned lane = threadIdx.x & (lpr - 1u), rpb = blockDim.x >> lpr_log2;
+    const unsigned step = gridDim.x * rpb;
+    for (unsigned r = blockIdx.x * rpb + (threadIdx.x >> lpr_log2); r < rows; r += step) {
+        // The last sequence b with cu[b] <= r (empty sequences before it are skipped); a
+        // row before cu[0] lands on b = 0 and fails the range test below.
+        int lo = 0, hi = nseq - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (__ldg(cu + mid * cu_s) <= (long long)r) lo = mid; else hi = mid - 1;
+        }
+        const int begin = __ldg(cu + lo * cu_s), end = __ldg(cu + (lo + 1) * cu_s);
+        const int start = starts != nullptr ? __ldg(starts + lo * st_s) : 0;
+        if ((long long)r < begin || (long long)r >= end || start < 0) continue;
+        const unsigned p = (unsigned)start + (r - (unsigned)begin);
+        const unsigned blk = p / bs;
+        if (blk >= mb) continue;
+        const int id = __ldg(bt + lo * bt_sb + (i64)blk * bt_sc);
+        if (id < 0 || (unsigned)id >= nb) continue;
+        const uint4* src = cache + (i64)id * c_sb + (i64)(p - blk * bs) * c_sr;
+        uint4* dst = out + (i64)r * o_s;
+        for (int c0 = 0; c0 < dv; c0 += (int)lpr * U) {
+            uint4 v[U];
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                const int c = c0 + j * (int)lpr + (int)lane;
+                if (c < dv) v[j] = __ldg(src + c);
+            }
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                const int c = c0 + j * (int)lpr + (int)lane;
+                if (c < dv) dst[c] = v[j];
+            }
+        }
+    }
+}
+
+}  // namespace
 
 template <typename T>
 __device__ void gather_mla_cache(T* out, i64 o_s, i64 rows, const T* cache, i64 c_sb, i64 c_sr, i64 nb, i64 bs, int d,
@@ -33,12 +94,20 @@ __device__ void gather_mla_cache(T* out, i64 o_s, i64 rows, const T* cache, i64 
     }
 }
 
-#define VT_GATHER(S, T)                                                                                   \
-    extern "C" __global__ void gather_mla_cache_##S(T* out, i64 o_s, i64 rows, const T* cache, i64 c_sb,  \
-                                                    i64 c_sr, i64 nb, i64 bs, int d, const int* bt,        \
-                                                    i64 bt_sb, i64 bt_sc, i64 mb, const int* cu, i64 cu_s, \
-                                                    int nseq, const int* starts, i64 st_s) {               \
-        gather_mla_cache<T>(out, o_s, rows, cache, c_sb, c_sr, nb, bs, d, bt, bt_sb, bt_sc, mb, cu, cu_s, \
-                            nseq, starts, st_s);                                                          \
+#define VT_GATHER(S, T)                                                                                    \
+    extern "C" __global__ void gather_mla_cache_##S(T* out, i64 o_s, i64 rows, const T* cache, i64 c_sb,   \
+                                                    i64 c_sr, i64 nb, i64 bs, int d, const int* bt,         \
+                                                    i64 bt_sb, i64 bt_sc, i64 mb, const int* cu, i64 cu_s,  \
+                                                    int nseq, const int* starts, i64 st_s) {                \
+        gather_mla_cache<T>(out, o_s, rows, cache, c_sb, c_sr, nb, bs, d, bt, bt_sb, bt_sc, mb, cu, cu_s,  \
+                            nseq, starts, st_s);                                                           \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
+        gather_mla_cache_v16_##S(uint4* out, i64 o_s, unsigned rows, const uint4* cache, i64 c_sb,          \
+                                 i64 c_sr, unsigned nb, unsigned bs, int dv, const int* bt, i64 bt_sb,      \
+                                 i64 bt_sc, unsigned mb, const int* cu, i64 cu_s, int nseq,                 \
+                                 const int* starts, i64 st_s, int lpr_log2) {                               \
+        gather_v16(out, o_s, rows, cache, c_sb, c_sr, nb, bs, dv, bt, bt_sb, bt_sc, mb, cu, cu_s, nseq,    \
+                   starts, st_s, lpr_log2);                                                                 \
     }
 VT_FOR_EACH_FLOAT(VT_GATHER)
