@@ -160,6 +160,49 @@ pub(super) fn gather_mla_cache(c: &mut Cases) {
         }
         .build(b)
     });
+    c.add(
+        "vector path over many blocks: bs 64, D 576, seq_starts [0, 130, 64], lens [200, 77, 64], \
+         out rows 584 wide",
+        |b| {
+            Gather {
+                lens: vec![200, 77, 64],
+                starts: Some(vec![0, 130, 64]),
+                bs: 64,
+                d: 576,
+                spare: 3,
+                out_pad: 8,
+                pool: (2, 1),
+            }
+            .build(b)
+        },
+    );
+    c.add("narrow rows (lanes per row < 32): bs 4, D 24, lens [9, 30], seq_starts [2, 0]", |b| {
+        Gather {
+            lens: vec![9, 30],
+            starts: Some(vec![2, 0]),
+            bs: 4,
+            d: 24,
+            spare: 1,
+            out_pad: 0,
+            pool: (1, 0),
+        }
+        .build(b)
+    });
+    c.add("D 36: whole 16-byte vectors in f32 only (16-bit dtypes take the scalar fallback)", |b| {
+        Gather { lens: vec![7, 12], starts: None, bs: 8, d: 36, spare: 2, out_pad: 0, pool: (2, 0) }.build(b)
+    });
+    c.add("scalar fallback: out rows 67 wide (row stride not whole vectors), bs 16, D 64", |b| {
+        Gather {
+            lens: vec![3, 20],
+            starts: Some(vec![1, 0]),
+            bs: 16,
+            d: 64,
+            spare: 1,
+            out_pad: 3,
+            pool: (1, 0),
+        }
+        .build(b)
+    });
     c.add("bs 16, every sequence empty: lens [0, 0], 3 spare rows", |b| {
         Gather { lens: vec![0, 0], starts: None, bs: 16, d: 32, spare: 3, out_pad: 0, pool: (1, 0) }.build(b)
     });
@@ -198,6 +241,62 @@ pub(super) fn concat_mla_nope_rope(c: &mut Cases) {
         let nope = b.uniform("nope", &[t, n, p], -1.0, 1.0);
         let rope = b.uniform("rope", &[t, 1, r], -1.0, 1.0);
         let out = b.poison("out", Ty::Float, &[t, n, p + r]);
+        concat(b, out, nope, rope)
+    });
+    // The CUDA vector path (16-byte accesses) in chunks of heads: 100 heads split into
+    // chunks of 7 or 5 head groups x 8 heads, the last chunk part empty.
+    c.add(
+        "vector path: T 9, N 100 (a part-empty last head chunk), P 128, broadcast R 64 = kv row tail",
+        |b| {
+            let (t, n, p, r, v, l) = (9, 100, 128, 64, 128, 512);
+            let nope =
+                b.uniform("kv_b out", &[t, n, p + v], -1.0, 1.0).sub(0, &[t, n, p], &[n * (p + v), p + v, 1]);
+            let rope = b.uniform("kv rows", &[t, l + r], -1.0, 1.0).sub(l, &[t, 1, r], &[l + r, r, 1]);
+            let out = b.poison("out", Ty::Float, &[t, n, p + r]);
+            concat(b, out, nope, rope)
+        },
+    );
+    c.add("vector path, rows over 256 vectors (column loop): T 2, N 3, P 2048, per-head R 64", |b| {
+        let (t, n, p, r) = (2, 3, 2048, 64);
+        let nope = b.uniform("nope", &[t, n, p], -1.0, 1.0);
+        let rope = b.uniform("rope", &[t, n, r], -1.0, 1.0);
+        let out = b.poison("out", Ty::Float, &[t, n, p + r]);
+        concat(b, out, nope, rope)
+    });
+    c.add(
+        "vector path, transposed views: out and per-head rope [T 6, N 10, .] over [N, T, .] buffers",
+        |b| {
+            let (t, n, p, r) = (6, 10, 64, 32);
+            let nope = b.uniform("nope [N, T, P]", &[n, t, p], -1.0, 1.0).sub(0, &[t, n, p], &[p, t * p, 1]);
+            let rope = b.uniform("rope [N, T, R]", &[n, t, r], -1.0, 1.0).sub(0, &[t, n, r], &[r, t * r, 1]);
+            let w = p + r;
+            let out = b.poison("out [N, T, P+R]", Ty::Float, &[n, t, w]).sub(0, &[t, n, w], &[w, t * w, 1]);
+            concat(b, out, nope, rope)
+        },
+    );
+    c.add(
+        "scalar fallback: rope at an odd column (kv rows 579 wide), T 4, N 8, P 128, broadcast R 64",
+        |b| {
+            let (t, n, p, r, l) = (4, 8, 128, 64, 515);
+            let nope = b.uniform("nope", &[t, n, p], -1.0, 1.0);
+            let rope = b.uniform("kv rows", &[t, l + r], -1.0, 1.0).sub(l, &[t, 1, r], &[l + r, r, 1]);
+            let out = b.poison("out", Ty::Float, &[t, n, p + r]);
+            concat(b, out, nope, rope)
+        },
+    );
+    c.add("P 20, R 12: whole 16-byte vectors in f32 only (16-bit dtypes take the scalar fallback)", |b| {
+        let (t, n, p, r) = (5, 6, 20, 12);
+        let nope = b.uniform("nope", &[t, n, p], -1.0, 1.0);
+        let rope = b.uniform("rope", &[t, 1, r], -1.0, 1.0);
+        let out = b.poison("out", Ty::Float, &[t, n, p + r]);
+        concat(b, out, nope, rope)
+    });
+    c.add("scalar fallback: out starts one element into its buffer, T 3, N 4, P 64, R 64", |b| {
+        let (t, n, p, r) = (3, 4, 64, 64);
+        let nope = b.uniform("nope", &[t, n, p], -1.0, 1.0);
+        let rope = b.uniform("rope", &[t, 1, r], -1.0, 1.0);
+        let w = p + r;
+        let out = b.poison("out", Ty::Float, &[t * n * w + 1]).sub(1, &[t, n, w], &[n * w, w, 1]);
         concat(b, out, nope, rope)
     });
 }
