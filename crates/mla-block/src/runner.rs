@@ -160,7 +160,22 @@ pub fn run_schedule(
     schedule: &Schedule,
     opts: &RunOptions,
 ) -> Result<(HostTensor, RunStats)> {
-    run_steps(queue, block, hidden, positions, &checked_schedule_forwards(hidden, schedule)?, opts)
+    run_schedule_with_progress(queue, block, hidden, positions, schedule, opts, &|_, _| {})
+}
+
+/// [`run_schedule`], calling `progress(done, total)` after each of the `total` forwards is
+/// issued (for a progress bar; on a GPU queue issuing runs ahead of the device).
+pub fn run_schedule_with_progress(
+    queue: &Queue,
+    block: &MlaBlock<'_>,
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+    progress: &dyn Fn(usize, usize),
+) -> Result<(HostTensor, RunStats)> {
+    let forwards = checked_schedule_forwards(hidden, schedule)?;
+    run_steps_with_progress(queue, block, hidden, positions, &forwards, opts, progress)
 }
 
 /// [`schedule_forwards`] for the S sequences of `hidden` `[S,T,H]`, after checking that
@@ -185,9 +200,26 @@ pub fn run_steps(
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
 ) -> Result<(HostTensor, RunStats)> {
+    run_steps_with_progress(queue, block, hidden, positions, forwards, opts, &|_, _| {})
+}
+
+/// [`run_steps`] with a `progress(done, total)` call after each forward.
+fn run_steps_with_progress(
+    queue: &Queue,
+    block: &MlaBlock<'_>,
+    hidden: &HostTensor,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+    progress: &dyn Fn(usize, usize),
+) -> Result<(HostTensor, RunStats)> {
     let plan = RowPlan::new("run_steps", block, hidden, positions, forwards, opts)?;
+    let mut done = 0;
     let (got, stats) = plan.run(queue, block, positions, forwards, opts, |ws, xin, meta, cache, yout| {
-        block.forward(queue, ws, xin, meta, cache, yout)
+        block.forward(queue, ws, xin, meta, cache, yout)?;
+        done += 1;
+        progress(done, forwards.len());
+        Ok(())
     })?;
     Ok((plan.unstage(block.dtype(), &got), stats))
 }

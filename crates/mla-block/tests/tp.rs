@@ -1,6 +1,6 @@
 //! Tensor parallelism: the per-rank weight split, the host communicator, and TP = N against
-//! TP = 1 on every golden and on a scaled-down DeepSeek-V3 layer, through the library and
-//! `vt-mla run --tp N` / `vt-mla bench`.
+//! TP = 1 on every golden and on a scaled-down DeepSeek-V3 layer, through the library
+//! (`vt-mla run --tp N` / `vt-mla bench` are tested in crates/vt-mla).
 //!
 //! Ranks run on the CPU with the host communicator. `MLA_TEST_DEVICE=cuda` runs the same
 //! comparisons on CUDA: NCCL when there is a GPU per rank, else the host communicator with
@@ -8,15 +8,16 @@
 
 mod common;
 
-use common::{golden_case, read_out, tmp, vt_mla, vt_mla_run, CASES};
+use common::{golden_case, CASES};
 use mla_block::runner::{run_schedule, RunOptions, Schedule};
 use mla_block::tp::{
     bench_decode, check_tp, compare_tp_against, device_count, head_range, rank_dims, run_schedule_tp,
-    shard_weights, tp1_reference, Communicator, DecodeBenchOptions, HostCommunicator, RandomLayerSpec,
-    TpCase, TpGroup, TpModel, Transport, ABORTED,
+    shard_weights, tp1_reference, Communicator, DecodeBenchOptions, RandomLayerSpec, TpCase, TpGroup,
+    TpModel, Transport, ABORTED,
 };
 use mla_block::{absorb_kv_b_proj, HostTensor, MlaBlock, MlaWeightStore};
 use vt_core::{Buffer, DType, Device, DeviceType, Queue, Result, Tensor};
+use vt_cpu::HostCommunicator;
 
 /// The device type the tests run on (`MLA_TEST_DEVICE`, default cpu).
 fn test_kind() -> DeviceType {
@@ -391,64 +392,4 @@ fn decode_bench_runs_at_tp_1_and_2() {
         assert_eq!(r.rounds_ms.len(), 2);
         assert!(r.ms_per_step > 0.0 && r.min_ms_per_step <= r.ms_per_step);
     }
-}
-
-#[test]
-fn cli_run_with_tp_matches_tp1_and_names_what_is_missing() {
-    let Some(dir) = golden_case("v2lite_yarn_f32") else { return };
-    let schedule = ["--schedule", "prefill:12,decode:8,prefill:20", "--block-size", "16"];
-    let (a, b) = (tmp("tp1.safetensors"), tmp("tp4.safetensors"));
-    let o1 = vt_mla_run(&dir, &a, &[&schedule[..], &["--backend", "cpu"]].concat());
-    assert!(o1.status.success(), "{}", String::from_utf8_lossy(&o1.stderr));
-    let o4 = vt_mla_run(&dir, &b, &[&schedule[..], &["--backend", "cpu", "--tp", "4"]].concat());
-    let err = String::from_utf8_lossy(&o4.stderr);
-    assert!(o4.status.success(), "{err}");
-    assert!(err.contains("tp 4: 4 ranks sharing cpu:0 over host"), "{err}");
-    let e = common::rel_frobenius(&read_out(&b).to_f64(), &read_out(&a).to_f64());
-    eprintln!("vt-mla run --tp 4 vs tp 1: {e:.3e}");
-    assert!(e <= 1e-5, "{e:.3e}");
-
-    let Some(six) = golden_case("qlora_yarn_neox_bf16") else { return };
-    let o = vt_mla_run(&six, &tmp("x.safetensors"), &["--backend", "cpu", "--tp", "4"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("is not divisible by tp = 4"), "{err}");
-
-    vt_backends::init();
-    let found = device_count(DeviceType::Cuda);
-    let tp = (found + 1).to_string();
-    let o = vt_mla_run(&dir, &tmp("y.safetensors"), &["--backend", "cuda", "--tp", &tp]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains(&format!("found {found}")), "{err}");
-    let o = vt_mla_run(&dir, &tmp("z.safetensors"), &["--backend", "cpu", "--tp", "0"]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--tp `0`"));
-}
-
-#[test]
-fn cli_bench_prints_the_scaling_table() {
-    let o = vt_mla()
-        .args([
-            "bench",
-            "--backend",
-            "cpu",
-            "--layer",
-            "small",
-            "--tp",
-            "1,2",
-            "--batch",
-            "2",
-            "--context",
-            "6",
-        ])
-        .args(["--steps", "2", "--rounds", "1", "--warmup", "1", "--block-size", "4"])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    eprintln!("{out}");
-    assert!(
-        out.contains("efficiency") && out.lines().filter(|l| l.contains("over host")).count() == 2,
-        "{out}"
-    );
-    let o = vt_mla().args(["bench", "--backend", "cpu", "--layer", "huge"]).output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--layer `huge`"));
 }

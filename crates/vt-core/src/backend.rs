@@ -106,6 +106,61 @@ impl Queue {
         Ok(out)
     }
 
+    /// Overwrites the contiguous view `dst` with `bytes` (exactly its size), ordered after
+    /// the work already issued on this queue; returns once `bytes` may be reused. Each
+    /// backend's [`QueueImpl::copy_h2d`] does the copy (a stream-ordered copy on GPUs, a
+    /// plain copy on the CPU).
+    pub fn write_bytes(&self, dst: &Tensor<'_>, bytes: &[u8]) -> Result<()> {
+        const OP: &str = "Queue::write_bytes";
+        let want = self.contiguous_bytes(OP, "dst", dst)?;
+        if bytes.len() != want {
+            return Err(Error::invalid(
+                OP,
+                "bytes",
+                format!(
+                    "{} bytes for a {} view of {:?} ({want} bytes)",
+                    bytes.len(),
+                    dst.dtype(),
+                    dst.shape()
+                ),
+            ));
+        }
+        if want == 0 {
+            return Ok(());
+        }
+        // SAFETY: `dst` is contiguous, so its `want` bytes from `data_addr` are its elements,
+        // which lie inside its allocation (checked when the view was made); the view's
+        // lifetime keeps the allocation alive for the call.
+        unsafe { self.inner.copy_h2d(dst.data_addr(), bytes) }
+    }
+
+    /// The bytes of the contiguous view `src` (row-major), after all work issued on this
+    /// queue has finished: the counterpart of [`Queue::write_bytes`].
+    pub fn read_bytes(&self, src: &Tensor<'_>) -> Result<Vec<u8>> {
+        let n = self.contiguous_bytes("Queue::read_bytes", "src", src)?;
+        let mut out = vec![0u8; n];
+        if n > 0 {
+            // SAFETY: as in `write_bytes`.
+            unsafe { self.inner.copy_d2h(src.data_addr(), &mut out)? };
+        }
+        Ok(out)
+    }
+
+    /// The byte size of `t`, which must be contiguous and on this queue's device.
+    fn contiguous_bytes(&self, op: &'static str, arg: &'static str, t: &Tensor<'_>) -> Result<usize> {
+        if t.device() != self.device {
+            return Err(Error::invalid(
+                op,
+                arg,
+                format!("is on {} but the queue is on {}", t.device(), self.device),
+            ));
+        }
+        if !t.is_contiguous() {
+            return Err(Error::invalid(op, arg, format!("must be contiguous, strides {:?}", t.strides())));
+        }
+        Ok(t.numel() as usize * t.dtype().size_of())
+    }
+
     fn check_device(&self, op: &'static str, t: &Tensor<'_>) -> Result<()> {
         if t.device() != self.device {
             return Err(Error::invalid(

@@ -10,8 +10,6 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use once_cell::sync::Lazy;
-
 /// A boolean `VT_*` flag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flag {
@@ -61,7 +59,7 @@ fn from_env(flag: Flag) -> bool {
     }
 }
 
-static ENV: Lazy<[bool; 1]> = Lazy::new(|| Flag::ALL.map(from_env));
+static ENV: std::sync::LazyLock<[bool; 1]> = std::sync::LazyLock::new(|| Flag::ALL.map(from_env));
 
 // 0 = no override, 1 = forced off, 2 = forced on.
 static OVERRIDES: [AtomicU8; 1] = [AtomicU8::new(0)];

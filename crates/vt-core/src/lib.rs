@@ -5,6 +5,7 @@
 //! - [`Buffer`], [`Queue`]: owning device memory and in-order work queues, provided by a
 //!   registered [`Backend`].
 //! - [`registry`]: (OpId, DeviceType) -> implementation, filled by backends at start-up.
+//! - [`comm`]: the tensor-parallel [`comm::Communicator`]s backends register per device type.
 //! - [`ops`]: one validated, typed entry point per op; its doc comment is the contract.
 //! - [`flags`]: the one place `VT_*` environment flags are read.
 //! - [`kernel_cache`]: the disk cache of run-time compiled GPU code (CUDA and HIP backends).
@@ -12,6 +13,7 @@
 //! See `docs/architecture.md` for the registry's life cycle.
 
 mod backend;
+pub mod comm;
 mod device;
 mod dtype;
 mod error;
@@ -27,7 +29,7 @@ pub use device::{Device, DeviceType};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use ops::*;
-pub use registry::{op_registered, registered_ops, OpId, OpImpl, Probe};
+pub use registry::{check_coverage, op_registered, registered_ops, OpId, OpImpl, Probe};
 pub use tensor::{
     contiguous_strides, f8e4m3_to_f32, for_each_offset, for_each_strided_offset, read_host_elem, Tensor,
     MAX_RANK,

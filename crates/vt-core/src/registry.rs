@@ -7,16 +7,32 @@
 //! time (later registrations replace earlier ones for the same key) but normally happens
 //! once, before the first op; lookups are lock-free reads of a concurrent map.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use dashmap::DashMap;
-use once_cell::sync::Lazy;
 
 use crate::ops::*;
 use crate::{Backend, DeviceType, Error, Queue, Result};
 
 macro_rules! define_ops {
-    ($($id:ident => $args:ident, $doc:literal;)*) => {
+    // `$d` is a literal `$` for the macro defined inside (`for_each_op!`).
+    ($($id:ident => $args:ident, $doc:literal;)*) => { define_ops!(@with_dollar ($) $($id => $args, $doc;)*); };
+    (@with_dollar ($d:tt) $($id:ident => $args:ident, $doc:literal;)*) => {
+        /// Calls the macro `$m` with every op's name, in [`OpId::ALL`] order:
+        /// `$m! { MatmulBT, BatchedMatmul, ... }`. Per-op test lists are generated from
+        /// it, so a new op gets its tests without a hand-kept list:
+        ///
+        /// ```
+        /// macro_rules! names { ($($op:ident),*) => { [$(stringify!($op)),*] } }
+        /// let all = vt_core::for_each_op!(names);
+        /// assert_eq!(all.len(), vt_core::OpId::ALL.len());
+        /// assert_eq!(all[0], vt_core::OpId::ALL[0].name());
+        /// ```
+        #[macro_export]
+        macro_rules! for_each_op {
+            ($d m:ident) => { $d m! { $($id),* } };
+        }
+
         /// Every op of the library. Names are the seed's (CamelCase).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum OpId { $(#[doc = $doc] $id),* }
@@ -70,8 +86,8 @@ impl std::fmt::Display for OpId {
     }
 }
 
-static OPS: Lazy<DashMap<(OpId, DeviceType), OpImpl>> = Lazy::new(DashMap::new);
-static BACKENDS: Lazy<DashMap<DeviceType, Arc<dyn Backend>>> = Lazy::new(DashMap::new);
+static OPS: LazyLock<DashMap<(OpId, DeviceType), OpImpl>> = LazyLock::new(DashMap::new);
+static BACKENDS: LazyLock<DashMap<DeviceType, Arc<dyn Backend>>> = LazyLock::new(DashMap::new);
 
 /// Makes a backend's devices, memory and queues available for its device type.
 pub fn register_backend(backend: Arc<dyn Backend>) {
@@ -98,10 +114,35 @@ pub fn registered_ops(device: DeviceType) -> Vec<OpId> {
     OpId::ALL.iter().copied().filter(|&op| op_registered(op, device)).collect()
 }
 
-/// Removes every op and the backend of `device` (tests of the life cycle use this).
+/// Removes every op, the communicators and the backend of `device` (tests of the life
+/// cycle use this).
 pub fn unregister_device(device: DeviceType) {
     OPS.retain(|(_, d), _| *d != device);
+    crate::comm::unregister_device(device);
     BACKENDS.remove(&device);
+}
+
+/// Checks a backend's op coverage: every op of [`OpId::ALL`] is either in `provided` (the
+/// ops its `register()` can register) or in `declared_gaps` (the ops it says it lacks),
+/// never both, never neither. Each backend crate calls this from a test, so a new op
+/// fails that test until the backend implements it or declares the gap.
+pub fn check_coverage(backend: &str, provided: &[OpId], declared_gaps: &[OpId]) -> Result<()> {
+    let mut problems = Vec::new();
+    for &op in OpId::ALL {
+        match (provided.contains(&op), declared_gaps.contains(&op)) {
+            (false, false) => problems.push(format!("{op} is neither registered nor declared a gap")),
+            (true, true) => problems.push(format!("{op} is registered but also declared a gap")),
+            _ => {}
+        }
+        if provided.iter().filter(|&&p| p == op).count() > 1 {
+            problems.push(format!("{op} is registered twice"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::other(format!("{backend} op coverage"), problems.join("; ")))
+    }
 }
 
 pub(crate) fn lookup(op: OpId, device: DeviceType) -> Result<OpImpl> {

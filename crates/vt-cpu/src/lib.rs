@@ -8,6 +8,7 @@
 
 mod attention;
 mod backend;
+mod comm;
 mod host;
 
 mod batched_matmul;
@@ -25,25 +26,54 @@ mod rope_from_cache;
 use std::sync::Arc;
 
 use vt_core::registry::{register_backend, register_op};
-use vt_core::{DeviceType, OpImpl, Probe};
+use vt_core::{DeviceType, OpId, OpImpl, Probe};
 
-/// Registers the CPU backend and every op for [`DeviceType::Cpu`]. Idempotent: calling
-/// it again re-registers the same implementations (also after
-/// `vt_core::registry::unregister_device`).
+pub use comm::{HostCommunicator, HostTransport};
+
+/// Ops the CPU backend does not implement: none, since it is the reference every other
+/// backend is checked against (the coverage test holds it to that).
+pub const OP_GAPS: &[OpId] = &[];
+
+/// Every op implementation [`register`] registers.
+pub fn op_table() -> Vec<OpImpl> {
+    vec![
+        OpImpl::MatmulBT(Arc::new(matmul_bt::run)),
+        OpImpl::BatchedMatmul(Arc::new(batched_matmul::run)),
+        OpImpl::RmsNorm(Arc::new(rms_norm::run)),
+        OpImpl::RopeFromCache(Arc::new(rope_from_cache::run)),
+        OpImpl::FusedNormRope(Arc::new(fused_norm_rope::run)),
+        OpImpl::ConcatAndCacheMla(Arc::new(concat_and_cache_mla::run)),
+        OpImpl::GatherMlaCache(Arc::new(gather_mla_cache::run)),
+        OpImpl::ConcatMlaNopeRope(Arc::new(concat_mla_nope_rope::run)),
+        OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)),
+        OpImpl::PrefillAttention(Arc::new(prefill_attention::run)),
+        OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)),
+    ]
+}
+
+/// Registers the CPU backend, every op and the host communicator for
+/// [`DeviceType::Cpu`]. Idempotent: calling it again re-registers the same
+/// implementations (also after `vt_core::registry::unregister_device`).
 pub fn register() -> Probe {
     register_backend(Arc::new(backend::CpuBackend));
     let cpu = DeviceType::Cpu;
-    register_op(cpu, OpImpl::MatmulBT(Arc::new(matmul_bt::run)));
-    register_op(cpu, OpImpl::BatchedMatmul(Arc::new(batched_matmul::run)));
-    register_op(cpu, OpImpl::RmsNorm(Arc::new(rms_norm::run)));
-    register_op(cpu, OpImpl::RopeFromCache(Arc::new(rope_from_cache::run)));
-    register_op(cpu, OpImpl::FusedNormRope(Arc::new(fused_norm_rope::run)));
-    register_op(cpu, OpImpl::ConcatAndCacheMla(Arc::new(concat_and_cache_mla::run)));
-    register_op(cpu, OpImpl::GatherMlaCache(Arc::new(gather_mla_cache::run)));
-    register_op(cpu, OpImpl::ConcatMlaNopeRope(Arc::new(concat_mla_nope_rope::run)));
-    register_op(cpu, OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)));
-    register_op(cpu, OpImpl::PrefillAttention(Arc::new(prefill_attention::run)));
-    register_op(cpu, OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)));
+    for imp in op_table() {
+        register_op(cpu, imp);
+    }
+    vt_core::comm::register(cpu, Arc::new(HostTransport));
     tracing::debug!(ops = vt_core::registered_ops(cpu).len(), "cpu backend registered");
     Probe::Registered { devices: 1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_is_registered_and_no_gap_is_declared() -> vt_core::Result<()> {
+        let ids: Vec<OpId> = op_table().iter().map(OpImpl::id).collect();
+        vt_core::check_coverage("cpu", &ids, OP_GAPS)?;
+        assert!(OP_GAPS.is_empty(), "the reference backend must implement every op");
+        Ok(())
+    }
 }

@@ -32,7 +32,8 @@
 //! }
 //! ```
 //!
-//! then add `mod rms_norm;` and a line `op!(RmsNorm, rms_norm::run)` in [`register`].
+//! then add `mod rms_norm;` and a line `OpImpl::RmsNorm(Arc::new(rms_norm::run))` in
+//! [`kernel_ops`] (or name the op in [`OP_GAPS`]; a test fails on an op in neither).
 //! The kernel file includes `common.cuh` (types, conversions, reductions) and defines
 //! `extern "C"` kernels `{base}_bf16`, `{base}_f16`, `{base}_f32` (`VT_FOR_EACH_FLOAT`).
 //! Kernels take element pointers of each view's first element plus explicit strides; they
@@ -65,7 +66,7 @@ mod rope_from_cache;
 use std::sync::Arc;
 
 use vt_core::registry::{register_backend, register_op};
-use vt_core::{DeviceType, OpImpl, Probe};
+use vt_core::{DeviceType, OpId, OpImpl, Probe};
 
 pub use device::CudaBackend;
 pub use queue::CudaQueue;
@@ -73,9 +74,37 @@ pub use queue::CudaQueue;
 pub(crate) use kernels::KernelSource;
 pub(crate) use queue::{cfg, Arg};
 
-/// Probes the CUDA driver and, when at least one device exists, registers the backend and
-/// every op it can run: the kernels when NVRTC and the CUDA headers are found, the matmuls
-/// when cuBLAS is. Never panics; a machine without CUDA gets [`Probe::Unavailable`].
+/// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
+pub const OP_GAPS: &[OpId] = &[];
+
+/// The ops that are NVRTC-compiled kernels (registered when NVRTC and the CUDA headers are
+/// found).
+pub fn kernel_ops() -> Vec<OpImpl> {
+    vec![
+        OpImpl::RmsNorm(Arc::new(rms_norm::run)),
+        OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)),
+        OpImpl::RopeFromCache(Arc::new(rope_from_cache::run)),
+        OpImpl::FusedNormRope(Arc::new(fused_norm_rope::run)),
+        OpImpl::ConcatAndCacheMla(Arc::new(concat_and_cache_mla::run)),
+        OpImpl::GatherMlaCache(Arc::new(gather_mla_cache::run)),
+        OpImpl::ConcatMlaNopeRope(Arc::new(concat_mla_nope_rope::run)),
+        OpImpl::PrefillAttention(Arc::new(prefill_attention::run)),
+        OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)),
+    ]
+}
+
+/// The ops that call cuBLAS (registered when libcublas is found).
+pub fn cublas_ops() -> Vec<OpImpl> {
+    vec![
+        OpImpl::MatmulBT(Arc::new(matmul::matmul_bt)),
+        OpImpl::BatchedMatmul(Arc::new(matmul::batched_matmul)),
+    ]
+}
+
+/// Probes the CUDA driver and, when at least one device exists, registers the backend,
+/// the NCCL communicator (libnccl itself is loaded only when a group is made) and every op
+/// it can run: the kernels when NVRTC and the CUDA headers are found, the matmuls when
+/// cuBLAS is. Never panics; a machine without CUDA gets [`Probe::Unavailable`].
 pub fn register() -> Probe {
     let backend = match device::probe() {
         Ok(b) => b,
@@ -83,32 +112,16 @@ pub fn register() -> Probe {
     };
     let devices = backend.devices.len();
     register_backend(backend);
-
-    macro_rules! op {
-        ($id:ident, $f:path) => {
-            register_op(DeviceType::Cuda, OpImpl::$id(Arc::new($f)))
-        };
-    }
+    vt_core::comm::register(DeviceType::Cuda, Arc::new(nccl::NcclTransport));
 
     match kernels_ready() {
-        Ok(()) => {
-            op!(RmsNorm, rms_norm::run);
-            op!(MlaDecodeAttention, mla_decode_attention::run);
-            op!(RopeFromCache, rope_from_cache::run);
-            op!(FusedNormRope, fused_norm_rope::run);
-            op!(ConcatAndCacheMla, concat_and_cache_mla::run);
-            op!(GatherMlaCache, gather_mla_cache::run);
-            op!(ConcatMlaNopeRope, concat_mla_nope_rope::run);
-            op!(PrefillAttention, prefill_attention::run);
-            op!(MergeAttnStates, merge_attn_states::run);
-        }
+        Ok(()) => kernel_ops().into_iter().for_each(|imp| register_op(DeviceType::Cuda, imp)),
         Err(e) => tracing::warn!("CUDA kernels not registered: {e}"),
     }
     // The matmuls need cuBLAS, and NVRTC for the rare view cuBLAS cannot take; a missing
     // NVRTC is reported by that call rather than hiding the matmuls.
     if device::library_present("cublas") {
-        op!(MatmulBT, matmul::matmul_bt);
-        op!(BatchedMatmul, matmul::batched_matmul);
+        cublas_ops().into_iter().for_each(|imp| register_op(DeviceType::Cuda, imp));
     } else {
         tracing::warn!("libcublas not found: MatmulBT and BatchedMatmul not registered on CUDA");
     }
@@ -137,4 +150,16 @@ pub(crate) fn view_args(t: &vt_core::Tensor<'_>) -> [Arg; 3] {
 /// which the kernels read as "do not write lse".
 pub(crate) fn optional_lse(lse: Option<&vt_core::Tensor<'_>>) -> [Arg; 3] {
     lse.map_or([0u64.into(), 0i64.into(), 0i64.into()], view_args)
+}
+
+#[cfg(test)]
+mod coverage_tests {
+    use super::*;
+
+    /// Runs without a GPU: the tables `register` draws from cover every op or declare it.
+    #[test]
+    fn every_op_is_registered_or_declared_a_gap() -> vt_core::Result<()> {
+        let ids: Vec<OpId> = kernel_ops().iter().chain(&cublas_ops()).map(OpImpl::id).collect();
+        vt_core::check_coverage("cuda", &ids, OP_GAPS)
+    }
 }

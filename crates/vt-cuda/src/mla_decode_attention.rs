@@ -21,11 +21,10 @@
 //! waits, so a decode step can be captured in a CUDA graph.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-use once_cell::sync::Lazy;
 use vt_core::{Buffer, DType, Error, MlaDecodeAttentionArgs, Queue, Result, Tensor};
 
 use crate::device::{drv, BACKEND};
@@ -149,10 +148,10 @@ struct DeviceInfo {
     smem_optin: u32,
 }
 
-static DEVICES: Lazy<Mutex<HashMap<usize, DeviceInfo>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceInfo>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 /// Functions whose dynamic shared-memory limit was raised, by CUfunction handle (a module
 /// loaded again, e.g. after the backend registered again, has new handles).
-static SMEM_SET: Lazy<Mutex<HashMap<usize, u32>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static SMEM_SET: LazyLock<Mutex<HashMap<usize, u32>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
     m.lock().map_err(|_| Error::backend(BACKEND, format!("{OP}: a cache lock was poisoned by a panic")))
@@ -234,7 +233,7 @@ struct Workspace {
     seq_info: Option<Buffer>,
 }
 
-static WORKSPACES: Lazy<Mutex<HashMap<usize, Workspace>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+static WORKSPACES: LazyLock<Mutex<HashMap<usize, Workspace>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Ensures `slot` holds at least `n` elements of `dtype`, allocating on growth only.
 fn ensure(q: &Queue, slot: &mut Option<Buffer>, dtype: DType, n: i64) -> Result<u64> {

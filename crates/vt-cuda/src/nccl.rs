@@ -2,6 +2,8 @@
 //!
 //! One communicator per device, made together by `ncclCommInitAll` ([`NcclComm::init_all`]),
 //! one host thread per device driving its own communicator on its own queue's stream.
+//! [`crate::register`] registers [`NcclTransport`] as CUDA's `"nccl"` communicator
+//! (`vt_core::comm`), which is how the MLA block's tensor parallelism reaches it.
 //!
 //! libnccl is loaded at run time (cudarc's dynamic loading), and only when a communicator
 //! is made or [`version`] is asked: [`crate::register`] never touches it, so a machine
@@ -17,6 +19,7 @@ use std::ffi::CStr;
 use std::sync::{Arc, Mutex};
 
 use cudarc::nccl::{result, sys};
+use vt_core::comm::{CommBackend, Communicator};
 use vt_core::{DType, Device, DeviceType, Error, Queue, Result, Tensor};
 
 use crate::device::{drv, library_present, DeviceState};
@@ -251,6 +254,47 @@ impl NcclComm {
                 h.0 = std::ptr::null_mut();
             }
         }
+    }
+}
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn transport(&self) -> &'static str {
+        NCCL
+    }
+
+    fn all_reduce_sum(&self, queue: &Queue, x: &Tensor<'_>) -> Result<()> {
+        NcclComm::all_reduce_sum(self, queue, x)
+    }
+
+    fn abort(&self) {
+        NcclComm::abort(self)
+    }
+}
+
+/// The `"nccl"` transport vt-cuda registers for CUDA devices: one rank per device, the
+/// group made by [`NcclComm::init_all`]. Registering it does not load libnccl.
+pub struct NcclTransport;
+
+impl CommBackend for NcclTransport {
+    fn transport(&self) -> &'static str {
+        NCCL
+    }
+
+    fn ranks_may_share_a_device(&self) -> bool {
+        false
+    }
+
+    fn group(&self, queues: &[Queue]) -> Result<Vec<Box<dyn Communicator>>> {
+        let refs: Vec<&Queue> = queues.iter().collect();
+        Ok(NcclComm::init_all(&refs)?.into_iter().map(|c| Box::new(c) as Box<dyn Communicator>).collect())
     }
 }
 

@@ -41,7 +41,7 @@ mod rope_from_cache;
 use std::sync::Arc;
 
 use vt_core::registry::{register_backend, register_op};
-use vt_core::{DeviceType, OpImpl, Probe};
+use vt_core::{DeviceType, OpId, OpImpl, Probe};
 
 pub use backend::{HipBackend, HipQueue};
 pub use driver::DeviceInfo;
@@ -132,21 +132,46 @@ pub fn register_with(libs: &Libraries) -> Probe {
     Probe::Registered { devices: count }
 }
 
+/// Ops the HIP backend does not implement (the coverage test accepts exactly these).
+pub const OP_GAPS: &[OpId] = &[];
+
+/// The GEMMs: rocBLAS, or the batched_matmul kernel without it (always registered).
+pub fn gemm_ops() -> Vec<OpImpl> {
+    vec![OpImpl::MatmulBT(Arc::new(matmul_bt::run)), OpImpl::BatchedMatmul(Arc::new(batched_matmul::run))]
+}
+
+/// The hiprtc-compiled kernels (registered when hiprtc is present).
+pub fn kernel_ops() -> Vec<OpImpl> {
+    vec![
+        OpImpl::RmsNorm(Arc::new(rms_norm::run)),
+        OpImpl::RopeFromCache(Arc::new(rope_from_cache::run)),
+        OpImpl::FusedNormRope(Arc::new(fused_norm_rope::run)),
+        OpImpl::ConcatAndCacheMla(Arc::new(concat_and_cache_mla::run)),
+        OpImpl::GatherMlaCache(Arc::new(gather_mla_cache::run)),
+        OpImpl::ConcatMlaNopeRope(Arc::new(concat_mla_nope_rope::run)),
+        OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)),
+        OpImpl::PrefillAttention(Arc::new(prefill_attention::run)),
+        OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)),
+    ]
+}
+
 /// Registers every op (`kernels`: hiprtc is present), or only the GEMMs (rocBLAS alone).
 fn register_ops(kernels: bool) {
-    let hip = DeviceType::Hip;
-    register_op(hip, OpImpl::MatmulBT(Arc::new(matmul_bt::run)));
-    register_op(hip, OpImpl::BatchedMatmul(Arc::new(batched_matmul::run)));
-    if !kernels {
-        return;
+    let mut ops = gemm_ops();
+    if kernels {
+        ops.extend(kernel_ops());
     }
-    register_op(hip, OpImpl::RmsNorm(Arc::new(rms_norm::run)));
-    register_op(hip, OpImpl::RopeFromCache(Arc::new(rope_from_cache::run)));
-    register_op(hip, OpImpl::FusedNormRope(Arc::new(fused_norm_rope::run)));
-    register_op(hip, OpImpl::ConcatAndCacheMla(Arc::new(concat_and_cache_mla::run)));
-    register_op(hip, OpImpl::GatherMlaCache(Arc::new(gather_mla_cache::run)));
-    register_op(hip, OpImpl::ConcatMlaNopeRope(Arc::new(concat_mla_nope_rope::run)));
-    register_op(hip, OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)));
-    register_op(hip, OpImpl::PrefillAttention(Arc::new(prefill_attention::run)));
-    register_op(hip, OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)));
+    ops.into_iter().for_each(|imp| register_op(DeviceType::Hip, imp));
+}
+
+#[cfg(test)]
+mod coverage_tests {
+    use super::*;
+
+    /// Runs without a GPU: the tables `register` draws from cover every op or declare it.
+    #[test]
+    fn every_op_is_registered_or_declared_a_gap() -> vt_core::Result<()> {
+        let ids: Vec<OpId> = gemm_ops().iter().chain(&kernel_ops()).map(OpImpl::id).collect();
+        vt_core::check_coverage("hip", &ids, OP_GAPS)
+    }
 }

@@ -3,9 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use vt_core::comm::{self, Communicator};
 use vt_core::{registry, Device, DeviceType, Error, Queue, Result};
-
-use super::comm::{Communicator, HostCommunicator};
 
 const OP: &str = "TpGroup";
 
@@ -14,10 +13,23 @@ const OP: &str = "TpGroup";
 pub enum Transport {
     /// NCCL on CUDA, the host communicator on the CPU.
     Auto,
-    /// [`HostCommunicator`]: any number of ranks, also several on one device (emulation).
+    /// The host communicator (vt-cpu's, registered for every device type by
+    /// `vt_backends::init`): any number of ranks, also several on one device (emulation).
     Host,
-    /// NCCL (CUDA only, feature `nccl`): one rank per device.
+    /// NCCL (CUDA only, registered by vt-cuda): one rank per device.
     Nccl,
+}
+
+impl Transport {
+    /// The name its communicator is registered under in `vt_core::comm` (`"auto"` for
+    /// [`Transport::Auto`], which [`TpGroup::open`] resolves per device type).
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Host => "host",
+            Transport::Nccl => "nccl",
+        }
+    }
 }
 
 impl FromStr for Transport {
@@ -34,11 +46,7 @@ impl FromStr for Transport {
 
 impl fmt::Display for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Transport::Auto => "auto",
-            Transport::Host => "host",
-            Transport::Nccl => "nccl",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -90,7 +98,8 @@ impl TpGroup {
         Ok(TpGroup { queues, comms })
     }
 
-    /// `tp` ranks on devices of `kind`, reducing through `transport`.
+    /// `tp` ranks on devices of `kind`, reducing through `transport`, the communicator
+    /// the device type's backend registered under that name (`vt_core::comm`).
     ///
     /// - NCCL (the default on CUDA) needs `tp` devices, one per rank: fewer is an error
     ///   naming how many were found.
@@ -119,42 +128,32 @@ impl TpGroup {
                 msg: format!("tp = {tp} needs {kind} devices, found 0 (no {kind} backend registered)"),
             });
         }
-        match transport {
-            Transport::Nccl => {
-                if kind != DeviceType::Cuda {
-                    return Err(Error::invalid(
-                        OP,
-                        "transport",
-                        format!("NCCL runs on CUDA devices, not {kind}"),
-                    ));
-                }
-                if found < tp {
-                    return Err(Error::NoDevice {
-                        device: kind.to_string(),
-                        msg: format!("tp = {tp} needs {tp} CUDA devices (one rank per GPU), found {found}"),
-                    });
-                }
-                let queues = (0..tp).map(|r| Queue::new(Device::new(kind, r))).collect::<Result<Vec<_>>>()?;
-                let comms = nccl_group(&queues)?;
-                TpGroup::new(queues, comms)
-            }
-            _ => {
-                if !(kind == DeviceType::Cpu || (cfg!(feature = "nccl") && kind == DeviceType::Cuda)) {
-                    return Err(Error::invalid(
-                        OP,
-                        "transport",
-                        format!("the host communicator cannot write {kind} memory (cpu, and cuda with NCCL support)"),
-                    ));
-                }
-                let queues =
-                    (0..tp).map(|r| Queue::new(Device::new(kind, r % found))).collect::<Result<Vec<_>>>()?;
-                let comms = HostCommunicator::group(tp)?
-                    .into_iter()
-                    .map(|c| Box::new(c) as Box<dyn Communicator>)
-                    .collect();
-                TpGroup::new(queues, comms)
-            }
+        if transport == Transport::Nccl && kind != DeviceType::Cuda {
+            return Err(Error::invalid(OP, "transport", format!("NCCL runs on CUDA devices, not {kind}")));
         }
+        let comm = comm::backend(kind, transport.name()).ok_or_else(|| {
+            let have = comm::transports(kind);
+            Error::invalid(
+                OP,
+                "transport",
+                format!(
+                    "no `{transport}` communicator is registered for {kind} devices (registered: {})",
+                    if have.is_empty() { "none".to_string() } else { have.join(", ") }
+                ),
+            )
+        })?;
+        let shared = comm.ranks_may_share_a_device();
+        if !shared && found < tp {
+            return Err(Error::NoDevice {
+                device: kind.to_string(),
+                msg: format!(
+                    "tp = {tp} needs {tp} {kind} devices (one rank per device over {transport}), found {found}"
+                ),
+            });
+        }
+        let queues = (0..tp).map(|r| Queue::new(Device::new(kind, r % found))).collect::<Result<Vec<_>>>()?;
+        let comms = comm.group(&queues)?;
+        TpGroup::new(queues, comms)
     }
 
     /// Ranks in the group.
@@ -184,17 +183,4 @@ impl TpGroup {
         };
         format!("{place} over {}", self.comms[0].transport())
     }
-}
-
-#[cfg(feature = "nccl")]
-fn nccl_group(queues: &[Queue]) -> Result<Vec<Box<dyn Communicator>>> {
-    Ok(super::nccl::NcclCommunicator::group(queues)?
-        .into_iter()
-        .map(|c| Box::new(c) as Box<dyn Communicator>)
-        .collect())
-}
-
-#[cfg(not(feature = "nccl"))]
-fn nccl_group(_queues: &[Queue]) -> Result<Vec<Box<dyn Communicator>>> {
-    Err(Error::invalid(OP, "transport", "this build has no NCCL support (mla-block feature `nccl`)"))
 }

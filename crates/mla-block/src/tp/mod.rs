@@ -10,8 +10,11 @@
 //! - After `o_proj` each rank holds a partial sum over its heads; a [`Communicator`] sums
 //!   them in place on every rank ([`forward_rank`]).
 //! - One host thread per rank in one process ([`run_steps_tp`], [`bench_decode`]): a
-//!   [`TpGroup`] holds one queue and one communicator per rank, NCCL on CUDA
-//!   ([`Transport::Nccl`], one GPU per rank) or [`HostCommunicator`] on the CPU.
+//!   [`TpGroup`] holds one queue and one communicator per rank. Communicators are a
+//!   per-device service the backends register (`vt_core::comm`): NCCL on CUDA
+//!   ([`Transport::Nccl`], one GPU per rank, from vt-cuda) or the host communicator
+//!   ([`Transport::Host`], from vt-cpu; the CPU's, and any GPU's to share it among ranks).
+//!   This crate names no backend.
 //!
 //! ```ignore
 //! let group = TpGroup::open(DeviceType::Cuda, 2, Transport::Auto)?;  // NCCL, cuda:0 and cuda:1
@@ -20,23 +23,18 @@
 //! let (out, stats) = run_schedule_tp(&group, &blocks, &hidden, &positions, &schedule, &opts)?;
 //! ```
 
-mod comm;
 mod group;
-#[cfg(feature = "nccl")]
-mod nccl;
 mod parity;
 mod random;
 mod run;
 mod shard;
 
-pub use comm::{Communicator, HostCommunicator, ABORTED};
 pub use group::{device_count, TpGroup, Transport};
-#[cfg(feature = "nccl")]
-pub use nccl::NcclCommunicator;
 pub use parity::{compare_tp, compare_tp_against, rel_frobenius, tp1_reference, TpCase, TpComparison};
 pub use random::RandomLayerSpec;
 pub use run::{
-    bench_decode, forward_rank, run_schedule_tp, run_steps_tp, DecodeBenchOptions, DecodeBenchResult,
-    TpModel, TpRunStats,
+    bench_decode, forward_rank, run_schedule_tp, run_schedule_tp_with_progress, run_steps_tp,
+    DecodeBenchOptions, DecodeBenchResult, TpModel, TpRunStats,
 };
 pub use shard::{check_tp, head_range, rank_dims, shard_weights};
+pub use vt_core::comm::{Communicator, ABORTED};

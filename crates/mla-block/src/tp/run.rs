@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use vt_core::{Buffer, Error, Queue, Result, Tensor};
 
-use super::comm::{Communicator, Gate};
 use super::group::TpGroup;
 use super::shard::shard_weights;
 use crate::block::MlaBlock;
@@ -16,6 +15,7 @@ use crate::metadata::{MlaBatchMetadata, StepSeq};
 use crate::runner::{checked_schedule_forwards, RowPlan, RunOptions, RunStats, Schedule, SeqPart};
 use crate::weights::{HostTensor, HostWeights, MlaWeightStore};
 use crate::workspace::{MlaLimits, MlaWorkspace};
+use vt_core::comm::{Communicator, Gate};
 
 const OP: &str = "tensor-parallel MLA";
 
@@ -108,7 +108,21 @@ pub fn run_schedule_tp(
     schedule: &Schedule,
     opts: &RunOptions,
 ) -> Result<(HostTensor, TpRunStats)> {
-    run_steps_tp(group, blocks, hidden, positions, &checked_schedule_forwards(hidden, schedule)?, opts)
+    run_schedule_tp_with_progress(group, blocks, hidden, positions, schedule, opts, &|_, _| {})
+}
+
+/// [`run_schedule_tp`], with rank 0 calling `progress(done, total)` after each forward.
+pub fn run_schedule_tp_with_progress(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(HostTensor, TpRunStats)> {
+    let forwards = checked_schedule_forwards(hidden, schedule)?;
+    run_steps_tp_with_progress(group, blocks, hidden, positions, &forwards, opts, progress)
 }
 
 /// Runs `f(rank)` on one scoped thread per rank and returns the results in rank order.
@@ -195,6 +209,18 @@ pub fn run_steps_tp(
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
 ) -> Result<(HostTensor, TpRunStats)> {
+    run_steps_tp_with_progress(group, blocks, hidden, positions, forwards, opts, &|_, _| {})
+}
+
+fn run_steps_tp_with_progress(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(HostTensor, TpRunStats)> {
     if blocks.len() != group.tp() {
         return Err(Error::invalid(
             OP,
@@ -220,8 +246,14 @@ pub fn run_steps_tp(
     let plan = RowPlan::new(OP, &blocks[0], hidden, positions, forwards, opts)?;
     let results = on_every_rank(group, &[], |r, q, comm| {
         let block = &blocks[r];
+        let mut done = 0;
         plan.run(q, block, positions, forwards, opts, |ws, xin, meta, cache, yout| {
-            forward_rank(block, comm, q, ws, xin, meta, cache, yout)
+            forward_rank(block, comm, q, ws, xin, meta, cache, yout)?;
+            done += 1;
+            if r == 0 {
+                progress(done, forwards.len());
+            }
+            Ok(())
         })
     })?;
     let (out0, stats0) = &results[0];

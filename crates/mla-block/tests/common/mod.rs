@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use mla_block::runner::{run_schedule, run_steps, RunOptions, RunStats, Schedule, SeqPart};
 use mla_block::{HostTensor, HostWeights, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
@@ -212,11 +211,6 @@ pub fn synthetic_checkpoint(w: &HostWeights, prefix: &str) -> Vec<(String, HostT
     w.tensors.iter().map(|(n, t)| (format!("{prefix}{n}.weight"), t.clone())).collect()
 }
 
-/// The package's `vt-mla` binary.
-pub fn vt_mla() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_vt-mla"))
-}
-
 /// `name` in this test process's scratch directory.
 pub fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("vt-mla-test-{}", std::process::id()));
@@ -224,25 +218,7 @@ pub fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// `vt-mla run` on the case in `dir` (`config.json`, `weights.safetensors`,
-/// `input.safetensors`), writing `out`, with `extra` arguments.
-pub fn vt_mla_run(dir: &Path, out: &Path, extra: &[&str]) -> Output {
-    vt_mla()
-        .arg("run")
-        .arg("--config")
-        .arg(dir.join("config.json"))
-        .arg("--weights")
-        .arg(dir.join("weights.safetensors"))
-        .arg("--input")
-        .arg(dir.join("input.safetensors"))
-        .arg("--output")
-        .arg(out)
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
-/// The `out` tensor of a file `vt-mla run` wrote.
+/// The `out` tensor of a safetensors file (what `vt-mla run` writes).
 pub fn read_out(path: &Path) -> HostTensor {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();

@@ -17,15 +17,16 @@ fn run_reproduces_the_goldens_in_the_input_dtype() {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
         let out_path = tmp(&format!("{name}.safetensors"));
-        let o =
-            vt_mla_run(&dir, &out_path, &["--backend", "cpu", "--schedule", schedule, "--block-size", bs]);
+        // Both option forms: `--key value` and `--key=value`.
+        let bs = format!("--block-size={bs}");
+        let o = vt_mla_run(&dir, &out_path, &["--backend", "cpu", "--schedule", schedule, &bs]);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "{name}: {stderr}");
         let out = read_out(&out_path);
         assert_eq!(out.dtype, case.dtype(), "out is written in the input dtype");
         assert_eq!(out.shape, case.hidden.shape);
         let err = case.rel_err(&out);
-        eprintln!("vt-mla run {name} --schedule {schedule} --block-size {bs}: rel err {err:.3e}\n{stderr}");
+        eprintln!("vt-mla run {name} --schedule {schedule} {bs}: rel err {err:.3e}\n{stderr}");
         assert!(err <= case.tolerance(), "{name}: {err:.3e}");
     }
 }
@@ -100,18 +101,63 @@ fn run_rejects_a_schedule_that_does_not_sum_to_t_and_bad_arguments() {
     let o = vt_mla_run(&dir, &out, &["--schedule", "prefill:16,decode:4"]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && stderr.contains("covers 20 tokens but each sequence has 24"), "{stderr}");
-    let o = vt_mla_run(&dir, &out, &["--backend", "tpu"]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--backend `tpu`"));
-    let o = vt_mla_run(&dir, &out, &["--block-size", "0"]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--block-size"));
-    let o = vt_mla_run(&dir, &out, &["--frobnicate", "1"]);
-    assert!(
-        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("unknown argument `--frobnicate`")
-    );
+    assert_eq!(o.status.code(), Some(1), "a run that fails is exit status 1, not a usage error");
+    // Usage errors: exit status 2, the message and the usage on stderr.
+    for (extra, want) in [
+        (&["--backend", "tpu"][..], "invalid value 'tpu' for '--backend <BACKEND>'"),
+        (&["--block-size", "0"], "'--block-size <N>': `0` is not a positive integer"),
+        (&["--frobnicate", "1"], "unexpected argument '--frobnicate'"),
+        (&["--schedule", "prefill:x"], "'--schedule <STEPS>'"),
+        (&["--transport", "host"], "--tp <N>"),
+        (&["--tp", "0"], "'--tp <N>': `0` is not a positive integer"),
+    ] {
+        let o = vt_mla_run(&dir, &out, extra);
+        usage_error(&o, want, &format!("run {extra:?}"));
+    }
     let o = vt_mla().args(["run", "--config", "x.json"]).output().unwrap();
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("`--weights` is required"));
+    usage_error(&o, "--weights <FILE>", "run without --weights");
     let o = vt_mla().arg("frob").output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
+    usage_error(&o, "unrecognized subcommand 'frob'", "frob");
+    let o = vt_mla().output().unwrap();
+    usage_error(&o, "Usage: vt-mla", "no command");
+}
+
+/// Exit status 2, `want` and the usage line on stderr.
+fn usage_error(o: &std::process::Output, want: &str, what: &str) {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{what}: {stderr}");
+    assert!(
+        stderr.contains(want) && stderr.contains("Usage: vt-mla"),
+        "{what}: wanted `{want}` in\n{stderr}"
+    );
+}
+
+#[test]
+fn every_command_has_help() {
+    for args in [
+        &["--help"][..],
+        &["-h"],
+        &["help"],
+        &["run", "--help"],
+        &["help", "run"],
+        &["bench", "--help"],
+        &["bench", "-h"],
+        &["info", "--help"],
+    ] {
+        let o = vt_mla().args(args).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains("Usage: vt-mla"), "{args:?}: {out}");
+    }
+    let o = vt_mla().args(["run", "--help"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    for flag in
+        ["--config", "--weights", "--layer-prefix", "--schedule", "--block-size", "--tp", "--transport"]
+    {
+        assert!(out.contains(flag), "run --help lacks {flag}: {out}");
+    }
+    let o = vt_mla().args(["bench", "--help"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("--layer") && out.contains("[default: 1,2]"), "{out}");
 }
 
 #[test]

@@ -1,0 +1,355 @@
+//! `vt-mla`: the MLA block from the command line (see docs/mla.md and `vt-mla --help`).
+//!
+//! ```text
+//! vt-mla run --config C.json --weights W.safetensors --input IN.safetensors --output OUT.safetensors
+//!            [--layer-prefix P] [--backend auto|cpu|cuda|hip] [--schedule prefill:N,decode:N,...]
+//!            [--block-size 64] [--tp N [--transport auto|host|nccl]]
+//! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|small] ... (decode-step time per TP)
+//! vt-mla info
+//! ```
+
+mod progress;
+mod tp;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use mla_block::runner::{positions_or_default, run_schedule_with_progress, RunOptions, Schedule};
+use mla_block::{missing_ops, HostTensor, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use safetensors::{Dtype as StDtype, SafeTensors};
+use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
+
+/// The MLA block (DeepSeek-V2/V3 attention) on Hugging Face checkpoints, on any backend
+/// this machine has.
+#[derive(Parser, Debug)]
+#[command(name = "vt-mla", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one layer's attention block on S sequences under a schedule of prefill and
+    /// decode steps, writing the output to a safetensors file.
+    Run(RunArgs),
+    /// Time a decode step of a random layer at each tensor-parallel size.
+    Bench(tp::BenchArgs),
+    /// List the backends, devices and registered ops, and the flags.
+    Info,
+}
+
+/// Which backend runs the block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The best registered backend that has every op the block needs (CUDA, HIP, CPU).
+    Auto,
+    Cpu,
+    Cuda,
+    Hip,
+}
+
+impl BackendArg {
+    fn kind(self) -> Option<DeviceType> {
+        match self {
+            BackendArg::Auto => None,
+            BackendArg::Cpu => Some(DeviceType::Cpu),
+            BackendArg::Cuda => Some(DeviceType::Cuda),
+            BackendArg::Hip => Some(DeviceType::Hip),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The model's Hugging Face `config.json`.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// A safetensors checkpoint with the layer's attention weights.
+    #[arg(long, value_name = "FILE")]
+    weights: PathBuf,
+    /// The name prefix of the layer's weights in the checkpoint.
+    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_LAYER_PREFIX)]
+    layer_prefix: String,
+    /// Input safetensors file: `hidden_states` [S, T, H] (f32/bf16/f16) and optionally
+    /// `positions` [S, T] (default 0..T).
+    #[arg(long, value_name = "FILE")]
+    input: PathBuf,
+    /// Output safetensors file: `out` [S, T, H] in the input's dtype.
+    #[arg(long, value_name = "FILE")]
+    output: PathBuf,
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Steps every sequence takes together, e.g. `prefill:10,decode:4,prefill:18`
+    /// (default: all T tokens in one prefill).
+    #[arg(long, value_name = "STEPS", value_parser = parse_schedule)]
+    schedule: Option<Schedule>,
+    /// Tokens per KV cache block.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = positive_i64)]
+    block_size: i64,
+    /// Split the heads over N ranks (N devices, or N CPU ranks).
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    tp: Option<usize>,
+    /// How the ranks all-reduce (with --tp).
+    #[arg(long, value_enum, requires = "tp")]
+    transport: Option<tp::TransportArg>,
+}
+
+/// A `> 0` integer argument.
+pub fn positive_i64(s: &str) -> std::result::Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(format!("`{s}` is not a positive integer")),
+    }
+}
+
+/// A `> 0` count argument.
+pub fn positive_usize(s: &str) -> std::result::Result<usize, String> {
+    positive_i64(s).map(|v| v as usize)
+}
+
+fn parse_schedule(s: &str) -> std::result::Result<Schedule, String> {
+    s.parse::<Schedule>().map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    let result = match cli.command {
+        Command::Run(a) => run(&a),
+        Command::Bench(a) => tp::bench(&a, pick_device),
+        Command::Info => info(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vt-mla: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--help` and `--version` print to stdout and exit 0; a usage error prints the message
+/// and the usage of the (sub)command to stderr and exits 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let _ = e.print();
+    // clap shows the usage only with some errors (missing arguments); always show it.
+    if !e.to_string().contains("Usage:") {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        cmd.build();
+        let sub = std::env::args().nth(1).and_then(|name| cmd.find_subcommand(&name).cloned());
+        let usage = match sub {
+            Some(mut sub) => sub.render_usage(),
+            None => cmd.render_usage(),
+        };
+        eprintln!("\n{usage}");
+    }
+    ExitCode::from(2)
+}
+
+fn names(ops: &[vt_core::OpId]) -> String {
+    ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// `auto`: the best registered device type whose backend has every op the block needs
+/// (CUDA, then HIP, then the CPU); a named backend must be registered and complete.
+fn pick_device(backend: BackendArg) -> Result<DeviceType> {
+    let probes = vt_backends::init();
+    let registered =
+        |k: DeviceType| probes.iter().any(|(d, p)| *d == k && matches!(p, Probe::Registered { .. }));
+    let Some(kind) = backend.kind() else {
+        let best = vt_backends::best_device();
+        let order = [best, DeviceType::Cuda, DeviceType::Hip, DeviceType::Cpu];
+        for kind in order.into_iter().filter(|&k| registered(k)) {
+            let missing = missing_ops(kind);
+            if missing.is_empty() {
+                return Ok(kind);
+            }
+            eprintln!("vt-mla: skipping {kind}: its backend lacks {}", names(&missing));
+        }
+        return Err(Error::NoDevice {
+            device: "auto".into(),
+            msg: "no registered backend has every op the block needs".into(),
+        });
+    };
+    match probes.iter().find(|(k, _)| *k == kind) {
+        Some((_, Probe::Registered { .. })) => {
+            let missing = missing_ops(kind);
+            if missing.is_empty() {
+                Ok(kind)
+            } else {
+                Err(Error::NoDevice {
+                    device: kind.to_string(),
+                    msg: format!(
+                        "its backend does not register {} (needed by the MLA block)",
+                        names(&missing)
+                    ),
+                })
+            }
+        }
+        Some((_, p)) => Err(Error::NoDevice { device: kind.to_string(), msg: p.to_string() }),
+        None => {
+            Err(Error::NoDevice { device: kind.to_string(), msg: "this build has no such backend".into() })
+        }
+    }
+}
+
+fn run(a: &RunArgs) -> Result<()> {
+    let kind = match (a.tp, pick_device(a.backend)) {
+        (Some(tp), Err(e)) => return Err(tp::no_devices(tp, a.backend, e)),
+        (_, k) => k?,
+    };
+    let cfg = MlaConfig::from_file(&a.config)?;
+    let ctx = a.input.display().to_string();
+    let bytes =
+        std::fs::read(&a.input).map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::other(ctx.clone(), format!("not a safetensors file: {e}")))?;
+    let hidden = HostTensor::from_safetensors(&st, "hidden_states", &ctx)?;
+    if !hidden.dtype.is_compute_float() || hidden.shape.len() != 3 {
+        return Err(Error::other(
+            ctx,
+            format!(
+                "`hidden_states` is {} {:?}, expected f32/bf16/f16 [S, T, H]",
+                hidden.dtype, hidden.shape
+            ),
+        ));
+    }
+    let (s, t) = (hidden.shape[0], hidden.shape[1]);
+    let positions = match st.tensor("positions") {
+        Ok(_) => Some(HostTensor::from_safetensors(&st, "positions", &ctx)?),
+        Err(_) => None,
+    };
+    let positions = positions_or_default(positions.as_ref(), s, t)?;
+    let schedule = a.schedule.clone().unwrap_or_else(|| Schedule::all_at_once(t));
+    schedule.check(t)?;
+
+    let opts = RunOptions { block_size: a.block_size, chunk_workspace_tokens: None };
+    let (out, stats, fused, ranks) = match a.tp {
+        None => {
+            let queue = Queue::new(Device::new(kind, 0))?;
+            let host = progress::load_weights(&a.weights, &cfg.dims, &a.layer_prefix, hidden.dtype)?;
+            let store = progress::stage(format!("uploading the weights to {kind}"), || {
+                MlaWeightStore::from_host(&queue, &cfg, &host)
+            })?;
+            let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
+            let forwards = schedule.forwards().count();
+            let bar = progress::forwards(forwards);
+            let (out, stats) = run_schedule_with_progress(
+                &queue,
+                &block,
+                &hidden,
+                &positions,
+                &schedule,
+                &opts,
+                &|done, _| bar.set_position(done as u64),
+            )?;
+            bar.finish_and_clear();
+            (out, stats, block.uses_fused_norm_rope(), String::new())
+        }
+        Some(n) => {
+            let transport = a.transport.unwrap_or(tp::TransportArg::Auto);
+            let r = tp::run(
+                kind,
+                n,
+                transport,
+                &cfg,
+                (&a.weights, &a.layer_prefix),
+                &hidden,
+                &positions,
+                &schedule,
+                &opts,
+            )?;
+            (r.out, r.stats, r.fused, format!(", tp {n}: {}", r.group))
+        }
+    };
+
+    let dtype = match out.dtype {
+        vt_core::DType::BF16 => StDtype::BF16,
+        vt_core::DType::F16 => StDtype::F16,
+        _ => StDtype::F32,
+    };
+    let shape: Vec<usize> = out.shape.iter().map(|&d| d as usize).collect();
+    let view = safetensors::tensor::TensorView::new(dtype, shape, &out.bytes)
+        .map_err(|e| Error::other("vt-mla run", format!("output tensor: {e}")))?;
+    safetensors::serialize_to_file(vec![("out", view)], &None, &a.output)
+        .map_err(|e| Error::other(a.output.display().to_string(), format!("cannot write: {e}")))?;
+    eprintln!(
+        "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} path: {} forwards, {} context chunks -> {}",
+        if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
+        out.dtype,
+        a.block_size,
+        if fused { "fused norm+rope" } else { "split norm+rope" },
+        stats.forwards,
+        stats.context_chunks,
+        a.output.display()
+    );
+    Ok(())
+}
+
+fn info() -> Result<()> {
+    let probes = vt_backends::init();
+    println!("backends:");
+    for (kind, probe) in probes {
+        println!("  {kind}: {probe}");
+        if !matches!(probe, Probe::Registered { .. }) {
+            continue;
+        }
+        if let Some(b) = registry::backend(*kind) {
+            println!("    {}", b.description());
+            for i in 0..b.device_count() {
+                println!("    device {kind}:{i}: {}", b.device_name(i));
+            }
+        }
+        let ops = registry::registered_ops(*kind);
+        println!("    ops ({}/{}): {}", ops.len(), vt_core::OpId::ALL.len(), names(&ops));
+        let missing: Vec<_> = vt_core::OpId::ALL.iter().copied().filter(|o| !ops.contains(o)).collect();
+        if !missing.is_empty() {
+            println!("    not registered: {}", names(&missing));
+        }
+        let comms = vt_core::comm::transports(*kind);
+        if !comms.is_empty() {
+            println!("    tensor-parallel communicators: {}", comms.join(", "));
+        }
+        let block_missing = missing_ops(*kind);
+        if block_missing.is_empty() {
+            let path = if ops.contains(&vt_core::OpId::FusedNormRope) { "fused and split" } else { "split" };
+            println!("    MLA block: runs here ({path} norm+rope paths)");
+        } else {
+            println!("    MLA block: cannot run here (lacks {})", names(&block_missing));
+        }
+    }
+    println!("best device: {}", vt_backends::best_device());
+    match pick_device(BackendArg::Auto) {
+        Ok(k) => println!("--backend auto runs the MLA block on: {k}"),
+        Err(e) => println!("--backend auto: {e}"),
+    }
+    println!("flags:");
+    for f in flags::Flag::ALL {
+        println!("  {}={} (default {})", f.env_name(), flags::get(f) as u8, f.default_value() as u8);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

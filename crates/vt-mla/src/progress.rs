@@ -1,0 +1,69 @@
+//! Progress on a terminal (indicatif), quiet otherwise: every bar here is hidden when
+//! stderr is not a terminal, so logs and test output stay clean.
+
+use std::io::{IsTerminal, Read};
+use std::path::Path;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use mla_block::{HostWeights, MlaBlockDims};
+use vt_core::{DType, Error, Result};
+
+fn on_terminal() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+/// A bar of `len` units in `template`'s style, or a hidden one off a terminal.
+fn bar(len: u64, template: &str) -> ProgressBar {
+    if !on_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    // The templates are constants of this file; a bad one falls back to the default style.
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// A spinner with `msg` while `f` runs (stages without a count: uploads, cache fills).
+pub fn stage<T>(msg: impl Into<String>, f: impl FnOnce() -> T) -> T {
+    let pb = spinner(msg);
+    let out = f();
+    pb.finish_and_clear();
+    out
+}
+
+/// A ticking spinner with `msg`; call `finish_and_clear` when done.
+pub fn spinner(msg: impl Into<String>) -> ProgressBar {
+    if !on_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new_spinner().with_message(msg.into());
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+        pb.set_style(style);
+    }
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// A bar over the `total` forwards of a schedule.
+pub fn forwards(total: usize) -> ProgressBar {
+    bar(total as u64, "forwards [{bar:40}] {pos}/{len} ({elapsed}, eta {eta})")
+}
+
+/// Reads a safetensors checkpoint (a bar over its bytes) and decodes the layer's
+/// `"{prefix}{name}.weight"` tensors in `dtype` (see `HostWeights::from_safetensors_bytes`).
+pub fn load_weights(path: &Path, dims: &MlaBlockDims, prefix: &str, dtype: DType) -> Result<HostWeights> {
+    let ctx = path.display().to_string();
+    let cannot = |e: std::io::Error| Error::other(ctx.clone(), format!("cannot read: {e}"));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let len = file.metadata().map_err(cannot)?.len();
+    let pb = bar(len, "reading weights [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})");
+    let mut bytes = Vec::with_capacity(len as usize);
+    pb.wrap_read(file).read_to_end(&mut bytes).map_err(cannot)?;
+    pb.finish_and_clear();
+    stage("decoding the weights", || {
+        HostWeights::from_safetensors_bytes(&bytes, dims, prefix, Some(dtype), &ctx)
+    })
+}

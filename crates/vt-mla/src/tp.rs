@@ -1,0 +1,234 @@
+//! `vt-mla run --tp N` and `vt-mla bench`: the tensor-parallel parts of the command line.
+
+use std::path::Path;
+
+use clap::{Args, ValueEnum};
+use mla_block::runner::{RunOptions, RunStats, Schedule};
+use mla_block::tp::{
+    bench_decode, device_count, run_schedule_tp_with_progress, DecodeBenchOptions, RandomLayerSpec, TpGroup,
+    TpModel, Transport,
+};
+use mla_block::{HostTensor, MlaConfig};
+use vt_core::{DType, DeviceType, Error, Result};
+
+use crate::{positive_i64, positive_usize, progress, BackendArg};
+
+/// How the ranks of a tensor-parallel run all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// NCCL on CUDA, the host communicator on the CPU.
+    Auto,
+    /// Through host memory: any number of ranks, several may share a GPU.
+    Host,
+    /// NCCL: one CUDA device per rank.
+    Nccl,
+}
+
+impl From<TransportArg> for Transport {
+    fn from(t: TransportArg) -> Transport {
+        match t {
+            TransportArg::Auto => Transport::Auto,
+            TransportArg::Host => Transport::Host,
+            TransportArg::Nccl => Transport::Nccl,
+        }
+    }
+}
+
+/// The random layer `vt-mla bench` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LayerArg {
+    /// DeepSeek-V3's attention layer sizes.
+    V3,
+    /// A small layer (for quick checks).
+    Small,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    Bf16,
+    F16,
+    F32,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// Tensor-parallel sizes to time, comma-separated.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_value = "1,2", value_parser = positive_usize)]
+    tp: Vec<usize>,
+    /// How the ranks all-reduce.
+    #[arg(long, value_enum, default_value_t = TransportArg::Auto)]
+    transport: TransportArg,
+    #[arg(long, value_enum, default_value_t = LayerArg::V3)]
+    layer: LayerArg,
+    #[arg(long, value_enum, default_value_t = DTypeArg::Bf16)]
+    dtype: DTypeArg,
+    /// Sequences decoding together.
+    #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().batch, value_parser = positive_i64)]
+    batch: i64,
+    /// Tokens cached per sequence before the timed steps.
+    #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().context, value_parser = positive_i64)]
+    context: i64,
+    /// Timed decode steps per round.
+    #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().steps, value_parser = positive_usize)]
+    steps: usize,
+    /// Rounds (the median round is reported).
+    #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().rounds, value_parser = positive_usize)]
+    rounds: usize,
+    /// Untimed decode steps first.
+    #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().warmup)]
+    warmup: usize,
+    /// Tokens per KV cache block.
+    #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().block_size, value_parser = positive_i64)]
+    block_size: i64,
+    /// Seed of the random layer and inputs.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    seed: u64,
+}
+
+/// `--tp N` asked for devices of a backend that is not there: say how many were found.
+pub fn no_devices(tp: usize, backend: BackendArg, e: Error) -> Error {
+    match backend.kind() {
+        Some(kind) if kind != DeviceType::Cpu => {
+            let why = match e {
+                Error::NoDevice { msg, .. } => msg,
+                other => other.to_string(),
+            };
+            Error::NoDevice {
+                device: kind.to_string(),
+                msg: format!("--tp {tp} needs {tp} {kind} device(s), found {} ({why})", device_count(kind)),
+            }
+        }
+        _ => e,
+    }
+}
+
+/// What a tensor-parallel run reports besides its output.
+pub struct TpRun {
+    pub out: HostTensor,
+    pub stats: RunStats,
+    pub fused: bool,
+    pub group: String,
+}
+
+/// `vt-mla run --tp N`: the layer split over N ranks of `kind`; `weights` is the
+/// checkpoint and the layer's name prefix in it.
+pub fn run(
+    kind: DeviceType,
+    tp: usize,
+    transport: TransportArg,
+    cfg: &MlaConfig,
+    weights: (&Path, &str),
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+) -> Result<TpRun> {
+    mla_block::tp::check_tp(&cfg.dims, tp)?;
+    let group = TpGroup::open(kind, tp, transport.into())?;
+    let host = progress::load_weights(weights.0, &cfg.dims, weights.1, hidden.dtype)?;
+    let model = progress::stage(format!("splitting and uploading the weights to {tp} ranks"), || {
+        TpModel::load(&group, cfg, &host)
+    })?;
+    let blocks = model.blocks(None)?;
+    let bar = progress::forwards(schedule.forwards().count());
+    let (out, stats) =
+        run_schedule_tp_with_progress(&group, &blocks, hidden, positions, schedule, opts, &|d, _| {
+            bar.set_position(d as u64)
+        })?;
+    bar.finish_and_clear();
+    if !stats.ranks_identical {
+        return Err(Error::other("vt-mla run", "the ranks' all-reduced outputs differ"));
+    }
+    Ok(TpRun { out, stats: stats.run, fused: blocks[0].uses_fused_norm_rope(), group: group.describe() })
+}
+
+/// `vt-mla bench`: decode-step time of a random layer at each TP, with the speedup and the
+/// scaling efficiency `t(1) / (tp * t(tp))` against TP = 1. `pick` maps `--backend` to a
+/// device type. Exits with an error if any TP could not run (after printing every row).
+pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> Result<()> {
+    let o = DecodeBenchOptions {
+        batch: a.batch,
+        context: a.context,
+        warmup: a.warmup,
+        steps: a.steps,
+        rounds: a.rounds,
+        block_size: a.block_size,
+        ..DecodeBenchOptions::default()
+    };
+    let (layer_name, spec) = match a.layer {
+        LayerArg::V3 => ("v3", RandomLayerSpec::DEEPSEEK_V3),
+        LayerArg::Small => ("small", RandomLayerSpec::SMALL),
+    };
+    let dtype = match a.dtype {
+        DTypeArg::Bf16 => DType::BF16,
+        DTypeArg::F16 => DType::F16,
+        DTypeArg::F32 => DType::F32,
+    };
+    let seed = a.seed;
+    let most = a.tp.iter().copied().max().unwrap_or(1);
+    let kind = pick(a.backend).map_err(|e| no_devices(most, a.backend, e))?;
+    let (cfg, weights) = progress::stage("making the random layer", || spec.layer(dtype, seed))?;
+    println!(
+        "vt-mla bench: decode step of a random {layer_name} MLA layer ({dtype}; hidden {}, {} heads, q_lora {}, \
+         kv_lora {}, rope {}, nope {}, v {}) on {kind}",
+        cfg.dims.hidden_size,
+        cfg.dims.num_heads,
+        cfg.dims.q_lora_rank,
+        cfg.dims.kv_lora_rank,
+        cfg.dims.qk_rope_head_dim,
+        cfg.dims.qk_nope_head_dim,
+        cfg.dims.v_head_dim
+    );
+    println!(
+        "batch {} sequences x context {} tokens, block size {}; {} warm-up steps, {} rounds of {} timed steps \
+         (median round; a step is every rank's forward + the all-reduce, host-timed until all queues finish)",
+        o.batch, o.context, o.block_size, o.warmup, o.rounds, o.steps
+    );
+    println!(
+        "{:>3}  {:<40} {:>12} {:>10} {:>9} {:>11}",
+        "tp", "ranks", "ms/step", "min ms", "speedup", "efficiency"
+    );
+    let mut t1 = None;
+    let mut failed = 0;
+    for &tp in &a.tp {
+        // Filling a V3-sized cache on the CPU takes minutes: say what is running.
+        let res = progress::stage(format!("tp {tp}: loading, filling the cache, timing"), || {
+            let group = TpGroup::open(kind, tp, a.transport.into())?;
+            let model = TpModel::load(&group, &cfg, &weights)?;
+            let blocks = model.blocks(None)?;
+            let r = bench_decode(&group, &blocks, &o, seed)?;
+            Ok::<_, Error>((group.describe(), r))
+        });
+        match res {
+            Ok((desc, r)) => {
+                if tp == 1 {
+                    t1 = Some(r.ms_per_step);
+                }
+                let (speedup, eff) = match t1 {
+                    Some(t) => (
+                        format!("{:.2}x", t / r.ms_per_step),
+                        format!("{:.0}%", 100.0 * t / (tp as f64 * r.ms_per_step)),
+                    ),
+                    None => ("-".into(), "-".into()),
+                };
+                println!(
+                    "{tp:>3}  {desc:<40} {:>12.4} {:>10.4} {speedup:>9} {eff:>11}",
+                    r.ms_per_step, r.min_ms_per_step
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{tp:>3}  error: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(Error::other(
+            "vt-mla bench",
+            format!("{failed} of {} tensor-parallel sizes could not run", a.tp.len()),
+        ));
+    }
+    Ok(())
+}
