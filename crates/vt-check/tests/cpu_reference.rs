@@ -22,28 +22,23 @@ fn all_cases_match_on_the_cpu(op: OpId) {
     }
 }
 
+/// One test per op of `OpId::ALL` (`cases_run_on_the_cpu::RmsNorm`, ...), so a new op is
+/// tested without editing this file.
 macro_rules! cpu_cell_tests {
-    ($($name:ident => $op:ident,)*) => {$(
-        #[test]
-        fn $name() {
-            all_cases_match_on_the_cpu(OpId::$op);
+    ($($op:ident),*) => {
+        #[allow(non_snake_case)]
+        mod cases_run_on_the_cpu {
+            $(
+                #[test]
+                fn $op() {
+                    super::all_cases_match_on_the_cpu(vt_core::OpId::$op);
+                }
+            )*
         }
-    )*};
+    };
 }
 
-cpu_cell_tests! {
-    matmul_bt_cases_run_on_the_cpu => MatmulBT,
-    batched_matmul_cases_run_on_the_cpu => BatchedMatmul,
-    rms_norm_cases_run_on_the_cpu => RmsNorm,
-    rope_from_cache_cases_run_on_the_cpu => RopeFromCache,
-    fused_norm_rope_cases_run_on_the_cpu => FusedNormRope,
-    concat_and_cache_mla_cases_run_on_the_cpu => ConcatAndCacheMla,
-    gather_mla_cache_cases_run_on_the_cpu => GatherMlaCache,
-    concat_mla_nope_rope_cases_run_on_the_cpu => ConcatMlaNopeRope,
-    mla_decode_attention_cases_run_on_the_cpu => MlaDecodeAttention,
-    prefill_attention_cases_run_on_the_cpu => PrefillAttention,
-    merge_attn_states_cases_run_on_the_cpu => MergeAttnStates,
-}
+vt_core::for_each_op!(cpu_cell_tests);
 
 #[test]
 fn cases_are_reproducible_from_the_seed() {

@@ -24,6 +24,7 @@ fn register_is_idempotent_and_registers_every_op() {
     for &op in OpId::ALL {
         assert!(op_registered(op, DeviceType::Cpu), "{op} not registered on the CPU");
     }
+    assert_eq!(comm::transports(DeviceType::Cpu), vec!["host"], "the host communicator is registered");
     let backend = registry::backend(DeviceType::Cpu).expect("the CPU backend is registered");
     assert_eq!(backend.device_count(), 1);
     assert!(matches!(Queue::new(Device::new(DeviceType::Cpu, 1)), Err(Error::NoDevice { .. })));
@@ -127,6 +128,7 @@ fn life_cycle_not_registered_unregister_and_register_again() {
 
     unregister_device(DeviceType::Cpu);
     assert!(registered_ops(DeviceType::Cpu).is_empty());
+    assert!(comm::backend(DeviceType::Cpu, "host").is_none(), "unregistering removes the communicators");
     assert!(!op_registered(OpId::MatmulBT, DeviceType::Cpu));
     assert!(matches!(Queue::new(Device::CPU), Err(Error::NoDevice { .. })));
     let poisoned = Buffer::nan(&q, DType::F32, &[1, 4]).unwrap();
@@ -138,6 +140,26 @@ fn life_cycle_not_registered_unregister_and_register_again() {
 
     assert_eq!(vt_cpu::register(), Probe::Registered { devices: 1 });
     assert_eq!(registered_ops(DeviceType::Cpu), OpId::ALL.to_vec());
+    assert!(comm::backend(DeviceType::Cpu, "host").is_some());
     rms_norm(&q, &poisoned.view(), &x.view(), &w.view(), 1e-6).unwrap();
     assert_eq!(poisoned.to_f64(&q).unwrap(), out.to_f64(&q).unwrap());
+}
+
+/// The safe byte copies into and out of views: contiguous views only, exact sizes, the
+/// queue's device; a slice of a buffer is written in place and nothing else changes.
+#[test]
+fn queue_write_and_read_bytes_of_a_view() {
+    let _serial = serial();
+    let q = common::queue();
+    let b = Buffer::from_f64(&q, DType::F32, &[4, 2], &[0.0; 8]).unwrap();
+    let rows = b.view().slice(0, 1, 3).unwrap();
+    let bytes = encode_f64(DType::F32, &[1.0, 2.0, 3.0, 4.0]);
+    q.write_bytes(&rows, &bytes).unwrap();
+    assert_eq!(q.read_bytes(&rows).unwrap(), bytes);
+    assert_eq!(b.to_f64(&q).unwrap(), vec![0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0]);
+    let e = q.write_bytes(&rows, &bytes[..4]).unwrap_err().to_string();
+    assert!(e.contains("Queue::write_bytes") && e.contains("4 bytes") && e.contains("16 bytes"), "{e}");
+    let col = b.view().slice(1, 0, 1).unwrap();
+    let e = q.read_bytes(&col).unwrap_err().to_string();
+    assert!(e.contains("Queue::read_bytes") && e.contains("contiguous"), "{e}");
 }
