@@ -78,7 +78,9 @@ fn vec_plan(a: &ConcatMlaNopeRopeArgs<'_>) -> Option<VecPlan> {
     if p % e != 0 || r % e != 0 {
         return None;
     }
-    if [a.out.data_addr(), a.nope.data_addr(), a.rope.data_addr()].iter().any(|&x| x % VEC_BYTES as u64 != 0)
+    if [a.out.data_addr(), a.nope.data_addr(), a.rope.data_addr()]
+        .iter()
+        .any(|&x| !x.is_multiple_of(VEC_BYTES as u64))
     {
         return None;
     }

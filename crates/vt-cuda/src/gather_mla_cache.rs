@@ -61,7 +61,9 @@ fn vec_plan(a: &GatherMlaCacheArgs<'_>) -> Option<VecPlan> {
     }
     let e = VEC_BYTES / es;
     let (rows, nb, bs, d) = (a.out.dim(0), a.cache.dim(0), a.cache.dim(1), a.cache.dim(2));
-    if d % e != 0 || [a.out.data_addr(), a.cache.data_addr()].iter().any(|&x| x % VEC_BYTES as u64 != 0) {
+    if d % e != 0
+        || [a.out.data_addr(), a.cache.data_addr()].iter().any(|&x| !x.is_multiple_of(VEC_BYTES as u64))
+    {
         return None;
     }
     // A dim with one index never uses its stride, so its stride must not block the path.
