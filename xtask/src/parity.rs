@@ -143,7 +143,7 @@ fn options(a: Args) -> Options {
     }
     Options {
         backends: or_all(a.backend, &DeviceType::ALL),
-        ops: or_all(a.op, &OpId::ALL),
+        ops: or_all(a.op, OpId::ALL),
         dtypes: or_all(a.dtype, &DTYPES),
         seed: a.seed.unwrap_or_else(fresh_seed),
         per_dtype: a.per_dtype,
@@ -168,7 +168,6 @@ fn parse_dtype(s: &str) -> Result<DType, String> {
         .find(|d| d.name().eq_ignore_ascii_case(s.trim()))
         .ok_or_else(|| format!("unknown dtype `{s}` (one of bf16, f16, f32)"))
 }
-
 
 /// A seed from the clock: each plain run draws new inputs; the printed seed replays it.
 fn fresh_seed() -> u64 {
