@@ -17,7 +17,10 @@
 
 namespace {
 
-constexpr int kLoadsPerLane = 4;  // U: 16-byte loads in flight per lane per pass
+// U: 16-byte loads in flight per lane per pass. 3 covers a V3 row (72 vectors) in one pass
+// of a warp and, with 8 blocks of 256 threads per SM (32 registers, no spills), lets a
+// T = 8192 gather run in one wave on 132 SMs.
+constexpr int kLoadsPerLane = 3;
 
 __device__ void gather_v16(uint4* __restrict__ out, i64 o_s, unsigned rows, const uint4* __restrict__ cache,
                            i64 c_sb, i64 c_sr, unsigned nb, unsigned bs, int dv, const int* __restrict__ bt,
@@ -102,7 +105,7 @@ __device__ void gather_mla_cache(T* out, i64 o_s, i64 rows, const T* cache, i64 
         gather_mla_cache<T>(out, o_s, rows, cache, c_sb, c_sr, nb, bs, d, bt, bt_sb, bt_sc, mb, cu, cu_s,  \
                             nseq, starts, st_s);                                                           \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256)                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 8)                                                     \
         gather_mla_cache_v16_##S(uint4* out, i64 o_s, unsigned rows, const uint4* cache, i64 c_sb,          \
                                  i64 c_sr, unsigned nb, unsigned bs, int dv, const int* bt, i64 bt_sb,      \
                                  i64 bt_sc, unsigned mb, const int* cu, i64 cu_s, int nseq,                 \

@@ -20,7 +20,7 @@
 //!   bytes, row and block strides whole vectors, 16-byte aligned addresses; checked here).
 //!   Pointers and strides go in 16-byte units, one byte copy for every dtype. One warp per
 //!   row (fewer lanes for rows under 32 vectors): the lanes resolve the row's block id,
-//!   then each keeps up to 4 independent 16-byte loads in flight. Row and position math is
+//!   then each keeps up to 3 independent 16-byte loads in flight. Row and position math is
 //!   32-bit (rows, blocks and block size checked to fit here).
 //! - `gather_mla_cache` (fallback, any other view): one block per row, one element per
 //!   thread per step.
