@@ -20,7 +20,8 @@
 //!   in-token offsets fit in i32 (checked here); then pointers and strides go to the kernel
 //!   in 16-byte units, one byte copy for every dtype. A block owns one token and a chunk of
 //!   heads; each thread owns one vector column of U = 8 heads (8 independent loads in
-//!   flight). A broadcast rope vector is loaded once per thread and stored for its 8 heads.
+//!   flight). A broadcast rope vector is loaded once per thread and stored for its 8 heads:
+//!   N/8 loads per vector and token (16 at V3, hits in L1/L2) instead of N, once from DRAM.
 //! - `concat_mla_nope_rope` (fallback, any other view): one block per (token, head) row,
 //!   one element per thread per step; a broadcast rope has head stride 0.
 
@@ -230,6 +231,43 @@ mod tests {
         assert_eq!(plan.nblk, 8 * 2);
         let f32_plan = vec_plan(&v3_key(&mem, 4, DType::F32, 0)).expect("vector path in f32");
         assert_eq!((f32_plan.pv, f32_plan.rv), (32, 16));
+    }
+
+    /// The kernel's block and thread mapping, replayed on the host: every output vector
+    /// (token, head, column) is written exactly once.
+    #[test]
+    fn the_vector_mapping_writes_every_output_vector_once() {
+        let mem = vec![0u128; 1 << 17];
+        for (t, n, p, r) in
+            [(3, 100, 128, 64), (2, 3, 2048, 64), (2, 1, 64, 64), (4, 128, 512, 64), (1, 16, 8, 8)]
+        {
+            let a = ConcatMlaNopeRopeArgs {
+                out: view(&mem, DType::BF16, 0, &[t, n, p + r], &[n * (p + r), p + r, 1]),
+                nope: view(&mem, DType::BF16, 0, &[t, n, p], &[n * p, p, 1]),
+                rope: view(&mem, DType::BF16, 0, &[t, 1, r], &[r, r, 1]),
+            };
+            let v = vec_plan(&a).expect("vector path");
+            let w = v.pv + v.rv;
+            let mut hits = vec![0u8; (t * n * w as i64) as usize];
+            let cw = v.threads as i32 / v.hg;
+            assert!(v.threads <= MAX_THREADS as u32 && cw * v.hg == v.threads as i32);
+            for b in 0..v.nblk as i32 {
+                let (tt, chunk) = (b / v.chunks, b % v.chunks);
+                for tid in 0..v.threads as i32 {
+                    let (cx, hy) = (tid % cw, tid / cw);
+                    let h0 = chunk * v.hg * HEADS_PER_THREAD as i32 + hy;
+                    for c in (cx..w).step_by(cw as usize) {
+                        for j in 0..HEADS_PER_THREAD as i32 {
+                            let h = h0 + j * v.hg;
+                            if h < v.heads {
+                                hits[((tt as i64 * n + h as i64) * w as i64 + c as i64) as usize] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(hits.iter().all(|&x| x == 1), "T {t} N {n} P {p} R {r}: {v:?}");
+        }
     }
 
     #[test]

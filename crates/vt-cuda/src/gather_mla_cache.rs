@@ -201,6 +201,35 @@ mod tests {
         assert_eq!((narrow.dv, narrow.lpr_log2), (16, 4));
     }
 
+    /// The kernel's row and lane mapping, replayed on the host (3 loads per lane per pass,
+    /// `kLoadsPerLane` in the .cu file): every vector of every row is copied exactly once.
+    #[test]
+    fn the_vector_mapping_copies_every_vector_once() {
+        let mem = vec![0u128; 1 << 17];
+        for d in [24, 48, 128, 576, 1600] {
+            let v = vec_plan(&args(&mem, DType::BF16, d, 4096, d)).expect("vector path");
+            let (lpr, rows) = (1i32 << v.lpr_log2, v.rows);
+            let mut hits = vec![0u8; (rows * v.dv) as usize];
+            for b in 0..v.blocks as i32 {
+                for tid in 0..THREADS as i32 {
+                    let (r, lane) = (b * (THREADS as i32 / lpr) + tid / lpr, tid % lpr);
+                    if r >= rows {
+                        continue;
+                    }
+                    for c0 in (0..v.dv).step_by((lpr * 3) as usize) {
+                        for j in 0..3 {
+                            let c = c0 + j * lpr + lane;
+                            if c < v.dv {
+                                hits[(r * v.dv + c) as usize] += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(hits.iter().all(|&x| x == 1), "D {d}: {v:?}");
+        }
+    }
+
     #[test]
     fn unaligned_rows_fall_back() {
         let mem = vec![0u128; 1 << 16];
