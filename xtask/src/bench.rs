@@ -47,7 +47,7 @@ pub struct Args {
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
-    /// Keep shapes matching every key given, e.g. h128,b1,s8192[,bs64][,sq1]; repeatable.
+    /// Keep shapes matching every key given (hN, bN, sN, bsN, sqN), e.g. `h128,b1,s8192`; repeatable.
     #[arg(long, value_name = "SPEC", value_parser = only_spec)]
     pub only: Vec<String>,
 }
