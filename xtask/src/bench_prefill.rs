@@ -213,12 +213,26 @@ pub fn shapes() -> Vec<Shape> {
         }
     }
     let lens = varlen_lens();
-    let varlen = Shape { kind: Kind::Varlen, heads: 128, q_lens: lens.clone(), k_lens: lens, causal: true, lse: false };
+    let varlen = Shape {
+        kind: Kind::Varlen,
+        heads: 128,
+        q_lens: lens.clone(),
+        k_lens: lens,
+        causal: true,
+        lse: false,
+    };
     v.push(Shape::single(128, same_work_len(varlen.pairs()), Kind::VarlenRef));
     v.push(varlen);
     for heads in [128, 16] {
         for tk in [16384, 65536] {
-            v.push(Shape { kind: Kind::Chunk, heads, q_lens: vec![4096], k_lens: vec![tk], causal: false, lse: true });
+            v.push(Shape {
+                kind: Kind::Chunk,
+                heads,
+                q_lens: vec![4096],
+                k_lens: vec![tk],
+                causal: false,
+                lse: true,
+            });
         }
     }
     v
@@ -334,7 +348,10 @@ pub fn verdict(rows: &[Measured], i: usize, peer: &[PeerRow]) -> Verdict {
         Kind::Varlen => None,
     };
     let base = match s.kind {
-        Kind::Varlen => rows.iter().find(|o| o.shape.kind == Kind::VarlenRef && o.shape.heads == s.heads).map(|o| (o, "single")),
+        Kind::Varlen => rows
+            .iter()
+            .find(|o| o.shape.kind == Kind::VarlenRef && o.shape.heads == s.heads)
+            .map(|o| (o, "single")),
         _ if s.heads != 128 => rows
             .iter()
             .find(|o| {
@@ -463,7 +480,9 @@ pub fn to_json(rows: &[Measured], peer: &[PeerRow], gemm_tflops: f64, device: &s
 fn chart(rows: &[Measured], peer: &[PeerRow], gemm_tflops: f64, device: &str) -> Chart {
     let pv = |b: &str| rows.iter().map(|r| peer_tflops(peer, &r.shape, b)).collect();
     Chart {
-        title: format!("PrefillAttention (qk 192, v 128, bf16), {device}: TFLOP/s, GEMM ceiling {gemm_tflops:.0}"),
+        title: format!(
+            "PrefillAttention (qk 192, v 128, bf16), {device}: TFLOP/s, GEMM ceiling {gemm_tflops:.0}"
+        ),
         unit: "TFLOP/s (higher is better)".into(),
         labels: rows.iter().map(|r| r.shape.label()).collect(),
         series: vec![
@@ -506,7 +525,9 @@ struct Inputs {
 }
 
 fn cu(lens: &[i64]) -> Vec<i32> {
-    std::iter::once(0).chain(lens.iter().scan(0i64, |acc, &l| Some((*acc + l) as i32).inspect(|_| *acc += l))).collect()
+    std::iter::once(0)
+        .chain(lens.iter().scan(0i64, |acc, &l| Some((*acc + l) as i32).inspect(|_| *acc += l)))
+        .collect()
 }
 
 fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Inputs> {
@@ -591,7 +612,9 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
                     for t in key0..key0 + nk {
                         for &hd in heads {
                             kv.extend((0..DQK).map(|e| val(K_SEED, (t * h + hd) * DQK + e)));
-                            vv.extend((0..DV).map(|e| val(V_SEED, (t * h + hd) * KV_NOPE + (KV_NOPE - DV) + e)));
+                            vv.extend(
+                                (0..DV).map(|e| val(V_SEED, (t * h + hd) * KV_NOPE + (KV_NOPE - DV) + e)),
+                            );
                         }
                     }
                     let qf = Buffer::from_slice(&cpu, &[m, nh, DQK], &qv)?;
@@ -631,7 +654,8 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
                             }
                             if let Some(gl) = got_lse {
                                 // lse slice [N, m]: head hd, row t.
-                                let (g, w) = (gl[(hd * m + t) as usize], want_lse[(hi as i64 * m + t) as usize]);
+                                let (g, w) =
+                                    (gl[(hd * m + t) as usize], want_lse[(hi as i64 * m + t) as usize]);
                                 ok &= (g - w).abs() <= 1e-3 * (1.0 + w.abs());
                             }
                         }
@@ -722,7 +746,8 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     drop(bar);
     print!("\n{}", table(&rows, &peer, gemm));
     if let Some(f) = &a.json {
-        std::fs::write(f, to_json(&rows, &peer, gemm, &name)).map_err(|er| format!("writing {}: {er}", f.display()))?;
+        std::fs::write(f, to_json(&rows, &peer, gemm, &name))
+            .map_err(|er| format!("writing {}: {er}", f.display()))?;
     }
     if let Some(f) = &a.plot {
         crate::plot::write(f, &chart(&rows, &peer, gemm, &name))?;
@@ -833,15 +858,18 @@ mod tests {
         let (name, rows) = parse_peer(PEER).expect("parses");
         assert_eq!(name, "torch 2.11 SDPA");
         assert_eq!(rows.len(), 5);
-        assert_eq!(rows[3], PeerRow {
-            backend: "cudnn".into(),
-            heads: 128,
-            tq: 4096,
-            tk: 65536,
-            causal: false,
-            seqlens: None,
-            ms: 30.0
-        });
+        assert_eq!(
+            rows[3],
+            PeerRow {
+                backend: "cudnn".into(),
+                heads: 128,
+                tq: 4096,
+                tk: 65536,
+                causal: false,
+                seqlens: None,
+                ms: 30.0
+            }
+        );
         assert_eq!(rows[4].seqlens, Some(vec![1, 2]));
         assert!(parse_peer("{}").is_err());
         assert!(parse_peer(r#"{"rows": [{"backend": "cudnn"}]}"#).is_err());
@@ -859,7 +887,14 @@ mod tests {
         let h128 = Shape::single(128, 4096, Kind::Single);
         let cudnn = h128.flops() / 2e-3 / 1e12;
         let lens = varlen_lens();
-        let varlen = Shape { kind: Kind::Varlen, heads: 128, q_lens: lens.clone(), k_lens: lens, causal: true, lse: false };
+        let varlen = Shape {
+            kind: Kind::Varlen,
+            heads: 128,
+            q_lens: lens.clone(),
+            k_lens: lens,
+            causal: true,
+            lse: false,
+        };
         let rows = vec![
             measured(h128.clone(), cudnn * 1.05),
             measured(Shape::single(16, 4096, Kind::Single), cudnn * 0.9),

@@ -29,7 +29,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "xtask", bin_name = "cargo xtask", about = "vt's tools: parity, kernel compilation, GPU benches")]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "vt's tools: parity, kernel compilation, GPU benches"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -123,7 +127,8 @@ mod tests {
 
     #[test]
     fn key_equals_value_is_accepted() {
-        let cli = parse(&["bench", "decode", "--json=out.json", "--iters=7", "--only=h128,b1"]).expect("parses");
+        let cli =
+            parse(&["bench", "decode", "--json=out.json", "--iters=7", "--only=h128,b1"]).expect("parses");
         match cli.command {
             Command::Bench(BenchCommand::Decode(a)) => {
                 assert_eq!(a.json.as_deref(), Some(std::path::Path::new("out.json")));

@@ -52,7 +52,12 @@ pub fn write(path: &Path, chart: &Chart) -> Result<(), String> {
         return Err("nothing to plot (no rows)".into());
     }
     if let Some(s) = chart.series.iter().find(|s| s.values.len() != chart.labels.len()) {
-        return Err(format!("series {} has {} values for {} shapes", s.name, s.values.len(), chart.labels.len()));
+        return Err(format!(
+            "series {} has {} values for {} shapes",
+            s.name,
+            s.values.len(),
+            chart.labels.len()
+        ));
     }
     register_font();
     let band = 12 * chart.series.len().max(1) as u32 + 10;
