@@ -104,6 +104,13 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
     return n;
 }
 
+// 2^x on the SFU (what exp2f becomes under fast math); exp2(-inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Two values rounded to a 16-bit type, packed low-first into 32 bits.
 template <typename T> __device__ __forceinline__ u32 pack2(float x, float y);
 template <> __device__ __forceinline__ u32 pack2<bf16>(float x, float y) {
@@ -275,7 +282,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                 // A row with no visible key so far keeps m = -inf; exponents use 0 then, so
                 // its weights are exp2(-inf) = 0 rather than NaN.
                 muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                alpha[hi] = exp2f(m_run[hi] - muse[hi]);
+                alpha[hi] = fast_exp2(m_run[hi] - muse[hi]);
                 m_run[hi] = mn;
                 l_run[hi] *= alpha[hi];
             }
@@ -283,7 +290,7 @@ __device__ __forceinline__ void attention(const Params& p) {
             for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const float e = exp2f(fmaf(sc[nt][i], c, -muse[i >> 1]));
+                    const float e = fast_exp2(fmaf(sc[nt][i], c, -muse[i >> 1]));
                     sc[nt][i] = e;
                     l_run[i >> 1] += e;
                 }
