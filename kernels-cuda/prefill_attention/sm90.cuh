@@ -3,10 +3,14 @@
 // (__CUDA_ARCH_FEAT_SM90_ALL), where crates/vt-cuda/src/prefill_attention/sm90.rs launches it.
 //
 // One CTA: 128 query rows (BM) of one head of one sequence, 384 threads in three warpgroups.
-// - Warpgroup 0 (producer, 56 registers after setmaxnreg): streams the K and V tiles of
-//   BN = 128 keys through a two-stage ring with cp.async (16-byte, zero-filled past the
-//   sequence, so no other sequence's rows enter), signalling "full" mbarriers.
-// - Warpgroups 1 and 2 (consumers, 224 registers): 64 query rows each. Per key tile:
+// - Warpgroup 0 (producer, 24 registers after setmaxnreg; one thread works): streams the K
+//   and V tiles of BN = 128 keys through a two-stage ring with the tensor memory accelerator
+//   (cp.async.bulk.tensor, 3-D maps over (dim, head, token) made on the host, 128-byte
+//   swizzle), each tile completing on its "full" mbarrier by bytes. Rows past Tk arrive as
+//   zeros; rows of the next sequence inside Tk are masked out of S, so their weights are 0
+//   (inputs are assumed finite: 0 x inf would be NaN).
+// - Warpgroups 1 and 2 (consumers, 240 registers): 64 query rows each, Q loaded by each with
+//   cp.async (zero-filled past the sequence). Per key tile:
 //   S = Q K^T with wgmma m64n128k16 (Q and K from 128-byte-swizzled shared memory),
 //   the online softmax on the accumulators (exp2 domain, a row lives in one quad), P
 //   converted in registers to the A operand of O += P V (wgmma m64n{Dv}k16, A from
@@ -63,6 +67,31 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
     } while (!done);
 }
 
+// A CUtensorMap (128 bytes, 64-byte aligned), encoded on the host (sm90.rs).
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+// The tensor maps of K and V: 3-D (dim, head, token), boxes of 64 columns x 1 head x BN
+// tokens, 128-byte swizzle; tokens past Tk are zero-filled by the copy engine.
+struct Maps {
+    TensorMap k, v;
+};
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of `map` at (column c0, head c1, token c2) into shared memory at dst; completes
+// its bytes on the mbarrier `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void prefetch_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 __device__ __forceinline__ uint64_t gmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
     uint64_t d = (uint64_t)((saddr & 0x3FFFF) >> 4);
     d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
@@ -77,6 +106,17 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+// Named barriers: 1 + cw a consumer warpgroup's own (128 threads); TURN + cw its GEMM turn;
+// BAR_TAIL both consumers (256).
+constexpr int TURN = 3;
+// Both consumers: the last V tile's rows past the sequence are zeroed.
+constexpr int BAR_TAIL = 5;
+#ifndef PF_PINGPONG
+#define PF_PINGPONG 1
+#endif
 
 // Keep the compiler from moving register accesses across wgmma issue / wait.
 template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
@@ -179,22 +219,28 @@ template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0
     }
 }
 
-// Online softmax of one S tile in place: masks (when !full), updates the running max and
-// sum, writes P as the 16-bit A fragments of the P V product, returns the factors by which
-// O must be rescaled. s[4i + j]: row g + 8 (j >> 1), key 8 i + 2 qd + (j & 1) of the tile.
-// Online softmax of one S tile: masks (when !full), updates the running max and sum, leaves
-// the weights P in x (f32) and the factors by which O must be rescaled in alpha.
-// s[4i + j]: row g + 8 (j >> 1), key 8 i + 2 qd + (j & 1) of the tile. S is only read: this
-// runs while the previous tile's P V product is in flight.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Online softmax of one S tile: masks (MASK: keys at or past lim[row] get weight 0),
+// updates the running max and sum, leaves the weights P in x (f32) and the factors by which O
+// must be rescaled in alpha. Maxima are kept on raw scores times c (log2 domain), so each
+// weight is one FFMA and one EX2. s[4i + j]: row g + 8 (j >> 1), key 8 i + 2 qd + (j & 1) of
+// the tile. S is only read: this runs while the previous tile's P V product is in flight, and
+// writing a wgmma accumulator there makes ptxas serialize the wgmma pipeline (warning C7513).
+template <bool MASK>
 __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&x)[64], float (&m_run)[2],
-                                             float (&l_run)[2], float (&alpha)[2], bool full, int k0,
-                                             const int (&lim)[2], int qd, float c) {
+                                             float (&l_run)[2], float (&alpha)[2], int k0, const int (&lim)[2],
+                                             int qd, float c) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int key = k0 + 8 * i + 2 * qd + (j & 1);
-            x[4 * i + j] = full || key < lim[j >> 1] ? s[4 * i + j] * c : vt::neg_inf();
+            x[4 * i + j] = !MASK || key < lim[j >> 1] ? s[4 * i + j] : vt::neg_inf();
         }
     float mx[2] = {vt::neg_inf(), vt::neg_inf()};
 #pragma unroll
@@ -207,10 +253,10 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&x)[64
     for (int hi = 0; hi < 2; ++hi) {
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-        const float mn = fmaxf(m_run[hi], mx[hi]);
+        const float mn = fmaxf(m_run[hi], mx[hi] * c);
         // A row with no visible key so far keeps m = -inf; its weights are exp2(-inf) = 0.
         muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-        alpha[hi] = exp2f(m_run[hi] - muse[hi]);
+        alpha[hi] = ex2(m_run[hi] - muse[hi]);
         m_run[hi] = mn;
         l_run[hi] *= alpha[hi];
     }
@@ -218,7 +264,7 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&x)[64
     for (int i = 0; i < 16; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            x[4 * i + j] = exp2f(x[4 * i + j] - muse[j >> 1]);
+            x[4 * i + j] = ex2(fmaf(x[4 * i + j], c, -muse[j >> 1]));
             l_run[j >> 1] += x[4 * i + j];
         }
 }
@@ -233,11 +279,11 @@ template <typename T> __device__ __forceinline__ void to_a_frags(const float (&x
 }
 
 template <typename T, int D, int DV>
-__device__ void prefill_wgmma(const Params& p) {
+__device__ void prefill_wgmma(const Params& p, const Maps& maps) {
     using L = Layout<D, DV>;
     static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
     static_assert(DV <= D && D % 64 == 0 && DV % 64 == 0, "head dims of the fast path");
-    constexpr int CPR_K = D / 8, CPR_V = DV / 8;
+    constexpr int CPR_K = D / 8;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t base = smem_u32(smem);
@@ -259,8 +305,8 @@ __device__ void prefill_wgmma(const Params& p) {
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k(s), 128);
-            mbar_init(full_v(s), 128);
+            mbar_init(full_k(s), 1);  // the producer's expect_tx arrival, then the bytes
+            mbar_init(full_v(s), 1);
             mbar_init(empty_k(s), 256);
             mbar_init(empty_v(s), 256);
         }
@@ -269,38 +315,31 @@ __device__ void prefill_wgmma(const Params& p) {
 
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
     if (wg == 0) {
-        // Producer.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        const T* kbase = (const T*)p.k + sq.kb * p.k_st + h * p.k_sh;
-        const T* vbase = (const T*)p.v + sq.kb * p.v_st + h * p.v_sh;
+        // Producer: one thread drives the copy engine; the other 127 leave.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (wtid != 0) return;
+        prefetch_map(&maps.k);
+        prefetch_map(&maps.v);
+        const int row0 = (int)sq.kb;  // < Tk <= 2^31 - 1 (checked on the host)
         for (int t = 0; t < n_tiles; ++t) {
             const int st = t % STAGES, u = t / STAGES;
-            const int k0 = t * BN, valid = min(BN, sq.lk - k0);
+            const int row = row0 + t * BN;
             if (u > 0) mbar_wait(empty_k(st), (u - 1) & 1);
-            load_tile<T, BN, CPR_K, 128>(sK + st * L::K_STAGE, kbase + (i64)k0 * p.k_st, p.k_st, valid, wtid);
-            cp_async_commit();
-            if (t > 0) {  // V(t - 1) is the older of the two outstanding groups
-                cp_async_wait<1>();
-                fence_proxy_async();
-                mbar_arrive(full_v((t - 1) % STAGES));
-            }
+            mbar_expect_tx(full_k(st), L::K_STAGE);
+#pragma unroll
+            for (int cb = 0; cb < D / 64; ++cb)
+                tma_load_3d(sK + st * L::K_STAGE + cb * (BN * 128), &maps.k, 64 * cb, h, row, full_k(st));
             if (u > 0) mbar_wait(empty_v(st), (u - 1) & 1);
-            load_tile<T, BN, CPR_V, 128>(sV + st * L::V_STAGE, vbase + (i64)k0 * p.v_st, p.v_st, valid, wtid);
-            cp_async_commit();
-            cp_async_wait<1>();  // K(t)
-            fence_proxy_async();
-            mbar_arrive(full_k(st));
-        }
-        if (n_tiles > 0) {
-            cp_async_wait<0>();
-            fence_proxy_async();
-            mbar_arrive(full_v((n_tiles - 1) % STAGES));
+            mbar_expect_tx(full_v(st), L::V_STAGE);
+#pragma unroll
+            for (int cb = 0; cb < DV / 64; ++cb)
+                tma_load_3d(sV + st * L::V_STAGE + cb * (BN * 128), &maps.v, 64 * cb, h, row, full_v(st));
         }
         return;
     }
 
     // Consumers.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     const int cw = wg - 1;                      // rows 64 cw .. 64 cw + 63 of the tile
     const int warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, qd = lane & 3;
     const uint32_t sQ = base + L::OFF_Q + cw * L::Q_WG;
@@ -354,39 +393,60 @@ __device__ void prefill_wgmma(const Params& p) {
         for (int kk = 0; kk < BN / 16; ++kk) Mma<T>::pv(o, pk + 4 * kk, dv + (uint64_t)(kk * 128));
     };
 
+    // Ping-pong (FA3): the two consumer warpgroups take turns issuing their GEMMs, so one's
+    // softmax runs while the other's products occupy the tensor cores. Warpgroup cw waits on
+    // barrier TURN + cw before issuing and arrives on the other's after. Warpgroup 1 opens
+    // (warpgroup 2 arrives once up front) and absorbs the last arrival at the end, so every
+    // arrival is matched by a sync (both run the same n_tiles + 1 issue groups).
+    auto turn_wait = [&]() {
+        if (PF_PINGPONG) bar_sync(TURN + cw, 256);
+    };
+    auto turn_pass = [&]() {
+        if (PF_PINGPONG) bar_arrive(TURN + (cw ^ 1), 256);
+    };
+    if (PF_PINGPONG && n_tiles > 0 && cw == 1) bar_arrive(TURN, 256);
+
     if (n_tiles > 0) {
         mbar_wait(full_k(0), 0);
+        turn_wait();
         pin(s);
         wgmma_fence();
         qk(0);
         wgmma_commit();
+        turn_pass();
         wgmma_wait<0>();
         pin(s);
         mbar_arrive(empty_k(0));
         float x[64];
-        softmax_tile(s, x, m_run, l_run, alpha, BN <= lim_wg, 0, lim, qd, c);
+        if (BN <= lim_wg)
+            softmax_tile<false>(s, x, m_run, l_run, alpha, 0, lim, qd, c);
+        else
+            softmax_tile<true>(s, x, m_run, l_run, alpha, 0, lim, qd, c);
         to_a_frags<T>(x, pk);
     }
     for (int t = 1; t < n_tiles; ++t) {
         const int st = t % STAGES, pst = (t - 1) % STAGES;
         mbar_wait(full_k(st), (t / STAGES) & 1);
+        mbar_wait(full_v(pst), ((t - 1) / STAGES) & 1);
+        turn_wait();
         pin(s);
         pin(o);
         pin(pk);
         wgmma_fence();
         qk(st);
         wgmma_commit();
-        mbar_wait(full_v(pst), ((t - 1) / STAGES) & 1);
-        pin(pk);
-        wgmma_fence();  // P's registers are read by the product below
         pv(pst);
         wgmma_commit();
+        turn_pass();
         wgmma_wait<1>();  // S(t) is ready; P(t-1) V(t-1) may still run
         pin(s);
         mbar_arrive(empty_k(st));
         float x[64];
         const int k0 = t * BN;
-        softmax_tile(s, x, m_run, l_run, alpha, k0 + BN <= lim_wg, k0, lim, qd, c);
+        if (k0 + BN <= lim_wg)
+            softmax_tile<false>(s, x, m_run, l_run, alpha, k0, lim, qd, c);
+        else
+            softmax_tile<true>(s, x, m_run, l_run, alpha, k0, lim, qd, c);
         wgmma_wait<0>();
         pin(o);
         pin(pk);  // the in-flight product read pk: keep it live until here
@@ -397,15 +457,35 @@ __device__ void prefill_wgmma(const Params& p) {
     if (n_tiles > 0) {
         const int pst = (n_tiles - 1) % STAGES;
         mbar_wait(full_v(pst), ((n_tiles - 1) / STAGES) & 1);
+        // Only the last tile can hold rows past lk (the next sequence's, or zeros past Tk).
+        // Their weights are 0, but 0 x NaN is NaN: warpgroup 1 zeroes them (the contract
+        // promises nothing about rows outside the sequences) before either reads the stage.
+        const int tail = (n_tiles - 1) * BN;
+        if (tail + BN > sq.lk) {
+            if (cw == 0) {
+                unsigned char* vst = smem + L::OFF_V + pst * L::V_STAGE;
+                const int r_first = sq.lk - tail;
+                constexpr int CH = DV / 8;
+                for (int idx = wtid; idx < (BN - r_first) * CH; idx += 128) {
+                    const int r = r_first + idx / CH, ch = idx % CH;
+                    *reinterpret_cast<uint4*>(vst + (ch >> 3) * (BN * 128) + swz(r, ch & 7)) = make_uint4(0, 0, 0, 0);
+                }
+                fence_proxy_async();  // the products read the stage through the async proxy
+            }
+            bar_sync(BAR_TAIL, 256);
+        }
+        turn_wait();
         pin(o);
         pin(pk);
         wgmma_fence();
         pv(pst);
         wgmma_commit();
+        turn_pass();
         wgmma_wait<0>();
         pin(o);
         pin(pk);
         mbar_arrive(empty_v(pst));
+        if (PF_PINGPONG && cw == 0) bar_sync(TURN, 256);
     }
 
     // Epilogue: normalise, stage 16-bit rows in this warpgroup's Q region (swizzled by
@@ -456,8 +536,9 @@ __device__ void prefill_wgmma(const Params& p) {
 
 #define PF_WGMMA(S, T, D, DV)                                                                      \
     extern "C" __global__ void __launch_bounds__(pf::sm90::THREADS, 1)                             \
-        prefill_attention_wgmma_##D##x##DV##_##S(const pf::Params p) {                             \
-        pf::sm90::prefill_wgmma<T, D, DV>(p);                                                      \
+        prefill_attention_wgmma_##D##x##DV##_##S(const __grid_constant__ pf::Params p,             \
+                                                 const __grid_constant__ pf::sm90::Maps maps) {    \
+        pf::sm90::prefill_wgmma<T, D, DV>(p, maps);                                                \
     }
 #define PF_WGMMA_DIMS(S, T) PF_WGMMA(S, T, 192, 128) PF_WGMMA(S, T, 128, 128) PF_WGMMA(S, T, 64, 64)
 PF_WGMMA_DIMS(bf16, bf16)

@@ -147,10 +147,13 @@ pub(crate) fn grid_fits(tiles: i64, n: i64, b: i64) -> Result<()> {
     Ok(())
 }
 
-/// A view the tensor-core kernels can load and store with 16-byte accesses: 16-bit
-/// elements, a 16-byte aligned first element, token and head strides multiples of 8.
+/// A view the tensor-core kernels can load and store with 16-byte accesses (and describe to
+/// the tensor memory accelerator): 16-bit elements, a 16-byte aligned first element, token
+/// and head strides multiples of 8 (a dim of size 1 ignores its stride), and token counts
+/// that fit the TMA's 32-bit coordinates.
 fn rows_aligned(t: &Tensor<'_>) -> bool {
-    t.data_addr() % 16 == 0 && t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0
+    let stride_ok = |d: usize| t.dim(d) == 1 || (t.stride(d) > 0 && (t.stride(d) as u64).is_multiple_of(8));
+    t.data_addr().is_multiple_of(16) && stride_ok(0) && stride_ok(1) && t.dim(0) <= i32::MAX as i64
 }
 
 /// Whether the tensor-core kernels take these arguments (dtype, head dims, alignment).
