@@ -24,13 +24,13 @@ pub mod registry;
 mod tensor;
 mod validate;
 
-pub use backend::{encode_f64, f32_to_f8e4m3, Backend, Buffer, Queue, QueueImpl};
+pub use backend::{encode_f64, f32_to_f8e4m3, host_bytes, Backend, Buffer, Queue, QueueImpl};
 pub use device::{Device, DeviceType};
 pub use dtype::{DType, Element};
-pub use error::{Error, Result};
+pub use error::{Error, Result, Subject};
 pub use ops::*;
 pub use registry::{check_coverage, op_registered, registered_ops, OpId, OpImpl, Probe};
 pub use tensor::{
-    contiguous_strides, f8e4m3_to_f32, for_each_offset, for_each_strided_offset, read_host_elem, Tensor,
+    checked_bytes, checked_numel, contiguous_strides, f8e4m3_to_f32, for_each_offset, for_each_strided_offset, read_host_elem, Tensor,
     MAX_RANK,
 };

@@ -153,12 +153,12 @@ pub(crate) fn lookup(op: OpId, device: DeviceType) -> Result<OpImpl> {
 macro_rules! dispatch {
     ($queue:expr, $id:ident, $args:expr) => {{
         let queue: &$crate::Queue = $queue;
-        let _span = tracing::debug_span!("vt_op", op = stringify!($id), device = %queue.device()).entered();
+        let _span = tracing::debug_span!("vt_op", op = $crate::OpId::$id.name(), device = %queue.device()).entered();
         match $crate::registry::lookup($crate::OpId::$id, queue.device().kind)? {
             $crate::registry::OpImpl::$id(f) => f(queue, $args),
             other => Err($crate::Error::backend(
                 "registry",
-                format!("{} registered under {}", other.id(), stringify!($id)),
+                format!("{} registered under {}", other.id(), $crate::OpId::$id),
             )),
         }
     }};

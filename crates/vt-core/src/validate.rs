@@ -1,15 +1,15 @@
 //! Argument checks shared by the entry points. Every failure names the op and argument.
 
-use crate::{DType, Device, Error, Result, Tensor};
+use crate::{DType, Device, Error, OpId, Result, Tensor};
 
 /// The checks for one call of one op on one queue.
 pub(crate) struct Check {
-    pub op: &'static str,
+    pub op: OpId,
     pub device: Device,
 }
 
 impl Check {
-    pub fn new(op: &'static str, device: Device) -> Check {
+    pub fn new(op: OpId, device: Device) -> Check {
         Check { op, device }
     }
 

@@ -1,11 +1,11 @@
 //! BatchedMatmul: `out[g] = a[g] . b[g]` for any strides on every dim.
 
-use vt_core::{BatchedMatmulArgs, Queue, Result};
+use vt_core::{BatchedMatmulArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 use crate::matmul_bt::dot;
 
-const OP: &str = "BatchedMatmul";
+const OP: OpId = OpId::BatchedMatmul;
 
 pub(crate) fn run(_q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
     let (out, a, b) = (HostView::new(OP, &x.out)?, HostView::new(OP, &x.a)?, HostView::new(OP, &x.b)?);

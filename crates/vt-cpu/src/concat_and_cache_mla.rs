@@ -1,10 +1,10 @@
 //! ConcatAndCacheMla: `cache[s / BS, s % BS, :] = [kv_c[t] | k_pe[t]]`, slot < 0 skipped.
 
-use vt_core::{ConcatAndCacheMlaArgs, Queue, Result};
+use vt_core::{ConcatAndCacheMlaArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 
-const OP: &str = "ConcatAndCacheMla";
+const OP: OpId = OpId::ConcatAndCacheMla;
 
 pub(crate) fn run(_q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
     let kv_c = HostView::new(OP, &a.kv_c)?;

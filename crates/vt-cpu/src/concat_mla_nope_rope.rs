@@ -1,10 +1,10 @@
 //! ConcatMlaNopeRope: `out[t, n, :] = [nope[t, n, :] | rope[t, n or 0, :]]`.
 
-use vt_core::{ConcatMlaNopeRopeArgs, Queue, Result};
+use vt_core::{ConcatMlaNopeRopeArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 
-const OP: &str = "ConcatMlaNopeRope";
+const OP: OpId = OpId::ConcatMlaNopeRope;
 
 pub(crate) fn run(_q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;

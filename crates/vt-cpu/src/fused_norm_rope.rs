@@ -1,13 +1,13 @@
 //! FusedNormRope: RmsNorm of a kv row's latent part and RoPE of its rope part, through
 //! the very same per-row functions as RmsNorm and RopeFromCache (bit-identical).
 
-use vt_core::{FusedNormRopeArgs, Queue, Result};
+use vt_core::{FusedNormRopeArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 use crate::rms_norm::rms_norm_row;
 use crate::rope_from_cache::{position, rope_row};
 
-const OP: &str = "FusedNormRope";
+const OP: OpId = OpId::FusedNormRope;
 
 pub(crate) fn run(_q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
     let kv = HostView::new(OP, &a.kv)?;

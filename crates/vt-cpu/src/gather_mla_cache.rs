@@ -1,10 +1,10 @@
 //! GatherMlaCache: copy a batch's cached context rows into a contiguous workspace.
 
-use vt_core::{GatherMlaCacheArgs, Queue, Result};
+use vt_core::{GatherMlaCacheArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 
-const OP: &str = "GatherMlaCache";
+const OP: OpId = OpId::GatherMlaCache;
 
 pub(crate) fn run(_q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;

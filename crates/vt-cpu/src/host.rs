@@ -6,7 +6,7 @@
 //! to nearest even, via `half`). The raw-pointer access lives in [`HostView::read_at`]
 //! and [`HostView::write_at`], the only unsafe code of the ops.
 
-use vt_core::{read_host_elem, DType, DeviceType, Error, Result, Tensor, MAX_RANK};
+use vt_core::{read_host_elem, DType, DeviceType, Error, OpId, Result, Tensor, MAX_RANK};
 
 /// A view of host memory with checked element access.
 #[derive(Clone, Copy)]
@@ -22,11 +22,12 @@ pub(crate) struct HostView<'a> {
 impl<'a> HostView<'a> {
     /// Wraps a view. Errors if the view is not in host memory (validation already
     /// checked the device; this keeps the unsafe access below sound regardless).
-    pub fn new(op: &'static str, t: &Tensor<'a>) -> Result<HostView<'a>> {
+    pub fn new(op: OpId, t: &Tensor<'a>) -> Result<HostView<'a>> {
         if t.device().kind != DeviceType::Cpu {
-            return Err(Error::backend(
+            return Err(Error::op_failed(
+                op,
                 "cpu",
-                format!("{op}: a tensor on {} reached the CPU backend", t.device()),
+                format!("a tensor on {} reached the CPU backend", t.device()),
             ));
         }
         let (lo, hi) = t.elem_span().unwrap_or((0, 0));
@@ -34,7 +35,7 @@ impl<'a> HostView<'a> {
     }
 
     /// Wraps an optional view.
-    pub fn opt(op: &'static str, t: &Option<Tensor<'a>>) -> Result<Option<HostView<'a>>> {
+    pub fn opt(op: OpId, t: &Option<Tensor<'a>>) -> Result<Option<HostView<'a>>> {
         t.as_ref().map(|t| HostView::new(op, t)).transpose()
     }
 

@@ -1,10 +1,10 @@
 //! MatmulBT: `out[M,N] = a[M,K] . b[N,K]^T`, f32 accumulation in K order.
 
-use vt_core::{MatmulBTArgs, Queue, Result};
+use vt_core::{MatmulBTArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 
-const OP: &str = "MatmulBT";
+const OP: OpId = OpId::MatmulBT;
 
 pub(crate) fn run(_q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
     let (out, a, b) = (HostView::new(OP, &x.out)?, HostView::new(OP, &x.a)?, HostView::new(OP, &x.b)?);

@@ -1,10 +1,10 @@
 //! MergeAttnStates: merge two partial attention results by their lse.
 
-use vt_core::{MergeAttnStatesArgs, Queue, Result};
+use vt_core::{MergeAttnStatesArgs, OpId, Queue, Result};
 
 use crate::host::HostView;
 
-const OP: &str = "MergeAttnStates";
+const OP: OpId = OpId::MergeAttnStates;
 
 pub(crate) fn run(_q: &Queue, a: &MergeAttnStatesArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;

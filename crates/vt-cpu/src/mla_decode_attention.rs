@@ -1,13 +1,13 @@
 //! MlaDecodeAttention: absorbed MQA over the paged latent cache, s_q >= 1 query tokens
 //! per sequence with bottom-right causal masking.
 
-use vt_core::{MlaDecodeAttentionArgs, Queue, Result};
+use vt_core::{MlaDecodeAttentionArgs, OpId, Queue, Result};
 
 use crate::attention::{attend, Rows};
 use crate::gather_mla_cache::cache_row;
 use crate::host::HostView;
 
-const OP: &str = "MlaDecodeAttention";
+const OP: OpId = OpId::MlaDecodeAttention;
 
 pub(crate) fn run(_q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;

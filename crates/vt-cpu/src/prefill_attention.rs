@@ -1,11 +1,11 @@
 //! PrefillAttention: variable-length MHA, causal (bottom-right) or not, optional lse.
 
-use vt_core::{PrefillAttentionArgs, Queue, Result};
+use vt_core::{OpId, PrefillAttentionArgs, Queue, Result};
 
 use crate::attention::{attend, Rows};
 use crate::host::HostView;
 
-const OP: &str = "PrefillAttention";
+const OP: OpId = OpId::PrefillAttention;
 
 pub(crate) fn run(_q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;

@@ -1,10 +1,10 @@
 //! RmsNorm: `out = x / sqrt(mean(x^2) + eps) * weight`, rounded as the contract says.
 
-use vt_core::{DType, Queue, Result, RmsNormArgs};
+use vt_core::{DType, OpId, Queue, Result, RmsNormArgs};
 
 use crate::host::{round_to, HostView};
 
-const OP: &str = "RmsNorm";
+const OP: OpId = OpId::RmsNorm;
 
 pub(crate) fn run(_q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
     let (out, x, w) = (HostView::new(OP, &a.out)?, HostView::new(OP, &a.x)?, HostView::new(OP, &a.weight)?);

@@ -1,10 +1,10 @@
 //! RopeFromCache: rotate q (and k) in place by angles from a `[max_pos, R]` cos/sin cache.
 
-use vt_core::{Queue, Result, RopeFromCacheArgs};
+use vt_core::{OpId, Queue, Result, RopeFromCacheArgs};
 
 use crate::host::HostView;
 
-const OP: &str = "RopeFromCache";
+const OP: OpId = OpId::RopeFromCache;
 
 pub(crate) fn run(_q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
     let q = HostView::new(OP, &a.q)?;

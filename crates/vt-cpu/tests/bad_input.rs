@@ -9,10 +9,10 @@ use vt_core::*;
 
 /// Asserts `r` is `InvalidArgument { op, arg }` and that every pool in `untouched` is
 /// unchanged. `case` describes the malformation.
-fn expect_invalid(case: &str, r: Result<()>, op: &str, arg: &str, q: &Queue, untouched: &[&Pool]) {
+fn expect_invalid(case: &str, r: Result<()>, op: OpId, arg: &str, q: &Queue, untouched: &[&Pool]) {
     match r {
         Err(Error::InvalidArgument { op: o, arg: a, msg }) => {
-            assert_eq!((o, a), (op, arg), "{case}: wrong op/arg (message: {msg})");
+            assert_eq!((o, a), (Subject::Op(op), arg), "{case}: wrong op/arg (message: {msg})");
             assert!(!msg.is_empty(), "{case}: empty message");
         }
         other => panic!("{case}: expected InvalidArgument {{ op: {op}, arg: {arg} }}, got {other:?}"),
@@ -82,7 +82,7 @@ macro_rules! invalid_cases {
 #[test]
 fn matmul_bt_rejects_malformed_arguments() {
     let q = queue();
-    let op = "MatmulBT";
+    let op = OpId::MatmulBT;
     let (a, b) = (zeros(&q, F, &[4, 6]), zeros(&q, F, &[5, 6]));
     let out = nan_out(&q, F, &[4, 5]);
     let (av, bv, ov) = (a.view(), b.view(), out.view());
@@ -130,7 +130,7 @@ fn matmul_bt_rejects_malformed_arguments() {
 #[test]
 fn batched_matmul_rejects_malformed_arguments() {
     let q = queue();
-    let op = "BatchedMatmul";
+    let op = OpId::BatchedMatmul;
     let (a, b) = (zeros(&q, F, &[2, 3, 4]), zeros(&q, F, &[2, 4, 5]));
     let out = nan_out(&q, F, &[2, 3, 5]);
     let (av, bv, ov) = (a.view(), b.view(), out.view());
@@ -159,7 +159,7 @@ fn batched_matmul_rejects_malformed_arguments() {
 #[test]
 fn rms_norm_rejects_malformed_arguments() {
     let q = queue();
-    let op = "RmsNorm";
+    let op = OpId::RmsNorm;
     let x = zeros(&q, F, &[3, 8]);
     let w = zeros(&q, F, &[8]);
     let out = nan_out(&q, F, &[3, 8]);
@@ -202,7 +202,7 @@ fn rms_norm_rejects_malformed_arguments() {
 #[test]
 fn rope_from_cache_rejects_malformed_arguments() {
     let q = queue();
-    let op = "RopeFromCache";
+    let op = OpId::RopeFromCache;
     let (t, h, r) = (3i64, 2i64, 8i64);
     let qp = nan_out(&q, F, &[t, h, r]);
     let kp = nan_out(&q, F, &[t, 1, r]);
@@ -300,7 +300,7 @@ fn rope_from_cache_rejects_malformed_arguments() {
 #[test]
 fn fused_norm_rope_rejects_malformed_arguments() {
     let q = queue();
-    let op = "FusedNormRope";
+    let op = OpId::FusedNormRope;
     let (t, l, r) = (3i64, 8i64, 4i64);
     let kv = zeros(&q, F, &[t, l + r]);
     let w = zeros(&q, F, &[l]);
@@ -371,7 +371,7 @@ fn fused_norm_rope_rejects_malformed_arguments() {
 #[test]
 fn concat_and_cache_mla_rejects_malformed_arguments() {
     let q = queue();
-    let op = "ConcatAndCacheMla";
+    let op = OpId::ConcatAndCacheMla;
     let (t, l, r, nb, bs) = (3i64, 6i64, 2i64, 2i64, 4i64);
     let kv_c = zeros(&q, F, &[t, l]);
     let k_pe = zeros(&q, F, &[t, r]);
@@ -455,7 +455,7 @@ fn concat_and_cache_mla_rejects_malformed_arguments() {
 #[test]
 fn gather_mla_cache_rejects_malformed_arguments() {
     let q = queue();
-    let op = "GatherMlaCache";
+    let op = OpId::GatherMlaCache;
     let (nb, bs, d, b, mb) = (4i64, 4i64, 6i64, 2i64, 2i64);
     let cache = zeros(&q, F, &[nb, bs, d]);
     let out = nan_out(&q, F, &[10, d]);
@@ -556,7 +556,7 @@ fn gather_mla_cache_rejects_malformed_arguments() {
 #[test]
 fn concat_mla_nope_rope_rejects_malformed_arguments() {
     let q = queue();
-    let op = "ConcatMlaNopeRope";
+    let op = OpId::ConcatMlaNopeRope;
     let (t, n, p, r) = (2i64, 3i64, 4i64, 2i64);
     let nope = zeros(&q, F, &[t, n, p]);
     let rope = zeros(&q, F, &[t, 1, r]);
@@ -585,7 +585,7 @@ fn concat_mla_nope_rope_rejects_malformed_arguments() {
 #[test]
 fn mla_decode_attention_rejects_malformed_arguments() {
     let q = queue();
-    let op = "MlaDecodeAttention";
+    let op = OpId::MlaDecodeAttention;
     let (b, sq, n, d, dv, nb, bs, mb) = (2i64, 1i64, 2i64, 6i64, 4i64, 4i64, 4i64, 2i64);
     let qb = zeros(&q, F, &[b, sq, n, d]);
     let cache = zeros(&q, F, &[nb, bs, d]);
@@ -727,7 +727,7 @@ fn mla_decode_attention_rejects_malformed_arguments() {
 #[test]
 fn prefill_attention_rejects_malformed_arguments() {
     let q = queue();
-    let op = "PrefillAttention";
+    let op = OpId::PrefillAttention;
     let (tq, tk, n, d, dv) = (5i64, 6i64, 2i64, 4i64, 3i64);
     let qb = zeros(&q, F, &[tq, n, d]);
     let kb = zeros(&q, F, &[tk, n, d]);
@@ -833,7 +833,7 @@ fn prefill_attention_rejects_malformed_arguments() {
 #[test]
 fn merge_attn_states_rejects_malformed_arguments() {
     let q = queue();
-    let op = "MergeAttnStates";
+    let op = OpId::MergeAttnStates;
     let (t, n, v) = (3i64, 2i64, 4i64);
     let (pb, sb) = (zeros(&q, F, &[t, n, v]), zeros(&q, F, &[t, n, v]));
     let (plb, slb) = (zeros(&q, F, &[n, t]), zeros(&q, F, &[n, t]));

@@ -56,7 +56,7 @@ pub(crate) fn run(q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use vt_core::{DType, Error, MlaDecodeAttentionArgs};
+    use vt_core::{DType, Error, MlaDecodeAttentionArgs, OpId, Subject};
 
     use crate::launch::Step;
     use crate::selfcheck::Fake;
@@ -87,7 +87,10 @@ mod tests {
     fn decode_attention_with_head_dims_past_shared_memory_is_an_error_naming_q() {
         let mut f = Fake::new();
         let e = super::plan(&args(&mut f, 1, 1, 16_000, 512)).unwrap_err();
-        assert!(matches!(&e, Error::InvalidArgument { op: "MlaDecodeAttention", arg: "q", .. }), "{e}");
+        assert!(
+            matches!(&e, Error::InvalidArgument { op: Subject::Op(OpId::MlaDecodeAttention), arg: "q", .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("64 KiB"), "{e}");
     }
 

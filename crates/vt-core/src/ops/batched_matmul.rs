@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::Check;
-use crate::{Queue, Result, Tensor};
+use crate::{OpId, Queue, Result, Tensor};
 
 /// Arguments of [`batched_matmul`].
 #[derive(Clone, Copy, Debug)]
@@ -24,7 +24,7 @@ pub fn batched_matmul(q: &Queue, out: &Tensor<'_>, a: &Tensor<'_>, b: &Tensor<'_
 }
 
 fn validate(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
-    let c = Check::new("BatchedMatmul", q.device());
+    let c = Check::new(OpId::BatchedMatmul, q.device());
     c.float("out", &x.out, 3)?;
     c.float("a", &x.a, 3)?;
     c.float("b", &x.b, 3)?;

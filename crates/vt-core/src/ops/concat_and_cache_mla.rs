@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{host_ints, Check};
-use crate::{DType, Queue, Result, Tensor};
+use crate::{DType, OpId, Queue, Result, Tensor};
 
 /// Arguments of [`concat_and_cache_mla`].
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +33,7 @@ pub fn concat_and_cache_mla(
 }
 
 fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
-    let c = Check::new("ConcatAndCacheMla", q.device());
+    let c = Check::new(OpId::ConcatAndCacheMla, q.device());
     c.float("kv_c", &a.kv_c, 2)?;
     c.float("k_pe", &a.k_pe, 2)?;
     c.float("cache", &a.cache, 3)?;

@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::Check;
-use crate::{Queue, Result, Tensor};
+use crate::{OpId, Queue, Result, Tensor};
 
 /// Arguments of [`concat_mla_nope_rope`].
 #[derive(Clone, Copy, Debug)]
@@ -23,7 +23,7 @@ pub fn concat_mla_nope_rope(q: &Queue, out: &Tensor<'_>, nope: &Tensor<'_>, rope
 }
 
 fn validate(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
-    let c = Check::new("ConcatMlaNopeRope", q.device());
+    let c = Check::new(OpId::ConcatMlaNopeRope, q.device());
     c.float("out", &a.out, 3)?;
     c.float("nope", &a.nope, 3)?;
     c.float("rope", &a.rope, 3)?;

@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::Check;
-use crate::{Queue, Result, Tensor};
+use crate::{OpId, Queue, Result, Tensor};
 
 use super::rope_from_cache::check_cache_and_positions;
 
@@ -53,7 +53,7 @@ pub fn fused_norm_rope(
 }
 
 fn validate(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
-    let c = Check::new("FusedNormRope", q.device());
+    let c = Check::new(OpId::FusedNormRope, q.device());
     c.float("kv", &a.kv, 2)?;
     c.float("weight", &a.weight, 1)?;
     c.float("latent_out", &a.latent_out, 2)?;

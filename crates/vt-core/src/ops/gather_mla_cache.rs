@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{check_cu_seqlens, host_ints, Check};
-use crate::{DType, Queue, Result, Tensor};
+use crate::{DType, OpId, Queue, Result, Tensor};
 
 /// Arguments of [`gather_mla_cache`].
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +45,7 @@ pub fn gather_mla_cache(
 }
 
 fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
-    let c = Check::new("GatherMlaCache", q.device());
+    let c = Check::new(OpId::GatherMlaCache, q.device());
     c.float("out", &a.out, 2)?;
     c.float("cache", &a.cache, 3)?;
     c.same_dtype("out", &a.out, a.cache.dtype())?;

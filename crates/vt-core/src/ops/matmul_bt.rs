@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::Check;
-use crate::{Queue, Result, Tensor};
+use crate::{OpId, Queue, Result, Tensor};
 
 /// Arguments of [`matmul_bt`].
 #[derive(Clone, Copy, Debug)]
@@ -23,7 +23,7 @@ pub fn matmul_bt(q: &Queue, out: &Tensor<'_>, a: &Tensor<'_>, b: &Tensor<'_>) ->
 }
 
 fn validate(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
-    let c = Check::new("MatmulBT", q.device());
+    let c = Check::new(OpId::MatmulBT, q.device());
     c.float("out", &x.out, 2)?;
     c.float("a", &x.a, 2)?;
     c.float("b", &x.b, 2)?;

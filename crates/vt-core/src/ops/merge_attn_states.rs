@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::Check;
-use crate::{DType, Queue, Result, Tensor};
+use crate::{DType, OpId, Queue, Result, Tensor};
 
 /// Arguments of [`merge_attn_states`].
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +28,7 @@ pub fn merge_attn_states(q: &Queue, args: &MergeAttnStatesArgs<'_>) -> Result<()
 }
 
 fn validate(queue: &Queue, a: &MergeAttnStatesArgs<'_>) -> Result<()> {
-    let c = Check::new("MergeAttnStates", queue.device());
+    let c = Check::new(OpId::MergeAttnStates, queue.device());
     c.float("out", &a.out, 3)?;
     c.float("prefix", &a.prefix, 3)?;
     c.float("suffix", &a.suffix, 3)?;

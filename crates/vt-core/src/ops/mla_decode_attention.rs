@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{host_ints, Check};
-use crate::{DType, Queue, Result, Tensor};
+use crate::{DType, OpId, Queue, Result, Tensor};
 
 use super::gather_mla_cache::check_block_table_rows;
 
@@ -56,7 +56,7 @@ pub fn mla_decode_attention(
 }
 
 fn validate(queue: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
-    let c = Check::new("MlaDecodeAttention", queue.device());
+    let c = Check::new(OpId::MlaDecodeAttention, queue.device());
     c.float("q", &a.q, 4)?;
     c.float("cache", &a.cache, 3)?;
     c.float("out", &a.out, 4)?;

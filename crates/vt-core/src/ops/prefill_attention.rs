@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{check_cu_seqlens, host_ints, Check};
-use crate::{DType, Queue, Result, Tensor};
+use crate::{DType, OpId, Queue, Result, Tensor};
 
 /// Arguments of [`prefill_attention`].
 #[derive(Clone, Copy, Debug)]
@@ -39,7 +39,7 @@ pub fn prefill_attention(q: &Queue, args: &PrefillAttentionArgs<'_>) -> Result<(
 }
 
 fn validate(queue: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
-    let c = Check::new("PrefillAttention", queue.device());
+    let c = Check::new(OpId::PrefillAttention, queue.device());
     c.float("q", &a.q, 3)?;
     c.float("k", &a.k, 3)?;
     c.float("v", &a.v, 3)?;

@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::Check;
-use crate::{Queue, Result, Tensor};
+use crate::{OpId, Queue, Result, Tensor};
 
 /// Arguments of [`rms_norm`].
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +28,7 @@ pub fn rms_norm(q: &Queue, out: &Tensor<'_>, x: &Tensor<'_>, weight: &Tensor<'_>
 }
 
 fn validate(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
-    let c = Check::new("RmsNorm", q.device());
+    let c = Check::new(OpId::RmsNorm, q.device());
     c.float("out", &a.out, 2)?;
     c.float("x", &a.x, 2)?;
     c.float("weight", &a.weight, 1)?;

@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{host_ints, Check};
-use crate::{DType, Queue, Result, Tensor};
+use crate::{DType, OpId, Queue, Result, Tensor};
 
 /// Arguments of [`rope_from_cache`].
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +44,7 @@ pub fn rope_from_cache(
 }
 
 fn validate(queue: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
-    let c = Check::new("RopeFromCache", queue.device());
+    let c = Check::new(OpId::RopeFromCache, queue.device());
     c.float("q", &a.q, 3)?;
     let (t, r) = (a.q.dim(0), a.q.dim(2));
     c.unit_inner("q", &a.q)?;
