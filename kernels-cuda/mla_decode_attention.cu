@@ -506,7 +506,8 @@ template <int MT> struct Layout {
     static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [STAGES][BN]: token row exists
     static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
     static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
-    static constexpr int END = OFF_SCHED + 40 * 4;
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
+    static constexpr int END = OFF_MBAR + STAGES * 8;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
 
@@ -950,6 +951,79 @@ __device__ __forceinline__ void bar_sync(int id, int n) {
 __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+// The TMA path (decode_wgmma<T, true>): a 3-D tensor map of the cache over (feature,
+// row in block, block), boxes of 64 features x min(BS, 64) rows x 1 block, 128-byte swizzle
+// (the layout of swz), encoded on the host. Block coordinates outside [0, NB) read zeros.
+struct alignas(64) TmaMap {
+    unsigned long long opaque[16];
+};
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
+// Warp 0 of warpgroup 1 loads KV tile `tile` of segment sg into the stage at dst through the
+// TMA: every box of the tile is issued (pages past the sequence or with a bad block id read
+// block NB, out of the map: zeros), so the stage's barrier always completes with TILE_BYTES.
+// The token flags (valid, flags) are written first and published by the expect_tx arrival.
+template <typename T>
+__device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int tile, uint32_t dst,
+                                         unsigned char* valid, unsigned char* flags, uint32_t bar,
+                                         const TmaMap* map, int lane) {
+    const int R = p.BS < BN ? p.BS : BN;  // rows per box
+    bool bad = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int tok = lane + 32 * h, j = tile * BN + tok;
+        bool ok = false;
+        if (tile < sg.t1 && j < sg.len) {
+            const int blk = __ldg(p.block_table + sg.b * p.bt_sb + (j / p.BS) * p.bt_sm);
+            ok = blk >= 0 && blk < p.NB;
+            bad |= !ok;
+        }
+        valid[tok] = ok ? 1 : 0;
+    }
+    const unsigned any_bad = __ballot_sync(0xffffffffu, bad);
+    if (lane == 0) *reinterpret_cast<unsigned long long*>(flags) = any_bad != 0u ? 1ull : 0ull;
+    __syncwarp();
+    if (lane == 0) mbar_expect_tx(bar, TILE_BYTES);
+    __syncwarp();
+    const int nbox = (BN / R) * NSUB;
+    for (int idx = lane; idx < nbox; idx += 32) {
+        const int pb = idx / NSUB, cb = idx - pb * NSUB;
+        const int j = tile * BN + pb * R;  // first token of the box
+        int blk = p.NB, row = 0;
+        if (tile < sg.t1 && j < sg.len) {
+            const int bi = j / p.BS;
+            const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+            if (v >= 0 && v < p.NB) {
+                blk = v;
+                row = j - bi * p.BS;
+            }
+        }
+        tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
+    }
+}
+
 // K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
 constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
 // Epilogue (see decode_wgmma): WG1 / WG0 done with the KV stages (and WG0's row sums
@@ -1034,6 +1108,9 @@ template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0
     }
 }
 
+__device__ __forceinline__ void st_shared_v4_zero(uint32_t addr) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
 __device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
@@ -1083,10 +1160,12 @@ __device__ __forceinline__ void stage_and_store(const Params& p, const Segment& 
         const float l = s_fin[wtid];
         store_lse<T>(p, sg, row0 + wtid, l > 0.0f ? s_fin[MT + wtid] + log2f(l) : vt::neg_inf());
     }
+    // The stages are refilled next through the async proxy (TMA or wgmma reads after cp.async).
+    fence_proxy_async();
 }
 
-template <typename T>
-__device__ void decode_wgmma(const Params& p) {
+template <typename T, bool TMA>
+__device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     constexpr int MT = 64;
     using L = Layout<MT>;
     static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
@@ -1101,6 +1180,16 @@ __device__ void decode_wgmma(const Params& p) {
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
     if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    const uint32_t sBar = base + L::OFF_MBAR;
+    if (TMA && threadIdx.x == 0) {
+        for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
+    }
+    if (TMA) __syncthreads();
+    uint32_t phases = 0;  // bit st: parity of the next completion of stage st's barrier
+    auto tile_wait = [&](int st) {
+        mbar_wait(sBar + 8 * st, (phases >> st) & 1);
+        phases ^= 1u << st;
+    };
     grid_dep_launch();
 
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
@@ -1128,25 +1217,43 @@ __device__ void decode_wgmma(const Params& p) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
             load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
-            i64 off = ld.row_of(p, sg, t0);
-            ld.issue(sKV, valid, flags, off);
-            cp_async_commit();
-            off = ld.row_of(p, sg, t0 + 1);
-            if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
-            cp_async_commit();
-            off = ld.row_of(p, sg, t0 + 2);
-            cp_async_wait<1>();
-            fence_proxy_async();
-            bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
+            i64 off = 0;
+            if (TMA) {
+                if (wtid < 32) {
+                    tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
+                    if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();  // Q
+                fence_proxy_async();
+                bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
+            } else {
+                off = ld.row_of(p, sg, t0);
+                ld.issue(sKV, valid, flags, off);
+                cp_async_commit();
+                off = ld.row_of(p, sg, t0 + 1);
+                if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
+                cp_async_commit();
+                off = ld.row_of(p, sg, t0 + 2);
+                cp_async_wait<1>();
+                fence_proxy_async();
+                bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
+            }
             bar_arrive(BAR_P_FREE, 256);
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 bar_sync(BAR_P_FULL, 256);
+                if (TMA) tile_wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
                 rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
                 pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
                 if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
+                if (TMA) {
+                    if (t + 2 < t1 && wtid < 32)
+                        tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
+                    continue;
+                }
                 if (t + 1 < t1) {
                     cp_async_wait<0>();  // tile t + 1, the newest group
                     fence_proxy_async();
@@ -1177,7 +1284,12 @@ __device__ void decode_wgmma(const Params& p) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 const unsigned char* vst = valid + st * BN;
-                bar_sync(BAR_K_FULL + st, 256);
+                if (TMA) {
+                    if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
+                    tile_wait(st);
+                } else {
+                    bar_sync(BAR_K_FULL + st, 256);
+                }
 
                 // (Three independent accumulator chains with a 128/384 column split measured
                 // slower than this: see docs/perf.md.)
@@ -1193,6 +1305,17 @@ __device__ void decode_wgmma(const Params& p) {
                 wgmma_commit();
                 wgmma_wait0();
                 pin(s);
+                if (TMA && t * BN + BN > sg.len) {
+                    // Rows past the sequence's last token came from a real page (the TMA copies
+                    // whole boxes) and may hold anything, NaN included: their weights are 0, but
+                    // 0 x NaN is not, so zero their V part (columns 0..511) before either product.
+                    const int first = sg.len - t * BN;
+                    for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
+                        const int r = first + (idx >> 6), c = idx & 63;  // c: 16-byte chunk of 64
+                        st_shared_v4_zero(kst + (c >> 3) * SUB_BYTES + swz(r, c & 7));
+                    }
+                    fence_proxy_async();  // before the products read V (ordered by BAR_WG0 / P_FULL)
+                }
 
                 // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
                 const bool full = tile_is_full(t, lim_min, flags + st * 8);
@@ -1279,7 +1402,11 @@ __device__ void decode_wgmma(const Params& p) {
 #define MLA_WGMMA(S, T)                                                                       \
     extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
         mla_decode_wgmma_##S(const mla::Params p) {                                           \
-        mla::decode_wgmma<T>(p);                                                              \
+        mla::decode_wgmma<T, false>(p, nullptr);                                              \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_wgmma_tma_##S(    \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::decode_wgmma<T, true>(p, &kv_map);                                               \
     }
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)

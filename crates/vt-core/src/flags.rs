@@ -3,9 +3,10 @@
 //! | flag | default | effect |
 //! |---|---|---|
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
+//! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma kernel: the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
 //!
-//! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else logs a
-//! warning and keeps the default. The environment is read once, at first use; a code
+//! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
+//! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code
 //! override ([`set_override`]) wins over it so one process can A/B both paths.
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -14,20 +15,23 @@ use std::sync::atomic::{AtomicU8, Ordering};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flag {
     MlaFusedNormRope,
+    MlaDecodeTma,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 1] = [Flag::MlaFusedNormRope];
+    pub const ALL: [Flag; 2] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma];
 
     pub const fn env_name(self) -> &'static str {
         match self {
             Flag::MlaFusedNormRope => "VT_MLA_FUSED_NORM_ROPE",
+            Flag::MlaDecodeTma => "VT_MLA_DECODE_TMA",
         }
     }
 
     pub const fn default_value(self) -> bool {
         match self {
             Flag::MlaFusedNormRope => true,
+            Flag::MlaDecodeTma => true,
         }
     }
 
@@ -49,20 +53,27 @@ fn from_env(flag: Flag) -> bool {
     match std::env::var(flag.env_name()) {
         Err(_) => flag.default_value(),
         Ok(v) => parse_bool(&v).unwrap_or_else(|| {
-            tracing::warn!(
-                "{}={v:?} is not one of 0/1/true/false/on/off; keeping the default ({})",
-                flag.env_name(),
-                flag.default_value()
-            );
+            // Straight to stderr (once per process: the environment is read once): a
+            // mistyped flag must be seen without a log subscriber or RUST_LOG.
+            eprintln!("vt: warning: {}", invalid_value_message(flag, &v));
             flag.default_value()
         }),
     }
 }
 
-static ENV: std::sync::LazyLock<[bool; 1]> = std::sync::LazyLock::new(|| Flag::ALL.map(from_env));
+/// The warning for an unrecognized value `v` of `flag`.
+pub fn invalid_value_message(flag: Flag, v: &str) -> String {
+    format!(
+        "{}={v:?} is not one of 1/0, true/false, on/off, yes/no; keeping the default ({})",
+        flag.env_name(),
+        if flag.default_value() { "on" } else { "off" }
+    )
+}
+
+static ENV: std::sync::LazyLock<[bool; Flag::ALL.len()]> = std::sync::LazyLock::new(|| Flag::ALL.map(from_env));
 
 // 0 = no override, 1 = forced off, 2 = forced on.
-static OVERRIDES: [AtomicU8; 1] = [AtomicU8::new(0)];
+static OVERRIDES: [AtomicU8; Flag::ALL.len()] = [const { AtomicU8::new(0) }; Flag::ALL.len()];
 
 /// The flag's value: the code override if set, else the environment, else the default.
 pub fn get(flag: Flag) -> bool {
@@ -86,6 +97,11 @@ pub fn set_override(flag: Flag, value: Option<bool>) {
 /// `VT_MLA_FUSED_NORM_ROPE`.
 pub fn mla_fused_norm_rope() -> bool {
     get(Flag::MlaFusedNormRope)
+}
+
+/// `VT_MLA_DECODE_TMA`.
+pub fn mla_decode_tma() -> bool {
+    get(Flag::MlaDecodeTma)
 }
 
 #[cfg(test)]

@@ -203,7 +203,70 @@ fn function(cq: &CudaQueue, base: &'static str, dt: DType, smem: u32) -> Result<
 /// schedule, alignment).
 const fn tc_smem(mt: u32) -> u32 {
     let tile = 9 * 64 * 128;
-    9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 1024
+    9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 2 * 8 + 1024
+}
+
+/// `mla::TmaMap`: the tensor map of the cache, the TMA kernel's second parameter.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TmaMap(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: one CUtensorMap (an opaque 128-byte block), 64-byte aligned, with the layout of the
+// kernel's `mla::TmaMap`, passed by value as a __grid_constant__ parameter.
+unsafe impl DeviceRepr for TmaMap {}
+
+/// Whether the wgmma kernel may load the cache through the TMA: a tile of 64 tokens is whole
+/// boxes of min(BS, 64) rows of one block (BS divides 64 or 64 divides BS) and the block
+/// count fits the map's 32-bit coordinates (one past the last block reads zeros).
+fn tma_ok(cache: &Tensor<'_>) -> bool {
+    let bs = cache.dim(1);
+    bs > 0 && (64 % bs == 0 || bs % 64 == 0) && cache.dim(0) < i32::MAX as i64
+}
+
+/// The cache's tensor map: (feature, row in block, block), boxes of 64 features x
+/// min(BS, 64) rows x 1 block, 128-byte swizzle (`mla::swz`). The caller checked the rows
+/// (16-byte aligned start, strides multiples of 8 elements) and `tma_ok`.
+fn cache_map(cache: &Tensor<'_>) -> Result<TmaMap> {
+    use cudarc::driver::sys::{
+        cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+        CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let dtype = match cache.dtype() {
+        DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    };
+    let (nb, bs, d) = (cache.dim(0) as u64, cache.dim(1) as u64, cache.dim(2) as u64);
+    // A dim of size 1 may carry any stride; the map wants a positive multiple of 16 bytes.
+    let row_bytes = if bs == 1 { d * 2 } else { cache.stride(1) as u64 * 2 };
+    let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 * 2 };
+    let dims = [d, bs, nb];
+    let strides = [row_bytes, blk_bytes];
+    let boxes = [64u32, bs.min(64) as u32, 1];
+    let elem = [1u32, 1, 1];
+    let mut map = CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every pointer refers to a live local array of the length rank 3 implies (dims,
+    // boxes, element strides: 3; strides: 2); the driver reads them and writes the 128-byte
+    // map. The global address is the cache view vt-core validated.
+    let r = unsafe {
+        cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            3,
+            cache.data_addr() as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(|e| {
+        Error::backend(BACKEND, format!("{OP}: encoding the cache's TMA map (dims {dims:?}, strides {strides:?}): {e}"))
+    })?;
+    Ok(TmaMap(map))
 }
 
 /// Half-tile slots of the mma.sync kernels' KV ring (`HS` of `mla_decode_mma{16,32,64}[s]`).
@@ -342,7 +405,9 @@ pub fn mla_decode_attention_with(
         };
         (names.0, names.1, mma_rows as i64, mma_smem(mma_rows, mma_slots(mma_rows, small)), THREADS)
     };
+    let tma = kernel == Kernel::Wgmma && tma_ok(&a.cache) && vt_core::flags::mla_decode_tma();
     let (base, name, mt, smem, threads): (&'static str, &'static str, i64, u32, u32) = match kernel {
+        Kernel::Wgmma if tma => ("mla_decode_wgmma_tma", "wgmma_tma", 64, tc_smem(64), THREADS),
         Kernel::Wgmma => ("mla_decode_wgmma", "wgmma", 64, tc_smem(64), THREADS),
         Kernel::Mma => mma(false),
         Kernel::MmaSmall => mma(true),
@@ -432,7 +497,19 @@ pub fn mla_decode_attention_with(
         scale_log2: a.scale * std::f32::consts::LOG2_E,
     };
     let main_grid = if kernel == Kernel::Generic { m_total } else { row_blocks };
-    launch(cq, &f, cfg((parts as u32, main_grid as u32, 1), threads, smem), &p)?;
+    let main_cfg = cfg((parts as u32, main_grid as u32, 1), threads, smem);
+    if tma {
+        let map = cache_map(&a.cache)?;
+        let mut lb = cq.stream.launch_builder(&f);
+        lb.arg(&p);
+        lb.arg(&map);
+        // SAFETY: (Params, TmaMap) are the TMA kernel's parameters, laid out as in the kernel
+        // file; the map bounds every TMA read by the cache view's dims (blocks outside it read
+        // zeros) and the kernel checks block ids and lengths read on the device.
+        unsafe { lb.launch(main_cfg) }.map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))?;
+    } else {
+        launch(cq, &f, main_cfg, &p)?;
+    }
     let rows_per_cta = 8 / wpr;
     let comb_grid =
         (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + 127) / 128) as u32);
