@@ -93,7 +93,7 @@ impl Queue {
             return Ok(Vec::new());
         };
         let size = t.dtype().size_of();
-        let mut bytes = vec![0u8; ((hi - lo) as usize) * size];
+        let mut bytes = host_bytes(((hi - lo) as usize) * size)?;
         // SAFETY: the span lies inside the view's allocation (checked when the view was
         // made) and the view's lifetime keeps the allocation alive.
         unsafe { self.inner.copy_d2h(t.base_addr() + lo as u64 * size as u64, &mut bytes)? };
@@ -138,7 +138,7 @@ impl Queue {
     /// queue has finished: the counterpart of [`Queue::write_bytes`].
     pub fn read_bytes(&self, src: &Tensor<'_>) -> Result<Vec<u8>> {
         let n = self.contiguous_bytes("Queue::read_bytes", "src", src)?;
-        let mut out = vec![0u8; n];
+        let mut out = host_bytes(n)?;
         if n > 0 {
             // SAFETY: as in `write_bytes`.
             unsafe { self.inner.copy_d2h(src.data_addr(), &mut out)? };
@@ -189,9 +189,17 @@ impl Buffer {
         if shape.len() > crate::MAX_RANK || shape.iter().any(|&s| s < 0) {
             return Err(Error::invalid("Buffer", "shape", format!("{shape:?}")));
         }
-        let n: i64 = shape.iter().product();
-        let bytes = (n as usize).max(1) * dtype.size_of();
-        let addr = queue.backend.alloc(queue.device.ordinal, bytes)?;
+        // Checked: a shape from input data whose size wraps must not allocate a wrong size.
+        let bytes = crate::checked_bytes(dtype, shape)
+            .map_err(|e| Error::invalid("Buffer", "shape", e.to_string()))?
+            .max(dtype.size_of());
+        let addr = queue.backend.alloc(queue.device.ordinal, bytes).map_err(|e| match e {
+            Error::Backend { backend, msg } if !msg.contains(&bytes.to_string()) => Error::Backend {
+                backend,
+                msg: format!("allocating {bytes} bytes ({dtype} {shape:?}) on {}: {msg}", queue.device),
+            },
+            e => e,
+        })?;
         Ok(Buffer {
             addr,
             bytes,
@@ -255,17 +263,36 @@ impl Buffer {
         unsafe { queue.inner.copy_h2d(self.addr, bytes) }
     }
 
-    /// Fills every element with the byte pattern of one element.
+    /// Fills every element with the byte pattern of one element (`pattern` is one
+    /// element's bytes). Writes in pieces of at most 1 MiB, so filling a large buffer
+    /// needs no host copy of its size.
     pub fn fill_pattern(&self, queue: &Queue, pattern: &[u8]) -> Result<()> {
-        let n = self.numel() as usize;
-        let bytes: Vec<u8> = pattern.iter().copied().cycle().take(n * pattern.len()).collect();
-        self.write_bytes(queue, &bytes)
+        let es = self.dtype.size_of();
+        if pattern.len() != es {
+            return Err(Error::invalid(
+                "Buffer",
+                "pattern",
+                format!("{} bytes for one {} element of {es}", pattern.len(), self.dtype),
+            ));
+        }
+        self.check_queue(queue)?;
+        let total = self.numel() as usize * es;
+        let piece: Vec<u8> = pattern.iter().copied().cycle().take(total.min(FILL_PIECE_BYTES)).collect();
+        let mut at = 0;
+        while at < total {
+            let n = piece.len().min(total - at);
+            // SAFETY: `addr + at .. addr + at + n` lies inside our live allocation of
+            // `self.bytes >= total` bytes.
+            unsafe { queue.inner.copy_h2d(self.addr + at as u64, &piece[..n])? };
+            at += n;
+        }
+        Ok(())
     }
 
     /// The buffer's bytes, after all queued work has finished.
     pub fn to_bytes(&self, queue: &Queue) -> Result<Vec<u8>> {
         self.check_queue(queue)?;
-        let mut out = vec![0u8; self.numel() as usize * self.dtype.size_of()];
+        let mut out = host_bytes(self.numel() as usize * self.dtype.size_of())?;
         if !out.is_empty() {
             // SAFETY: as in `write_bytes`.
             unsafe { queue.inner.copy_d2h(self.addr, &mut out)? };
@@ -344,6 +371,19 @@ impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Buffer({} {:?} on {})", self.dtype, self.shape, self.device)
     }
+}
+
+/// Bytes written per copy by [`Buffer::fill_pattern`] (a multiple of every element size).
+const FILL_PIECE_BYTES: usize = 1 << 20;
+
+/// `n` zero bytes on the host, or an error saying how many could not be allocated (a
+/// plain `vec!` aborts the process instead).
+pub fn host_bytes(n: usize) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| Error::backend("host", format!("cannot allocate {n} bytes of host memory: {e}")))?;
+    v.resize(n, 0);
+    Ok(v)
 }
 
 /// Encodes f64 values as little-endian bytes of `dtype` (round to nearest even).

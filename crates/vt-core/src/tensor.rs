@@ -64,6 +64,9 @@ impl<'a> Tensor<'a> {
         strides: &[i64],
         offset: i64,
     ) -> Result<Tensor<'a>> {
+        if extent < 0 {
+            return Err(Error::invalid(OP, "extent", format!("{extent} elements is negative")));
+        }
         let t = Tensor {
             base,
             extent,
@@ -89,7 +92,7 @@ impl<'a> Tensor<'a> {
         shape: &[i64],
     ) -> Result<Tensor<'a>> {
         let strides = contiguous_strides(shape);
-        let extent = shape.iter().product::<i64>();
+        let extent = checked_numel(shape)?;
         Tensor::from_raw_parts(base, extent, dtype, device, shape, &strides[..shape.len()], 0)
     }
 
@@ -245,8 +248,36 @@ impl<'a> Tensor<'a> {
         if let Some(d) = strides.iter().position(|&s| s < 0) {
             return Err(Error::invalid(OP, "strides", format!("stride {d} is negative: {strides:?}")));
         }
+        // Every size derived from the view must fit: the element count (with empty dims
+        // counted as 1, so any product of a subset of the dims fits too), its bytes, the
+        // extent's bytes, and the offsets of its first and last elements.
+        let overflow = |what: &str| {
+            Error::invalid(
+                OP,
+                "view",
+                format!(
+                    "shape {shape:?} strides {strides:?} at offset {} + {elem_offset}: {what} overflows i64",
+                    self.offset
+                ),
+            )
+        };
+        let size = self.dtype.size_of() as i64;
+        shape
+            .iter()
+            .try_fold(size, |acc, &d| acc.checked_mul(d.max(1)))
+            .ok_or_else(|| overflow("the byte size"))?;
+        self.extent.checked_mul(size).ok_or_else(|| overflow("the allocation's byte size"))?;
+        let offset = self.offset.checked_add(elem_offset).ok_or_else(|| overflow("the offset"))?;
+        if !shape.contains(&0) {
+            shape
+                .iter()
+                .zip(strides)
+                .try_fold(offset, |acc, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| acc.checked_add(x)))
+                .and_then(|last| last.checked_add(1))
+                .ok_or_else(|| overflow("the last element's offset"))?;
+        }
         let mut t = *self;
-        t.offset = self.offset + elem_offset;
+        t.offset = offset;
         t.rank = shape.len();
         t.shape = [1; MAX_RANK];
         t.strides = [0; MAX_RANK];
@@ -280,7 +311,11 @@ impl<'a> Tensor<'a> {
         }
         let mut shape = self.shape;
         shape[dim] = end - start;
-        self.as_strided(start * self.strides[dim], &shape[..self.rank], self.strides())
+        // `start * stride` overflows only for an empty slice past the last element.
+        let skip = start.checked_mul(self.strides[dim]).ok_or_else(|| {
+            Error::invalid(OP, "slice", format!("start {start} x stride {} overflows i64", self.strides[dim]))
+        })?;
+        self.as_strided(skip, &shape[..self.rank], self.strides())
     }
 
     /// Index `i` along `dim`, dropping that dim.
@@ -325,7 +360,7 @@ impl<'a> Tensor<'a> {
         if !self.is_contiguous() {
             return Err(Error::invalid(OP, "reshape", format!("{self:?} is not contiguous")));
         }
-        if shape.iter().product::<i64>() != self.numel() {
+        if shape.iter().any(|&d| d < 0) || checked_numel(shape)? != self.numel() {
             return Err(Error::invalid(
                 OP,
                 "reshape",
@@ -343,7 +378,8 @@ impl<'a> Tensor<'a> {
         }
         let mut shape = self.shape().to_vec();
         let mut strides = self.strides().to_vec();
-        let s = if dim < self.rank { self.strides[dim] * self.shape[dim] } else { 1 };
+        // Any stride works for a size-1 dim; saturate rather than overflow.
+        let s = if dim < self.rank { self.strides[dim].saturating_mul(self.shape[dim]) } else { 1 };
         shape.insert(dim, 1);
         strides.insert(dim, s);
         self.as_strided(0, &shape, &strides)
@@ -377,15 +413,44 @@ impl<'a> Tensor<'a> {
 unsafe impl Send for Tensor<'_> {}
 unsafe impl Sync for Tensor<'_> {}
 
-/// Row-major strides for `shape` (first `shape.len()` entries are meaningful).
+/// Row-major strides for `shape` (first `shape.len()` entries are meaningful). A stride
+/// past `i64::MAX` saturates; [`Tensor::as_strided`] rejects any view it would describe.
 pub fn contiguous_strides(shape: &[i64]) -> [i64; MAX_RANK] {
     let mut s = [0i64; MAX_RANK];
-    let mut acc = 1;
+    let mut acc = 1i64;
     for d in (0..shape.len().min(MAX_RANK)).rev() {
         s[d] = acc;
-        acc *= shape[d];
+        acc = acc.saturating_mul(shape[d]);
     }
     s
+}
+
+/// The element count of `shape`, or an error naming the shape when a dim is negative or
+/// the product overflows i64.
+pub fn checked_numel(shape: &[i64]) -> Result<i64> {
+    if let Some(d) = shape.iter().position(|&s| s < 0) {
+        return Err(Error::invalid(OP, "shape", format!("dim {d} is negative: {shape:?}")));
+    }
+    shape
+        .iter()
+        .try_fold(1i64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::invalid(OP, "shape", format!("{shape:?}: the element count overflows i64")))
+}
+
+/// The byte size of a contiguous `shape` of `dtype`, or an error naming the shape when it
+/// does not fit `isize` (no allocation can be that large).
+pub fn checked_bytes(dtype: DType, shape: &[i64]) -> Result<usize> {
+    let n = checked_numel(shape)?;
+    n.checked_mul(dtype.size_of() as i64)
+        .and_then(|b| isize::try_from(b).ok())
+        .map(|b| b as usize)
+        .ok_or_else(|| {
+            Error::invalid(
+                OP,
+                "shape",
+                format!("{shape:?} of {dtype}: {n} elements of {} bytes overflow isize", dtype.size_of()),
+            )
+        })
 }
 
 /// Calls `f` with the element offset (from base) of every element, in row-major order.
