@@ -70,7 +70,8 @@ pub fn invalid_value_message(flag: Flag, v: &str) -> String {
     )
 }
 
-static ENV: std::sync::LazyLock<[bool; Flag::ALL.len()]> = std::sync::LazyLock::new(|| Flag::ALL.map(from_env));
+static ENV: std::sync::LazyLock<[bool; Flag::ALL.len()]> =
+    std::sync::LazyLock::new(|| Flag::ALL.map(from_env));
 
 // 0 = no override, 1 = forced off, 2 = forced on.
 static OVERRIDES: [AtomicU8; Flag::ALL.len()] = [const { AtomicU8::new(0) }; Flag::ALL.len()];

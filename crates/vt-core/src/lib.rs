@@ -31,6 +31,6 @@ pub use error::{Error, Result, Subject};
 pub use ops::*;
 pub use registry::{check_coverage, op_registered, registered_ops, OpId, OpImpl, Probe};
 pub use tensor::{
-    checked_bytes, checked_numel, contiguous_strides, f8e4m3_to_f32, for_each_offset, for_each_strided_offset, read_host_elem, Tensor,
-    MAX_RANK,
+    checked_bytes, checked_numel, contiguous_strides, f8e4m3_to_f32, for_each_offset,
+    for_each_strided_offset, read_host_elem, Tensor, MAX_RANK,
 };
