@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{result, CudaEvent, CudaFunction, CudaModule, PushKernelArg};
+use cudarc::driver::{result, CudaEvent, CudaFunction, CudaModule};
 use vt_core::{Buffer, DType, Error, Queue, Result, Tensor};
 
 use crate::device::{drv, BACKEND};
-use crate::{cfg, nvrtc, CudaQueue};
+use crate::{nvrtc, Arg, CudaQueue};
 
 const FILL_SRC: &str = r#"
 #include <cuda_bf16.h>
@@ -132,12 +132,11 @@ impl<'q> Bench<'q> {
         }
         let addr = t.data_addr();
         let blocks = n.div_ceil(256).min(132 * 32) as u32;
-        let mut lb = self.cq.stream.launch_builder(&self.fill);
-        lb.arg(&addr).arg(&n).arg(&seed).arg(&scale).arg(&kind);
-        // SAFETY: the kernel writes elements 0..n of `dtype` from `addr`, which is the
-        // contiguous view's memory; the argument types match its parameters.
-        unsafe { lb.launch(cfg((blocks, 1, 1), 256, 0)) }
-            .map(|_| ())
+        // The kernel writes elements 0..n of `dtype` from `addr`, which is the contiguous
+        // view's memory; the argument types match its parameters.
+        let args = [Arg::Ptr(addr), Arg::Ptr(n), Arg::Ptr(seed), Arg::F32(scale), Arg::I32(kind)];
+        self.cq
+            .launch_loaded(&self.fill, (blocks, 1, 1), 256, &args)
             .map_err(|e| Error::backend(BACKEND, format!("vt_bench_fill: {e}")))
     }
 

@@ -2,22 +2,26 @@
 //! (`kernels-cuda/concat_and_cache_mla.cu`); padding and out-of-range slots are skipped on
 //! the device.
 
-use vt_core::{ConcatAndCacheMlaArgs, Queue, Result};
+use vt_core::{ConcatAndCacheMlaArgs, OpId, Queue, Result};
 
 use crate::rope_from_cache::int;
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("concat_and_cache_mla");
 
+const OP: OpId = OpId::ConcatAndCacheMla;
+
 pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
-    const OP: &str = "ConcatAndCacheMla";
-    let cq = CudaQueue::of(q, OP)?;
+    CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
+}
+
+/// The kernel writes only rows of slots inside 0..NB*BS.
+pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Launch>> {
     let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
     let (nb, bs) = (a.cache.dim(0), a.cache.dim(1));
     if t == 0 || nb == 0 || bs == 0 {
-        return Ok(());
+        return Ok(vec![]);
     }
-    let f = cq.function(&SRC, "concat_and_cache_mla", a.cache.dtype())?;
     let args: [Arg; 14] = [
         a.kv_c.data_addr().into(),
         a.kv_c.stride(0).into(),
@@ -34,7 +38,5 @@ pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
         nb.into(),
         bs.into(),
     ];
-    // SAFETY: the arguments follow `concat_and_cache_mla_*`'s parameters; vt-core validated
-    // the views, and the kernel writes only rows of slots inside 0..NB*BS.
-    unsafe { cq.launch(OP, &f, cfg((grid_1d(t), 1, 1), 128, 0), &args) }
+    Ok(vec![Launch::new(&SRC, "concat_and_cache_mla", a.cache.dtype(), (grid_1d(t), 1, 1), 128, args)])
 }

@@ -25,10 +25,10 @@
 //! - `concat_mla_nope_rope` (fallback, any other view): one block per (token, head) row,
 //!   one element per thread per step; a broadcast rope has head stride 0.
 
-use vt_core::{ConcatMlaNopeRopeArgs, Queue, Result, Tensor};
+use vt_core::{ConcatMlaNopeRopeArgs, OpId, Queue, Result, Tensor};
 
 use crate::rope_from_cache::int;
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("concat_mla_nope_rope");
 
@@ -137,15 +137,19 @@ fn vec_plan(a: &ConcatMlaNopeRopeArgs<'_>) -> Option<VecPlan> {
     })
 }
 
+const OP: OpId = OpId::ConcatMlaNopeRope;
+
 pub(crate) fn run(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
-    const OP: &str = "ConcatMlaNopeRope";
-    let cq = CudaQueue::of(q, OP)?;
+    CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
+}
+
+/// Both kernels write only heads < N and columns < P+R of tokens < T of the validated views.
+pub(crate) fn plan(a: &ConcatMlaNopeRopeArgs<'_>) -> Result<Vec<Launch>> {
     let (t, n, p, r) = (a.nope.dim(0), a.nope.dim(1), a.nope.dim(2), a.rope.dim(2));
     if t == 0 || n == 0 || p + r == 0 {
-        return Ok(());
+        return Ok(vec![]);
     }
     if let Some(v) = vec_plan(a) {
-        let f = cq.function(&SRC, "concat_mla_nope_rope_v16", a.out.dtype())?;
         let args: [Arg; 15] = [
             a.out.data_addr().into(),
             v.o_st.into(),
@@ -164,14 +168,12 @@ pub(crate) fn run(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
             v.hg.into(),
             v.chunks.into(),
         ];
-        // SAFETY: the arguments follow `concat_mla_nope_rope_v16_*`'s parameters; the
-        // addresses are 16-byte aligned and the strides whole vectors of the validated
-        // views (checked by `vec_plan`), and the kernel writes only heads < N and vector
-        // columns < (P+R)/vector of tokens < T.
-        return unsafe { cq.launch(OP, &f, cfg((grid_1d(v.nblk as i64), 1, 1), v.threads, 0), &args) };
+        // The addresses are 16-byte aligned and the strides whole vectors of the validated
+        // views (checked by `vec_plan`).
+        let grid = (grid_1d(v.nblk as i64), 1, 1);
+        return Ok(vec![Launch::new(&SRC, "concat_mla_nope_rope_v16", a.out.dtype(), grid, v.threads, args)]);
     }
     let rope_head_stride = if a.rope.dim(1) == 1 { 0 } else { a.rope.stride(1) };
-    let f = cq.function(&SRC, "concat_mla_nope_rope", a.out.dtype())?;
     let args: [Arg; 13] = [
         a.out.data_addr().into(),
         a.out.stride(0).into(),
@@ -187,9 +189,7 @@ pub(crate) fn run(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
         int(OP, "nope", p)?.into(),
         int(OP, "rope", r)?.into(),
     ];
-    // SAFETY: the arguments follow `concat_mla_nope_rope_*`'s parameters and describe the
-    // validated views.
-    unsafe { cq.launch(OP, &f, cfg((grid_1d(t * n), 1, 1), 128, 0), &args) }
+    Ok(vec![Launch::new(&SRC, "concat_mla_nope_rope", a.out.dtype(), (grid_1d(t * n), 1, 1), 128, args)])
 }
 
 #[cfg(test)]

@@ -2,23 +2,27 @@
 //! launch (`kernels-cuda/fused_norm_rope.cu`), bit-identical to the split ops because both
 //! use `kernels-cuda/norm_rope.cuh` with the same block size.
 
-use vt_core::{FusedNormRopeArgs, Queue, Result};
+use vt_core::{FusedNormRopeArgs, OpId, Queue, Result};
 
 use crate::rms_norm::NORM_THREADS;
 use crate::rope_from_cache::int;
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("fused_norm_rope");
 
+const OP: OpId = OpId::FusedNormRope;
+
 pub(crate) fn run(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
-    const OP: &str = "FusedNormRope";
-    let cq = CudaQueue::of(q, OP)?;
+    CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
+}
+
+/// The kernel skips positions outside the cache.
+pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
     let (t, l) = (a.kv.dim(0), a.weight.dim(0));
     let r = a.kv.dim(1) - l;
     if t == 0 {
-        return Ok(());
+        return Ok(vec![]);
     }
-    let f = cq.function(&SRC, "fused_norm_rope", a.kv.dtype())?;
     let args: [Arg; 16] = [
         a.latent_out.data_addr().into(),
         a.latent_out.stride(0).into(),
@@ -37,7 +41,5 @@ pub(crate) fn run(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
         a.eps.into(),
         (a.is_neox as i32).into(),
     ];
-    // SAFETY: the arguments follow `fused_norm_rope_*`'s parameters; vt-core validated the
-    // views, and the kernel skips positions outside the cache.
-    unsafe { cq.launch(OP, &f, cfg((grid_1d(t), 1, 1), NORM_THREADS, 0), &args) }
+    Ok(vec![Launch::new(&SRC, "fused_norm_rope", a.kv.dtype(), (grid_1d(t), 1, 1), NORM_THREADS, args)])
 }

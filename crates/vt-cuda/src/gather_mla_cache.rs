@@ -25,10 +25,10 @@
 //! - `gather_mla_cache` (fallback, any other view): one block per row, one element per
 //!   thread per step.
 
-use vt_core::{GatherMlaCacheArgs, Queue, Result};
+use vt_core::{GatherMlaCacheArgs, OpId, Queue, Result};
 
 use crate::rope_from_cache::int;
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("gather_mla_cache");
 
@@ -93,21 +93,26 @@ fn vec_plan(a: &GatherMlaCacheArgs<'_>) -> Option<VecPlan> {
     })
 }
 
+const OP: OpId = OpId::GatherMlaCache;
+
 pub(crate) fn run(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
-    const OP: &str = "GatherMlaCache";
-    let cq = CudaQueue::of(q, OP)?;
+    CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
+}
+
+/// Both kernels skip rows whose sequence, block index or block id is out of range, so they
+/// read only cache rows and write only rows below `rows` of the validated views.
+pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Launch>> {
     let rows = a.out.dim(0);
     let (nb, bs, d) = (a.cache.dim(0), a.cache.dim(1), a.cache.dim(2));
     let nseq = a.block_table.dim(0);
     if rows == 0 || nseq == 0 || d == 0 || bs == 0 {
-        return Ok(());
+        return Ok(vec![]);
     }
     let (starts, st_s) = match &a.seq_starts {
         Some(s) => (s.data_addr(), s.stride(0)),
         None => (0, 0),
     };
     if let Some(v) = vec_plan(a) {
-        let f = cq.function(&SRC, "gather_mla_cache_v16", a.out.dtype())?;
         // The kernel's `unsigned` parameters take these non-negative i32 values (same ABI).
         let args: [Arg; 19] = [
             a.out.data_addr().into(),
@@ -130,13 +135,17 @@ pub(crate) fn run(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
             st_s.into(),
             v.lpr_log2.into(),
         ];
-        // SAFETY: the arguments follow `gather_mla_cache_v16_*`'s parameters; `vec_plan`
-        // checked the 16-byte alignment and whole-vector strides of the validated views;
-        // the kernel skips rows whose sequence, block index or block id is out of range,
-        // so it reads only cache rows and writes only rows below `rows`.
-        return unsafe { cq.launch(OP, &f, cfg((v.blocks, 1, 1), THREADS as u32, 0), &args) };
+        // `vec_plan` checked the 16-byte alignment and whole-vector strides.
+        let grid = (v.blocks, 1, 1);
+        return Ok(vec![Launch::new(
+            &SRC,
+            "gather_mla_cache_v16",
+            a.out.dtype(),
+            grid,
+            THREADS as u32,
+            args,
+        )]);
     }
-    let f = cq.function(&SRC, "gather_mla_cache", a.out.dtype())?;
     let args: [Arg; 18] = [
         a.out.data_addr().into(),
         a.out.stride(0).into(),
@@ -157,10 +166,7 @@ pub(crate) fn run(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
         starts.into(),
         st_s.into(),
     ];
-    // SAFETY: the arguments follow `gather_mla_cache_*`'s parameters; vt-core validated the
-    // views, and the kernel skips rows whose sequence, block index or block id is out of
-    // range, so it reads only cache rows and writes only rows below `rows`.
-    unsafe { cq.launch(OP, &f, cfg((grid_1d(rows), 1, 1), 128, 0), &args) }
+    Ok(vec![Launch::new(&SRC, "gather_mla_cache", a.out.dtype(), (grid_1d(rows), 1, 1), 128, args)])
 }
 
 #[cfg(test)]

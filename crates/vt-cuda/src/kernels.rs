@@ -12,6 +12,12 @@ pub struct KernelSource {
     pub code: &'static str,
 }
 
+impl std::fmt::Debug for KernelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.cu", self.name)
+    }
+}
+
 /// `kernel_source!("rms_norm")` embeds `kernels-cuda/rms_norm.cu`.
 #[macro_export]
 #[doc(hidden)]

@@ -46,6 +46,7 @@ mod device;
 pub mod graph;
 #[doc(hidden)]
 pub mod kernels;
+mod launch;
 pub mod nccl;
 pub mod nvrtc;
 mod queue;
@@ -72,7 +73,8 @@ pub use device::CudaBackend;
 pub use queue::CudaQueue;
 
 pub(crate) use kernels::KernelSource;
-pub(crate) use queue::{cfg, Arg};
+pub(crate) use launch::{Arg, Launch};
+pub(crate) use queue::cfg;
 
 /// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
 pub const OP_GAPS: &[OpId] = &[];

@@ -4,11 +4,11 @@
 //! matrix's last two strides is 1, or a leading dimension that is too small, such as a
 //! broadcast row) and K = 0 go to `kernels-cuda/batched_matmul.cu`.
 
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use vt_core::{BatchedMatmulArgs, DType, Error, MatmulBTArgs, Queue, Result, Tensor};
+use cudarc::cublas::sys::{cublasOperation_t, cudaDataType};
+use vt_core::{BatchedMatmulArgs, DType, Error, MatmulBTArgs, OpId, Queue, Result, Tensor};
 
-use crate::device::BACKEND;
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::launch::{BlasGemm, BlasOperand};
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("batched_matmul");
 
@@ -91,12 +91,12 @@ fn plan(a: Mat, b: Mat, c: Mat) -> Option<Plan> {
     [p.m, p.n, p.k, p.lda, p.ldb, p.ldc].iter().all(|&v| fits(v)).then_some(p)
 }
 
-fn data_type(dt: DType) -> Result<cudaDataType> {
+fn data_type(op: OpId, dt: DType) -> Result<cudaDataType> {
     Ok(match dt {
         DType::BF16 => cudaDataType::CUDA_R_16BF,
         DType::F16 => cudaDataType::CUDA_R_16F,
         DType::F32 => cudaDataType::CUDA_R_32F,
-        other => return Err(Error::backend(BACKEND, format!("matmul: dtype {other} has no cuBLAS type"))),
+        other => return Err(Error::invalid(op, "out", format!("dtype {other} has no cuBLAS type"))),
     })
 }
 
@@ -110,14 +110,7 @@ struct Operand<'a> {
 }
 
 /// `out[g] = a[g] . b[g]` with `a` `[G,M,K]`, `b` `[G,K,N]` (logical), `out` `[G,M,N]`.
-fn gemm(
-    q: &Queue,
-    op: &'static str,
-    out: Operand<'_>,
-    a: Operand<'_>,
-    b: Operand<'_>,
-    batch: i64,
-) -> Result<()> {
+fn gemm(q: &Queue, op: OpId, out: Operand<'_>, a: Operand<'_>, b: Operand<'_>, batch: i64) -> Result<()> {
     let cq = CudaQueue::of(q, op)?;
     let (m, n, k) = (out.mat.rows, out.mat.cols, a.mat.cols);
     if batch == 0 || m == 0 || n == 0 {
@@ -127,59 +120,36 @@ fn gemm(
     // Batch strides of a single matrix are never used; 0 keeps cuBLAS's checks quiet.
     let [out, a, b] = [out, a, b].map(|x| if batch == 1 { Operand { batch_stride: 0, ..x } } else { x });
     let blas_plan = if k > 0 && batch <= i32::MAX as i64 { plan(a.mat, b.mat, out.mat) } else { None };
-    let (Some(p), Some(blas)) = (blas_plan, cq.blas.as_ref()) else {
-        return fallback(cq, op, out, a, b, batch, k);
+    let (Some(p), true) = (blas_plan, cq.blas.is_some()) else {
+        return cq.run(op, &[fallback(op, out, a, b, batch, k)]);
     };
-    let ty = data_type(dt)?;
     let (first, second) = if p.a_first { (a, b) } else { (b, a) };
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    cq.device.ctx.bind_to_thread().map_err(crate::device::drv("binding the context"))?;
-    // SAFETY: the plan's shapes, leading dimensions and batch strides describe exactly the
-    // validated views (each inside its allocation); alpha/beta are host f32 values read
-    // during the call (host pointer mode, f32 compute); the handle is bound to this
-    // queue's stream and has its own workspace, so the call neither allocates nor syncs.
-    unsafe {
-        cudarc::cublas::result::gemm_strided_batched_ex(
-            blas.handle,
-            p.op_a,
-            p.op_b,
-            p.m as i32,
-            p.n as i32,
-            p.k as i32,
-            &alpha as *const f32 as *const _,
-            first.view.data_addr() as *const _,
-            ty,
-            p.lda as i32,
-            first.batch_stride,
-            second.view.data_addr() as *const _,
-            ty,
-            p.ldb as i32,
-            second.batch_stride,
-            &beta as *const f32 as *const _,
-            out.view.data_addr() as *mut _,
-            ty,
-            p.ldc as i32,
-            out.batch_stride,
-            batch as i32,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-    }
-    .map_err(|e| Error::backend(BACKEND, format!("{op}: cublasGemmStridedBatchedEx: {e}")))
+    // The plan's shapes, leading dimensions and batch strides describe exactly the
+    // validated views (each inside its allocation); the sizes fit i32 (checked by `plan`).
+    let operand = |x: Operand<'_>, ld: i64| BlasOperand {
+        addr: x.view.data_addr(),
+        ld: ld as i32,
+        batch_stride: x.batch_stride,
+    };
+    let g = BlasGemm {
+        op_a: p.op_a,
+        op_b: p.op_b,
+        m: p.m as i32,
+        n: p.n as i32,
+        k: p.k as i32,
+        dtype: data_type(op, dt)?,
+        a: operand(first, p.lda),
+        b: operand(second, p.ldb),
+        c: operand(out, p.ldc),
+        batch: batch as i32,
+    };
+    cq.gemm(op, &g)
 }
 
-fn fallback(
-    cq: &CudaQueue,
-    op: &'static str,
-    out: Operand<'_>,
-    a: Operand<'_>,
-    b: Operand<'_>,
-    batch: i64,
-    k: i64,
-) -> Result<()> {
+/// The kernel for views cuBLAS cannot express; it reads and writes only the validated views.
+fn fallback(op: OpId, out: Operand<'_>, a: Operand<'_>, b: Operand<'_>, batch: i64, k: i64) -> Launch {
     let (am, bm, c) = (a.mat, b.mat, out.mat);
-    tracing::debug!(op, ?am, ?bm, ?c, "matmul views not expressible in cuBLAS: fallback kernel");
-    let f = cq.function(&SRC, "batched_matmul", out.view.dtype())?;
+    tracing::debug!(%op, ?am, ?bm, ?c, "matmul views not expressible in cuBLAS: fallback kernel");
     let args: [Arg; 16] = [
         out.view.data_addr().into(),
         out.batch_stride.into(),
@@ -200,9 +170,7 @@ fn fallback(
     ];
     let total = batch * c.rows * c.cols;
     let grid = grid_1d((total + 255) / 256);
-    // SAFETY: the arguments follow `batched_matmul_*`'s parameters and describe the
-    // validated views.
-    unsafe { cq.launch(op, &f, cfg((grid, 1, 1), 256, 0), &args) }
+    Launch::new(&SRC, "batched_matmul", out.view.dtype(), (grid, 1, 1), 256, args)
 }
 
 pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
@@ -210,12 +178,12 @@ pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
     // b is [N, K]; the product reads it as [K, N].
     let b = Operand { view: &x.b, batch_stride: 0, mat: Mat::of(&x.b, 0, 1).t() };
     let out = Operand { view: &x.out, batch_stride: 0, mat: Mat::of(&x.out, 0, 1) };
-    gemm(q, "MatmulBT", out, a, b, 1)
+    gemm(q, OpId::MatmulBT, out, a, b, 1)
 }
 
 pub(crate) fn batched_matmul(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
     let batched = |t| Operand { view: t, batch_stride: t.stride(0), mat: Mat::of(t, 1, 2) };
-    gemm(q, "BatchedMatmul", batched(&x.out), batched(&x.a), batched(&x.b), x.a.dim(0))
+    gemm(q, OpId::BatchedMatmul, batched(&x.out), batched(&x.a), batched(&x.b), x.a.dim(0))
 }
 
 #[cfg(test)]

@@ -23,16 +23,16 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-use vt_core::{Buffer, DType, Error, MlaDecodeAttentionArgs, Queue, Result, Tensor};
+use cudarc::driver::CudaStream;
+use vt_core::{Buffer, DType, Error, MlaDecodeAttentionArgs, OpId, Queue, Result, Tensor};
 
-use crate::device::{drv, BACKEND};
-use crate::{cfg, kernel_source, CudaQueue, KernelSource};
+use crate::device::BACKEND;
+use crate::launch::{KernelStruct, TensorMap};
+use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("mla_decode_attention");
 
-const OP: &str = "MlaDecodeAttention";
+const OP: OpId = OpId::MlaDecodeAttention;
 /// Fast-path head and value dims (DeepSeek MLA: kv_lora_rank 512 + rope 64).
 const FAST_D: i64 = 576;
 const FAST_DV: i64 = 512;
@@ -44,7 +44,7 @@ const MAX_SMEM: u32 = 232_448;
 /// The kernels' argument block; must match `mla::Params` in the kernel file.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-struct Params {
+pub(crate) struct Params {
     q: u64,
     out: u64,
     lse: u64,
@@ -84,8 +84,9 @@ struct Params {
 }
 
 // SAFETY: plain old data with the C layout of the kernel's `mla::Params` (same field order
-// and types), passed by value as the only kernel parameter.
-unsafe impl DeviceRepr for Params {}
+// and types), passed by value as the kernels' first parameter; its addresses are validated
+// views or workspaces sized for the call (see `launches`).
+unsafe impl KernelStruct for Params {}
 
 /// Which kernel computes the attention. The op always uses [`Kernel::Auto`]; the others are
 /// for benchmarks and tests ([`mla_decode_attention_with`]).
@@ -137,65 +138,36 @@ pub(crate) fn run(q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
 }
 
 /// What the kernels need to know about a device, looked up once.
-#[derive(Clone, Copy)]
-struct DeviceInfo {
-    sms: u32,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceInfo {
+    /// Compute capability, major * 10 + minor.
+    pub sm: u32,
+    pub sms: u32,
     /// The module holds the sm_90a wgmma kernels.
-    wgmma: bool,
+    pub wgmma: bool,
     /// Largest dynamic shared memory a CTA may opt into (227 KB on the H200, 163 KB on an
     /// A100): Auto takes the mma kernels' small KV ring where the full one does not fit,
     /// and the generic kernel where neither does.
-    smem_optin: u32,
+    pub smem_optin: u32,
 }
 
 static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceInfo>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
-/// Functions whose dynamic shared-memory limit was raised, by CUfunction handle (a module
-/// loaded again, e.g. after the backend registered again, has new handles).
-static SMEM_SET: LazyLock<Mutex<HashMap<usize, u32>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
-    m.lock().map_err(|_| Error::backend(BACKEND, format!("{OP}: a cache lock was poisoned by a panic")))
+    m.lock().map_err(|_| Error::op_failed(OP, BACKEND, "a cache lock was poisoned by a panic"))
 }
 
 fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
     if let Some(i) = lock(&DEVICES)?.get(&ordinal) {
         return Ok(*i);
     }
-    let sms = cq
-        .device
-        .ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(drv("reading the SM count"))?
-        .max(1) as u32;
+    let sms = cq.sm_count()?;
     // The wgmma kernels exist only when the module was built for sm_90a.
     let wgmma = cq.sm() == 90 && cq.function(&SRC, "mla_decode_wgmma", DType::BF16).is_ok();
-    let smem_optin = cq
-        .device
-        .ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        .map_err(drv("reading the shared-memory limit"))?
-        .max(0) as u32;
-    let info = DeviceInfo { sms, wgmma, smem_optin };
+    let smem_optin = cq.smem_optin()?;
+    let info = DeviceInfo { sm: cq.sm(), sms, wgmma, smem_optin };
     lock(&DEVICES)?.insert(ordinal, info);
     Ok(info)
-}
-
-/// The kernel `{base}_{dtype}` with its dynamic shared-memory limit raised to `smem`.
-fn function(cq: &CudaQueue, base: &'static str, dt: DType, smem: u32) -> Result<CudaFunction> {
-    let f = cq.function(&SRC, base, dt)?;
-    if smem > 48 * 1024 {
-        let key = f.cu_function() as usize;
-        let mut set = lock(&SMEM_SET)?;
-        if set.get(&key).copied().unwrap_or(0) < smem {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(drv("raising the shared-memory limit"))?;
-            set.insert(key, smem);
-        }
-    }
-    Ok(f)
 }
 
 /// Dynamic shared memory of the wgmma kernel with `mt` query rows per CTA
@@ -209,11 +181,12 @@ const fn tc_smem(mt: u32) -> u32 {
 /// `mla::TmaMap`: the tensor map of the cache, the TMA kernel's second parameter.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct TmaMap(cudarc::driver::sys::CUtensorMap);
+struct TmaMap(TensorMap);
 
 // SAFETY: one CUtensorMap (an opaque 128-byte block), 64-byte aligned, with the layout of the
-// kernel's `mla::TmaMap`, passed by value as a __grid_constant__ parameter.
-unsafe impl DeviceRepr for TmaMap {}
+// kernel's `mla::TmaMap`, passed by value as a __grid_constant__ parameter; it describes
+// the validated cache view.
+unsafe impl KernelStruct for TmaMap {}
 
 /// Whether the wgmma kernel may load the cache through the TMA: a tile of 64 tokens is whole
 /// boxes of min(BS, 64) rows of one block (BS divides 64 or 64 divides BS) and the block
@@ -227,45 +200,20 @@ fn tma_ok(cache: &Tensor<'_>) -> bool {
 /// min(BS, 64) rows x 1 block, 128-byte swizzle (`mla::swz`). The caller checked the rows
 /// (16-byte aligned start, strides multiples of 8 elements) and `tma_ok`.
 fn cache_map(cache: &Tensor<'_>) -> Result<TmaMap> {
-    use cudarc::driver::sys::{
-        cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
-        CUtensorMapL2promotion, CUtensorMapSwizzle,
-    };
-    let dtype = match cache.dtype() {
-        DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-    };
     let (nb, bs, d) = (cache.dim(0) as u64, cache.dim(1) as u64, cache.dim(2) as u64);
     // A dim of size 1 may carry any stride; the map wants a positive multiple of 16 bytes.
     let row_bytes = if bs == 1 { d * 2 } else { cache.stride(1) as u64 * 2 };
     let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 * 2 };
-    let dims = [d, bs, nb];
-    let strides = [row_bytes, blk_bytes];
     let boxes = [64u32, bs.min(64) as u32, 1];
-    let elem = [1u32, 1, 1];
-    let mut map = CUtensorMap { opaque: [0; 16] };
-    // SAFETY: every pointer refers to a live local array of the length rank 3 implies (dims,
-    // boxes, element strides: 3; strides: 2); the driver reads them and writes the 128-byte
-    // map. The global address is the cache view vt-core validated.
-    let r = unsafe {
-        cuTensorMapEncodeTiled(
-            &mut map,
-            dtype,
-            3,
-            cache.data_addr() as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    r.result().map_err(|e| {
-        Error::backend(BACKEND, format!("{OP}: encoding the cache's TMA map (dims {dims:?}, strides {strides:?}): {e}"))
-    })?;
+    let map = TensorMap::encode(
+        OP,
+        "cache",
+        cache.dtype(),
+        cache.data_addr(),
+        [d, bs, nb],
+        [row_bytes, blk_bytes],
+        boxes,
+    )?;
     Ok(TmaMap(map))
 }
 
@@ -350,16 +298,43 @@ pub fn mla_decode_attention_with(
     opts: &DecodeOptions,
 ) -> Result<Plan> {
     let cq = CudaQueue::of(q, OP)?;
-    let ordinal = q.device().ordinal;
+    let (b, m_total, dv) = (a.q.dim(0), a.q.dim(1) * a.q.dim(2), a.out.dim(3));
+    if b == 0 || m_total == 0 {
+        return Ok(Plan { kernel: "none", rows_per_cta: 0, row_blocks: 0, parts: 0, min_tiles: 0 });
+    }
+    let info = device_info(cq, q.device().ordinal)?;
+    let tma = vt_core::flags::mla_decode_tma();
+    let c = choose(a, &info, opts, tma)?;
+    let ws = workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
+    cq.run(OP, &launches(a, &c, &info, ws)?)?;
+    Ok(c.plan)
+}
+
+/// What [`choose`] picked: the plan and the main kernel's launch shape.
+#[derive(Clone, Debug)]
+pub(crate) struct Choice {
+    pub plan: Plan,
+    base: &'static str,
+    /// The main kernel loads the cache through the TMA (its second parameter is the map).
+    tma: bool,
+    smem: u32,
+    threads: u32,
+    combine_wpr: i64,
+}
+
+/// The kernel, its shared memory and the number of parts for a call with `b > 0` sequences
+/// and `s_q * N > 0` query rows on a device described by `info`; `tma_flag`: the
+/// `VT_MLA_DECODE_TMA` flag.
+pub(crate) fn choose(
+    a: &MlaDecodeAttentionArgs<'_>,
+    info: &DeviceInfo,
+    opts: &DecodeOptions,
+    tma_flag: bool,
+) -> Result<Choice> {
     let (b, s_q, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
     let dv = a.out.dim(3);
     let m_total = s_q * n;
     let dt = a.q.dtype();
-    let none = Plan { kernel: "none", rows_per_cta: 0, row_blocks: 0, parts: 0, min_tiles: 0 };
-    if b == 0 || m_total == 0 {
-        return Ok(none);
-    }
-    let info = device_info(cq, ordinal)?;
 
     let mma_rows = if m_total <= 16 {
         16
@@ -405,7 +380,7 @@ pub fn mla_decode_attention_with(
         };
         (names.0, names.1, mma_rows as i64, mma_smem(mma_rows, mma_slots(mma_rows, small)), THREADS)
     };
-    let tma = kernel == Kernel::Wgmma && tma_ok(&a.cache) && vt_core::flags::mla_decode_tma();
+    let tma = kernel == Kernel::Wgmma && tma_ok(&a.cache) && tma_flag;
     let (base, name, mt, smem, threads): (&'static str, &'static str, i64, u32, u32) = match kernel {
         Kernel::Wgmma if tma => ("mla_decode_wgmma_tma", "wgmma_tma", 64, tc_smem(64), THREADS),
         Kernel::Wgmma => ("mla_decode_wgmma", "wgmma", 64, tc_smem(64), THREADS),
@@ -453,10 +428,30 @@ pub fn mla_decode_attention_with(
     // per row at b = 32 launched 8192 mostly idle CTAs: measured slower).
     let wpr: i64 = if parts >= 16 * b { 8 } else { 1 };
 
-    let f = function(cq, base, dt, smem)?;
-    let combine = cq.function(&SRC, "mla_decode_combine", dt)?;
-    let (part_o, part_lse, seq_info) = workspace(q, cq, parts + b, m_total, dv, b)?;
+    let main_grid = if kernel == Kernel::Generic { m_total } else { row_blocks };
+    let plan = Plan {
+        kernel: name,
+        rows_per_cta: mt as u32,
+        row_blocks: main_grid as u32,
+        parts: parts as u32,
+        min_tiles,
+    };
+    Ok(Choice { plan, base, tma, smem, threads, combine_wpr: wpr })
+}
 
+/// The main and combine launches of `c`, with the split-KV workspace `(part_o, part_lse,
+/// seq_info)` sized for `c.plan.parts + B` partials of `s_q * N` rows of Dv. The kernels
+/// never index past the shapes and strides passed beside the addresses (block ids and
+/// lengths read on the device are clamped; the TMA map bounds every read by the cache's
+/// dims, blocks outside it reading zeros).
+pub(crate) fn launches(
+    a: &MlaDecodeAttentionArgs<'_>,
+    c: &Choice,
+    info: &DeviceInfo,
+    (part_o, part_lse, seq_info): (u64, u64, u64),
+) -> Result<Vec<Launch>> {
+    let (b, s_q, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
+    let (dv, m_total, dt) = (a.out.dim(3), s_q * n, a.q.dtype());
     let l = a.lse;
     let p = Params {
         q: a.q.data_addr(),
@@ -491,83 +486,25 @@ pub fn mla_decode_attention_with(
         bs: to_i32("cache", "block size", a.cache.dim(1))?,
         mb: to_i32("block_table", "blocks per sequence", a.block_table.dim(1))?,
         m_total: to_i32("q", "s_q * N", m_total)?,
-        num_parts: parts as i32,
-        min_tiles: min_tiles as i32,
-        combine_wpr: wpr as i32,
+        num_parts: c.plan.parts as i32,
+        min_tiles: c.plan.min_tiles as i32,
+        combine_wpr: c.combine_wpr as i32,
         scale_log2: a.scale * std::f32::consts::LOG2_E,
     };
-    let main_grid = if kernel == Kernel::Generic { m_total } else { row_blocks };
-    let main_cfg = cfg((parts as u32, main_grid as u32, 1), threads, smem);
-    if tma {
-        let map = cache_map(&a.cache)?;
-        let mut lb = cq.stream.launch_builder(&f);
-        lb.arg(&p);
-        lb.arg(&map);
-        // SAFETY: (Params, TmaMap) are the TMA kernel's parameters, laid out as in the kernel
-        // file; the map bounds every TMA read by the cache view's dims (blocks outside it read
-        // zeros) and the kernel checks block ids and lengths read on the device.
-        unsafe { lb.launch(main_cfg) }.map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))?;
-    } else {
-        launch(cq, &f, main_cfg, &p)?;
+    let mut main_args = vec![Arg::of_struct(p)];
+    if c.tma {
+        main_args.push(Arg::of_struct(cache_map(&a.cache)?));
     }
-    let rows_per_cta = 8 / wpr;
+    let main_grid = (c.plan.parts, c.plan.row_blocks, 1);
+    let main = Launch::new(&SRC, c.base, dt, main_grid, c.threads, main_args).with_smem(c.smem);
+    let rows_per_cta = 8 / c.combine_wpr;
     let comb_grid =
         (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + 127) / 128) as u32);
+    let combine = Launch::new(&SRC, "mla_decode_combine", dt, comb_grid, THREADS, [Arg::of_struct(p)]);
     // On sm_90 the combine launches while the main kernel runs (programmatic dependent
     // launch) and waits for it on the device, hiding its launch latency.
-    if cq.sm() >= 90 {
-        launch_dependent(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
-    } else {
-        launch(cq, &combine, cfg(comb_grid, THREADS, 0), &p)?;
-    }
-    Ok(Plan {
-        kernel: name,
-        rows_per_cta: mt as u32,
-        row_blocks: main_grid as u32,
-        parts: parts as u32,
-        min_tiles,
-    })
-}
-
-fn launch(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Params) -> Result<()> {
-    let mut lb = cq.stream.launch_builder(f);
-    lb.arg(p);
-    // SAFETY: `Params` is the kernel's only parameter, laid out as in the kernel file. Every
-    // address in it is a view vt-core validated against its allocation (or a workspace
-    // buffer sized for this call), and the kernels never index past the shapes and strides
-    // passed beside the addresses (block ids and lengths read on the device are clamped).
-    unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
-}
-
-/// Launches `f` with programmatic stream serialization: it may start before the previous
-/// kernel on the stream has finished, and must execute `griddepcontrol.wait` (the combine
-/// kernel does, first thing) before touching what that kernel writes.
-fn launch_dependent(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Params) -> Result<()> {
-    use cudarc::driver::sys;
-    // SAFETY: an all-zero CUlaunchAttribute is a valid value of this plain C struct.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: cq.stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    let mut params: [*mut std::ffi::c_void; 1] = [p as *const Params as *mut std::ffi::c_void];
-    cq.device.ctx.bind_to_thread().map_err(drv("binding the context"))?;
-    // SAFETY: as in `launch`: `Params` is the kernel's only parameter and every address in
-    // it is valid for the shapes beside it; `config`, `attr` and `params` outlive the call,
-    // which copies them.
-    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-        .result()
-        .map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
+    let combine = if info.sm >= 90 { combine.dependent() } else { combine };
+    Ok(vec![main, combine])
 }
 
 #[cfg(test)]

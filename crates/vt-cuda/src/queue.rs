@@ -6,11 +6,12 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use vt_core::{DType, Error, Queue, QueueImpl, Result};
+use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig};
+use vt_core::{DType, Error, Queue, QueueImpl, Result, Subject};
 
 use crate::device::{drv, library_present, DeviceState, BACKEND};
 use crate::kernels::KernelSource;
+use crate::launch::Arg;
 
 /// cuBLAS's recommended workspace on Hopper; given to the handle up front so that no call
 /// allocates (a requirement of CUDA graph capture).
@@ -92,10 +93,13 @@ impl CudaQueue {
         Ok(out)
     }
 
-    /// The CUDA queue behind a `vt_core::Queue`, or an error naming `op`.
-    pub(crate) fn of<'q>(q: &'q Queue, op: &'static str) -> Result<&'q CudaQueue> {
-        q.downcast::<CudaQueue>()
-            .ok_or_else(|| Error::backend(BACKEND, format!("{op}: the queue is not a CUDA queue")))
+    /// The CUDA queue behind a `vt_core::Queue`, or an error naming `what` (an [`OpId`],
+    /// or the name of another API: graph capture, benches, NCCL).
+    pub(crate) fn of(q: &Queue, what: impl Into<Subject>) -> Result<&CudaQueue> {
+        q.downcast::<CudaQueue>().ok_or_else(|| match what.into() {
+            Subject::Op(op) => Error::op_failed(op, BACKEND, "the queue is not a CUDA queue"),
+            Subject::Api(api) => Error::backend(BACKEND, format!("{api}: the queue is not a CUDA queue")),
+        })
     }
 
     /// The kernel `{base}_{dtype}` of `src` on this queue's device.
@@ -156,44 +160,15 @@ impl QueueImpl for CudaQueue {
 }
 
 /// A launch configuration: `grid` blocks of `block` threads and `smem` bytes of dynamic
-/// shared memory.
+/// shared memory. Transitional, with [`CudaQueue::launch`]: for the PrefillAttention files
+/// until their launches are plans.
 pub(crate) fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem }
 }
 
-/// One kernel argument. Device addresses are passed as `u64` (the ABI of a pointer).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
-    Ptr(u64),
-    I64(i64),
-    I32(i32),
-    F32(f32),
-}
-
-impl From<u64> for Arg {
-    fn from(v: u64) -> Arg {
-        Arg::Ptr(v)
-    }
-}
-impl From<i64> for Arg {
-    fn from(v: i64) -> Arg {
-        Arg::I64(v)
-    }
-}
-impl From<i32> for Arg {
-    fn from(v: i32) -> Arg {
-        Arg::I32(v)
-    }
-}
-impl From<f32> for Arg {
-    fn from(v: f32) -> Arg {
-        Arg::F32(v)
-    }
-}
-
 impl CudaQueue {
     /// Launches `f` on this queue's stream with `args` in the kernel's parameter order.
-    /// Asynchronous: returns once the launch is queued.
+    /// Transitional (see [`cfg`]); new code plans [`crate::Launch`]es for [`CudaQueue::run`].
     ///
     /// # Safety
     /// The arguments must match the kernel's parameters in number and type, and every
@@ -206,22 +181,7 @@ impl CudaQueue {
         cfg: LaunchConfig,
         args: &[Arg],
     ) -> Result<()> {
-        if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
-            return Ok(());
-        }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Ptr(v) => b.arg(v),
-                Arg::I64(v) => b.arg(v),
-                Arg::I32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
-        // SAFETY: forwarded to the caller (see above); `args` outlives the launch call,
-        // which copies the parameter values.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
+        self.launch_loaded(f, cfg.grid_dim, cfg.block_dim.0, args)
             .map_err(|e| Error::backend(BACKEND, format!("{op}: launch: {e}")))
     }
 }

@@ -1,8 +1,9 @@
 //! RmsNorm: one block of `NORM_THREADS` per row (`kernels-cuda/rms_norm.cu`).
 
-use vt_core::{Error, Queue, Result, RmsNormArgs};
+use vt_core::{OpId, Queue, Result, RmsNormArgs};
 
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::rope_from_cache::int;
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("rms_norm");
 
@@ -10,15 +11,19 @@ static SRC: KernelSource = kernel_source!("rms_norm");
 /// so FusedNormRope's bit-identity with RmsNorm, depends on it.
 pub(crate) const NORM_THREADS: u32 = 256;
 
+const OP: OpId = OpId::RmsNorm;
+
 pub(crate) fn run(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
-    let cq = CudaQueue::of(q, "RmsNorm")?;
+    CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
+}
+
+/// Rows of `d` unit-stride elements, `t` rows: the kernel stays inside the validated views.
+pub(crate) fn plan(a: &RmsNormArgs<'_>) -> Result<Vec<Launch>> {
     let (t, d) = (a.x.dim(0), a.x.dim(1));
     if t == 0 || d == 0 {
-        return Ok(());
+        return Ok(vec![]);
     }
-    let d =
-        i32::try_from(d).map_err(|_| Error::invalid("RmsNorm", "x", format!("row width {d} exceeds i32")))?;
-    let f = cq.function(&SRC, "rms_norm", a.x.dtype())?;
+    let d = int(OP, "x", d)?;
     let args: [Arg; 8] = [
         a.out.data_addr().into(),
         a.out.stride(0).into(),
@@ -29,7 +34,5 @@ pub(crate) fn run(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
         d.into(),
         a.eps.into(),
     ];
-    // SAFETY: the arguments follow `rms_norm_*`'s parameters; vt-core validated that the
-    // views (rows of `d` unit-stride elements, `t` rows) lie inside their allocations.
-    unsafe { cq.launch("RmsNorm", &f, cfg((grid_1d(t), 1, 1), NORM_THREADS, 0), &args) }
+    Ok(vec![Launch::new(&SRC, "rms_norm", a.x.dtype(), (grid_1d(t), 1, 1), NORM_THREADS, args)])
 }

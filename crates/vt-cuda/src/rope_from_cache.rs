@@ -1,29 +1,34 @@
 //! RopeFromCache: one block per token rotates every head of q (and k) in place
 //! (`kernels-cuda/rope_from_cache.cu`).
 
-use vt_core::{Error, Queue, Result, RopeFromCacheArgs};
+use vt_core::{Error, OpId, Queue, Result, RopeFromCacheArgs, Subject};
 
-use crate::{cfg, grid_1d, kernel_source, Arg, CudaQueue, KernelSource};
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("rope_from_cache");
 
-pub(crate) fn int(op: &'static str, arg: &'static str, v: i64) -> Result<i32> {
+/// A size the kernels take as `int`, or an error naming `op` and `arg`.
+pub(crate) fn int(op: impl Into<Subject>, arg: &'static str, v: i64) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::invalid(op, arg, format!("size {v} exceeds the kernels' i32 range")))
 }
 
+const OP: OpId = OpId::RopeFromCache;
+
 pub(crate) fn run(q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
-    const OP: &str = "RopeFromCache";
-    let cq = CudaQueue::of(q, OP)?;
+    CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
+}
+
+/// The kernel reads each position and skips those outside the cache.
+pub(crate) fn plan(a: &RopeFromCacheArgs<'_>) -> Result<Vec<Launch>> {
     let (t, r) = (a.q.dim(0), a.q.dim(2));
     if t == 0 {
-        return Ok(());
+        return Ok(vec![]);
     }
     let hq = int(OP, "q", a.q.dim(1))?;
     let (k_ptr, k_st, k_sh, hk) = match &a.k {
         Some(k) => (k.data_addr(), k.stride(0), k.stride(1), int(OP, "k", k.dim(1))?),
         None => (0, 0, 0, 0),
     };
-    let f = cq.function(&SRC, "rope_from_cache", a.q.dtype())?;
     let args: [Arg; 15] = [
         a.q.data_addr().into(),
         a.q.stride(0).into(),
@@ -41,7 +46,5 @@ pub(crate) fn run(q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
         int(OP, "q", r)?.into(),
         (a.is_neox as i32).into(),
     ];
-    // SAFETY: the arguments follow `rope_from_cache_*`'s parameters; vt-core validated the
-    // views, and the kernel reads each position and skips those outside the cache.
-    unsafe { cq.launch(OP, &f, cfg((grid_1d(t), 1, 1), 128, 0), &args) }
+    Ok(vec![Launch::new(&SRC, "rope_from_cache", a.q.dtype(), (grid_1d(t), 1, 1), 128, args)])
 }

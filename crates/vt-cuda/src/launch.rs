@@ -1,0 +1,460 @@
+//! vt-cuda's one layer of unsafe kernel launches, as `vt-hip`'s `launch.rs` + `backend.rs`.
+//!
+//! Op files never call the driver. They build plain data — a [`Launch`] per kernel: the
+//! kernel file, the kernel's base name and dtype, grid, block, dynamic shared memory and
+//! the argument list ([`Arg`]: addresses, integers, floats and `#[repr(C)]` parameter
+//! structs) — in a `plan` function that touches no device, and hand it to
+//! [`CudaQueue::run`], which loads the kernel, raises its shared-memory limit where needed
+//! and does the one unsafe launch. Because plans are plain data, a test without a GPU
+//! (`ptx_check.rs`) compiles every kernel file to PTX with NVRTC and checks each op's
+//! planned argument lists against the `.entry` parameter lists.
+//!
+//! The other driver calls an op needs are safe wrappers here too: the TMA descriptor
+//! encode ([`TensorMap::encode`]) and the device limits ([`CudaQueue::sm_count`],
+//! [`CudaQueue::smem_optin`]).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use cudarc::cublas::sys as cublas_sys;
+use cudarc::driver::sys;
+use cudarc::driver::{result, CudaFunction};
+use vt_core::{DType, Error, OpId, Result};
+
+use crate::device::{drv, BACKEND};
+use crate::kernels::KernelSource;
+use crate::CudaQueue;
+
+/// A `#[repr(C)]` struct passed by value as one kernel parameter (the attention kernels'
+/// `Params`, the TMA maps).
+///
+/// # Safety
+/// The type must be plain old data (no pointers to host memory, no references, no drop
+/// glue) with exactly the size, alignment and field layout of the kernel parameter it is
+/// passed as; any device address in it must be valid for the sizes and strides beside it.
+pub(crate) unsafe trait KernelStruct: Copy + Send + Sync + 'static {}
+
+/// A parameter struct behind a shared pointer (so [`Arg`] stays cheap to clone).
+trait StructValue: Send + Sync {
+    fn as_ptr(&self) -> *const c_void;
+}
+
+impl<T: KernelStruct> StructValue for T {
+    fn as_ptr(&self) -> *const c_void {
+        self as *const T as *const c_void
+    }
+}
+
+/// A by-value struct argument: the value, and its size and alignment (checked against the
+/// kernel's `.param .align A .b8 name[SIZE]`).
+#[derive(Clone)]
+pub(crate) struct StructArg {
+    value: Arc<dyn StructValue>,
+    pub size: usize,
+    pub align: usize,
+    pub name: &'static str,
+}
+
+impl std::fmt::Debug for StructArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} bytes, align {})", self.name, self.size, self.align)
+    }
+}
+
+/// One kernel argument, as the kernel declares it. Device addresses are `u64` (the ABI of
+/// a pointer); `I32` also serves the kernels' `unsigned` parameters (same ABI) for values
+/// known to be non-negative.
+#[derive(Clone, Debug)]
+pub(crate) enum Arg {
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+    Struct(StructArg),
+}
+
+impl Arg {
+    /// A parameter struct passed by value.
+    pub fn of_struct<T: KernelStruct>(v: T) -> Arg {
+        Arg::Struct(StructArg {
+            value: Arc::new(v),
+            size: std::mem::size_of::<T>(),
+            align: std::mem::align_of::<T>(),
+            name: std::any::type_name::<T>(),
+        })
+    }
+
+    /// The value's bytes in the low end of an 8-byte slot (little-endian), which is what
+    /// the driver reads the parameter's size of; `None` for a struct.
+    fn slot(&self) -> Option<u64> {
+        match *self {
+            Arg::Ptr(p) => Some(p),
+            Arg::I64(v) => Some(v as u64),
+            Arg::I32(v) => Some(v as u32 as u64),
+            Arg::F32(v) => Some(v.to_bits() as u64),
+            Arg::Struct(_) => None,
+        }
+    }
+}
+
+impl From<u64> for Arg {
+    fn from(v: u64) -> Arg {
+        Arg::Ptr(v)
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Arg {
+        Arg::I64(v)
+    }
+}
+impl From<i32> for Arg {
+    fn from(v: i32) -> Arg {
+        Arg::I32(v)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg::F32(v)
+    }
+}
+
+/// One launch of the kernel `{base}_{dtype}` of one `kernels-cuda/` file.
+#[derive(Clone, Debug)]
+pub(crate) struct Launch {
+    pub src: &'static KernelSource,
+    pub base: &'static str,
+    pub dtype: DType,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    /// Dynamic shared memory in bytes (the limit is raised past 48 KiB at launch).
+    pub smem: u32,
+    pub args: Vec<Arg>,
+    /// Programmatic dependent launch: the kernel may start before the previous kernel on
+    /// the stream has finished, and executes `griddepcontrol.wait` before reading what it
+    /// wrote.
+    pub dependent: bool,
+}
+
+impl Launch {
+    pub fn new(
+        src: &'static KernelSource,
+        base: &'static str,
+        dtype: DType,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: impl Into<Vec<Arg>>,
+    ) -> Launch {
+        Launch { src, base, dtype, grid, block, smem: 0, args: args.into(), dependent: false }
+    }
+
+    pub fn with_smem(mut self, bytes: u32) -> Launch {
+        self.smem = bytes;
+        self
+    }
+
+    /// See [`Launch::dependent`].
+    pub fn dependent(mut self) -> Launch {
+        self.dependent = true;
+        self
+    }
+
+    /// The kernel's symbol (`rms_norm_bf16`).
+    pub fn symbol(&self) -> String {
+        format!("{}_{}", self.base, self.dtype.name())
+    }
+}
+
+/// Functions whose dynamic shared-memory limit was raised, by CUfunction handle (a module
+/// loaded again, e.g. after the backend registered again, has new handles).
+static SMEM_SET: LazyLock<Mutex<HashMap<usize, u32>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+impl CudaQueue {
+    /// Runs planned launches in order on this queue's stream (asynchronous: returns once
+    /// they are queued). Errors name `op`.
+    ///
+    /// The plans come from the ops' `plan` functions, which take every address from views
+    /// vt-core validated (inside live allocations of this device, outputs disjoint from
+    /// inputs) or from workspaces sized for the call, and pass the sizes and strides that
+    /// keep every kernel access inside them (index values read on the device are bounds-
+    /// checked by the kernels). The argument lists are checked against the compiled
+    /// kernels' parameters by `ptx_check.rs`.
+    pub(crate) fn run(&self, op: OpId, launches: &[Launch]) -> Result<()> {
+        for l in launches {
+            if l.grid.0 == 0 || l.grid.1 == 0 || l.grid.2 == 0 {
+                continue;
+            }
+            let f = self.kernel(op, l)?;
+            self.launch_planned(op, &f, l)?;
+        }
+        Ok(())
+    }
+
+    /// The launch's kernel, with its dynamic shared-memory limit raised to `l.smem`
+    /// (checked against the device's opt-in limit first). Raising the limit is not a
+    /// stream operation: allowed between launches and during graph capture.
+    fn kernel(&self, op: OpId, l: &Launch) -> Result<CudaFunction> {
+        let f = self.function(l.src, l.base, l.dtype)?;
+        if l.smem <= 48 * 1024 {
+            return Ok(f);
+        }
+        let key = f.cu_function() as usize;
+        let mut set = SMEM_SET
+            .lock()
+            .map_err(|_| Error::op_failed(op, BACKEND, "a cache lock was poisoned by a panic"))?;
+        if set.get(&key).copied().unwrap_or(0) < l.smem {
+            let max = self.smem_optin()?;
+            if l.smem > max {
+                return Err(Error::op_failed(
+                    op,
+                    BACKEND,
+                    format!(
+                        "{} needs {} bytes of shared memory per block, the device allows {max}",
+                        l.symbol(),
+                        l.smem
+                    ),
+                ));
+            }
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                l.smem as i32,
+            )
+            .map_err(drv("raising the shared-memory limit"))?;
+            set.insert(key, l.smem);
+        }
+        Ok(f)
+    }
+
+    fn launch_planned(&self, op: OpId, f: &CudaFunction, l: &Launch) -> Result<()> {
+        self.raw_launch(f, l.grid, l.block, l.smem, &l.args, l.dependent)
+            .map_err(|e| Error::op_failed(op, BACKEND, format!("launching {}: {e}", l.symbol())))
+    }
+
+    /// Launches a kernel loaded outside `kernels-cuda/` (the bench's fill kernel) with
+    /// `args` on this queue's stream. The same contract as [`CudaQueue::run`]: `args` match
+    /// the kernel's parameters and describe memory it may access.
+    pub(crate) fn launch_loaded(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> std::result::Result<(), result::DriverError> {
+        self.raw_launch(f, grid, block, 0, args, false)
+    }
+
+    /// The one unsafe kernel launch of vt-cuda.
+    fn raw_launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+        dependent: bool,
+    ) -> std::result::Result<(), result::DriverError> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let mut slots: Vec<u64> = args.iter().map(|a| a.slot().unwrap_or(0)).collect();
+        let mut params: Vec<*mut c_void> = args
+            .iter()
+            .zip(slots.iter_mut())
+            .map(|(a, slot)| match a {
+                Arg::Struct(s) => s.value.as_ptr() as *mut c_void,
+                _ => slot as *mut u64 as *mut c_void,
+            })
+            .collect();
+        let stream = self.stream.cu_stream();
+        self.device.ctx.bind_to_thread()?;
+        // Programmatic stream serialization, for a dependent launch.
+        let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `params` holds one pointer per kernel parameter, in order: to an 8-byte
+        // slot whose low bytes are the scalar in the parameter's C type, or to a
+        // `KernelStruct` value with the parameter's layout (the ops' lists are checked
+        // against the compiled kernels' `.entry` parameters by `ptx_check.rs`). Every
+        // address among them comes from a validated view or a workspace sized for the call,
+        // with the sizes and strides that keep the kernel inside it (see `run`). The
+        // function and the stream belong to this queue's context, which is current; `slots`,
+        // the struct values, `params`, `attr` and `config` outlive the call, which copies
+        // them. A dependent launch's kernel waits (`griddepcontrol.wait`) before reading
+        // what the previous kernel on the stream wrote.
+        unsafe {
+            if dependent {
+                sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+                    .result()
+            } else {
+                result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, stream, &mut params)
+            }
+        }
+    }
+
+    /// The device's streaming multiprocessor count.
+    pub(crate) fn sm_count(&self) -> Result<u32> {
+        let n = self
+            .device
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("reading the SM count"))?;
+        Ok(n.max(1) as u32)
+    }
+
+    /// The largest dynamic shared memory a block may opt into (227 KB on an H100/H200, 163
+    /// KB on an A100).
+    pub(crate) fn smem_optin(&self) -> Result<u32> {
+        let n = self
+            .device
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(drv("reading the shared-memory limit"))?;
+        Ok(n.max(0) as u32)
+    }
+}
+
+/// One operand of a [`BlasGemm`]: device address, leading dimension, batch stride (in
+/// elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlasOperand {
+    pub addr: u64,
+    pub ld: i32,
+    pub batch_stride: i64,
+}
+
+/// One `cublasGemmStridedBatchedEx` call in cuBLAS's column-major terms, as plain data:
+/// `C[g] = op_a(A[g]) . op_b(B[g])` for g < batch, f32 compute, alpha 1, beta 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlasGemm {
+    pub op_a: cublas_sys::cublasOperation_t,
+    pub op_b: cublas_sys::cublasOperation_t,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub dtype: cublas_sys::cudaDataType,
+    pub a: BlasOperand,
+    pub b: BlasOperand,
+    pub c: BlasOperand,
+    pub batch: i32,
+}
+
+impl CudaQueue {
+    /// Runs `g` on this queue's cuBLAS handle (bound to its stream). The matmul ops build
+    /// `g` from validated views: its shapes, leading dimensions and batch strides describe
+    /// exactly memory inside them.
+    pub(crate) fn gemm(&self, op: OpId, g: &BlasGemm) -> Result<()> {
+        let blas = self.blas.as_ref().ok_or_else(|| Error::op_failed(op, BACKEND, "cuBLAS is not loaded"))?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        self.device.ctx.bind_to_thread().map_err(drv("binding the context"))?;
+        // SAFETY: `g`'s operands lie inside validated views (see above); alpha/beta are
+        // host f32 values read during the call (host pointer mode, f32 compute); the handle
+        // is bound to this queue's stream and has its own workspace, so the call neither
+        // allocates nor syncs.
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                blas.handle,
+                g.op_a,
+                g.op_b,
+                g.m,
+                g.n,
+                g.k,
+                &alpha as *const f32 as *const c_void,
+                g.a.addr as *const c_void,
+                g.dtype,
+                g.a.ld,
+                g.a.batch_stride,
+                g.b.addr as *const c_void,
+                g.dtype,
+                g.b.ld,
+                g.b.batch_stride,
+                &beta as *const f32 as *const c_void,
+                g.c.addr as *mut c_void,
+                g.dtype,
+                g.c.ld,
+                g.c.batch_stride,
+                g.batch,
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| Error::op_failed(op, BACKEND, format!("cublasGemmStridedBatchedEx: {e}")))
+    }
+}
+
+/// A TMA descriptor (`CUtensorMap`, 128 bytes, 64-byte aligned) as a kernel parameter
+/// field.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub(crate) struct TensorMap(sys::CUtensorMap);
+
+impl TensorMap {
+    /// Encodes the 3-D tiled map of a 16-bit tensor at device address `addr` with `dims`
+    /// (innermost first), byte `strides` of dims 1 and 2 (multiples of 16), boxes of
+    /// `boxes` elements, 128-byte swizzle, L2 promotion of 256 bytes, no interleave and
+    /// zero fill out of bounds: what the sm_90 attention kernels' wgmma descriptors read.
+    /// The driver checks the values and errors on any it rejects; `what` names the tensor
+    /// in that error.
+    pub(crate) fn encode(
+        op: OpId,
+        what: &'static str,
+        dtype: DType,
+        addr: u64,
+        dims: [u64; 3],
+        strides: [u64; 2],
+        boxes: [u32; 3],
+    ) -> Result<TensorMap> {
+        let dt = match dtype {
+            DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            other => {
+                return Err(Error::invalid(op, what, format!("a TMA map takes bf16 or f16, not {other}")))
+            }
+        };
+        let elem = [1u32, 1, 1];
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        // SAFETY: every pointer refers to a live local array of the length the rank (3)
+        // implies (dims, boxes, element strides: 3; strides: 2); the driver only reads them
+        // and writes the 128-byte map. The global address is only recorded in the map (the
+        // driver does not access it); kernels read through the map within `dims`.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                dt,
+                3,
+                addr as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        r.result().map_err(|e| {
+            Error::op_failed(
+                op,
+                BACKEND,
+                format!("encoding the TMA map of {what} (dims {dims:?}, strides {strides:?}): {e}"),
+            )
+        })?;
+        Ok(TensorMap(map))
+    }
+}
