@@ -1,6 +1,6 @@
-//! `cargo xtask bench decode [--json FILE] [--plot FILE] [--sweep] [--iters N] [--only SPEC]...
-//! [--no-parity]`: MlaDecodeAttention on the first CUDA device, on FlashMLA's benchmark shapes
-//! (../shared/ANCHORS.md).
+//! `cargo xtask bench decode [--peer FILE] [--json FILE] [--plot FILE] [--sweep] [--iters N]
+//! [--only SPEC]... [--no-parity]`: MlaDecodeAttention on the first CUDA device, on FlashMLA's
+//! benchmark shapes (the 14 s_q = 1 shapes of ../shared/ANCHORS.md and two s_q = 2 shapes).
 //!
 //! - Shapes: s_q = 1, one KV head, D = 576, Dv = 512, bf16, paged cache of block size 64
 //!   unless a row says otherwise, sequence i of a batch has `seqlen + 2 i` tokens, pages
@@ -16,7 +16,18 @@
 //! - `--sweep` also times every kernel / minimum-tiles-per-part variant per shape;
 //!   `--only h128,b1,s8192` (repeatable) keeps matching shapes; `--no-parity` skips the
 //!   CPU check (for profiler runs); `--plot FILE` (.svg or .png) draws time per shape, ours
-//!   beside FlashMLA's and the floor.
+//!   beside FlashMLA's (from `--peer`) and the floor.
+//! - `--peer FILE`: the JSON of `tools/peers/flashmla_decode.py --json FILE`
+//!   (`{"peer", "rows": [{"h_q","b","seqlen","s_q","us","gbps","tflops"}]}`), written in the
+//!   same device call (`tools/device/decode_bench.sh` runs both). Rows match our block-size-64
+//!   shapes by (h_q, b, seqlen, s_q); FlashMLA's time and the ratio vt / FlashMLA come only
+//!   from that file. Without it those columns print `-` ("no peer in this call"): no peer
+//!   figure is ever built in or copied from elsewhere.
+//! - Targets (issue 13, item 2), listed ok / MISS after the table: ratio <= 1.00 at every
+//!   shape with a peer row; >= 90% of the copy floor (bytes / copy ceiling) at 16 and 32 heads
+//!   with b >= 64 (block size 64); b = 1, 8192 tokens <= 12 us at 16 and 128 heads; block
+//!   sizes 1 and 16 within 10% of 64 at 16 and 128 heads; s_q = 2 within 10% of s_q = 1 at
+//!   16 heads and <= 1.8x at 128 heads. A target whose rows were not run is left out.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -35,7 +46,10 @@ pub struct Args {
     /// Write the rows (and this run's ceilings) as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// Draw time per shape (ours, FlashMLA, the floor) as .svg or .png.
+    /// FlashMLA's times: the JSON of tools/peers/flashmla_decode.py --json FILE, same device call.
+    #[arg(long, value_name = "FILE")]
+    pub peer: Option<PathBuf>,
+    /// Draw time per shape (ours, FlashMLA from --peer, the floor) as .svg or .png.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Also time every kernel / minimum-tiles-per-part variant per shape.
@@ -73,23 +87,30 @@ const DV: i64 = 512;
 const Q_SEED: u64 = 11;
 const KV_SEED: u64 = 12;
 
-/// (h_q, b, seqlen, FlashMLA microseconds) from ANCHORS.md.
-const ANCHORS: [(i64, i64, i64, f64); 14] = [
-    (16, 128, 4096, 174.6),
-    (16, 128, 8192, 319.6),
-    (16, 64, 16384, 317.7),
-    (16, 32, 4096, 56.2),
-    (16, 1, 8192, 29.2),
-    (32, 128, 8192, 322.9),
-    (64, 128, 4096, 181.8),
-    (64, 128, 8192, 329.1),
-    (64, 32, 4096, 60.9),
-    (128, 128, 4096, 266.6),
-    (128, 128, 8192, 478.1),
-    (128, 64, 16384, 513.8),
-    (128, 32, 4096, 80.5),
-    (128, 1, 8192, 30.4),
+/// FlashMLA's block size: the peer's rows match our shapes of this block size only.
+const PEER_BLOCK: i64 = 64;
+
+/// (h_q, b, seqlen) of the ANCHORS.md table (s_q = 1, block size 64); no times: those come
+/// from `--peer` only.
+const ANCHORS: [(i64, i64, i64); 14] = [
+    (16, 128, 4096),
+    (16, 128, 8192),
+    (16, 64, 16384),
+    (16, 32, 4096),
+    (16, 1, 8192),
+    (32, 128, 8192),
+    (64, 128, 4096),
+    (64, 128, 8192),
+    (64, 32, 4096),
+    (128, 128, 4096),
+    (128, 128, 8192),
+    (128, 64, 16384),
+    (128, 32, 4096),
+    (128, 1, 8192),
 ];
+
+/// (h_q, b, seqlen) of the extra rows (block sizes 1 and 16, s_q = 2).
+const EXTRA: [(i64, i64, i64); 2] = [(16, 128, 4096), (128, 32, 4096)];
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -98,7 +119,6 @@ struct Shape {
     seqlen: i64,
     bs: i64,
     s_q: i64,
-    flash_us: Option<f64>,
     tag: &'static str,
 }
 
@@ -135,21 +155,109 @@ impl Shape {
 }
 
 fn shapes() -> Vec<Shape> {
-    let mut v: Vec<Shape> = ANCHORS
-        .iter()
-        .map(|&(h, b, seqlen, f)| Shape { h, b, seqlen, bs: 64, s_q: 1, flash_us: Some(f), tag: "anchor" })
-        .collect();
-    for (h, b, seqlen) in [(16, 128, 4096), (128, 32, 4096)] {
+    let mut v: Vec<Shape> =
+        ANCHORS.iter().map(|&(h, b, seqlen)| Shape { h, b, seqlen, bs: 64, s_q: 1, tag: "anchor" }).collect();
+    for (h, b, seqlen) in EXTRA {
         for bs in [1, 16] {
-            v.push(Shape { h, b, seqlen, bs, s_q: 1, flash_us: None, tag: "block size" });
+            v.push(Shape { h, b, seqlen, bs, s_q: 1, tag: "block size" });
         }
-        v.push(Shape { h, b, seqlen, bs: 64, s_q: 2, flash_us: None, tag: "s_q 2" });
+        v.push(Shape { h, b, seqlen, bs: 64, s_q: 2, tag: "s_q 2" });
     }
     v
 }
 
+/// One row of the peer's JSON (tools/peers/flashmla_decode.py).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerRow {
+    pub h_q: i64,
+    pub b: i64,
+    pub seqlen: i64,
+    pub s_q: i64,
+    pub us: f64,
+    pub gbps: Option<f64>,
+    pub tflops: Option<f64>,
+}
+
+/// The peer's rows, from one file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Peer {
+    /// The file's `peer` field ("" if absent).
+    pub name: String,
+    pub rows: Vec<PeerRow>,
+}
+
+/// Parses `{"peer": NAME, "rows": [{"h_q","b","seqlen","s_q","us","gbps","tflops"}]}`. Every
+/// row needs the four integer keys and a positive finite `us`; gbps and tflops are optional; two
+/// rows with the same (h_q, b, seqlen, s_q) are an error.
+fn parse_peer(text: &str) -> Result<Peer, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
+    let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
+    let list = v.get("rows").and_then(|r| r.as_array()).ok_or("peer JSON: no \"rows\" array")?;
+    let mut rows: Vec<PeerRow> = Vec::with_capacity(list.len());
+    for (i, r) in list.iter().enumerate() {
+        let int = |k: &str| {
+            r.get(k)
+                .and_then(|x| x.as_i64())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("peer JSON row {i}: no positive integer \"{k}\""))
+        };
+        let num = |k: &str| r.get(k).and_then(|x| x.as_f64()).filter(|x| x.is_finite());
+        let row = PeerRow {
+            h_q: int("h_q")?,
+            b: int("b")?,
+            seqlen: int("seqlen")?,
+            s_q: int("s_q")?,
+            us: num("us")
+                .filter(|&u| u > 0.0)
+                .ok_or_else(|| format!("peer JSON row {i}: no positive number \"us\""))?,
+            gbps: num("gbps"),
+            tflops: num("tflops"),
+        };
+        if let Some(j) = rows.iter().position(|o| peer_key(o) == peer_key(&row)) {
+            return Err(format!("peer JSON rows {j} and {i}: the same shape {:?}", peer_key(&row)));
+        }
+        rows.push(row);
+    }
+    Ok(Peer { name, rows })
+}
+
+fn peer_key(r: &PeerRow) -> (i64, i64, i64, i64) {
+    (r.h_q, r.b, r.seqlen, r.s_q)
+}
+
+impl Peer {
+    /// The peer's time on `s`: its row with the same (h_q, b, seqlen, s_q); none for a block
+    /// size other than FlashMLA's 64.
+    fn us(&self, s: &Shape) -> Option<f64> {
+        if s.bs != PEER_BLOCK {
+            return None;
+        }
+        self.rows.iter().find(|r| peer_key(r) == (s.h, s.b, s.seqlen, s.s_q)).map(|r| r.us)
+    }
+
+    /// Rows matching none of `shapes` (a peer file from another shape list).
+    fn unmatched(&self, shapes: &[Shape]) -> Vec<(i64, i64, i64, i64)> {
+        self.rows
+            .iter()
+            .map(peer_key)
+            .filter(|k| !shapes.iter().any(|s| s.bs == PEER_BLOCK && (s.h, s.b, s.seqlen, s.s_q) == *k))
+            .collect()
+    }
+}
+
+/// Says why a shape has no FlashMLA figure.
+fn no_peer_note(peer: Option<&Peer>, s: &Shape) -> &'static str {
+    match peer {
+        None => "no peer in this call",
+        Some(_) if s.bs != PEER_BLOCK => "the peer runs block size 64 only",
+        Some(_) => "not in the peer file",
+    }
+}
+
 struct Row {
     shape: Shape,
+    /// FlashMLA's time on this shape, from `--peer` (this call's file) only.
+    flash_us: Option<f64>,
     plan: Plan,
     us: f64,
     spread: (f64, f64),
@@ -333,8 +441,16 @@ fn time_call(
 }
 
 pub fn run(args_in: Args) -> Result<ExitCode, String> {
-    let Args { json, plot, sweep, iters, no_parity, only } = args_in;
+    let Args { json, peer, plot, sweep, iters, no_parity, only } = args_in;
     let check = !no_parity;
+    // The peer first: a bad file is reported before any GPU work.
+    let peer = match &peer {
+        None => None,
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+            Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
+        }
+    };
     let probes = vt_backends::init();
     if !vt_core::op_registered(vt_core::OpId::MlaDecodeAttention, DeviceType::Cuda) {
         let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
@@ -352,6 +468,17 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
         copy_bw / 1e9,
         gemm / 1e12
     );
+    match &peer {
+        Some(p) => {
+            let name = if p.name.is_empty() { "unnamed" } else { &p.name };
+            println!("peer: {name} ({} rows, this call's file)", p.rows.len());
+            let extra = p.unmatched(&shapes());
+            if !extra.is_empty() {
+                println!("peer rows matching no shape here (ignored): {extra:?}");
+            }
+        }
+        None => println!("peer: none (no --peer FILE): FlashMLA columns print -, no peer in this call"),
+    }
     let scale = 1.0 / (D as f32).sqrt();
     let mut rows: Vec<Row> = Vec::new();
     let todo: Vec<Shape> =
@@ -391,20 +518,31 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
                 }
             }
         }
-        let row = Row { shape: s, plan, us, spread: (lo, hi), err, parity: !check || err < 1e-2, sweep: sw };
-        bar.println(format_row(&row, copy_bw, gemm));
+        let flash_us = peer.as_ref().and_then(|p| p.us(&s));
+        let row = Row {
+            shape: s,
+            flash_us,
+            plan,
+            us,
+            spread: (lo, hi),
+            err,
+            parity: !check || err < 1e-2,
+            sweep: sw,
+        };
+        bar.println(format_row(&row, peer.as_ref(), copy_bw, gemm));
         bar.inc();
         rows.push(row);
     }
     drop(bar);
-    let summary = summarize(&rows, copy_bw, gemm);
+    let tg = targets(&rows, peer.is_some(), copy_bw);
+    let summary = summarize(&rows, peer.as_ref(), &tg, copy_bw, gemm);
     print!("{summary}");
     if let Some(f) = json {
-        std::fs::write(&f, to_json(&rows, copy_bw, gemm, &name))
+        std::fs::write(&f, to_json(&rows, peer.as_ref(), &tg, copy_bw, gemm, &name))
             .map_err(|er| format!("writing {}: {er}", f.display()))?;
     }
     if let Some(f) = plot {
-        crate::plot::write(&f, &chart(&rows, copy_bw, gemm, &name))?;
+        crate::plot::write(&f, &chart(&rows, peer.as_ref(), copy_bw, gemm, &name))?;
         println!("plot: {}", f.display());
     }
     Ok(if rows.iter().all(|r| r.parity) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -414,25 +552,142 @@ fn floor_us(s: &Shape, bw: f64, gemm: f64) -> f64 {
     (s.bytes() / bw).max(s.flops() / gemm) * 1e6
 }
 
-/// The plot: time per shape, ours beside FlashMLA's and this run's floor.
-fn chart(rows: &[Row], bw: f64, gemm: f64, device: &str) -> Chart {
-    let labels = rows.iter().map(|r| format!("{} {}", r.shape.label(), r.plan.kernel)).collect();
-    Chart {
-        title: format!("MlaDecodeAttention, {device}: time per shape (lower is better)"),
-        unit: "time per call, us".into(),
-        labels,
-        series: vec![
-            Series { name: "vt".into(), values: rows.iter().map(|r| Some(r.us)).collect() },
-            Series { name: "FlashMLA".into(), values: rows.iter().map(|r| r.shape.flash_us).collect() },
-            Series {
-                name: "floor (this run's ceilings)".into(),
-                values: rows.iter().map(|r| Some(floor_us(&r.shape, bw, gemm))).collect(),
-            },
-        ],
+/// Percent of the copy floor (bytes / this run's copy ceiling) that a time of `us` reaches.
+fn pct_copy(s: &Shape, bw: f64, us: f64) -> f64 {
+    100.0 * s.bytes() / bw * 1e6 / us
+}
+
+/// vt / FlashMLA on a row, when the peer file has its shape.
+fn ratio(r: &Row) -> Option<f64> {
+    r.flash_us.map(|f| r.us / f)
+}
+
+/// One target of issue 13 (item 2).
+#[derive(Clone, Debug, PartialEq)]
+struct Target {
+    /// What is judged, e.g. `vt / FlashMLA, h16 b128 s4096 bs64 sq1`.
+    what: String,
+    /// The measured value; `None`: not judged (`note` says why).
+    value: Option<f64>,
+    /// `value <= limit` when true, `value >= limit` otherwise.
+    at_most: bool,
+    limit: f64,
+    /// "", "us" or "%".
+    unit: &'static str,
+    note: &'static str,
+}
+
+impl Target {
+    fn ok(&self) -> Option<bool> {
+        self.value.map(|v| if self.at_most { v <= self.limit } else { v >= self.limit })
+    }
+
+    fn verdict(&self) -> &'static str {
+        match self.ok() {
+            Some(true) => "ok",
+            Some(false) => "MISS",
+            None => "-",
+        }
+    }
+
+    fn fmt_value(&self, v: f64) -> String {
+        match self.unit {
+            "" => format!("{v:.3}"),
+            u => format!("{v:.1}{}{u}", if u == "us" { " " } else { "" }),
+        }
+    }
+
+    fn line(&self) -> String {
+        let bound = format!("{} {}", if self.at_most { "<=" } else { ">=" }, self.fmt_value(self.limit));
+        match self.value {
+            Some(v) => format!("{}: {} (target {bound}): {}", self.what, self.fmt_value(v), self.verdict()),
+            None => format!("{}: not judged, {} (target {bound})", self.what, self.note),
+        }
     }
 }
 
-fn format_row(r: &Row, bw: f64, gemm: f64) -> String {
+/// The targets of issue 13 over the rows run. A target whose rows were not run (`--only`) is
+/// left out; the ratio targets of shapes without a peer figure are listed as not judged.
+fn targets(rows: &[Row], have_peer: bool, bw: f64) -> Vec<Target> {
+    let find = |h, b, seqlen, bs, s_q| {
+        rows.iter().find(|r| {
+            let s = &r.shape;
+            (s.h, s.b, s.seqlen, s.bs, s.s_q) == (h, b, seqlen, bs, s_q)
+        })
+    };
+    let t = |what: String, value: Option<f64>, at_most, limit, unit, note| Target {
+        what,
+        value,
+        at_most,
+        limit,
+        unit,
+        note,
+    };
+    let mut v = Vec::new();
+    for r in rows.iter().filter(|r| r.shape.bs == PEER_BLOCK) {
+        let note = if have_peer { "not in the peer file" } else { "no peer in this call" };
+        v.push(t(format!("vt / FlashMLA, {}", r.shape.label()), ratio(r), true, 1.0, "", note));
+    }
+    for r in
+        rows.iter().filter(|r| [16, 32].contains(&r.shape.h) && r.shape.b >= 64 && r.shape.bs == PEER_BLOCK)
+    {
+        let pct = pct_copy(&r.shape, bw, r.us);
+        v.push(t(format!("% of copy floor, {}", r.shape.label()), Some(pct), false, 90.0, "%", ""));
+    }
+    for h in [16, 128] {
+        if let Some(r) = find(h, 1, 8192, PEER_BLOCK, 1) {
+            v.push(t(format!("time, {}", r.shape.label()), Some(r.us), true, 12.0, "us", ""));
+        }
+    }
+    for (h, b, seqlen) in EXTRA {
+        let Some(base) = find(h, b, seqlen, PEER_BLOCK, 1) else { continue };
+        for bs in [1, 16] {
+            if let Some(r) = find(h, b, seqlen, bs, 1) {
+                let what = format!("block size {bs} / 64, h{h} b{b} s{seqlen}");
+                v.push(t(what, Some(r.us / base.us), true, 1.10, "", ""));
+            }
+        }
+        if let Some(r) = find(h, b, seqlen, PEER_BLOCK, 2) {
+            let limit = if h <= 16 { 1.10 } else { 1.8 };
+            v.push(t(
+                format!("s_q 2 / s_q 1, h{h} b{b} s{seqlen}"),
+                Some(r.us / base.us),
+                true,
+                limit,
+                "",
+                "",
+            ));
+        }
+    }
+    v
+}
+
+/// The plot: time per shape, ours beside FlashMLA's (from the peer file) and this run's floor.
+fn chart(rows: &[Row], peer: Option<&Peer>, bw: f64, gemm: f64, device: &str) -> Chart {
+    let labels = rows.iter().map(|r| format!("{} {}", r.shape.label(), r.plan.kernel)).collect();
+    let mut series = vec![Series { name: "vt".into(), values: rows.iter().map(|r| Some(r.us)).collect() }];
+    if let Some(p) = peer {
+        let name = if p.name.is_empty() {
+            "FlashMLA (this call)".to_string()
+        } else {
+            format!("{} (this call)", p.name)
+        };
+        series.push(Series { name, values: rows.iter().map(|r| r.flash_us).collect() });
+    }
+    series.push(Series {
+        name: "floor (this run's ceilings)".into(),
+        values: rows.iter().map(|r| Some(floor_us(&r.shape, bw, gemm))).collect(),
+    });
+    let no_peer = if peer.is_none() { ", no peer in this call" } else { "" };
+    Chart {
+        title: format!("MlaDecodeAttention, {device}: time per shape (lower is better){no_peer}"),
+        unit: "time per call, us".into(),
+        labels,
+        series,
+    }
+}
+
+fn format_row(r: &Row, peer: Option<&Peer>, bw: f64, gemm: f64) -> String {
     let s = &r.shape;
     let mut line = format!(
         "{:<30} {:>7} x{}p{:<4} {:>8.1} us [{:.1}..{:.1}] {:>6.0} GB/s {:>5.0} TFLOP/s {:>4.0}% floor",
@@ -447,8 +702,13 @@ fn format_row(r: &Row, bw: f64, gemm: f64) -> String {
         s.flops() / r.us / 1e6,
         100.0 * floor_us(s, bw, gemm) / r.us
     );
-    if let Some(f) = s.flash_us {
-        let _ = write!(line, "  FlashMLA {f:.1} us, ratio {:.2}", r.us / f);
+    match (r.flash_us, ratio(r)) {
+        (Some(f), Some(x)) => {
+            let _ = write!(line, "  FlashMLA {f:.1} us, ratio {x:.2}");
+        }
+        _ => {
+            let _ = write!(line, "  FlashMLA - ({})", no_peer_note(peer, s));
+        }
     }
     let _ = write!(line, "  parity {} ({:.1e})", if r.parity { "PASS" } else { "FAIL" }, r.err);
     if !r.sweep.is_empty() {
@@ -458,7 +718,7 @@ fn format_row(r: &Row, bw: f64, gemm: f64) -> String {
     line
 }
 
-fn summarize(rows: &[Row], bw: f64, gemm: f64) -> String {
+fn summarize(rows: &[Row], peer: Option<&Peer>, tg: &[Target], bw: f64, gemm: f64) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "\n| h_q | b | seqlen | bs | s_q | kernel | time us | GB/s | TFLOP/s | % floor | FlashMLA us | ratio | parity |");
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -477,75 +737,65 @@ fn summarize(rows: &[Row], bw: f64, gemm: f64) -> String {
             s.bytes() / r.us / 1e3,
             s.flops() / r.us / 1e6,
             100.0 * floor_us(s, bw, gemm) / r.us,
-            s.flash_us.map_or("-".into(), |f| format!("{f:.1}")),
-            s.flash_us.map_or("-".into(), |f| format!("{:.2}", r.us / f)),
+            r.flash_us.map_or("-".into(), |f| format!("{f:.1}")),
+            ratio(r).map_or("-".into(), |x| format!("{x:.2}")),
             if r.parity { "PASS" } else { "FAIL" }
         );
     }
-    let find = |h, b, seqlen, bs, s_q| {
-        rows.iter().find(|r| {
-            let s = &r.shape;
-            (s.h, s.b, s.seqlen, s.bs, s.s_q) == (h, b, seqlen, bs, s_q)
-        })
-    };
-    let _ = writeln!(o, "\ntargets:");
-    let anchors: Vec<&Row> = rows.iter().filter(|r| r.shape.flash_us.is_some()).collect();
-    let beat = anchors.iter().filter(|r| r.shape.flash_us.is_some_and(|f| r.us <= f)).count();
-    let _ = writeln!(o, "- at or under FlashMLA: {beat} of {} anchor shapes", anchors.len());
-    for h in [16, 128] {
-        if let Some(r) = find(h, 1, 8192, 64, 1) {
+    match peer {
+        None => {
+            let _ = writeln!(o, "FlashMLA: - everywhere: no peer in this call (--peer FILE from tools/peers/flashmla_decode.py)");
+        }
+        Some(p) => {
+            let name = if p.name.is_empty() { "unnamed peer" } else { &p.name };
             let _ =
-                writeln!(o, "- b=1 seqlen 8192 h_q {h}: {:.1} us (target <= 10): {}", r.us, ok(r.us <= 10.0));
+                writeln!(o, "FlashMLA: {name}, this call's file; - where the file has no row of the shape");
         }
     }
-    for (h, b) in [(16, 128), (128, 32)] {
-        if let Some(base) = find(h, b, 4096, 64, 1) {
-            for bs in [1, 16] {
-                if let Some(r) = find(h, b, 4096, bs, 1) {
-                    let x = r.us / base.us;
-                    let _ = writeln!(
-                        o,
-                        "- h{h} b{b}: block size {bs} / 64 = {x:.3} (target <= 1.10): {}",
-                        ok(x <= 1.10)
-                    );
-                }
-            }
-            if let Some(r) = find(h, b, 4096, 64, 2) {
-                let x = r.us / base.us;
-                let _ = writeln!(o, "- h{h} b{b}: s_q 2 / s_q 1 = {x:.3} (target <= 2.2): {}", ok(x <= 2.2));
-            }
-        }
+    let _ = writeln!(o, "\ntargets (issue 13):");
+    for t in tg {
+        let _ = writeln!(o, "- {}", t.line());
     }
+    let count = |want: Option<bool>| tg.iter().filter(|t| t.ok() == want).count();
+    let _ = writeln!(
+        o,
+        "targets: {} ok, {} MISS, {} not judged",
+        count(Some(true)),
+        count(Some(false)),
+        count(None)
+    );
     let pass = rows.iter().filter(|r| r.parity).count();
-    let _ = writeln!(o, "- parity: {pass} of {} shapes PASS", rows.len());
+    let _ = writeln!(o, "parity: {pass} of {} shapes PASS", rows.len());
     let _ = writeln!(o, "(floors from this run: copy {:.0} GB/s, GEMM {:.0} TFLOP/s)", bw / 1e9, gemm / 1e12);
     o
 }
 
-fn ok(b: bool) -> &'static str {
-    if b {
-        "met"
-    } else {
-        "MISSED"
-    }
+/// A JSON number, or null when absent or not finite.
+fn num(x: Option<f64>, prec: usize) -> String {
+    x.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.prec$}"))
 }
 
-fn to_json(rows: &[Row], bw: f64, gemm: f64, device: &str) -> String {
+fn to_json(rows: &[Row], peer: Option<&Peer>, tg: &[Target], bw: f64, gemm: f64, device: &str) -> String {
+    let peer_name = peer.map_or("null".into(), |p| format!("{:?}", p.name));
     let mut o = format!(
-        "{{\"device\": {:?}, \"copy_gbps\": {:.1}, \"gemm_tflops\": {:.1}, \"rows\": [\n",
+        "{{\"device\": {:?}, \"copy_gbps\": {:.1}, \"gemm_tflops\": {:.1}, \"peer\": {peer_name}, \"rows\": [\n",
         device,
         bw / 1e9,
         gemm / 1e12
     );
     for (i, r) in rows.iter().enumerate() {
         let s = &r.shape;
-        let sweep: Vec<String> =
-            r.sweep.iter().map(|(l, t)| format!("{{\"variant\": {l:?}, \"us\": {t:.2}}}")).collect();
+        let sweep: Vec<String> = r
+            .sweep
+            .iter()
+            .map(|(l, t)| format!("{{\"variant\": {l:?}, \"us\": {}}}", num(Some(*t), 2)))
+            .collect();
         let _ = writeln!(
             o,
             "  {{\"tag\": {:?}, \"h_q\": {}, \"b\": {}, \"seqlen\": {}, \"block_size\": {}, \"s_q\": {}, \
              \"kernel\": {:?}, \"row_blocks\": {}, \"parts\": {}, \"us\": {:.2}, \"gbps\": {:.1}, \"tflops\": {:.1}, \
-             \"pct_floor\": {:.1}, \"flashmla_us\": {}, \"parity_err\": {:.3e}, \"parity\": {}, \"sweep\": [{}]}}{}",
+             \"pct_floor\": {:.1}, \"pct_copy_floor\": {:.1}, \"flashmla_us\": {}, \"ratio\": {}, \
+             \"parity_err\": {:.3e}, \"parity\": {}, \"sweep\": [{}]}}{}",
             s.tag,
             s.h,
             s.b,
@@ -559,13 +809,224 @@ fn to_json(rows: &[Row], bw: f64, gemm: f64, device: &str) -> String {
             s.bytes() / r.us / 1e3,
             s.flops() / r.us / 1e6,
             100.0 * floor_us(s, bw, gemm) / r.us,
-            s.flash_us.map_or("null".into(), |f| format!("{f}")),
+            pct_copy(s, bw, r.us),
+            num(r.flash_us, 2),
+            num(ratio(r), 4),
             if r.err.is_finite() { r.err } else { 1e9 },
             r.parity,
             sweep.join(", "),
             if i + 1 < rows.len() { "," } else { "" }
         );
     }
+    o.push_str("], \"targets\": [\n");
+    for (i, t) in tg.iter().enumerate() {
+        let ok = t.ok().map_or("null", |b| if b { "true" } else { "false" });
+        let _ = writeln!(
+            o,
+            "  {{\"target\": {:?}, \"value\": {}, \"bound\": {:?}, \"limit\": {}, \"unit\": {:?}, \"ok\": {ok}, \"note\": {:?}}}{}",
+            t.what,
+            num(t.value, 4),
+            if t.at_most { "<=" } else { ">=" },
+            t.limit,
+            t.unit,
+            t.note,
+            if i + 1 < tg.len() { "," } else { "" }
+        );
+    }
     o.push_str("]}\n");
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape of tools/peers/flashmla_decode.py's file (two rows, made-up times).
+    const PEER: &str = r#"{"peer": "FlashMLA 9241ae3 dense decode", "rows": [
+ {"h_q": 16, "b": 128, "seqlen": 4096, "s_q": 1, "us": 200.0, "gbps": 3000.5, "tflops": 80.1},
+ {"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": 20.0, "gbps": 470.0, "tflops": 13.0},
+ {"h_q": 16, "b": 128, "seqlen": 4096, "s_q": 2, "us": 210.0, "gbps": 2900.0, "tflops": 160.0},
+ {"h_q": 99, "b": 3, "seqlen": 7, "s_q": 1, "us": 1.0, "gbps": 1.0, "tflops": 1.0}
+]}"#;
+
+    const BW: f64 = 4.0e12;
+
+    fn shape(h: i64, b: i64, seqlen: i64, bs: i64, s_q: i64) -> Shape {
+        Shape { h, b, seqlen, bs, s_q, tag: "test" }
+    }
+
+    fn row(s: Shape, us: f64, peer: Option<&Peer>) -> Row {
+        Row {
+            shape: s,
+            flash_us: peer.and_then(|p| p.us(&s)),
+            plan: Plan { kernel: "wgmma", rows_per_cta: 64, row_blocks: 1, parts: 1, min_tiles: 1 },
+            us,
+            spread: (us, us),
+            err: 1e-3,
+            parity: true,
+            sweep: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_shape_list_holds_no_peer_times() {
+        let v = shapes();
+        assert_eq!(v.len(), 20);
+        let peer_shapes: Vec<_> = v.iter().filter(|s| s.bs == PEER_BLOCK).collect();
+        assert_eq!(peer_shapes.len(), 16, "14 anchors + two s_q = 2 shapes");
+        assert!(peer_shapes.iter().any(|s| (s.h, s.b, s.seqlen, s.s_q) == (16, 128, 4096, 2)));
+        assert!(peer_shapes.iter().any(|s| (s.h, s.b, s.seqlen, s.s_q) == (128, 32, 4096, 2)));
+        assert_eq!(v.iter().filter(|s| s.s_q == 1 && s.bs == PEER_BLOCK).count(), 14);
+    }
+
+    #[test]
+    fn parses_the_peer_json() {
+        let p = parse_peer(PEER).expect("parses");
+        assert_eq!(p.name, "FlashMLA 9241ae3 dense decode");
+        assert_eq!(p.rows.len(), 4);
+        assert_eq!(
+            p.rows[0],
+            PeerRow {
+                h_q: 16,
+                b: 128,
+                seqlen: 4096,
+                s_q: 1,
+                us: 200.0,
+                gbps: Some(3000.5),
+                tflops: Some(80.1)
+            }
+        );
+        // gbps and tflops are optional; a missing name reads as "".
+        let p = parse_peer(r#"{"rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": 29}]}"#)
+            .expect("parses");
+        assert_eq!((p.name.as_str(), p.rows[0].us, p.rows[0].gbps), ("", 29.0, None));
+    }
+
+    #[test]
+    fn rejects_bad_peer_json() {
+        for bad in [
+            "not json",
+            "{}",
+            r#"{"rows": {}}"#,
+            r#"{"rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "us": 29.0}]}"#,
+            r#"{"rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1}]}"#,
+            r#"{"rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": -3}]}"#,
+            r#"{"rows": [{"h_q": 16.5, "b": 1, "seqlen": 8192, "s_q": 1, "us": 3}]}"#,
+            r#"{"rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": 3},
+                         {"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": 4}]}"#,
+        ] {
+            assert!(parse_peer(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn matches_peer_rows_by_heads_batch_length_and_queries() {
+        let p = parse_peer(PEER).expect("parses");
+        assert_eq!(p.us(&shape(16, 128, 4096, 64, 1)), Some(200.0));
+        assert_eq!(p.us(&shape(16, 128, 4096, 64, 2)), Some(210.0));
+        assert_eq!(p.us(&shape(16, 1, 8192, 64, 1)), Some(20.0));
+        // Another block size is not FlashMLA's shape; absent shapes have no figure.
+        assert_eq!(p.us(&shape(16, 128, 4096, 16, 1)), None);
+        assert_eq!(p.us(&shape(128, 128, 4096, 64, 1)), None);
+        assert_eq!(p.us(&shape(16, 128, 8192, 64, 1)), None);
+        assert_eq!(p.unmatched(&shapes()), vec![(99, 3, 7, 1)]);
+        assert_eq!(no_peer_note(None, &shape(16, 1, 8192, 64, 1)), "no peer in this call");
+        assert_eq!(no_peer_note(Some(&p), &shape(16, 128, 4096, 1, 1)), "the peer runs block size 64 only");
+        assert_eq!(no_peer_note(Some(&p), &shape(128, 1, 8192, 64, 1)), "not in the peer file");
+    }
+
+    fn find<'a>(tg: &'a [Target], what: &str) -> &'a Target {
+        tg.iter().find(|t| t.what == what).unwrap_or_else(|| panic!("no target {what}: {tg:#?}"))
+    }
+
+    fn rows(peer: Option<&Peer>) -> Vec<Row> {
+        let base = shape(16, 128, 4096, 64, 1);
+        // The copy floor of the base shape at BW, so "% of copy floor" is easy to set.
+        let floor = base.bytes() / BW * 1e6;
+        vec![
+            row(base, floor / 0.95, peer),               // 95% of the copy floor
+            row(shape(16, 1, 8192, 64, 1), 11.5, peer),  // <= 12 us
+            row(shape(128, 1, 8192, 64, 1), 12.5, peer), // > 12 us
+            row(shape(16, 128, 4096, 1, 1), floor / 0.95 * 1.05, peer),
+            row(shape(16, 128, 4096, 16, 1), floor / 0.95 * 1.2, peer),
+            row(shape(16, 128, 4096, 64, 2), floor / 0.95 * 1.15, peer),
+            row(shape(32, 128, 8192, 64, 1), shape(32, 128, 8192, 64, 1).bytes() / BW * 1e6 / 0.8, peer),
+            row(shape(128, 32, 4096, 64, 1), 100.0, peer),
+            row(shape(128, 32, 4096, 64, 2), 175.0, peer),
+        ]
+    }
+
+    #[test]
+    fn ratios_and_targets_from_the_peer_file() {
+        let p = parse_peer(PEER).expect("parses");
+        let rs = rows(Some(&p));
+        assert_eq!(ratio(&rs[1]), Some(11.5 / 20.0));
+        assert_eq!(ratio(&rs[3]), None, "block size 1 has no peer figure");
+        let tg = targets(&rs, true, BW);
+        let r0 = find(&tg, "vt / FlashMLA, h16 b128 s4096 bs64 sq1");
+        assert_eq!(r0.ok(), Some(rs[0].us <= 200.0));
+        assert_eq!(find(&tg, "vt / FlashMLA, h16 b1 s8192 bs64 sq1").ok(), Some(true));
+        let missing = find(&tg, "vt / FlashMLA, h128 b1 s8192 bs64 sq1");
+        assert_eq!((missing.ok(), missing.note), (None, "not in the peer file"));
+        assert!(!tg.iter().any(|t| t.what.starts_with("vt / FlashMLA") && t.what.contains("bs16")));
+        // Copy floor at 16 and 32 heads, b >= 64 (both s_q), not at 128 heads nor b = 1.
+        let c = find(&tg, "% of copy floor, h16 b128 s4096 bs64 sq1");
+        assert!((c.value.unwrap_or(0.0) - 95.0).abs() < 1e-9 && c.ok() == Some(true));
+        assert_eq!(find(&tg, "% of copy floor, h32 b128 s8192 bs64 sq1").ok(), Some(false));
+        assert!(tg.iter().any(|t| t.what == "% of copy floor, h16 b128 s4096 bs64 sq2"));
+        assert!(!tg
+            .iter()
+            .any(|t| t.what.starts_with("% of copy floor")
+                && (t.what.contains("h128") || t.what.contains(" b1 "))));
+        assert_eq!(find(&tg, "time, h16 b1 s8192 bs64 sq1").ok(), Some(true));
+        assert_eq!(find(&tg, "time, h128 b1 s8192 bs64 sq1").ok(), Some(false));
+        assert_eq!(find(&tg, "block size 1 / 64, h16 b128 s4096").ok(), Some(true));
+        assert_eq!(find(&tg, "block size 16 / 64, h16 b128 s4096").ok(), Some(false));
+        assert_eq!(find(&tg, "s_q 2 / s_q 1, h16 b128 s4096").ok(), Some(false), "1.15 > 1.10");
+        let s2 = find(&tg, "s_q 2 / s_q 1, h128 b32 s4096");
+        assert_eq!((s2.limit, s2.ok()), (1.8, Some(true)), "1.75 <= 1.8");
+        // Block-size targets at 128 heads were not run: left out.
+        assert!(!tg.iter().any(|t| t.what.starts_with("block size") && t.what.contains("h128")));
+
+        let table = summarize(&rs, Some(&p), &tg, BW, 1e15);
+        assert!(table.contains("| 200.0 |"), "{table}");
+        assert!(table.contains("FlashMLA 9241ae3 dense decode, this call's file"), "{table}");
+        assert!(table.contains("): MISS"), "{table}");
+        let j = to_json(&rs, Some(&p), &tg, BW, 1e15, "test GPU");
+        let v: serde_json::Value = serde_json::from_str(&j).expect("our JSON parses");
+        assert_eq!(v["peer"], "FlashMLA 9241ae3 dense decode");
+        assert_eq!(v["rows"][1]["flashmla_us"], 20.0);
+        assert_eq!(v["rows"][3]["flashmla_us"], serde_json::Value::Null);
+        assert_eq!(v["targets"].as_array().map(Vec::len), Some(tg.len()));
+        let c = chart(&rs, Some(&p), BW, 1e15, "test GPU");
+        assert_eq!(c.series.len(), 3);
+        assert_eq!(c.series[1].values[1], Some(20.0));
+        assert_eq!(c.series[1].values[3], None);
+        assert!(format_row(&rs[1], Some(&p), BW, 1e15).contains("FlashMLA 20.0 us, ratio 0.57"));
+    }
+
+    #[test]
+    fn without_a_peer_nothing_is_compared() {
+        let rs = rows(None);
+        assert!(rs.iter().all(|r| r.flash_us.is_none() && ratio(r).is_none()));
+        let tg = targets(&rs, false, BW);
+        let r0 = find(&tg, "vt / FlashMLA, h16 b128 s4096 bs64 sq1");
+        assert_eq!((r0.ok(), r0.note), (None, "no peer in this call"));
+        assert!(r0.line().contains("not judged, no peer in this call"));
+        // The other targets need no peer.
+        assert_eq!(find(&tg, "time, h16 b1 s8192 bs64 sq1").ok(), Some(true));
+        let table = summarize(&rs, None, &tg, BW, 1e15);
+        assert!(table.contains("| - | - | PASS |"), "{table}");
+        assert!(table.contains("no peer in this call"), "{table}");
+        assert!(format_row(&rs[0], None, BW, 1e15).contains("FlashMLA - (no peer in this call)"));
+        let j = to_json(&rs, None, &tg, BW, 1e15, "test GPU");
+        let v: serde_json::Value = serde_json::from_str(&j).expect("our JSON parses");
+        assert_eq!(v["peer"], serde_json::Value::Null);
+        assert!(v["rows"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(|r| r["flashmla_us"].is_null() && r["ratio"].is_null())));
+        let c = chart(&rs, None, BW, 1e15, "test GPU");
+        assert_eq!(c.series.len(), 2, "vt and the floor only");
+        assert!(c.title.contains("no peer in this call"));
+    }
 }

@@ -7,8 +7,8 @@
 //!   on the goldens and a random layer (see `parity_tp.rs`).
 //! - `kernels [--backend cuda,hip] [--file SUBSTRING]`: compile every GPU kernel file
 //!   without a GPU (see `kernels.rs`).
-//! - `bench decode [--json FILE] [--plot FILE]`: MLA decode attention timings on a GPU
-//!   (see `bench.rs`).
+//! - `bench decode [--json FILE] [--peer FILE] [--plot FILE]`: MLA decode attention timings on
+//!   a GPU against FlashMLA (see `bench.rs`).
 //! - `bench prefill [--json FILE] [--peer FILE] [--plot FILE]`: prefill attention timings on
 //!   a GPU against torch SDPA (see `bench_prefill.rs`).
 //!
@@ -128,10 +128,12 @@ mod tests {
     #[test]
     fn key_equals_value_is_accepted() {
         let cli =
-            parse(&["bench", "decode", "--json=out.json", "--iters=7", "--only=h128,b1"]).expect("parses");
+            parse(&["bench", "decode", "--json=out.json", "--iters=7", "--only=h128,b1", "--peer=f.json"])
+                .expect("parses");
         match cli.command {
             Command::Bench(BenchCommand::Decode(a)) => {
                 assert_eq!(a.json.as_deref(), Some(std::path::Path::new("out.json")));
+                assert_eq!(a.peer.as_deref(), Some(std::path::Path::new("f.json")));
                 assert_eq!(a.iters, 7);
                 assert_eq!(a.only, vec!["h128,b1".to_string()]);
             }
