@@ -82,6 +82,13 @@ impl MlaConfig {
             }
         };
         let rope = parse_rope(c, max_pos, is_neox)?;
+        // Derived values (cos/sin cache, attention scale) must be finite: name the field.
+        // Dims the block rejects anyway (odd or huge) are left to MlaBlockDims::new.
+        if rope_dim > 0 && rope_dim % 2 == 0 {
+            let qk = nope.checked_add(rope_dim).unwrap_or(i64::MAX);
+            rope.check_finite(rope_dim, qk, max_pos)
+                .map_err(|(field, msg)| field_err(&rope_field(c, field), msg))?;
+        }
         let dims = MlaBlockDims::new(
             hidden_size,
             num_heads,
@@ -92,13 +99,42 @@ impl MlaConfig {
             v,
             eps as f32,
             &rope,
-        )?;
+        )
+        .map_err(dims_err)?;
         Ok(MlaConfig { dims, rope, max_position_embeddings: max_pos })
     }
 }
 
 fn field_err(field: &str, msg: impl std::fmt::Display) -> Error {
     Error::other(CTX, format!("field `{field}`: {msg}"))
+}
+
+/// An [`MlaBlockDims`] error restated for the config field it came from.
+fn dims_err(e: Error) -> Error {
+    match e {
+        Error::InvalidArgument { arg, msg, .. } => {
+            let field = match arg {
+                "num_heads" => "num_attention_heads",
+                other => other,
+            };
+            field_err(field, msg)
+        }
+        e => e,
+    }
+}
+
+/// The config spelling of a rope parameter named by [`crate::YarnRopeParams::check_finite`].
+fn rope_field(c: &Map<String, Value>, field: &str) -> String {
+    let section = match c.get("rope_parameters") {
+        Some(Value::Object(_)) => "rope_parameters",
+        _ => "rope_scaling",
+    };
+    let in_section = c.get(section).and_then(Value::as_object).is_some_and(|p| p.contains_key(field));
+    if field == "rope_theta" && !in_section {
+        field.to_string()
+    } else {
+        format!("{section}.{field}")
+    }
 }
 
 fn reject_unsupported(c: &Map<String, Value>) -> Result<()> {

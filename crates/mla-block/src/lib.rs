@@ -21,6 +21,7 @@ mod kv_cache;
 mod metadata;
 mod rope;
 pub mod runner;
+mod safetensors_header;
 pub mod tp;
 mod weights;
 mod workspace;
@@ -37,6 +38,9 @@ pub use rope::{
 pub use weights::{
     absorb_bytes, absorb_kv_b_proj, decode_f64, hf_weight_shapes, AbsorbedKvBProj, HostTensor, HostWeights,
     MlaBlockWeights, MlaWeightStore,
+};
+pub use safetensors_header::{
+    check_safetensors_header, deserialize_safetensors, dtype_size as safetensors_dtype_size, SafetensorsEntry,
 };
 pub use workspace::{MlaLimits, MlaWorkspace};
 

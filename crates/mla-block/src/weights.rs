@@ -210,11 +210,14 @@ impl HostTensor {
                 ))
             }
         };
-        Ok(HostTensor {
-            dtype,
-            shape: view.shape().iter().map(|&d| d as i64).collect(),
-            bytes: view.data().to_vec(),
-        })
+        let shape = view.shape().iter().map(|&d| i64::try_from(d).ok()).collect::<Option<Vec<i64>>>();
+        let Some(shape) = shape.filter(|s| vt_core::checked_numel(s).is_ok()) else {
+            return Err(Error::other(
+                context,
+                format!("tensor `{name}` has shape {:?}, whose size overflows i64", view.shape()),
+            ));
+        };
+        Ok(HostTensor { dtype, shape, bytes: view.data().to_vec() })
     }
 
     /// Uploads to a contiguous device buffer.
@@ -279,8 +282,7 @@ impl HostWeights {
         dtype: Option<DType>,
         context: &str,
     ) -> Result<HostWeights> {
-        let st = SafeTensors::deserialize(bytes)
-            .map_err(|e| Error::other(context, format!("not a safetensors file: {e}")))?;
+        let st = crate::safetensors_header::deserialize_safetensors(bytes, context)?;
         let branch = if dims.has_q_lora() { "q_lora_rank set" } else { "q_lora_rank null" };
         let mut tensors = Vec::new();
         for (name, shape) in hf_weight_shapes(dims) {
@@ -379,6 +381,9 @@ impl MlaWeightStore {
                 ));
             }
         }
+        // The cos/sin cache first: a huge max_position_embeddings fails before any upload.
+        let cache =
+            cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
         let mut bufs = Vec::new();
         if dims.has_q_lora() {
             let qa = w.require("q_a_proj")?;
@@ -404,8 +409,6 @@ impl MlaWeightStore {
         bufs.push(("w_uk_t", Buffer::from_bytes(queue, dtype, &[n, p, l], &uk)?));
         bufs.push(("w_uv", Buffer::from_bytes(queue, dtype, &[n, l, v], &uv)?));
         bufs.push(("o_proj", w.require("o_proj")?.to_buffer(queue)?));
-        let cache =
-            cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
         bufs.push(("rope_cos_sin_cache", cache));
         Ok(MlaWeightStore { dims, dtype, bufs })
     }

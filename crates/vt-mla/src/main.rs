@@ -5,9 +5,13 @@
 //!            [--layer-prefix P] [--backend auto|cpu|cuda|hip] [--schedule prefill:N,decode:N,...]
 //!            [--block-size 64] [--tp N [--transport auto|host|nccl]]
 //! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|small] ... (decode-step time per TP)
+//! vt-mla bench-prefill [--tokens 1024,4096,8192] [--context C] [--peer FILE] ... (prefill forward, per op)
 //! vt-mla info
 //! ```
 
+mod bench_prefill;
+mod op_timer;
+mod output;
 mod progress;
 mod tp;
 
@@ -17,7 +21,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mla_block::runner::{positions_or_default, run_schedule_with_progress, RunOptions, Schedule};
 use mla_block::{missing_ops, HostTensor, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
-use safetensors::{Dtype as StDtype, SafeTensors};
+use safetensors::Dtype as StDtype;
 use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
 
 /// The MLA block (DeepSeek-V2/V3 attention) on Hugging Face checkpoints, on any backend
@@ -36,6 +40,9 @@ enum Command {
     Run(RunArgs),
     /// Time a decode step of a random layer at each tensor-parallel size.
     Bench(tp::BenchArgs),
+    /// Time the prefill forward of a random layer (T tokens of one sequence, optionally
+    /// after cached context) with a per-op breakdown, against a torch peer's figures.
+    BenchPrefill(bench_prefill::PrefillBenchArgs),
     /// List the backends, devices and registered ops, and the flags.
     Info,
 }
@@ -125,6 +132,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run(&a),
         Command::Bench(a) => tp::bench(&a, pick_device),
+        Command::BenchPrefill(a) => bench_prefill::run(&a, pick_device),
         Command::Info => info(),
     };
     match result {
@@ -207,6 +215,11 @@ fn pick_device(backend: BackendArg) -> Result<DeviceType> {
 }
 
 fn run(a: &RunArgs) -> Result<()> {
+    // Before any work: the output must not be one of the inputs (by device and inode).
+    output::refuse_overwriting_inputs(
+        &a.output,
+        &[("--config", &a.config), ("--weights", &a.weights), ("--input", &a.input)],
+    )?;
     let kind = match (a.tp, pick_device(a.backend)) {
         (Some(tp), Err(e)) => return Err(tp::no_devices(tp, a.backend, e)),
         (_, k) => k?,
@@ -215,8 +228,7 @@ fn run(a: &RunArgs) -> Result<()> {
     let ctx = a.input.display().to_string();
     let bytes =
         std::fs::read(&a.input).map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| Error::other(ctx.clone(), format!("not a safetensors file: {e}")))?;
+    let st = mla_block::deserialize_safetensors(&bytes, &ctx)?;
     let hidden = HostTensor::from_safetensors(&st, "hidden_states", &ctx)?;
     if !hidden.dtype.is_compute_float() || hidden.shape.len() != 3 {
         return Err(Error::other(
@@ -228,6 +240,27 @@ fn run(a: &RunArgs) -> Result<()> {
         ));
     }
     let (s, t) = (hidden.shape[0], hidden.shape[1]);
+    // An empty input is the input's fault, not the (default) schedule's.
+    for (what, v) in [("S", s), ("T", t)] {
+        if v <= 0 {
+            return Err(Error::other(
+                ctx,
+                format!(
+                    "`hidden_states` has shape {:?} [S, T, H], {what} = {v}: nothing to run",
+                    hidden.shape
+                ),
+            ));
+        }
+    }
+    if let Some(n) = a.tp {
+        let heads = cfg.dims.num_heads;
+        if i64::try_from(n).map_or(true, |n| n > heads || heads % n != 0) {
+            return Err(Error::other(
+                format!("--tp {n}"),
+                format!("the config's {heads} attention heads do not split evenly over {n} ranks"),
+            ));
+        }
+    }
     let positions = match st.tensor("positions") {
         Ok(_) => Some(HostTensor::from_safetensors(&st, "positions", &ctx)?),
         Err(_) => None,
@@ -237,6 +270,13 @@ fn run(a: &RunArgs) -> Result<()> {
     schedule.check(t)?;
 
     let opts = RunOptions { block_size: a.block_size, chunk_workspace_tokens: None };
+    // A cache that cannot be had is the block size's fault: say which option to change.
+    let block_size_hint = |e: Error| match e {
+        Error::InvalidArgument { arg: "block_size", .. } => {
+            Error::other(format!("--block-size {}", a.block_size), e.to_string())
+        }
+        e => e,
+    };
     let (out, stats, fused, ranks) = match a.tp {
         None => {
             let queue = Queue::new(Device::new(kind, 0))?;
@@ -255,7 +295,8 @@ fn run(a: &RunArgs) -> Result<()> {
                 &schedule,
                 &opts,
                 &|done, _| bar.set_position(done as u64),
-            )?;
+            )
+            .map_err(block_size_hint)?;
             bar.finish_and_clear();
             (out, stats, block.uses_fused_norm_rope(), String::new())
         }
@@ -271,7 +312,8 @@ fn run(a: &RunArgs) -> Result<()> {
                 &positions,
                 &schedule,
                 &opts,
-            )?;
+            )
+            .map_err(block_size_hint)?;
             (r.out, r.stats, r.fused, format!(", tp {n}: {}", r.group))
         }
     };
@@ -284,8 +326,9 @@ fn run(a: &RunArgs) -> Result<()> {
     let shape: Vec<usize> = out.shape.iter().map(|&d| d as usize).collect();
     let view = safetensors::tensor::TensorView::new(dtype, shape, &out.bytes)
         .map_err(|e| Error::other("vt-mla run", format!("output tensor: {e}")))?;
-    safetensors::serialize_to_file(vec![("out", view)], &None, &a.output)
-        .map_err(|e| Error::other(a.output.display().to_string(), format!("cannot write: {e}")))?;
+    let bytes = safetensors::serialize(vec![("out", view)], &None)
+        .map_err(|e| Error::other("vt-mla run", format!("output tensor: {e}")))?;
+    output::write_atomically(&a.output, |f| std::io::Write::write_all(f, &bytes))?;
     eprintln!(
         "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} path: {} forwards, {} context chunks -> {}",
         if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
