@@ -59,19 +59,73 @@ impl MlaBlockDims {
             rms_norm_eps,
             scale: 0.0,
         };
+        d.validate_sizes()?;
         d.scale = mla_attention_scale(&d, rope);
         d.validate()?;
         Ok(d)
     }
 
-    /// P + R: the q/k head width of the materialized (prefill) form.
+    /// P + R: the q/k head width of the materialized (prefill) form (saturating; dims
+    /// that pass [`MlaBlockDims::validate`] never saturate).
     pub const fn qk_head_dim(&self) -> i64 {
-        self.qk_nope_head_dim + self.qk_rope_head_dim
+        self.qk_nope_head_dim.saturating_add(self.qk_rope_head_dim)
     }
 
-    /// L + R: the width of one latent cache row and of the absorbed decode query.
+    /// L + R: the width of one latent cache row and of the absorbed decode query
+    /// (saturating, as [`MlaBlockDims::qk_head_dim`]).
     pub const fn cache_row_dim(&self) -> i64 {
-        self.kv_lora_rank + self.qk_rope_head_dim
+        self.kv_lora_rank.saturating_add(self.qk_rope_head_dim)
+    }
+
+    /// Every size derived from the dims fits: each weight's byte size in f32 (the widest
+    /// compute dtype) and the per-token widths the block allocates, in checked i64
+    /// arithmetic. The error names the dimension whose product overflows.
+    fn validate_sizes(&self) -> Result<()> {
+        let (h, n, q) = (self.hidden_size, self.num_heads, self.q_lora_rank);
+        let (l, p, r, v) = (self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim);
+        let prod = |xs: &[i64]| xs.iter().try_fold(4i64, |acc, &x| acc.checked_mul(x.max(1)));
+        let sum = |a: i64, b: i64| a.checked_add(b);
+        // (what, blamed dim, product) for every weight shape and per-token width.
+        let checks: [(&str, &'static str, Option<i64>); 8] = [
+            ("qk_nope_head_dim + qk_rope_head_dim", "qk_nope_head_dim", sum(p, r)),
+            ("kv_lora_rank + qk_rope_head_dim", "kv_lora_rank", sum(l, r)),
+            ("qk_nope_head_dim + v_head_dim", "v_head_dim", sum(p, v)),
+            (
+                "q_b_proj / q_proj [num_heads * (qk_nope_head_dim + qk_rope_head_dim), max(q_lora_rank, hidden_size)]",
+                "num_heads",
+                sum(p, r).and_then(|dqk| prod(&[n, dqk, q.max(h)])),
+            ),
+            (
+                "kv_b_proj [num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]",
+                "num_heads",
+                sum(p, v).and_then(|pv| prod(&[n, pv, l])),
+            ),
+            ("o_proj [hidden_size, num_heads * v_head_dim]", "num_heads", prod(&[h, n, v])),
+            (
+                "fused q_a/kv_a projection [q_lora_rank + kv_lora_rank + qk_rope_head_dim, hidden_size]",
+                "hidden_size",
+                sum(l, r).and_then(|lr| sum(q, lr)).and_then(|rows| prod(&[rows, h])),
+            ),
+            (
+                "absorbed query [num_heads, kv_lora_rank + qk_rope_head_dim] per token",
+                "num_heads",
+                sum(l, r).and_then(|lr| prod(&[n, lr])),
+            ),
+        ];
+        for (what, arg, v) in checks {
+            if v.is_none() {
+                return Err(Error::invalid(
+                    OP,
+                    arg,
+                    format!(
+                        "the size of {what} overflows i64 (hidden_size {h}, num_heads {n}, q_lora_rank {q}, \
+                         kv_lora_rank {l}, qk_nope_head_dim {p}, qk_rope_head_dim {r}, v_head_dim {v:?})",
+                        v = self.v_head_dim
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether q goes through the low-rank q_a / q_b pair.
@@ -80,8 +134,10 @@ impl MlaBlockDims {
     }
 
     /// The seed's checks: every dim > 0 (q_lora_rank >= 0), an even rope dim,
-    /// `v_head_dim <= qk_head_dim`, a positive finite eps, and a scale that was set.
+    /// `v_head_dim <= qk_head_dim`, a positive finite eps, and a scale that was set; and
+    /// every size derived from the dims (weight bytes, per-token widths) fits i64.
     pub fn validate(&self) -> Result<()> {
+        self.validate_sizes()?;
         let dims = [
             ("hidden_size", self.hidden_size),
             ("num_heads", self.num_heads),

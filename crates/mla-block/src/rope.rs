@@ -121,26 +121,131 @@ impl YarnRopeParams {
             .collect())
     }
 
+    /// Whether every value derived from these parameters is finite: the rotation mscale
+    /// (and its f32 rounding), the YaRN correction range, the frequencies times the largest
+    /// position `rows - 1`, and the softmax scale of a `qk_head_dim` head. On failure, the
+    /// config field at fault (as named under `rope_scaling`, or `rope_theta`) and why.
+    pub fn check_finite(
+        &self,
+        rotary_dim: i64,
+        qk_head_dim: i64,
+        rows: i64,
+    ) -> std::result::Result<(), (&'static str, String)> {
+        let finite = |field: &'static str, what: &str, v: f64| {
+            if v.is_finite() {
+                Ok(())
+            } else {
+                Err((field, format!("makes {what} non-finite ({v}); every derived value must be finite")))
+            }
+        };
+        if !(self.base.is_finite() && self.base > 1.0) {
+            return Err(("rope_theta", format!("must be finite and > 1, got {}", self.base)));
+        }
+        if let Some(y) = self.active_yarn() {
+            finite("factor", "the YaRN factor", y.factor)?;
+            for (field, v) in [
+                ("beta_fast", y.beta_fast),
+                ("beta_slow", y.beta_slow),
+                ("extrapolation_factor", y.extrapolation_factor),
+                ("mscale", y.mscale),
+                ("mscale_all_dim", y.mscale_all_dim),
+                ("attn_factor", y.attn_factor),
+            ] {
+                finite(field, "itself", v)?;
+            }
+            for (field, beta) in [("beta_fast", y.beta_fast), ("beta_slow", y.beta_slow)] {
+                let d =
+                    yarn_find_correction_dim(beta, rotary_dim, self.base, y.original_max_position_embeddings);
+                finite(field, "the YaRN correction dim", d)?;
+            }
+            let m = yarn_get_mscale(y.factor, y.mscale);
+            finite("mscale", "the rotation mscale (as f32)", m as f32 as f64)?;
+            let m_all = yarn_get_mscale(y.factor, y.mscale_all_dim);
+            if m_all == 0.0 {
+                return Err(("mscale_all_dim", "makes the rotation mscale divide by zero".into()));
+            }
+            finite("attn_factor", "the rotation mscale (as f32)", self.rotation_mscale() as f32 as f64)?;
+            let scale = (qk_head_dim.max(1) as f64).powf(-0.5) * m_all * m_all;
+            if !(scale as f32).is_finite() || scale as f32 == 0.0 {
+                return Err((
+                    "mscale_all_dim",
+                    format!("makes the attention scale qk_head_dim^-0.5 * mscale^2 = {scale} non-finite or 0 in f32"),
+                ));
+            }
+        }
+        if rotary_dim > 0 && rotary_dim % 2 == 0 {
+            let inv = self.inv_freq(rotary_dim).map_err(|e| ("rope_theta", e.to_string()))?;
+            let last = (rows.max(1) - 1) as f64;
+            if let Some(f) = inv.iter().find(|&&f| !(f.is_finite() && (f * last).is_finite())) {
+                let field = match self.active_yarn() {
+                    Some(y) if y.extrapolation_factor != 1.0 => "extrapolation_factor",
+                    Some(_) => "factor",
+                    None => "rope_theta",
+                };
+                return Err((
+                    field,
+                    format!("makes a rotary frequency ({f}) times the last position {last} non-finite"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The cos/sin cache [rows, R] in f32: row t is `[cos(t*inv_freq) | sin(t*inv_freq)] *
     /// rotation_mscale`, computed in f64 and rounded once (the layout the rope ops read).
+    ///
+    /// Errors, before allocating, when a value would not be finite
+    /// ([`YarnRopeParams::check_finite`], naming the parameter) and when the cache's bytes
+    /// overflow or cannot be allocated (naming `rows`, i.e. `max_position_embeddings`, and
+    /// the bytes needed).
     pub fn cos_sin_cache(&self, rotary_dim: i64, rows: i64) -> Result<Vec<f32>> {
+        const CTX: &str = "YarnRopeParams::cos_sin_cache";
         if rows <= 0 {
-            return Err(Error::invalid(
-                "YarnRopeParams::cos_sin_cache",
-                "rows",
-                format!("must be > 0, got {rows}"),
-            ));
+            return Err(Error::invalid(CTX, "rows", format!("must be > 0, got {rows}")));
         }
+        check_rotary_dim(CTX, rotary_dim)?;
+        // The attention scale is checked with the dims; any head width works here.
+        self.check_finite(rotary_dim, 1, rows).map_err(|(field, msg)| Error::invalid(CTX, field, msg))?;
         let inv = self.inv_freq(rotary_dim)?;
         let ms = self.rotation_mscale();
         let (rot, half) = (rotary_dim as usize, rotary_dim as usize / 2);
-        let mut cache = vec![0f32; rows as usize * rot];
+        let too_big = |bytes: String, why: String| {
+            Error::invalid(
+                CTX,
+                "rows",
+                format!(
+                    "the cos/sin cache of {rows} rows (max_position_embeddings) x {rotary_dim} f32 needs \
+                     {bytes} bytes: {why}"
+                ),
+            )
+        };
+        let n = rows
+            .checked_mul(rotary_dim)
+            .filter(|n| n.checked_mul(4).is_some_and(|b| isize::try_from(b).is_ok()))
+            .ok_or_else(|| {
+                too_big(
+                    format!("{}", rows as i128 * rotary_dim as i128 * 4),
+                    "more than any allocation".into(),
+                )
+            })? as usize;
+        let mut cache: Vec<f32> = Vec::new();
+        cache
+            .try_reserve_exact(n)
+            .map_err(|e| too_big(format!("{}", n * 4), format!("cannot allocate ({e})")))?;
+        cache.resize(n, 0.0);
         for (t, row) in cache.chunks_exact_mut(rot).enumerate() {
             for (i, f) in inv.iter().enumerate() {
                 let angle = t as f64 * f;
                 row[i] = (angle.cos() * ms) as f32;
                 row[half + i] = (angle.sin() * ms) as f32;
             }
+        }
+        if let Some(i) = cache.iter().position(|v| !v.is_finite()) {
+            return Err(Error::invalid(
+                CTX,
+                "rope_scaling",
+                format!("cos/sin cache entry [{}, {}] is {}", i / rot, i % rot, cache[i]),
+            ));
         }
         Ok(cache)
     }

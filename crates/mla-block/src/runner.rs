@@ -31,14 +31,16 @@ impl Schedule {
         Schedule(vec![Step::Prefill(t)])
     }
 
-    /// Tokens the schedule covers.
+    /// Tokens the schedule covers (saturating at `i64::MAX`; see [`Schedule::checked_total`]).
     pub fn total(&self) -> i64 {
-        self.0
-            .iter()
-            .map(|s| match s {
-                Step::Prefill(n) | Step::Decode(n) => *n,
-            })
-            .sum()
+        self.checked_total().unwrap_or(i64::MAX)
+    }
+
+    /// Tokens the schedule covers, `None` when the sum overflows i64.
+    pub fn checked_total(&self) -> Option<i64> {
+        self.0.iter().try_fold(0i64, |acc, s| match s {
+            Step::Prefill(n) | Step::Decode(n) => acc.checked_add(*n),
+        })
     }
 
     /// The schedule covers exactly `t` tokens.
@@ -46,11 +48,18 @@ impl Schedule {
         if let Some(s) = self.0.iter().find(|s| matches!(s, Step::Prefill(n) | Step::Decode(n) if *n <= 0)) {
             return Err(Error::invalid("Schedule", "schedule", format!("{s:?}: every count must be > 0")));
         }
-        if self.total() != t {
+        let Some(total) = self.checked_total() else {
             return Err(Error::invalid(
                 "Schedule",
                 "schedule",
-                format!("`{self}` covers {} tokens but each sequence has {t}", self.total()),
+                format!("`{self}`: the sum of the counts overflows i64 (each sequence has {t} tokens)"),
+            ));
+        };
+        if total != t {
+            return Err(Error::invalid(
+                "Schedule",
+                "schedule",
+                format!("`{self}` covers {total} tokens but each sequence has {t}"),
             ));
         }
         Ok(())
@@ -184,10 +193,28 @@ pub(crate) fn checked_schedule_forwards(
     hidden: &HostTensor,
     schedule: &Schedule,
 ) -> Result<Vec<Vec<SeqPart>>> {
+    check_tokens("run_schedule", hidden)?;
     let t = hidden.shape.get(1).copied().unwrap_or(0);
     schedule.check(t)?;
     let s = hidden.shape.first().copied().unwrap_or(0).max(0) as usize;
     Ok(schedule_forwards(schedule, s))
+}
+
+/// `hidden_states` `[S, T, H]` holds at least one sequence of at least one token: an
+/// empty input is blamed, not the schedule derived from it.
+pub fn check_tokens(op: &'static str, hidden: &HostTensor) -> Result<()> {
+    if let [s, t, _] = hidden.shape[..] {
+        for (what, v) in [("S", s), ("T", t)] {
+            if v <= 0 {
+                return Err(Error::invalid(
+                    op,
+                    "hidden_states",
+                    format!("shape {:?} [S, T, H] has {what} = {v}: nothing to run", hidden.shape),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs arbitrary forwards: each is a list of sequence parts (decode parts first), taking
@@ -263,18 +290,31 @@ impl RowPlan {
                 format!("is {} {:?}, the block expects {dt} [S, T, {hd}]", hidden.dtype, hidden.shape),
             ));
         }
-        if positions.len() as i64 != s * t {
+        let st = s
+            .checked_mul(t)
+            .filter(|n| n.checked_mul(h).and_then(|x| x.checked_mul(dt.size_of() as i64)).is_some())
+            .ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    "hidden_states",
+                    format!("shape {:?}: its size overflows i64", hidden.shape),
+                )
+            })?;
+        if s < 0 || t < 0 {
+            return Err(Error::invalid(op, "hidden_states", format!("shape {:?} is negative", hidden.shape)));
+        }
+        if positions.len() as i64 != st {
             return Err(Error::invalid(
                 op,
                 "positions",
-                format!("holds {} entries for S*T = {}", positions.len(), s * t),
+                format!("holds {} entries for S*T = {st}", positions.len()),
             ));
         }
         if opts.block_size <= 0 {
             return Err(Error::invalid(op, "block_size", format!("must be > 0, got {}", opts.block_size)));
         }
         let row = h as usize * dt.size_of();
-        if hidden.bytes.len() != (s * t) as usize * row {
+        if hidden.bytes.len() != st as usize * row {
             return Err(Error::invalid(
                 op,
                 "hidden_states",
@@ -355,9 +395,30 @@ impl RowPlan {
         let x = Buffer::from_bytes(queue, dt, &[s * t, h], &self.staged)?;
         let y = Buffer::nan(queue, dt, &[s * t, h])?;
         let bs = opts.block_size;
-        let blocks_per_seq = (t + bs - 1) / bs;
+        let blocks_per_seq = t / bs + i64::from(t % bs != 0);
+        let row_dim = block.dims().cache_row_dim();
+        let num_blocks = s.saturating_mul(blocks_per_seq).max(1);
+        // The cache is sized by the block size: name it, with the bytes, when it cannot be had.
+        let cache_err = |why: String| {
+            let bytes = num_blocks as i128 * bs as i128 * row_dim as i128 * dt.size_of() as i128;
+            Error::invalid(
+                "PagedKvCache",
+                "block_size",
+                format!(
+                    "the KV cache of {num_blocks} block(s) of block size {bs} x {row_dim} {dt} needs {bytes} bytes: {why}"
+                ),
+            )
+        };
+        let fits = num_blocks
+            .checked_mul(bs)
+            .and_then(|x| x.checked_mul(row_dim))
+            .and_then(|x| x.checked_mul(dt.size_of() as i64))
+            .is_some_and(|b| isize::try_from(b).is_ok());
+        if !fits {
+            return Err(cache_err("more than any allocation".into()));
+        }
         let mut cache =
-            PagedKvCache::new(queue, dt, (s * blocks_per_seq).max(1), bs, block.dims().cache_row_dim())?;
+            PagedKvCache::new(queue, dt, num_blocks, bs, row_dim).map_err(|e| cache_err(e.to_string()))?;
         let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
         let mut ws = MlaWorkspace::new(MlaLimits {
             max_tokens: self.max_step.max(1),

@@ -1,0 +1,313 @@
+//! `vt-mla run` at the program's edges (issue 15): sizes whose products wrap, configs whose
+//! derived values are not finite, huge but valid sizes, an output that is one of the
+//! inputs, and errors that must name the input at fault. Every case is a clean exit 1 (or
+//! 2 for usage) with a message, never a panic, an abort or a silently wrong output.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{safetensors_bytes, synthetic, synthetic_checkpoint, synthetic_config_json, vt_mla};
+use mla_block::{HostTensor, DEFAULT_LAYER_PREFIX};
+use vt_core::DType;
+
+/// A directory of its own for one test, with the synthetic layer's files in it.
+struct Files {
+    dir: PathBuf,
+}
+
+impl Files {
+    fn new(test: &str) -> Files {
+        let dir = std::env::temp_dir().join(format!("vt-mla-edges-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (_, host) = synthetic(false, DType::F32);
+        std::fs::write(dir.join("config.json"), synthetic_config_json(false)).unwrap();
+        std::fs::write(
+            dir.join("weights.safetensors"),
+            safetensors_bytes(&synthetic_checkpoint(&host, DEFAULT_LAYER_PREFIX)),
+        )
+        .unwrap();
+        std::fs::write(dir.join("input.safetensors"), input_bytes(2, 6)).unwrap();
+        Files { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// `vt-mla run` on `config.json`, `weights.safetensors`, `input.safetensors` in the
+    /// directory (each replaceable through `extra`, which comes last), writing `output`.
+    fn run(&self, output: &Path, extra: &[&str]) -> Output {
+        self.run_env(output, extra, &[])
+    }
+
+    fn run_env(&self, output: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut c = vt_mla();
+        c.args(["run", "--backend", "cpu"]);
+        for (flag, file) in [
+            ("--config", "config.json"),
+            ("--weights", "weights.safetensors"),
+            ("--input", "input.safetensors"),
+        ] {
+            if !extra.contains(&flag) {
+                c.arg(flag).arg(self.path(file));
+            }
+        }
+        c.arg("--output").arg(output).args(extra).env_remove("RUST_LOG");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
+    /// A config with `edit` applied to the synthetic one, written as `name`.
+    fn config_with(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+    ) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(&synthetic_config_json(false)).unwrap();
+        edit(v.as_object_mut().unwrap());
+        let p = self.path(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p.display().to_string()
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn input_bytes(s: i64, t: i64) -> Vec<u8> {
+    let h = 16;
+    let vals: Vec<f64> = (0..s * t * h).map(|i| ((i * 37 % 101) as f64 - 50.0) / 50.0).collect();
+    let hidden =
+        HostTensor { dtype: DType::F32, shape: vec![s, t, h], bytes: vt_core::encode_f64(DType::F32, &vals) };
+    safetensors_bytes(&[("hidden_states".into(), hidden)])
+}
+
+/// Exit status 1 (a failed run, not a crash: no panic, no abort) with every needle in the
+/// message.
+fn fails_with(o: &Output, needles: &[&str], what: &str) {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{what}: exit {:?}\n{stderr}", o.status);
+    assert!(!stderr.contains("panicked"), "{what}: panicked\n{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "{what}: stderr lacks {n:?}\n{stderr}");
+    }
+}
+
+// ------------------------------------------------------------ integer overflow
+
+#[test]
+fn config_dimensions_whose_products_wrap_are_errors_naming_the_field() {
+    let f = Files::new("cfg_overflow");
+    let out = f.path("out.safetensors");
+    let big = 1i64 << 61;
+    for (field, value) in [
+        ("num_attention_heads", big),
+        ("hidden_size", big),
+        ("kv_lora_rank", big),
+        ("qk_nope_head_dim", i64::MAX - 2),
+        ("v_head_dim", big),
+    ] {
+        let cfg = f.config_with(&format!("{field}.json"), |c| {
+            c.insert(field.into(), value.into());
+        });
+        let o = f.run(&out, &["--config", &cfg]);
+        fails_with(&o, &["config.json", field], &format!("{field} = {value}"));
+        assert!(!out.exists(), "{field}: no output is written");
+    }
+}
+
+#[test]
+fn command_line_numbers_whose_products_wrap_are_errors() {
+    let f = Files::new("cli_overflow");
+    let out = f.path("out.safetensors");
+    let max = i64::MAX.to_string();
+    // Schedule counts whose sum wraps to T = 6.
+    let wrap = format!("prefill:{},prefill:{},prefill:8", i64::MAX, i64::MAX);
+    let o = f.run(&out, &["--schedule", &wrap]);
+    fails_with(&o, &["schedule", "overflow"], "schedule sum");
+    // A block size whose cache size wraps.
+    let o = f.run(&out, &["--block-size", &max]);
+    fails_with(&o, &["--block-size", "bytes"], "--block-size i64::MAX");
+    // --tp far beyond any head count: an error, not a hang or an allocation without bound.
+    let o = f.run(&out, &["--tp", &max]);
+    fails_with(&o, &["--tp"], "--tp i64::MAX");
+    let o = f.run(&out, &["--tp", "4611686018427387904"]);
+    fails_with(&o, &["--tp"], "--tp 2^62");
+    assert!(!out.exists());
+}
+
+// ------------------------------------------------------------ derived values finite
+
+#[test]
+fn yarn_parameters_that_make_the_rope_cache_or_scale_non_finite_are_named() {
+    let f = Files::new("nonfinite");
+    let out = f.path("out.safetensors");
+    let yarn = |extra: serde_json::Value| {
+        let mut s =
+            serde_json::json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16});
+        for (k, v) in extra.as_object().unwrap() {
+            s.as_object_mut().unwrap().insert(k.clone(), v.clone());
+        }
+        s
+    };
+    for (field, extra) in [
+        ("rope_scaling.beta_fast", serde_json::json!({"beta_fast": 0.0})),
+        ("rope_scaling.beta_slow", serde_json::json!({"beta_slow": -1.0})),
+        ("rope_scaling.mscale", serde_json::json!({"mscale": 1e308})),
+        ("rope_scaling.attn_factor", serde_json::json!({"attn_factor": 1e300})),
+        ("rope_scaling.extrapolation_factor", serde_json::json!({"extrapolation_factor": 1e308})),
+        ("rope_scaling.mscale_all_dim", serde_json::json!({"mscale_all_dim": 1e307})),
+    ] {
+        let cfg = f.config_with(&format!("{field}.json"), |c| {
+            c.insert("rope_scaling".into(), yarn(extra.clone()));
+        });
+        let o = f.run(&out, &["--config", &cfg]);
+        fails_with(&o, &["config.json", field, "finite"], field);
+        assert!(!out.exists(), "{field}: no (NaN) output is written");
+    }
+    let cfg = f.config_with("theta.json", |c| {
+        c.insert("rope_theta".into(), 1e308.into());
+    });
+    let o = f.run(&out, &["--config", &cfg]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    // A huge but finite theta is valid (the frequencies tend to 0): the run succeeds.
+    assert!(o.status.success(), "{stderr}");
+}
+
+// ------------------------------------------------------------ huge but valid sizes
+
+#[test]
+fn a_huge_max_position_embeddings_is_an_error_with_the_bytes_needed() {
+    let f = Files::new("huge_maxpos");
+    let out = f.path("out.safetensors");
+    let cfg = f.config_with("maxpos.json", |c| {
+        c.insert("max_position_embeddings".into(), (1i64 << 50).into());
+    });
+    let o = f.run(&out, &["--config", &cfg]);
+    fails_with(&o, &["max_position_embeddings", "bytes"], "max_position_embeddings 2^50");
+}
+
+#[test]
+fn a_huge_block_size_is_an_error_naming_it_and_the_bytes() {
+    let f = Files::new("huge_bs");
+    let out = f.path("out.safetensors");
+    let o = f.run(&out, &["--block-size", "1099511627776"]);
+    fails_with(&o, &["--block-size", "1099511627776", "bytes"], "--block-size 2^40");
+}
+
+// ------------------------------------------------------------ output vs inputs
+
+#[test]
+fn an_output_that_is_one_of_the_inputs_is_refused_before_any_work() {
+    let f = Files::new("same_file");
+    let check = |output: &Path, victim: &str, what: &str| {
+        let before = std::fs::read(f.path(victim)).unwrap();
+        let o = f.run(output, &[]);
+        fails_with(&o, &["--output", "same file"], what);
+        assert_eq!(std::fs::read(f.path(victim)).unwrap(), before, "{what}: {victim} is unchanged");
+    };
+    for victim in ["config.json", "weights.safetensors", "input.safetensors"] {
+        check(&f.path(victim), victim, &format!("the same path as {victim}"));
+        // Another spelling of the same path.
+        let other = f.dir.join(".").join("..").join(f.dir.file_name().unwrap()).join(victim);
+        check(&other, victim, &format!("another path to {victim}"));
+        // A symlink to it.
+        let link = f.path(&format!("link-to-{victim}"));
+        std::os::unix::fs::symlink(f.path(victim), &link).unwrap();
+        check(&link, victim, &format!("a symlink to {victim}"));
+        // A hard link to it.
+        let hard = f.path(&format!("hard-{victim}"));
+        std::fs::hard_link(f.path(victim), &hard).unwrap();
+        check(&hard, victim, &format!("a hard link to {victim}"));
+    }
+}
+
+#[test]
+fn the_output_replaces_an_old_file_whole_and_leaves_no_temporary() {
+    let f = Files::new("atomic");
+    let out = f.path("out.safetensors");
+    std::fs::write(&out, b"old contents").unwrap();
+    // A failed run leaves the old file alone.
+    let o = f.run(&out, &["--schedule", "prefill:5"]);
+    fails_with(&o, &["schedule"], "bad schedule");
+    assert_eq!(std::fs::read(&out).unwrap(), b"old contents");
+    let o = f.run(&out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out_t = common::read_out(&out);
+    assert_eq!(out_t.shape, vec![2, 6, 16]);
+    let names: Vec<_> = std::fs::read_dir(&f.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(
+        names.iter().all(|n| !n.to_string_lossy().contains(".tmp")),
+        "a temporary file was left behind: {names:?}"
+    );
+    // An output folder that does not exist: an error naming the output, nothing created.
+    let missing = f.path("no-such-dir").join("out.safetensors");
+    let o = f.run(&missing, &[]);
+    fails_with(&o, &["no-such-dir"], "missing output folder");
+}
+
+// ------------------------------------------------------------ errors name the input
+
+#[test]
+fn an_input_with_no_tokens_is_blamed_not_the_schedule() {
+    let f = Files::new("t0");
+    let out = f.path("out.safetensors");
+    std::fs::write(f.path("input.safetensors"), input_bytes(2, 0)).unwrap();
+    let o = f.run(&out, &[]);
+    fails_with(&o, &["input.safetensors", "hidden_states", "T = 0"], "T = 0");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!stderr.contains("Schedule"), "a schedule nobody gave is blamed: {stderr}");
+    std::fs::write(f.path("input.safetensors"), input_bytes(0, 3)).unwrap();
+    let o = f.run(&out, &[]);
+    fails_with(&o, &["input.safetensors", "hidden_states", "S = 0"], "S = 0");
+}
+
+/// A safetensors file with one tensor whose header does not match its data.
+fn bad_safetensors(name: &str, header_entry: &str, data: usize) -> Vec<u8> {
+    let header = format!("{{\"{name}\":{header_entry}}}");
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend(std::iter::repeat_n(0u8, data));
+    b
+}
+
+#[test]
+fn safetensors_errors_name_the_file_and_the_tensor() {
+    let f = Files::new("st_errors");
+    let out = f.path("out.safetensors");
+    for (entry, data, needle) in [
+        (r#"{"dtype":"F32","shape":[1,2,16],"data_offsets":[0,100]}"#, 100, "128 bytes"),
+        (r#"{"dtype":"F32","shape":[1,2,16],"data_offsets":[0,128]}"#, 64, "past the end"),
+        (r#"{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,128]}"#, 128, "overflow"),
+        (r#"{"dtype":"Q4","shape":[1,2,16],"data_offsets":[0,128]}"#, 128, "dtype"),
+    ] {
+        std::fs::write(f.path("input.safetensors"), bad_safetensors("hidden_states", entry, data)).unwrap();
+        let o = f.run(&out, &[]);
+        fails_with(&o, &["input.safetensors", "`hidden_states`", needle], entry);
+        let w = bad_safetensors(&format!("{DEFAULT_LAYER_PREFIX}q_proj.weight"), entry, data);
+        std::fs::write(f.path("bad-weights.safetensors"), w).unwrap();
+        std::fs::write(f.path("input.safetensors"), input_bytes(2, 6)).unwrap();
+        let bad_w = f.path("bad-weights.safetensors").display().to_string();
+        let o = f.run(&out, &["--weights", &bad_w]);
+        fails_with(&o, &["bad-weights.safetensors", "q_proj.weight", needle], entry);
+    }
+}
+
+#[test]
+fn an_invalid_flag_value_warns_on_stderr_without_rust_log() {
+    let f = Files::new("flag");
+    let out = f.path("out.safetensors");
+    let o = f.run_env(&out, &[], &[("VT_MLA_FUSED_NORM_ROPE", "maybe")]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("VT_MLA_FUSED_NORM_ROPE=\"maybe\"") && stderr.contains("warning"), "{stderr}");
+    assert_eq!(stderr.matches("VT_MLA_FUSED_NORM_ROPE=\"maybe\"").count(), 1, "warned once: {stderr}");
+}
