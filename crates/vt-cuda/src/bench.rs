@@ -103,7 +103,7 @@ impl<'q> Bench<'q> {
             nvrtc::Target::Cubin(_) => {
                 cq.device.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes))
             }
-            nvrtc::Target::Ptx(_) => {
+            nvrtc::Target::Ptx(_) | nvrtc::Target::PtxArchSpecific(_) => {
                 let text = String::from_utf8_lossy(&image.bytes).trim_end_matches('\0').to_string();
                 cq.device.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))
             }

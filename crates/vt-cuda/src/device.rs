@@ -114,7 +114,7 @@ impl DeviceState {
         let image = nvrtc::compile(&format!("{}.cu", src.name), &code, &headers, target)?;
         let module = match target {
             nvrtc::Target::Cubin(_) => self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes)),
-            nvrtc::Target::Ptx(_) => {
+            nvrtc::Target::Ptx(_) | nvrtc::Target::PtxArchSpecific(_) => {
                 let text = String::from_utf8_lossy(&image.bytes).trim_end_matches('\0').to_string();
                 self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(text))
             }

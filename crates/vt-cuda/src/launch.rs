@@ -72,6 +72,9 @@ pub(crate) enum Arg {
     I32(i32),
     F32(f32),
     Struct(StructArg),
+    /// A by-value struct of consecutive TMA descriptors (`CUtensorMap`, 128 bytes each,
+    /// 64-byte aligned), encoded by the launch from these plain-data descriptions.
+    TensorMaps(Vec<TensorMapSpec>),
 }
 
 impl Arg {
@@ -93,7 +96,7 @@ impl Arg {
             Arg::I64(v) => Some(v as u64),
             Arg::I32(v) => Some(v as u32 as u64),
             Arg::F32(v) => Some(v.to_bits() as u64),
-            Arg::Struct(_) => None,
+            Arg::Struct(_) | Arg::TensorMaps(_) => None,
         }
     }
 }
@@ -227,7 +230,7 @@ impl CudaQueue {
 
     fn launch_planned(&self, op: OpId, f: &CudaFunction, l: &Launch) -> Result<()> {
         self.raw_launch(f, l.grid, l.block, l.smem, &l.args, l.dependent)
-            .map_err(|e| Error::op_failed(op, BACKEND, format!("launching {}: {e}", l.symbol())))
+            .map_err(|e| Error::op_failed(op, BACKEND, format!("{}: {e}", l.symbol())))
     }
 
     /// Launches a kernel loaded outside `kernels-cuda/` (the bench's fill kernel) with
@@ -239,7 +242,7 @@ impl CudaQueue {
         grid: (u32, u32, u32),
         block: u32,
         args: &[Arg],
-    ) -> std::result::Result<(), result::DriverError> {
+    ) -> std::result::Result<(), String> {
         self.raw_launch(f, grid, block, 0, args, false)
     }
 
@@ -252,21 +255,33 @@ impl CudaQueue {
         smem: u32,
         args: &[Arg],
         dependent: bool,
-    ) -> std::result::Result<(), result::DriverError> {
+    ) -> std::result::Result<(), String> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
         let mut slots: Vec<u64> = args.iter().map(|a| a.slot().unwrap_or(0)).collect();
+        // Encoded TMA descriptors, one vector (contiguous, 128 bytes apart) per argument.
+        let mut maps: Vec<Vec<sys::CUtensorMap>> = Vec::new();
+        for a in args {
+            maps.push(match a {
+                Arg::TensorMaps(specs) => {
+                    specs.iter().map(TensorMapSpec::encode).collect::<Result<_, _>>()?
+                }
+                _ => Vec::new(),
+            });
+        }
         let mut params: Vec<*mut c_void> = args
             .iter()
             .zip(slots.iter_mut())
-            .map(|(a, slot)| match a {
+            .zip(maps.iter_mut())
+            .map(|((a, slot), map)| match a {
                 Arg::Struct(s) => s.value.as_ptr() as *mut c_void,
+                Arg::TensorMaps(_) => map.as_mut_ptr() as *mut c_void,
                 _ => slot as *mut u64 as *mut c_void,
             })
             .collect();
         let stream = self.stream.cu_stream();
-        self.device.ctx.bind_to_thread()?;
+        self.device.ctx.bind_to_thread().map_err(|e| format!("binding the context: {e}"))?;
         // Programmatic stream serialization, for a dependent launch.
         let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
         value.programmaticStreamSerializationAllowed = 1;
@@ -288,14 +303,15 @@ impl CudaQueue {
             numAttrs: 1,
         };
         // SAFETY: `params` holds one pointer per kernel parameter, in order: to an 8-byte
-        // slot whose low bytes are the scalar in the parameter's C type, or to a
-        // `KernelStruct` value with the parameter's layout (the ops' lists are checked
+        // slot whose low bytes are the scalar in the parameter's C type, to a `KernelStruct`
+        // value with the parameter's layout, or to the parameter's consecutive encoded TMA
+        // descriptors (the ops' lists are checked
         // against the compiled kernels' `.entry` parameters by `ptx_check.rs`). Every
         // address among them comes from a validated view or a workspace sized for the call,
         // with the sizes and strides that keep the kernel inside it (see `run`). The
         // function and the stream belong to this queue's context, which is current; `slots`,
-        // the struct values, `params`, `attr` and `config` outlive the call, which copies
-        // them. A dependent launch's kernel waits (`griddepcontrol.wait`) before reading
+        // the struct values, `maps`, `params`, `attr` and `config` outlive the call, which
+        // copies them. A dependent launch's kernel waits (`griddepcontrol.wait`) before reading
         // what the previous kernel on the stream wrote.
         unsafe {
             if dependent {
@@ -305,6 +321,7 @@ impl CudaQueue {
                 result::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, stream, &mut params)
             }
         }
+        .map_err(|e| format!("launch: {e}"))
     }
 
     /// The device's streaming multiprocessor count.
@@ -397,50 +414,51 @@ impl CudaQueue {
     }
 }
 
-/// A TMA descriptor (`CUtensorMap`, 128 bytes, 64-byte aligned) as a kernel parameter
-/// field.
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-pub(crate) struct TensorMap(sys::CUtensorMap);
+/// A TMA descriptor to encode at launch (`cuTensorMapEncodeTiled`), as plain data: the
+/// 3-D tiled map of a 16-bit tensor at device address `addr` with `dims` (innermost first),
+/// byte `strides` of dims 1 and 2 (multiples of 16), boxes of `boxes` elements, 128-byte
+/// swizzle, L2 promotion of 256 bytes, no interleave and zero fill out of bounds: what the
+/// sm_90 attention kernels' wgmma descriptors read. `what` names the tensor in errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TensorMapSpec {
+    pub what: &'static str,
+    pub dtype: DType,
+    pub addr: u64,
+    pub dims: [u64; 3],
+    pub strides: [u64; 2],
+    pub boxes: [u32; 3],
+}
 
-impl TensorMap {
-    /// Encodes the 3-D tiled map of a 16-bit tensor at device address `addr` with `dims`
-    /// (innermost first), byte `strides` of dims 1 and 2 (multiples of 16), boxes of
-    /// `boxes` elements, 128-byte swizzle, L2 promotion of 256 bytes, no interleave and
-    /// zero fill out of bounds: what the sm_90 attention kernels' wgmma descriptors read.
-    /// The driver checks the values and errors on any it rejects; `what` names the tensor
-    /// in that error.
-    pub(crate) fn encode(
-        op: OpId,
-        what: &'static str,
-        dtype: DType,
-        addr: u64,
-        dims: [u64; 3],
-        strides: [u64; 2],
-        boxes: [u32; 3],
-    ) -> Result<TensorMap> {
-        let dt = match dtype {
+impl TensorMapSpec {
+    /// Bytes of one encoded descriptor in a kernel parameter, and its alignment there.
+    #[cfg(test)]
+    pub const BYTES: usize = 128;
+    #[cfg(test)]
+    pub const ALIGN: usize = 64;
+
+    /// The safe wrapper of the driver's encode; the driver checks the values and errors on
+    /// any it rejects.
+    fn encode(&self) -> std::result::Result<sys::CUtensorMap, String> {
+        let dt = match self.dtype {
             DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            other => {
-                return Err(Error::invalid(op, what, format!("a TMA map takes bf16 or f16, not {other}")))
-            }
+            other => return Err(format!("the TMA map of {} takes bf16 or f16, not {other}", self.what)),
         };
         let elem = [1u32, 1, 1];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
-        // SAFETY: every pointer refers to a live local array of the length the rank (3)
-        // implies (dims, boxes, element strides: 3; strides: 2); the driver only reads them
-        // and writes the 128-byte map. The global address is only recorded in the map (the
+        // SAFETY: every pointer refers to a live array of the length the rank (3) implies
+        // (dims, boxes, element strides: 3; strides: 2); the driver only reads them and
+        // writes the 128-byte map. The global address is only recorded in the map (the
         // driver does not access it); kernels read through the map within `dims`.
         let r = unsafe {
             sys::cuTensorMapEncodeTiled(
                 &mut map,
                 dt,
                 3,
-                addr as *mut c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxes.as_ptr(),
+                self.addr as *mut c_void,
+                self.dims.as_ptr(),
+                self.strides.as_ptr(),
+                self.boxes.as_ptr(),
                 elem.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
                 sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
@@ -449,12 +467,11 @@ impl TensorMap {
             )
         };
         r.result().map_err(|e| {
-            Error::op_failed(
-                op,
-                BACKEND,
-                format!("encoding the TMA map of {what} (dims {dims:?}, strides {strides:?}): {e}"),
+            format!(
+                "encoding the TMA map of {} (dims {:?}, strides {:?}): {e}",
+                self.what, self.dims, self.strides
             )
         })?;
-        Ok(TensorMap(map))
+        Ok(map)
     }
 }

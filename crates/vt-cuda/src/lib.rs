@@ -47,6 +47,8 @@ pub mod graph;
 #[doc(hidden)]
 pub mod kernels;
 mod launch;
+#[cfg(test)]
+mod ptx_check;
 pub mod nccl;
 pub mod nvrtc;
 mod queue;

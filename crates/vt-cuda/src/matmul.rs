@@ -173,6 +173,13 @@ fn fallback(op: OpId, out: Operand<'_>, a: Operand<'_>, b: Operand<'_>, batch: i
     Launch::new(&SRC, "batched_matmul", out.view.dtype(), (grid, 1, 1), 256, args)
 }
 
+/// The fallback kernel's launch for `x` (the GPU-free parameter check plans it).
+#[cfg(test)]
+pub(crate) fn kernel_sample(x: &BatchedMatmulArgs<'_>) -> Launch {
+    let batched = |t| Operand { view: t, batch_stride: t.stride(0), mat: Mat::of(t, 1, 2) };
+    fallback(OpId::BatchedMatmul, batched(&x.out), batched(&x.a), batched(&x.b), x.a.dim(0), x.a.dim(2))
+}
+
 pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
     let a = Operand { view: &x.a, batch_stride: 0, mat: Mat::of(&x.a, 0, 1) };
     // b is [N, K]; the product reads it as [K, N].

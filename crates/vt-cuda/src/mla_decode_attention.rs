@@ -27,7 +27,7 @@ use cudarc::driver::CudaStream;
 use vt_core::{Buffer, DType, Error, MlaDecodeAttentionArgs, OpId, Queue, Result, Tensor};
 
 use crate::device::BACKEND;
-use crate::launch::{KernelStruct, TensorMap};
+use crate::launch::{KernelStruct, TensorMapSpec};
 use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("mla_decode_attention");
@@ -178,16 +178,6 @@ const fn tc_smem(mt: u32) -> u32 {
     9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 2 * 8 + 1024
 }
 
-/// `mla::TmaMap`: the tensor map of the cache, the TMA kernel's second parameter.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct TmaMap(TensorMap);
-
-// SAFETY: one CUtensorMap (an opaque 128-byte block), 64-byte aligned, with the layout of the
-// kernel's `mla::TmaMap`, passed by value as a __grid_constant__ parameter; it describes
-// the validated cache view.
-unsafe impl KernelStruct for TmaMap {}
-
 /// Whether the wgmma kernel may load the cache through the TMA: a tile of 64 tokens is whole
 /// boxes of min(BS, 64) rows of one block (BS divides 64 or 64 divides BS) and the block
 /// count fits the map's 32-bit coordinates (one past the last block reads zeros).
@@ -199,22 +189,19 @@ fn tma_ok(cache: &Tensor<'_>) -> bool {
 /// The cache's tensor map: (feature, row in block, block), boxes of 64 features x
 /// min(BS, 64) rows x 1 block, 128-byte swizzle (`mla::swz`). The caller checked the rows
 /// (16-byte aligned start, strides multiples of 8 elements) and `tma_ok`.
-fn cache_map(cache: &Tensor<'_>) -> Result<TmaMap> {
+fn cache_map(cache: &Tensor<'_>) -> TensorMapSpec {
     let (nb, bs, d) = (cache.dim(0) as u64, cache.dim(1) as u64, cache.dim(2) as u64);
     // A dim of size 1 may carry any stride; the map wants a positive multiple of 16 bytes.
     let row_bytes = if bs == 1 { d * 2 } else { cache.stride(1) as u64 * 2 };
     let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 * 2 };
-    let boxes = [64u32, bs.min(64) as u32, 1];
-    let map = TensorMap::encode(
-        OP,
-        "cache",
-        cache.dtype(),
-        cache.data_addr(),
-        [d, bs, nb],
-        [row_bytes, blk_bytes],
-        boxes,
-    )?;
-    Ok(TmaMap(map))
+    TensorMapSpec {
+        what: "cache",
+        dtype: cache.dtype(),
+        addr: cache.data_addr(),
+        dims: [d, bs, nb],
+        strides: [row_bytes, blk_bytes],
+        boxes: [64, bs.min(64) as u32, 1],
+    }
 }
 
 /// Half-tile slots of the mma.sync kernels' KV ring (`HS` of `mla_decode_mma{16,32,64}[s]`).
@@ -493,7 +480,8 @@ pub(crate) fn launches(
     };
     let mut main_args = vec![Arg::of_struct(p)];
     if c.tma {
-        main_args.push(Arg::of_struct(cache_map(&a.cache)?));
+        // `mla::TmaMap`: the tensor map of the cache, the TMA kernel's second parameter.
+        main_args.push(Arg::TensorMaps(vec![cache_map(&a.cache)]));
     }
     let main_grid = (c.plan.parts, c.plan.row_blocks, 1);
     let main = Launch::new(&SRC, c.base, dt, main_grid, c.threads, main_args).with_smem(c.smem);

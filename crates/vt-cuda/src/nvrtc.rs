@@ -28,6 +28,9 @@ pub enum Target {
     Cubin(u32),
     /// PTX for `compute_XY`: the driver compiles it for a newer device at load time.
     Ptx(u32),
+    /// PTX for the arch-specific `compute_XYa` (sm_90a's wgmma and TMA kernels included):
+    /// what the GPU-free check of the kernels' parameter lists reads; never loaded.
+    PtxArchSpecific(u32),
 }
 
 /// The real architecture a cubin is built for: Hopper gets its arch-specific target
@@ -46,6 +49,7 @@ impl Target {
         match self {
             Target::Cubin(sm) => format!("--gpu-architecture={}", cubin_arch(sm)),
             Target::Ptx(sm) => format!("--gpu-architecture=compute_{sm}"),
+            Target::PtxArchSpecific(sm) => format!("--gpu-architecture=compute_{sm}a"),
         }
     }
 
@@ -53,6 +57,7 @@ impl Target {
         match self {
             Target::Cubin(sm) => format!("{}.cubin", cubin_arch(sm)),
             Target::Ptx(sm) => format!("compute_{sm}.ptx"),
+            Target::PtxArchSpecific(sm) => format!("compute_{sm}a.ptx"),
         }
     }
 }
@@ -279,7 +284,7 @@ fn compile_uncached(
     }
     let (size_fn, get_fn): (SizeFn, GetFn) = match target {
         Target::Cubin(_) => (sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN),
-        Target::Ptx(_) => (sys::nvrtcGetPTXSize, sys::nvrtcGetPTX),
+        Target::Ptx(_) | Target::PtxArchSpecific(_) => (sys::nvrtcGetPTXSize, sys::nvrtcGetPTX),
     };
     let mut size = 0usize;
     // SAFETY: `prog` compiled successfully; valid out-pointer.

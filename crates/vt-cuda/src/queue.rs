@@ -182,6 +182,6 @@ impl CudaQueue {
         args: &[Arg],
     ) -> Result<()> {
         self.launch_loaded(f, cfg.grid_dim, cfg.block_dim.0, args)
-            .map_err(|e| Error::backend(BACKEND, format!("{op}: launch: {e}")))
+            .map_err(|e| Error::backend(BACKEND, format!("{op}: {e}")))
     }
 }

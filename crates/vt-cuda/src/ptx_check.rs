@@ -1,0 +1,312 @@
+//! Checks, without a GPU, that the host side and the kernels agree: every op's planned
+//! launches for sample arguments (every float dtype, optional tensors absent and present,
+//! fast and fallback paths, every MlaDecodeAttention kernel) are compared with the `.entry`
+//! parameter lists of the kernel files compiled to PTX by NVRTC (for `compute_90a`, so the
+//! sm_90a kernels are included): the kernel exists, the host passes as many arguments as it
+//! declares, each of the same kind and size (a 64-bit integer or address, a 32-bit integer,
+//! an f32, or a by-value struct of the declared size and alignment). Every entry of a
+//! compiled file must be launched by some sample.
+//!
+//! Needs libnvrtc and the CUDA headers (`.ci/kernels-cuda-deps` installs both from PyPI);
+//! skipped with a note otherwise. What this cannot check: that the kernels compute the
+//! right thing (the parity tests on a GPU do).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use vt_core::*;
+
+use crate::launch::{Arg, Launch, TensorMapSpec};
+use crate::mla_decode_attention::{self as decode, DecodeOptions, DeviceInfo, Kernel};
+use crate::nvrtc::{self, Target};
+
+/// One `.param` of a PTX entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Param {
+    /// `.u64`, `.s64`, `.b64` (addresses and 64-bit integers).
+    B64,
+    /// `.u32`, `.s32`, `.b32`.
+    B32,
+    F32,
+    /// `.align A .b8 name[SIZE]`.
+    Struct {
+        align: usize,
+        size: usize,
+    },
+    Other(String),
+}
+
+fn parse_param(decl: &str) -> Param {
+    let words: Vec<&str> = decl.split_whitespace().collect();
+    // `.param .align 8 .b8 name[240]` or `.param .u64 [.ptr .global .align 1] name`
+    match words.get(1).copied() {
+        Some(".align") => {
+            let align = words.get(2).and_then(|a| a.parse().ok()).unwrap_or(0);
+            let size = words
+                .last()
+                .and_then(|w| w.split_once('['))
+                .and_then(|(_, n)| n.trim_end_matches(']').parse().ok())
+                .unwrap_or(0);
+            Param::Struct { align, size }
+        }
+        Some(".u64" | ".s64" | ".b64") => Param::B64,
+        Some(".u32" | ".s32" | ".b32") => Param::B32,
+        Some(".f32") => Param::F32,
+        _ => Param::Other(decl.to_string()),
+    }
+}
+
+/// The `.entry` parameter lists of a PTX text, by kernel name.
+fn entries(ptx: &str) -> BTreeMap<String, Vec<Param>> {
+    let mut out = BTreeMap::new();
+    let mut lines = ptx.lines();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.trim().strip_prefix(".visible .entry ") else { continue };
+        let (name, no_params) = match rest.strip_suffix("()") {
+            Some(name) => (name, true),
+            None => (rest.trim_end_matches('('), false),
+        };
+        let name = name.trim().to_string();
+        let mut params = Vec::new();
+        if !no_params {
+            for p in lines.by_ref() {
+                let p = p.trim();
+                if p.starts_with(')') {
+                    break;
+                }
+                params.push(parse_param(p.trim_end_matches(',')));
+            }
+        }
+        out.insert(name, params);
+    }
+    out
+}
+
+fn matches(p: &Param, a: &Arg) -> bool {
+    match (p, a) {
+        (Param::B64, Arg::Ptr(_) | Arg::I64(_)) | (Param::B32, Arg::I32(_)) | (Param::F32, Arg::F32(_)) => {
+            true
+        }
+        (Param::Struct { align, size }, Arg::Struct(s)) => *align == s.align && *size == s.size,
+        (Param::Struct { align, size }, Arg::TensorMaps(m)) => {
+            *align == TensorMapSpec::ALIGN && *size == m.len() * TensorMapSpec::BYTES
+        }
+        _ => false,
+    }
+}
+
+/// Views over made-up, 4 GiB-spaced (so 16-byte aligned) CUDA addresses: plans read only
+/// their metadata, never their memory.
+struct Fake {
+    next: u64,
+}
+
+impl Fake {
+    fn t(&mut self, dt: DType, shape: &[i64], strides: &[i64]) -> Tensor<'static> {
+        self.next += 1 << 32;
+        // SAFETY: these views are only handed to `plan` functions, which read their shape,
+        // strides and addresses and never dereference them (nothing is launched).
+        unsafe {
+            Tensor::from_raw_parts(
+                self.next,
+                1 << 30,
+                dt,
+                Device::new(DeviceType::Cuda, 0),
+                shape,
+                strides,
+                0,
+            )
+        }
+        .expect("a valid fake view")
+    }
+    fn c(&mut self, dt: DType, shape: &[i64]) -> Tensor<'static> {
+        let s = contiguous_strides(shape);
+        self.t(dt, shape, &s[..shape.len()])
+    }
+}
+
+type Samples = Vec<(String, Launch)>;
+
+/// Every op's planned launches for sample arguments in `dt`.
+fn samples(dt: DType) -> Result<Samples> {
+    let mut f = Fake { next: 0 };
+    let mut out: Samples = Vec::new();
+    let mut add =
+        |what: String, launches: Vec<Launch>| out.extend(launches.into_iter().map(|l| (what.clone(), l)));
+    let (t, n, l, r, nb) = (3i64, 2i64, 8i64, 8i64, 16i64);
+
+    let (a, b) = (f.t(dt, &[n, t, 6], &[6, 12, 2]), f.t(dt, &[n, 6, 5], &[1, 2, 12]));
+    add(
+        "BatchedMatmul (kernel)".into(),
+        vec![crate::matmul::kernel_sample(&BatchedMatmulArgs { out: f.c(dt, &[n, t, 5]), a, b })],
+    );
+    let x = f.t(dt, &[t, l], &[l + r, 1]);
+    add(
+        "RmsNorm".into(),
+        crate::rms_norm::plan(&RmsNormArgs { out: x, x, weight: f.c(dt, &[l]), eps: 1e-6 })?,
+    );
+    let (positions, cos_sin) = (f.c(DType::I64, &[t]), f.c(DType::F32, &[32, r]));
+    for k in [None, Some(f.t(dt, &[t, 1, r], &[l + r, l + r, 1]))] {
+        let q = f.t(dt, &[t, n, r], &[n * (l + r), l + r, 1]);
+        let a = RopeFromCacheArgs { q, k, positions, cos_sin_cache: cos_sin, is_neox: k.is_some() };
+        add("RopeFromCache".into(), crate::rope_from_cache::plan(&a)?);
+    }
+    let a = FusedNormRopeArgs {
+        latent_out: f.c(dt, &[t, l]),
+        rope_out: f.c(dt, &[t, r]),
+        kv: f.t(dt, &[t, l + r], &[2 * (l + r), 1]),
+        weight: f.c(dt, &[l]),
+        positions,
+        cos_sin_cache: cos_sin,
+        eps: 1e-6,
+        is_neox: false,
+    };
+    add("FusedNormRope".into(), crate::fused_norm_rope::plan(&a)?);
+    let a = ConcatAndCacheMlaArgs {
+        kv_c: f.c(dt, &[t, l]),
+        k_pe: f.t(dt, &[t, r], &[l + r, 1]),
+        cache: f.c(dt, &[nb, 4, l + r]),
+        slot_mapping: f.c(DType::I64, &[t]),
+    };
+    add("ConcatAndCacheMla".into(), crate::concat_and_cache_mla::plan(&a)?);
+    // Rows of whole 16-byte vectors (the vector kernel) and rows of 3 elements (the scalar one).
+    for (d, starts) in [(64, None), (3, Some(f.c(DType::I32, &[2])))] {
+        let a = GatherMlaCacheArgs {
+            out: f.c(dt, &[7, d]),
+            cache: f.c(dt, &[nb, 4, d]),
+            block_table: f.c(DType::I32, &[2, 8]),
+            cu_seq_lens: f.c(DType::I32, &[3]),
+            seq_starts: starts,
+        };
+        add(format!("GatherMlaCache (D {d})"), crate::gather_mla_cache::plan(&a)?);
+    }
+    for (p, rope_heads) in [(64, 1), (3, n)] {
+        let a = ConcatMlaNopeRopeArgs {
+            out: f.c(dt, &[t, n, p + 64]),
+            nope: f.c(dt, &[t, n, p]),
+            rope: f.c(dt, &[t, rope_heads, 64]),
+        };
+        add(format!("ConcatMlaNopeRope (P {p})"), crate::concat_mla_nope_rope::plan(&a)?);
+    }
+    for out_lse in [None, Some(f.c(DType::F32, &[n, t]))] {
+        let a = MergeAttnStatesArgs {
+            out: f.c(dt, &[t, n, l]),
+            out_lse,
+            prefix: f.c(dt, &[t, n, l]),
+            prefix_lse: f.c(DType::F32, &[n, t]),
+            suffix: f.c(dt, &[t, n, l]),
+            suffix_lse: f.t(DType::F32, &[n, t], &[1, n]),
+        };
+        add("MergeAttnStates".into(), crate::merge_attn_states::plan(&a)?);
+    }
+    // MlaDecodeAttention: the generic kernel (any dtype), and on 16-bit dtypes every
+    // tensor-core kernel at 16, 32 and 64 query rows per CTA.
+    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448 };
+    let (d, dv, bs) = (576, 512, 64);
+    let mut kernels = vec![(Kernel::Generic, 2, false)];
+    if dt != DType::F32 {
+        for heads in [8, 32, 64] {
+            kernels.extend([(Kernel::Mma, heads, false), (Kernel::MmaSmall, heads, false)]);
+        }
+        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)]);
+    }
+    for (kernel, heads, tma) in kernels {
+        let a = MlaDecodeAttentionArgs {
+            out: f.c(dt, &[2, 1, heads, dv]),
+            lse: Some(f.c(DType::F32, &[2, heads, 1])),
+            q: f.c(dt, &[2, 1, heads, d]),
+            cache: f.c(dt, &[nb, bs, d]),
+            block_table: f.c(DType::I32, &[2, 8]),
+            seq_lens: f.c(DType::I32, &[2]),
+            scale: 0.5,
+        };
+        let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
+        let c = decode::choose(&a, &info, &opts, tma)?;
+        add(
+            format!("MlaDecodeAttention ({})", c.plan.kernel),
+            decode::launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,
+        );
+    }
+    Ok(out)
+}
+
+#[test]
+fn planned_launches_match_the_ptx_parameter_lists() {
+    if !nvrtc::available() {
+        println!("SKIP: libnvrtc not found");
+        return;
+    }
+    if let Err(e) = nvrtc::include_dirs() {
+        println!("SKIP: {e}");
+        return;
+    }
+    let mut plans = Vec::new();
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        plans.extend(samples(dt).expect("sample plans"));
+    }
+    let mut covered = BTreeSet::new();
+    let mut ptx: BTreeMap<&'static str, BTreeMap<String, Vec<Param>>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    let mut launched = BTreeSet::new();
+    for (what, l) in &plans {
+        covered.insert(what.split(' ').next().unwrap_or_default().to_string());
+        if !ptx.contains_key(l.src.name) {
+            let (code, headers) = crate::kernels::texts(l.src).expect("kernel text");
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
+            let name = format!("{}.cu", l.src.name);
+            let image = nvrtc::compile(&name, &code, &headers, Target::PtxArchSpecific(90)).expect("NVRTC");
+            ptx.insert(l.src.name, entries(&String::from_utf8_lossy(&image.bytes)));
+        }
+        let symbol = l.symbol();
+        launched.insert(symbol.clone());
+        let Some(params) = ptx.get(l.src.name).and_then(|e| e.get(&symbol)) else {
+            problems.push(format!("{what}: {symbol} is not an entry of {}.cu", l.src.name));
+            continue;
+        };
+        if params.len() != l.args.len() {
+            problems.push(format!(
+                "{what}: {symbol} declares {} parameters, the host passes {}",
+                params.len(),
+                l.args.len()
+            ));
+        }
+        for (i, (p, a)) in params.iter().zip(&l.args).enumerate() {
+            if !matches(p, a) {
+                problems.push(format!("{what}: {symbol} parameter {i} is {p:?}, the host passes {a:?}"));
+            }
+        }
+    }
+    for (file, es) in &ptx {
+        for name in es.keys().filter(|n| !launched.contains(*n)) {
+            problems.push(format!("{file}.cu: entry {name} is launched by no sample"));
+        }
+    }
+    // Every op plans launches here except the cuBLAS matmul path (no kernel: MatmulBT
+    // shares BatchedMatmul's fallback kernel) and PrefillAttention (not yet planned).
+    for op in OpId::ALL {
+        let exempt = matches!(op, OpId::MatmulBT | OpId::PrefillAttention);
+        if !exempt && !covered.contains(op.name()) {
+            problems.push(format!("{op}: no sample plan"));
+        }
+    }
+    assert!(problems.is_empty(), "{} problem(s):\n{}", problems.len(), problems.join("\n"));
+    println!("{} planned launches checked against {} kernel files", plans.len(), ptx.len());
+}
+
+#[test]
+fn ptx_parameter_lists_parse() {
+    let ptx = "
+.visible .entry k_bf16(
+\t.param .u64 .ptr .global .align 1 k_bf16_param_0,
+\t.param .u32 k_bf16_param_1,
+\t.param .f32 k_bf16_param_2,
+\t.param .align 8 .b8 k_bf16_param_3[240]
+)
+{
+}
+.visible .entry empty()
+{
+}";
+    let e = entries(ptx);
+    assert_eq!(e["k_bf16"], vec![Param::B64, Param::B32, Param::F32, Param::Struct { align: 8, size: 240 }]);
+    assert_eq!(e["empty"], vec![]);
+}
