@@ -300,9 +300,7 @@ pub fn format_breakdown(s: &StepTimes, costs: &[OpCost], peer: Option<&PeerRow>)
         let cost = costs.iter().find(|c| c.label == x.label);
         let secs = x.ms * 1e-3;
         let (tf, gb) = match cost {
-            Some(c) if c.flops > 0.0 => {
-                (rate(c.flops / secs / 1e12), rate(c.bytes / secs / 1e9))
-            }
+            Some(c) if c.flops > 0.0 => (rate(c.flops / secs / 1e12), rate(c.bytes / secs / 1e9)),
             Some(c) => ("-".into(), rate(c.bytes / secs / 1e9)),
             None => ("-".into(), "-".into()),
         };
@@ -370,12 +368,12 @@ pub fn format_summary(rows: &[(StepTimes, f64)], peer: Option<&Peer>) -> String 
         };
         let _ = writeln!(
             o,
-            "{:>6} {:>8} {:>10.4} {:>10.4} {:>8.0} {:>10} {:>9} {:>12}",
+            "{:>6} {:>8} {:>10.4} {:>10.4} {:>8} {:>10} {:>9} {:>12}",
             s.t,
             s.context,
             s.ms,
             s.min_ms,
-            flops / (s.ms * 1e-3) / 1e12,
+            rate(flops / (s.ms * 1e-3) / 1e12),
             theirs.map(|t| format!("{t:.4}")).unwrap_or_else(|| "-".into()),
             ratio_cell(s.ms, theirs),
             verdict
