@@ -28,6 +28,10 @@ pub struct MlaConfig {
     pub rope: YarnRopeParams,
     /// `max_position_embeddings`: rows of the cos/sin cache (positions must be below it).
     pub max_position_embeddings: i64,
+    /// `quantization_config` of an fp8 checkpoint (DeepSeek-V3's form: `quant_method: fp8`,
+    /// `fmt: e4m3`, `weight_block_size: [128, 128]`): the scale block `[rows, cols]`; the
+    /// loader dequantizes such weights into the compute dtype. `None`: not quantized.
+    pub fp8_weight_block: Option<[i64; 2]>,
 }
 
 impl MlaConfig {
@@ -51,6 +55,7 @@ impl MlaConfig {
     /// Parses an already decoded `config.json` object.
     pub fn from_json(c: &Map<String, Value>) -> Result<MlaConfig> {
         reject_unsupported(c)?;
+        let fp8_weight_block = parse_quantization(c)?;
         let hidden_size = req_int(c, "hidden_size")?;
         let num_heads = req_int(c, "num_attention_heads")?;
         let q_lora_rank = match c.get("q_lora_rank") {
@@ -60,14 +65,19 @@ impl MlaConfig {
         let kv_lora_rank = req_int(c, "kv_lora_rank")?;
         let nope = req_int(c, "qk_nope_head_dim")?;
         let rope_dim = req_int(c, "qk_rope_head_dim")?;
-        let v = req_int(c, "v_head_dim")?;
+        let v = match (c.get("v_head_dim"), c.get("model_type").and_then(Value::as_str)) {
+            // MiniCPM3 leaves it out: its config class sets hidden_size / num_attention_heads.
+            (None | Some(Value::Null), Some("minicpm3")) if num_heads > 0 => hidden_size / num_heads,
+            _ => req_int(c, "v_head_dim")?,
+        };
         let eps = opt_f64(c, "rms_norm_eps")?.unwrap_or(1e-6);
         let max_pos = req_int(c, "max_position_embeddings")?;
         if max_pos <= 0 {
             return Err(field_err("max_position_embeddings", format!("must be > 0, got {max_pos}")));
         }
         let is_neox = match c.get("rope_interleave") {
-            None => false,
+            // MiniCPM3 rotates halves (rotate_half), without DeepSeek's interleave.
+            None => c.get("model_type").and_then(Value::as_str) == Some("minicpm3"),
             Some(Value::Bool(b)) => !b,
             // transformers reads an explicit null as false (neox), DeepSeek's default is
             // interleaved: too ambiguous to guess.
@@ -101,7 +111,7 @@ impl MlaConfig {
             &rope,
         )
         .map_err(dims_err)?;
-        Ok(MlaConfig { dims, rope, max_position_embeddings: max_pos })
+        Ok(MlaConfig { dims, rope, max_position_embeddings: max_pos, fp8_weight_block })
     }
 }
 
@@ -137,14 +147,87 @@ fn rope_field(c: &Map<String, Value>, field: &str) -> String {
     }
 }
 
-fn reject_unsupported(c: &Map<String, Value>) -> Result<()> {
-    if let Some(q) = c.get("quantization_config").filter(|q| !q.is_null()) {
-        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+/// DeepSeek-V3.2's sparse attention (DSA): a lightning indexer picks `index_topk` cached
+/// tokens per query; the block attends densely, so such a config is refused.
+const SPARSE_INDEXER_KEYS: [&str; 3] = ["index_topk", "index_n_heads", "index_head_dim"];
+
+/// `quantization_config`: absent or null, or DeepSeek's fp8 form with 128x128 weight blocks
+/// (`quant_method: fp8`, `fmt: e4m3`, `activation_scheme: dynamic`, `weight_block_size:
+/// [128, 128]`, V3.1's `scale_fmt: ue8m0`: power-of-two scales, the same dequantization).
+/// Anything else is an error naming the key.
+fn parse_quantization(c: &Map<String, Value>) -> Result<Option<[i64; 2]>> {
+    let q = match c.get("quantization_config") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(q)) => q,
+        Some(other) => {
+            return Err(field_err("quantization_config", format!("must be an object, got {other}")))
+        }
+    };
+    let s = |k: &str| q.get(k).and_then(Value::as_str);
+    let method = s("quant_method").unwrap_or("?");
+    if method != "fp8" {
         return Err(field_err(
-            "quantization_config",
+            "quantization_config.quant_method",
             format!(
-                "quantized checkpoints (quant_method {method:?}) are not supported; use bf16/f16/f32 weights"
+                "{method:?} is not supported; the loader reads bf16/f16/f32 weights and fp8 e4m3 weights with 128x128 block scales (quant_method \"fp8\")"
             ),
+        ));
+    }
+    let checks: [(&str, &[&str]); 3] =
+        [("fmt", &["e4m3"]), ("activation_scheme", &["dynamic"]), ("scale_fmt", &["ue8m0"])];
+    for (key, allowed) in checks {
+        match q.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) if allowed.contains(&v.as_str()) => {}
+            Some(v) => {
+                return Err(field_err(
+                    &format!("quantization_config.{key}"),
+                    format!("{v} is not supported (supported: {allowed:?})"),
+                ))
+            }
+        }
+    }
+    let block = match q.get("weight_block_size") {
+        Some(Value::Array(a)) if a.len() == 2 => [
+            as_int("quantization_config.weight_block_size", &a[0])?,
+            as_int("quantization_config.weight_block_size", &a[1])?,
+        ],
+        None | Some(Value::Null) => {
+            return Err(field_err(
+                "quantization_config.weight_block_size",
+                "is missing: per-tensor fp8 is not supported, only 128x128 block scales",
+            ))
+        }
+        Some(v) => {
+            return Err(field_err(
+                "quantization_config.weight_block_size",
+                format!("must be [rows, cols], got {v}"),
+            ))
+        }
+    };
+    if block != [crate::checkpoint::FP8_BLOCK, crate::checkpoint::FP8_BLOCK] {
+        return Err(field_err(
+            "quantization_config.weight_block_size",
+            format!("{block:?} is not supported, only [128, 128]"),
+        ));
+    }
+    if let Some((k, v)) = q.iter().find(|(k, v)| {
+        !v.is_null()
+            && !matches!(
+                k.as_str(),
+                "quant_method" | "fmt" | "activation_scheme" | "scale_fmt" | "weight_block_size"
+            )
+    }) {
+        return Err(field_err(&format!("quantization_config.{k}"), format!("{v} is not supported")));
+    }
+    Ok(Some(block))
+}
+
+fn reject_unsupported(c: &Map<String, Value>) -> Result<()> {
+    if let Some(key) = SPARSE_INDEXER_KEYS.iter().find(|k| c.get(**k).is_some_and(|v| !v.is_null())) {
+        return Err(field_err(
+            key,
+            "DeepSeek-V3.2's sparse attention indexer (index_n_heads, index_head_dim, index_topk) is not supported; the block attends to every cached token",
         ));
     }
     if c.get("attention_bias").and_then(Value::as_bool) == Some(true) {

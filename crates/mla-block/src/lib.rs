@@ -15,11 +15,13 @@
 //! See `docs/mla.md` for the op map and the upstream port map.
 
 mod block;
+pub mod checkpoint;
 mod config;
 mod dims;
 mod kv_cache;
 mod metadata;
 mod rope;
+pub mod loaders;
 pub mod runner;
 mod safetensors_header;
 pub mod tp;
@@ -27,6 +29,7 @@ mod weights;
 mod workspace;
 
 pub use block::{missing_ops, MlaBlock, REQUIRED_OPS};
+pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use dims::MlaBlockDims;
 pub use kv_cache::{PagedKvCache, SeqId};
@@ -35,12 +38,12 @@ pub use rope::{
     mla_attention_scale, yarn_correction_range, yarn_find_correction_dim, yarn_get_mscale, YarnRopeParams,
     YarnScaling,
 };
+pub use safetensors_header::{
+    check_safetensors_header, deserialize_safetensors, dtype_size as safetensors_dtype_size, SafetensorsEntry,
+};
 pub use weights::{
     absorb_bytes, absorb_kv_b_proj, decode_f64, hf_weight_shapes, AbsorbedKvBProj, HostTensor, HostWeights,
     MlaBlockWeights, MlaWeightStore,
-};
-pub use safetensors_header::{
-    check_safetensors_header, deserialize_safetensors, dtype_size as safetensors_dtype_size, SafetensorsEntry,
 };
 pub use workspace::{MlaLimits, MlaWorkspace};
 

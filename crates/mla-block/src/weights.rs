@@ -7,6 +7,7 @@ use std::path::Path;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use vt_core::{Buffer, DType, Element, Error, Queue, Result, Tensor};
 
+use crate::checkpoint::{Checkpoint, RawTensor, WeightSource};
 use crate::config::MlaConfig;
 use crate::dims::MlaBlockDims;
 
@@ -273,8 +274,9 @@ pub fn hf_weight_shapes(dims: &MlaBlockDims) -> Vec<(&'static str, Vec<i64>)> {
 
 impl HostWeights {
     /// Reads the branch's weights `"{prefix}{name}.weight"` from safetensors bytes and
-    /// converts them to `dtype` (default: the dtype of `kv_b_proj`). A missing tensor, a
-    /// wrong shape or an unsupported dtype is an error naming the tensor.
+    /// converts them to `dtype` (default: the dtype of `kv_b_proj`, bf16 if it is fp8). A
+    /// missing tensor, a wrong shape or an unsupported dtype is an error naming the tensor;
+    /// fp8 e4m3 weights are dequantized with their `.weight_scale_inv` block scales.
     pub fn from_safetensors_bytes(
         bytes: &[u8],
         dims: &MlaBlockDims,
@@ -283,54 +285,62 @@ impl HostWeights {
         context: &str,
     ) -> Result<HostWeights> {
         let st = crate::safetensors_header::deserialize_safetensors(bytes, context)?;
-        let branch = if dims.has_q_lora() { "q_lora_rank set" } else { "q_lora_rank null" };
-        let mut tensors = Vec::new();
-        for (name, shape) in hf_weight_shapes(dims) {
-            let full = format!("{prefix}{name}.weight");
-            let t = HostTensor::from_safetensors(&st, &full, context).map_err(|e| match e {
-                Error::Other { context, msg } if msg.starts_with("missing") => {
-                    Error::Other { context, msg: format!("{msg} (needed by the block with {branch})") }
-                }
-                e => e,
-            })?;
-            if !t.dtype.is_compute_float() {
-                return Err(Error::other(
-                    context,
-                    format!("tensor `{full}` has dtype {}, expected bf16/f16/f32", t.dtype),
-                ));
-            }
-            if t.shape != shape {
-                return Err(Error::other(
-                    context,
-                    format!("tensor `{full}` has shape {:?}, expected {shape:?}", t.shape),
-                ));
-            }
-            tensors.push((name, t));
-        }
-        let dtype = match dtype {
-            Some(d) => d,
-            None => {
-                tensors.iter().find(|(n, _)| *n == "kv_b_proj").map(|(_, t)| t.dtype).unwrap_or(DType::F32)
-            }
+        let file = Path::new(context);
+        let source = |name: &str| -> Result<WeightSource<'_>> {
+            let raw = RawTensor::from_safetensors(&st, name, file)?;
+            let scale_name = format!("{name}_scale_inv");
+            let scale = if raw.dtype == StDtype::F8_E4M3 {
+                Some(RawTensor::from_safetensors(&st, &scale_name, file).map_err(|_| {
+                    Error::other(
+                        context,
+                        format!("fp8 tensor `{name}` has no scale tensor `{scale_name}` (fp8 weights need one f32 scale per 128x128 block)"),
+                    )
+                })?)
+            } else {
+                None
+            };
+            WeightSource::new(raw, scale)
         };
-        if !dtype.is_compute_float() {
-            return Err(Error::invalid("HostWeights", "dtype", format!("{dtype} is not bf16/f16/f32")));
+        let sources = layer_sources(dims, prefix, context, source)?;
+        HostWeights::from_sources(&sources, dtype, false)
+    }
+
+    /// Reads the layer's weights from a checkpoint (see [`Checkpoint::open`]: a file, an
+    /// index, or a directory), converting (and dequantizing fp8) to `dtype`.
+    pub fn from_checkpoint(
+        ckpt: &Checkpoint,
+        dims: &MlaBlockDims,
+        prefix: &str,
+        dtype: Option<DType>,
+    ) -> Result<HostWeights> {
+        let ctx = ckpt.origin().display().to_string();
+        let sources = layer_sources(dims, prefix, &ctx, |name| ckpt.weight(name))?;
+        HostWeights::from_sources(&sources, dtype, true)
+    }
+
+    fn from_sources(
+        sources: &[(&'static str, WeightSource<'_>)],
+        dtype: Option<DType>,
+        release: bool,
+    ) -> Result<HostWeights> {
+        let dtype = compute_dtype(sources, dtype)?;
+        let mut tensors = Vec::with_capacity(sources.len());
+        for (name, src) in sources {
+            let bytes = src.to_bytes(dtype, release)?;
+            tensors.push((*name, HostTensor { dtype, shape: src.shape().to_vec(), bytes }));
         }
-        let tensors = tensors.into_iter().map(|(n, t)| (n, t.converted(dtype))).collect();
         Ok(HostWeights { dtype, tensors })
     }
 
-    /// Reads a `.safetensors` file; see [`HostWeights::from_safetensors_bytes`].
+    /// Reads a checkpoint: a `.safetensors` file, a `model.safetensors.index.json`, or a
+    /// directory holding one; see [`HostWeights::from_checkpoint`].
     pub fn from_file(
         path: &Path,
         dims: &MlaBlockDims,
         prefix: &str,
         dtype: Option<DType>,
     ) -> Result<HostWeights> {
-        let ctx = path.display().to_string();
-        let bytes =
-            std::fs::read(path).map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
-        HostWeights::from_safetensors_bytes(&bytes, dims, prefix, dtype, &ctx)
+        HostWeights::from_checkpoint(&Checkpoint::open(path)?, dims, prefix, dtype)
     }
 
     pub fn get(&self, name: &str) -> Option<&HostTensor> {
@@ -343,6 +353,52 @@ impl HostWeights {
     }
 }
 
+/// The branch's weights `"{prefix}{name}.weight"` through `get`, checked against the
+/// dims' shapes; errors name the full tensor name (and `context`).
+fn layer_sources<'a>(
+    dims: &MlaBlockDims,
+    prefix: &str,
+    context: &str,
+    get: impl Fn(&str) -> Result<WeightSource<'a>>,
+) -> Result<Vec<(&'static str, WeightSource<'a>)>> {
+    dims.validate()?;
+    let branch = if dims.has_q_lora() { "q_lora_rank set" } else { "q_lora_rank null" };
+    let mut out = Vec::new();
+    for (name, shape) in hf_weight_shapes(dims) {
+        let full = format!("{prefix}{name}.weight");
+        let src = get(&full).map_err(|e| match e {
+            Error::Other { context, msg } if msg.starts_with("missing tensor") => {
+                Error::Other { context, msg: format!("{msg} (needed by the block with {branch})") }
+            }
+            e => e,
+        })?;
+        if src.shape() != shape.as_slice() {
+            return Err(Error::other(
+                context,
+                format!("tensor `{full}` has shape {:?}, expected {shape:?}", src.shape()),
+            ));
+        }
+        out.push((name, src));
+    }
+    Ok(out)
+}
+
+/// The compute dtype: `dtype`, else the stored dtype of `kv_b_proj` (bf16 when it is fp8).
+fn compute_dtype(sources: &[(&'static str, WeightSource<'_>)], dtype: Option<DType>) -> Result<DType> {
+    let dtype = match dtype {
+        Some(d) => d,
+        None => match sources.iter().find(|(n, _)| *n == "kv_b_proj").map(|(_, s)| s.stored_dtype()) {
+            Some(DType::F8E4M3) => DType::BF16,
+            Some(d) => d,
+            None => DType::F32,
+        },
+    };
+    if !dtype.is_compute_float() {
+        return Err(Error::invalid("HostWeights", "dtype", format!("{dtype} is not bf16/f16/f32")));
+    }
+    Ok(dtype)
+}
+
 /// The block's weights in device memory: the checkpoint tensors, the fused q_a/kv_a
 /// projection, the absorbed `W_UK_T` / `W_UV`, and the f32 cos/sin cache.
 pub struct MlaWeightStore {
@@ -352,8 +408,10 @@ pub struct MlaWeightStore {
 }
 
 impl MlaWeightStore {
-    /// Loads `"{prefix}{name}.weight"` tensors from a safetensors file and builds every
-    /// derived weight. `dtype`: the compute dtype (default: the checkpoint's).
+    /// Loads `"{prefix}{name}.weight"` tensors from a checkpoint (a `.safetensors` file, a
+    /// `model.safetensors.index.json`, or a directory holding one; see
+    /// [`Checkpoint::open`]) and builds every derived weight. `dtype`: the compute dtype
+    /// (default: the checkpoint's; bf16 for fp8 checkpoints).
     pub fn load(
         queue: &Queue,
         cfg: &MlaConfig,
@@ -361,8 +419,117 @@ impl MlaWeightStore {
         prefix: &str,
         dtype: Option<DType>,
     ) -> Result<Self> {
-        let host = HostWeights::from_file(path, &cfg.dims, prefix, dtype)?;
-        MlaWeightStore::from_host(queue, cfg, &host)
+        MlaWeightStore::from_checkpoint(queue, cfg, &Checkpoint::open(path)?, prefix, dtype)
+    }
+
+    /// Loads the layer `"{prefix}{name}.weight"` straight from a mapped checkpoint into
+    /// device buffers: each weight is converted (fp8 dequantized) a few MiB at a time into
+    /// its buffer, and the mapped pages already read are released as it goes, so the process
+    /// holds little more than the buffers the block keeps. Derived weights are built on the
+    /// way: the fused `[q_a_proj; kv_a_proj_with_mqa]` rows are written into one buffer, and
+    /// `W_UK_T` / `W_UV` are absorbed from `kv_b_proj` head by head. The result is the same as
+    /// [`HostWeights::from_checkpoint`] + [`MlaWeightStore::from_host`], bit for bit.
+    pub fn from_checkpoint(
+        queue: &Queue,
+        cfg: &MlaConfig,
+        ckpt: &Checkpoint,
+        prefix: &str,
+        dtype: Option<DType>,
+    ) -> Result<Self> {
+        let dims = cfg.dims;
+        let ctx = ckpt.origin().display().to_string();
+        let sources = layer_sources(&dims, prefix, &ctx, |name| ckpt.weight(name))?;
+        let dtype = compute_dtype(&sources, dtype)?;
+        let src =
+            |name: &'static str| -> Result<&WeightSource<'_>> {
+                sources.iter().find(|(n, _)| *n == name).map(|(_, s)| s).ok_or_else(|| {
+                    Error::invalid("MlaWeightStore", name, format!("weight `{name}` is missing"))
+                })
+            };
+        // Rows of `s` into rows `row0..` of the 2-D buffer `buf`; a 1-D weight as a whole.
+        let fill = |buf: &Buffer, row0: i64, s: &WeightSource<'_>| -> Result<()> {
+            if s.shape().len() == 1 {
+                return buf.write_bytes(queue, &s.to_bytes(dtype, true)?);
+            }
+            let row_bytes = s.shape()[1] as usize * dtype.size_of();
+            let view = buf.view();
+            s.for_each_chunk(0, s.shape()[0], dtype, true, |r, bytes| {
+                let n = (bytes.len() / row_bytes.max(1)) as i64;
+                queue.write_bytes(&view.slice(0, row0 + r, row0 + r + n)?, bytes)
+            })
+        };
+        let new_buf = |shape: &[i64]| Buffer::uninit(queue, dtype, shape);
+        let mut bufs = Vec::new();
+        let h = dims.hidden_size;
+        if dims.has_q_lora() {
+            let (qa, kva) = (src("q_a_proj")?, src("kv_a_proj_with_mqa")?);
+            let rows = dims.q_lora_rank + dims.cache_row_dim();
+            let fused = new_buf(&[rows, h])?;
+            fill(&fused, 0, qa)?;
+            fill(&fused, dims.q_lora_rank, kva)?;
+            bufs.push(("fused_qkv_a_proj", fused));
+            for name in ["q_a_layernorm", "q_b_proj"] {
+                let s = src(name)?;
+                let b = new_buf(s.shape())?;
+                fill(&b, 0, s)?;
+                bufs.push((name, b));
+            }
+        } else {
+            for name in ["q_proj", "kv_a_proj_with_mqa"] {
+                let s = src(name)?;
+                let b = new_buf(s.shape())?;
+                fill(&b, 0, s)?;
+                bufs.push((name, b));
+            }
+        }
+        let s = src("kv_a_layernorm")?;
+        let b = new_buf(s.shape())?;
+        fill(&b, 0, s)?;
+        bufs.push(("kv_a_layernorm", b));
+        // kv_b_proj head by head: its rows, W_UK_T[h] = its first P rows, W_UV[h] = the
+        // transpose of its last V rows.
+        let (n, p, l, v) = (dims.num_heads, dims.qk_nope_head_dim, dims.kv_lora_rank, dims.v_head_dim);
+        let kv_b = src("kv_b_proj")?;
+        let (kvb, uk, uv) = (new_buf(&[n * (p + v), l])?, new_buf(&[n, p, l])?, new_buf(&[n, l, v])?);
+        let es = dtype.size_of();
+        let (pu, lu, vu) = (p as usize, l as usize, v as usize);
+        let mut head = Vec::with_capacity((pu + vu) * lu * es);
+        let mut tr = vec![0u8; lu * vu * es];
+        for hd in 0..n {
+            let (r0, r1) = (hd * (p + v), (hd + 1) * (p + v));
+            head.clear();
+            kv_b.for_each_chunk(r0, r1, dtype, true, |_, bytes| {
+                head.extend_from_slice(bytes);
+                Ok(())
+            })?;
+            queue.write_bytes(&kvb.view().slice(0, r0, r1)?, &head)?;
+            queue.write_bytes(&uk.view().slice(0, hd, hd + 1)?, &head[..pu * lu * es])?;
+            for i in 0..vu {
+                for j in 0..lu {
+                    let from = ((pu + i) * lu + j) * es;
+                    let to = (j * vu + i) * es;
+                    tr[to..to + es].copy_from_slice(&head[from..from + es]);
+                }
+            }
+            queue.write_bytes(&uv.view().slice(0, hd, hd + 1)?, &tr)?;
+        }
+        bufs.push(("kv_b_proj", kvb));
+        bufs.push(("w_uk_t", uk));
+        bufs.push(("w_uv", uv));
+        let s = src("o_proj")?;
+        let b = new_buf(s.shape())?;
+        fill(&b, 0, s)?;
+        bufs.push(("o_proj", b));
+        let cache =
+            cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
+        bufs.push(("rope_cos_sin_cache", cache));
+        Ok(MlaWeightStore { dims, dtype, bufs })
+    }
+
+    /// Bytes of device memory the store holds (every weight, derived ones and the cos/sin
+    /// cache included).
+    pub fn device_bytes(&self) -> u64 {
+        self.bufs.iter().map(|(_, b)| b.numel() as u64 * b.dtype().size_of() as u64).sum()
     }
 
     /// Uploads host weights and builds the derived ones (fused A-projection, absorption,

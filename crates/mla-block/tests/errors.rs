@@ -235,8 +235,11 @@ fn config_unsupported_values_are_named() {
     assert_err(MlaConfig::from_json_str(&llama3), &["rope_parameters.rope_type", "llama3"]);
     assert_err(MlaConfig::from_json_str(&with("rope_interleave", "null")), &["rope_interleave", "null"]);
     assert_err(MlaConfig::from_json_str(&with("rope_interleave", "1")), &["rope_interleave"]);
+    // fp8 with 128x128 block scales loads (dequantized); other quantizations are refused.
     let fp8 = with("quantization_config", r#"{"quant_method": "fp8", "weight_block_size": [128, 128]}"#);
-    assert_err(MlaConfig::from_json_str(&fp8), &["quantization_config", "fp8"]);
+    assert_eq!(MlaConfig::from_json_str(&fp8).map(|c| c.fp8_weight_block).ok(), Some(Some([128, 128])));
+    let gptq = with("quantization_config", r#"{"quant_method": "gptq", "bits": 4}"#);
+    assert_err(MlaConfig::from_json_str(&gptq), &["quantization_config.quant_method", "gptq"]);
     assert_err(MlaConfig::from_json_str(&with("attention_bias", "true")), &["attention_bias"]);
     let no_factor = with("rope_scaling", r#"{"type": "yarn", "original_max_position_embeddings": 4}"#);
     assert_err(MlaConfig::from_json_str(&no_factor), &["rope_scaling.factor", "missing"]);
