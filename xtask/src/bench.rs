@@ -329,7 +329,7 @@ fn args<'a>(x: &'a Inputs, scale: f32) -> MlaDecodeAttentionArgs<'a> {
     MlaDecodeAttentionArgs {
         out: x.out.view(),
         lse: Some(x.lse.view()),
-        q: x.q.view(),
+        query: x.q.view(),
         cache: x.cache.view(),
         block_table: x.block_table.view(),
         seq_lens: x.seq_lens.view(),
@@ -388,13 +388,15 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
                     let kf = Buffer::from_f64(&cpu, DType::F32, &[nblk.max(1), s.bs, D], &kv)?;
                     vt_core::mla_decode_attention(
                         &cpu,
-                        &out.view(),
-                        Some(&lse.view()),
-                        &qf.view(),
-                        &kf.view(),
-                        &bt.view(),
-                        &sl.view(),
-                        scale,
+                        &vt_core::MlaDecodeAttentionArgs {
+                            out: out.view(),
+                            lse: Some(lse.view()),
+                            query: qf.view(),
+                            cache: kf.view(),
+                            block_table: bt.view(),
+                            seq_lens: sl.view(),
+                            scale,
+                        },
                     )?;
                     let want = out.to_f64(&cpu)?;
                     let want_lse = lse.to_f64(&cpu)?;
@@ -488,17 +490,7 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
         bar.step(format!("{}: cache fill", s.label()));
         let x = make_inputs(&q, &bench, &s).map_err(e)?;
         let a = args(&x, scale);
-        vt_core::mla_decode_attention(
-            &q,
-            &a.out,
-            a.lse.as_ref(),
-            &a.q,
-            &a.cache,
-            &a.block_table,
-            &a.seq_lens,
-            scale,
-        )
-        .map_err(e)?;
+        vt_core::mla_decode_attention(&q, &a).map_err(e)?;
         bar.step(format!("{}: CPU reference", s.label()));
         let err = if check { parity(&q, &s, &x, scale).map_err(e)? } else { f64::NAN };
         bar.step(format!("{}: timing", s.label()));

@@ -20,8 +20,9 @@
 use vt_core::{
     batched_matmul, concat_and_cache_mla, concat_mla_nope_rope, flags, fused_norm_rope, gather_mla_cache,
     matmul_bt, merge_attn_states, mla_decode_attention, op_registered, prefill_attention, rms_norm,
-    rope_from_cache, DType, Device, Error, MergeAttnStatesArgs, OpId, PrefillAttentionArgs, Queue, Result,
-    Tensor,
+    rope_from_cache, BatchedMatmulArgs, ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType, Device, Error,
+    FusedNormRopeArgs, GatherMlaCacheArgs, MatmulBTArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs, OpId,
+    PrefillAttentionArgs, Queue, Result, RmsNormArgs, RopeFromCacheArgs, Tensor,
 };
 
 use crate::dims::MlaBlockDims;
@@ -338,14 +339,14 @@ impl<'w> MlaBlock<'w> {
         let (kva, q_norm_w) = if d.has_q_lora() {
             let fused_w = req(w.fused_qkv_a_proj, "fused_qkv_a_proj")?;
             let q_c = ws.view(Slot::QC, 0, &[t, ql])?;
-            matmul_bt(q, &q_c, hidden, &fused_w.slice(0, 0, ql)?)?;
+            matmul_bt(q, &MatmulBTArgs { out: q_c, a: *hidden, b: fused_w.slice(0, 0, ql)? })?;
             (fused_w.slice(0, ql, ql + l + r)?, Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)))
         } else {
             (req(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")?, None)
         };
         let kv_merged = if fused {
             let m = ws.view(Slot::KvMerged, 0, &[t, l + r])?;
-            matmul_bt(q, &m, hidden, &kva)?;
+            matmul_bt(q, &MatmulBTArgs { out: m, a: *hidden, b: kva })?;
             Some(m)
         } else {
             None
@@ -355,16 +356,16 @@ impl<'w> MlaBlock<'w> {
         } else {
             let kv_c = ws.view(Slot::KvC, 0, &[t, l])?;
             let k_pe = ws.view(Slot::KPe, 0, &[t, r])?;
-            matmul_bt(q, &kv_c, hidden, &kva.slice(0, 0, l)?)?;
-            matmul_bt(q, &k_pe, hidden, &kva.slice(0, l, l + r)?)?;
+            matmul_bt(q, &MatmulBTArgs { out: kv_c, a: *hidden, b: kva.slice(0, 0, l)? })?;
+            matmul_bt(q, &MatmulBTArgs { out: k_pe, a: *hidden, b: kva.slice(0, l, l + r)? })?;
             Some(kv_c)
         };
         match q_norm_w {
             Some((q_c, q_ln)) => {
-                rms_norm(q, &q_c, &q_c, &q_ln, d.rms_norm_eps)?;
-                matmul_bt(q, &q_raw, &q_c, &req(w.q_b_proj, "q_b_proj")?)?;
+                rms_norm(q, &RmsNormArgs { out: q_c, x: q_c, weight: q_ln, eps: d.rms_norm_eps })?;
+                matmul_bt(q, &MatmulBTArgs { out: q_raw, a: q_c, b: req(w.q_b_proj, "q_b_proj")? })?;
             }
-            None => matmul_bt(q, &q_raw, hidden, &req(w.q_proj, "q_proj")?)?,
+            None => matmul_bt(q, &MatmulBTArgs { out: q_raw, a: *hidden, b: req(w.q_proj, "q_proj")? })?,
         }
 
         // ---- 2. kv_a_layernorm (latent only) and RoPE ----
@@ -376,27 +377,50 @@ impl<'w> MlaBlock<'w> {
             (Some(m), _) => {
                 fused_norm_rope(
                     q,
-                    &kv_c_normed,
-                    &k_pe,
-                    &m,
-                    &kv_ln,
-                    &positions,
-                    &cache_rs,
-                    d.rms_norm_eps,
-                    self.is_neox,
+                    &FusedNormRopeArgs {
+                        latent_out: kv_c_normed,
+                        rope_out: k_pe,
+                        kv: m,
+                        weight: kv_ln,
+                        positions,
+                        cos_sin_cache: cache_rs,
+                        eps: d.rms_norm_eps,
+                        is_neox: self.is_neox,
+                    },
                 )?;
-                rope_from_cache(q, &q_pe, None, &positions, &cache_rs, self.is_neox)?;
+                rope_from_cache(
+                    q,
+                    &RopeFromCacheArgs {
+                        query: q_pe,
+                        key: None,
+                        positions,
+                        cos_sin_cache: cache_rs,
+                        is_neox: self.is_neox,
+                    },
+                )?;
             }
             (None, Some(kv_c)) => {
-                rms_norm(q, &kv_c_normed, &kv_c, &kv_ln, d.rms_norm_eps)?;
+                rms_norm(q, &RmsNormArgs { out: kv_c_normed, x: kv_c, weight: kv_ln, eps: d.rms_norm_eps })?;
                 let k_pe3 = k_pe.as_strided(0, &[t, 1, r], &[r, r, 1])?;
-                rope_from_cache(q, &q_pe, Some(&k_pe3), &positions, &cache_rs, self.is_neox)?;
+                rope_from_cache(
+                    q,
+                    &RopeFromCacheArgs {
+                        query: q_pe,
+                        key: Some(k_pe3),
+                        positions,
+                        cos_sin_cache: cache_rs,
+                        is_neox: self.is_neox,
+                    },
+                )?;
             }
             (None, None) => return Err(Error::backend(OP, "neither kv path was set up")),
         }
 
         // ---- 3. the cache write, before attention reads the cache ----
-        concat_and_cache_mla(q, &kv_c_normed, &k_pe, kv_cache, &slot_mapping)?;
+        concat_and_cache_mla(
+            q,
+            &ConcatAndCacheMlaArgs { kv_c: kv_c_normed, k_pe, cache: *kv_cache, slot_mapping },
+        )?;
 
         let attn = ws.view(Slot::Attn, 0, &[t, n, v])?;
 
@@ -405,7 +429,7 @@ impl<'w> MlaBlock<'w> {
             let kv_b = req(w.kv_b_proj, "kv_b_proj")?;
             let q_pre = q_raw.as_strided(dn * n * dqk, &[tp, n, dqk], &[n * dqk, dqk, 1])?;
             let kv_nope = ws.view(Slot::KvNope, 0, &[tp, n * (p + v)])?;
-            matmul_bt(q, &kv_nope, &kv_c_normed.slice(0, dn, t)?, &kv_b)?;
+            matmul_bt(q, &MatmulBTArgs { out: kv_nope, a: kv_c_normed.slice(0, dn, t)?, b: kv_b })?;
             let (key, value) = self.up_projected_kv(
                 q,
                 ws,
@@ -454,9 +478,18 @@ impl<'w> MlaBlock<'w> {
                 let mut cur = 0;
                 for (c, (cu, starts, toks)) in chunk_meta.iter().enumerate() {
                     let ctx = ws.view(Slot::CtxKv, 0, &[*toks, l + r])?;
-                    gather_mla_cache(q, &ctx, kv_cache, &pre_bt, cu, Some(starts))?;
+                    gather_mla_cache(
+                        q,
+                        &GatherMlaCacheArgs {
+                            out: ctx,
+                            cache: *kv_cache,
+                            block_table: pre_bt,
+                            cu_seq_lens: *cu,
+                            seq_starts: (Some(starts)).copied(),
+                        },
+                    )?;
                     let ctx_nope = ws.view(Slot::CtxKvNope, 0, &[*toks, n * (p + v)])?;
-                    matmul_bt(q, &ctx_nope, &ctx.slice(1, 0, l)?, &kv_b)?;
+                    matmul_bt(q, &MatmulBTArgs { out: ctx_nope, a: ctx.slice(1, 0, l)?, b: kv_b })?;
                     let ctx_pe = ctx.as_strided(l, &[*toks, 1, r], &[l + r, r, 1])?;
                     let (ck, cv) = self.up_projected_kv(q, ws, Slot::CtxKey, &ctx_nope, &ctx_pe, *toks)?;
                     if c == 0 {
@@ -498,23 +531,34 @@ impl<'w> MlaBlock<'w> {
             // q_nope as [N, B, P] (a transposed view, no copy) times W_UK_T [N, P, L].
             let q_nope = q_raw.as_strided(0, &[n, b, p], &[dqk, n * dqk, 1])?;
             let ql_nope = ws.view(Slot::QlNope, 0, &[n, b, l])?;
-            batched_matmul(q, &ql_nope, &q_nope, &req(w.w_uk_t, "w_uk_t")?)?;
+            batched_matmul(q, &BatchedMatmulArgs { out: ql_nope, a: q_nope, b: req(w.w_uk_t, "w_uk_t")? })?;
             let mqa_q = ws.view(Slot::MqaQ, 0, &[b, n, l + r])?;
             let ql_bn = ql_nope.as_strided(0, &[b, n, l], &[l, b * l, 1])?;
             let q_pe_bn = q_raw.as_strided(p, &[b, n, r], &[n * dqk, dqk, 1])?;
-            concat_mla_nope_rope(q, &mqa_q, &ql_bn, &q_pe_bn)?;
+            concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_bn, rope: q_pe_bn })?;
             let mqa_q4 = mqa_q.as_strided(0, &[b, 1, n, l + r], &[n * (l + r), n * (l + r), l + r, 1])?;
             let mqa_out = ws.view(Slot::MqaOut, 0, &[b, 1, n, l])?;
-            mla_decode_attention(q, &mqa_out, None, &mqa_q4, kv_cache, &dec_bt, &dec_lens, d.scale)?;
+            mla_decode_attention(
+                q,
+                &MlaDecodeAttentionArgs {
+                    out: mqa_out,
+                    lse: None,
+                    query: mqa_q4,
+                    cache: *kv_cache,
+                    block_table: dec_bt,
+                    seq_lens: dec_lens,
+                    scale: d.scale,
+                },
+            )?;
             // Back from latent to value space: [N, B, L] x W_UV [N, L, V] into attn[:D] as [N, B, V].
             let x = mqa_out.as_strided(0, &[n, b, l], &[l, n * l, 1])?;
             let v_out = attn.as_strided(0, &[n, b, v], &[v, n * v, 1])?;
-            batched_matmul(q, &v_out, &x, &req(w.w_uv, "w_uv")?)?;
+            batched_matmul(q, &BatchedMatmulArgs { out: v_out, a: x, b: req(w.w_uv, "w_uv")? })?;
         }
 
         // ---- 6. o_proj ----
         let attn_flat = attn.as_strided(0, &[t, n * v], &[n * v, 1])?;
-        matmul_bt(q, out, &attn_flat, &req(w.o_proj, "o_proj")?)
+        matmul_bt(q, &MatmulBTArgs { out: *out, a: attn_flat, b: req(w.o_proj, "o_proj")? })
     }
 
     /// Splits an up-projection `kv_nope` [rows, N*(P+V)] into the key
@@ -533,7 +577,7 @@ impl<'w> MlaBlock<'w> {
         let k_nope = kv_nope.as_strided(0, &[rows, n, p], &[n * (p + v), p + v, 1])?;
         let value = kv_nope.as_strided(p, &[rows, n, v], &[n * (p + v), p + v, 1])?;
         let key = ws.view(key_slot, 0, &[rows, n, d.qk_head_dim()])?;
-        concat_mla_nope_rope(q, &key, &k_nope, k_pe)?;
+        concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: key, nope: k_nope, rope: *k_pe })?;
         Ok((key, value))
     }
 }

@@ -110,7 +110,15 @@ fn fake_rms_norm(
     register_backend(Arc::new(HostBackend));
     let imp = move |_: &Queue, a: &RmsNormArgs<'_>| {
         let cpu = Queue::new(Device::CPU)?;
-        vt_core::rms_norm(&cpu, &on_cpu(&a.out), &on_cpu(&a.x), &on_cpu(&a.weight), a.eps)?;
+        vt_core::rms_norm(
+            &cpu,
+            &vt_core::RmsNormArgs {
+                out: on_cpu(&a.out),
+                x: on_cpu(&a.x),
+                weight: on_cpu(&a.weight),
+                eps: a.eps,
+            },
+        )?;
         sabotage(a)
     };
     register_op(FAKE, OpImpl::RmsNorm(Arc::new(imp)));

@@ -12,7 +12,7 @@ const OP: OpId = OpId::MlaDecodeAttention;
 pub(crate) fn run(_q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;
     let lse = HostView::opt(OP, &a.lse)?;
-    let q = HostView::new(OP, &a.q)?;
+    let q = HostView::new(OP, &a.query)?;
     let cache = HostView::new(OP, &a.cache)?;
     let block_table = HostView::new(OP, &a.block_table)?;
     let seq_lens = HostView::new(OP, &a.seq_lens)?;

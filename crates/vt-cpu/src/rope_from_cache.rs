@@ -7,8 +7,8 @@ use crate::host::HostView;
 const OP: OpId = OpId::RopeFromCache;
 
 pub(crate) fn run(_q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
-    let q = HostView::new(OP, &a.q)?;
-    let k = HostView::opt(OP, &a.k)?;
+    let q = HostView::new(OP, &a.query)?;
+    let k = HostView::opt(OP, &a.key)?;
     let positions = HostView::new(OP, &a.positions)?;
     let cache = HostView::new(OP, &a.cos_sin_cache)?;
     let (t, r) = (q.dim(0), q.dim(2));

@@ -96,35 +96,55 @@ fn matmul_bt_rejects_malformed_arguments() {
         op,
         &[&out],
         [
-            ("a of rank 3", matmul_bt(&q, &ov, &a3.view(), &bv), "a"),
-            ("K mismatch", matmul_bt(&q, &ov, &av, &b7.view()), "b"),
-            ("out of the wrong shape", matmul_bt(&q, &ov.slice(1, 0, 4).unwrap(), &av, &bv), "out"),
-            ("mixed dtypes", matmul_bt(&q, &ov, &av, &b16.view()), "b"),
-            ("integer a", matmul_bt(&q, &ov, &ai.view(), &bv), "a"),
-            ("a on another device", matmul_bt(&q, &ov, &on_cuda(&av), &bv), "a"),
+            ("a of rank 3", matmul_bt(&q, &MatmulBTArgs { out: ov, a: a3.view(), b: bv }), "a"),
+            ("K mismatch", matmul_bt(&q, &MatmulBTArgs { out: ov, a: av, b: b7.view() }), "b"),
+            (
+                "out of the wrong shape",
+                matmul_bt(&q, &MatmulBTArgs { out: ov.slice(1, 0, 4).unwrap(), a: av, b: bv }),
+                "out"
+            ),
+            ("mixed dtypes", matmul_bt(&q, &MatmulBTArgs { out: ov, a: av, b: b16.view() }), "b"),
+            ("integer a", matmul_bt(&q, &MatmulBTArgs { out: ov, a: ai.view(), b: bv }), "a"),
+            ("a on another device", matmul_bt(&q, &MatmulBTArgs { out: ov, a: on_cuda(&av), b: bv }), "a"),
             (
                 "a transposed (inner stride != 1)",
-                matmul_bt(&q, &ov, &zeros(&q, F, &[6, 4]).view().transpose(0, 1).unwrap(), &bv),
+                matmul_bt(
+                    &q,
+                    &MatmulBTArgs {
+                        out: ov,
+                        a: zeros(&q, F, &[6, 4]).view().transpose(0, 1).unwrap(),
+                        b: bv
+                    }
+                ),
                 "a"
             ),
             (
                 "out overlapping itself",
-                matmul_bt(&q, &out.buf.view().as_strided(0, &[4, 5], &[0, 1]).unwrap(), &av, &bv),
+                matmul_bt(
+                    &q,
+                    &MatmulBTArgs {
+                        out: out.buf.view().as_strided(0, &[4, 5], &[0, 1]).unwrap(),
+                        a: av,
+                        b: bv
+                    }
+                ),
                 "out"
             ),
             (
                 "out overlapping a",
                 matmul_bt(
                     &q,
-                    &wide.view().slice(1, 6, 11).unwrap(),
-                    &wide.view().slice(1, 0, 6).unwrap(),
-                    &bv
+                    &MatmulBTArgs {
+                        out: wide.view().slice(1, 6, 11).unwrap(),
+                        a: wide.view().slice(1, 0, 6).unwrap(),
+                        b: bv
+                    }
                 ),
                 "out",
             ),
         ]
     );
-    matmul_bt(&q, &ov, &av, &bv).unwrap(); // the well-formed call is accepted
+    matmul_bt(&q, &MatmulBTArgs { out: ov, a: av, b: bv }).unwrap(); // the well-formed call is accepted
 }
 
 #[test]
@@ -139,21 +159,62 @@ fn batched_matmul_rejects_malformed_arguments() {
         op,
         &[&out],
         [
-            ("a of rank 2", batched_matmul(&q, &ov, &zeros(&q, F, &[3, 4]).view(), &bv), "a"),
-            ("G mismatch", batched_matmul(&q, &ov, &av, &zeros(&q, F, &[3, 4, 5]).view()), "b"),
-            ("K mismatch", batched_matmul(&q, &ov, &av, &zeros(&q, F, &[2, 5, 5]).view()), "b"),
-            ("out N mismatch", batched_matmul(&q, &ov.slice(2, 0, 4).unwrap(), &av, &bv), "out"),
-            ("mixed dtypes", batched_matmul(&q, &ov, &zeros(&q, DType::BF16, &[2, 3, 4]).view(), &bv), "a"),
-            ("b on another device", batched_matmul(&q, &ov, &av, &on_cuda(&bv)), "b"),
             (
-                "out overlapping itself",
-                batched_matmul(&q, &out.buf.view().as_strided(0, &[2, 3, 5], &[0, 5, 1]).unwrap(), &av, &bv),
+                "a of rank 2",
+                batched_matmul(&q, &BatchedMatmulArgs { out: ov, a: zeros(&q, F, &[3, 4]).view(), b: bv }),
+                "a"
+            ),
+            (
+                "G mismatch",
+                batched_matmul(&q, &BatchedMatmulArgs { out: ov, a: av, b: zeros(&q, F, &[3, 4, 5]).view() }),
+                "b"
+            ),
+            (
+                "K mismatch",
+                batched_matmul(&q, &BatchedMatmulArgs { out: ov, a: av, b: zeros(&q, F, &[2, 5, 5]).view() }),
+                "b"
+            ),
+            (
+                "out N mismatch",
+                batched_matmul(&q, &BatchedMatmulArgs { out: ov.slice(2, 0, 4).unwrap(), a: av, b: bv }),
                 "out"
             ),
-            ("out overlapping b", batched_matmul(&q, &b.view().slice(1, 0, 3).unwrap(), &av, &bv), "out"),
+            (
+                "mixed dtypes",
+                batched_matmul(
+                    &q,
+                    &BatchedMatmulArgs { out: ov, a: zeros(&q, DType::BF16, &[2, 3, 4]).view(), b: bv }
+                ),
+                "a"
+            ),
+            (
+                "b on another device",
+                batched_matmul(&q, &BatchedMatmulArgs { out: ov, a: av, b: on_cuda(&bv) }),
+                "b"
+            ),
+            (
+                "out overlapping itself",
+                batched_matmul(
+                    &q,
+                    &BatchedMatmulArgs {
+                        out: out.buf.view().as_strided(0, &[2, 3, 5], &[0, 5, 1]).unwrap(),
+                        a: av,
+                        b: bv
+                    }
+                ),
+                "out"
+            ),
+            (
+                "out overlapping b",
+                batched_matmul(
+                    &q,
+                    &BatchedMatmulArgs { out: b.view().slice(1, 0, 3).unwrap(), a: av, b: bv }
+                ),
+                "out"
+            ),
         ]
     );
-    batched_matmul(&q, &ov, &av, &bv).unwrap();
+    batched_matmul(&q, &BatchedMatmulArgs { out: ov, a: av, b: bv }).unwrap();
 }
 
 #[test]
@@ -171,32 +232,86 @@ fn rms_norm_rejects_malformed_arguments() {
         op,
         &[&out, &big],
         [
-            ("x of rank 3", rms_norm(&q, &ov, &zeros(&q, F, &[1, 3, 8]).view(), &wv, 1e-6), "x"),
-            ("weight length mismatch", rms_norm(&q, &ov, &xv, &zeros(&q, F, &[7]).view(), 1e-6), "weight"),
-            ("out shape mismatch", rms_norm(&q, &ov.slice(0, 0, 2).unwrap(), &xv, &wv, 1e-6), "out"),
-            ("mixed dtypes", rms_norm(&q, &ov, &xv, &zeros(&q, DType::F16, &[8]).view(), 1e-6), "weight"),
-            ("x on another device", rms_norm(&q, &ov, &on_cuda(&xv), &wv, 1e-6), "x"),
+            (
+                "x of rank 3",
+                rms_norm(
+                    &q,
+                    &RmsNormArgs { out: ov, x: zeros(&q, F, &[1, 3, 8]).view(), weight: wv, eps: 1e-6 }
+                ),
+                "x"
+            ),
+            (
+                "weight length mismatch",
+                rms_norm(&q, &RmsNormArgs { out: ov, x: xv, weight: zeros(&q, F, &[7]).view(), eps: 1e-6 }),
+                "weight"
+            ),
+            (
+                "out shape mismatch",
+                rms_norm(&q, &RmsNormArgs { out: ov.slice(0, 0, 2).unwrap(), x: xv, weight: wv, eps: 1e-6 }),
+                "out"
+            ),
+            (
+                "mixed dtypes",
+                rms_norm(
+                    &q,
+                    &RmsNormArgs { out: ov, x: xv, weight: zeros(&q, DType::F16, &[8]).view(), eps: 1e-6 }
+                ),
+                "weight"
+            ),
+            (
+                "x on another device",
+                rms_norm(&q, &RmsNormArgs { out: ov, x: on_cuda(&xv), weight: wv, eps: 1e-6 }),
+                "x"
+            ),
             (
                 "weight not unit-strided",
-                rms_norm(&q, &ov, &xv, &zeros(&q, F, &[8, 2]).view().select(1, 0).unwrap(), 1e-6),
+                rms_norm(
+                    &q,
+                    &RmsNormArgs {
+                        out: ov,
+                        x: xv,
+                        weight: zeros(&q, F, &[8, 2]).view().select(1, 0).unwrap(),
+                        eps: 1e-6
+                    }
+                ),
                 "weight"
             ),
             (
                 "out partly overlapping x",
-                rms_norm(&q, &bigv.slice(0, 1, 4).unwrap(), &bigv.slice(0, 0, 3).unwrap(), &wv, 1e-6),
+                rms_norm(
+                    &q,
+                    &RmsNormArgs {
+                        out: bigv.slice(0, 1, 4).unwrap(),
+                        x: bigv.slice(0, 0, 3).unwrap(),
+                        weight: wv,
+                        eps: 1e-6
+                    }
+                ),
                 "out"
             ),
-            ("eps = 0", rms_norm(&q, &ov, &xv, &wv, 0.0), "eps"),
-            ("eps = NaN", rms_norm(&q, &ov, &xv, &wv, f32::NAN), "eps"),
-            ("eps < 0", rms_norm(&q, &ov, &xv, &wv, -1e-6), "eps"),
-            ("eps = inf", rms_norm(&q, &ov, &xv, &wv, f32::INFINITY), "eps"),
+            ("eps = 0", rms_norm(&q, &RmsNormArgs { out: ov, x: xv, weight: wv, eps: 0.0 }), "eps"),
+            ("eps = NaN", rms_norm(&q, &RmsNormArgs { out: ov, x: xv, weight: wv, eps: f32::NAN }), "eps"),
+            ("eps < 0", rms_norm(&q, &RmsNormArgs { out: ov, x: xv, weight: wv, eps: -1e-6 }), "eps"),
+            (
+                "eps = inf",
+                rms_norm(&q, &RmsNormArgs { out: ov, x: xv, weight: wv, eps: f32::INFINITY }),
+                "eps"
+            ),
         ]
     );
     // out overlapping the weight
     let ww = Pool::output(&q, F, &[4, 8], Layout::Contiguous);
-    let r = rms_norm(&q, &ww.view().slice(0, 0, 3).unwrap(), &xv, &ww.view().select(0, 2).unwrap(), 1e-6);
+    let r = rms_norm(
+        &q,
+        &RmsNormArgs {
+            out: ww.view().slice(0, 0, 3).unwrap(),
+            x: xv,
+            weight: ww.view().select(0, 2).unwrap(),
+            eps: 1e-6,
+        },
+    );
     expect_invalid("out overlapping weight", r, op, "out", &q, &[&ww]);
-    rms_norm(&q, &ov, &xv, &wv, 1e-6).unwrap();
+    rms_norm(&q, &RmsNormArgs { out: ov, x: xv, weight: wv, eps: 1e-6 }).unwrap();
 }
 
 #[test]
@@ -220,81 +335,209 @@ fn rope_from_cache_rejects_malformed_arguments() {
         op,
         &[&qp, &kp, &q7, &both, &cache_pool],
         [
-            ("q of rank 2", rope_from_cache(&q, &qv.select(1, 0).unwrap(), Some(&kv), &pv, &cv, true), "q"),
+            (
+                "q of rank 2",
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv.select(1, 0).unwrap(),
+                        key: Some(kv),
+                        positions: pv,
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
+                "query"
+            ),
             (
                 "position == max_pos",
-                rope_from_cache(&q, &qv, Some(&kv), &i64_buf(&q, &[0, 16, 1]).view(), &cv, true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: i64_buf(&q, &[0, 16, 1]).view(),
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
                 "positions"
             ),
             (
                 "negative position",
-                rope_from_cache(&q, &qv, Some(&kv), &i64_buf(&q, &[0, -1, 1]).view(), &cv, true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: i64_buf(&q, &[0, -1, 1]).view(),
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
                 "positions"
             ),
             (
                 "positions i32",
-                rope_from_cache(&q, &qv, Some(&kv), &i32_buf(&q, &[3], &[0, 1, 2]).view(), &cv, true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: i32_buf(&q, &[3], &[0, 1, 2]).view(),
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
                 "positions"
             ),
             (
                 "positions length",
-                rope_from_cache(&q, &qv, Some(&kv), &i64_buf(&q, &[0, 1]).view(), &cv, true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: i64_buf(&q, &[0, 1]).view(),
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
                 "positions"
             ),
             (
                 "cache in f16",
-                rope_from_cache(&q, &qv, Some(&kv), &pv, &zeros(&q, DType::F16, &[16, r]).view(), true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: pv,
+                        cos_sin_cache: zeros(&q, DType::F16, &[16, r]).view(),
+                        is_neox: true
+                    }
+                ),
                 "cos_sin_cache"
             ),
             (
                 "cache width != R",
-                rope_from_cache(&q, &qv, Some(&kv), &pv, &zeros(&q, F, &[16, 6]).view(), true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: pv,
+                        cos_sin_cache: zeros(&q, F, &[16, 6]).view(),
+                        is_neox: true
+                    }
+                ),
                 "cos_sin_cache"
             ),
-            ("odd rotary dim", rope_from_cache(&q, &q7.view(), None, &pv, &oddv, true), "cos_sin_cache"),
+            (
+                "odd rotary dim",
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: q7.view(),
+                        key: None,
+                        positions: pv,
+                        cos_sin_cache: oddv,
+                        is_neox: true
+                    }
+                ),
+                "cos_sin_cache"
+            ),
             (
                 "k dtype",
-                rope_from_cache(&q, &qv, Some(&zeros(&q, DType::BF16, &[t, 1, r]).view()), &pv, &cv, true),
-                "k"
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(zeros(&q, DType::BF16, &[t, 1, r]).view()),
+                        positions: pv,
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
+                "key"
             ),
             (
                 "k T mismatch",
-                rope_from_cache(&q, &qv, Some(&kv.slice(0, 0, 2).unwrap()), &pv, &cv, true),
-                "k"
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv.slice(0, 0, 2).unwrap()),
+                        positions: pv,
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
+                "key"
             ),
             (
                 "k overlapping q",
                 rope_from_cache(
                     &q,
-                    &both.view().slice(1, 0, h).unwrap(),
-                    Some(&both.view().slice(1, h, h + 1).unwrap()),
-                    &pv,
-                    &cv,
-                    true
+                    &RopeFromCacheArgs {
+                        query: both.view().slice(1, 0, h).unwrap(),
+                        key: Some(both.view().slice(1, h, h + 1).unwrap()),
+                        positions: pv,
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
                 ),
-                "k",
+                "key",
             ),
-            ("q on another device", rope_from_cache(&q, &on_cuda(&qv), Some(&kv), &pv, &cv, true), "q"),
+            (
+                "q on another device",
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: on_cuda(&qv),
+                        key: Some(kv),
+                        positions: pv,
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
+                "query"
+            ),
             (
                 "positions on another device",
-                rope_from_cache(&q, &qv, Some(&kv), &on_cuda(&pv), &cv, true),
+                rope_from_cache(
+                    &q,
+                    &RopeFromCacheArgs {
+                        query: qv,
+                        key: Some(kv),
+                        positions: on_cuda(&pv),
+                        cos_sin_cache: cv,
+                        is_neox: true
+                    }
+                ),
                 "positions"
             ),
             (
                 "q overlapping the cache",
                 rope_from_cache(
                     &q,
-                    &cache_pool.view().as_strided(0, &[t, 1, r], &[r, r, 1]).unwrap(),
-                    None,
-                    &pv,
-                    &cache_pool.view(),
-                    true
+                    &RopeFromCacheArgs {
+                        query: cache_pool.view().as_strided(0, &[t, 1, r], &[r, r, 1]).unwrap(),
+                        key: None,
+                        positions: pv,
+                        cos_sin_cache: cache_pool.view(),
+                        is_neox: true
+                    }
                 ),
-                "q",
+                "query",
             ),
         ]
     );
-    rope_from_cache(&q, &qv, Some(&kv), &pv, &cv, true).unwrap();
+    rope_from_cache(
+        &q,
+        &RopeFromCacheArgs { query: qv, key: Some(kv), positions: pv, cos_sin_cache: cv, is_neox: true },
+    )
+    .unwrap();
 }
 
 #[test]
@@ -312,7 +555,19 @@ fn fused_norm_rope_rejects_malformed_arguments() {
     let both = Pool::output(&q, F, &[t, l + r], Layout::Contiguous);
     let kv_pool = Pool::output(&q, F, &[t, l + r], Layout::Contiguous);
     let f = |lat: &Tensor, rope: &Tensor, kv: &Tensor, w: &Tensor, p: &Tensor, c: &Tensor, eps: f32| {
-        fused_norm_rope(&q, lat, rope, kv, w, p, c, eps, false)
+        fused_norm_rope(
+            &q,
+            &FusedNormRopeArgs {
+                latent_out: *lat,
+                rope_out: *rope,
+                kv: *kv,
+                weight: *w,
+                positions: *p,
+                cos_sin_cache: *c,
+                eps,
+                is_neox: false,
+            },
+        )
     };
     invalid_cases!(
         &q,
@@ -388,53 +643,126 @@ fn concat_and_cache_mla_rejects_malformed_arguments() {
         [
             (
                 "kv_c of rank 3",
-                concat_and_cache_mla(&q, &zeros(&q, F, &[1, t, l]).view(), &kpv, &cv, &sv),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: zeros(&q, F, &[1, t, l]).view(),
+                        k_pe: kpv,
+                        cache: cv,
+                        slot_mapping: sv
+                    }
+                ),
                 "kv_c"
             ),
             (
                 "k_pe T mismatch",
-                concat_and_cache_mla(&q, &kcv, &zeros(&q, F, &[2, r]).view(), &cv, &sv),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv,
+                        k_pe: zeros(&q, F, &[2, r]).view(),
+                        cache: cv,
+                        slot_mapping: sv
+                    }
+                ),
                 "k_pe"
             ),
             (
                 "cache width mismatch",
-                concat_and_cache_mla(&q, &kcv, &zeros(&q, F, &[t, r + 1]).view(), &cv, &sv),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv,
+                        k_pe: zeros(&q, F, &[t, r + 1]).view(),
+                        cache: cv,
+                        slot_mapping: sv
+                    }
+                ),
                 "cache"
             ),
             (
                 "mixed dtypes",
-                concat_and_cache_mla(&q, &zeros(&q, DType::BF16, &[t, l]).view(), &kpv, &cv, &sv),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: zeros(&q, DType::BF16, &[t, l]).view(),
+                        k_pe: kpv,
+                        cache: cv,
+                        slot_mapping: sv
+                    }
+                ),
                 "kv_c"
             ),
             (
                 "slot == NB*BS",
-                concat_and_cache_mla(&q, &kcv, &kpv, &cv, &i64_buf(&q, &[0, 1, nb * bs]).view()),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv,
+                        k_pe: kpv,
+                        cache: cv,
+                        slot_mapping: i64_buf(&q, &[0, 1, nb * bs]).view()
+                    }
+                ),
                 "slot_mapping"
             ),
             (
                 "slots as i32",
-                concat_and_cache_mla(&q, &kcv, &kpv, &cv, &i32_buf(&q, &[t], &[0, 1, 2]).view()),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv,
+                        k_pe: kpv,
+                        cache: cv,
+                        slot_mapping: i32_buf(&q, &[t], &[0, 1, 2]).view()
+                    }
+                ),
                 "slot_mapping"
             ),
             (
                 "slot_mapping length",
-                concat_and_cache_mla(&q, &kcv, &kpv, &cv, &i64_buf(&q, &[0, 1]).view()),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv,
+                        k_pe: kpv,
+                        cache: cv,
+                        slot_mapping: i64_buf(&q, &[0, 1]).view()
+                    }
+                ),
                 "slot_mapping"
             ),
             (
                 "block size 0",
-                concat_and_cache_mla(&q, &kcv, &kpv, &bs0.view(), &i64_buf(&q, &[-1, -1, -1]).view()),
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv,
+                        k_pe: kpv,
+                        cache: bs0.view(),
+                        slot_mapping: i64_buf(&q, &[-1, -1, -1]).view()
+                    }
+                ),
                 "cache"
             ),
-            ("cache on another device", concat_and_cache_mla(&q, &kcv, &kpv, &on_cuda(&cv), &sv), "cache"),
+            (
+                "cache on another device",
+                concat_and_cache_mla(
+                    &q,
+                    &ConcatAndCacheMlaArgs { kv_c: kcv, k_pe: kpv, cache: on_cuda(&cv), slot_mapping: sv }
+                ),
+                "cache"
+            ),
             (
                 "cache overlapping slot_mapping",
                 concat_and_cache_mla(
                     &q,
-                    &kcv.slice(0, 0, 1).unwrap(),
-                    &kpv.slice(0, 0, 1).unwrap(),
-                    &f32_alias(&pad_slots, &[1, 1, l + r]),
-                    &pad_slots.view().slice(0, 0, 1).unwrap()
+                    &ConcatAndCacheMlaArgs {
+                        kv_c: kcv.slice(0, 0, 1).unwrap(),
+                        k_pe: kpv.slice(0, 0, 1).unwrap(),
+                        cache: f32_alias(&pad_slots, &[1, 1, l + r]),
+                        slot_mapping: pad_slots.view().slice(0, 0, 1).unwrap()
+                    }
                 ),
                 "cache"
             ),
@@ -443,13 +771,22 @@ fn concat_and_cache_mla_rejects_malformed_arguments() {
                 {
                     let sh = shared.view();
                     let c = sh.as_strided(0, &[nb, bs, l + r], &[bs * (l + r), l + r, 1]).unwrap();
-                    concat_and_cache_mla(&q, &sh.as_strided(l + r, &[t, l], &[l, 1]).unwrap(), &kpv, &c, &sv)
+                    concat_and_cache_mla(
+                        &q,
+                        &ConcatAndCacheMlaArgs {
+                            kv_c: sh.as_strided(l + r, &[t, l], &[l, 1]).unwrap(),
+                            k_pe: kpv,
+                            cache: c,
+                            slot_mapping: sv,
+                        },
+                    )
                 },
                 "cache",
             ),
         ]
     );
-    concat_and_cache_mla(&q, &kcv, &kpv, &cv, &sv).unwrap();
+    concat_and_cache_mla(&q, &ConcatAndCacheMlaArgs { kv_c: kcv, k_pe: kpv, cache: cv, slot_mapping: sv })
+        .unwrap();
 }
 
 #[test]
@@ -463,7 +800,16 @@ fn gather_mla_cache_rejects_malformed_arguments() {
     let cu = i32_buf(&q, &[b + 1], &[0, 5, 8]);
     let (ov, cv, btv, cuv) = (out.view(), cache.view(), bt.view(), cu.view());
     let g = |o: &Tensor, c: &Tensor, bt: &Tensor, cu: &Tensor, s: Option<&Tensor>| {
-        gather_mla_cache(&q, o, c, bt, cu, s)
+        gather_mla_cache(
+            &q,
+            &GatherMlaCacheArgs {
+                out: *o,
+                cache: *c,
+                block_table: *bt,
+                cu_seq_lens: *cu,
+                seq_starts: s.copied(),
+            },
+        )
     };
     let cu_of = |v: &[i32]| i32_buf(&q, &[v.len() as i64], v);
     let bs0 = zeros(&q, F, &[nb, 0, d]);
@@ -562,7 +908,9 @@ fn concat_mla_nope_rope_rejects_malformed_arguments() {
     let rope = zeros(&q, F, &[t, 1, r]);
     let out = nan_out(&q, F, &[t, n, p + r]);
     let (nv, rv, ov) = (nope.view(), rope.view(), out.view());
-    let c = |o: &Tensor, n: &Tensor, r: &Tensor| concat_mla_nope_rope(&q, o, n, r);
+    let c = |o: &Tensor, n: &Tensor, r: &Tensor| {
+        concat_mla_nope_rope(&q, &ConcatMlaNopeRopeArgs { out: *o, nope: *n, rope: *r })
+    };
     let big = Pool::output(&q, F, &[t, n, p + r], Layout::Contiguous);
     let bigv = big.view();
     invalid_cases!(
@@ -597,7 +945,18 @@ fn mla_decode_attention_rejects_malformed_arguments() {
         (qb.view(), cache.view(), out.view(), lse.view(), bt.view(), lens.view());
     let m =
         |o: &Tensor, l: Option<&Tensor>, qq: &Tensor, c: &Tensor, bt: &Tensor, sl: &Tensor, scale: f32| {
-            mla_decode_attention(&q, o, l, qq, c, bt, sl, scale)
+            mla_decode_attention(
+                &q,
+                &MlaDecodeAttentionArgs {
+                    out: *o,
+                    lse: l.copied(),
+                    query: *qq,
+                    cache: *c,
+                    block_table: *bt,
+                    seq_lens: *sl,
+                    scale,
+                },
+            )
         };
     let lens_of = |v: &[i32]| i32_buf(&q, &[v.len() as i64], v);
     let both = Pool::output(&q, F, &[b * sq * n * dv + b * n * sq], Layout::Contiguous);
@@ -610,7 +969,7 @@ fn mla_decode_attention_rejects_malformed_arguments() {
         op,
         &[&out, &lse, &both],
         [
-            ("q of rank 3", m(&ov, Some(&lv), &qv.select(1, 0).unwrap(), &cv, &btv, &lnv, 0.5), "q"),
+            ("q of rank 3", m(&ov, Some(&lv), &qv.select(1, 0).unwrap(), &cv, &btv, &lnv, 0.5), "query"),
             (
                 "cache head dim mismatch",
                 m(&ov, Some(&lv), &qv, &zeros(&q, F, &[nb, bs, d + 1]).view(), &btv, &lnv, 0.5),
@@ -681,7 +1040,7 @@ fn mla_decode_attention_rejects_malformed_arguments() {
                 m(&ov, Some(&lv), &qv, &bs0.view(), &btv, &lens_of(&[0, 0]).view(), 0.5),
                 "cache"
             ),
-            ("q on another device", m(&ov, Some(&lv), &on_cuda(&qv), &cv, &btv, &lnv, 0.5), "q"),
+            ("q on another device", m(&ov, Some(&lv), &on_cuda(&qv), &cv, &btv, &lnv, 0.5), "query"),
             (
                 "out overlapping seq_lens",
                 m(

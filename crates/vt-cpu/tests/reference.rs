@@ -42,7 +42,7 @@ fn matmul_bt_matches_reference_on_row_strided_views() {
             Layout::Strided { len: (n + 4) * k, offset: 2 * k, strides: vec![k, 1] },
         );
         let out = Pool::output(&q, dt, &[m, n], Layout::Padded);
-        matmul_bt(&q, &out.view(), &a.view(), &b.view()).unwrap();
+        matmul_bt(&q, &MatmulBTArgs { out: out.view(), a: a.view(), b: b.view() }).unwrap();
 
         let (av, bv) = (a.values(&q), b.values(&q));
         let mut want = vec![0f64; (m * n) as usize];
@@ -67,7 +67,7 @@ fn matmul_bt_with_k_zero_writes_zeros() {
         let a = Buffer::zeros(&q, dt, &[3, 0]).unwrap();
         let b = Buffer::zeros(&q, dt, &[4, 0]).unwrap();
         let out = Pool::output(&q, dt, &[3, 4], Layout::Padded);
-        matmul_bt(&q, &out.view(), &a.view(), &b.view()).unwrap();
+        matmul_bt(&q, &MatmulBTArgs { out: out.view(), a: a.view(), b: b.view() }).unwrap();
         assert!(out.values(&q).iter().all(|&v| v == 0.0), "{dt}: K = 0 must give zeros");
         out.assert_outside_untouched(&q);
     }
@@ -83,7 +83,7 @@ fn batched_matmul_case(a_layout: Layout, b_layout: Layout, out_layout: Layout, w
         let a = Pool::input(&q, &mut rng, dt, &[g, m, k], a_layout.clone());
         let b = Pool::input(&q, &mut rng, dt, &[g, k, n], b_layout.clone());
         let out = Pool::output(&q, dt, &[g, m, n], out_layout.clone());
-        batched_matmul(&q, &out.view(), &a.view(), &b.view()).unwrap();
+        batched_matmul(&q, &BatchedMatmulArgs { out: out.view(), a: a.view(), b: b.view() }).unwrap();
 
         let (av, bv) = (a.values(&q), b.values(&q));
         let mut want = vec![0f64; (g * m * n) as usize];
@@ -149,7 +149,7 @@ fn rms_norm_matches_reference_on_row_strided_views() {
         let x = Pool::input(&q, &mut rng, dt, &[t, d], Layout::Padded);
         let w = Pool::input(&q, &mut rng, dt, &[d], Layout::Contiguous);
         let out = Pool::output(&q, dt, &[t, d], Layout::Padded);
-        rms_norm(&q, &out.view(), &x.view(), &w.view(), eps).unwrap();
+        rms_norm(&q, &RmsNormArgs { out: out.view(), x: x.view(), weight: w.view(), eps }).unwrap();
         let want = rms_norm_reference(&x.values(&q), &w.values(&q), d as usize, eps as f64);
         assert_close(&format!("RmsNorm {dt}"), &out.values(&q), &want, tol(dt));
         out.assert_outside_untouched(&q);
@@ -168,8 +168,8 @@ fn rms_norm_in_place_equals_out_of_place() {
             Pool::with_values(&q, dt, &[t, d], x.before.len() as i64, x.offset, x.strides.clone(), &x.before);
         let w = Pool::input(&q, &mut rng, dt, &[d], Layout::Contiguous);
         let out = Pool::output(&q, dt, &[t, d], Layout::Contiguous);
-        rms_norm(&q, &out.view(), &x.view(), &w.view(), 1e-6).unwrap();
-        rms_norm(&q, &x2.view(), &x2.view(), &w.view(), 1e-6).unwrap();
+        rms_norm(&q, &RmsNormArgs { out: out.view(), x: x.view(), weight: w.view(), eps: 1e-6 }).unwrap();
+        rms_norm(&q, &RmsNormArgs { out: x2.view(), x: x2.view(), weight: w.view(), eps: 1e-6 }).unwrap();
         let (a, b) = (out.values(&q), x2.values(&q));
         assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{dt}: in place differs");
         x2.assert_outside_untouched(&q);
@@ -194,7 +194,7 @@ fn rms_norm_rounds_as_the_contract_says() {
         let x = Pool::input(&q, &mut rng, dt, &[t, d], Layout::Contiguous);
         let w = Pool::input(&q, &mut rng, dt, &[d], Layout::Contiguous);
         let out = Pool::output(&q, dt, &[t, d], Layout::Contiguous);
-        rms_norm(&q, &out.view(), &x.view(), &w.view(), eps).unwrap();
+        rms_norm(&q, &RmsNormArgs { out: out.view(), x: x.view(), weight: w.view(), eps }).unwrap();
         let (xv, wv, got) = (x.values(&q), w.values(&q), out.values(&q));
         for r in 0..t as usize {
             let row: Vec<f32> = xv[r * d as usize..(r + 1) * d as usize].iter().map(|&v| v as f32).collect();
@@ -258,8 +258,17 @@ fn rope_case(neox: bool, with_k: bool, what: &str) {
         let positions = i64_buf(&q, &pos);
         let (q0, k0) = (qp.values(&q), kp.values(&q));
         let kv = kp.view();
-        rope_from_cache(&q, &qp.view(), with_k.then_some(&kv), &positions.view(), &cache.view(), neox)
-            .unwrap();
+        rope_from_cache(
+            &q,
+            &RopeFromCacheArgs {
+                query: qp.view(),
+                key: (with_k.then_some(&kv)).copied(),
+                positions: positions.view(),
+                cos_sin_cache: cache.view(),
+                is_neox: neox,
+            },
+        )
+        .unwrap();
         let want_q = rope_reference(&q0, [t, hq, r], &pos, &cache_v, neox);
         assert_close(&format!("{what} q {dt}"), &qp.values(&q), &want_q, tol(dt));
         qp.assert_outside_untouched(&q);
@@ -307,14 +316,16 @@ fn fused_norm_rope_matches_reference() {
             let positions = i64_buf(&q, &pos);
             fused_norm_rope(
                 &q,
-                &latent.view(),
-                &rope.view(),
-                &kv.view(),
-                &w.view(),
-                &positions.view(),
-                &cache.view(),
-                eps,
-                neox,
+                &FusedNormRopeArgs {
+                    latent_out: latent.view(),
+                    rope_out: rope.view(),
+                    kv: kv.view(),
+                    weight: w.view(),
+                    positions: positions.view(),
+                    cos_sin_cache: cache.view(),
+                    eps,
+                    is_neox: neox,
+                },
             )
             .unwrap();
 
@@ -365,24 +376,45 @@ fn fused_norm_rope_is_bit_identical_to_rms_norm_then_rope_from_cache() {
             let rope = Pool::output(&q, dt, &[t, r], Layout::Contiguous);
             fused_norm_rope(
                 &q,
-                &latent.view(),
-                &rope.view(),
-                &kv.view(),
-                &w.view(),
-                &positions.view(),
-                &cache.view(),
-                eps,
-                neox,
+                &FusedNormRopeArgs {
+                    latent_out: latent.view(),
+                    rope_out: rope.view(),
+                    kv: kv.view(),
+                    weight: w.view(),
+                    positions: positions.view(),
+                    cos_sin_cache: cache.view(),
+                    eps,
+                    is_neox: neox,
+                },
             )
             .unwrap();
 
             // Split path: RmsNorm on the latent slice, RopeFromCache on a copy of the rope slice.
             let kv_view = kv.view();
             let split_latent = Pool::output(&q, dt, &[t, l], Layout::Contiguous);
-            rms_norm(&q, &split_latent.view(), &kv_view.slice(1, 0, l).unwrap(), &w.view(), eps).unwrap();
+            rms_norm(
+                &q,
+                &RmsNormArgs {
+                    out: split_latent.view(),
+                    x: kv_view.slice(1, 0, l).unwrap(),
+                    weight: w.view(),
+                    eps,
+                },
+            )
+            .unwrap();
             let rope_part = q.read_f64(&kv_view.slice(1, l, l + r).unwrap()).unwrap();
             let split_rope = Buffer::from_f64(&q, dt, &[t, 1, r], &rope_part).unwrap();
-            rope_from_cache(&q, &split_rope.view(), None, &positions.view(), &cache.view(), neox).unwrap();
+            rope_from_cache(
+                &q,
+                &RopeFromCacheArgs {
+                    query: split_rope.view(),
+                    key: None,
+                    positions: positions.view(),
+                    cos_sin_cache: cache.view(),
+                    is_neox: neox,
+                },
+            )
+            .unwrap();
 
             let bits = |v: Vec<f64>| v.into_iter().map(f64::to_bits).collect::<Vec<_>>();
             assert_eq!(bits(latent.values(&q)), bits(split_latent.values(&q)), "{dt} neox={neox}: latent");
@@ -423,7 +455,16 @@ fn concat_and_cache_case(bs: i64, what: &str) {
         }
         slots[(t - 1) as usize] = slots[1]; // a repeated slot: the last token wins
         let slot_buf = i64_buf(&q, &slots);
-        concat_and_cache_mla(&q, &kv_c.view(), &k_pe.view(), &cache.view(), &slot_buf.view()).unwrap();
+        concat_and_cache_mla(
+            &q,
+            &ConcatAndCacheMlaArgs {
+                kv_c: kv_c.view(),
+                k_pe: k_pe.view(),
+                cache: cache.view(),
+                slot_mapping: slot_buf.view(),
+            },
+        )
+        .unwrap();
 
         let (kc, kp) = (kv_c.values(&q), k_pe.values(&q));
         let mut want = vec![f64::NAN; (nb * bs * w) as usize];
@@ -501,11 +542,13 @@ fn gather_case(bs: i64, with_starts: bool, what: &str) {
         let sv = starts_buf.view();
         gather_mla_cache(
             &q,
-            &out.view(),
-            &cache.view(),
-            &bt_buf.view(),
-            &cu_buf.view(),
-            with_starts.then_some(&sv),
+            &GatherMlaCacheArgs {
+                out: out.view(),
+                cache: cache.view(),
+                block_table: bt_buf.view(),
+                cu_seq_lens: cu_buf.view(),
+                seq_starts: (with_starts.then_some(&sv)).copied(),
+            },
         )
         .unwrap();
 
@@ -592,7 +635,11 @@ fn concat_nope_rope_case(broadcast: bool, what: &str) {
             Pool::input(&q, &mut rng, dt, &[t, n, r], Layout::Padded)
         };
         let out = Pool::output(&q, dt, &[t, n, p + r], Layout::Padded);
-        concat_mla_nope_rope(&q, &out.view(), &nope.view(), &rope.view()).unwrap();
+        concat_mla_nope_rope(
+            &q,
+            &ConcatMlaNopeRopeArgs { out: out.view(), nope: nope.view(), rope: rope.view() },
+        )
+        .unwrap();
 
         let (nv, rv) = (nope.values(&q), rope.values(&q));
         let mut want = Vec::new();
@@ -666,13 +713,15 @@ fn decode_run(
     let lse_view = lse.view();
     mla_decode_attention(
         q,
-        &out.view(),
-        with_lse.then_some(&lse_view),
-        &qp.view(),
-        &cache.view(),
-        &bt.view(),
-        &seq_lens.view(),
-        scale,
+        &MlaDecodeAttentionArgs {
+            out: out.view(),
+            lse: (with_lse.then_some(&lse_view)).copied(),
+            query: qp.view(),
+            cache: cache.view(),
+            block_table: bt.view(),
+            seq_lens: seq_lens.view(),
+            scale,
+        },
     )
     .unwrap();
     out.assert_outside_untouched(q);
@@ -1038,7 +1087,7 @@ fn ops_writing_into_a_slice_of_a_larger_buffer_leave_everything_outside_untouche
             &[m, n],
             Layout::Strided { len: 6 * 15, offset: 15 + 5, strides: vec![15, 1] },
         );
-        matmul_bt(&q, &out.view(), &a.view(), &b.view()).unwrap();
+        matmul_bt(&q, &MatmulBTArgs { out: out.view(), a: a.view(), b: b.view() }).unwrap();
         out.assert_outside_untouched(&q);
         assert!(out.values(&q).iter().all(|v| !v.is_nan()));
 
@@ -1052,7 +1101,7 @@ fn ops_writing_into_a_slice_of_a_larger_buffer_leave_everything_outside_untouche
             Layout::Strided { len: 4 * 24, offset: 3, strides: vec![24, 1] },
         );
         let w = Pool::input(&q, &mut rng, dt, &[16], Layout::Contiguous);
-        rms_norm(&q, &x.view(), &x.view(), &w.view(), 1e-6).unwrap();
+        rms_norm(&q, &RmsNormArgs { out: x.view(), x: x.view(), weight: w.view(), eps: 1e-6 }).unwrap();
         x.assert_outside_untouched(&q);
 
         // ConcatMlaNopeRope into every other head of a [2, 6, 10] buffer.
@@ -1064,7 +1113,11 @@ fn ops_writing_into_a_slice_of_a_larger_buffer_leave_everything_outside_untouche
             &[2, 3, 10],
             Layout::Strided { len: 2 * 6 * 10, offset: 10, strides: vec![60, 20, 1] },
         );
-        concat_mla_nope_rope(&q, &out.view(), &nope.view(), &rope.view()).unwrap();
+        concat_mla_nope_rope(
+            &q,
+            &ConcatMlaNopeRopeArgs { out: out.view(), nope: nope.view(), rope: rope.view() },
+        )
+        .unwrap();
         out.assert_outside_untouched(&q);
         assert!(out.values(&q).iter().all(|v| !v.is_nan()));
     }

@@ -105,7 +105,7 @@ fn life_cycle_not_registered_unregister_and_register_again() {
     let x = Buffer::zeros(&hip, DType::F32, &[2, 4]).unwrap();
     let w = Buffer::zeros(&hip, DType::F32, &[4]).unwrap();
     let out = Buffer::nan(&hip, DType::F32, &[2, 4]).unwrap();
-    match rms_norm(&hip, &out.view(), &x.view(), &w.view(), 1e-6) {
+    match rms_norm(&hip, &RmsNormArgs { out: out.view(), x: x.view(), weight: w.view(), eps: 1e-6 }) {
         Err(Error::NotRegistered { op, device }) => {
             assert_eq!((op, device), (OpId::RmsNorm, DeviceType::Hip));
         }
@@ -123,7 +123,7 @@ fn life_cycle_not_registered_unregister_and_register_again() {
     let x = Buffer::from_f64(&q, DType::F32, &[1, 4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
     let w = Buffer::from_f64(&q, DType::F32, &[4], &[1.0; 4]).unwrap();
     let out = Buffer::nan(&q, DType::F32, &[1, 4]).unwrap();
-    rms_norm(&q, &out.view(), &x.view(), &w.view(), 1e-6).unwrap();
+    rms_norm(&q, &RmsNormArgs { out: out.view(), x: x.view(), weight: w.view(), eps: 1e-6 }).unwrap();
     assert!(out.to_f64(&q).unwrap().iter().all(|v| v.is_finite()));
 
     unregister_device(DeviceType::Cpu);
@@ -132,7 +132,7 @@ fn life_cycle_not_registered_unregister_and_register_again() {
     assert!(!op_registered(OpId::MatmulBT, DeviceType::Cpu));
     assert!(matches!(Queue::new(Device::CPU), Err(Error::NoDevice { .. })));
     let poisoned = Buffer::nan(&q, DType::F32, &[1, 4]).unwrap();
-    match rms_norm(&q, &poisoned.view(), &x.view(), &w.view(), 1e-6) {
+    match rms_norm(&q, &RmsNormArgs { out: poisoned.view(), x: x.view(), weight: w.view(), eps: 1e-6 }) {
         Err(Error::NotRegistered { op: OpId::RmsNorm, device: DeviceType::Cpu }) => {}
         other => panic!("expected NotRegistered after unregistering, got {other:?}"),
     }
@@ -141,7 +141,7 @@ fn life_cycle_not_registered_unregister_and_register_again() {
     assert_eq!(vt_cpu::register(), Probe::Registered { devices: 1 });
     assert_eq!(registered_ops(DeviceType::Cpu), OpId::ALL.to_vec());
     assert!(comm::backend(DeviceType::Cpu, "host").is_some());
-    rms_norm(&q, &poisoned.view(), &x.view(), &w.view(), 1e-6).unwrap();
+    rms_norm(&q, &RmsNormArgs { out: poisoned.view(), x: x.view(), weight: w.view(), eps: 1e-6 }).unwrap();
     assert_eq!(poisoned.to_f64(&q).unwrap(), out.to_f64(&q).unwrap());
 }
 

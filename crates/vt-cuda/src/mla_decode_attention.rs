@@ -178,12 +178,14 @@ const fn tc_smem(mt: u32) -> u32 {
     9 * mt * 128 + 2 * tile + mt * 128 + 2 * 128 * 4 + 2 * 64 + 2 * 8 + 40 * 4 + 2 * 8 + 1024
 }
 
-/// Whether the wgmma kernel may load the cache through the TMA: a tile of 64 tokens is whole
-/// boxes of min(BS, 64) rows of one block (BS divides 64 or 64 divides BS) and the block
-/// count fits the map's 32-bit coordinates (one past the last block reads zeros).
+/// Whether the wgmma kernel loads the cache through the TMA: a tile of 64 tokens is one box
+/// of 64 rows of one block (64 divides BS) and the block count fits the map's 32-bit
+/// coordinates (one past the last block reads zeros). Smaller blocks take the cp.async
+/// loads: with one box per block per 64 features, BS = 1 and 16 measured 5.1x and 1.07x
+/// slower through the TMA on the H200 (docs/perf.md). The kernel handles any BS dividing 64.
 fn tma_ok(cache: &Tensor<'_>) -> bool {
     let bs = cache.dim(1);
-    bs > 0 && (64 % bs == 0 || bs % 64 == 0) && cache.dim(0) < i32::MAX as i64
+    bs > 0 && bs % 64 == 0 && cache.dim(0) < i32::MAX as i64
 }
 
 /// The cache's tensor map: (feature, row in block, block), boxes of 64 features x
@@ -285,7 +287,7 @@ pub fn mla_decode_attention_with(
     opts: &DecodeOptions,
 ) -> Result<Plan> {
     let cq = CudaQueue::of(q, OP)?;
-    let (b, m_total, dv) = (a.q.dim(0), a.q.dim(1) * a.q.dim(2), a.out.dim(3));
+    let (b, m_total, dv) = (a.query.dim(0), a.query.dim(1) * a.query.dim(2), a.out.dim(3));
     if b == 0 || m_total == 0 {
         return Ok(Plan { kernel: "none", rows_per_cta: 0, row_blocks: 0, parts: 0, min_tiles: 0 });
     }
@@ -318,10 +320,10 @@ pub(crate) fn choose(
     opts: &DecodeOptions,
     tma_flag: bool,
 ) -> Result<Choice> {
-    let (b, s_q, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
+    let (b, s_q, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
     let dv = a.out.dim(3);
     let m_total = s_q * n;
-    let dt = a.q.dtype();
+    let dt = a.query.dtype();
 
     let mma_rows = if m_total <= 16 {
         16
@@ -334,7 +336,7 @@ pub(crate) fn choose(
     let fast = d == FAST_D
         && dv == FAST_DV
         && dt != DType::F32
-        && rows_aligned(&a.q, &[0, 1, 2])
+        && rows_aligned(&a.query, &[0, 1, 2])
         && rows_aligned(&a.cache, &[0, 1])
         && rows_aligned(&a.out, &[0, 1, 2]);
     let kernel = match opts.kernel {
@@ -378,7 +380,7 @@ pub(crate) fn choose(
             if bytes > MAX_SMEM as i64 {
                 return Err(Error::invalid(
                     OP,
-                    "q",
+                    "query",
                     format!("head dims D = {d}, Dv = {dv} need {bytes} bytes of shared memory (at most {MAX_SMEM})"),
                 ));
             }
@@ -398,7 +400,7 @@ pub(crate) fn choose(
     if row_blocks > 65_535 || m_total > 65_535 {
         return Err(Error::invalid(
             OP,
-            "q",
+            "query",
             format!("s_q * N = {m_total} query rows per sequence is too many"),
         ));
     }
@@ -437,11 +439,11 @@ pub(crate) fn launches(
     info: &DeviceInfo,
     (part_o, part_lse, seq_info): (u64, u64, u64),
 ) -> Result<Vec<Launch>> {
-    let (b, s_q, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
-    let (dv, m_total, dt) = (a.out.dim(3), s_q * n, a.q.dtype());
+    let (b, s_q, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
+    let (dv, m_total, dt) = (a.out.dim(3), s_q * n, a.query.dtype());
     let l = a.lse;
     let p = Params {
-        q: a.q.data_addr(),
+        q: a.query.data_addr(),
         out: a.out.data_addr(),
         lse: l.map_or(0, |t| t.data_addr()),
         cache: a.cache.data_addr(),
@@ -450,9 +452,9 @@ pub(crate) fn launches(
         part_o,
         part_lse,
         seq_info,
-        q_sb: a.q.stride(0),
-        q_ss: a.q.stride(1),
-        q_sh: a.q.stride(2),
+        q_sb: a.query.stride(0),
+        q_ss: a.query.stride(1),
+        q_sh: a.query.stride(2),
         o_sb: a.out.stride(0),
         o_ss: a.out.stride(1),
         o_sh: a.out.stride(2),
@@ -464,15 +466,15 @@ pub(crate) fn launches(
         bt_sb: a.block_table.stride(0),
         bt_sm: a.block_table.stride(1),
         sl_s: a.seq_lens.stride(0),
-        b: to_i32("q", "B", b)?,
-        s_q: to_i32("q", "s_q", s_q)?,
-        n: to_i32("q", "N", n)?,
-        d: to_i32("q", "D", d)?,
+        b: to_i32("query", "B", b)?,
+        s_q: to_i32("query", "s_q", s_q)?,
+        n: to_i32("query", "N", n)?,
+        d: to_i32("query", "D", d)?,
         dv: to_i32("out", "Dv", dv)?,
         nb: to_i32("cache", "number of blocks", a.cache.dim(0))?,
         bs: to_i32("cache", "block size", a.cache.dim(1))?,
         mb: to_i32("block_table", "blocks per sequence", a.block_table.dim(1))?,
-        m_total: to_i32("q", "s_q * N", m_total)?,
+        m_total: to_i32("query", "s_q * N", m_total)?,
         num_parts: c.plan.parts as i32,
         min_tiles: c.plan.min_tiles as i32,
         combine_wpr: c.combine_wpr as i32,

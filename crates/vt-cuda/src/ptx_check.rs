@@ -147,7 +147,8 @@ fn samples(dt: DType) -> Result<Samples> {
     let (positions, cos_sin) = (f.c(DType::I64, &[t]), f.c(DType::F32, &[32, r]));
     for k in [None, Some(f.t(dt, &[t, 1, r], &[l + r, l + r, 1]))] {
         let q = f.t(dt, &[t, n, r], &[n * (l + r), l + r, 1]);
-        let a = RopeFromCacheArgs { q, k, positions, cos_sin_cache: cos_sin, is_neox: k.is_some() };
+        let a =
+            RopeFromCacheArgs { query: q, key: k, positions, cos_sin_cache: cos_sin, is_neox: k.is_some() };
         add("RopeFromCache".into(), crate::rope_from_cache::plan(&a)?);
     }
     let a = FusedNormRopeArgs {
@@ -213,7 +214,7 @@ fn samples(dt: DType) -> Result<Samples> {
         let a = MlaDecodeAttentionArgs {
             out: f.c(dt, &[2, 1, heads, dv]),
             lse: Some(f.c(DType::F32, &[2, heads, 1])),
-            q: f.c(dt, &[2, 1, heads, d]),
+            query: f.c(dt, &[2, 1, heads, d]),
             cache: f.c(dt, &[nb, bs, d]),
             block_table: f.c(DType::I32, &[2, 8]),
             seq_lens: f.c(DType::I32, &[2]),

@@ -20,19 +20,19 @@ pub(crate) fn run(q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
 
 /// The kernel reads each position and skips those outside the cache.
 pub(crate) fn plan(a: &RopeFromCacheArgs<'_>) -> Result<Vec<Launch>> {
-    let (t, r) = (a.q.dim(0), a.q.dim(2));
+    let (t, r) = (a.query.dim(0), a.query.dim(2));
     if t == 0 {
         return Ok(vec![]);
     }
-    let hq = int(OP, "q", a.q.dim(1))?;
-    let (k_ptr, k_st, k_sh, hk) = match &a.k {
-        Some(k) => (k.data_addr(), k.stride(0), k.stride(1), int(OP, "k", k.dim(1))?),
+    let hq = int(OP, "query", a.query.dim(1))?;
+    let (k_ptr, k_st, k_sh, hk) = match &a.key {
+        Some(k) => (k.data_addr(), k.stride(0), k.stride(1), int(OP, "key", k.dim(1))?),
         None => (0, 0, 0, 0),
     };
     let args: [Arg; 15] = [
-        a.q.data_addr().into(),
-        a.q.stride(0).into(),
-        a.q.stride(1).into(),
+        a.query.data_addr().into(),
+        a.query.stride(0).into(),
+        a.query.stride(1).into(),
         hq.into(),
         k_ptr.into(),
         k_st.into(),
@@ -43,8 +43,8 @@ pub(crate) fn plan(a: &RopeFromCacheArgs<'_>) -> Result<Vec<Launch>> {
         a.cos_sin_cache.data_addr().into(),
         a.cos_sin_cache.dim(0).into(),
         t.into(),
-        int(OP, "q", r)?.into(),
+        int(OP, "query", r)?.into(),
         (a.is_neox as i32).into(),
     ];
-    Ok(vec![Launch::new(&SRC, "rope_from_cache", a.q.dtype(), (grid_1d(t), 1, 1), 128, args)])
+    Ok(vec![Launch::new(&SRC, "rope_from_cache", a.query.dtype(), (grid_1d(t), 1, 1), 128, args)])
 }

@@ -18,8 +18,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use vt_core::{
-    concat_mla_nope_rope, gather_mla_cache, Buffer, DType, Device, DeviceType, Error, Probe, Queue, Result,
-    Tensor,
+    concat_mla_nope_rope, gather_mla_cache, Buffer, ConcatMlaNopeRopeArgs, DType, Device, DeviceType, Error,
+    GatherMlaCacheArgs, Probe, Queue, Result, Tensor,
 };
 use vt_cuda::bench::{filled_value, median, Bench};
 use vt_cuda::CudaQueue;
@@ -116,7 +116,7 @@ fn concat_speed(q: &Queue, b: &Bench<'_>, c: &Ceiling<'_>, dt: DType) -> Result<
     let bytes = (t * n * p + t * r + t * n * (p + r)) as usize * es;
     for (label, shift) in [("vector path", 0i64), ("scalar fallback", 1)] {
         let out = out_buf.view().as_strided(shift, &[t, n, p + r], &[n * (p + r), p + r, 1])?;
-        concat_mla_nope_rope(q, &out, &nope, &rope)?;
+        concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out, nope, rope })?;
         for (tt, h) in [(0, 0), (1, 127), (4095, 77), (t - 1, n - 1)] {
             let got = row(q, &out, (tt * n + h) * (p + r), p + r);
             let (nope_got, rope_got) = got.split_at(p as usize);
@@ -124,7 +124,9 @@ fn concat_speed(q: &Queue, b: &Bench<'_>, c: &Ceiling<'_>, dt: DType) -> Result<
             check_values(dt, 11, nope_got, (0..p).map(|i| tt * n * (p + v) + h * (p + v) + i), &what);
             check_values(dt, 12, rope_got, (0..r).map(|i| tt * (l + r) + l + i), &what);
         }
-        let mut times = b.time_us(WARMUP, ITERS, true, || concat_mla_nope_rope(q, &out, &nope, &rope))?;
+        let mut times = b.time_us(WARMUP, ITERS, true, || {
+            concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out, nope, rope })
+        })?;
         c.report(
             &format!("ConcatMlaNopeRope {dt} T {t} N {n} P {p} R {r} broadcast, {label}"),
             bytes,
@@ -149,14 +151,22 @@ fn gather_speed(q: &Queue, b: &Bench<'_>, c: &Ceiling<'_>, dt: DType, t: i64, fa
     let out_buf = Buffer::uninit(q, dt, &[t * d + 1])?;
     let out = out_buf.view().as_strided(i64::from(fallback), &[t, d], &[d, 1])?;
     let (cv, tv, cuv) = (cache.view(), table.view(), cu.view());
-    gather_mla_cache(q, &out, &cv, &tv, &cuv, None)?;
+    gather_mla_cache(
+        q,
+        &GatherMlaCacheArgs { out, cache: cv, block_table: tv, cu_seq_lens: cuv, seq_starts: None },
+    )?;
     for j in [0, 1, bs - 1, bs, t / 2 + 3, t - 1] {
         let got = row(q, &out, j * d, d);
         let src = i64::from(ids[(j / bs) as usize]) * bs * d + (j % bs) * d;
         check_values(dt, 21, &got, src..src + d, &format!("gather row {j}"));
     }
     let bytes = (2 * t * d) as usize * es;
-    let mut times = b.time_us(WARMUP, ITERS, true, || gather_mla_cache(q, &out, &cv, &tv, &cuv, None))?;
+    let mut times = b.time_us(WARMUP, ITERS, true, || {
+        gather_mla_cache(
+            q,
+            &GatherMlaCacheArgs { out, cache: cv, block_table: tv, cu_seq_lens: cuv, seq_starts: None },
+        )
+    })?;
     let label = if fallback { "scalar fallback" } else { "vector path" };
     c.report(&format!("GatherMlaCache {dt} T {t} D {d} bs {bs}, {label}"), bytes, &mut times)
 }

@@ -180,13 +180,15 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
     let (q, cache, out, lse) = views(c, &cb);
     vt_core::mla_decode_attention(
         &cq,
-        &out,
-        Some(&lse),
-        &q,
-        &cache,
-        &cb.block_table.view(),
-        &cb.seq_lens.view(),
-        c.scale,
+        &vt_core::MlaDecodeAttentionArgs {
+            out,
+            lse: Some(lse),
+            query: q,
+            cache,
+            block_table: cb.block_table.view(),
+            seq_lens: cb.seq_lens.view(),
+            scale: c.scale,
+        },
     )
     .unwrap();
     Reference { out: cq.read_f64(&out).unwrap(), lse: cq.read_f64(&lse).unwrap() }
@@ -200,13 +202,25 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
     let (q, cache, out, lse) = views(c, &gb);
     let (bt, sl) = (gb.block_table.view(), gb.seq_lens.view());
     let plan = if opts.kernel == Kernel::Auto && opts.min_tiles.is_none() && opts.max_parts.is_none() {
-        vt_core::mla_decode_attention(g, &out, Some(&lse), &q, &cache, &bt, &sl, c.scale).unwrap();
+        vt_core::mla_decode_attention(
+            g,
+            &vt_core::MlaDecodeAttentionArgs {
+                out,
+                lse: Some(lse),
+                query: q,
+                cache,
+                block_table: bt,
+                seq_lens: sl,
+                scale: c.scale,
+            },
+        )
+        .unwrap();
         "auto".to_string()
     } else {
         let args = MlaDecodeAttentionArgs {
             out,
             lse: Some(lse),
-            q,
+            query: q,
             cache,
             block_table: bt,
             seq_lens: sl,

@@ -11,8 +11,10 @@ use rand_chacha::ChaCha8Rng;
 use vt_check::{run_cell, DTYPES};
 use vt_core::{
     batched_matmul, concat_and_cache_mla, concat_mla_nope_rope, fused_norm_rope, gather_mla_cache, matmul_bt,
-    merge_attn_states, prefill_attention, rms_norm, rope_from_cache, Buffer, DType, Device, DeviceType,
-    MergeAttnStatesArgs, OpId, PrefillAttentionArgs, Probe, Queue, Result,
+    merge_attn_states, prefill_attention, rms_norm, rope_from_cache, BatchedMatmulArgs, Buffer,
+    ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType, Device, DeviceType, FusedNormRopeArgs,
+    GatherMlaCacheArgs, MatmulBTArgs, MergeAttnStatesArgs, OpId, PrefillAttentionArgs, Probe, Queue, Result,
+    RmsNormArgs, RopeFromCacheArgs,
 };
 
 fn cuda() -> Option<Device> {
@@ -118,19 +120,30 @@ fn fused_matches_split_bitwise(dev: Device) {
             let rope_f = Buffer::nan(&q, dt, &[t, r]).unwrap();
             fused_norm_rope(
                 &q,
-                &lat_f.view(),
-                &rope_f.view(),
-                &kv_v,
-                &w.view(),
-                &pos.view(),
-                &cache.view(),
-                1e-6,
-                neox,
+                &FusedNormRopeArgs {
+                    latent_out: lat_f.view(),
+                    rope_out: rope_f.view(),
+                    kv: kv_v,
+                    weight: w.view(),
+                    positions: pos.view(),
+                    cos_sin_cache: cache.view(),
+                    eps: 1e-6,
+                    is_neox: neox,
+                },
             )
             .unwrap();
 
             let lat_s = Buffer::nan(&q, dt, &[t, l]).unwrap();
-            rms_norm(&q, &lat_s.view(), &kv_v.slice(1, 0, l).unwrap(), &w.view(), 1e-6).unwrap();
+            rms_norm(
+                &q,
+                &RmsNormArgs {
+                    out: lat_s.view(),
+                    x: kv_v.slice(1, 0, l).unwrap(),
+                    weight: w.view(),
+                    eps: 1e-6,
+                },
+            )
+            .unwrap();
             // RoPE on a copy of the rope part: the same values uploaded again.
             let kv_host = kv.to_f64(&q).unwrap();
             let rope_part: Vec<f64> = (0..t)
@@ -138,7 +151,17 @@ fn fused_matches_split_bitwise(dev: Device) {
                 .collect();
             let rope_s = Buffer::from_f64(&q, dt, &[t, r], &rope_part).unwrap();
             let rope_s3 = rope_s.view().reshape(&[t, 1, r]).unwrap();
-            rope_from_cache(&q, &rope_s3, None, &pos.view(), &cache.view(), neox).unwrap();
+            rope_from_cache(
+                &q,
+                &RopeFromCacheArgs {
+                    query: rope_s3,
+                    key: None,
+                    positions: pos.view(),
+                    cos_sin_cache: cache.view(),
+                    is_neox: neox,
+                },
+            )
+            .unwrap();
 
             assert_eq!(lat_f.to_bytes(&q).unwrap(), lat_s.to_bytes(&q).unwrap(), "{dt} latent, neox {neox}");
             assert_eq!(rope_f.to_bytes(&q).unwrap(), rope_s.to_bytes(&q).unwrap(), "{dt} rope, neox {neox}");
@@ -220,39 +243,64 @@ impl Step {
 
     /// Every op but MlaDecodeAttention, as a decode step chains them.
     fn run(&self, q: &Queue) -> Result<()> {
-        matmul_bt(q, &self.kv.view(), &self.x.view(), &self.w_kv.view())?;
+        matmul_bt(q, &MatmulBTArgs { out: self.kv.view(), a: self.x.view(), b: self.w_kv.view() })?;
         fused_norm_rope(
             q,
-            &self.latent.view(),
-            &self.k_pe.view(),
-            &self.kv.view(),
-            &self.w_norm.view(),
-            &self.pos.view(),
-            &self.cos_sin.view(),
-            1e-6,
-            false,
+            &FusedNormRopeArgs {
+                latent_out: self.latent.view(),
+                rope_out: self.k_pe.view(),
+                kv: self.kv.view(),
+                weight: self.w_norm.view(),
+                positions: self.pos.view(),
+                cos_sin_cache: self.cos_sin.view(),
+                eps: 1e-6,
+                is_neox: false,
+            },
         )?;
         concat_and_cache_mla(
             q,
-            &self.latent.view(),
-            &self.k_pe.view(),
-            &self.cache.view(),
-            &self.slots.view(),
+            &ConcatAndCacheMlaArgs {
+                kv_c: self.latent.view(),
+                k_pe: self.k_pe.view(),
+                cache: self.cache.view(),
+                slot_mapping: self.slots.view(),
+            },
         )?;
         let qv = self.q.view();
-        matmul_bt(q, &qv.reshape(&[T, N * (P + R)])?, &self.x.view(), &self.w_q.view())?;
-        rope_from_cache(q, &qv.slice(2, P, P + R)?, None, &self.pos.view(), &self.cos_sin.view(), false)?;
+        matmul_bt(
+            q,
+            &MatmulBTArgs { out: qv.reshape(&[T, N * (P + R)])?, a: self.x.view(), b: self.w_q.view() },
+        )?;
+        rope_from_cache(
+            q,
+            &RopeFromCacheArgs {
+                query: qv.slice(2, P, P + R)?,
+                key: None,
+                positions: self.pos.view(),
+                cos_sin_cache: self.cos_sin.view(),
+                is_neox: false,
+            },
+        )?;
         // q_nope as [N, T, P] (a transposed view) times W_UK [N, P, L].
         let q_nope = qv.slice(2, 0, P)?.transpose(0, 1)?;
-        batched_matmul(q, &self.q_lat.view(), &q_nope, &self.w_uk.view())?;
-        concat_mla_nope_rope(q, &self.q_cat.view(), &qv.slice(2, 0, P)?, &self.k_pe.view().unsqueeze(1)?)?;
+        batched_matmul(q, &BatchedMatmulArgs { out: self.q_lat.view(), a: q_nope, b: self.w_uk.view() })?;
+        concat_mla_nope_rope(
+            q,
+            &ConcatMlaNopeRopeArgs {
+                out: self.q_cat.view(),
+                nope: qv.slice(2, 0, P)?,
+                rope: self.k_pe.view().unsqueeze(1)?,
+            },
+        )?;
         gather_mla_cache(
             q,
-            &self.ws.view(),
-            &self.cache.view(),
-            &self.block_table.view(),
-            &self.cu.view(),
-            None,
+            &GatherMlaCacheArgs {
+                out: self.ws.view(),
+                cache: self.cache.view(),
+                block_table: self.block_table.view(),
+                cu_seq_lens: self.cu.view(),
+                seq_starts: None,
+            },
         )?;
         // Attention of the new tokens over the gathered context (keys: the workspace).
         let ws = self.ws.view().slice(0, 0, 10)?;
@@ -284,7 +332,15 @@ impl Step {
                 suffix_lse: self.attn_lse.view(),
             },
         )?;
-        rms_norm(q, &self.normed.view(), &self.latent.view(), &self.w_norm.view(), 1e-6)
+        rms_norm(
+            q,
+            &RmsNormArgs {
+                out: self.normed.view(),
+                x: self.latent.view(),
+                weight: self.w_norm.view(),
+                eps: 1e-6,
+            },
+        )
     }
 
     fn outputs(&self) -> [&Buffer; 13] {

@@ -26,10 +26,10 @@ pub(crate) fn attention_shared_bytes(op: &'static str, arg: &'static str, d: i64
 }
 
 pub(crate) fn plan(a: &MlaDecodeAttentionArgs<'_>) -> Result<Vec<Step>> {
-    let (b, sq, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2), a.q.dim(3));
+    let (b, sq, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
     let dv = a.out.dim(3);
-    let shared = attention_shared_bytes(OP, "q", d, dv)?;
-    let (o, q, c, bt) = (&a.out, &a.q, &a.cache, &a.block_table);
+    let shared = attention_shared_bytes(OP, "query", d, dv)?;
+    let (o, q, c, bt) = (&a.out, &a.query, &a.cache, &a.block_table);
     let lse_strides = a.lse.map_or([0, 0, 0], |l| [l.stride(0), l.stride(1), l.stride(2)]);
     let args = KernelArgs::new()
         .tensor(o)
@@ -65,7 +65,7 @@ mod tests {
         MlaDecodeAttentionArgs {
             out: f.c(DType::BF16, &[b, 1, n, dv]).unwrap(),
             lse: None,
-            q: f.c(DType::BF16, &[b, 1, n, d]).unwrap(),
+            query: f.c(DType::BF16, &[b, 1, n, d]).unwrap(),
             cache: f.c(DType::BF16, &[64, 1, d]).unwrap(),
             block_table: f.c(DType::I32, &[b, 64]).unwrap(),
             seq_lens: f.c(DType::I32, &[b]).unwrap(),
@@ -84,11 +84,14 @@ mod tests {
     }
 
     #[test]
-    fn decode_attention_with_head_dims_past_shared_memory_is_an_error_naming_q() {
+    fn decode_attention_with_head_dims_past_shared_memory_is_an_error_naming_query() {
         let mut f = Fake::new();
         let e = super::plan(&args(&mut f, 1, 1, 16_000, 512)).unwrap_err();
         assert!(
-            matches!(&e, Error::InvalidArgument { op: Subject::Op(OpId::MlaDecodeAttention), arg: "q", .. }),
+            matches!(
+                &e,
+                Error::InvalidArgument { op: Subject::Op(OpId::MlaDecodeAttention), arg: "query", .. }
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("64 KiB"), "{e}");

@@ -26,11 +26,11 @@ fn launch(x: &Tensor<'_>, a: &RopeFromCacheArgs<'_>) -> Result<Option<Launch>> {
 }
 
 pub(crate) fn plan(a: &RopeFromCacheArgs<'_>) -> Result<Vec<Step>> {
-    let k = match &a.k {
+    let k = match &a.key {
         Some(k) => launch(k, a)?,
         None => None,
     };
-    Ok(kernels([launch(&a.q, a)?, k]))
+    Ok(kernels([launch(&a.query, a)?, k]))
 }
 
 pub(crate) fn run(q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {

@@ -273,8 +273,8 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
             let mut steps = Vec::new();
             for key in [None, Some(k)] {
                 let args = RopeFromCacheArgs {
-                    q,
-                    k: key,
+                    query: q,
+                    key,
                     positions,
                     cos_sin_cache: cos_sin,
                     is_neox: key.is_some(),
@@ -352,7 +352,7 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
                 let args = MlaDecodeAttentionArgs {
                     out: f.c(dt, &[2, 1, n, l])?,
                     lse,
-                    q: f.c(dt, &[2, 1, n, l + r])?,
+                    query: f.c(dt, &[2, 1, n, l + r])?,
                     cache: f.c(dt, &[nb, bs, l + r])?,
                     block_table: f.c(DType::I32, &[2, 8])?,
                     seq_lens: f.c(DType::I32, &[2])?,

@@ -72,13 +72,15 @@ impl Decode {
             let lse = lse.as_ref().map(|l| l.tensor(bufs)).transpose()?;
             vt_core::mla_decode_attention(
                 queue,
-                &out.tensor(bufs)?,
-                lse.as_ref(),
-                &q.tensor(bufs)?,
-                &cache.tensor(bufs)?,
-                &block_table.tensor(bufs)?,
-                &seq_lens.tensor(bufs)?,
-                scale,
+                &vt_core::MlaDecodeAttentionArgs {
+                    out: out.tensor(bufs)?,
+                    lse: (lse.as_ref()).copied(),
+                    query: q.tensor(bufs)?,
+                    cache: cache.tensor(bufs)?,
+                    block_table: block_table.tensor(bufs)?,
+                    seq_lens: seq_lens.tensor(bufs)?,
+                    scale,
+                },
             )
         })
     }

@@ -47,10 +47,12 @@ impl Concat {
         Box::new(move |q, bufs| {
             vt_core::concat_and_cache_mla(
                 q,
-                &kv_c.tensor(bufs)?,
-                &k_pe.tensor(bufs)?,
-                &cache.tensor(bufs)?,
-                &slot_mapping.tensor(bufs)?,
+                &vt_core::ConcatAndCacheMlaArgs {
+                    kv_c: kv_c.tensor(bufs)?,
+                    k_pe: k_pe.tensor(bufs)?,
+                    cache: cache.tensor(bufs)?,
+                    slot_mapping: slot_mapping.tensor(bufs)?,
+                },
             )
         })
     }
@@ -105,11 +107,13 @@ impl Gather {
             let seq_starts = seq_starts.as_ref().map(|s| s.tensor(bufs)).transpose()?;
             vt_core::gather_mla_cache(
                 q,
-                &out.tensor(bufs)?,
-                &cache.tensor(bufs)?,
-                &block_table.tensor(bufs)?,
-                &cu.tensor(bufs)?,
-                seq_starts.as_ref(),
+                &vt_core::GatherMlaCacheArgs {
+                    out: out.tensor(bufs)?,
+                    cache: cache.tensor(bufs)?,
+                    block_table: block_table.tensor(bufs)?,
+                    cu_seq_lens: cu.tensor(bufs)?,
+                    seq_starts: (seq_starts.as_ref()).copied(),
+                },
             )
         })
     }
@@ -304,6 +308,13 @@ pub(super) fn concat_mla_nope_rope(c: &mut Cases) {
 fn concat(b: &mut Builder, out: crate::case::View, nope: crate::case::View, rope: crate::case::View) -> Exec {
     b.output("out", &out);
     Box::new(move |q, bufs| {
-        vt_core::concat_mla_nope_rope(q, &out.tensor(bufs)?, &nope.tensor(bufs)?, &rope.tensor(bufs)?)
+        vt_core::concat_mla_nope_rope(
+            q,
+            &vt_core::ConcatMlaNopeRopeArgs {
+                out: out.tensor(bufs)?,
+                nope: nope.tensor(bufs)?,
+                rope: rope.tensor(bufs)?,
+            },
+        )
     })
 }

@@ -29,7 +29,12 @@ impl MatmulBT {
         );
         let out = bld.poison("out", Ty::Float, &[m, o_ld]).sub(o_off, &[m, n], &[o_ld, 1]);
         bld.output("out", &out);
-        Box::new(move |q, bufs| vt_core::matmul_bt(q, &out.tensor(bufs)?, &a.tensor(bufs)?, &b.tensor(bufs)?))
+        Box::new(move |q, bufs| {
+            vt_core::matmul_bt(
+                q,
+                &vt_core::MatmulBTArgs { out: out.tensor(bufs)?, a: a.tensor(bufs)?, b: b.tensor(bufs)? },
+            )
+        })
     }
 }
 
@@ -70,7 +75,10 @@ fn stored(b: &mut Builder, name: &str, logical: [i64; 3], order: [usize; 3], pad
 
 fn bmm(a: View, b: View, out: View) -> Exec {
     Box::new(move |q, bufs| {
-        vt_core::batched_matmul(q, &out.tensor(bufs)?, &a.tensor(bufs)?, &b.tensor(bufs)?)
+        vt_core::batched_matmul(
+            q,
+            &vt_core::BatchedMatmulArgs { out: out.tensor(bufs)?, a: a.tensor(bufs)?, b: b.tensor(bufs)? },
+        )
     })
 }
 

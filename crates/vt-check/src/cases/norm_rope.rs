@@ -25,7 +25,15 @@ impl RmsNorm {
         };
         b.output("out", &out);
         Box::new(move |q, bufs| {
-            vt_core::rms_norm(q, &out.tensor(bufs)?, &x.tensor(bufs)?, &weight.tensor(bufs)?, EPS)
+            vt_core::rms_norm(
+                q,
+                &vt_core::RmsNormArgs {
+                    out: out.tensor(bufs)?,
+                    x: x.tensor(bufs)?,
+                    weight: weight.tensor(bufs)?,
+                    eps: EPS,
+                },
+            )
         })
     }
 }
@@ -70,11 +78,13 @@ impl Rope {
             let k = k.as_ref().map(|k| k.tensor(bufs)).transpose()?;
             vt_core::rope_from_cache(
                 queue,
-                &q.tensor(bufs)?,
-                k.as_ref(),
-                &positions.tensor(bufs)?,
-                &cos_sin.tensor(bufs)?,
-                neox,
+                &vt_core::RopeFromCacheArgs {
+                    query: q.tensor(bufs)?,
+                    key: (k.as_ref()).copied(),
+                    positions: positions.tensor(bufs)?,
+                    cos_sin_cache: cos_sin.tensor(bufs)?,
+                    is_neox: neox,
+                },
             )
         })
     }
@@ -127,14 +137,16 @@ impl NormRope {
         Box::new(move |q, bufs| {
             vt_core::fused_norm_rope(
                 q,
-                &latent.tensor(bufs)?,
-                &rope.tensor(bufs)?,
-                &kv.tensor(bufs)?,
-                &weight.tensor(bufs)?,
-                &positions.tensor(bufs)?,
-                &cos_sin.tensor(bufs)?,
-                EPS,
-                neox,
+                &vt_core::FusedNormRopeArgs {
+                    latent_out: latent.tensor(bufs)?,
+                    rope_out: rope.tensor(bufs)?,
+                    kv: kv.tensor(bufs)?,
+                    weight: weight.tensor(bufs)?,
+                    positions: positions.tensor(bufs)?,
+                    cos_sin_cache: cos_sin.tensor(bufs)?,
+                    eps: EPS,
+                    is_neox: neox,
+                },
             )
         })
     }

@@ -17,10 +17,9 @@ pub struct BatchedMatmulArgs<'a> {
 /// call a BLAS pick the transpose flags from the strides and fall back to their own
 /// kernel when neither of a matrix's last two strides is 1. `out` must not overlap
 /// itself, `a` or `b`.
-pub fn batched_matmul(q: &Queue, out: &Tensor<'_>, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
-    let args = BatchedMatmulArgs { out: *out, a: *a, b: *b };
-    validate(q, &args)?;
-    dispatch!(q, BatchedMatmul, &args)
+pub fn batched_matmul(q: &Queue, args: &BatchedMatmulArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, BatchedMatmul, args)
 }
 
 fn validate(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {

@@ -20,16 +20,9 @@ pub struct ConcatAndCacheMlaArgs<'a> {
 ///   >= NB*BS is an error on the CPU; GPU kernels skip it.
 /// - `cache` must not overlap the inputs. Two tokens with the same slot: the last wins
 ///   on the CPU; unspecified on GPUs.
-pub fn concat_and_cache_mla(
-    q: &Queue,
-    kv_c: &Tensor<'_>,
-    k_pe: &Tensor<'_>,
-    cache: &Tensor<'_>,
-    slot_mapping: &Tensor<'_>,
-) -> Result<()> {
-    let args = ConcatAndCacheMlaArgs { kv_c: *kv_c, k_pe: *k_pe, cache: *cache, slot_mapping: *slot_mapping };
-    validate(q, &args)?;
-    dispatch!(q, ConcatAndCacheMla, &args)
+pub fn concat_and_cache_mla(q: &Queue, args: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, ConcatAndCacheMla, args)
 }
 
 fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {

@@ -16,10 +16,9 @@ pub struct ConcatMlaNopeRopeArgs<'a> {
 ///   `[T,N,R]`, `out` `[T,N,P+R]`; one float dtype; stride 1 on the last dim of each, any
 ///   other strides (the absorbed decode feeds a transposed `nope`).
 /// - `out` must not overlap the inputs.
-pub fn concat_mla_nope_rope(q: &Queue, out: &Tensor<'_>, nope: &Tensor<'_>, rope: &Tensor<'_>) -> Result<()> {
-    let args = ConcatMlaNopeRopeArgs { out: *out, nope: *nope, rope: *rope };
-    validate(q, &args)?;
-    dispatch!(q, ConcatMlaNopeRope, &args)
+pub fn concat_mla_nope_rope(q: &Queue, args: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, ConcatMlaNopeRope, args)
 }
 
 fn validate(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {

@@ -27,29 +27,9 @@ pub struct FusedNormRopeArgs<'a> {
 /// - Outputs must not overlap each other or any input.
 /// - Bit-identical to [`crate::rms_norm`] on `kv[:, :L]` followed by
 ///   [`crate::rope_from_cache`] on a copy of `kv[:, L:]` (same arithmetic, same order).
-pub fn fused_norm_rope(
-    q: &Queue,
-    latent_out: &Tensor<'_>,
-    rope_out: &Tensor<'_>,
-    kv: &Tensor<'_>,
-    weight: &Tensor<'_>,
-    positions: &Tensor<'_>,
-    cos_sin_cache: &Tensor<'_>,
-    eps: f32,
-    is_neox: bool,
-) -> Result<()> {
-    let args = FusedNormRopeArgs {
-        latent_out: *latent_out,
-        rope_out: *rope_out,
-        kv: *kv,
-        weight: *weight,
-        positions: *positions,
-        cos_sin_cache: *cos_sin_cache,
-        eps,
-        is_neox,
-    };
-    validate(q, &args)?;
-    dispatch!(q, FusedNormRope, &args)
+pub fn fused_norm_rope(q: &Queue, args: &FusedNormRopeArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, FusedNormRope, args)
 }
 
 fn validate(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {

@@ -25,23 +25,9 @@ pub struct GatherMlaCacheArgs<'a> {
 ///   T_ws), `seq_starts` `[B]` i32 >= 0.
 /// - Errors (CPU): a position past the block table (`p / BS >= MB`) or a block id outside
 ///   `0..NB`. GPU kernels skip such rows.
-pub fn gather_mla_cache(
-    q: &Queue,
-    out: &Tensor<'_>,
-    cache: &Tensor<'_>,
-    block_table: &Tensor<'_>,
-    cu_seq_lens: &Tensor<'_>,
-    seq_starts: Option<&Tensor<'_>>,
-) -> Result<()> {
-    let args = GatherMlaCacheArgs {
-        out: *out,
-        cache: *cache,
-        block_table: *block_table,
-        cu_seq_lens: *cu_seq_lens,
-        seq_starts: seq_starts.copied(),
-    };
-    validate(q, &args)?;
-    dispatch!(q, GatherMlaCache, &args)
+pub fn gather_mla_cache(q: &Queue, args: &GatherMlaCacheArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, GatherMlaCache, args)
 }
 
 fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {

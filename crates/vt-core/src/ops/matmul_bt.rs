@@ -16,10 +16,9 @@ pub struct MatmulBTArgs<'a> {
 ///   stride 1, rows may be strided (a column slice of a wider buffer, a row slice of a
 ///   weight). K may be 0 (out = 0).
 /// - `out` must not overlap `a` or `b`.
-pub fn matmul_bt(q: &Queue, out: &Tensor<'_>, a: &Tensor<'_>, b: &Tensor<'_>) -> Result<()> {
-    let args = MatmulBTArgs { out: *out, a: *a, b: *b };
-    validate(q, &args)?;
-    dispatch!(q, MatmulBT, &args)
+pub fn matmul_bt(q: &Queue, args: &MatmulBTArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, MatmulBT, args)
 }
 
 fn validate(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {

@@ -21,10 +21,9 @@ pub struct RmsNormArgs<'a> {
 ///   `1/sqrt(mean + eps)` in f32, the product is `(x * scale)` rounded to the
 ///   storage dtype, then times `weight` (matching Hugging Face's `DeepseekV3RMSNorm`,
 ///   which normalizes in f32 and multiplies by the weight after casting back).
-pub fn rms_norm(q: &Queue, out: &Tensor<'_>, x: &Tensor<'_>, weight: &Tensor<'_>, eps: f32) -> Result<()> {
-    let args = RmsNormArgs { out: *out, x: *x, weight: *weight, eps };
-    validate(q, &args)?;
-    dispatch!(q, RmsNorm, &args)
+pub fn rms_norm(q: &Queue, args: &RmsNormArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, RmsNorm, args)
 }
 
 fn validate(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {

@@ -5,65 +5,51 @@ use crate::{DType, OpId, Queue, Result, Tensor};
 /// Arguments of [`rope_from_cache`].
 #[derive(Clone, Copy, Debug)]
 pub struct RopeFromCacheArgs<'a> {
-    pub q: Tensor<'a>,
-    pub k: Option<Tensor<'a>>,
+    pub query: Tensor<'a>,
+    pub key: Option<Tensor<'a>>,
     pub positions: Tensor<'a>,
     pub cos_sin_cache: Tensor<'a>,
     pub is_neox: bool,
 }
 
-/// Rotates `q` `[T,Hq,R]` (and `k` `[T,Hk,R]` if given) in place by the angles of
+/// Rotates `query` `[T,Hq,R]` (and `key` `[T,Hk,R]` if given) in place by the angles of
 /// `positions[t]` from `cos_sin_cache` `[max_pos, R]` (row = `[cos(R/2) | sin(R/2)]`, f32).
 ///
-/// - `q`, `k`: the rotary slice itself (the caller slices the trailing R columns of a
+/// - `query`, `key`: the rotary slice itself (the caller slices the trailing R columns of a
 ///   head with a strided view); one float dtype; stride 1 on the last dim, any other
-///   strides. `k` may have a different head count (1 for MLA's shared k_pe). `q` and
-///   `k` must not overlap.
+///   strides. `key` may have a different head count (1 for MLA's shared k_pe). `query` and
+///   `key` must not overlap.
 /// - `positions` `[T]` i64, each in `[0, max_pos)` (checked on the CPU; GPU kernels leave
 ///   a token with an out-of-range position unrotated).
 /// - `is_neox`: pairs `(i, i + R/2)` (half split); otherwise GPT-J pairs `(2i, 2i+1)`.
 ///   Pair `i` uses `cos[i]`, `sin[i]`: `x0' = x0*cos - x1*sin`, `x1' = x1*cos + x0*sin`,
 ///   computed in f32 and rounded once.
-pub fn rope_from_cache(
-    q: &Queue,
-    query: &Tensor<'_>,
-    key: Option<&Tensor<'_>>,
-    positions: &Tensor<'_>,
-    cos_sin_cache: &Tensor<'_>,
-    is_neox: bool,
-) -> Result<()> {
-    let args = RopeFromCacheArgs {
-        q: *query,
-        k: key.copied(),
-        positions: *positions,
-        cos_sin_cache: *cos_sin_cache,
-        is_neox,
-    };
-    validate(q, &args)?;
-    dispatch!(q, RopeFromCache, &args)
+pub fn rope_from_cache(q: &Queue, args: &RopeFromCacheArgs<'_>) -> Result<()> {
+    validate(q, args)?;
+    dispatch!(q, RopeFromCache, args)
 }
 
 fn validate(queue: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
     let c = Check::new(OpId::RopeFromCache, queue.device());
-    c.float("q", &a.q, 3)?;
-    let (t, r) = (a.q.dim(0), a.q.dim(2));
-    c.unit_inner("q", &a.q)?;
-    c.output("q", &a.q)?;
+    c.float("query", &a.query, 3)?;
+    let (t, r) = (a.query.dim(0), a.query.dim(2));
+    c.unit_inner("query", &a.query)?;
+    c.output("query", &a.query)?;
     check_cache_and_positions(&c, &a.cos_sin_cache, &a.positions, r, t)?;
-    if let Some(k) = &a.k {
-        c.float("k", k, 3)?;
-        c.same_dtype("k", k, a.q.dtype())?;
-        c.dim("k", k, 0, t, "q's T")?;
-        c.dim("k", k, 2, r, "q's R")?;
-        c.unit_inner("k", k)?;
-        c.output("k", k)?;
-        c.disjoint("k", k, "q", &a.q)?;
+    if let Some(k) = &a.key {
+        c.float("key", k, 3)?;
+        c.same_dtype("key", k, a.query.dtype())?;
+        c.dim("key", k, 0, t, "query's T")?;
+        c.dim("key", k, 2, r, "query's R")?;
+        c.unit_inner("key", k)?;
+        c.output("key", k)?;
+        c.disjoint("key", k, "query", &a.query)?;
     }
-    // q and k are rotated in place: they are outputs and must not overlap the inputs.
+    // query and key are rotated in place: they are outputs and must not overlap the inputs.
     for (name, x) in [("positions", &a.positions), ("cos_sin_cache", &a.cos_sin_cache)] {
-        c.disjoint("q", &a.q, name, x)?;
-        if let Some(k) = &a.k {
-            c.disjoint("k", k, name, x)?;
+        c.disjoint("query", &a.query, name, x)?;
+        if let Some(k) = &a.key {
+            c.disjoint("key", k, name, x)?;
         }
     }
     Ok(())
