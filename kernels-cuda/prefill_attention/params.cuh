@@ -29,7 +29,7 @@ struct Params {
     float scale_log2;  // softmax scale * log2(e)
     int d;             // qk head dim
     int dv;            // v head dim
-    int pad_;
+    int order;         // sm90: 0 grid (q tiles, heads, seqs); 1 grid (heads, q tiles, seqs)
 };
 
 // One sequence's bounds, read and checked on the device. `ok` is false for bounds that are

@@ -294,8 +294,12 @@ __device__ void prefill_wgmma(const Params& p, const Maps& maps) {
     auto empty_k = [&](int s) { return sBar + 8 * (2 * STAGES + s); };
     auto empty_v = [&](int s) { return sBar + 8 * (3 * STAGES + s); };
 
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int tile = p.causal ? p.q_tiles - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    // Order 0: a head's query tiles run together (they share its K/V in L2). Order 1 (small
+    // K/V, chosen on the host): every head's tile i runs before any head's tile i - 1, so the
+    // longest causal tiles start first across the whole grid and the tail is short ones.
+    const int h = p.order ? (int)blockIdx.x : (int)blockIdx.y, b = blockIdx.z;
+    const int qt = p.order ? (int)blockIdx.y : (int)blockIdx.x;
+    const int tile = p.causal ? p.q_tiles - 1 - qt : qt;
     const Seq sq = load_seq(p, b);
     const int m0 = tile * BM;
     if (!sq.ok || m0 >= sq.lq) return;  // uniform over the CTA

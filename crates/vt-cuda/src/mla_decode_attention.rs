@@ -185,7 +185,7 @@ const fn tc_smem(mt: u32) -> u32 {
 /// slower through the TMA on the H200 (docs/perf.md). The kernel handles any BS dividing 64.
 fn tma_ok(cache: &Tensor<'_>) -> bool {
     let bs = cache.dim(1);
-    bs > 0 && bs % 64 == 0 && cache.dim(0) < i32::MAX as i64
+    bs > 0 && (bs as u64).is_multiple_of(64) && cache.dim(0) < i32::MAX as i64
 }
 
 /// The cache's tensor map: (feature, row in block, block), boxes of 64 features x

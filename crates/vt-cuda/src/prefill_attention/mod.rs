@@ -84,7 +84,8 @@ pub(crate) struct Params {
     scale_log2: f32,
     d: i32,
     dv: i32,
-    pad_: i32,
+    /// sm90 grid order (see `sm90::grid_order`).
+    order: i32,
 }
 
 // SAFETY: plain old data with the C layout of the kernel's `pf::Params` (same field order
@@ -130,7 +131,7 @@ impl Params {
             // Head dims are checked against FAST_DIMS before a tensor-core kernel is chosen.
             d: i32::try_from(a.q.dim(2)).unwrap_or(0),
             dv: i32::try_from(a.v.dim(2)).unwrap_or(0),
-            pad_: 0,
+            order: 0,
         })
     }
 }

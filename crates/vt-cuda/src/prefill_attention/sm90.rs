@@ -98,7 +98,27 @@ fn tensor_map(t: &Tensor<'_>, what: &'static str) -> Result<CUtensorMap> {
     Ok(map)
 }
 
+/// K/V bytes under which the grid runs tile-major (`order` 1): all heads' K/V stay in L2
+/// (50 MB on an H100/H200) while every head's longest causal tiles run first. Above it the
+/// CTAs of one head run together so its K/V is read from memory about once.
+const TILE_MAJOR_KV_BYTES: i64 = 40 << 20;
+
+/// The grid order for these arguments: 1 (heads fastest, longest tiles first over the whole
+/// grid) for causal attention over small K/V, else 0 (query tiles of one head together).
+/// `VT_LAB_PREFILL_ORDER=0|1` forces one (measurements in docs/perf.md).
+fn grid_order(a: &PrefillAttentionArgs<'_>) -> i32 {
+    if let Some(v) = std::env::var("VT_LAB_PREFILL_ORDER").ok().and_then(|v| v.trim().parse::<i32>().ok()) {
+        return v.clamp(0, 1);
+    }
+    let kv = a.k.dim(0).saturating_mul(a.q.dim(1)).saturating_mul(a.q.dim(2) + a.v.dim(2)).saturating_mul(2);
+    i32::from(a.causal && kv <= TILE_MAJOR_KV_BYTES)
+}
+
 pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> Result<()> {
+    let mut p = *p;
+    // Tile-major puts the query tiles on grid.y (at most 65535).
+    p.order = if p.q_tiles <= 65_535 { grid_order(a) } else { 0 };
+    let p = &p;
     let (d, dv) = (a.q.dim(2), a.v.dim(2));
     let base = base_name(d, dv)
         .ok_or_else(|| Error::invalid(OP, "q", format!("no wgmma kernel for head dims ({d}, {dv})")))?;
@@ -106,7 +126,8 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> R
     // d and dv are one of the pairs above, so the narrowing is exact.
     let smem = smem_bytes(d as u32, dv as u32);
     let f = function(cq, base, a.q.dtype(), smem)?;
-    let grid = (p.q_tiles as u32, a.q.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
+    let (tiles, heads, seqs) = (p.q_tiles as u32, a.q.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
+    let grid = if p.order == 1 { (heads, tiles, seqs) } else { (tiles, heads, seqs) };
     let mut lb = cq.stream.launch_builder(&f);
     lb.arg(p);
     lb.arg(&maps);
