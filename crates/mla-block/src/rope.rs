@@ -106,19 +106,26 @@ impl YarnRopeParams {
             Some(y) => yarn_correction_range(y, rotary_dim, self.base),
             None => (0.0, 0.0),
         };
-        Ok((0..half)
-            .map(|i| {
-                let pos_freq = self.base.powf(2.0 * i as f64 / rot);
-                let extrapolation = 1.0 / pos_freq;
-                let Some(y) = yarn else { return extrapolation };
-                let interpolation = 1.0 / (y.factor * pos_freq);
-                // The ramp runs over rotary_dim / 2 entries although the correction range
-                // was computed against rotary_dim: upstream's asymmetry, kept on purpose.
-                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
-                let mask = (1.0 - ramp) * y.extrapolation_factor;
-                interpolation * (1.0 - mask) + extrapolation * mask
-            })
-            .collect())
+        let mut out = Vec::new();
+        out.try_reserve_exact(half as usize).map_err(|e| {
+            Error::invalid(
+                "YarnRopeParams",
+                "rotary_dim",
+                format!("{half} frequencies cannot be allocated: {e}"),
+            )
+        })?;
+        out.extend((0..half).map(|i| {
+            let pos_freq = self.base.powf(2.0 * i as f64 / rot);
+            let extrapolation = 1.0 / pos_freq;
+            let Some(y) = yarn else { return extrapolation };
+            let interpolation = 1.0 / (y.factor * pos_freq);
+            // The ramp runs over rotary_dim / 2 entries although the correction range
+            // was computed against rotary_dim: upstream's asymmetry, kept on purpose.
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let mask = (1.0 - ramp) * y.extrapolation_factor;
+            interpolation * (1.0 - mask) + extrapolation * mask
+        }));
+        Ok(out)
     }
 
     /// Whether every value derived from these parameters is finite: the rotation mscale
@@ -173,7 +180,9 @@ impl YarnRopeParams {
                 ));
             }
         }
-        if rotary_dim > 0 && rotary_dim % 2 == 0 {
+        // The frequencies one by one, for any rope dim a cache could be built for (a larger
+        // one fails on the cache's size, before its entries are computed).
+        if rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= MAX_CHECKED_ROTARY_DIM {
             let inv = self.inv_freq(rotary_dim).map_err(|e| ("rope_theta", e.to_string()))?;
             let last = (rows.max(1) - 1) as f64;
             if let Some(f) = inv.iter().find(|&&f| !(f.is_finite() && (f * last).is_finite())) {
@@ -256,6 +265,9 @@ impl YarnRopeParams {
         Buffer::from_slice(queue, &[rows, rotary_dim], &cache)
     }
 }
+
+/// The largest rope dim whose frequencies [`YarnRopeParams::check_finite`] computes.
+const MAX_CHECKED_ROTARY_DIM: i64 = 1 << 20;
 
 fn check_rotary_dim(op: &'static str, rotary_dim: i64) -> Result<()> {
     if rotary_dim <= 0 || rotary_dim % 2 != 0 {

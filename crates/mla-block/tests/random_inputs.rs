@@ -1,0 +1,151 @@
+//! A bounded random-input loop over the loaders (`mla_block::loaders`), the stable-Rust
+//! stand-in for the cargo-fuzz targets in `fuzz/` (which need nightly; see
+//! `fuzz/README.md`). Valid config, checkpoint, input and schedule files are mutated (bit
+//! flips, byte overwrites, truncation, growth, header-length edits, digits replaced by
+//! huge numbers) and random bytes are added; every call must return a value or an error.
+//!
+//! Bounded: a fixed seed, `RANDOM_INPUT_CASES` inputs (default 20000) and a 20 s wall-clock
+//! cap, whichever ends first.
+
+mod common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+
+use common::{safetensors_bytes, synthetic, synthetic_checkpoint, synthetic_config_json};
+use mla_block::{loaders, HostTensor, MlaConfig, DEFAULT_LAYER_PREFIX};
+use rand::{Rng, SeedableRng};
+use vt_core::DType;
+
+fn mutate(rng: &mut impl Rng, seed: &[u8]) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    for _ in 0..rng.gen_range(1..4) {
+        match rng.gen_range(0..7) {
+            0 if !b.is_empty() => {
+                let i = rng.gen_range(0..b.len());
+                b[i] ^= 1 << rng.gen_range(0..8);
+            }
+            1 if !b.is_empty() => {
+                let i = rng.gen_range(0..b.len());
+                b[i] =
+                    *[0u8, 0xff, b'9', b'-', b'"', b'{', b'[', b'.'].get(rng.gen_range(0..8)).unwrap_or(&0);
+            }
+            2 => b.truncate(rng.gen_range(0..=b.len())),
+            3 => b.extend((0..rng.gen_range(1..64)).map(|_| rng.gen::<u8>())),
+            4 if b.len() >= 8 => {
+                // Another header length.
+                let n: u64 =
+                    *[0u64, 1, 7, u64::MAX, 1 << 40, b.len() as u64].get(rng.gen_range(0..6)).unwrap_or(&0);
+                b[..8].copy_from_slice(&n.to_le_bytes());
+            }
+            5 => {
+                // A digit run replaced by a number whose products wrap.
+                if let Some(i) = (0..b.len())
+                    .map(|_| rng.gen_range(0..b.len().max(1)))
+                    .find(|&i| b.get(i).is_some_and(u8::is_ascii_digit))
+                {
+                    let big = [
+                        "9223372036854775807",
+                        "4611686018427387904",
+                        "18446744073709551615",
+                        "0",
+                        "-1",
+                        "1e308",
+                    ];
+                    let j = (i..b.len()).find(|&j| !b[j].is_ascii_digit()).unwrap_or(b.len());
+                    let rep = big[rng.gen_range(0..big.len())].as_bytes().to_vec();
+                    b.splice(i..j, rep);
+                }
+            }
+            _ => {
+                let i = rng.gen_range(0..=b.len());
+                let j = rng.gen_range(i..=b.len());
+                let chunk: Vec<u8> = b[i..j].to_vec();
+                let k = rng.gen_range(0..=b.len());
+                b.splice(k..k, chunk);
+            }
+        }
+    }
+    b
+}
+
+#[test]
+fn loaders_return_on_random_and_mutated_inputs() {
+    let cases: usize =
+        std::env::var("RANDOM_INPUT_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let cap = Duration::from_secs(20);
+    let (cfg, host) = synthetic(false, DType::F32);
+    let config = synthetic_config_json(false).into_bytes();
+    let yarn_config = r#"{"hidden_size": 16, "num_attention_heads": 2, "q_lora_rank": 8, "kv_lora_rank": 8,
+        "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4, "max_position_embeddings": 64,
+        "rope_theta": 10000.0, "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 16}}"#
+        .as_bytes()
+        .to_vec();
+    let weights = safetensors_bytes(&synthetic_checkpoint(&host, DEFAULT_LAYER_PREFIX));
+    let hidden = HostTensor {
+        dtype: DType::F32,
+        shape: vec![2, 3, 16],
+        bytes: vt_core::encode_f64(DType::F32, &[0.25; 96]),
+    };
+    let pos = HostTensor {
+        dtype: DType::I64,
+        shape: vec![2, 3],
+        bytes: vt_core::encode_f64(DType::I64, &[0., 1., 2., 0., 1., 2.]),
+    };
+    let input = safetensors_bytes(&[("hidden_states".into(), hidden), ("positions".into(), pos)]);
+    let schedule = b"prefill:2,decode:1".to_vec();
+    let seeds = [&config, &yarn_config, &weights, &input, &schedule];
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+    let start = Instant::now();
+    let (mut done, mut accepted) = (0usize, [0usize; 4]);
+    while done < cases && start.elapsed() < cap {
+        let data = if rng.gen_range(0..8) == 0 {
+            (0..rng.gen_range(0..200)).map(|_| rng.gen::<u8>()).collect()
+        } else {
+            let seed = seeds[rng.gen_range(0..seeds.len())];
+            mutate(&mut rng, seed)
+        };
+        let t = *[3i64, 0, -1, i64::MAX].get(rng.gen_range(0..4)).unwrap_or(&3);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let c = loaders::config_from_bytes(&data);
+            if let Ok(c) = &c {
+                assert!(c.dims.validate().is_ok() && c.dims.scale.is_finite());
+            }
+            let w = loaders::weights_from_bytes(&data, &cfg, DEFAULT_LAYER_PREFIX);
+            let i = loaders::input_from_bytes(&data);
+            let s = loaders::schedule_from_bytes(&data, t);
+            let _ = mla_block::check_safetensors_header(&data, "random");
+            [c.is_ok(), w.is_ok(), i.is_ok(), s.is_ok()]
+        }));
+        match r {
+            Ok(ok) => {
+                for (a, o) in accepted.iter_mut().zip(ok) {
+                    *a += o as usize;
+                }
+            }
+            Err(_) => panic!(
+                "a loader panicked on {} bytes: {:?}",
+                data.len(),
+                String::from_utf8_lossy(&data[..data.len().min(300)])
+            ),
+        }
+        done += 1;
+    }
+    eprintln!(
+        "random inputs: {done} in {:.1} s; accepted as config {}, weights {}, input {}, schedule {}",
+        start.elapsed().as_secs_f64(),
+        accepted[0],
+        accepted[1],
+        accepted[2],
+        accepted[3]
+    );
+    assert!(done >= 200, "only {done} inputs within {cap:?}");
+    // The unmutated seeds still load (the loop is not vacuous).
+    assert!(loaders::config_from_bytes(&config).is_ok());
+    assert!(MlaConfig::from_json_str(std::str::from_utf8(&yarn_config).unwrap_or("")).is_ok());
+    assert!(loaders::weights_from_bytes(&weights, &cfg, DEFAULT_LAYER_PREFIX).is_ok());
+    assert!(loaders::input_from_bytes(&input).is_ok());
+    assert!(loaders::schedule_from_bytes(&schedule, 3).is_ok());
+}
