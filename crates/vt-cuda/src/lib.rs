@@ -25,15 +25,22 @@
 //! static SRC: KernelSource = kernel_source!("rms_norm"); // embeds kernels-cuda/rms_norm.cu
 //!
 //! pub(crate) fn run(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
-//!     let cq = CudaQueue::of(q, "RmsNorm")?;              // this backend's queue
-//!     let f = cq.function(&SRC, "rms_norm", a.x.dtype())?; // `rms_norm_bf16`, compiled once
-//!     // SAFETY: the arguments match the kernel's parameters; vt-core validated the views.
-//!     unsafe { cq.launch("RmsNorm", &f, cfg((grid, 1, 1), threads, smem), &[a.out.data_addr().into(), ...]) }
+//!     CudaQueue::of(q, OpId::RmsNorm)?.run(OpId::RmsNorm, &plan(a)?) // the one launch layer
+//! }
+//!
+//! /// Plain data, no device: what `ptx_check.rs` compares with the kernel's parameters.
+//! pub(crate) fn plan(a: &RmsNormArgs<'_>) -> Result<Vec<Launch>> {
+//!     let args: [Arg; 8] = [a.out.data_addr().into(), a.out.stride(0).into(), /* ... */];
+//!     Ok(vec![Launch::new(&SRC, "rms_norm", a.x.dtype(), (grid, 1, 1), threads, args)]) // `rms_norm_bf16`, ...
 //! }
 //! ```
 //!
 //! then add `mod rms_norm;` and a line `OpImpl::RmsNorm(Arc::new(rms_norm::run))` in
-//! [`kernel_ops`] (or name the op in [`OP_GAPS`]; a test fails on an op in neither).
+//! [`kernel_ops`] (or name the op in [`OP_GAPS`]; a test fails on an op in neither), and a
+//! sample call of `plan` in `ptx_check.rs` (a test fails on an op without one). Op files
+//! hold no `unsafe` and call no driver function: `launch.rs` does the launches (scalar and
+//! `#[repr(C)]` struct arguments, TMA descriptors, shared-memory limits, programmatic
+//! dependent launches) and the cuBLAS calls.
 //! The kernel file includes `common.cuh` (types, conversions, reductions) and defines
 //! `extern "C"` kernels `{base}_bf16`, `{base}_f16`, `{base}_f32` (`VT_FOR_EACH_FLOAT`).
 //! Kernels take element pointers of each view's first element plus explicit strides; they
@@ -47,10 +54,10 @@ pub mod graph;
 #[doc(hidden)]
 pub mod kernels;
 mod launch;
-#[cfg(test)]
-mod ptx_check;
 pub mod nccl;
 pub mod nvrtc;
+#[cfg(test)]
+mod ptx_check;
 mod queue;
 
 pub mod bench;
@@ -76,7 +83,6 @@ pub use queue::CudaQueue;
 
 pub(crate) use kernels::KernelSource;
 pub(crate) use launch::{Arg, Launch};
-pub(crate) use queue::cfg;
 
 /// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
 pub const OP_GAPS: &[OpId] = &[];

@@ -6,12 +6,11 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::{result, CudaFunction, CudaStream};
 use vt_core::{DType, Error, Queue, QueueImpl, Result, Subject};
 
 use crate::device::{drv, library_present, DeviceState, BACKEND};
 use crate::kernels::KernelSource;
-use crate::launch::Arg;
 
 /// cuBLAS's recommended workspace on Hopper; given to the handle up front so that no call
 /// allocates (a requirement of CUDA graph capture).
@@ -156,32 +155,5 @@ impl QueueImpl for CudaQueue {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-/// A launch configuration: `grid` blocks of `block` threads and `smem` bytes of dynamic
-/// shared memory. Transitional, with [`CudaQueue::launch`]: for the PrefillAttention files
-/// until their launches are plans.
-pub(crate) fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem }
-}
-
-impl CudaQueue {
-    /// Launches `f` on this queue's stream with `args` in the kernel's parameter order.
-    /// Transitional (see [`cfg`]); new code plans [`crate::Launch`]es for [`CudaQueue::run`].
-    ///
-    /// # Safety
-    /// The arguments must match the kernel's parameters in number and type, and every
-    /// address, with the sizes and strides passed beside it, must describe memory the
-    /// kernel may access (vt-core's validation guarantees this for views).
-    pub(crate) unsafe fn launch(
-        &self,
-        op: &'static str,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        args: &[Arg],
-    ) -> Result<()> {
-        self.launch_loaded(f, cfg.grid_dim, cfg.block_dim.0, args)
-            .map_err(|e| Error::backend(BACKEND, format!("{op}: {e}")))
     }
 }

@@ -4,9 +4,9 @@
 
 use vt_core::{PrefillAttentionArgs, Result};
 
-use super::{function, grid_fits, OP};
+use super::{grid_fits, kernel, OP};
 use crate::rope_from_cache::int;
-use crate::{cfg, optional_lse, view_args, Arg, CudaQueue};
+use crate::{optional_lse, view_args, Arg, CudaQueue};
 
 /// `PF_BQ`, `PF_BK` and `PF_THREADS` of the kernel file.
 const BQ: i64 = 16;
@@ -24,7 +24,6 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let tiles = (a.max_seqlen_q + BQ - 1) / BQ;
     grid_fits(tiles, n, b)?;
     let smem = smem_bytes(d, dv);
-    let f = function(cq, "prefill_attention_generic", a.q.dtype(), u32::try_from(smem).unwrap_or(u32::MAX))?;
     let views =
         [view_args(&a.out), optional_lse(a.lse.as_ref()), view_args(&a.q), view_args(&a.k), view_args(&a.v)];
     let mut args: Vec<Arg> = views.concat();
@@ -41,7 +40,7 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
         (a.causal as i32).into(),
     ]);
     let grid = (tiles as u32, n as u32, b as u32);
-    // SAFETY: the arguments follow `prefill_attention_*`'s parameters; vt-core validated the
-    // views; the kernel checks each sequence's bounds against Tq / Tk before touching rows.
-    unsafe { cq.launch(OP, &f, cfg(grid, THREADS, smem as u32), &args) }
+    // The kernel checks each sequence's bounds against Tq / Tk before touching rows.
+    let smem = u32::try_from(smem).unwrap_or(u32::MAX);
+    cq.run(OP, &[kernel("prefill_attention_generic", a.q.dtype(), grid, THREADS, smem, args)])
 }

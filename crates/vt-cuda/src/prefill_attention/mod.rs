@@ -20,15 +20,14 @@ mod generic;
 mod sm80;
 mod sm90;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg};
-use vt_core::{DType, Error, PrefillAttentionArgs, Queue, Result, Tensor};
+use vt_core::{DType, Error, OpId, PrefillAttentionArgs, Queue, Result, Tensor};
 
-use crate::device::{drv, BACKEND};
-use crate::{kernel_source, CudaQueue, KernelSource};
+use crate::device::BACKEND;
+use crate::launch::KernelStruct;
+use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 pub(crate) static SRC: KernelSource = kernel_source!("prefill_attention");
-pub(crate) const OP: &str = "PrefillAttention";
+pub(crate) const OP: OpId = OpId::PrefillAttention;
 
 /// Head dims (qk, v) the tensor-core kernels are built for: DeepSeek MLA's prefill shape,
 /// and the common non-MLA ones.
@@ -89,8 +88,10 @@ pub(crate) struct Params {
 }
 
 // SAFETY: plain old data with the C layout of the kernel's `pf::Params` (same field order
-// and types), passed by value as the only kernel parameter.
-unsafe impl DeviceRepr for Params {}
+// and types), passed by value as the kernels' first parameter. Every address in it is a view
+// vt-core validated against its allocation; the kernels check each sequence's bounds (read
+// on the device) against Tq / Tk and never index past the shapes and strides beside them.
+unsafe impl KernelStruct for Params {}
 
 impl Params {
     /// The argument block for query tiles of `tile_rows` rows.
@@ -221,38 +222,16 @@ pub fn prefill_attention_with(q: &Queue, a: &PrefillAttentionArgs<'_>, kernel: K
     Ok(chosen)
 }
 
-/// The kernel `{base}_{dtype}` with its dynamic shared-memory limit raised to `smem`
-/// (checked against the device's opt-in limit first).
-pub(crate) fn function(cq: &CudaQueue, base: &'static str, dt: DType, smem: u32) -> Result<CudaFunction> {
-    let f = cq.function(&SRC, base, dt)?;
-    if smem > 48 * 1024 {
-        let max = cq
-            .device
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(drv("shared memory limit"))?;
-        if smem as i64 > max as i64 {
-            return Err(Error::backend(
-                BACKEND,
-                format!(
-                    "{OP}: {base} needs {smem} bytes of shared memory per block, the device allows {max}"
-                ),
-            ));
-        }
-        // Not a stream operation: allowed between launches and during graph capture.
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(drv("raising the shared memory limit"))?;
-    }
-    Ok(f)
-}
-
-/// Launches a tensor-core kernel whose only parameter is `p`.
-pub(crate) fn launch(cq: &CudaQueue, f: &CudaFunction, cfg: LaunchConfig, p: &Params) -> Result<()> {
-    let mut lb = cq.stream.launch_builder(f);
-    lb.arg(p);
-    // SAFETY: `Params` is the kernel's only parameter, laid out as in params.cuh. Every
-    // address in it is a view vt-core validated against its allocation; the kernels check
-    // each sequence's bounds (read on the device) against Tq / Tk and never index past the
-    // shapes and strides beside the addresses.
-    unsafe { lb.launch(cfg) }.map(|_| ()).map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
+/// The launch of the kernel `{base}_{dtype}` with `smem` bytes of dynamic shared memory and
+/// `args`; [`CudaQueue::run`] raises the kernel's shared-memory limit (checked against the
+/// device's opt-in limit first).
+pub(crate) fn kernel(
+    base: &'static str,
+    dt: DType,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    args: Vec<Arg>,
+) -> Launch {
+    Launch::new(&SRC, base, dt, grid, block, args).with_smem(smem)
 }

@@ -5,8 +5,8 @@
 
 use vt_core::{Error, PrefillAttentionArgs, Result};
 
-use super::{function, launch, Params, OP};
-use crate::{cfg, CudaQueue};
+use super::{kernel, Params, OP};
+use crate::{Arg, CudaQueue};
 
 /// Query rows per CTA (`pf::sm80::ROWS`).
 pub(super) const TILE_ROWS: i64 = 128;
@@ -39,10 +39,9 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> R
     let (d, dv) = (a.q.dim(2), a.v.dim(2));
     let smem = smem_bytes(d, dv)
         .ok_or_else(|| Error::invalid(OP, "q", format!("no mma kernel for head dims ({d}, {dv})")))?;
-    let f = function(cq, "prefill_attention_mma", a.q.dtype(), smem)?;
     // The dispatcher checked the grid against CUDA's limits (Params::new).
     let grid = (p.q_tiles as u32, a.q.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
-    launch(cq, &f, cfg(grid, THREADS, smem), p)
+    cq.run(OP, &[kernel("prefill_attention_mma", a.q.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p)])])
 }
 
 #[cfg(test)]

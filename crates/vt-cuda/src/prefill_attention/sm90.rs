@@ -3,16 +3,11 @@
 //! drives the tensor memory accelerator (TMA) and two consumer warpgroups (384 threads),
 //! K/V tiles of 128 keys in a two-stage ring.
 
-use cudarc::driver::sys::{
-    cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
-    CUtensorMapL2promotion, CUtensorMapSwizzle,
-};
-use cudarc::driver::{DeviceRepr, PushKernelArg};
 use vt_core::{DType, Error, PrefillAttentionArgs, Result, Tensor};
 
-use super::{function, Params, OP};
-use crate::device::BACKEND;
-use crate::{cfg, CudaQueue};
+use super::{kernel, Params, OP};
+use crate::launch::TensorMapSpec;
+use crate::{Arg, CudaQueue};
 
 /// Query rows per CTA (two consumer warpgroups of 64).
 pub(super) const TILE_ROWS: i64 = 128;
@@ -35,67 +30,29 @@ fn base_name(d: i64, dv: i64) -> Option<&'static str> {
     }
 }
 
-/// `pf::sm90::Maps`: the TMA descriptors of K and V, the kernel's second parameter.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Maps {
-    k: CUtensorMap,
-    v: CUtensorMap,
-}
-
-// SAFETY: two CUtensorMap values (plain 128-byte opaque blocks, 64-byte aligned) with the
-// layout of the kernel's `Maps`, passed by value as a __grid_constant__ parameter.
-unsafe impl DeviceRepr for Maps {}
-
 /// The 3-D tensor map (dim, head, token) of a `[T, N, dim]` view, boxes of 64 columns x 1
 /// head x 128 tokens with 128-byte swizzle: the layout the kernel's wgmma descriptors read.
 /// The caller checked the view with `rows_aligned` (16-byte aligned start, strides of whole
-/// 16-byte units, T < 2^31).
-fn tensor_map(t: &Tensor<'_>, what: &'static str) -> Result<CUtensorMap> {
-    let dtype = match t.dtype() {
-        DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        DType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        other => {
-            return Err(Error::invalid(
-                OP,
-                what,
-                format!("the wgmma kernel takes bf16 or f16, not {other:?}"),
-            ))
-        }
-    };
+/// 16-byte units, T < 2^31). The maps bound every TMA read by the views' dims (rows past Tk
+/// are zero-filled).
+fn tensor_map(t: &Tensor<'_>, what: &'static str) -> Result<TensorMapSpec> {
+    if !matches!(t.dtype(), DType::BF16 | DType::F16) {
+        return Err(Error::invalid(
+            OP,
+            what,
+            format!("the wgmma kernel takes bf16 or f16, not {:?}", t.dtype()),
+        ));
+    }
     // A dim of size 1 may carry any stride; the map needs a positive multiple of 16 bytes.
     let stride_bytes = |d: usize| if t.dim(d) == 1 { 128 } else { t.stride(d) as u64 * 2 };
-    let dims = [t.dim(2) as u64, t.dim(1) as u64, t.dim(0) as u64];
-    let strides = [stride_bytes(1), stride_bytes(0)];
-    let boxes = [64u32, 1, BN];
-    let elem = [1u32, 1, 1];
-    let mut map = CUtensorMap { opaque: [0; 16] };
-    // SAFETY: every pointer refers to a live local array of the length the rank (3) implies
-    // (dims, boxes, element strides: 3; strides: 2); the driver only reads them and writes
-    // the 128-byte map. The global address is a device allocation vt-core validated.
-    let r = unsafe {
-        cuTensorMapEncodeTiled(
-            &mut map,
-            dtype,
-            3,
-            t.data_addr() as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    r.result().map_err(|e| {
-        Error::backend(
-            BACKEND,
-            format!("{OP}: encoding the TMA map of {what} (dims {dims:?}, strides {strides:?}): {e}"),
-        )
-    })?;
-    Ok(map)
+    Ok(TensorMapSpec {
+        what,
+        dtype: t.dtype(),
+        addr: t.data_addr(),
+        dims: [t.dim(2) as u64, t.dim(1) as u64, t.dim(0) as u64],
+        strides: [stride_bytes(1), stride_bytes(0)],
+        boxes: [64, 1, BN],
+    })
 }
 
 /// K/V bytes under which the grid runs tile-major (`order` 1): all heads' K/V stay in L2
@@ -122,22 +79,13 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> R
     let (d, dv) = (a.q.dim(2), a.v.dim(2));
     let base = base_name(d, dv)
         .ok_or_else(|| Error::invalid(OP, "q", format!("no wgmma kernel for head dims ({d}, {dv})")))?;
-    let maps = Maps { k: tensor_map(&a.k, "k")?, v: tensor_map(&a.v, "v")? };
+    // `pf::sm90::Maps`: the TMA descriptors of K and V, the kernel's second parameter.
+    let maps = Arg::TensorMaps(vec![tensor_map(&a.k, "k")?, tensor_map(&a.v, "v")?]);
     // d and dv are one of the pairs above, so the narrowing is exact.
     let smem = smem_bytes(d as u32, dv as u32);
-    let f = function(cq, base, a.q.dtype(), smem)?;
     let (tiles, heads, seqs) = (p.q_tiles as u32, a.q.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
     let grid = if p.order == 1 { (heads, tiles, seqs) } else { (tiles, heads, seqs) };
-    let mut lb = cq.stream.launch_builder(&f);
-    lb.arg(p);
-    lb.arg(&maps);
-    // SAFETY: (Params, Maps) are the kernel's parameters, laid out as in the kernel file.
-    // Every address is a view vt-core validated; the maps bound every TMA read by the views'
-    // dims (rows past Tk are zero-filled), and the kernel checks each sequence's bounds read
-    // on the device against Tq / Tk before touching rows.
-    unsafe { lb.launch(cfg(grid, THREADS, smem)) }
-        .map(|_| ())
-        .map_err(|e| Error::backend(BACKEND, format!("{OP}: launch: {e}")))
+    cq.run(OP, &[kernel(base, a.q.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p), maps])])
 }
 
 #[cfg(test)]
@@ -150,11 +98,5 @@ mod tests {
             assert!(smem_bytes(d as u32, dv as u32) <= 232_448, "({d}, {dv})");
             assert!(base_name(d, dv).is_some());
         }
-    }
-
-    #[test]
-    fn the_kernel_parameters_have_the_device_layout() {
-        assert_eq!(std::mem::size_of::<Maps>(), 256);
-        assert_eq!(std::mem::align_of::<Maps>(), 64);
     }
 }
