@@ -114,6 +114,9 @@ pub struct TpRun {
 
 /// `vt-mla run --tp N`: the layer split over N ranks of `kind`; `weights` is the
 /// checkpoint and the layer's name prefix in it.
+// The command's options one by one (its clap struct lives in main.rs): over clippy's default
+// argument limit, which clippy.toml no longer raises.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     kind: DeviceType,
     tp: usize,
