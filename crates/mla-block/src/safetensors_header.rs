@@ -41,7 +41,7 @@ pub fn dtype_size(name: &str) -> Option<usize> {
 /// its tensors in file order. Every error names `context`, and the tensor where one is at
 /// fault.
 pub fn check_safetensors_header(bytes: &[u8], context: &str) -> Result<Vec<SafetensorsEntry>> {
-    let err = |msg: String| Error::other(context, format!("not a valid safetensors file: {msg}"));
+    let err = |msg: String| Error::other(context, format!("not a safetensors file: {msg}"));
     let Some(len) = bytes.get(..8) else {
         return Err(err(format!("{} bytes, shorter than the 8-byte header length", bytes.len())));
     };
@@ -153,5 +153,5 @@ pub fn check_safetensors_header(bytes: &[u8], context: &str) -> Result<Vec<Safet
 pub fn deserialize_safetensors<'a>(bytes: &'a [u8], context: &str) -> Result<safetensors::SafeTensors<'a>> {
     check_safetensors_header(bytes, context)?;
     safetensors::SafeTensors::deserialize(bytes)
-        .map_err(|e| Error::other(context, format!("not a valid safetensors file: {e}")))
+        .map_err(|e| Error::other(context, format!("not a safetensors file: {e}")))
 }
