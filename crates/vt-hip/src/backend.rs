@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use vt_core::{Backend, DeviceType, Queue, QueueImpl, Result};
+use vt_core::{Backend, DeviceType, Error, OpId, Queue, QueueImpl, Result};
 
 use crate::compile;
 use crate::driver::{err, BlasHandle, DeviceInfo, Function, Module, Runtime, Stream};
@@ -112,8 +112,8 @@ pub struct HipQueue {
 
 impl HipQueue {
     /// The HIP queue behind a vt-core queue (errors if it is another backend's).
-    pub(crate) fn of<'q>(op: &'static str, q: &'q Queue) -> Result<&'q HipQueue> {
-        q.downcast::<HipQueue>().ok_or_else(|| err(format!("{op}: the queue is not a HIP queue")))
+    pub(crate) fn of(op: OpId, q: &Queue) -> Result<&HipQueue> {
+        q.downcast::<HipQueue>().ok_or_else(|| Error::op_failed(op, "hip", "the queue is not a HIP queue"))
     }
 
     /// Whether GEMMs can go to rocBLAS.

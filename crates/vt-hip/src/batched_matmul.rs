@@ -1,7 +1,7 @@
 //! BatchedMatmul: one rocBLAS strided batched GEMM when every matrix has a unit stride in
 //! one of its last two dims, else kernels-hip/batched_matmul.hip (any strides).
 
-use vt_core::{BatchedMatmulArgs, Queue, Result, Tensor};
+use vt_core::{BatchedMatmulArgs, OpId, Queue, Result, Tensor};
 
 use crate::backend::HipQueue;
 use crate::gemm::{self, Operand};
@@ -17,6 +17,6 @@ pub(crate) fn plan(a: &BatchedMatmulArgs<'_>, blas: bool) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &BatchedMatmulArgs<'_>) -> Result<()> {
-    let hq = HipQueue::of("BatchedMatmul", q)?;
+    let hq = HipQueue::of(OpId::BatchedMatmul, q)?;
     hq.run(&plan(a, hq.has_blas())?)
 }

@@ -1,6 +1,6 @@
 //! ConcatAndCacheMla: kernels-hip/concat_and_cache_mla.hip, one block per token.
 
-use vt_core::{ConcatAndCacheMlaArgs, Queue, Result};
+use vt_core::{ConcatAndCacheMlaArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
@@ -21,5 +21,5 @@ pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
-    HipQueue::of("ConcatAndCacheMla", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::ConcatAndCacheMla, q)?.run(&plan(a)?)
 }

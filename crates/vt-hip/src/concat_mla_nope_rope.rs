@@ -1,7 +1,7 @@
 //! ConcatMlaNopeRope: kernels-hip/concat_mla_nope_rope.hip, one block per (token, head);
 //! a one-head rope is broadcast by giving the kernel a head stride of 0.
 
-use vt_core::{ConcatMlaNopeRopeArgs, Queue, Result};
+use vt_core::{ConcatMlaNopeRopeArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
@@ -26,7 +26,7 @@ pub(crate) fn plan(a: &ConcatMlaNopeRopeArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &ConcatMlaNopeRopeArgs<'_>) -> Result<()> {
-    HipQueue::of("ConcatMlaNopeRope", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::ConcatMlaNopeRope, q)?.run(&plan(a)?)
 }
 
 #[cfg(test)]

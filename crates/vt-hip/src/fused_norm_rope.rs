@@ -1,7 +1,7 @@
 //! FusedNormRope: kernels-hip/fused_norm_rope.hip, one block per row (the same block size
 //! and helpers as RmsNorm and RopeFromCache, hence bit-identical to them).
 
-use vt_core::{FusedNormRopeArgs, Queue, Result};
+use vt_core::{FusedNormRopeArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
@@ -28,5 +28,5 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
-    HipQueue::of("FusedNormRope", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::FusedNormRope, q)?.run(&plan(a)?)
 }

@@ -1,6 +1,6 @@
 //! GatherMlaCache: kernels-hip/gather_mla_cache.hip, one block per workspace row.
 
-use vt_core::{GatherMlaCacheArgs, Queue, Result};
+use vt_core::{GatherMlaCacheArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
@@ -23,5 +23,5 @@ pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
-    HipQueue::of("GatherMlaCache", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::GatherMlaCache, q)?.run(&plan(a)?)
 }

@@ -1,7 +1,7 @@
 //! MatmulBT: one rocBLAS GEMM (`out^T = b . a^T` in column-major terms), or the
 //! batched_matmul kernel as a batch of one with `b` seen transposed when rocBLAS is absent.
 
-use vt_core::{MatmulBTArgs, Queue, Result};
+use vt_core::{MatmulBTArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::gemm::{self, Operand};
@@ -17,6 +17,6 @@ pub(crate) fn plan(a: &MatmulBTArgs<'_>, blas: bool) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &MatmulBTArgs<'_>) -> Result<()> {
-    let hq = HipQueue::of("MatmulBT", q)?;
+    let hq = HipQueue::of(OpId::MatmulBT, q)?;
     hq.run(&plan(a, hq.has_blas())?)
 }

@@ -1,6 +1,6 @@
 //! MergeAttnStates: kernels-hip/merge_attn_states.hip, one block per (token, head).
 
-use vt_core::{MergeAttnStatesArgs, Queue, Result};
+use vt_core::{MergeAttnStatesArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
@@ -25,5 +25,5 @@ pub(crate) fn plan(a: &MergeAttnStatesArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &MergeAttnStatesArgs<'_>) -> Result<()> {
-    HipQueue::of("MergeAttnStates", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::MergeAttnStates, q)?.run(&plan(a)?)
 }

@@ -1,16 +1,16 @@
 //! MlaDecodeAttention: kernels-hip/mla_decode_attention.hip, one block per query row
 //! (any head count, any block size including 1), online softmax over key tiles.
 
-use vt_core::{Error, MlaDecodeAttentionArgs, Queue, Result};
+use vt_core::{Error, MlaDecodeAttentionArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step, KEY_TILE, MAX_SHARED_BYTES};
 
-const OP: &str = "MlaDecodeAttention";
+const OP: OpId = OpId::MlaDecodeAttention;
 
 /// Dynamic shared memory of the attention kernels (`VT_ATTN_SMEM_FLOATS` in attention.h),
 /// or an error naming `arg` when the head dims do not fit in one block's shared memory.
-pub(crate) fn attention_shared_bytes(op: &'static str, arg: &'static str, d: i64, dv: i64) -> Result<u32> {
+pub(crate) fn attention_shared_bytes(op: OpId, arg: &'static str, d: i64, dv: i64) -> Result<u32> {
     let bytes = (d + dv + KEY_TILE) * 4;
     // Static shared memory of the kernels is a few bytes; keep a margin for it.
     if bytes > MAX_SHARED_BYTES - 256 {

@@ -1,13 +1,13 @@
 //! PrefillAttention: kernels-hip/prefill_attention.hip, one block per (sequence, query row
 //! up to max_seqlen_q, head), online softmax over key tiles.
 
-use vt_core::{PrefillAttentionArgs, Queue, Result};
+use vt_core::{OpId, PrefillAttentionArgs, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
 use crate::mla_decode_attention::attention_shared_bytes;
 
-const OP: &str = "PrefillAttention";
+const OP: OpId = OpId::PrefillAttention;
 
 pub(crate) fn plan(a: &PrefillAttentionArgs<'_>) -> Result<Vec<Step>> {
     let (tq, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2));

@@ -1,6 +1,6 @@
 //! RmsNorm: kernels-hip/rms_norm.hip, one block per row.
 
-use vt_core::{Queue, Result, RmsNormArgs};
+use vt_core::{OpId, Queue, Result, RmsNormArgs};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
@@ -20,5 +20,5 @@ pub(crate) fn plan(a: &RmsNormArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &RmsNormArgs<'_>) -> Result<()> {
-    HipQueue::of("RmsNorm", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::RmsNorm, q)?.run(&plan(a)?)
 }

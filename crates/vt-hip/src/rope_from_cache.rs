@@ -1,7 +1,7 @@
 //! RopeFromCache: kernels-hip/rope_from_cache.hip, one thread per rotary pair; one launch
 //! for q and one for k.
 
-use vt_core::{Queue, Result, RopeFromCacheArgs, Tensor};
+use vt_core::{OpId, Queue, Result, RopeFromCacheArgs, Tensor};
 
 use crate::backend::HipQueue;
 use crate::launch::{blocks_for_threads, kernels, KernelArgs, Launch, Step};
@@ -34,5 +34,5 @@ pub(crate) fn plan(a: &RopeFromCacheArgs<'_>) -> Result<Vec<Step>> {
 }
 
 pub(crate) fn run(q: &Queue, a: &RopeFromCacheArgs<'_>) -> Result<()> {
-    HipQueue::of("RopeFromCache", q)?.run(&plan(a)?)
+    HipQueue::of(OpId::RopeFromCache, q)?.run(&plan(a)?)
 }
