@@ -337,6 +337,18 @@ impl<'a> RawTensor<'a> {
     }
 }
 
+impl std::fmt::Debug for RawTensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawTensor(`{}` {:?} {:?} in {})", self.name, self.dtype, self.shape, self.file.display())
+    }
+}
+
+impl std::fmt::Debug for WeightSource<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WeightSource({:?}{})", self.raw, if self.is_fp8() { ", fp8 block scales" } else { "" })
+    }
+}
+
 /// The vt dtype of a stored safetensors dtype, if vt has it.
 pub fn vt_dtype(d: StDtype) -> Option<DType> {
     match d {

@@ -1,8 +1,8 @@
 //! `vt-mla`: the MLA block from the command line (see docs/mla.md and `vt-mla --help`).
 //!
 //! ```text
-//! vt-mla run --config C.json --weights W.safetensors --input IN.safetensors --output OUT.safetensors
-//!            [--layer-prefix P] [--backend auto|cpu|cuda|hip] [--schedule prefill:N,decode:N,...]
+//! vt-mla run --config C.json --weights W.safetensors|INDEX.json|DIR --input IN.safetensors --output OUT.safetensors
+//!            [--layer N | --layer-prefix P] [--backend auto|cpu|cuda|hip] [--schedule prefill:N,decode:N,...]
 //!            [--block-size 64] [--tp N [--transport auto|host|nccl]]
 //! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|small] ... (decode-step time per TP)
 //! vt-mla bench-prefill [--tokens 1024,4096,8192] [--context C] [--peer FILE] ... (prefill forward, per op)
@@ -20,7 +20,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mla_block::runner::{positions_or_default, run_schedule_with_progress, RunOptions, Schedule};
-use mla_block::{missing_ops, HostTensor, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use mla_block::{
+    layer_prefix, missing_ops, Checkpoint, HostTensor, MlaBlock, MlaConfig, MlaWeightStore,
+    DEFAULT_LAYER_PREFIX,
+};
 use safetensors::Dtype as StDtype;
 use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
 
@@ -73,12 +76,18 @@ struct RunArgs {
     /// The model's Hugging Face `config.json`.
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    /// A safetensors checkpoint with the layer's attention weights.
-    #[arg(long, value_name = "FILE")]
+    /// The checkpoint: a `.safetensors` file, a `model.safetensors.index.json`, or a
+    /// directory holding one (shards are memory-mapped; fp8 block-scaled weights are
+    /// dequantized to the input's dtype).
+    #[arg(long, value_name = "PATH")]
     weights: PathBuf,
-    /// The name prefix of the layer's weights in the checkpoint.
-    #[arg(long, value_name = "PREFIX", default_value = DEFAULT_LAYER_PREFIX)]
-    layer_prefix: String,
+    /// The layer to run: its weights are `model.layers.N.self_attn.*` (default 0).
+    #[arg(long, value_name = "N", conflicts_with = "layer_prefix")]
+    layer: Option<usize>,
+    /// The name prefix of the layer's weights, for other layouts
+    /// (default `model.layers.0.self_attn.`).
+    #[arg(long, value_name = "PREFIX")]
+    layer_prefix: Option<String>,
     /// Input safetensors file: `hidden_states` [S, T, H] (f32/bf16/f16) and optionally
     /// `positions` [S, T] (default 0..T).
     #[arg(long, value_name = "FILE")]
@@ -277,12 +286,17 @@ fn run(a: &RunArgs) -> Result<()> {
         }
         e => e,
     };
+    let prefix = match (a.layer, &a.layer_prefix) {
+        (Some(n), _) => layer_prefix(n),
+        (None, Some(p)) => p.clone(),
+        (None, None) => DEFAULT_LAYER_PREFIX.to_string(),
+    };
     let (out, stats, fused, ranks) = match a.tp {
         None => {
             let queue = Queue::new(Device::new(kind, 0))?;
-            let host = progress::load_weights(&a.weights, &cfg.dims, &a.layer_prefix, hidden.dtype)?;
-            let store = progress::stage(format!("uploading the weights to {kind}"), || {
-                MlaWeightStore::from_host(&queue, &cfg, &host)
+            let ckpt = Checkpoint::open(&a.weights)?;
+            let store = progress::stage(format!("loading the weights `{prefix}*` into {kind}"), || {
+                MlaWeightStore::from_checkpoint(&queue, &cfg, &ckpt, &prefix, Some(hidden.dtype))
             })?;
             let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
             let forwards = schedule.forwards().count();
@@ -307,7 +321,7 @@ fn run(a: &RunArgs) -> Result<()> {
                 n,
                 transport,
                 &cfg,
-                (&a.weights, &a.layer_prefix),
+                (&a.weights, &prefix),
                 &hidden,
                 &positions,
                 &schedule,

@@ -1,13 +1,13 @@
 //! Progress on a terminal (indicatif), quiet otherwise: every bar here is hidden when
 //! stderr is not a terminal, so logs and test output stay clean.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use mla_block::{HostWeights, MlaBlockDims};
-use vt_core::{DType, Error, Result};
+use mla_block::{Checkpoint, HostWeights, MlaBlockDims};
+use vt_core::{DType, Result};
 
 fn on_terminal() -> bool {
     std::io::stderr().is_terminal()
@@ -52,18 +52,12 @@ pub fn forwards(total: usize) -> ProgressBar {
     bar(total as u64, "forwards [{bar:40}] {pos}/{len} ({elapsed}, eta {eta})")
 }
 
-/// Reads a safetensors checkpoint (a bar over its bytes) and decodes the layer's
-/// `"{prefix}{name}.weight"` tensors in `dtype` (see `HostWeights::from_safetensors_bytes`).
+/// Reads the layer `"{prefix}{name}.weight"` of a checkpoint (a file, an index or a
+/// directory; mapped, fp8 dequantized) into host tensors in `dtype`, for the ranks of a
+/// tensor-parallel run to split (see `HostWeights::from_checkpoint`).
 pub fn load_weights(path: &Path, dims: &MlaBlockDims, prefix: &str, dtype: DType) -> Result<HostWeights> {
-    let ctx = path.display().to_string();
-    let cannot = |e: std::io::Error| Error::other(ctx.clone(), format!("cannot read: {e}"));
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let len = file.metadata().map_err(cannot)?.len();
-    let pb = bar(len, "reading weights [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})");
-    let mut bytes = Vec::with_capacity(len as usize);
-    pb.wrap_read(file).read_to_end(&mut bytes).map_err(cannot)?;
-    pb.finish_and_clear();
-    stage("decoding the weights", || {
-        HostWeights::from_safetensors_bytes(&bytes, dims, prefix, Some(dtype), &ctx)
+    let ckpt = Checkpoint::open(path)?;
+    stage(format!("reading the weights `{prefix}*`"), || {
+        HostWeights::from_checkpoint(&ckpt, dims, prefix, Some(dtype))
     })
 }

@@ -115,7 +115,7 @@ fn run_rejects_a_schedule_that_does_not_sum_to_t_and_bad_arguments() {
         usage_error(&o, want, &format!("run {extra:?}"));
     }
     let o = vt_mla().args(["run", "--config", "x.json"]).output().unwrap();
-    usage_error(&o, "--weights <FILE>", "run without --weights");
+    usage_error(&o, "--weights <PATH>", "run without --weights");
     let o = vt_mla().arg("frob").output().unwrap();
     usage_error(&o, "unrecognized subcommand 'frob'", "frob");
     let o = vt_mla().output().unwrap();
@@ -173,4 +173,64 @@ fn info_lists_backends_devices_and_registered_ops() {
     assert!(text.contains("VT_MLA_FUSED_NORM_ROPE="));
     assert!(text.contains("MLA block: runs here (fused and split norm+rope paths)"), "{text}");
     assert!(text.contains("--backend auto runs the MLA block on:"), "{text}");
+}
+
+/// `vt-mla run` on the published layouts (issue 14): a sharded directory, its index file
+/// and `--layer N`, and an fp8 block-quantized checkpoint; fixtures from
+/// `tools/fixtures/checkpoints.py golden`.
+#[test]
+fn run_takes_sharded_and_fp8_checkpoints_and_a_layer_number() {
+    let name = "qlora_yarn_neox_bf16";
+    let Some(dir) = golden_case(name) else { return };
+    let fx = dir.join("../../fixtures/checkpoints").join(name);
+    let run = |weights: &std::path::Path, config: &std::path::Path, extra: &[&str], out: &str| {
+        let out = tmp(out);
+        let o = vt_mla()
+            .args(["run", "--backend", "cpu", "--schedule", "prefill:7,decode:25"])
+            .arg("--config")
+            .arg(config)
+            .arg("--weights")
+            .arg(weights)
+            .arg("--input")
+            .arg(dir.join("input.safetensors"))
+            .arg("--output")
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap();
+        (o, out)
+    };
+    let cfg = dir.join("config.json");
+    let (o, single) = run(&dir.join("weights.safetensors"), &cfg, &[], "ck_single.safetensors");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let single = read_out(&single);
+    let sharded = fx.join("sharded");
+    for (weights, extra) in
+        [(sharded.clone(), vec![]), (sharded.join("model.safetensors.index.json"), vec!["--layer", "0"])]
+    {
+        let (o, out) = run(&weights, &cfg, &extra, "ck_sharded.safetensors");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(read_out(&out).bytes, single.bytes, "{} {extra:?}", weights.display());
+    }
+    // Layer 1 of the fixture is the halved decoy: it runs, and gives another output.
+    let (o, out) = run(&sharded, &cfg, &["--layer", "1"], "ck_layer1.safetensors");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ne!(read_out(&out).bytes, single.bytes);
+    let (o, _) = run(&sharded, &cfg, &["--layer", "9"], "ck_layer9.safetensors");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("missing tensor `model.layers.9.self_attn."), "{err}");
+    let (o, _) = run(&sharded, &cfg, &["--layer", "1", "--layer-prefix", "x."], "ck_both.safetensors");
+    assert_eq!(o.status.code(), Some(2), "--layer and --layer-prefix together are a usage error");
+    // fp8: the same bits as the script's dequantized weights, within fp8 error of the golden.
+    let fp8 = fx.join("fp8");
+    let (o, a) = run(&fp8.join("weights.safetensors"), &fp8.join("config.json"), &[], "ck_fp8.safetensors");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (o, b) =
+        run(&fp8.join("dequantized.safetensors"), &fp8.join("config.json"), &[], "ck_deq.safetensors");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (a, b) = (read_out(&a), read_out(&b));
+    assert_eq!(a.bytes, b.bytes);
+    let err = Case::load(&dir).rel_err(&a);
+    assert!(err <= 0.1, "fp8 vs transformers on the unquantized weights: {err}");
 }
