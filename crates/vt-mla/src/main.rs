@@ -266,7 +266,7 @@ fn run(a: &RunArgs) -> Result<()> {
         if i64::try_from(n).map_or(true, |n| n > heads || heads % n != 0) {
             return Err(Error::other(
                 format!("--tp {n}"),
-                format!("the config's {heads} attention heads do not split evenly over {n} ranks"),
+                format!("num_attention_heads = {heads} is not divisible by tp = {n} (each rank takes whole heads)"),
             ));
         }
     }
