@@ -1,5 +1,8 @@
-//! A paged latent KV cache for one layer: device memory `[num_blocks, block_size, L+R]`,
-//! a free list of blocks, and per-sequence block tables.
+//! A paged latent KV cache: a [`BlockAllocator`] (free list of blocks, per-sequence block
+//! tables and lengths: host state) and device memory for it, either one layer's
+//! `[num_blocks, block_size, L+R]` ([`PagedKvCache`]) or every layer's
+//! `[layers, num_blocks, block_size, L+R]` under one allocator ([`LayeredKvCache`], what an
+//! engine running a whole model uses: one plan per step serves every layer).
 //!
 //! Token `j` of a sequence lives in block `table[j / block_size]`, row `j % block_size`,
 //! i.e. at slot `table[j / bs] * bs + j % bs`, which is what `ConcatAndCacheMla` writes
@@ -20,22 +23,175 @@ struct SeqState {
     len: i64,
 }
 
-/// One layer's paged MLA cache and its block allocator.
-pub struct PagedKvCache {
-    buffer: Buffer,
+/// Blocks, sequences, block tables and slots: the host side of a paged cache, owned once
+/// and shared by every layer (each layer's cache memory has the same block layout).
+#[derive(Clone, Debug)]
+pub struct BlockAllocator {
     num_blocks: i64,
     block_size: i64,
-    row_dim: i64,
     /// Free block ids; popped from the end, so blocks are handed out in ascending order.
     free: Vec<i32>,
     seqs: Vec<Option<SeqState>>,
+}
+
+/// One layer's paged MLA cache and its block allocator.
+pub struct PagedKvCache {
+    buffer: Buffer,
+    row_dim: i64,
+    alloc: BlockAllocator,
+}
+
+impl std::ops::Deref for PagedKvCache {
+    type Target = BlockAllocator;
+    fn deref(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+}
+
+impl std::ops::DerefMut for PagedKvCache {
+    fn deref_mut(&mut self) -> &mut BlockAllocator {
+        &mut self.alloc
+    }
+}
+
+impl AsMut<BlockAllocator> for PagedKvCache {
+    fn as_mut(&mut self) -> &mut BlockAllocator {
+        &mut self.alloc
+    }
+}
+
+impl AsMut<BlockAllocator> for BlockAllocator {
+    fn as_mut(&mut self) -> &mut BlockAllocator {
+        self
+    }
 }
 
 impl PagedKvCache {
     /// A cache of `num_blocks` blocks of `block_size` rows of `row_dim` (= L+R) elements.
     /// The memory starts as NaN so a read of a row that was never written shows up.
     pub fn new(queue: &Queue, dtype: DType, num_blocks: i64, block_size: i64, row_dim: i64) -> Result<Self> {
-        for (name, v) in [("num_blocks", num_blocks), ("block_size", block_size), ("row_dim", row_dim)] {
+        let alloc = BlockAllocator::new(num_blocks, block_size)?;
+        if row_dim <= 0 {
+            return Err(Error::invalid(OP, "row_dim", format!("must be > 0, got {row_dim}")));
+        }
+        if !dtype.is_compute_float() {
+            return Err(Error::invalid(OP, "dtype", format!("{dtype} is not bf16/f16/f32")));
+        }
+        let buffer = Buffer::nan(queue, dtype, &[num_blocks, block_size, row_dim])?;
+        Ok(PagedKvCache { buffer, row_dim, alloc })
+    }
+
+    /// The cache memory as `[num_blocks, block_size, row_dim]`.
+    pub fn view(&self) -> Tensor<'_> {
+        self.buffer.view()
+    }
+
+    pub fn row_dim(&self) -> i64 {
+        self.row_dim
+    }
+
+    /// The block allocator (also reachable through `Deref`).
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+}
+
+/// Every layer's paged MLA cache, `[layers, num_blocks, block_size, row_dim]` in one
+/// buffer, under one [`BlockAllocator`]: a sequence's blocks hold its tokens in every layer,
+/// so one [`crate::MlaBatchMetadata`] plan per step (slots, block tables) serves all layers.
+pub struct LayeredKvCache {
+    buffer: Buffer,
+    layers: i64,
+    row_dim: i64,
+    alloc: BlockAllocator,
+}
+
+impl LayeredKvCache {
+    /// `layers` caches of `num_blocks` blocks of `block_size` rows of `row_dim` (= L+R)
+    /// elements, NaN-filled.
+    pub fn new(
+        queue: &Queue,
+        dtype: DType,
+        layers: i64,
+        num_blocks: i64,
+        block_size: i64,
+        row_dim: i64,
+    ) -> Result<Self> {
+        let alloc = BlockAllocator::new(num_blocks, block_size)?;
+        for (name, v) in [("layers", layers), ("row_dim", row_dim)] {
+            if v <= 0 {
+                return Err(Error::invalid("LayeredKvCache", name, format!("must be > 0, got {v}")));
+            }
+        }
+        if !dtype.is_compute_float() {
+            return Err(Error::invalid("LayeredKvCache", "dtype", format!("{dtype} is not bf16/f16/f32")));
+        }
+        let bytes = [layers, num_blocks, block_size, row_dim, dtype.size_of() as i64]
+            .iter()
+            .try_fold(1i64, |a, &x| a.checked_mul(x));
+        if bytes.is_none() {
+            return Err(Error::invalid(
+                "LayeredKvCache",
+                "num_blocks",
+                format!("{layers} layers x {num_blocks} blocks x {block_size} x {row_dim} {dtype} overflow i64 bytes"),
+            ));
+        }
+        let buffer = Buffer::nan(queue, dtype, &[layers, num_blocks, block_size, row_dim])?;
+        Ok(LayeredKvCache { buffer, layers, row_dim, alloc })
+    }
+
+    pub fn num_layers(&self) -> i64 {
+        self.layers
+    }
+    pub fn row_dim(&self) -> i64 {
+        self.row_dim
+    }
+
+    /// Layer `i`'s cache `[num_blocks, block_size, row_dim]` (a view, no copy).
+    pub fn layer(&self, i: i64) -> Result<Tensor<'_>> {
+        if i < 0 || i >= self.layers {
+            return Err(Error::invalid(
+                "LayeredKvCache",
+                "layer",
+                format!("{i} is outside 0..{}", self.layers),
+            ));
+        }
+        self.buffer.view().select(0, i)
+    }
+
+    /// The whole cache `[layers, num_blocks, block_size, row_dim]`.
+    pub fn view(&self) -> Tensor<'_> {
+        self.buffer.view()
+    }
+
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+}
+
+impl std::ops::Deref for LayeredKvCache {
+    type Target = BlockAllocator;
+    fn deref(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+}
+
+impl std::ops::DerefMut for LayeredKvCache {
+    fn deref_mut(&mut self) -> &mut BlockAllocator {
+        &mut self.alloc
+    }
+}
+
+impl AsMut<BlockAllocator> for LayeredKvCache {
+    fn as_mut(&mut self) -> &mut BlockAllocator {
+        &mut self.alloc
+    }
+}
+
+impl BlockAllocator {
+    /// `num_blocks` free blocks of `block_size` tokens.
+    pub fn new(num_blocks: i64, block_size: i64) -> Result<Self> {
+        for (name, v) in [("num_blocks", num_blocks), ("block_size", block_size)] {
             if v <= 0 {
                 return Err(Error::invalid(OP, name, format!("must be > 0, got {v}")));
             }
@@ -47,23 +203,12 @@ impl PagedKvCache {
                 format!("{num_blocks} does not fit block ids (i32)"),
             ));
         }
-        if !dtype.is_compute_float() {
-            return Err(Error::invalid(OP, "dtype", format!("{dtype} is not bf16/f16/f32")));
-        }
-        let buffer = Buffer::nan(queue, dtype, &[num_blocks, block_size, row_dim])?;
-        Ok(PagedKvCache {
-            buffer,
+        Ok(BlockAllocator {
             num_blocks,
             block_size,
-            row_dim,
             free: (0..num_blocks as i32).rev().collect(),
             seqs: Vec::new(),
         })
-    }
-
-    /// The cache memory as `[num_blocks, block_size, row_dim]`.
-    pub fn view(&self) -> Tensor<'_> {
-        self.buffer.view()
     }
 
     pub fn block_size(&self) -> i64 {
@@ -71,9 +216,6 @@ impl PagedKvCache {
     }
     pub fn num_blocks(&self) -> i64 {
         self.num_blocks
-    }
-    pub fn row_dim(&self) -> i64 {
-        self.row_dim
     }
     pub fn free_blocks(&self) -> i64 {
         self.free.len() as i64

@@ -19,6 +19,7 @@ pub mod checkpoint;
 mod config;
 mod dims;
 mod kv_cache;
+pub mod layers;
 pub mod loaders;
 mod metadata;
 mod rope;
@@ -32,7 +33,7 @@ pub use block::{missing_ops, MlaBlock, REQUIRED_OPS};
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use dims::MlaBlockDims;
-pub use kv_cache::{PagedKvCache, SeqId};
+pub use kv_cache::{BlockAllocator, LayeredKvCache, PagedKvCache, SeqId};
 pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};
 pub use rope::{
     mla_attention_scale, yarn_correction_range, yarn_find_correction_dim, yarn_get_mscale, YarnRopeParams,

@@ -8,7 +8,9 @@
 
 use vt_core::{Error, Result};
 
-use crate::kv_cache::{PagedKvCache, SeqId};
+use crate::kv_cache::{BlockAllocator, SeqId};
+#[cfg(doc)]
+use crate::kv_cache::PagedKvCache;
 
 const OP: &str = "MlaBatchMetadata";
 
@@ -91,12 +93,16 @@ impl MlaBatchMetadata {
     /// Errors, leaving the cache unchanged: a decode entry after a prefill entry or with
     /// other than one token, an empty prefill entry, a sequence listed twice, too few free
     /// blocks, or a workspace smaller than one row per sequence with context.
-    pub fn plan(
+    ///
+    /// `cache` is a [`PagedKvCache`], a [`crate::LayeredKvCache`] (one plan for every layer)
+    /// or a bare [`BlockAllocator`].
+    pub fn plan<A: AsMut<BlockAllocator>>(
         &mut self,
-        cache: &mut PagedKvCache,
+        cache: &mut A,
         seqs: &[StepSeq<'_>],
         chunk_workspace_tokens: i64,
     ) -> Result<()> {
+        let cache = cache.as_mut();
         // Check everything before touching the cache so a failed plan changes nothing.
         let mut seen_prefill = false;
         let mut need_blocks = 0;

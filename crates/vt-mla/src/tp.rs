@@ -3,13 +3,14 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
+use mla_block::layers::bench_decode_layers;
 use mla_block::runner::{RunOptions, RunStats, Schedule};
 use mla_block::tp::{
     bench_decode, device_count, run_schedule_tp_with_progress, DecodeBenchOptions, RandomLayerSpec, TpGroup,
     TpModel, Transport,
 };
-use mla_block::{HostTensor, MlaConfig};
-use vt_core::{DType, DeviceType, Error, Result};
+use mla_block::{HostTensor, MlaBlock, MlaConfig, MlaWeightStore};
+use vt_core::{DType, Device, DeviceType, Error, Queue, Result};
 
 use crate::{positive_i64, positive_usize, progress, BackendArg};
 
@@ -85,6 +86,11 @@ pub struct BenchArgs {
     /// Seed of the random layer and inputs.
     #[arg(long, value_name = "N", default_value_t = 0)]
     seed: u64,
+    /// Time an N-layer decode step instead: N random layers on one device sharing one cache
+    /// allocator and one metadata plan per step, layer i's output feeding layer i+1
+    /// (attention only: no MoE/MLP; `--tp` does not apply).
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    layers: Option<usize>,
 }
 
 /// `--tp N` asked for devices of a backend that is not there: say how many were found.
@@ -172,6 +178,9 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
     let seed = a.seed;
     let most = a.tp.iter().copied().max().unwrap_or(1);
     let kind = pick(a.backend).map_err(|e| no_devices(most, a.backend, e))?;
+    if let Some(n) = a.layers {
+        return bench_layers(a, kind, layer_name, spec, dtype, n, &o);
+    }
     let (cfg, weights) = progress::stage("making the random layer", || spec.layer(dtype, seed))?;
     println!(
         "vt-mla bench: decode step of a random {layer_name} MLA layer ({dtype}; hidden {}, {} heads, q_lora {}, \
@@ -233,5 +242,64 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
             format!("{failed} of {} tensor-parallel sizes could not run", a.tp.len()),
         ));
     }
+    Ok(())
+}
+
+/// `vt-mla bench --layers N`: an N-layer decode step on one device of `kind`.
+fn bench_layers(
+    a: &BenchArgs,
+    kind: DeviceType,
+    layer_name: &str,
+    spec: RandomLayerSpec,
+    dtype: DType,
+    n: usize,
+    o: &DecodeBenchOptions,
+) -> Result<()> {
+    let q = Queue::new(Device::new(kind, 0))?;
+    let mut stores = Vec::with_capacity(n);
+    let mut cfg = None;
+    let bar = progress::spinner(format!("making and uploading {n} random {layer_name} layers"));
+    for i in 0..n {
+        let (c, w) = spec.layer(dtype, a.seed.wrapping_add(i as u64))?;
+        stores.push(MlaWeightStore::from_host(&q, &c, &w)?);
+        cfg = Some(c);
+    }
+    bar.finish_and_clear();
+    let Some(cfg) = cfg else {
+        return Err(Error::invalid("vt-mla bench", "layers", "must be > 0"));
+    };
+    let blocks = stores
+        .iter()
+        .map(|s| MlaBlock::new(cfg.dims, s.views(), cfg.rope.is_neox))
+        .collect::<Result<Vec<_>>>()?;
+    let d = cfg.dims;
+    println!(
+        "vt-mla bench: decode step of {n} random {layer_name} MLA layers ({dtype}; hidden {}, {} heads, q_lora {}, kv_lora {}, \
+         rope {}, nope {}, v {}) on {kind}:0, {} norm+rope",
+        d.hidden_size,
+        d.num_heads,
+        d.q_lora_rank,
+        d.kv_lora_rank,
+        d.qk_rope_head_dim,
+        d.qk_nope_head_dim,
+        d.v_head_dim,
+        if blocks[0].uses_fused_norm_rope() { "fused" } else { "split" }
+    );
+    println!(
+        "attention only: layer i's output is layer i+1's input (no MoE, MLP, norms or residuals between them); one \
+         cache allocator [{n} layers, blocks, {}, {}], one metadata plan and upload per step for all layers; --tp does not apply",
+        o.block_size,
+        d.cache_row_dim()
+    );
+    println!(
+        "batch {} sequences x context {} tokens; {} warm-up steps, {} rounds of {} timed steps (median round, host-timed \
+         until the queue finishes)",
+        o.batch, o.context, o.warmup, o.rounds, o.steps
+    );
+    let r = progress::stage(format!("{n} layers: filling the cache, timing"), || {
+        bench_decode_layers(&q, &blocks, o, a.seed)
+    })?;
+    println!("{:>7} {:>12} {:>10} {:>12}", "layers", "ms/step", "min ms", "ms/layer");
+    println!("{:>7} {:>12.4} {:>10.4} {:>12.4}", r.layers, r.ms_per_step, r.min_ms_per_step, r.ms_per_layer);
     Ok(())
 }

@@ -234,3 +234,19 @@ fn run_takes_sharded_and_fp8_checkpoints_and_a_layer_number() {
     let err = Case::load(&dir).rel_err(&a);
     assert!(err <= 0.1, "fp8 vs transformers on the unquantized weights: {err}");
 }
+
+#[test]
+fn bench_layers_times_a_stack_on_one_allocator() {
+    let o = vt_mla()
+        .args(["bench", "--backend", "cpu", "--layer", "small", "--layers", "2", "--batch", "2", "--context", "8"])
+        .args(["--steps", "1", "--rounds", "1", "--warmup", "0", "--block-size", "4"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("decode step of 2 random small MLA layers"), "{stdout}");
+    assert!(stdout.contains("attention only") && stdout.contains("no MoE"), "{stdout}");
+    assert!(stdout.contains("ms/layer"), "{stdout}");
+    let o = vt_mla().args(["bench", "--layers", "0"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}

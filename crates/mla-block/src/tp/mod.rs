@@ -25,7 +25,7 @@
 
 mod group;
 mod parity;
-mod random;
+pub(crate) mod random;
 mod run;
 mod shard;
 
