@@ -50,3 +50,7 @@ pub use workspace::{MlaLimits, MlaWorkspace};
 
 /// The layer prefix of the first layer's attention weights in Hugging Face checkpoints.
 pub const DEFAULT_LAYER_PREFIX: &str = "model.layers.0.self_attn.";
+
+/// The page `docs/engine.md`, "Using vt in an engine", whose snippets run as doc tests.
+#[doc = include_str!("../../../docs/engine.md")]
+pub mod engine_guide {}

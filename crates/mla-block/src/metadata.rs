@@ -8,9 +8,9 @@
 
 use vt_core::{Error, Result};
 
-use crate::kv_cache::{BlockAllocator, SeqId};
 #[cfg(doc)]
 use crate::kv_cache::PagedKvCache;
+use crate::kv_cache::{BlockAllocator, SeqId};
 
 const OP: &str = "MlaBatchMetadata";
 

@@ -248,7 +248,7 @@ fn fp8_scale_and_value_errors_name_the_tensor() {
         }
     };
     let w = ("w.weight", StDtype::F8_E4M3, vec![300, 200], q.clone());
-    check(&[w.clone()], &["w.safetensors", "`w.weight`", "fp8", "w.weight_scale_inv"]);
+    check(std::slice::from_ref(&w), &["w.safetensors", "`w.weight`", "fp8", "w.weight_scale_inv"]);
     check(
         &[w.clone(), ("w.weight_scale_inv", StDtype::F32, vec![2, 2], sb(&scales[..4]))],
         &["`w.weight_scale_inv`", "[2, 2]", "[3, 2]", "partial edge blocks"],

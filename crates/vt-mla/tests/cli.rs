@@ -238,7 +238,19 @@ fn run_takes_sharded_and_fp8_checkpoints_and_a_layer_number() {
 #[test]
 fn bench_layers_times_a_stack_on_one_allocator() {
     let o = vt_mla()
-        .args(["bench", "--backend", "cpu", "--layer", "small", "--layers", "2", "--batch", "2", "--context", "8"])
+        .args([
+            "bench",
+            "--backend",
+            "cpu",
+            "--layer",
+            "small",
+            "--layers",
+            "2",
+            "--batch",
+            "2",
+            "--context",
+            "8",
+        ])
         .args(["--steps", "1", "--rounds", "1", "--warmup", "0", "--block-size", "4"])
         .output()
         .unwrap();
