@@ -1059,16 +1059,6 @@ template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
                      : VT_ACC32(0), VT_ACC32(32), VT_ACC32(64), VT_ACC32(96)                            \
                      : "l"(da), "l"(db), "r"(scale_d));                                                 \
     }
-#define VT_WGMMA_M64N32K16(NAME, TY)                                                                    \
-    __device__ __forceinline__ void NAME(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {      \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                    \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                        \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
-                     : VT_ACC8(0), VT_ACC8(8)                                                           \
-                     : "l"(da), "l"(db), "r"(scale_d));                                                 \
-    }
-VT_WGMMA_M64N32K16(wgmma_m64n32k16_bf16, "bf16")
-VT_WGMMA_M64N32K16(wgmma_m64n32k16_f16, "f16")
 VT_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16")
 VT_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16")
 VT_WGMMA_M64N256K16_TB(wgmma_m64n256k16_bf16_tb, "bf16")
@@ -1079,9 +1069,6 @@ template <> struct Wg<bf16> {
     static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
         wgmma_m64n64k16_bf16(d, a, b, sc);
     }
-    static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int sc) {
-        wgmma_m64n32k16_bf16(d, a, b, sc);
-    }
     static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
         wgmma_m64n256k16_bf16_tb(d, a, b, 1);
     }
@@ -1089,9 +1076,6 @@ template <> struct Wg<bf16> {
 template <> struct Wg<f16> {
     static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
         wgmma_m64n64k16_f16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int sc) {
-        wgmma_m64n32k16_f16(d, a, b, sc);
     }
     static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
         wgmma_m64n256k16_f16_tb(d, a, b, 1);
@@ -1413,197 +1397,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     }
 }
 
-
-// ---------------------------------------------------------------------------------------
-// Balanced wgmma kernel (v12, TMA loads only): both warpgroups compute S for half of each
-// tile's tokens (warpgroup w: tokens 32 w .. 32 w + 31, 36 wgmma m64n32k16), exchange their
-// row maxima through shared memory, each writes its half of P, and both then run
-// O[:, 256 w .. 256 w + 255] += P V over all 64 tokens. Against decode_wgmma (where warpgroup 0
-// alone runs all of S and the softmax), the tensor work per warpgroup and tile is balanced
-// (S/2 + PV/2 each) and the softmax is split. Two 256-thread barriers per tile:
-//   X  both S(t) done and maxima written (after it: stage t's K no longer read by S, P(t-1)
-//      no longer read: both P V(t-1) completed before each warpgroup's S(t))
-//   Y  P(t) complete (and the last tile's rows past the sequence zeroed)
-// The next-but-one tile is loaded into stage t's buffer after X(t + 1) (both P V(t) done).
-// Warp 0 of warpgroup 0 issues the TMA boxes. Row sums are kept per warpgroup (the same
-// rescale factors in both) and added at the end.
-// ---------------------------------------------------------------------------------------
-constexpr int BAR_SX = 1, BAR_SY = 2, BAR_SQ = 3, BAR_SZ = 4, BAR_SOUT = 5, BAR_SWG = 6;
-
-template <typename T>
-__device__ void decode_wgmma_split(const Params& p, const TmaMap* kv_map) {
-    constexpr int MT = 64;
-    using L = Layout<MT>;
-    static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = align1024(smem_raw);
-    const uint32_t base = smem_u32(smem);
-    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
-    float* s_red = (float*)(smem + L::OFF_RED);  // [2][MT] per-warpgroup row maxima / sums
-    float* s_fin = s_red + 2 * MT;                // [2][MT] final row sums and maxima (RED = 128: fits)
-    unsigned char* valid = smem + L::OFF_VALID;
-    unsigned char* flags = smem + L::OFF_FLAGS;
-    int* sched = (int*)(smem + L::OFF_SCHED);
-    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);
-    const uint32_t sBar = base + L::OFF_MBAR;
-    if (threadIdx.x == 0) {
-        for (int st = 0; st < L::STAGES; ++st) mbar_init(sBar + 8 * st, 1);
-    }
-    __syncthreads();
-    uint32_t phases = 0;
-    grid_dep_launch();
-
-    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
-    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, qd = lane & 3;
-    const int row0 = blockIdx.y * MT;
-    const int r_lo = wwarp * 16 + g;
-    const float c = p.scale_log2;
-    const uint64_t dq = gmma_desc(sQ, 16, 1024);
-    const uint64_t dp = gmma_desc(sP, 16, 1024);
-    const bool loader = threadIdx.x < 32;  // warp 0 issues the TMA boxes
-
-    const Part part = find_part(p, sched);
-    int nb = part.b;
-    i64 pre = part.pre;
-    Segment sg;
-    while (next_segment(p, part, nb, pre, sg)) {
-        const int t0 = sg.t0, t1 = sg.t1;
-        if (loader) {
-            tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, lane);
-            if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, lane);
-        }
-        load_q<T, MT, 256>(p, sg.b, row0, sQ, threadIdx.x);
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async();
-        bar_sync(BAR_SQ, 256);
-
-        int lim[2];
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            const int r = row0 + r_lo + 8 * hi;
-            const int sq_i = r < p.m_total ? r / p.N : p.s_q - 1;
-            lim[hi] = sg.len - p.s_q + sq_i + 1;
-        }
-        const int lim_min = sg.len - p.s_q + 1;
-        float o[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
-
-        for (int t = t0; t < t1; ++t) {
-            const int st = (t - t0) & 1;
-            const uint32_t kst = sKV + st * TILE_BYTES;
-            const unsigned char* vst = valid + st * BN;
-            mbar_wait(sBar + 8 * st, (phases >> st) & 1);
-            phases ^= 1u << st;
-
-            // S for this warpgroup's 32 tokens: rows 32 wg.. of every K column block.
-            float sc[16];
-            const uint64_t dk = gmma_desc(kst + wg * 32 * 128, 16, 1024);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < FD / 16; ++ks) {
-                const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-                const uint64_t oq = (uint64_t)(((ks >> 2) * (MT * 128) + (ks & 3) * 32) >> 4);
-                Wg<T>::qk(sc, dq + oq, dk + o16, ks > 0 ? 1 : 0);
-            }
-            wgmma_commit();
-            wgmma_wait0();
-            pin(sc);
-
-            // sc[4i + j]: row r_lo + 8 (j >> 1), token 32 wg + 8 i + 2 qd + (j & 1).
-            const bool full = tile_is_full(t, lim_min, flags + st * 8);
-            float mx[2] = {vt::neg_inf(), vt::neg_inf()};
-            const int tok0 = t * BN + 32 * wg;
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int hi = j >> 1;
-                    if (!full) {
-                        const int col = 32 * wg + 8 * i + 2 * qd + (j & 1);
-                        const bool ok = vst[col] != 0 && t * BN + col < lim[hi];
-                        sc[4 * i + j] = ok ? sc[4 * i + j] : vt::neg_inf();
-                    }
-                    mx[hi] = fmaxf(mx[hi], sc[4 * i + j]);
-                }
-            (void)tok0;
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-                mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-            }
-            if (qd == 0) {
-                s_red[wg * MT + r_lo] = mx[0];
-                s_red[wg * MT + r_lo + 8] = mx[1];
-            }
-            bar_sync(BAR_SX, 256);  // X(t)
-            // Both P V(t - 1) are done (each warpgroup finished its product before S(t)), and
-            // stage st's K was read by both S(t): the load two tiles ahead may reuse the other
-            // stage, whose P V(t - 1) is done, after the softmax's reads of vst... (below).
-            float alpha[2], muse[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const float other = s_red[(wg ^ 1) * MT + r_lo + 8 * hi];
-                const float mn = fmaxf(m_run[hi], fmaxf(mx[hi], other) * c);
-                muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                alpha[hi] = exp2f(m_run[hi] - muse[hi]);
-                m_run[hi] = mn;
-                l_run[hi] *= alpha[hi];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const float p0 = exp2f(fmaf(sc[4 * i + 2 * hi], c, -muse[hi]));
-                    const float p1 = exp2f(fmaf(sc[4 * i + 2 * hi + 1], c, -muse[hi]));
-                    l_run[hi] += p0 + p1;
-                    st_shared_u32(sP + swz(r_lo + 8 * hi, 4 * wg + i) + qd * 4, pack2<T>(p0, p1));
-                }
-            if (t * BN + BN > sg.len) {
-                // Rows past the last token came from a real page (whole boxes): zero this
-                // warpgroup's V columns of them before either product reads them (0 x NaN).
-                const int first = sg.len - t * BN;
-                for (int idx = wtid; idx < (BN - first) * 32; idx += 128) {
-                    const int r = first + (idx >> 5), cc = 32 * wg + (idx & 31);  // 16-byte chunk of 64
-                    st_shared_v4_zero(kst + (cc >> 3) * SUB_BYTES + swz(r, cc & 7));
-                }
-            }
-            fence_proxy_async();    // P (and zeroed rows) are read by wgmma
-            bar_sync(BAR_SY, 256);  // Y(t): P(t) complete
-            if (loader && t + 1 < t1 && t >= t0 + 1) {
-                // Stage st ^ 1 held tile t - 1: both its products finished before X(t).
-                tma_tile<T>(p, sg, t + 1, sKV + (st ^ 1) * TILE_BYTES, valid + (st ^ 1) * BN, flags + (st ^ 1) * 8,
-                            sBar + 8 * (st ^ 1), kv_map, lane);
-            }
-            rescale(o, alpha[0], alpha[1]);
-            pv_tile<T, 128>(o, dp, kst + 4 * wg * SUB_BYTES);
-        }
-        // Row sums: this warpgroup's partial, then both added.
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            float l = l_run[hi];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (qd == 0) s_red[wg * MT + r_lo + 8 * hi] = l;
-        }
-        bar_sync(BAR_SZ, 256);  // both products of the last tile done; partial sums written
-        if (wg == 0 && qd == 0) {
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int r = r_lo + 8 * hi;
-                s_fin[r] = s_red[r] + s_red[MT + r];
-                s_fin[MT + r] = m_run[hi];
-            }
-        }
-        bar_sync(BAR_SZ, 256);
-        stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256 * wg, s_fin, wtid, BAR_SWG + wg, wg == 0);
-        bar_sync(BAR_SOUT, 256);  // staging read by both: the stages may be reloaded
-    }
-}
-
 }  // namespace mla
 
 #define MLA_WGMMA(S, T)                                                                       \
@@ -1614,10 +1407,6 @@ __device__ void decode_wgmma_split(const Params& p, const TmaMap* kv_map) {
     extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_wgmma_tma_##S(    \
         const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
         mla::decode_wgmma<T, true>(p, &kv_map);                                               \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_wgmma_split_##S(  \
-        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
-        mla::decode_wgmma_split<T>(p, &kv_map);                                               \
     }
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)

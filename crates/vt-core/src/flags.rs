@@ -4,7 +4,6 @@
 //! |---|---|---|
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma kernel: the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
-//! | `VT_MLA_DECODE_SPLIT` | on | CUDA MlaDecodeAttention with TMA loads: both warpgroups compute S for half of each tile's tokens (the balanced kernel); `0` restores warpgroup 0 computing all of S |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
 //! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code
@@ -17,17 +16,15 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Flag {
     MlaFusedNormRope,
     MlaDecodeTma,
-    MlaDecodeSplit,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 3] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma, Flag::MlaDecodeSplit];
+    pub const ALL: [Flag; 2] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma];
 
     pub const fn env_name(self) -> &'static str {
         match self {
             Flag::MlaFusedNormRope => "VT_MLA_FUSED_NORM_ROPE",
             Flag::MlaDecodeTma => "VT_MLA_DECODE_TMA",
-            Flag::MlaDecodeSplit => "VT_MLA_DECODE_SPLIT",
         }
     }
 
@@ -35,7 +32,6 @@ impl Flag {
         match self {
             Flag::MlaFusedNormRope => true,
             Flag::MlaDecodeTma => true,
-            Flag::MlaDecodeSplit => true,
         }
     }
 
@@ -107,11 +103,6 @@ pub fn mla_fused_norm_rope() -> bool {
 /// `VT_MLA_DECODE_TMA`.
 pub fn mla_decode_tma() -> bool {
     get(Flag::MlaDecodeTma)
-}
-
-/// `VT_MLA_DECODE_SPLIT`.
-pub fn mla_decode_split() -> bool {
-    get(Flag::MlaDecodeSplit)
 }
 
 #[cfg(test)]

@@ -292,8 +292,8 @@ pub fn mla_decode_attention_with(
         return Ok(Plan { kernel: "none", rows_per_cta: 0, row_blocks: 0, parts: 0, min_tiles: 0 });
     }
     let info = device_info(cq, q.device().ordinal)?;
-    let loads = WgmmaLoads::from_flags(vt_core::flags::mla_decode_tma(), vt_core::flags::mla_decode_split());
-    let c = choose(a, &info, opts, loads)?;
+    let tma = vt_core::flags::mla_decode_tma();
+    let c = choose(a, &info, opts, tma)?;
     let ws = workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
     cq.run(OP, &launches(a, &c, &info, ws)?)?;
     Ok(c.plan)
@@ -311,36 +311,14 @@ pub(crate) struct Choice {
     combine_wpr: i64,
 }
 
-/// How the wgmma kernel family loads the cache and splits S (`VT_MLA_DECODE_TMA`,
-/// `VT_MLA_DECODE_SPLIT`; the TMA applies only where `tma_ok`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WgmmaLoads {
-    /// cp.async by warpgroup 1; warpgroup 0 computes all of S.
-    CpAsync,
-    /// TMA loads; warpgroup 0 computes all of S (`mla_decode_wgmma_tma`).
-    Tma,
-    /// TMA loads; each warpgroup computes S for half of the tokens (`mla_decode_wgmma_split`).
-    TmaSplit,
-}
-
-impl WgmmaLoads {
-    pub(crate) fn from_flags(tma: bool, split: bool) -> WgmmaLoads {
-        match (tma, split) {
-            (false, _) => WgmmaLoads::CpAsync,
-            (true, false) => WgmmaLoads::Tma,
-            (true, true) => WgmmaLoads::TmaSplit,
-        }
-    }
-}
-
 /// The kernel, its shared memory and the number of parts for a call with `b > 0` sequences
-/// and `s_q * N > 0` query rows on a device described by `info`; `loads`: the wgmma
-/// kernels' load path from the flags.
+/// and `s_q * N > 0` query rows on a device described by `info`; `tma_flag`: the
+/// `VT_MLA_DECODE_TMA` flag.
 pub(crate) fn choose(
     a: &MlaDecodeAttentionArgs<'_>,
     info: &DeviceInfo,
     opts: &DecodeOptions,
-    loads: WgmmaLoads,
+    tma_flag: bool,
 ) -> Result<Choice> {
     let (b, s_q, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
     let dv = a.out.dim(3);
@@ -391,11 +369,8 @@ pub(crate) fn choose(
         };
         (names.0, names.1, mma_rows as i64, mma_smem(mma_rows, mma_slots(mma_rows, small)), THREADS)
     };
-    let tma = kernel == Kernel::Wgmma && tma_ok(&a.cache) && loads != WgmmaLoads::CpAsync;
+    let tma = kernel == Kernel::Wgmma && tma_ok(&a.cache) && tma_flag;
     let (base, name, mt, smem, threads): (&'static str, &'static str, i64, u32, u32) = match kernel {
-        Kernel::Wgmma if tma && loads == WgmmaLoads::TmaSplit => {
-            ("mla_decode_wgmma_split", "wgmma_split", 64, tc_smem(64), THREADS)
-        }
         Kernel::Wgmma if tma => ("mla_decode_wgmma_tma", "wgmma_tma", 64, tc_smem(64), THREADS),
         Kernel::Wgmma => ("mla_decode_wgmma", "wgmma", 64, tc_smem(64), THREADS),
         Kernel::Mma => mma(false),

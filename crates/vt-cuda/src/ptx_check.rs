@@ -203,17 +203,12 @@ fn samples(dt: DType) -> Result<Samples> {
     // tensor-core kernel at 16, 32 and 64 query rows per CTA.
     let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448 };
     let (d, dv, bs) = (576, 512, 64);
-    use decode::WgmmaLoads::{CpAsync, Tma, TmaSplit};
-    let mut kernels = vec![(Kernel::Generic, 2, CpAsync)];
+    let mut kernels = vec![(Kernel::Generic, 2, false)];
     if dt != DType::F32 {
         for heads in [8, 32, 64] {
-            kernels.extend([(Kernel::Mma, heads, CpAsync), (Kernel::MmaSmall, heads, CpAsync)]);
+            kernels.extend([(Kernel::Mma, heads, false), (Kernel::MmaSmall, heads, false)]);
         }
-        kernels.extend([
-            (Kernel::Wgmma, 64, CpAsync),
-            (Kernel::Wgmma, 64, Tma),
-            (Kernel::Wgmma, 64, TmaSplit),
-        ]);
+        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)]);
     }
     for (kernel, heads, tma) in kernels {
         let a = MlaDecodeAttentionArgs {
