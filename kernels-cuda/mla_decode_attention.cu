@@ -38,12 +38,11 @@
 // Softmax runs in the log2 domain (scale_log2 = scale * log2(e)); partial lse are log2,
 // the lse output is natural log.
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 namespace mla {
 
-// NVRTC has no <cstdint>.
-using uint32_t = unsigned int;
-using uint64_t = unsigned long long;
+using namespace vt::tc;
 
 constexpr int BN = 64;           // KV tokens per tile: the unit of the split
 constexpr int THREADS = 256;     // main kernels: 8 warps
@@ -244,17 +243,6 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
     return false;
 }
 
-// Two values rounded to a 16-bit type, packed low-first into 32 bits.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
-template <> __device__ __forceinline__ uint32_t pack2<bf16>(float x, float y) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<f16>(float x, float y) {
-    __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // Writes one query row's two adjacent output values (final or partial). 16-bit only: the
 // tensor-core kernels run only where out is 16-byte aligned with strides multiple of 8.
 template <typename T>
@@ -436,39 +424,6 @@ __device__ void combine(const Params& p) {
 // Tensor-core kernels: shared memory helpers
 // ---------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-    return (uint32_t)__cvta_generic_to_shared(ptr);
-}
-
-// Byte offset of 16-byte chunk `c` (0..7) of row `r` in a block of 128-byte rows, with the
-// 128-byte swizzle (chunk ^= row % 8) that both ldmatrix (conflict-free) and wgmma's
-// SWIZZLE_128B layout (block base 1024-byte aligned) use.
-__device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-    // src-size 0 reads nothing and fills 16 zero bytes.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t (&r)[2]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 template <typename T> struct Mma;
 template <> struct Mma<bf16> {
     static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -488,10 +443,6 @@ template <> struct Mma<f16> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 };
-
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
 
 // Shared-memory layout of the wgmma kernel (byte offsets from a 1024-aligned base).
 // Q and every KV tile are NSUB column blocks of [rows x 128 B], swizzled (see swz).
@@ -929,58 +880,6 @@ __device__ void decode_mma(const Params& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mla {
 
-// Shared-memory matrix descriptor, 128-byte swizzle. `lbo`/`sbo` in bytes. The start
-// address field counts 16-byte units, so a byte offset o inside the window is added as o/16.
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    uint64_t d = (uint64_t)((saddr & 0x3FFFF) >> 4);
-    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
-    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
-    d |= (uint64_t)1 << 62;
-    return d;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void bar_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-// The TMA path (decode_wgmma<T, true>): a 3-D tensor map of the cache over (feature,
-// row in block, block), boxes of 64 features x min(BS, 64) rows x 1 block, 128-byte swizzle
-// (the layout of swz), encoded on the host. Block coordinates outside [0, NB) read zeros.
-struct alignas(64) TmaMap {
-    unsigned long long opaque[16];
-};
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
-        "[%5];\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-}
-
 // Warp 0 of warpgroup 1 loads KV tile `tile` of segment sg into the stage at dst through the
 // TMA: every box of the tile is issued (pages past the sequence or with a bad block id read
 // block NB, out of the map: zeros), so the stage's barrier always completes with TILE_BYTES.
@@ -1029,12 +928,6 @@ constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BA
 // Epilogue (see decode_wgmma): WG1 / WG0 done with the KV stages (and WG0's row sums
 // written), WG1's own staging barrier, WG0's copy-out done (the stages may be reloaded).
 constexpr int BAR_WG0_DONE = 8, BAR_WG1_DONE = 9, BAR_WG1 = 10, BAR_OUT_READ = 11;
-
-// Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
-template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // The wgmma instructions used, one macro per shape (m64n64k16 for S = Q K^T, m64n256k16
 // with B transposed for O += P V), instantiated per 16-bit type: TY is "bf16" or "f16".
@@ -1092,7 +985,7 @@ __device__ __forceinline__ void pv_tile(float (&o)[N], uint64_t dp, uint32_t v_b
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp + 2 * ks, dv + 128 * ks);  // +32 B, +2048 B
     wgmma_commit();
-    wgmma_wait0();
+    wgmma_wait<0>();
     pin(o);
 }
 
@@ -1108,9 +1001,6 @@ template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0
     }
 }
 
-__device__ __forceinline__ void st_shared_v4_zero(uint32_t addr) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-}
 __device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
@@ -1303,7 +1193,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                     Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
                 }
                 wgmma_commit();
-                wgmma_wait0();
+                wgmma_wait<0>();
                 pin(s);
                 if (TMA && t * BN + BN > sg.len) {
                     // Rows past the sequence's last token came from a real page (the TMA copies

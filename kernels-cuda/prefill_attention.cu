@@ -16,6 +16,7 @@
 // decreasing or past Tq / Tk is skipped, and query rows past max_seqlen_q (which sizes the
 // grid) are never reached, so no write leaves `out` or `lse`.
 #include "common.cuh"
+#include "tensor_core.cuh"
 #include "prefill_attention/params.cuh"
 #include "prefill_attention/sm80.cuh"
 #include "prefill_attention/sm90.cuh"

@@ -30,6 +30,7 @@ namespace sm80 {
 
 // NVRTC has no <cstdint>.
 using u32 = unsigned int;
+using namespace vt::tc;
 
 constexpr int ROWS = 128;     // query rows per CTA (TILE_ROWS in sm80.rs)
 constexpr int BN = 64;        // keys per tile
@@ -57,39 +58,11 @@ template <int D, int DV> struct Layout {
     static_assert(DV <= D, "the O staging tile fits in the Q tile");
 };
 
-__device__ __forceinline__ u32 smem_u32(const void* ptr) { return (u32)__cvta_generic_to_shared(ptr); }
-
-// Byte offset of 16-byte chunk c (0..7) of row r in a block of 128-byte rows, swizzled.
-__device__ __forceinline__ u32 swz(int r, int c) { return (u32)(r * 128 + ((c ^ (r & 7)) << 4)); }
-
 // Element chunk c (8 elements) of row r in a swizzled tile of `rows` rows.
 __device__ __forceinline__ u32 chunk_off(int rows, int r, int c) {
     return (u32)((c >> 3) * (rows * 128)) + swz(r, c & 7);
 }
 
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid) {
-    // src-size 0 reads nothing and fills 16 zero bytes.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(u32 addr, u32 (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32 (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
 __device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -102,24 +75,6 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
     u32 n;
     asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(n));
     return n;
-}
-
-// 2^x on the SFU (what exp2f becomes under fast math); exp2(-inf) = +0.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Two values rounded to a 16-bit type, packed low-first into 32 bits.
-template <typename T> __device__ __forceinline__ u32 pack2(float x, float y);
-template <> __device__ __forceinline__ u32 pack2<bf16>(float x, float y) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<u32*>(&v);
-}
-template <> __device__ __forceinline__ u32 pack2<f16>(float x, float y) {
-    __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<u32*>(&v);
 }
 
 template <typename T> struct Mma;
@@ -282,7 +237,7 @@ __device__ __forceinline__ void attention(const Params& p) {
                 // A row with no visible key so far keeps m = -inf; exponents use 0 then, so
                 // its weights are exp2(-inf) = 0 rather than NaN.
                 muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                alpha[hi] = fast_exp2(m_run[hi] - muse[hi]);
+                alpha[hi] = ex2(m_run[hi] - muse[hi]);
                 m_run[hi] = mn;
                 l_run[hi] *= alpha[hi];
             }
@@ -290,7 +245,7 @@ __device__ __forceinline__ void attention(const Params& p) {
             for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const float e = fast_exp2(fmaf(sc[nt][i], c, -muse[i >> 1]));
+                    const float e = ex2(fmaf(sc[nt][i], c, -muse[i >> 1]));
                     sc[nt][i] = e;
                     l_run[i >> 1] += e;
                 }

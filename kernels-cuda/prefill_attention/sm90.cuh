@@ -31,84 +31,16 @@
 namespace pf {
 namespace sm90 {
 
+using namespace vt::tc;
+
 constexpr int BM = 128, BN = 128, STAGES = 2, THREADS = 384;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-// Byte offset of 16-byte chunk c of row r in a [rows][128 B] block, 128-byte swizzle: the
-// layout wgmma's 128B-swizzle descriptors expect.
-__device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
-// A CUtensorMap (128 bytes, 64-byte aligned), encoded on the host (sm90.rs).
-struct alignas(64) TensorMap {
-    unsigned long long opaque[16];
-};
 // The tensor maps of K and V: 3-D (dim, head, token), boxes of 64 columns x 1 head x BN
 // tokens, 128-byte swizzle; tokens past Tk are zero-filled by the copy engine.
 struct Maps {
-    TensorMap k, v;
+    TmaMap k, v;
 };
 
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One box of `map` at (column c0, head c1, token c2) into shared memory at dst; completes
-// its bytes on the mbarrier `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TensorMap* map, int c0, int c1, int c2, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-        : "memory");
-}
-__device__ __forceinline__ void prefetch_map(const TensorMap* map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    uint64_t d = (uint64_t)((saddr & 0x3FFFF) >> 4);
-    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
-    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
-    d |= (uint64_t)1 << 62;  // 128-byte swizzle
-    return d;
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 // Named barriers: 1 + cw a consumer warpgroup's own (128 threads); TURN + cw its GEMM turn;
 // BAR_TAIL both consumers (256).
 constexpr int TURN = 3;
@@ -117,16 +49,6 @@ constexpr int BAR_TAIL = 5;
 #ifndef PF_PINGPONG
 #define PF_PINGPONG 1
 #endif
-
-// Keep the compiler from moving register accesses across wgmma issue / wait.
-template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-template <int N> __device__ __forceinline__ void pin(uint32_t (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
 
 // The wgmma shapes used: S = Q K^T (m64n128k16, A and B K-major in shared memory) and
 // O += P V (m64n{128,64}k16, A = P in registers, B = V transposed, MN-major).
@@ -174,16 +96,6 @@ template <> struct Mma<f16> {
     static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t* a, uint64_t b) { rs_n64_f16(d, a, b); }
 };
 
-template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
-template <> __device__ __forceinline__ uint32_t pack2<bf16>(float x, float y) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<f16>(float x, float y) {
-    __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
 template <int D, int DV> struct Layout {
     static constexpr int Q_WG = D * 128;        // one consumer's 64 rows: D/64 blocks of 8 KB
     static constexpr int K_STAGE = BN * D * 2;  // D/64 blocks of 16 KB
@@ -217,12 +129,6 @@ template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0
         o[4 * i + 2] *= a1;
         o[4 * i + 3] *= a1;
     }
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 // Online softmax of one S tile: masks (MASK: keys at or past lim[row] get weight 0),

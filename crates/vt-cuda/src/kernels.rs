@@ -35,6 +35,7 @@ macro_rules! kernel_source {
 pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../../kernels-cuda/common.cuh")),
     ("norm_rope.cuh", include_str!("../../../kernels-cuda/norm_rope.cuh")),
+    ("tensor_core.cuh", include_str!("../../../kernels-cuda/tensor_core.cuh")),
     ("prefill_attention/params.cuh", include_str!("../../../kernels-cuda/prefill_attention/params.cuh")),
     ("prefill_attention/sm80.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm80.cuh")),
     ("prefill_attention/sm90.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm90.cuh")),
