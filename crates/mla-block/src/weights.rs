@@ -239,6 +239,8 @@ pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             DType::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
             DType::I64 => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
             DType::F8E4M3 => vt_core::f8e4m3_to_f32(c[0]) as f64,
+            // No checkpoint tensor has the cache's row layout; its bytes, as read_f64.
+            DType::Fp8DsMla => c[0] as f64,
         })
         .collect()
 }

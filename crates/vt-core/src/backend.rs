@@ -397,6 +397,8 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
             DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
             DType::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
             DType::F8E4M3 => out.push(f32_to_f8e4m3(v as f32)),
+            // Raw row bytes (saturating cast); see `DType::Fp8DsMla`.
+            DType::Fp8DsMla => out.push(v as u8),
         }
     }
     out

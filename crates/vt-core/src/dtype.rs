@@ -4,8 +4,15 @@ use std::fmt;
 
 /// The element type of a tensor.
 ///
-/// `F8E4M3` is a storage-only type (one byte, OCP e4m3fn) for fp8 KV caches; no op
-/// computes in it yet, so every entry point rejects it today.
+/// `F8E4M3` is a storage-only type (one byte, OCP e4m3fn); no op computes in it, so
+/// every entry point rejects it.
+///
+/// `Fp8DsMla` names the 656-byte `fp8_ds_mla` latent-cache row of FlashMLA and vLLM (see
+/// [`crate::fp8_ds_mla`] for the byte layout). An element is one byte of a row, so an MLA
+/// cache in this dtype is `[NB, BS, 656]`; only the MLA cache ops accept it (as their
+/// `cache`), and the byte layout, not the element, carries the values. Reading an element
+/// (`read_f64`) gives the byte (0..=255) and writing one stores `v as u8`, so parity
+/// compares caches byte for byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     BF16,
@@ -14,6 +21,7 @@ pub enum DType {
     I32,
     I64,
     F8E4M3,
+    Fp8DsMla,
 }
 
 impl DType {
@@ -23,7 +31,7 @@ impl DType {
             DType::BF16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::I64 => 8,
-            DType::F8E4M3 => 1,
+            DType::F8E4M3 | DType::Fp8DsMla => 1,
         }
     }
 
@@ -40,6 +48,7 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::F8E4M3 => "f8e4m3",
+            DType::Fp8DsMla => "fp8_ds_mla",
         }
     }
 
@@ -53,6 +62,9 @@ impl DType {
             DType::I32 => &[0xff; 4],
             DType::I64 => &[0xff; 8],
             DType::F8E4M3 => &[0x7f],
+            // 0xff in every byte is NaN in every field of the row: e4m3 latent codes,
+            // f32 scales and bf16 rope values.
+            DType::Fp8DsMla => &[0xff],
         }
     }
 }

@@ -18,6 +18,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod flags;
+pub mod fp8_ds_mla;
 pub mod kernel_cache;
 pub mod ops;
 pub mod registry;

@@ -497,6 +497,8 @@ pub unsafe fn read_host_elem(base: u64, dtype: DType, off: i64) -> f64 {
         DType::I32 => (p as *const i32).read_unaligned() as f64,
         DType::I64 => (p as *const i64).read_unaligned() as f64,
         DType::F8E4M3 => f8e4m3_to_f32(p.read()) as f64,
+        // The raw byte: a row's values live in its layout, not in one element.
+        DType::Fp8DsMla => p.read() as f64,
     }
 }
 

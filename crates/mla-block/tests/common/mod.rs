@@ -198,6 +198,7 @@ pub fn safetensors_bytes(tensors: &[(String, HostTensor)]) -> Vec<u8> {
                 DType::I32 => Dtype::I32,
                 DType::I64 => Dtype::I64,
                 DType::F8E4M3 => Dtype::F8_E4M3,
+                DType::Fp8DsMla => Dtype::U8,
             };
             let shape = t.shape.iter().map(|&d| d as usize).collect();
             (n.clone(), TensorView::new(dt, shape, &t.bytes).unwrap())
