@@ -556,7 +556,7 @@ fn op_args<'a>(s: &Shape, x: &'a Inputs, scale: f32) -> vt_core::Result<PrefillA
     Ok(PrefillAttentionArgs {
         out: x.out.view(),
         lse: x.lse.as_ref().map(|l| l.view()),
-        q: x.q.view(),
+        query: x.q.view(),
         k: x.k.view(),
         // v: columns 128..256 of each head of the kv_b_proj output, as the block slices it.
         v: x.kv_nope.view().as_strided(KV_NOPE - DV, &[tk, h, DV], &[h * KV_NOPE, KV_NOPE, 1])?,
@@ -629,7 +629,7 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
                         &PrefillAttentionArgs {
                             out: out.view(),
                             lse: Some(lse.view()),
-                            q: qf.view(),
+                            query: qf.view(),
                             k: kf.view(),
                             v: vf.view(),
                             cu_seqlens_q: cu_q.view(),

@@ -450,7 +450,7 @@ impl<'w> MlaBlock<'w> {
                     &PrefillAttentionArgs {
                         out: *out,
                         lse,
-                        q: q_pre,
+                        query: q_pre,
                         k: *k,
                         v: *vv,
                         cu_seqlens_q: pre_cu,

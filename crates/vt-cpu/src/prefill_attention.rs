@@ -10,7 +10,7 @@ const OP: OpId = OpId::PrefillAttention;
 pub(crate) fn run(_q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let out = HostView::new(OP, &a.out)?;
     let lse = HostView::opt(OP, &a.lse)?;
-    let (q, k, v) = (HostView::new(OP, &a.q)?, HostView::new(OP, &a.k)?, HostView::new(OP, &a.v)?);
+    let (q, k, v) = (HostView::new(OP, &a.query)?, HostView::new(OP, &a.k)?, HostView::new(OP, &a.v)?);
     let cu_q = HostView::new(OP, &a.cu_seqlens_q)?;
     let cu_k = HostView::new(OP, &a.cu_seqlens_k)?;
     let (n, d, dv) = (q.dim(1), q.dim(2), v.dim(2));

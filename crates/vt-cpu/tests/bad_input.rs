@@ -1098,7 +1098,7 @@ fn prefill_attention_rejects_malformed_arguments() {
     let good = PrefillAttentionArgs {
         out: out.view(),
         lse: Some(lse.view()),
-        q: qb.view(),
+        query: qb.view(),
         k: kb.view(),
         v: vb.view(),
         cu_seqlens_q: cq.view(),
@@ -1135,7 +1135,7 @@ fn prefill_attention_rejects_malformed_arguments() {
         ("k head count mismatch", Box::new(|a| a.k = k5.view()), "k"),
         ("v Tk mismatch", Box::new(|a| a.v = v5.view()), "v"),
         ("out Dv mismatch", Box::new(|a| a.out = o4.view()), "out"),
-        ("q of rank 2", Box::new(|a| a.q = qb.view().select(1, 0).unwrap()), "q"),
+        ("query of rank 2", Box::new(|a| a.query = qb.view().select(1, 0).unwrap()), "query"),
         ("mixed dtypes", Box::new(|a| a.v = v16.view()), "v"),
         ("lse in bf16", Box::new(|a| a.lse = Some(l_bf.view())), "lse"),
         ("lse as [Tq, N]", Box::new(|a| a.lse = Some(l_sh.view())), "lse"),
@@ -1150,7 +1150,7 @@ fn prefill_attention_rejects_malformed_arguments() {
         ("max_seqlen_q negative", Box::new(|a| a.max_seqlen_q = -1), "max_seqlen_q"),
         ("scale = 0", Box::new(|a| a.scale = 0.0), "scale"),
         ("scale = NaN", Box::new(|a| a.scale = f32::NAN), "scale"),
-        ("q on another device", Box::new(|a| a.q = on_cuda(&qb.view())), "q"),
+        ("query on another device", Box::new(|a| a.query = on_cuda(&qb.view())), "query"),
         (
             "cu_seqlens_k on another device",
             Box::new(|a| a.cu_seqlens_k = on_cuda(&ck.view())),

@@ -868,7 +868,7 @@ fn prefill_case(causal: bool, with_lse: bool, what: &str) {
         let args = PrefillAttentionArgs {
             out: out.view(),
             lse: with_lse.then(|| lse.view()),
-            q: qp.view(),
+            query: qp.view(),
             k: kp.view(),
             v: vp.view(),
             cu_seqlens_q: cu_q_buf.view(),

@@ -311,7 +311,7 @@ impl Step {
             &PrefillAttentionArgs {
                 out: self.attn_o.view(),
                 lse: Some(self.attn_lse.view()),
-                q: qv.slice(2, 0, P)?,
+                query: qv.slice(2, 0, P)?,
                 k,
                 v,
                 cu_seqlens_q: self.cu_q.view(),

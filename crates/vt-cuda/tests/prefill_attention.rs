@@ -196,7 +196,7 @@ fn args<'a>(c: &Case, bf: &'a Bufs) -> PrefillAttentionArgs<'a> {
     PrefillAttentionArgs {
         out: bf.out.view().slice(2, 0, c.dv).unwrap(),
         lse: c.lse.then(|| bf.lse.view()),
-        q: bf.q.view().slice(2, 0, c.d).unwrap(),
+        query: bf.q.view().slice(2, 0, c.d).unwrap(),
         k,
         v,
         cu_seqlens_q: bf.cu_q.view(),

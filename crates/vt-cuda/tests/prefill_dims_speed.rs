@@ -48,7 +48,7 @@ fn time(queue: &Queue, bench: &Bench<'_>, s: Shape, kernel: Kernel) -> Result<f6
     let args = PrefillAttentionArgs {
         out: out.view(),
         lse: (!causal).then(|| lse.view()),
-        q: q.view(),
+        query: q.view(),
         k: k.view(),
         v: v.view(),
         cu_seqlens_q: cu_q.view(),

@@ -10,11 +10,11 @@ use crate::mla_decode_attention::attention_shared_bytes;
 const OP: OpId = OpId::PrefillAttention;
 
 pub(crate) fn plan(a: &PrefillAttentionArgs<'_>) -> Result<Vec<Step>> {
-    let (tq, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2));
+    let (tq, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let (tk, dv) = (a.k.dim(0), a.v.dim(2));
     let batch = a.cu_seqlens_q.dim(0) - 1;
-    let shared = attention_shared_bytes(OP, "q", d, dv)?;
-    let (o, q, k, v) = (&a.out, &a.q, &a.k, &a.v);
+    let shared = attention_shared_bytes(OP, "query", d, dv)?;
+    let (o, q, k, v) = (&a.out, &a.query, &a.k, &a.v);
     let lse_strides = a.lse.map_or([0, 0], |l| [l.stride(0), l.stride(1)]);
     let args = KernelArgs::new()
         .tensor(o)

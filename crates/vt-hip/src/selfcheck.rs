@@ -371,7 +371,7 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
                 let args = PrefillAttentionArgs {
                     out: f.c(dt, &[t, n, l])?,
                     lse,
-                    q: f.c(dt, &[t, n, l + r])?,
+                    query: f.c(dt, &[t, n, l + r])?,
                     k: f.t(dt, &[t, n, l + r], &[n * (2 * l + r), 2 * l + r, 1])?,
                     v: f.t(dt, &[t, n, l], &[n * (2 * l + r), 2 * l + r, 1])?,
                     cu_seqlens_q: f.c(DType::I32, &[2])?,

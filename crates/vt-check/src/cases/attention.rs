@@ -171,7 +171,7 @@ impl Prefill {
             let args = PrefillAttentionArgs {
                 out: out.tensor(bufs)?,
                 lse: lse.as_ref().map(|l| l.tensor(bufs)).transpose()?,
-                q: q.tensor(bufs)?,
+                query: q.tensor(bufs)?,
                 k: k.tensor(bufs)?,
                 v: v.tensor(bufs)?,
                 cu_seqlens_q: cu_q.tensor(bufs)?,

@@ -7,7 +7,7 @@ use crate::{DType, OpId, Queue, Result, Tensor};
 pub struct PrefillAttentionArgs<'a> {
     pub out: Tensor<'a>,
     pub lse: Option<Tensor<'a>>,
-    pub q: Tensor<'a>,
+    pub query: Tensor<'a>,
     pub k: Tensor<'a>,
     pub v: Tensor<'a>,
     pub cu_seqlens_q: Tensor<'a>,
@@ -24,7 +24,7 @@ pub struct PrefillAttentionArgs<'a> {
 /// query sees all `lk` keys. Causal (bottom-right): query i sees keys `0 ..= lk - lq + i`
 /// (none if that is negative).
 ///
-/// - `q` `[Tq,N,D]`, `k` `[Tk,N,D]`, `v` `[Tk,N,Dv]`, `out` `[Tq,N,Dv]`; one float dtype; stride
+/// - `query` `[Tq,N,D]`, `k` `[Tk,N,D]`, `v` `[Tk,N,Dv]`, `out` `[Tq,N,Dv]`; one float dtype; stride
 ///   1 on the last dim of each, any other strides (`k`/`v` may be column slices of one
 ///   up-projection output).
 /// - `lse` (optional) `[N, Tq]` f32, natural log of the softmax denominator (scaled
@@ -40,37 +40,37 @@ pub fn prefill_attention(q: &Queue, args: &PrefillAttentionArgs<'_>) -> Result<(
 
 fn validate(queue: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let c = Check::new(OpId::PrefillAttention, queue.device());
-    c.float("q", &a.q, 3)?;
+    c.float("query", &a.query, 3)?;
     c.float("k", &a.k, 3)?;
     c.float("v", &a.v, 3)?;
     c.float("out", &a.out, 3)?;
-    let dt = a.q.dtype();
+    let dt = a.query.dtype();
     for (name, x) in [("k", &a.k), ("v", &a.v), ("out", &a.out)] {
         c.same_dtype(name, x, dt)?;
     }
-    let (tq, n, d) = (a.q.dim(0), a.q.dim(1), a.q.dim(2));
+    let (tq, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let tk = a.k.dim(0);
-    c.dim("k", &a.k, 1, n, "q's N")?;
-    c.dim("k", &a.k, 2, d, "q's D")?;
+    c.dim("k", &a.k, 1, n, "query's N")?;
+    c.dim("k", &a.k, 2, d, "query's D")?;
     c.dim("v", &a.v, 0, tk, "k's Tk")?;
-    c.dim("v", &a.v, 1, n, "q's N")?;
+    c.dim("v", &a.v, 1, n, "query's N")?;
     let dv = a.v.dim(2);
-    c.dim("out", &a.out, 0, tq, "q's Tq")?;
-    c.dim("out", &a.out, 1, n, "q's N")?;
+    c.dim("out", &a.out, 0, tq, "query's Tq")?;
+    c.dim("out", &a.out, 1, n, "query's N")?;
     c.dim("out", &a.out, 2, dv, "v's Dv")?;
-    for (name, x) in [("q", &a.q), ("k", &a.k), ("v", &a.v), ("out", &a.out)] {
+    for (name, x) in [("query", &a.query), ("k", &a.k), ("v", &a.v), ("out", &a.out)] {
         c.unit_inner(name, x)?;
     }
     c.output("out", &a.out)?;
-    for (name, x) in [("q", &a.q), ("k", &a.k), ("v", &a.v)] {
+    for (name, x) in [("query", &a.query), ("k", &a.k), ("v", &a.v)] {
         c.disjoint("out", &a.out, name, x)?;
     }
     if let Some(l) = &a.lse {
         c.typed("lse", l, 2, DType::F32)?;
-        c.dim("lse", l, 0, n, "q's N")?;
-        c.dim("lse", l, 1, tq, "q's Tq")?;
+        c.dim("lse", l, 0, n, "query's N")?;
+        c.dim("lse", l, 1, tq, "query's Tq")?;
         c.output("lse", l)?;
-        for (name, x) in [("out", &a.out), ("q", &a.q), ("k", &a.k), ("v", &a.v)] {
+        for (name, x) in [("out", &a.out), ("query", &a.query), ("k", &a.k), ("v", &a.v)] {
             c.disjoint("lse", l, name, x)?;
         }
     }

@@ -19,22 +19,27 @@ fn smem_bytes(d: i64, dv: i64) -> i64 {
 }
 
 pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
-    let (n, d, dv) = (a.q.dim(1), a.q.dim(2), a.v.dim(2));
+    let (n, d, dv) = (a.query.dim(1), a.query.dim(2), a.v.dim(2));
     let b = a.cu_seqlens_q.dim(0) - 1;
     let tiles = (a.max_seqlen_q + BQ - 1) / BQ;
     grid_fits(tiles, n, b)?;
     let smem = smem_bytes(d, dv);
-    let views =
-        [view_args(&a.out), optional_lse(a.lse.as_ref()), view_args(&a.q), view_args(&a.k), view_args(&a.v)];
+    let views = [
+        view_args(&a.out),
+        optional_lse(a.lse.as_ref()),
+        view_args(&a.query),
+        view_args(&a.k),
+        view_args(&a.v),
+    ];
     let mut args: Vec<Arg> = views.concat();
     args.extend::<[Arg; 10]>([
         a.cu_seqlens_q.data_addr().into(),
         a.cu_seqlens_q.stride(0).into(),
         a.cu_seqlens_k.data_addr().into(),
         a.cu_seqlens_k.stride(0).into(),
-        a.q.dim(0).into(),
+        a.query.dim(0).into(),
         a.k.dim(0).into(),
-        int(OP, "q", d)?.into(),
+        int(OP, "query", d)?.into(),
         int(OP, "v", dv)?.into(),
         a.scale.into(),
         (a.causal as i32).into(),
@@ -42,5 +47,5 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let grid = (tiles as u32, n as u32, b as u32);
     // The kernel checks each sequence's bounds against Tq / Tk before touching rows.
     let smem = u32::try_from(smem).unwrap_or(u32::MAX);
-    cq.run(OP, &[kernel("prefill_attention_generic", a.q.dtype(), grid, THREADS, smem, args)])
+    cq.run(OP, &[kernel("prefill_attention_generic", a.query.dtype(), grid, THREADS, smem, args)])
 }

@@ -96,22 +96,22 @@ unsafe impl KernelStruct for Params {}
 impl Params {
     /// The argument block for query tiles of `tile_rows` rows.
     fn new(a: &PrefillAttentionArgs<'_>, tile_rows: i64) -> Result<Params> {
-        let n = a.q.dim(1);
+        let n = a.query.dim(1);
         let b = a.cu_seqlens_q.dim(0) - 1;
         let tiles = (a.max_seqlen_q + tile_rows - 1) / tile_rows;
         grid_fits(tiles, n, b)?;
         let (lse, l_sh, l_st) =
             a.lse.as_ref().map_or((0, 0, 0), |l| (l.data_addr(), l.stride(0), l.stride(1)));
         Ok(Params {
-            q: a.q.data_addr(),
+            q: a.query.data_addr(),
             k: a.k.data_addr(),
             v: a.v.data_addr(),
             out: a.out.data_addr(),
             lse,
             cuq: a.cu_seqlens_q.data_addr(),
             cuk: a.cu_seqlens_k.data_addr(),
-            q_st: a.q.stride(0),
-            q_sh: a.q.stride(1),
+            q_st: a.query.stride(0),
+            q_sh: a.query.stride(1),
             k_st: a.k.stride(0),
             k_sh: a.k.stride(1),
             v_st: a.v.stride(0),
@@ -122,7 +122,7 @@ impl Params {
             l_st,
             cuq_s: a.cu_seqlens_q.stride(0),
             cuk_s: a.cu_seqlens_k.stride(0),
-            tq_total: a.q.dim(0),
+            tq_total: a.query.dim(0),
             tk_total: a.k.dim(0),
             n_heads: n as i32,
             n_seqs: b as i32,
@@ -130,7 +130,7 @@ impl Params {
             causal: a.causal as i32,
             scale_log2: a.scale * std::f32::consts::LOG2_E,
             // Head dims are checked against FAST_DIMS before a tensor-core kernel is chosen.
-            d: i32::try_from(a.q.dim(2)).unwrap_or(0),
+            d: i32::try_from(a.query.dim(2)).unwrap_or(0),
             dv: i32::try_from(a.v.dim(2)).unwrap_or(0),
             order: 0,
         })
@@ -142,7 +142,7 @@ pub(crate) fn grid_fits(tiles: i64, n: i64, b: i64) -> Result<()> {
     if tiles > i32::MAX as i64 || n > 65535 || b > 65535 {
         return Err(Error::invalid(
             OP,
-            "q",
+            "query",
             format!("grid of {tiles} query tiles x {n} heads x {b} sequences exceeds CUDA's limits"),
         ));
     }
@@ -160,9 +160,9 @@ fn rows_aligned(t: &Tensor<'_>) -> bool {
 
 /// Whether the tensor-core kernels take these arguments (dtype, head dims, alignment).
 fn tensor_core_ok(a: &PrefillAttentionArgs<'_>) -> bool {
-    matches!(a.q.dtype(), DType::BF16 | DType::F16)
-        && FAST_DIMS.contains(&(a.q.dim(2), a.v.dim(2)))
-        && [&a.q, &a.k, &a.v, &a.out].into_iter().all(rows_aligned)
+    matches!(a.query.dtype(), DType::BF16 | DType::F16)
+        && FAST_DIMS.contains(&(a.query.dim(2), a.v.dim(2)))
+        && [&a.query, &a.k, &a.v, &a.out].into_iter().all(rows_aligned)
 }
 
 /// [`Kernel::Auto`]'s choice for a device of compute capability `sm` (major * 10 + minor).
@@ -185,23 +185,23 @@ fn choose(sm: u32, a: &PrefillAttentionArgs<'_>) -> Kernel {
 /// clear error.
 pub fn prefill_attention_with(q: &Queue, a: &PrefillAttentionArgs<'_>, kernel: Kernel) -> Result<Kernel> {
     let cq = CudaQueue::of(q, OP)?;
-    let (n, b) = (a.q.dim(1), a.cu_seqlens_q.dim(0) - 1);
+    let (n, b) = (a.query.dim(1), a.cu_seqlens_q.dim(0) - 1);
     let chosen = match kernel {
         Kernel::Auto => choose(cq.sm(), a),
         k => k,
     };
-    if b <= 0 || n == 0 || a.max_seqlen_q == 0 || a.q.dim(0) == 0 {
+    if b <= 0 || n == 0 || a.max_seqlen_q == 0 || a.query.dim(0) == 0 {
         return Ok(chosen);
     }
     if matches!(chosen, Kernel::Mma | Kernel::Wgmma) && !tensor_core_ok(a) {
         return Err(Error::invalid(
             OP,
-            "q",
+            "query",
             format!(
                 "the {chosen:?} kernel takes bf16/f16, head dims (qk, v) in {FAST_DIMS:?} and 16-byte aligned rows; \
                  got {:?}, ({}, {})",
-                a.q.dtype(),
-                a.q.dim(2),
+                a.query.dtype(),
+                a.query.dim(2),
                 a.v.dim(2)
             ),
         ));

@@ -36,12 +36,15 @@ pub(super) fn smem_bytes(d: i64, dv: i64) -> Option<u32> {
 }
 
 pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> Result<()> {
-    let (d, dv) = (a.q.dim(2), a.v.dim(2));
+    let (d, dv) = (a.query.dim(2), a.v.dim(2));
     let smem = smem_bytes(d, dv)
-        .ok_or_else(|| Error::invalid(OP, "q", format!("no mma kernel for head dims ({d}, {dv})")))?;
+        .ok_or_else(|| Error::invalid(OP, "query", format!("no mma kernel for head dims ({d}, {dv})")))?;
     // The dispatcher checked the grid against CUDA's limits (Params::new).
-    let grid = (p.q_tiles as u32, a.q.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
-    cq.run(OP, &[kernel("prefill_attention_mma", a.q.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p)])])
+    let grid = (p.q_tiles as u32, a.query.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
+    cq.run(
+        OP,
+        &[kernel("prefill_attention_mma", a.query.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p)])],
+    )
 }
 
 #[cfg(test)]

@@ -67,7 +67,11 @@ fn grid_order(a: &PrefillAttentionArgs<'_>) -> i32 {
     if let Some(v) = std::env::var("VT_LAB_PREFILL_ORDER").ok().and_then(|v| v.trim().parse::<i32>().ok()) {
         return v.clamp(0, 1);
     }
-    let kv = a.k.dim(0).saturating_mul(a.q.dim(1)).saturating_mul(a.q.dim(2) + a.v.dim(2)).saturating_mul(2);
+    let kv =
+        a.k.dim(0)
+            .saturating_mul(a.query.dim(1))
+            .saturating_mul(a.query.dim(2) + a.v.dim(2))
+            .saturating_mul(2);
     i32::from(a.causal && kv <= TILE_MAJOR_KV_BYTES)
 }
 
@@ -76,16 +80,16 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> R
     // Tile-major puts the query tiles on grid.y (at most 65535).
     p.order = if p.q_tiles <= 65_535 { grid_order(a) } else { 0 };
     let p = &p;
-    let (d, dv) = (a.q.dim(2), a.v.dim(2));
+    let (d, dv) = (a.query.dim(2), a.v.dim(2));
     let base = base_name(d, dv)
-        .ok_or_else(|| Error::invalid(OP, "q", format!("no wgmma kernel for head dims ({d}, {dv})")))?;
+        .ok_or_else(|| Error::invalid(OP, "query", format!("no wgmma kernel for head dims ({d}, {dv})")))?;
     // `pf::sm90::Maps`: the TMA descriptors of K and V, the kernel's second parameter.
     let maps = Arg::TensorMaps(vec![tensor_map(&a.k, "k")?, tensor_map(&a.v, "v")?]);
     // d and dv are one of the pairs above, so the narrowing is exact.
     let smem = smem_bytes(d as u32, dv as u32);
-    let (tiles, heads, seqs) = (p.q_tiles as u32, a.q.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
+    let (tiles, heads, seqs) = (p.q_tiles as u32, a.query.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
     let grid = if p.order == 1 { (heads, tiles, seqs) } else { (tiles, heads, seqs) };
-    cq.run(OP, &[kernel(base, a.q.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p), maps])])
+    cq.run(OP, &[kernel(base, a.query.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p), maps])])
 }
 
 #[cfg(test)]
