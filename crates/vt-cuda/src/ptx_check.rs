@@ -227,6 +227,32 @@ fn samples(dt: DType) -> Result<Samples> {
             decode::launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,
         );
     }
+    // PrefillAttention: the generic kernel (any dtype); on 16-bit dtypes the mma.sync kernel
+    // and the wgmma kernel at every fast head-dim pair (sm_90 planned without a device).
+    {
+        use crate::prefill_attention::{plan, Kernel as PK, FAST_DIMS};
+        let mut kernels = vec![(PK::Generic, 16, 8)];
+        if dt != DType::F32 {
+            for (d, dv) in FAST_DIMS {
+                kernels.extend([(PK::Mma, d, dv), (PK::Wgmma, d, dv)]);
+            }
+        }
+        for (kernel, d, dv) in kernels {
+            let a = PrefillAttentionArgs {
+                out: f.c(dt, &[t, n, dv]),
+                lse: Some(f.c(DType::F32, &[n, t])),
+                query: f.c(dt, &[t, n, d]),
+                k: f.c(dt, &[t, n, d]),
+                v: f.c(dt, &[t, n, dv]),
+                cu_seqlens_q: f.c(DType::I32, &[2]),
+                cu_seqlens_k: f.c(DType::I32, &[2]),
+                max_seqlen_q: t,
+                causal: true,
+                scale: 0.5,
+            };
+            add(format!("PrefillAttention ({kernel:?} {d}x{dv})"), plan(90, &a, kernel)?.1);
+        }
+    }
     Ok(out)
 }
 
@@ -282,9 +308,9 @@ fn planned_launches_match_the_ptx_parameter_lists() {
         }
     }
     // Every op plans launches here except the cuBLAS matmul path (no kernel: MatmulBT
-    // shares BatchedMatmul's fallback kernel) and PrefillAttention (not yet planned).
+    // shares BatchedMatmul's fallback kernel).
     for op in OpId::ALL {
-        let exempt = matches!(op, OpId::MatmulBT | OpId::PrefillAttention);
+        let exempt = matches!(op, OpId::MatmulBT);
         if !exempt && !covered.contains(op.name()) {
             problems.push(format!("{op}: no sample plan"));
         }

@@ -6,7 +6,7 @@ use vt_core::{PrefillAttentionArgs, Result};
 
 use super::{grid_fits, kernel, OP};
 use crate::rope_from_cache::int;
-use crate::{optional_lse, view_args, Arg, CudaQueue};
+use crate::{optional_lse, view_args, Arg, Launch};
 
 /// `PF_BQ`, `PF_BK` and `PF_THREADS` of the kernel file.
 const BQ: i64 = 16;
@@ -18,7 +18,7 @@ fn smem_bytes(d: i64, dv: i64) -> i64 {
     4 * (BQ * d + BK * d + BK * dv + BQ * dv + BQ * BK + 3 * BQ)
 }
 
-pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
+pub(super) fn plan(a: &PrefillAttentionArgs<'_>) -> Result<Vec<Launch>> {
     let (n, d, dv) = (a.query.dim(1), a.query.dim(2), a.v.dim(2));
     let b = a.cu_seqlens_q.dim(0) - 1;
     let tiles = (a.max_seqlen_q + BQ - 1) / BQ;
@@ -47,5 +47,5 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let grid = (tiles as u32, n as u32, b as u32);
     // The kernel checks each sequence's bounds against Tq / Tk before touching rows.
     let smem = u32::try_from(smem).unwrap_or(u32::MAX);
-    cq.run(OP, &[kernel("prefill_attention_generic", a.query.dtype(), grid, THREADS, smem, args)])
+    Ok(vec![kernel("prefill_attention_generic", a.query.dtype(), grid, THREADS, smem, args)])
 }

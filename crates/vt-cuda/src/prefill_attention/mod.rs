@@ -185,13 +185,24 @@ fn choose(sm: u32, a: &PrefillAttentionArgs<'_>) -> Kernel {
 /// clear error.
 pub fn prefill_attention_with(q: &Queue, a: &PrefillAttentionArgs<'_>, kernel: Kernel) -> Result<Kernel> {
     let cq = CudaQueue::of(q, OP)?;
+    let (chosen, launches) = plan(cq.sm(), a, kernel)?;
+    if !launches.is_empty() {
+        cq.run(OP, &launches)?;
+    }
+    Ok(chosen)
+}
+
+/// The launches of one call on a device of compute capability `sm`, planned without the
+/// device (plain data; the PTX check in `ptx_check.rs` compares them with the kernels'
+/// parameter lists), and the kernel they run. Nothing to launch for an empty problem.
+pub(crate) fn plan(sm: u32, a: &PrefillAttentionArgs<'_>, kernel: Kernel) -> Result<(Kernel, Vec<Launch>)> {
     let (n, b) = (a.query.dim(1), a.cu_seqlens_q.dim(0) - 1);
     let chosen = match kernel {
-        Kernel::Auto => choose(cq.sm(), a),
+        Kernel::Auto => choose(sm, a),
         k => k,
     };
     if b <= 0 || n == 0 || a.max_seqlen_q == 0 || a.query.dim(0) == 0 {
-        return Ok(chosen);
+        return Ok((chosen, Vec::new()));
     }
     if matches!(chosen, Kernel::Mma | Kernel::Wgmma) && !tensor_core_ok(a) {
         return Err(Error::invalid(
@@ -206,20 +217,20 @@ pub fn prefill_attention_with(q: &Queue, a: &PrefillAttentionArgs<'_>, kernel: K
             ),
         ));
     }
-    match chosen {
-        Kernel::Generic | Kernel::Auto => generic::run(cq, a)?,
-        Kernel::Mma => sm80::run(cq, a, &Params::new(a, sm80::TILE_ROWS)?)?,
+    let launches = match chosen {
+        Kernel::Generic | Kernel::Auto => generic::plan(a)?,
+        Kernel::Mma => sm80::plan(a, &Params::new(a, sm80::TILE_ROWS)?)?,
         Kernel::Wgmma => {
-            if cq.sm() != 90 {
+            if sm != 90 {
                 return Err(Error::backend(
                     BACKEND,
-                    format!("{OP}: the wgmma kernel needs sm_90, device is sm_{}", cq.sm()),
+                    format!("{OP}: the wgmma kernel needs sm_90, device is sm_{sm}"),
                 ));
             }
-            sm90::run(cq, a, &Params::new(a, sm90::TILE_ROWS)?)?
+            sm90::plan(a, &Params::new(a, sm90::TILE_ROWS)?)?
         }
-    }
-    Ok(chosen)
+    };
+    Ok((chosen, launches))
 }
 
 /// The launch of the kernel `{base}_{dtype}` with `smem` bytes of dynamic shared memory and

@@ -6,7 +6,7 @@
 use vt_core::{Error, PrefillAttentionArgs, Result};
 
 use super::{kernel, Params, OP};
-use crate::{Arg, CudaQueue};
+use crate::{Arg, Launch};
 
 /// Query rows per CTA (`pf::sm80::ROWS`).
 pub(super) const TILE_ROWS: i64 = 128;
@@ -35,16 +35,13 @@ pub(super) fn smem_bytes(d: i64, dv: i64) -> Option<u32> {
     Some(TILE_ROWS as u32 * d * 2 + stages(d) * BN * (d + dv) * 2 + 128)
 }
 
-pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> Result<()> {
+pub(super) fn plan(a: &PrefillAttentionArgs<'_>, p: &Params) -> Result<Vec<Launch>> {
     let (d, dv) = (a.query.dim(2), a.v.dim(2));
     let smem = smem_bytes(d, dv)
         .ok_or_else(|| Error::invalid(OP, "query", format!("no mma kernel for head dims ({d}, {dv})")))?;
     // The dispatcher checked the grid against CUDA's limits (Params::new).
     let grid = (p.q_tiles as u32, a.query.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
-    cq.run(
-        OP,
-        &[kernel("prefill_attention_mma", a.query.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p)])],
-    )
+    Ok(vec![kernel("prefill_attention_mma", a.query.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p)])])
 }
 
 #[cfg(test)]

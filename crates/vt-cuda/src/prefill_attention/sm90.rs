@@ -7,7 +7,7 @@ use vt_core::{DType, Error, PrefillAttentionArgs, Result, Tensor};
 
 use super::{kernel, Params, OP};
 use crate::launch::TensorMapSpec;
-use crate::{Arg, CudaQueue};
+use crate::{Arg, Launch};
 
 /// Query rows per CTA (two consumer warpgroups of 64).
 pub(super) const TILE_ROWS: i64 = 128;
@@ -75,7 +75,7 @@ fn grid_order(a: &PrefillAttentionArgs<'_>) -> i32 {
     i32::from(a.causal && kv <= TILE_MAJOR_KV_BYTES)
 }
 
-pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> Result<()> {
+pub(super) fn plan(a: &PrefillAttentionArgs<'_>, p: &Params) -> Result<Vec<Launch>> {
     let mut p = *p;
     // Tile-major puts the query tiles on grid.y (at most 65535).
     p.order = if p.q_tiles <= 65_535 { grid_order(a) } else { 0 };
@@ -89,7 +89,7 @@ pub(super) fn run(cq: &CudaQueue, a: &PrefillAttentionArgs<'_>, p: &Params) -> R
     let smem = smem_bytes(d as u32, dv as u32);
     let (tiles, heads, seqs) = (p.q_tiles as u32, a.query.dim(1) as u32, (a.cu_seqlens_q.dim(0) - 1) as u32);
     let grid = if p.order == 1 { (heads, tiles, seqs) } else { (tiles, heads, seqs) };
-    cq.run(OP, &[kernel(base, a.query.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p), maps])])
+    Ok(vec![kernel(base, a.query.dtype(), grid, THREADS, smem, vec![Arg::of_struct(*p), maps])])
 }
 
 #[cfg(test)]
