@@ -291,6 +291,40 @@ impl<'w> MlaBlock<'w> {
         kv_cache: &Tensor<'_>,
         out: &Tensor<'_>,
     ) -> Result<()> {
+        self.launch_with(&PlainDecode, q, ws, hidden, meta, kv_cache, out)
+    }
+
+    /// [`MlaBlock::forward`] with the decode attention run by `decode` instead of the plain
+    /// op (decode context parallelism exchanges partial results there, see `tp::dcp`).
+    // `forward`'s arguments plus the hook: one over clippy's default limit of 7.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with(
+        &self,
+        decode: &dyn DecodeAttention,
+        q: &Queue,
+        ws: &mut MlaWorkspace,
+        hidden: &Tensor<'_>,
+        meta: &MlaBatchMetadata,
+        kv_cache: &Tensor<'_>,
+        out: &Tensor<'_>,
+    ) -> Result<()> {
+        self.check_step(q, hidden, meta, kv_cache, out)?;
+        self.prepare(q, ws, meta)?;
+        self.launch_with(decode, q, ws, hidden, meta, kv_cache, out)
+    }
+
+    /// [`MlaBlock::launch`] with the decode attention run by `decode`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_with(
+        &self,
+        decode: &dyn DecodeAttention,
+        q: &Queue,
+        ws: &MlaWorkspace,
+        hidden: &Tensor<'_>,
+        meta: &MlaBatchMetadata,
+        kv_cache: &Tensor<'_>,
+        out: &Tensor<'_>,
+    ) -> Result<()> {
         let t = self.check_step(q, hidden, meta, kv_cache, out)?;
         if t == 0 {
             return Ok(());
@@ -538,7 +572,7 @@ impl<'w> MlaBlock<'w> {
             concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_bn, rope: q_pe_bn })?;
             let mqa_q4 = mqa_q.as_strided(0, &[b, 1, n, l + r], &[n * (l + r), n * (l + r), l + r, 1])?;
             let mqa_out = ws.view(Slot::MqaOut, 0, &[b, 1, n, l])?;
-            mla_decode_attention(
+            decode.attend(
                 q,
                 &MlaDecodeAttentionArgs {
                     out: mqa_out,
@@ -579,6 +613,22 @@ impl<'w> MlaBlock<'w> {
         let key = ws.view(key_slot, 0, &[rows, n, d.qk_head_dim()])?;
         concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: key, nope: k_nope, rope: *k_pe })?;
         Ok((key, value))
+    }
+}
+
+/// How a step's decode attention runs: `out = MlaDecodeAttention(query, cache)` for the
+/// args the block passes (no lse). The plain op by default; decode context parallelism
+/// (`tp::dcp`) attends over the rank's share of the cache and merges the ranks' partials.
+pub trait DecodeAttention: Sync {
+    fn attend(&self, q: &Queue, args: &MlaDecodeAttentionArgs<'_>) -> Result<()>;
+}
+
+/// The plain op on the block's queue.
+struct PlainDecode;
+
+impl DecodeAttention for PlainDecode {
+    fn attend(&self, q: &Queue, args: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
+        mla_decode_attention(q, args)
     }
 }
 

@@ -29,7 +29,7 @@ pub mod tp;
 mod weights;
 mod workspace;
 
-pub use block::{missing_ops, MlaBlock, REQUIRED_OPS};
+pub use block::{missing_ops, DecodeAttention, MlaBlock, REQUIRED_OPS};
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use dims::MlaBlockDims;

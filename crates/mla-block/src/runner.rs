@@ -254,14 +254,14 @@ fn run_steps_with_progress(
 /// The host side of a run (shared by every rank of a tensor-parallel one): the order in
 /// which the forwards take the rows of `hidden`, and the inputs in that order.
 pub(crate) struct RowPlan {
-    s: i64,
-    t: i64,
-    h: i64,
+    pub(crate) s: i64,
+    pub(crate) t: i64,
+    pub(crate) h: i64,
     /// `(sequence, token)` of each staged row.
     order: Vec<(i64, i64)>,
     /// Rows of the largest forward.
-    max_step: i64,
-    staged: Vec<u8>,
+    pub(crate) max_step: i64,
+    pub(crate) staged: Vec<u8>,
 }
 
 impl RowPlan {

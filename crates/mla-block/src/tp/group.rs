@@ -54,6 +54,10 @@ impl fmt::Display for Transport {
 pub struct TpGroup {
     queues: Vec<Queue>,
     comms: Vec<Box<dyn Communicator>>,
+    /// Decode context parallelism: ranks `g*dcp .. (g+1)*dcp` form DCP group g; rank r
+    /// exchanges its partial decode attention through `dcp_comms[r]` (empty when dcp = 1).
+    dcp: usize,
+    dcp_comms: Vec<Box<dyn Communicator>>,
 }
 
 impl fmt::Debug for TpGroup {
@@ -95,7 +99,41 @@ impl TpGroup {
                 ));
             }
         }
-        Ok(TpGroup { queues, comms })
+        Ok(TpGroup { queues, comms, dcp: 1, dcp_comms: Vec::new() })
+    }
+
+    /// [`TpGroup::open`] with decode context parallelism: the `tp` ranks form `tp / dcp`
+    /// DCP groups of `dcp` consecutive ranks (as vLLM carves its DCP groups out of the TP
+    /// group), each with its own communicator of the same transport. `dcp` must divide `tp`.
+    pub fn open_with_dcp(kind: DeviceType, tp: usize, dcp: usize, transport: Transport) -> Result<TpGroup> {
+        if dcp == 0 || !tp.is_multiple_of(dcp) {
+            return Err(Error::invalid(OP, "dcp", format!("{dcp} must be >= 1 and divide tp = {tp}")));
+        }
+        let mut g = TpGroup::open(kind, tp, transport)?;
+        if dcp == 1 {
+            return Ok(g);
+        }
+        let name = g.comms[0].transport();
+        let backend = comm::backend(kind, name).ok_or_else(|| {
+            Error::invalid(OP, "transport", format!("no `{name}` communicator is registered for {kind}"))
+        })?;
+        let mut dcp_comms = Vec::with_capacity(tp);
+        for sub in g.queues.chunks(dcp) {
+            dcp_comms.extend(backend.group(sub)?);
+        }
+        g.dcp = dcp;
+        g.dcp_comms = dcp_comms;
+        Ok(g)
+    }
+
+    /// Ranks of one DCP group (1: no decode context parallelism).
+    pub fn dcp(&self) -> usize {
+        self.dcp
+    }
+
+    /// Rank `r`'s DCP communicator (`None` when dcp = 1).
+    pub fn dcp_comm(&self, r: usize) -> Option<&dyn Communicator> {
+        self.dcp_comms.get(r).map(|c| c.as_ref())
     }
 
     /// `tp` ranks on devices of `kind`, reducing through `transport`, the communicator
@@ -181,6 +219,7 @@ impl TpGroup {
             (_, 1) => format!("{n} ranks sharing {}", devs[0]),
             _ => format!("{n} ranks on {}", devs.join(", ")),
         };
-        format!("{place} over {}", self.comms[0].transport())
+        let dcp = if self.dcp > 1 { format!(", dcp = {}", self.dcp) } else { String::new() };
+        format!("{place} over {}{dcp}", self.comms[0].transport())
     }
 }

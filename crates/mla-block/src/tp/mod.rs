@@ -23,6 +23,7 @@
 //! let (out, stats) = run_schedule_tp(&group, &blocks, &hidden, &positions, &schedule, &opts)?;
 //! ```
 
+pub mod dcp;
 mod group;
 mod parity;
 pub(crate) mod random;

@@ -131,7 +131,7 @@ pub fn run_schedule_tp_with_progress(
 /// Runs `f(rank)` on one scoped thread per rank and returns the results in rank order.
 /// The first rank to fail aborts the group and `gates` (so no peer waits for it forever),
 /// and its error is the one returned.
-fn on_every_rank<T: Send>(
+pub(super) fn on_every_rank<T: Send>(
     group: &TpGroup,
     gates: &[&Gate],
     f: impl Fn(usize, &Queue, &dyn Communicator) -> Result<T> + Sync,
