@@ -53,7 +53,8 @@ const PARSED: [Want; 7] = [
         eps: 1e-6,
         max_pos: 163840,
         theta: 10000.0,
-        yarn: V2_YARN,
+        // V2.5 ships mscale 1.0 / mscale_all_dim 1.0 (V3's values), unlike V2's 0.707.
+        yarn: V3_YARN,
         fp8: false,
     },
     v3_like("deepseek-v3.json", 128, 163840, 10000.0, V3_YARN),
