@@ -15,6 +15,8 @@ pub(crate) enum Ty {
     F32,
     I32,
     I64,
+    /// Raw bytes of an fp8_ds_mla cache (`DType::Fp8DsMla`: values 0..=255, poison 0xff).
+    Fp8DsMla,
 }
 
 impl Ty {
@@ -24,6 +26,7 @@ impl Ty {
             Ty::F32 => DType::F32,
             Ty::I32 => DType::I32,
             Ty::I64 => DType::I64,
+            Ty::Fp8DsMla => DType::Fp8DsMla,
         }
     }
 }

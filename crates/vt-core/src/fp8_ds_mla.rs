@@ -17,7 +17,7 @@
 //! These host functions are the definition the CPU reference uses and the GPU kernels
 //! reproduce bit for bit (IEEE f32 division, then round to nearest even to e4m3).
 
-use crate::{f32_to_f8e4m3, f8e4m3_to_f32};
+use crate::{f32_to_f8e4m3, f8e4m3_to_f32, DType, Error, OpId, Result, Tensor};
 
 /// Latent values per row (kv_lora_rank).
 pub const LATENT: usize = 512;
@@ -76,6 +76,20 @@ pub fn decode_row(row: &[u8; ROW_BYTES], out: &mut [f32; DECODED]) {
         let at = ROPE_OFFSET + 2 * i;
         out[LATENT + i] = half::bf16::from_le_bytes([row[at], row[at + 1]]).to_f32();
     }
+}
+
+/// For a backend that has no fp8_ds_mla kernel for `op`: an error naming the op and the
+/// backend when `cache` is an fp8_ds_mla cache, so a float kernel never reads its bytes as
+/// floats (the declared gap of that backend).
+pub fn unsupported_on(op: OpId, backend: &'static str, cache: &Tensor<'_>) -> Result<()> {
+    if cache.dtype() == DType::Fp8DsMla {
+        return Err(Error::op_failed(
+            op,
+            backend,
+            format!("no {backend} kernel reads an fp8_ds_mla cache yet"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

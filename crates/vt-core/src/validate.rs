@@ -114,6 +114,19 @@ impl Check {
         Ok(())
     }
 
+    /// Whether an MLA cache is an fp8_ds_mla cache; if it is, also its rank (3), device
+    /// and row bytes ([`crate::fp8_ds_mla::ROW_BYTES`]). A float cache is left to the op's
+    /// own checks, which keep naming the argument they always named.
+    pub fn fp8_mla_cache(&self, arg: &'static str, cache: &Tensor<'_>) -> Result<bool> {
+        if cache.dtype() != DType::Fp8DsMla {
+            return Ok(false);
+        }
+        self.rank(arg, cache, 3)?;
+        self.on_device(arg, cache)?;
+        self.dim(arg, cache, 2, crate::fp8_ds_mla::ROW_BYTES as i64, "the fp8_ds_mla row bytes")?;
+        Ok(true)
+    }
+
     /// A paged cache `[NB, BS, D]` has a block size BS >= 1 (block arithmetic divides by it).
     pub fn block_size(&self, arg: &'static str, cache: &Tensor<'_>) -> Result<()> {
         if cache.dim(1) < 1 {

@@ -4,7 +4,7 @@
 use vt_core::{MlaDecodeAttentionArgs, OpId, Queue, Result};
 
 use crate::attention::{attend, Rows};
-use crate::gather_mla_cache::cache_row;
+use crate::gather_mla_cache::{cache_row, read_cache_row};
 use crate::host::HostView;
 
 const OP: OpId = OpId::MlaDecodeAttention;
@@ -32,7 +32,7 @@ pub(crate) fn run(_q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
             // Validation maps every position into the cache on the CPU; should one not
             // be, attention stops before it rather than reading a wrong row.
             let Some((blk, r)) = cache_row(&block_table, &cache, bi, j as i64) else { break };
-            cache.read_row(&[blk, r], &mut row[..d]);
+            read_cache_row(&cache, blk, r, &mut row[..d]);
             mapped = j + 1;
         }
         logits.resize(len, 0.0);

@@ -17,6 +17,7 @@ pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
 
 /// The kernel writes only rows of slots inside 0..NB*BS.
 pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Launch>> {
+    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
     let (nb, bs) = (a.cache.dim(0), a.cache.dim(1));
     if t == 0 || nb == 0 || bs == 0 {

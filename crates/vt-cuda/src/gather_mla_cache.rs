@@ -102,6 +102,7 @@ pub(crate) fn run(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
 /// Both kernels skip rows whose sequence, block index or block id is out of range, so they
 /// read only cache rows and write only rows below `rows` of the validated views.
 pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Launch>> {
+    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     let rows = a.out.dim(0);
     let (nb, bs, d) = (a.cache.dim(0), a.cache.dim(1), a.cache.dim(2));
     let nseq = a.block_table.dim(0);

@@ -286,6 +286,7 @@ pub fn mla_decode_attention_with(
     a: &MlaDecodeAttentionArgs<'_>,
     opts: &DecodeOptions,
 ) -> Result<Plan> {
+    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     let cq = CudaQueue::of(q, OP)?;
     let (b, m_total, dv) = (a.query.dim(0), a.query.dim(1) * a.query.dim(2), a.out.dim(3));
     if b == 0 || m_total == 0 {

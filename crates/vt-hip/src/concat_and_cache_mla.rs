@@ -6,6 +6,8 @@ use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
 
 pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Step>> {
+    // Declared gap: the HIP kernels read float caches only.
+    vt_core::fp8_ds_mla::unsupported_on(OpId::ConcatAndCacheMla, "hip", &a.cache)?;
     let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
     let c = &a.cache;
     let args = KernelArgs::new()

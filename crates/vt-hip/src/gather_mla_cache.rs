@@ -6,6 +6,8 @@ use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step};
 
 pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Step>> {
+    // Declared gap: the HIP kernels read float caches only.
+    vt_core::fp8_ds_mla::unsupported_on(OpId::GatherMlaCache, "hip", &a.cache)?;
     let (c, bt) = (&a.cache, &a.block_table);
     let rows = a.out.dim(0);
     let args = KernelArgs::new()

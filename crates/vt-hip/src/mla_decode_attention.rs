@@ -26,6 +26,8 @@ pub(crate) fn attention_shared_bytes(op: OpId, arg: &'static str, d: i64, dv: i6
 }
 
 pub(crate) fn plan(a: &MlaDecodeAttentionArgs<'_>) -> Result<Vec<Step>> {
+    // Declared gap: the HIP kernels read float caches only.
+    vt_core::fp8_ds_mla::unsupported_on(OpId::MlaDecodeAttention, "hip", &a.cache)?;
     let (b, sq, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
     let dv = a.out.dim(3);
     let shared = attention_shared_bytes(OP, "query", d, dv)?;

@@ -8,6 +8,7 @@
 
 mod attention;
 mod cache;
+mod fp8_cache;
 mod matmul;
 mod norm_rope;
 
@@ -27,10 +28,19 @@ pub fn cases(op: OpId, seed: u64) -> Vec<Case> {
         OpId::RmsNorm => norm_rope::rms_norm(&mut c),
         OpId::RopeFromCache => norm_rope::rope_from_cache(&mut c),
         OpId::FusedNormRope => norm_rope::fused_norm_rope(&mut c),
-        OpId::ConcatAndCacheMla => cache::concat_and_cache_mla(&mut c),
-        OpId::GatherMlaCache => cache::gather_mla_cache(&mut c),
+        OpId::ConcatAndCacheMla => {
+            cache::concat_and_cache_mla(&mut c);
+            fp8_cache::concat_and_cache_mla(&mut c)
+        }
+        OpId::GatherMlaCache => {
+            cache::gather_mla_cache(&mut c);
+            fp8_cache::gather_mla_cache(&mut c)
+        }
         OpId::ConcatMlaNopeRope => cache::concat_mla_nope_rope(&mut c),
-        OpId::MlaDecodeAttention => attention::mla_decode_attention(&mut c),
+        OpId::MlaDecodeAttention => {
+            attention::mla_decode_attention(&mut c);
+            fp8_cache::mla_decode_attention(&mut c)
+        }
         OpId::PrefillAttention => attention::prefill_attention(&mut c),
         OpId::MergeAttnStates => attention::merge_attn_states(&mut c),
     }

@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{check_cu_seqlens, host_ints, Check};
-use crate::{DType, OpId, Queue, Result, Tensor};
+use crate::{fp8_ds_mla, DType, OpId, Queue, Result, Tensor};
 
 /// Arguments of [`gather_mla_cache`].
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +21,10 @@ pub struct GatherMlaCacheArgs<'a> {
 ///
 /// - `out` `[T_ws, D]` with stride 1 on D (rows past `cu_seq_lens[B]` are untouched),
 ///   `cache` `[NB,BS,D]` (stride 1 on D); one float dtype.
+/// - Or an fp8 cache: `cache` `[NB,BS,656]` of [`DType::Fp8DsMla`] and `out` `[T_ws, 576]`
+///   in any float dtype (the 16-bit prefill workspace): each row is dequantized,
+///   [`fp8_ds_mla::decode_row`](crate::fp8_ds_mla::decode_row) (`e4m3(code) * scale` in
+///   f32, rope bf16), then rounded once to `out`'s dtype.
 /// - `block_table` `[B, MB]` i32, `cu_seq_lens` `[B+1]` i32 (0, nondecreasing, last <=
 ///   T_ws), `seq_starts` `[B]` i32 >= 0.
 /// - Errors (CPU): a position past the block table (`p / BS >= MB`) or a block id outside
@@ -33,10 +37,14 @@ pub fn gather_mla_cache(q: &Queue, args: &GatherMlaCacheArgs<'_>) -> Result<()> 
 fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     let c = Check::new(OpId::GatherMlaCache, q.device());
     c.float("out", &a.out, 2)?;
-    c.float("cache", &a.cache, 3)?;
-    c.same_dtype("out", &a.out, a.cache.dtype())?;
+    if c.fp8_mla_cache("cache", &a.cache)? {
+        c.dim("out", &a.out, 1, fp8_ds_mla::DECODED as i64, "the fp8_ds_mla decoded row width")?;
+    } else {
+        c.float("cache", &a.cache, 3)?;
+        c.same_dtype("out", &a.out, a.cache.dtype())?;
+        c.dim("out", &a.out, 1, a.cache.dim(2), "the cache row width")?;
+    }
     c.block_size("cache", &a.cache)?;
-    c.dim("out", &a.out, 1, a.cache.dim(2), "the cache row width")?;
     c.unit_inner("out", &a.out)?;
     c.unit_inner("cache", &a.cache)?;
     c.output("out", &a.out)?;

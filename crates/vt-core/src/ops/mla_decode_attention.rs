@@ -1,6 +1,6 @@
 use crate::registry::dispatch;
 use crate::validate::{host_ints, Check};
-use crate::{DType, OpId, Queue, Result, Tensor};
+use crate::{fp8_ds_mla, DType, OpId, Queue, Result, Tensor};
 
 use super::gather_mla_cache::check_block_table_rows;
 
@@ -29,6 +29,10 @@ pub struct MlaDecodeAttentionArgs<'a> {
 /// - `query` `[B, s_q, N, D]`, `cache` `[NB, BS, D]`, `out` `[B, s_q, N, Dv]` with `Dv <= D`
 ///   (MLA: D = kv_lora_rank + rope dim = 576, Dv = kv_lora_rank = 512); one float dtype;
 ///   stride 1 on the last dim of each.
+/// - Or an fp8 cache: `cache` `[NB, BS, 656]` of [`DType::Fp8DsMla`] with D = 576: the
+///   keys are the rows dequantized by
+///   [`fp8_ds_mla::decode_row`](crate::fp8_ds_mla::decode_row) (f32 values, not rounded to
+///   the query's dtype), so a backend attends over exactly the values the CPU does.
 /// - `lse` (optional) `[B, N, s_q]` f32, natural log.
 /// - `block_table` `[B, MB]` i32, `seq_lens` `[B]` i32 with `0 <= seq_lens[b] <= MB * BS`.
 /// - A query that sees no key (empty sequence) gets `out = 0` and `lse = -inf`.
@@ -41,13 +45,22 @@ pub fn mla_decode_attention(q: &Queue, args: &MlaDecodeAttentionArgs<'_>) -> Res
 fn validate(queue: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     let c = Check::new(OpId::MlaDecodeAttention, queue.device());
     c.float("query", &a.query, 4)?;
-    c.float("cache", &a.cache, 3)?;
+    let fp8 = c.fp8_mla_cache("cache", &a.cache)?;
+    if !fp8 {
+        c.float("cache", &a.cache, 3)?;
+    }
     c.float("out", &a.out, 4)?;
     let dt = a.query.dtype();
-    c.same_dtype("cache", &a.cache, dt)?;
+    if !fp8 {
+        c.same_dtype("cache", &a.cache, dt)?;
+    }
     c.same_dtype("out", &a.out, dt)?;
     let (b, sq, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
-    c.dim("cache", &a.cache, 2, d, "query's head dim D")?;
+    if fp8 {
+        c.dim("query", &a.query, 3, fp8_ds_mla::DECODED as i64, "the fp8_ds_mla decoded row width")?;
+    } else {
+        c.dim("cache", &a.cache, 2, d, "query's head dim D")?;
+    }
     c.block_size("cache", &a.cache)?;
     c.dim("out", &a.out, 0, b, "query's B")?;
     c.dim("out", &a.out, 1, sq, "query's s_q")?;
