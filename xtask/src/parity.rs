@@ -63,7 +63,7 @@ struct Options {
 }
 
 pub fn run(args: Args) -> Result<ExitCode, String> {
-    if args.tp_args.tp.is_some() {
+    if args.tp_args.tp.is_some() || args.tp_args.dcp.is_some() {
         return crate::parity_tp::run(crate::parity_tp::options(&args.backend, args.seed, args.tp_args));
     }
     let opts = options(args);

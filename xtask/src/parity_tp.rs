@@ -11,6 +11,11 @@
 //! through NCCL, one GPU per rank: fewer GPUs than N is an error naming how many were
 //! found (`--transport host` runs the N ranks on the GPUs there are, sharing them).
 //! `--backend cpu` runs N CPU ranks with the host communicator. Exits non-zero on any FAIL.
+//!
+//! `--dcp N` (alone, or with `--tp M` a multiple of N; `--tp` defaults to N) adds decode
+//! context parallelism: each DCP group of N ranks splits the cache by token (token j on
+//! rank j % N), still compared against the plain block. Chunked-context prefill is not
+//! implemented under DCP, so the goldens' mixed schedule becomes `prefill:T/2,decode:T-T/2`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,26 +25,31 @@ use mla_block::runner::{RunOptions, Schedule};
 use mla_block::tp::{check_tp, compare_tp, RandomLayerSpec, TpCase, TpGroup, Transport};
 use vt_core::{DType, DeviceType, Probe};
 
-/// The options of `cargo xtask parity --tp N` (each needs `--tp`).
+/// The options of `cargo xtask parity --tp N` / `--dcp N` (each needs one of them).
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("tp_or_dcp").args(["tp", "dcp"]).multiple(true)))]
 pub struct TpArgs {
     /// Compare the MLA block on N tensor-parallel ranks against TP = 1.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub tp: Option<u64>,
+    /// Decode context parallelism: DCP groups of N ranks, the cache split by token over
+    /// them (--tp defaults to N and must be a multiple of it).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub dcp: Option<u64>,
     /// With --tp: how ranks reduce: auto, host or nccl [default: auto].
-    #[arg(long, requires = "tp", value_name = "KIND", value_parser = parse_transport)]
+    #[arg(long, requires = "tp_or_dcp", value_name = "KIND", value_parser = parse_transport)]
     pub transport: Option<Transport>,
     /// With --tp: folder of golden cases [default: tests/golden].
-    #[arg(long, requires = "tp", value_name = "DIR")]
+    #[arg(long, requires = "tp_or_dcp", value_name = "DIR")]
     pub golden: Option<PathBuf>,
     /// With --tp: the random layer: v3, small or none [default: v3 on a GPU, small on the CPU].
-    #[arg(long, requires = "tp", value_name = "SPEC")]
+    #[arg(long, requires = "tp_or_dcp", value_name = "SPEC")]
     pub random: Option<String>,
     /// With --tp: sequences of the random layer's batch [default: 4].
-    #[arg(long, requires = "tp", value_name = "S", value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, requires = "tp_or_dcp", value_name = "S", value_parser = clap::value_parser!(i64).range(1..))]
     pub seqs: Option<i64>,
     /// With --tp: tokens of the random layer's batch [default: 64].
-    #[arg(long, requires = "tp", value_name = "T", value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, requires = "tp_or_dcp", value_name = "T", value_parser = clap::value_parser!(i64).range(1..))]
     pub tokens: Option<i64>,
 }
 
@@ -49,6 +59,7 @@ fn parse_transport(s: &str) -> Result<Transport, String> {
 
 pub struct Options {
     tp: usize,
+    dcp: usize,
     backend: Option<DeviceType>,
     transport: Transport,
     golden: PathBuf,
@@ -65,7 +76,8 @@ pub fn options(backend: &[DeviceType], seed: Option<u64>, a: TpArgs) -> Result<O
         return Err(format!("--backend with --tp takes one backend (cpu or cuda), got {}", backend.len()));
     }
     Ok(Options {
-        tp: a.tp.unwrap_or(1) as usize,
+        tp: a.tp.or(a.dcp).unwrap_or(1) as usize,
+        dcp: a.dcp.unwrap_or(1) as usize,
         backend: backend.first().copied(),
         transport: a.transport.unwrap_or(Transport::Auto),
         golden: a.golden.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden")),
@@ -88,12 +100,14 @@ pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
             return Err(format!("--tp {0} needs {0} {kind} device(s), found 0 ({kind}: {p})", o.tp));
         }
     }
-    let group = TpGroup::open(kind, o.tp, o.transport).map_err(|e| e.to_string())?;
+    let group = TpGroup::open_with_dcp(kind, o.tp, o.dcp, o.transport).map_err(|e| e.to_string())?;
     let started = Instant::now();
     println!(
-        "vt parity --tp {}: TP={} vs TP=1 (the plain block on {})",
+        "vt parity --tp {} --dcp {}: TP={} DCP={} vs TP=1 DCP=1 (the plain block on {})",
         o.tp,
+        o.dcp,
         o.tp,
+        o.dcp,
         group.queues()[0].device()
     );
     println!("ranks: {}", group.describe());
@@ -123,7 +137,15 @@ pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
                 let n = case.t();
                 let all = RunOptions { block_size: 64, chunk_workspace_tokens: None };
                 report(&mut t, &group, o.tp, &case, &format!("prefill:{n}"), &all);
-                if n > 17 {
+                if o.dcp > 1 {
+                    // prefill, then decode over the split cache (no chunked context under DCP;
+                    // every rank holds a token before the first decode)
+                    let half = n / 2;
+                    if half >= o.dcp as i64 {
+                        let sch = format!("prefill:{half},decode:{}", n - half);
+                        report(&mut t, &group, o.tp, &case, &sch, &all);
+                    }
+                } else if n > 17 {
                     // prefill, chunked context through a 4-row workspace, decode
                     let mixed = format!("prefill:5,decode:3,prefill:9,decode:{}", n - 17);
                     let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(4) };

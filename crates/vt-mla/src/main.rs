@@ -3,7 +3,7 @@
 //! ```text
 //! vt-mla run --config C.json --weights W.safetensors|INDEX.json|DIR --input IN.safetensors --output OUT.safetensors
 //!            [--layer N | --layer-prefix P] [--backend auto|cpu|cuda|hip] [--schedule prefill:N,decode:N,...]
-//!            [--block-size 64] [--tp N [--transport auto|host|nccl]]
+//!            [--block-size 64] [--tp N] [--dcp M] [--transport auto|host|nccl]
 //! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|small] ... (decode-step time per TP)
 //! vt-mla bench-prefill [--tokens 1024,4096,8192] [--context C] [--peer FILE] ... (prefill forward, per op)
 //! vt-mla info
@@ -72,6 +72,7 @@ impl BackendArg {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("tp_or_dcp").args(["tp", "dcp"]).multiple(true)))]
 struct RunArgs {
     /// The model's Hugging Face `config.json`.
     #[arg(long, value_name = "FILE")]
@@ -107,8 +108,13 @@ struct RunArgs {
     /// Split the heads over N ranks (N devices, or N CPU ranks).
     #[arg(long, value_name = "N", value_parser = positive_usize)]
     tp: Option<usize>,
-    /// How the ranks all-reduce (with --tp).
-    #[arg(long, value_enum, requires = "tp")]
+    /// Decode context parallelism: DCP groups of N ranks split the KV cache by token (token
+    /// j on rank j % N); --tp defaults to N and must be a multiple of it. Prefill runs
+    /// unsplit and may not follow cached tokens (no chunked-context prefill under DCP).
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    dcp: Option<usize>,
+    /// How the ranks all-reduce (with --tp or --dcp).
+    #[arg(long, value_enum, requires = "tp_or_dcp")]
     transport: Option<tp::TransportArg>,
 }
 
@@ -229,7 +235,9 @@ fn run(a: &RunArgs) -> Result<()> {
         &a.output,
         &[("--config", &a.config), ("--weights", &a.weights), ("--input", &a.input)],
     )?;
-    let kind = match (a.tp, pick_device(a.backend)) {
+    // `--dcp N` alone runs N ranks (TP = DCP = N).
+    let ranks = a.tp.or(a.dcp);
+    let kind = match (ranks, pick_device(a.backend)) {
         (Some(tp), Err(e)) => return Err(tp::no_devices(tp, a.backend, e)),
         (_, k) => k?,
     };
@@ -261,7 +269,7 @@ fn run(a: &RunArgs) -> Result<()> {
             ));
         }
     }
-    if let Some(n) = a.tp {
+    if let Some(n) = ranks {
         let heads = cfg.dims.num_heads;
         if i64::try_from(n).map_or(true, |n| n > heads || heads % n != 0) {
             return Err(Error::other(
@@ -291,7 +299,7 @@ fn run(a: &RunArgs) -> Result<()> {
         (None, Some(p)) => p.clone(),
         (None, None) => DEFAULT_LAYER_PREFIX.to_string(),
     };
-    let (out, stats, fused, ranks) = match a.tp {
+    let (out, stats, fused, ranks) = match ranks {
         None => {
             let queue = Queue::new(Device::new(kind, 0))?;
             let ckpt = Checkpoint::open(&a.weights)?;
@@ -316,9 +324,10 @@ fn run(a: &RunArgs) -> Result<()> {
         }
         Some(n) => {
             let transport = a.transport.unwrap_or(tp::TransportArg::Auto);
+            let dcp = a.dcp.unwrap_or(1);
             let r = tp::run(
                 kind,
-                n,
+                (n, dcp),
                 transport,
                 &cfg,
                 (&a.weights, &prefix),

@@ -118,14 +118,15 @@ pub struct TpRun {
     pub group: String,
 }
 
-/// `vt-mla run --tp N`: the layer split over N ranks of `kind`; `weights` is the
+/// `vt-mla run --tp N [--dcp M]`: the layer split over N ranks of `kind` (the cache over
+/// each DCP group of M of them); `weights` is the
 /// checkpoint and the layer's name prefix in it.
 // The command's options one by one (its clap struct lives in main.rs): over clippy's default
 // argument limit, which clippy.toml no longer raises.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     kind: DeviceType,
-    tp: usize,
+    (tp, dcp): (usize, usize),
     transport: TransportArg,
     cfg: &MlaConfig,
     weights: (&Path, &str),
@@ -135,17 +136,21 @@ pub fn run(
     opts: &RunOptions,
 ) -> Result<TpRun> {
     mla_block::tp::check_tp(&cfg.dims, tp)?;
-    let group = TpGroup::open(kind, tp, transport.into())?;
+    let group = TpGroup::open_with_dcp(kind, tp, dcp, transport.into())?;
     let host = progress::load_weights(weights.0, &cfg.dims, weights.1, hidden.dtype)?;
     let model = progress::stage(format!("splitting and uploading the weights to {tp} ranks"), || {
         TpModel::load(&group, cfg, &host)
     })?;
     let blocks = model.blocks(None)?;
     let bar = progress::forwards(schedule.forwards().count());
-    let (out, stats) =
+    let (out, stats) = if dcp > 1 {
+        // The DCP runner reports no progress per forward: the bar ends when it returns.
+        mla_block::tp::dcp::run_schedule_dcp(&group, &blocks, hidden, positions, schedule, opts)?
+    } else {
         run_schedule_tp_with_progress(&group, &blocks, hidden, positions, schedule, opts, &|d, _| {
             bar.set_position(d as u64)
-        })?;
+        })?
+    };
     bar.finish_and_clear();
     if !stats.ranks_identical {
         return Err(Error::other("vt-mla run", "the ranks' all-reduced outputs differ"));

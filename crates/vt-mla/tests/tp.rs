@@ -39,6 +39,31 @@ fn cli_run_with_tp_matches_tp1_and_names_what_is_missing() {
 }
 
 #[test]
+fn cli_run_with_dcp_matches_dcp1_and_refuses_chunked_context() {
+    let Some(dir) = golden_case("v2lite_yarn_f32") else { return };
+    let schedule = ["--schedule", "prefill:20,decode:20", "--block-size", "4", "--backend", "cpu"];
+    let (a, b, c) = (tmp("dcp1.safetensors"), tmp("dcp2.safetensors"), tmp("tp4dcp2.safetensors"));
+    let o1 = vt_mla_run(&dir, &a, &schedule);
+    assert!(o1.status.success(), "{}", String::from_utf8_lossy(&o1.stderr));
+    for (out, extra) in [(&b, &["--dcp", "2"][..]), (&c, &["--tp", "4", "--dcp", "2"][..])] {
+        let o = vt_mla_run(&dir, out, &[&schedule[..], extra].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{extra:?}: {err}");
+        assert!(err.contains("dcp = 2"), "{err}");
+        let e = common::rel_frobenius(&read_out(out).to_f64(), &read_out(&a).to_f64());
+        eprintln!("vt-mla run {extra:?} vs dcp 1: {e:.3e}");
+        assert!(e <= 1e-5, "{extra:?}: {e:.3e}");
+    }
+    let chunked = ["--schedule", "prefill:12,decode:8,prefill:20", "--backend", "cpu", "--dcp", "2"];
+    let o = vt_mla_run(&dir, &tmp("dcpx.safetensors"), &chunked);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("chunked-context prefill"), "{err}");
+    let o = vt_mla_run(&dir, &tmp("dcpy.safetensors"), &["--backend", "cpu", "--tp", "4", "--dcp", "3"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("divide tp = 4"), "{err}");
+}
+
+#[test]
 fn cli_bench_prints_the_scaling_table() {
     let o = vt_mla()
         .args([

@@ -6,9 +6,10 @@ use std::path::Path;
 use safetensors::SafeTensors;
 use vt_core::{DType, Device, Error, Queue, Result};
 
+use super::dcp::run_schedule_dcp;
 use super::group::TpGroup;
 use super::random::RandomLayerSpec;
-use super::run::{run_schedule_tp, TpModel, TpRunStats};
+use super::run::{TpModel, TpRunStats};
 use crate::block::MlaBlock;
 use crate::config::MlaConfig;
 use crate::runner::{positions_or_default, run_schedule, RunOptions, Schedule};
@@ -147,7 +148,7 @@ impl TpComparison {
     }
 }
 
-/// Runs `case` through `group` (TP = its size) and through the ordinary block on a fresh
+/// Runs `case` through `group` (TP = its size, DCP = [`TpGroup::dcp`]) and through the ordinary block on a fresh
 /// queue of rank 0's device (TP = 1, no communicator), under `schedule`.
 pub fn compare_tp(
     case: &TpCase,
@@ -183,7 +184,8 @@ pub fn compare_tp_against(
 ) -> Result<TpComparison> {
     let model = TpModel::load(group, &case.cfg, &case.weights)?;
     let blocks = model.blocks(None)?;
-    let (tpn, stats) = run_schedule_tp(group, &blocks, &case.hidden, &case.positions, schedule, opts)?;
+    // Under DCP (group.dcp() > 1) the ranks' caches hold their shares; dcp = 1 is the TP run.
+    let (tpn, stats) = run_schedule_dcp(group, &blocks, &case.hidden, &case.positions, schedule, opts)?;
     let expected = case.expected.as_ref().map(|e| e.to_f64());
     let vs = |out: &HostTensor| expected.as_ref().map(|e| rel_frobenius(&out.to_f64(), e));
     Ok(TpComparison {
