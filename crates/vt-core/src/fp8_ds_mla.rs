@@ -1,4 +1,4 @@
-//! The `fp8_ds_mla` latent-cache row ([`DType::Fp8DsMla`](crate::DType::Fp8DsMla)): the
+//! The `fp8_ds_mla` latent-cache row ([`DType::Fp8DsMla`]): the
 //! format of FlashMLA and vLLM, 656 bytes per token.
 //!
 //! | bytes | what |
