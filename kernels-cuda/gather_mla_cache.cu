@@ -114,3 +114,47 @@ __device__ void gather_mla_cache(T* out, i64 o_s, i64 rows, const T* cache, i64 
                    starts, st_s, lpr_log2);                                                                 \
     }
 VT_FOR_EACH_FLOAT(VT_GATHER)
+
+// The fp8_ds_mla cache (fp8_ds_mla.cuh): the scalar kernel's row lookup, one block per
+// workspace row, each thread dequantizing values of the 576 (e4m3 * scale in f32, rope
+// bf16) and rounding once to the workspace dtype: gather_mla_cache_fp8_{bf16,f16,f32}.
+#include "fp8_ds_mla.cuh"
+
+template <typename T>
+__device__ void gather_mla_cache_fp8(T* out, i64 o_s, i64 rows, const unsigned char* cache, i64 c_sb, i64 c_sr,
+                                     i64 nb, i64 bs, const int* bt, i64 bt_sb, i64 bt_sc, i64 mb, const int* cu,
+                                     i64 cu_s, int nseq, const int* starts, i64 st_s) {
+    if (nseq <= 0) return;
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        if ((i64)cu[0] > r) continue;
+        int lo = 0, hi = nseq - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if ((i64)cu[mid * cu_s] <= r) lo = mid; else hi = mid - 1;
+        }
+        const i64 begin = cu[lo * cu_s], end = cu[(lo + 1) * cu_s];
+        if (r < begin || r >= end) continue;
+        const i64 start = starts != nullptr ? (i64)starts[lo * st_s] : 0;
+        if (start < 0) continue;
+        const i64 p = start + (r - begin);
+        const i64 blk = p / bs;
+        if (blk >= mb) continue;
+        const i64 id = bt[lo * bt_sb + blk * bt_sc];
+        if (id < 0 || id >= nb) continue;
+        const unsigned char* src = cache + id * c_sb + (p % bs) * c_sr;
+        T* dst = out + r * o_s;
+        for (int i = threadIdx.x; i < vt::fp8ds::DECODED; i += blockDim.x) {
+            dst[i] = vt::from_f32<T>(vt::fp8ds::value(src, i));
+        }
+    }
+}
+
+#define VT_GATHER_FP8(S, T)                                                                                 \
+    extern "C" __global__ void gather_mla_cache_fp8_##S(T* out, i64 o_s, i64 rows, const unsigned char* cache, \
+                                                        i64 c_sb, i64 c_sr, i64 nb, i64 bs, const int* bt,  \
+                                                        i64 bt_sb, i64 bt_sc, i64 mb, const int* cu,        \
+                                                        i64 cu_s, int nseq, const int* starts, i64 st_s) {  \
+        gather_mla_cache_fp8<T>(out, o_s, rows, cache, c_sb, c_sr, nb, bs, bt, bt_sb, bt_sc, mb, cu, cu_s,  \
+                                nseq, starts, st_s);                                                        \
+    }
+VT_FOR_EACH_FLOAT(VT_GATHER_FP8)

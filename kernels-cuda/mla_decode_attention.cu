@@ -20,6 +20,7 @@
 // Kernels (all take one Params struct):
 // - mla_decode_generic_{bf16,f16,f32}: any D, Dv, strides; a warp per key, f32 math. One
 //   query row per CTA. Simple and obviously right; used for f32 and unusual shapes.
+//   mla_decode_generic_fp8_*: the same over an fp8_ds_mla cache, dequantized on load.
 // - mla_decode_mma{16,32,64}_{bf16,f16}: D = 576, Dv = 512, 16/32/64 query rows per CTA,
 //   mma.sync m16n8k16 tensor cores (sm_80+), KV tiles loaded with cp.async as 32-token
 //   halves into a ring of five (four at 64 rows) 128-byte-swizzled half-tile slots,
@@ -38,6 +39,7 @@
 // Softmax runs in the log2 domain (scale_log2 = scale * log2(e)); partial lse are log2,
 // the lse output is natural log.
 #include "common.cuh"
+#include "fp8_ds_mla.cuh"
 #include "tensor_core.cuh"
 
 namespace mla {
@@ -274,7 +276,21 @@ __device__ __forceinline__ void store_lse(const Params& p, const Segment& sg, in
 // Generic kernel: any D and Dv, any float type. grid (num_parts, m_total), 128 threads.
 // Dynamic shared memory: D + 4 * Dv floats.
 // ---------------------------------------------------------------------------------------
-template <typename T>
+// Key value i of a cache row: a T element, or (FP8) value i of an fp8_ds_mla row
+// dequantized on load (fp8_ds_mla.cuh), the same f32 the CPU reference attends over.
+template <typename T, bool FP8> struct KeyRow;
+template <typename T> struct KeyRow<T, false> {
+    const T* k;
+    __device__ KeyRow(const void* cache, i64 off) : k((const T*)cache + off) {}
+    __device__ __forceinline__ float operator[](int i) const { return vt::to_f32(k[i]); }
+};
+template <typename T> struct KeyRow<T, true> {
+    const unsigned char* k;
+    __device__ KeyRow(const void* cache, i64 off) : k((const unsigned char*)cache + off) {}
+    __device__ __forceinline__ float operator[](int i) const { return vt::fp8ds::value(k, i); }
+};
+
+template <typename T, bool FP8 = false>
 __device__ void decode_generic(const Params& p) {
     __shared__ int sched[40];
     __shared__ float wm[4], wl[4];
@@ -301,16 +317,16 @@ __device__ void decode_generic(const Params& p) {
             const int bi = j / p.BS;
             const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
             if (blk < 0 || blk >= p.NB) continue;
-            const T* k = (const T*)p.cache + blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+            const KeyRow<T, FP8> k(p.cache, blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow);
             float dot = 0.0f;
-            for (int i = lane; i < p.d; i += 32) dot = fmaf(qrow[i], vt::to_f32(k[i]), dot);
+            for (int i = lane; i < p.d; i += 32) dot = fmaf(qrow[i], k[i], dot);
             dot = vt::warp_sum(dot) * p.scale_log2;
             const float mn = fmaxf(m, dot);
             const float a = exp2f(m - mn);
             const float pj = exp2f(dot - mn);
             l = l * a + pj;
             m = mn;
-            for (int i = lane; i < p.dv; i += 32) ow[i] = fmaf(pj, vt::to_f32(k[i]), ow[i] * a);
+            for (int i = lane; i < p.dv; i += 32) ow[i] = fmaf(pj, k[i], ow[i] * a);
         }
         if (lane == 0) {
             wm[warp] = m;
@@ -1315,6 +1331,15 @@ MLA_WGMMA(f16, f16)
         mla::combine<T>(p);                                                                   \
     }
 VT_FOR_EACH_FLOAT(MLA_GENERIC)
+
+// The generic kernel over an fp8_ds_mla cache (D = 576), per query dtype; its partials go
+// through mla_decode_combine_* as the float cache's do.
+#define MLA_GENERIC_FP8(S, T)                                                                 \
+    extern "C" __global__ void __launch_bounds__(mla::GEN_THREADS)                            \
+        mla_decode_generic_fp8_##S(const mla::Params p) {                                     \
+        mla::decode_generic<T, true>(p);                                                      \
+    }
+VT_FOR_EACH_FLOAT(MLA_GENERIC_FP8)
 
 #define MLA_MMA_KERNEL(NAME, S, T, MR, HS)                                                    \
     extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) NAME##_##S(const mla::Params p) { \

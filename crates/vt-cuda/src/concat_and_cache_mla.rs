@@ -2,7 +2,7 @@
 //! (`kernels-cuda/concat_and_cache_mla.cu`); padding and out-of-range slots are skipped on
 //! the device.
 
-use vt_core::{ConcatAndCacheMlaArgs, OpId, Queue, Result};
+use vt_core::{ConcatAndCacheMlaArgs, DType, OpId, Queue, Result};
 
 use crate::rope_from_cache::int;
 use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
@@ -17,11 +17,13 @@ pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
 
 /// The kernel writes only rows of slots inside 0..NB*BS.
 pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Launch>> {
-    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     let (t, l, r) = (a.kv_c.dim(0), a.kv_c.dim(1), a.k_pe.dim(1));
     let (nb, bs) = (a.cache.dim(0), a.cache.dim(1));
     if t == 0 || nb == 0 || bs == 0 {
         return Ok(vec![]);
+    }
+    if a.cache.dtype() == DType::Fp8DsMla {
+        return Ok(vec![fp8_plan(a, t, nb, bs)]);
     }
     let args: [Arg; 14] = [
         a.kv_c.data_addr().into(),
@@ -40,4 +42,25 @@ pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Launch>> {
         bs.into(),
     ];
     Ok(vec![Launch::new(&SRC, "concat_and_cache_mla", a.cache.dtype(), (grid_1d(t), 1, 1), 128, args)])
+}
+
+/// An fp8_ds_mla cache: `concat_and_cache_mla_fp8_{kv dtype}`, one block of 128 threads
+/// (a warp per 128-value scale group) per token; validation fixed L = 512, R = 64. Cache
+/// strides are in bytes (one-byte elements).
+fn fp8_plan(a: &ConcatAndCacheMlaArgs<'_>, t: i64, nb: i64, bs: i64) -> Launch {
+    let args: [Arg; 12] = [
+        a.kv_c.data_addr().into(),
+        a.kv_c.stride(0).into(),
+        a.k_pe.data_addr().into(),
+        a.k_pe.stride(0).into(),
+        a.cache.data_addr().into(),
+        a.cache.stride(0).into(),
+        a.cache.stride(1).into(),
+        a.slot_mapping.data_addr().into(),
+        a.slot_mapping.stride(0).into(),
+        t.into(),
+        nb.into(),
+        bs.into(),
+    ];
+    Launch::new(&SRC, "concat_and_cache_mla_fp8", a.kv_c.dtype(), (grid_1d(t), 1, 1), 128, args)
 }

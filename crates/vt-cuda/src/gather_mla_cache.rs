@@ -25,7 +25,7 @@
 //! - `gather_mla_cache` (fallback, any other view): one block per row, one element per
 //!   thread per step.
 
-use vt_core::{GatherMlaCacheArgs, OpId, Queue, Result};
+use vt_core::{DType, GatherMlaCacheArgs, OpId, Queue, Result};
 
 use crate::rope_from_cache::int;
 use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
@@ -102,7 +102,6 @@ pub(crate) fn run(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
 /// Both kernels skip rows whose sequence, block index or block id is out of range, so they
 /// read only cache rows and write only rows below `rows` of the validated views.
 pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Launch>> {
-    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     let rows = a.out.dim(0);
     let (nb, bs, d) = (a.cache.dim(0), a.cache.dim(1), a.cache.dim(2));
     let nseq = a.block_table.dim(0);
@@ -113,6 +112,31 @@ pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Launch>> {
         Some(s) => (s.data_addr(), s.stride(0)),
         None => (0, 0),
     };
+    if a.cache.dtype() == DType::Fp8DsMla {
+        // Dequantize on load, one block per workspace row (the scalar kernel's lookup);
+        // cache strides are in bytes.
+        let args: [Arg; 17] = [
+            a.out.data_addr().into(),
+            a.out.stride(0).into(),
+            rows.into(),
+            a.cache.data_addr().into(),
+            a.cache.stride(0).into(),
+            a.cache.stride(1).into(),
+            nb.into(),
+            bs.into(),
+            a.block_table.data_addr().into(),
+            a.block_table.stride(0).into(),
+            a.block_table.stride(1).into(),
+            a.block_table.dim(1).into(),
+            a.cu_seq_lens.data_addr().into(),
+            a.cu_seq_lens.stride(0).into(),
+            int(OP, "block_table", nseq)?.into(),
+            starts.into(),
+            st_s.into(),
+        ];
+        let grid = (grid_1d(rows), 1, 1);
+        return Ok(vec![Launch::new(&SRC, "gather_mla_cache_fp8", a.out.dtype(), grid, 128, args)]);
+    }
     if let Some(v) = vec_plan(a) {
         // The kernel's `unsigned` parameters take these non-negative i32 values (same ABI).
         let args: [Arg; 19] = [

@@ -36,6 +36,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../../kernels-cuda/common.cuh")),
     ("norm_rope.cuh", include_str!("../../../kernels-cuda/norm_rope.cuh")),
     ("tensor_core.cuh", include_str!("../../../kernels-cuda/tensor_core.cuh")),
+    ("fp8_ds_mla.cuh", include_str!("../../../kernels-cuda/fp8_ds_mla.cuh")),
     ("prefill_attention/params.cuh", include_str!("../../../kernels-cuda/prefill_attention/params.cuh")),
     ("prefill_attention/sm80.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm80.cuh")),
     ("prefill_attention/sm90.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm90.cuh")),

@@ -286,7 +286,6 @@ pub fn mla_decode_attention_with(
     a: &MlaDecodeAttentionArgs<'_>,
     opts: &DecodeOptions,
 ) -> Result<Plan> {
-    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     let cq = CudaQueue::of(q, OP)?;
     let (b, m_total, dv) = (a.query.dim(0), a.query.dim(1) * a.query.dim(2), a.out.dim(3));
     if b == 0 || m_total == 0 {
@@ -325,6 +324,9 @@ pub(crate) fn choose(
     let dv = a.out.dim(3);
     let m_total = s_q * n;
     let dt = a.query.dtype();
+    // An fp8_ds_mla cache runs the generic kernel, dequantizing on load (the tensor-core
+    // kernels read 16-bit rows only).
+    let fp8 = a.cache.dtype() == DType::Fp8DsMla;
 
     let mma_rows = if m_total <= 16 {
         16
@@ -334,7 +336,8 @@ pub(crate) fn choose(
         64
     };
     let fits = |bytes: u32| bytes <= info.smem_optin;
-    let fast = d == FAST_D
+    let fast = !fp8
+        && d == FAST_D
         && dv == FAST_DV
         && dt != DType::F32
         && rows_aligned(&a.query, &[0, 1, 2])
@@ -350,7 +353,10 @@ pub(crate) fn choose(
         Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma if !fast => {
             return Err(Error::backend(
                 BACKEND,
-                format!("{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512 and aligned rows"),
+                format!(
+                    "{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512, aligned rows and a \
+                     16-bit (not fp8_ds_mla) cache"
+                ),
             ))
         }
         Kernel::Wgmma if !info.wgmma => {
@@ -385,7 +391,11 @@ pub(crate) fn choose(
                     format!("head dims D = {d}, Dv = {dv} need {bytes} bytes of shared memory (at most {MAX_SMEM})"),
                 ));
             }
-            ("mla_decode_generic", "generic", 1, bytes as u32, GEN_THREADS)
+            if fp8 {
+                ("mla_decode_generic_fp8", "generic_fp8", 1, bytes as u32, GEN_THREADS)
+            } else {
+                ("mla_decode_generic", "generic", 1, bytes as u32, GEN_THREADS)
+            }
         }
     };
     if kernel != Kernel::Generic && !fits(smem) {

@@ -169,6 +169,22 @@ fn samples(dt: DType) -> Result<Samples> {
         slot_mapping: f.c(DType::I64, &[t]),
     };
     add("ConcatAndCacheMla".into(), crate::concat_and_cache_mla::plan(&a)?);
+    // The fp8_ds_mla cache (656-byte rows of L = 512, R = 64) and its gather.
+    let a = ConcatAndCacheMlaArgs {
+        kv_c: f.c(dt, &[t, 512]),
+        k_pe: f.t(dt, &[t, 64], &[576, 1]),
+        cache: f.c(DType::Fp8DsMla, &[nb, 4, 656]),
+        slot_mapping: f.c(DType::I64, &[t]),
+    };
+    add("ConcatAndCacheMla (fp8_ds_mla)".into(), crate::concat_and_cache_mla::plan(&a)?);
+    let a = GatherMlaCacheArgs {
+        out: f.c(dt, &[7, 576]),
+        cache: f.c(DType::Fp8DsMla, &[nb, 4, 656]),
+        block_table: f.c(DType::I32, &[2, 8]),
+        cu_seq_lens: f.c(DType::I32, &[3]),
+        seq_starts: Some(f.c(DType::I32, &[2])),
+    };
+    add("GatherMlaCache (fp8_ds_mla)".into(), crate::gather_mla_cache::plan(&a)?);
     // Rows of whole 16-byte vectors (the vector kernel) and rows of 3 elements (the scalar one).
     for (d, starts) in [(64, None), (3, Some(f.c(DType::I32, &[2])))] {
         let a = GatherMlaCacheArgs {
@@ -210,12 +226,17 @@ fn samples(dt: DType) -> Result<Samples> {
         }
         kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)]);
     }
-    for (kernel, heads, tma) in kernels {
+    // The generic kernel over an fp8_ds_mla cache (the `generic_fp8` base).
+    let mut kernels: Vec<(Kernel, i64, bool, DType)> =
+        kernels.into_iter().map(|(k, h, t)| (k, h, t, dt)).collect();
+    kernels.push((Kernel::Auto, 16, false, DType::Fp8DsMla));
+    for (kernel, heads, tma, cache_dt) in kernels {
+        let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
         let a = MlaDecodeAttentionArgs {
             out: f.c(dt, &[2, 1, heads, dv]),
             lse: Some(f.c(DType::F32, &[2, heads, 1])),
             query: f.c(dt, &[2, 1, heads, d]),
-            cache: f.c(dt, &[nb, bs, d]),
+            cache: f.c(cache_dt, &[nb, bs, cache_w]),
             block_table: f.c(DType::I32, &[2, 8]),
             seq_lens: f.c(DType::I32, &[2]),
             scale: 0.5,
