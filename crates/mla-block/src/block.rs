@@ -18,11 +18,12 @@
 //! 6. `o_proj`.
 
 use vt_core::{
-    batched_matmul, concat_and_cache_mla, concat_mla_nope_rope, flags, fused_norm_rope, gather_mla_cache,
-    matmul_bt, merge_attn_states, mla_decode_attention, op_registered, prefill_attention, rms_norm,
-    rope_from_cache, BatchedMatmulArgs, ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType, Device, Error,
-    FusedNormRopeArgs, GatherMlaCacheArgs, MatmulBTArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs, OpId,
-    PrefillAttentionArgs, Queue, Result, RmsNormArgs, RopeFromCacheArgs, Tensor,
+    batched_matmul, concat_and_cache_mla, concat_mla_nope_rope, flags, fp8_ds_mla, fused_norm_rope,
+    gather_mla_cache, matmul_bt, merge_attn_states, mla_decode_attention, op_registered, prefill_attention,
+    rms_norm, rope_from_cache, BatchedMatmulArgs, ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType,
+    Device, Error, FusedNormRopeArgs, GatherMlaCacheArgs, MatmulBTArgs, MergeAttnStatesArgs,
+    MlaDecodeAttentionArgs, OpId, PrefillAttentionArgs, Queue, Result, RmsNormArgs, RopeFromCacheArgs,
+    Tensor,
 };
 
 use crate::dims::MlaBlockDims;
@@ -150,12 +151,24 @@ impl<'w> MlaBlock<'w> {
         if out.dim(0) != t {
             return Err(Error::invalid(OP, "out", format!("has {} rows for {t} tokens", out.dim(0))));
         }
-        if kv_cache.rank() != 3 || kv_cache.dim(2) != l + r || kv_cache.dtype() != dt {
+        // The cache is the activation dtype with rows of L+R, or fp8_ds_mla rows of 656
+        // bytes (L = 512, R = 64 only: the format's split).
+        let fp8 = kv_cache.dtype() == DType::Fp8DsMla;
+        let cache_ok = kv_cache.rank() == 3
+            && if fp8 {
+                l == fp8_ds_mla::LATENT as i64
+                    && r == fp8_ds_mla::ROPE as i64
+                    && kv_cache.dim(2) == fp8_ds_mla::ROW_BYTES as i64
+            } else {
+                kv_cache.dim(2) == l + r && kv_cache.dtype() == dt
+            };
+        if !cache_ok {
             return Err(Error::invalid(
                 OP,
                 "kv_cache",
                 format!(
-                    "is {} {:?}, expected {dt} [num_blocks, block_size, L+R = {}]",
+                    "is {} {:?}, expected {dt} [num_blocks, block_size, L+R = {}] or, when L = 512 and \
+                     R = 64, fp8_ds_mla [num_blocks, block_size, 656]",
                     kv_cache.dtype(),
                     kv_cache.shape(),
                     l + r

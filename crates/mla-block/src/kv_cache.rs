@@ -8,10 +8,93 @@
 //! i.e. at slot `table[j / bs] * bs + j % bs`, which is what `ConcatAndCacheMla` writes
 //! and `GatherMlaCache` / `MlaDecodeAttention` read. Running out of blocks is an error
 //! that leaves the cache unchanged.
+//!
+//! A cache is in the activation dtype (rows of L+R elements) or, for L = 512 and R = 64,
+//! [`DType::Fp8DsMla`] (rows of 656 bytes: e4m3 latents, per-128 f32 scales, bf16 rope;
+//! [`KvCacheDtype`]); `row_dim` stays the logical L+R either way.
 
-use vt_core::{Buffer, DType, Error, Queue, Result, Tensor};
+use vt_core::{fp8_ds_mla, Buffer, DType, Error, Queue, Result, Tensor};
 
 const OP: &str = "PagedKvCache";
+
+/// The cache dtype a run asks for (`--kv-cache-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    /// The activation dtype.
+    #[default]
+    Auto,
+    Bf16,
+    /// The 656-byte fp8_ds_mla row (L = 512, R = 64 only).
+    Fp8DsMla,
+}
+
+impl KvCacheDtype {
+    pub const ALL: [KvCacheDtype; 3] = [KvCacheDtype::Auto, KvCacheDtype::Bf16, KvCacheDtype::Fp8DsMla];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Bf16 => "bf16",
+            KvCacheDtype::Fp8DsMla => "fp8_ds_mla",
+        }
+    }
+
+    /// The cache's dtype for activations in `activation`. A bf16 cache needs bf16
+    /// activations (the ops take one float dtype for a float cache).
+    pub fn resolve(self, activation: DType) -> Result<DType> {
+        match self {
+            KvCacheDtype::Auto => Ok(activation),
+            KvCacheDtype::Fp8DsMla => Ok(DType::Fp8DsMla),
+            KvCacheDtype::Bf16 if activation == DType::BF16 => Ok(DType::BF16),
+            KvCacheDtype::Bf16 => Err(Error::invalid(
+                OP,
+                "kv_cache_dtype",
+                format!("a bf16 cache needs bf16 activations, the block runs in {activation}"),
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        KvCacheDtype::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown kv cache dtype {s:?} (one of auto, bf16, fp8_ds_mla)"))
+    }
+}
+
+/// Bytes of one cached token's row of `row_dim` (= L+R) values in `dtype`: 656 for
+/// fp8_ds_mla (which holds exactly 576), `row_dim * size` otherwise; errors name the
+/// dtype (an integer dtype, a wrong width for fp8, or an overflow).
+pub fn row_bytes(dtype: DType, row_dim: i64) -> Result<i64> {
+    if dtype == DType::Fp8DsMla {
+        if row_dim != fp8_ds_mla::DECODED as i64 {
+            return Err(Error::invalid(
+                OP,
+                "row_dim",
+                format!("an fp8_ds_mla cache holds rows of 576 = 512 + 64 values, not {row_dim}"),
+            ));
+        }
+        return Ok(fp8_ds_mla::ROW_BYTES as i64);
+    }
+    if !dtype.is_compute_float() {
+        return Err(Error::invalid(OP, "dtype", format!("{dtype} is not bf16/f16/f32/fp8_ds_mla")));
+    }
+    row_dim
+        .checked_mul(dtype.size_of() as i64)
+        .ok_or_else(|| Error::invalid(OP, "row_dim", format!("{row_dim} x {dtype} overflows i64 bytes")))
+}
+
+/// The last dim of a cache buffer: `row_dim` elements, or the fp8 row's bytes.
+fn row_elems(dtype: DType, row_dim: i64) -> i64 {
+    if dtype == DType::Fp8DsMla {
+        fp8_ds_mla::ROW_BYTES as i64
+    } else {
+        row_dim
+    }
+}
 
 /// A sequence's handle in a [`PagedKvCache`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,10 +157,8 @@ impl PagedKvCache {
         if row_dim <= 0 {
             return Err(Error::invalid(OP, "row_dim", format!("must be > 0, got {row_dim}")));
         }
-        if !dtype.is_compute_float() {
-            return Err(Error::invalid(OP, "dtype", format!("{dtype} is not bf16/f16/f32")));
-        }
-        let buffer = Buffer::nan(queue, dtype, &[num_blocks, block_size, row_dim])?;
+        row_bytes(dtype, row_dim)?;
+        let buffer = Buffer::nan(queue, dtype, &[num_blocks, block_size, row_elems(dtype, row_dim)])?;
         Ok(PagedKvCache { buffer, row_dim, alloc })
     }
 
@@ -123,12 +204,11 @@ impl LayeredKvCache {
                 return Err(Error::invalid("LayeredKvCache", name, format!("must be > 0, got {v}")));
             }
         }
-        if !dtype.is_compute_float() {
-            return Err(Error::invalid("LayeredKvCache", "dtype", format!("{dtype} is not bf16/f16/f32")));
-        }
-        let bytes = [layers, num_blocks, block_size, row_dim, dtype.size_of() as i64]
-            .iter()
-            .try_fold(1i64, |a, &x| a.checked_mul(x));
+        let row = row_bytes(dtype, row_dim).map_err(|e| match e {
+            Error::InvalidArgument { arg, msg, .. } => Error::invalid("LayeredKvCache", arg, msg),
+            e => e,
+        })?;
+        let bytes = [layers, num_blocks, block_size, row].iter().try_fold(1i64, |a, &x| a.checked_mul(x));
         if bytes.is_none() {
             return Err(Error::invalid(
                 "LayeredKvCache",
@@ -136,7 +216,7 @@ impl LayeredKvCache {
                 format!("{layers} layers x {num_blocks} blocks x {block_size} x {row_dim} {dtype} overflow i64 bytes"),
             ));
         }
-        let buffer = Buffer::nan(queue, dtype, &[layers, num_blocks, block_size, row_dim])?;
+        let buffer = Buffer::nan(queue, dtype, &[layers, num_blocks, block_size, row_elems(dtype, row_dim)])?;
         Ok(LayeredKvCache { buffer, layers, row_dim, alloc })
     }
 

@@ -33,7 +33,7 @@ pub use block::{missing_ops, DecodeAttention, MlaBlock, REQUIRED_OPS};
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use dims::MlaBlockDims;
-pub use kv_cache::{BlockAllocator, LayeredKvCache, PagedKvCache, SeqId};
+pub use kv_cache::{row_bytes, BlockAllocator, KvCacheDtype, LayeredKvCache, PagedKvCache, SeqId};
 pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};
 pub use rope::{
     mla_attention_scale, yarn_correction_range, yarn_find_correction_dim, yarn_get_mscale, YarnRopeParams,

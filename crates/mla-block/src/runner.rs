@@ -187,6 +187,40 @@ pub fn run_schedule_with_progress(
     run_steps_with_progress(queue, block, hidden, positions, &forwards, opts, progress)
 }
 
+/// [`run_schedule_with_progress`] with the KV cache in `cache` (`--kv-cache-dtype`):
+/// `Auto` is the activation dtype, `Fp8DsMla` the 656-byte fp8 rows (L = 512, R = 64).
+#[allow(clippy::too_many_arguments)]
+pub fn run_schedule_with_cache(
+    queue: &Queue,
+    block: &MlaBlock<'_>,
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+    cache: crate::KvCacheDtype,
+    progress: &dyn Fn(usize, usize),
+) -> Result<(HostTensor, RunStats)> {
+    let forwards = checked_schedule_forwards(hidden, schedule)?;
+    let cache_dt = cache.resolve(block.dtype())?;
+    let plan = RowPlan::new("run_schedule", block, hidden, positions, &forwards, opts)?;
+    let mut done = 0;
+    let (got, stats) = plan.run_with_cache(
+        queue,
+        block,
+        positions,
+        &forwards,
+        opts,
+        cache_dt,
+        |ws, xin, meta, kv, yout| {
+            block.forward(queue, ws, xin, meta, kv, yout)?;
+            done += 1;
+            progress(done, forwards.len());
+            Ok(())
+        },
+    )?;
+    Ok((plan.unstage(block.dtype(), &got), stats))
+}
+
 /// [`schedule_forwards`] for the S sequences of `hidden` `[S,T,H]`, after checking that
 /// `schedule` covers T tokens.
 pub(crate) fn checked_schedule_forwards(
@@ -382,6 +416,27 @@ impl RowPlan {
         positions: &[i64],
         forwards: &[Vec<SeqPart>],
         opts: &RunOptions,
+        forward: impl FnMut(
+            &mut MlaWorkspace,
+            &Tensor<'_>,
+            &MlaBatchMetadata,
+            &Tensor<'_>,
+            &Tensor<'_>,
+        ) -> Result<()>,
+    ) -> Result<(Vec<u8>, RunStats)> {
+        self.run_with_cache(queue, block, positions, forwards, opts, block.dtype(), forward)
+    }
+
+    /// [`RowPlan::run`] with a cache of `cache_dt` (the activation dtype or fp8_ds_mla).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_with_cache(
+        &self,
+        queue: &Queue,
+        block: &MlaBlock<'_>,
+        positions: &[i64],
+        forwards: &[Vec<SeqPart>],
+        opts: &RunOptions,
+        cache_dt: DType,
         mut forward: impl FnMut(
             &mut MlaWorkspace,
             &Tensor<'_>,
@@ -399,26 +454,28 @@ impl RowPlan {
         let row_dim = block.dims().cache_row_dim();
         let num_blocks = s.saturating_mul(blocks_per_seq).max(1);
         // The cache is sized by the block size: name it, with the bytes, when it cannot be had.
+        // Sized by the cache dtype's row bytes (656 per token for fp8_ds_mla).
+        let row = crate::kv_cache::row_bytes(cache_dt, row_dim)?;
         let cache_err = |why: String| {
-            let bytes = num_blocks as i128 * bs as i128 * row_dim as i128 * dt.size_of() as i128;
+            let bytes = num_blocks as i128 * bs as i128 * row as i128;
             Error::invalid(
                 "PagedKvCache",
                 "block_size",
                 format!(
-                    "the KV cache of {num_blocks} block(s) of block size {bs} x {row_dim} {dt} needs {bytes} bytes: {why}"
+                    "the KV cache of {num_blocks} block(s) of block size {bs} x {row_dim} {cache_dt} ({row} bytes a \
+                     row) needs {bytes} bytes: {why}"
                 ),
             )
         };
         let fits = num_blocks
             .checked_mul(bs)
-            .and_then(|x| x.checked_mul(row_dim))
-            .and_then(|x| x.checked_mul(dt.size_of() as i64))
+            .and_then(|x| x.checked_mul(row))
             .is_some_and(|b| isize::try_from(b).is_ok());
         if !fits {
             return Err(cache_err("more than any allocation".into()));
         }
-        let mut cache =
-            PagedKvCache::new(queue, dt, num_blocks, bs, row_dim).map_err(|e| cache_err(e.to_string()))?;
+        let mut cache = PagedKvCache::new(queue, cache_dt, num_blocks, bs, row_dim)
+            .map_err(|e| cache_err(e.to_string()))?;
         let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
         let mut ws = MlaWorkspace::new(MlaLimits {
             max_tokens: self.max_step.max(1),
