@@ -19,7 +19,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use mla_block::runner::{positions_or_default, run_schedule_with_progress, RunOptions, Schedule};
+use mla_block::runner::{positions_or_default, run_schedule_with_cache, RunOptions, Schedule};
+use mla_block::KvCacheDtype;
 use mla_block::{
     layer_prefix, missing_ops, Checkpoint, HostTensor, MlaBlock, MlaConfig, MlaWeightStore,
     DEFAULT_LAYER_PREFIX,
@@ -105,6 +106,11 @@ struct RunArgs {
     /// Tokens per KV cache block.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = positive_i64)]
     block_size: i64,
+    /// The KV cache's dtype: `auto` (the input's dtype), `bf16` (bf16 inputs), or
+    /// `fp8_ds_mla` (656-byte rows: e4m3 latents with per-128 scales, bf16 rope; needs
+    /// kv_lora_rank 512 and qk_rope_head_dim 64; not with --tp / --dcp yet).
+    #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = parse_kv_cache_dtype)]
+    kv_cache_dtype: KvCacheDtype,
     /// Split the heads over N ranks (N devices, or N CPU ranks).
     #[arg(long, value_name = "N", value_parser = positive_usize)]
     tp: Option<usize>,
@@ -116,6 +122,11 @@ struct RunArgs {
     /// How the ranks all-reduce (with --tp or --dcp).
     #[arg(long, value_enum, requires = "tp_or_dcp")]
     transport: Option<tp::TransportArg>,
+}
+
+/// `--kv-cache-dtype`: auto, bf16 or fp8_ds_mla.
+fn parse_kv_cache_dtype(s: &str) -> std::result::Result<KvCacheDtype, String> {
+    s.parse()
 }
 
 /// A `> 0` integer argument.
@@ -309,13 +320,14 @@ fn run(a: &RunArgs) -> Result<()> {
             let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
             let forwards = schedule.forwards().count();
             let bar = progress::forwards(forwards);
-            let (out, stats) = run_schedule_with_progress(
+            let (out, stats) = run_schedule_with_cache(
                 &queue,
                 &block,
                 &hidden,
                 &positions,
                 &schedule,
                 &opts,
+                a.kv_cache_dtype,
                 &|done, _| bar.set_position(done as u64),
             )
             .map_err(block_size_hint)?;
@@ -323,6 +335,13 @@ fn run(a: &RunArgs) -> Result<()> {
             (out, stats, block.uses_fused_norm_rope(), String::new())
         }
         Some(n) => {
+            // The tensor-parallel runner allocates caches in the activation dtype only.
+            if a.kv_cache_dtype.resolve(hidden.dtype)? != hidden.dtype {
+                return Err(Error::other(
+                    format!("--kv-cache-dtype {}", a.kv_cache_dtype.name()),
+                    "only the activation dtype's cache runs with --tp / --dcp so far",
+                ));
+            }
             let transport = a.transport.unwrap_or(tp::TransportArg::Auto);
             let dcp = a.dcp.unwrap_or(1);
             let r = tp::run(
@@ -353,10 +372,11 @@ fn run(a: &RunArgs) -> Result<()> {
         .map_err(|e| Error::other("vt-mla run", format!("output tensor: {e}")))?;
     output::write_atomically(&a.output, |f| std::io::Write::write_all(f, &bytes))?;
     eprintln!(
-        "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} path: {} forwards, {} context chunks -> {}",
+        "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} cache, {} path: {} forwards, {} context chunks -> {}",
         if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
         out.dtype,
         a.block_size,
+        a.kv_cache_dtype.name(),
         if fused { "fused norm+rope" } else { "split norm+rope" },
         stats.forwards,
         stats.context_chunks,
@@ -401,6 +421,17 @@ fn info() -> Result<()> {
     match pick_device(BackendArg::Auto) {
         Ok(k) => println!("--backend auto runs the MLA block on: {k}"),
         Err(e) => println!("--backend auto: {e}"),
+    }
+    // Per layer, with DeepSeek-V2/V3's cache row (kv_lora_rank 512 + rope 64 = 576 values).
+    println!("KV cache tokens per GB (10^9 bytes) per layer, 576-value MLA rows:");
+    for (name, dt) in [
+        ("f32", vt_core::DType::F32),
+        ("bf16", vt_core::DType::BF16),
+        ("f16", vt_core::DType::F16),
+        ("fp8_ds_mla", vt_core::DType::Fp8DsMla),
+    ] {
+        let row = mla_block::row_bytes(dt, 576)?;
+        println!("  {name:10} {row:4} bytes/token  {:>9} tokens/GB", 1_000_000_000 / row);
     }
     println!("flags:");
     for f in flags::Flag::ALL {
