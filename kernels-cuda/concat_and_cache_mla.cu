@@ -58,11 +58,14 @@ __device__ void concat_and_cache_fp8(const T* kv_c, i64 kvc_s, const T* k_pe, i6
         }
         if (lane == 0) f::store_f32(row + f::SCALE_OFFSET + 4 * warp, scale);
         if (threadIdx.x < f::ROPE) {
-            const bf16 r = __float2bfloat16_rn(vt::to_f32(k_pe[t * kpe_s + threadIdx.x]));
-            const unsigned short bits = __bfloat16_as_ushort(r);
-            unsigned char* dst = row + f::ROPE_OFFSET + 2 * threadIdx.x;
-            dst[0] = bits & 0xff;
-            dst[1] = bits >> 8;
+            // bf16 bits by integer round-to-nearest-even (NaN kept quiet), stored byte by byte:
+            // the row may start at any byte.
+            const unsigned u = __float_as_uint(vt::to_f32(k_pe[t * kpe_s + threadIdx.x]));
+            const unsigned bits =
+                (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            volatile unsigned char* dst = row + f::ROPE_OFFSET + 2 * threadIdx.x;
+            dst[0] = (unsigned char)(bits & 0xffu);
+            dst[1] = (unsigned char)((bits >> 8) & 0xffu);
         }
     }
 }

