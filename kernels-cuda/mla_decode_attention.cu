@@ -440,25 +440,6 @@ __device__ void combine(const Params& p) {
 // Tensor-core kernels: shared memory helpers
 // ---------------------------------------------------------------------------------------
 
-template <typename T> struct Mma;
-template <> struct Mma<bf16> {
-    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct Mma<f16> {
-    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
 
 // Shared-memory layout of the wgmma kernel (byte offsets from a 1024-aligned base).
 // Q and every KV tile are NSUB column blocks of [rows x 128 B], swizzled (see swz).
@@ -718,7 +699,7 @@ __device__ void decode_mma(const Params& p) {
                     const int n = (wc * TN + (lane & 7)) & (HALF - 1);
                     const int kc = ks * 2 + ((lane >> 3) & 1);
                     ldsm_x2(kq + (kc >> 3) * HSUB_BYTES + swz(n, kc & 7), bb);
-                    Mma<T>::run(acc[ch][0], a, bb[0], bb[1]);
+                    MmaSync<T>::run(acc[ch][0], a, bb[0], bb[1]);
                 } else {
 #pragma unroll
                     for (int np = 0; np < NTQ / 2; ++np) {
@@ -726,8 +707,8 @@ __device__ void decode_mma(const Params& p) {
                         const int n = (wc * TN + np * 16 + (lane & 7) + (lane >> 4) * 8) & (HALF - 1);
                         const int kc = ks * 2 + ((lane >> 3) & 1);
                         ldsm_x4(kq + (kc >> 3) * HSUB_BYTES + swz(n, kc & 7), bb);
-                        Mma<T>::run(acc[ch][2 * np], a, bb[0], bb[1]);
-                        Mma<T>::run(acc[ch][2 * np + 1], a, bb[2], bb[3]);
+                        MmaSync<T>::run(acc[ch][2 * np], a, bb[0], bb[1]);
+                        MmaSync<T>::run(acc[ch][2 * np + 1], a, bb[2], bb[3]);
                     }
                 }
             }
@@ -814,8 +795,8 @@ __device__ void decode_mma(const Params& p) {
                     uint32_t bb[4];
                     const int fc = (wc * CV + np * 16) / 8 + (lane >> 4);
                     ldsm_x4_t(vh + (fc >> 3) * HSUB_BYTES + swz(tok, fc & 7), bb);
-                    Mma<T>::run(o[2 * np], a, bb[0], bb[1]);
-                    Mma<T>::run(o[2 * np + 1], a, bb[2], bb[3]);
+                    MmaSync<T>::run(o[2 * np], a, bb[0], bb[1]);
+                    MmaSync<T>::run(o[2 * np + 1], a, bb[2], bb[3]);
                 }
             }
             __syncthreads();

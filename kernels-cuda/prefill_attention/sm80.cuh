@@ -77,25 +77,6 @@ __device__ __forceinline__ u32 dynamic_smem_size() {
     return n;
 }
 
-template <typename T> struct Mma;
-template <> struct Mma<bf16> {
-    static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
-template <> struct Mma<f16> {
-    static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-};
 
 // Copies `rows` rows of W 16-bit elements (row j at src + j * st, present when j < n,
 // zero-filled otherwise) into a swizzled tile, from all THREADS threads.
@@ -209,8 +190,8 @@ __device__ __forceinline__ void attention(const Params& p) {
                     u32 bb[4];
                     const int n = np * 16 + (lane & 7) + (lane >> 4) * 8;
                     ldsm_x4(kt + chunk_off(BN, n, ks * 2 + ((lane >> 3) & 1)), bb);
-                    Mma<T>::run(sc[2 * np], qf[ks], bb[0], bb[1]);
-                    Mma<T>::run(sc[2 * np + 1], qf[ks], bb[2], bb[3]);
+                    MmaSync<T>::run(sc[2 * np], qf[ks], bb[0], bb[1]);
+                    MmaSync<T>::run(sc[2 * np + 1], qf[ks], bb[2], bb[3]);
                 }
             }
             // Mask keys past each row's limit (sequence end, causal diagonal) on boundary tiles.
@@ -275,8 +256,8 @@ __device__ __forceinline__ void attention(const Params& p) {
                 for (int np = 0; np < DV / 16; ++np) {
                     u32 bb[4];
                     ldsm_x4_t(vt_ + chunk_off(BN, key, np * 2 + (lane >> 4)), bb);
-                    Mma<T>::run(o[2 * np], a, bb[0], bb[1]);
-                    Mma<T>::run(o[2 * np + 1], a, bb[2], bb[3]);
+                    MmaSync<T>::run(o[2 * np], a, bb[0], bb[1]);
+                    MmaSync<T>::run(o[2 * np + 1], a, bb[2], bb[3]);
                 }
             }
         }
