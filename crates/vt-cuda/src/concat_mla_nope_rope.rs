@@ -195,17 +195,8 @@ pub(crate) fn plan(a: &ConcatMlaNopeRopeArgs<'_>) -> Result<Vec<Launch>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vt_core::{DType, Device};
-
-    /// A view of `mem` (host memory that outlives it; never read here) at `offset`.
-    fn view<'a>(mem: &'a [u128], dt: DType, offset: i64, shape: &[i64], strides: &[i64]) -> Tensor<'a> {
-        let extent = (mem.len() * 16 / dt.size_of()) as i64;
-        // SAFETY: `mem` spans `extent` elements of `dt` and outlives the view.
-        let t = unsafe {
-            Tensor::from_raw_parts(mem.as_ptr() as u64, extent, dt, Device::CPU, shape, strides, offset)
-        };
-        t.expect("a valid test view")
-    }
+    use crate::test_util::host_view as view;
+    use vt_core::DType;
 
     /// The block's prefill key at V3 shapes: k_nope a slice of kv_b_proj rows, k_pe the
     /// tail of the kv rows, broadcast.

@@ -197,17 +197,8 @@ pub(crate) fn plan(a: &GatherMlaCacheArgs<'_>) -> Result<Vec<Launch>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vt_core::{DType, Device, Tensor};
-
-    /// A view of `mem` (host memory that outlives it; never read here) at `offset`.
-    fn view<'a>(mem: &'a [u128], dt: DType, offset: i64, shape: &[i64], strides: &[i64]) -> Tensor<'a> {
-        let extent = (mem.len() * 16 / dt.size_of()) as i64;
-        // SAFETY: `mem` spans `extent` elements of `dt` and outlives the view.
-        let t = unsafe {
-            Tensor::from_raw_parts(mem.as_ptr() as u64, extent, dt, Device::CPU, shape, strides, offset)
-        };
-        t.expect("a valid test view")
-    }
+    use crate::test_util::host_view as view;
+    use vt_core::DType;
 
     fn args<'a>(mem: &'a [u128], dt: DType, d: i64, out_offset: i64, out_ld: i64) -> GatherMlaCacheArgs<'a> {
         let (rows, nb, bs) = (100, 4, 64);

@@ -72,6 +72,8 @@ pub mod mla_decode_attention;
 pub mod prefill_attention;
 mod rms_norm;
 mod rope_from_cache;
+#[cfg(test)]
+mod test_util;
 
 use std::sync::Arc;
 
