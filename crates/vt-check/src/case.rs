@@ -17,6 +17,8 @@ pub(crate) enum Ty {
     I64,
     /// Raw bytes of an fp8_ds_mla cache (`DType::Fp8DsMla`: values 0..=255, poison 0xff).
     Fp8DsMla,
+    /// fp8 e4m3 values (`DType::F8E4M3`: uploaded rounded to e4m3, poison 0x7f = NaN).
+    F8E4M3,
 }
 
 impl Ty {
@@ -27,6 +29,7 @@ impl Ty {
             Ty::I32 => DType::I32,
             Ty::I64 => DType::I64,
             Ty::Fp8DsMla => DType::Fp8DsMla,
+            Ty::F8E4M3 => DType::F8E4M3,
         }
     }
 }

@@ -404,22 +404,9 @@ pub fn encode_f64(dtype: DType, values: &[f64]) -> Vec<u8> {
     out
 }
 
-/// Encodes one f32 as OCP fp8 e4m3fn (saturating to +-448, round to nearest even).
+/// Encodes one f32 as OCP fp8 e4m3fn (saturating to +-448, round to nearest even; NaN
+/// gives `0x7f`): [`crate::fp8_block::encode_e4m3`], which is tested against a search over
+/// every code.
 pub fn f32_to_f8e4m3(v: f32) -> u8 {
-    if v.is_nan() {
-        return 0x7f;
-    }
-    let sign = if v.is_sign_negative() { 0x80u8 } else { 0 };
-    let a = v.abs().min(448.0);
-    // Brute force over the 127 non-negative finite codes: exact and obviously right.
-    let mut best = 0u8;
-    let mut best_err = f32::INFINITY;
-    for code in 0u8..0x7f {
-        let err = (crate::tensor::f8e4m3_to_f32(code) - a).abs();
-        if err < best_err || (err == best_err && code & 1 == 0) {
-            best = code;
-            best_err = err;
-        }
-    }
-    sign | best
+    crate::fp8_block::encode_e4m3(v)
 }

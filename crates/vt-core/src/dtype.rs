@@ -4,8 +4,10 @@ use std::fmt;
 
 /// The element type of a tensor.
 ///
-/// `F8E4M3` is a storage-only type (one byte, OCP e4m3fn); no op computes in it, so
-/// every entry point rejects it.
+/// `F8E4M3` is a storage type (one byte, OCP e4m3fn): only the block-scaled fp8 ops take
+/// it (weights and quantized activations of `MatmulBTFp8` / `BatchedMatmulFp8`, the output
+/// of `QuantizeFp8`, always beside their f32 scales; see [`crate::fp8_block`]); every other
+/// entry point rejects it.
 ///
 /// `Fp8DsMla` names the 656-byte `fp8_ds_mla` latent-cache row of FlashMLA and vLLM (see
 /// [`crate::fp8_ds_mla`] for the byte layout). An element is one byte of a row, so an MLA

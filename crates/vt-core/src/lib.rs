@@ -7,6 +7,7 @@
 //! - [`registry`]: (OpId, DeviceType) -> implementation, filled by backends at start-up.
 //! - [`comm`]: the tensor-parallel [`comm::Communicator`]s backends register per device type.
 //! - [`ops`]: one validated, typed entry point per op; its doc comment is the contract.
+//! - [`fp8_block`]: DeepSeek's block-scaled fp8 (weights 128 x 128, activations 1 x 128).
 //! - [`flags`]: the one place `VT_*` environment flags are read.
 //! - [`kernel_cache`]: the disk cache of run-time compiled GPU code (CUDA and HIP backends).
 //!
@@ -18,6 +19,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod flags;
+pub mod fp8_block;
 pub mod fp8_ds_mla;
 pub mod kernel_cache;
 pub mod ops;

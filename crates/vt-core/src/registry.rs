@@ -78,6 +78,9 @@ define_ops! {
     MlaDecodeAttention => MlaDecodeAttentionArgs, "absorbed MQA decode attention over the paged latent cache";
     PrefillAttention => PrefillAttentionArgs, "variable-length MHA, causal (bottom-right) or not";
     MergeAttnStates => MergeAttnStatesArgs, "merge two partial attention results by their lse";
+    MatmulBTFp8 => MatmulBTFp8Args, "`out[M,N] = A[M,K] . W[N,K]^T`, W fp8 e4m3 in 128x128 block scales";
+    BatchedMatmulFp8 => BatchedMatmulFp8Args, "`out[G,M,N] = A[G,M,K] . W[G,K,N]`, W fp8 e4m3 in 128x128 block scales";
+    QuantizeFp8 => QuantizeFp8Args, "per-token fp8 e4m3 quantization in 1x128 groups";
 }
 
 impl std::fmt::Display for OpId {

@@ -125,7 +125,7 @@ impl<'a> HostView<'a> {
                 DType::F32 => (p as *mut f32).write_unaligned(v),
                 DType::I32 => (p as *mut i32).write_unaligned(v as i32),
                 DType::I64 => (p as *mut i64).write_unaligned(v as i64),
-                DType::F8E4M3 => p.write(vt_core::f32_to_f8e4m3(v)),
+                DType::F8E4M3 => p.write(vt_core::fp8_block::encode_e4m3(v)),
                 // A raw row byte (see `DType::Fp8DsMla`): the ops encode rows themselves.
                 DType::Fp8DsMla => p.write(v as u8),
             }

@@ -12,14 +12,17 @@ mod comm;
 mod host;
 
 mod batched_matmul;
+mod batched_matmul_fp8;
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
 mod fused_norm_rope;
 mod gather_mla_cache;
 mod matmul_bt;
+mod matmul_bt_fp8;
 mod merge_attn_states;
 mod mla_decode_attention;
 mod prefill_attention;
+mod quantize_fp8;
 mod rms_norm;
 mod rope_from_cache;
 
@@ -48,6 +51,9 @@ pub fn op_table() -> Vec<OpImpl> {
         OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)),
         OpImpl::PrefillAttention(Arc::new(prefill_attention::run)),
         OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)),
+        OpImpl::MatmulBTFp8(Arc::new(matmul_bt_fp8::run)),
+        OpImpl::BatchedMatmulFp8(Arc::new(batched_matmul_fp8::run)),
+        OpImpl::QuantizeFp8(Arc::new(quantize_fp8::run)),
     ]
 }
 

@@ -224,7 +224,7 @@ fn sample_plans() -> (Plans, Vec<String>) {
         }
     }
     for op in OpId::ALL {
-        if !covered.contains(op) {
+        if !covered.contains(op) && !crate::OP_GAPS.contains(op) {
             problems.push(format!("{op}: no sample plan"));
         }
     }

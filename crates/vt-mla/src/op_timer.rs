@@ -185,6 +185,21 @@ fn wrap(imp: OpImpl) -> OpImpl {
                 timed(q, Call::Op(OpId::MergeAttnStates), || f(q, a))
             }))
         }
+        OpImpl::MatmulBTFp8(f) => {
+            OpImpl::MatmulBTFp8(Arc::new(move |q: &Queue, a: &vt_core::MatmulBTFp8Args<'_>| {
+                timed(q, Call::Matmul { rows: a.b.dim(0), k: a.b.dim(1) }, || f(q, a))
+            }))
+        }
+        OpImpl::BatchedMatmulFp8(f) => {
+            OpImpl::BatchedMatmulFp8(Arc::new(move |q: &Queue, a: &vt_core::BatchedMatmulFp8Args<'_>| {
+                timed(q, Call::Op(OpId::BatchedMatmul), || f(q, a))
+            }))
+        }
+        OpImpl::QuantizeFp8(f) => {
+            OpImpl::QuantizeFp8(Arc::new(move |q: &Queue, a: &vt_core::QuantizeFp8Args<'_>| {
+                timed(q, Call::Op(OpId::QuantizeFp8), || f(q, a))
+            }))
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 mod attention;
 mod cache;
 mod fp8_cache;
+mod fp8_matmul;
 mod matmul;
 mod norm_rope;
 
@@ -43,6 +44,9 @@ pub fn cases(op: OpId, seed: u64) -> Vec<Case> {
         }
         OpId::PrefillAttention => attention::prefill_attention(&mut c),
         OpId::MergeAttnStates => attention::merge_attn_states(&mut c),
+        OpId::MatmulBTFp8 => fp8_matmul::matmul_bt_fp8(&mut c),
+        OpId::BatchedMatmulFp8 => fp8_matmul::batched_matmul_fp8(&mut c),
+        OpId::QuantizeFp8 => fp8_matmul::quantize_fp8(&mut c),
     }
     c.list
 }
