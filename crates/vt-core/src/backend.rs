@@ -7,6 +7,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use crate::graph::{EventImpl, GraphImpl};
 use crate::{registry, DType, Device, DeviceType, Element, Error, Result, Tensor};
 
 /// Device discovery and memory for one device type. Registered once at start-up with
@@ -45,6 +46,26 @@ pub trait QueueImpl: Send + Sync + Any {
     unsafe fn copy_d2h(&self, src: u64, dst: &mut [u8]) -> Result<()>;
     /// For backends to downcast to their own queue type.
     fn as_any(&self) -> &dyn Any;
+
+    /// Whether [`QueueImpl::capture`] records work (default: no).
+    fn supports_capture(&self) -> bool {
+        false
+    }
+
+    /// Records the work `f` issues on this queue into a graph instead of running it (see
+    /// [`crate::graph`]). Called by [`Queue::capture`] only when
+    /// [`QueueImpl::supports_capture`] is true; the default errors with
+    /// [`Error::Unsupported`].
+    fn capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn GraphImpl>> {
+        let _ = f;
+        Err(crate::graph::capture_unsupported())
+    }
+
+    /// Records a timestamp after the work issued so far (see [`crate::graph::Event`]); the
+    /// default errors with [`Error::Unsupported`].
+    fn record_event(&self) -> Result<Box<dyn EventImpl>> {
+        Err(crate::graph::events_unsupported())
+    }
 }
 
 /// A queue on one device. Ops are issued on a queue; the CPU queue runs them inline.
@@ -78,6 +99,11 @@ impl Queue {
 
     pub fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
+    }
+
+    /// The backend's queue, for the graph and event methods (`graph.rs`).
+    pub(crate) fn queue_impl(&self) -> &dyn QueueImpl {
+        self.inner.as_ref()
     }
 
     /// The backend's own queue type, for backends' op implementations.

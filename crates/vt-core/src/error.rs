@@ -81,6 +81,11 @@ pub enum Error {
     #[error("{backend}: {op}: {msg}")]
     OpFailed { op: OpId, backend: &'static str, msg: String },
 
+    /// The device's backend cannot do `what` at all (graph capture on the CPU, ...): not a
+    /// failure of this call, so callers may fall back (run eagerly) on it.
+    #[error("{device}: {what} is not supported: {msg}")]
+    Unsupported { device: String, what: &'static str, msg: String },
+
     /// Anything else with a short context (file loading, configuration, ...).
     #[error("{context}: {msg}")]
     Other { context: String, msg: String },

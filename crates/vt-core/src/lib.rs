@@ -7,6 +7,8 @@
 //! - [`registry`]: (OpId, DeviceType) -> implementation, filled by backends at start-up.
 //! - [`comm`]: the tensor-parallel [`comm::Communicator`]s backends register per device type.
 //! - [`ops`]: one validated, typed entry point per op; its doc comment is the contract.
+//! - [`graph`]: recording a queue's work once and replaying it ([`Graph`], CUDA graphs),
+//!   and device timestamps ([`Event`]).
 //! - [`fp8_block`]: DeepSeek's block-scaled fp8 (weights 128 x 128, activations 1 x 128).
 //! - [`flags`]: the one place `VT_*` environment flags are read.
 //! - [`kernel_cache`]: the disk cache of run-time compiled GPU code (CUDA and HIP backends).
@@ -21,6 +23,7 @@ mod error;
 pub mod flags;
 pub mod fp8_block;
 pub mod fp8_ds_mla;
+pub mod graph;
 pub mod kernel_cache;
 pub mod ops;
 pub mod registry;
@@ -31,6 +34,7 @@ pub use backend::{encode_f64, f32_to_f8e4m3, host_bytes, Backend, Buffer, Queue,
 pub use device::{Device, DeviceType};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result, Subject};
+pub use graph::{Event, EventImpl, Graph, GraphImpl};
 pub use ops::*;
 pub use registry::{check_coverage, op_registered, registered_ops, OpId, OpImpl, Probe};
 pub use tensor::{

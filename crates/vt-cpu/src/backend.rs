@@ -4,8 +4,9 @@
 use std::alloc::Layout;
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Instant;
 
-use vt_core::{Backend, DeviceType, Error, QueueImpl, Result};
+use vt_core::{Backend, DeviceType, Error, EventImpl, QueueImpl, Result};
 
 /// Alignment of every host allocation (what GPU allocators guarantee, so code tested on
 /// the CPU sees the same alignment).
@@ -94,6 +95,30 @@ impl QueueImpl for CpuQueue {
         // SAFETY: the caller guarantees `src..src+len` lies in a live host allocation.
         unsafe { std::ptr::copy(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    // No `capture`: the queue runs every op inline, so there is nothing to record (the
+    // default `supports_capture` is false and `Queue::capture` says why).
+
+    /// The host clock: every op issued before has finished when this is called.
+    fn record_event(&self) -> Result<Box<dyn EventImpl>> {
+        Ok(Box::new(CpuEvent(Instant::now())))
+    }
+}
+
+/// A CPU timestamp.
+struct CpuEvent(Instant);
+
+impl EventImpl for CpuEvent {
+    fn elapsed_ms(&self, later: &dyn EventImpl) -> Result<f64> {
+        let Some(later) = later.as_any().downcast_ref::<CpuEvent>() else {
+            return Err(Error::backend("cpu", "Event::elapsed_ms: the later event is not a CPU event"));
+        };
+        Ok(later.0.saturating_duration_since(self.0).as_secs_f64() * 1e3)
     }
 
     fn as_any(&self) -> &dyn Any {

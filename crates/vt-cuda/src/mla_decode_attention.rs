@@ -18,7 +18,10 @@
 //! Partial buffers: `(parts + B) * s_q * N * Dv` f32 plus lse and a per-sequence index,
 //! allocated on the first call and cached per queue (stream), grown only when a larger
 //! shape arrives; after that warm-up a call allocates nothing, reads nothing back and never
-//! waits, so a decode step can be captured in a CUDA graph.
+//! waits, so a decode step can be captured in a CUDA graph. Once a graph has been captured
+//! on the queue, outgrown buffers are kept until the queue is dropped (a graph may still use
+//! them): capture the largest batch first (mla-block's `DecodeGraphs` does) and nothing is
+//! kept.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -231,16 +234,30 @@ struct Workspace {
     part_o: Option<Buffer>,
     part_lse: Option<Buffer>,
     seq_info: Option<Buffer>,
+    /// Buffers outgrown after a graph was captured on the queue: kept until the queue goes,
+    /// since a captured graph may still read or write them.
+    retired: Vec<Buffer>,
 }
 
 static WORKSPACES: LazyLock<Mutex<HashMap<usize, Workspace>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// Ensures `slot` holds at least `n` elements of `dtype`, allocating on growth only.
-fn ensure(q: &Queue, slot: &mut Option<Buffer>, dtype: DType, n: i64) -> Result<u64> {
+/// Ensures `slot` holds at least `n` elements of `dtype`, allocating on growth only. An
+/// outgrown buffer is freed (cuMemFree waits for queued work using it), or moved to
+/// `retired` when `keep` (a graph captured on the queue may still use it).
+fn ensure(
+    q: &Queue,
+    slot: &mut Option<Buffer>,
+    retired: &mut Vec<Buffer>,
+    keep: bool,
+    dtype: DType,
+    n: i64,
+) -> Result<u64> {
     let n = n.max(1);
     if slot.as_ref().is_none_or(|b| b.numel() < n) {
-        // The old buffer (if any) is freed first; cuMemFree waits for queued work using it.
-        *slot = None;
+        match slot.take() {
+            Some(old) if keep => retired.push(old),
+            old => drop(old),
+        }
         *slot = Some(Buffer::uninit(q, dtype, &[n])?);
     }
     match slot {
@@ -260,10 +277,12 @@ fn workspace(q: &Queue, cq: &CudaQueue, slots: i64, rows: i64, dv: i64, b: i64) 
         part_o: None,
         part_lse: None,
         seq_info: None,
+        retired: Vec::new(),
     });
-    let po = ensure(q, &mut w.part_o, DType::F32, slots * rows * dv)?;
-    let pl = ensure(q, &mut w.part_lse, DType::F32, slots * rows)?;
-    let si = ensure(q, &mut w.seq_info, DType::I32, 2 * b)?;
+    let keep = cq.has_captured();
+    let po = ensure(q, &mut w.part_o, &mut w.retired, keep, DType::F32, slots * rows * dv)?;
+    let pl = ensure(q, &mut w.part_lse, &mut w.retired, keep, DType::F32, slots * rows)?;
+    let si = ensure(q, &mut w.seq_info, &mut w.retired, keep, DType::I32, 2 * b)?;
     Ok((po, pl, si))
 }
 

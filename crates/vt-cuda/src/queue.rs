@@ -3,11 +3,12 @@
 //! allocates nothing and never waits for the device.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, CudaFunction, CudaStream};
-use vt_core::{DType, Error, Queue, QueueImpl, Result, Subject};
+use vt_core::{DType, Error, EventImpl, GraphImpl, Queue, QueueImpl, Result, Subject};
 
 use crate::device::{drv, library_present, DeviceState, BACKEND};
 use crate::kernels::KernelSource;
@@ -39,6 +40,9 @@ pub struct CudaQueue {
     pub(crate) stream: Arc<CudaStream>,
     /// `None` when libcublas is not installed (the matmuls are then not registered).
     pub(crate) blas: Option<Blas>,
+    /// Set once a graph has been captured on this stream: ops' per-queue buffers are then
+    /// kept (not freed) when they grow, since a graph may still use the old ones.
+    pub(crate) captured: AtomicBool,
 }
 
 // SAFETY: the stream and context are thread-safe driver objects. The cuBLAS handle is
@@ -51,7 +55,7 @@ impl CudaQueue {
     pub(crate) fn new(device: Arc<DeviceState>) -> Result<CudaQueue> {
         let stream = device.ctx.new_stream().map_err(drv("creating a stream"))?;
         let blas = if library_present("cublas") { Some(Self::new_blas(&stream)?) } else { None };
-        Ok(CudaQueue { device, stream, blas })
+        Ok(CudaQueue { device, stream, blas, captured: AtomicBool::new(false) })
     }
 
     fn new_blas(stream: &CudaStream) -> Result<Blas> {
@@ -116,6 +120,11 @@ impl CudaQueue {
         self.stream.cu_stream()
     }
 
+    /// Whether a graph has been captured on this queue's stream.
+    pub(crate) fn has_captured(&self) -> bool {
+        self.captured.load(Ordering::Acquire)
+    }
+
     /// The device's compute capability as XY (90 for sm_90).
     pub fn sm(&self) -> u32 {
         self.device.sm
@@ -155,5 +164,17 @@ impl QueueImpl for CudaQueue {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn supports_capture(&self) -> bool {
+        true
+    }
+
+    fn capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn GraphImpl>> {
+        crate::graph::capture_on(self, f)
+    }
+
+    fn record_event(&self) -> Result<Box<dyn EventImpl>> {
+        Ok(Box::new(crate::graph::CudaEventImpl::record(self)?))
     }
 }
