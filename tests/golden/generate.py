@@ -125,6 +125,42 @@ CASES = [
                "mscale_all_dim^2; rope_theta 50000; legacy rope_scaling keyed by `rope_type`; "
                "neox rotation; long positions (1000.., 2000..).",
     ),
+    # DeepSeek-V2/V3's latent and rope widths (kv_lora_rank 512, qk_rope_head_dim 64): the
+    # rows an fp8_ds_mla KV cache holds (512 e4m3 latents + 64 bf16 rope values), small
+    # elsewhere. The goldens are transformers' outputs as ever (no fp8 anywhere here); the
+    # Rust tests run the block on them with an fp8 cache too.
+    dict(
+        name="latent512_yarn_bf16",
+        seed=1006,
+        dtype="bfloat16",
+        hidden=64, heads=4, q_lora=48, kv_lora=512, nope=16, rope_dim=64, v=16,
+        S=2, T=32, starts=[100, 300],
+        rope_theta=10000.0,
+        rope=dict(factor=40.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1,
+                  mscale=1.0, mscale_all_dim=1.0),
+        max_position_embeddings=2560,
+        rope_form="legacy", rope_type_key="type",
+        rope_interleave="absent",
+        covers="DeepSeek-V3's cache row widths (kv_lora_rank 512, rope 64: what an fp8_ds_mla "
+               "cache holds); q_lora branch; V3-style YaRN (factor 40, mscale = mscale_all_dim = "
+               "1.0); rope_interleave absent -> interleaved; bf16.",
+    ),
+    dict(
+        name="latent512_qproj_f32",
+        seed=1007,
+        dtype="float32",
+        hidden=64, heads=4, q_lora=None, kv_lora=512, nope=24, rope_dim=64, v=16,
+        S=2, T=40, starts=[0, 500],
+        rope_theta=10000.0,
+        rope=dict(factor=16.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1,
+                  mscale=0.707, mscale_all_dim=0.707),
+        max_position_embeddings=1024,
+        rope_form="parameters", rope_type_key="rope_type",
+        rope_interleave=True,
+        covers="DeepSeek-V2-Lite's cache row widths (kv_lora_rank 512, rope 64: what an "
+               "fp8_ds_mla cache holds); q_proj branch; V2-style YaRN (mscale 0.707/0.707) in the "
+               "rope_parameters form; rope_interleave true; nope != v; f32.",
+    ),
 ]
 
 
@@ -592,7 +628,16 @@ def main():
                 failures.append(c["name"])
 
     if not args.check_only:
-        with open(os.path.join(args.out, "cases.json"), "w") as fh:
+        # With --case, keep the other cases' entries (in CASES order), so regenerating one
+        # case does not drop the rest from cases.json.
+        path = os.path.join(args.out, "cases.json")
+        if args.case and os.path.isfile(path):
+            with open(path) as fh:
+                old = {e["name"]: e for e in json.load(fh)["cases"]}
+            new = {e["name"]: e for e in summary}
+            summary = [new.get(c["name"], old.get(c["name"])) for c in CASES]
+            summary = [e for e in summary if e is not None]
+        with open(path, "w") as fh:
             json.dump(dict(generated_with=dict(torch=torch.__version__, transformers=transformers.__version__),
                            cases=summary), fh, indent=2)
             fh.write("\n")
