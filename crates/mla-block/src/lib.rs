@@ -9,6 +9,8 @@
 //! - [`PagedKvCache`] + [`MlaBatchMetadata::plan`]: blocks, block tables, slot mapping and
 //!   context chunks for a mixed decode/prefill step.
 //! - [`MlaBlock::forward`]: one step; [`MlaWorkspace`] holds its reusable scratch memory.
+//! - [`DecodeGraphs`]: decode steps of every layer captured once per batch-size bucket and
+//!   replayed (CUDA graphs; eager where the queue cannot capture), as engines run them.
 //! - [`runner::run_schedule`]: whole sequences under a `prefill:N,decode:N` schedule
 //!   (what `vt-mla run` does).
 //!
@@ -17,6 +19,7 @@
 mod block;
 pub mod checkpoint;
 mod config;
+pub mod decode_graphs;
 mod dims;
 mod kv_cache;
 pub mod layers;
@@ -32,6 +35,7 @@ mod workspace;
 pub use block::{missing_ops, DecodeAttention, MlaBlock, REQUIRED_OPS};
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
+pub use decode_graphs::{DecodeGraphConfig, DecodeGraphs, StepMode};
 pub use dims::MlaBlockDims;
 pub use kv_cache::{row_bytes, BlockAllocator, KvCacheDtype, LayeredKvCache, PagedKvCache, SeqId};
 pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};

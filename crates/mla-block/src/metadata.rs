@@ -43,7 +43,8 @@ pub struct MlaBatchMetadata {
     pub decode_max_blocks: i64,
     /// `[D, decode_max_blocks]` block ids of the decoding sequences (unused entries 0).
     pub decode_block_table: Vec<i32>,
-    /// `[D]` cached tokens of each decoding sequence, its new token included.
+    /// `[D]` cached tokens of each decoding sequence, its new token included (0 for a
+    /// padding row, whose slot is < 0: it writes nothing and reads nothing).
     pub decode_seq_lens: Vec<i32>,
     /// `[B_p + 1]` cumulative new-token counts of the prefill sequences.
     pub prefill_cu_seqlens_q: Vec<i32>,
@@ -260,10 +261,20 @@ impl MlaBatchMetadata {
                 format!("holds {} entries for {d} decode tokens", self.decode_seq_lens.len()),
             );
         }
-        if let Some((i, l)) = self.decode_seq_lens.iter().enumerate().find(|(_, &l)| l < 1) {
+        // Length 0 is a padding row (as `DecodeGraphs` adds to fill a batch-size bucket):
+        // allowed only with slot < 0, so it writes nothing and attends over nothing.
+        if let Some((i, l)) = self
+            .decode_seq_lens
+            .iter()
+            .enumerate()
+            .find(|(i, &l)| l < 0 || (l == 0 && self.slot_mapping[*i] >= 0))
+        {
             return err(
                 "decode_seq_lens",
-                format!("decode_seq_lens[{i}] = {l}: a decoding sequence holds its new token"),
+                format!(
+                    "decode_seq_lens[{i}] = {l}: a decoding sequence holds its new token (0 only for a padding row, \
+                     whose slot is < 0)"
+                ),
             );
         }
         if d > 0 {

@@ -2,13 +2,19 @@
 //! warmed up: its `launch` half captures into a CUDA graph (thread-local capture mode,
 //! where any sync, allocation or read-back from the capturing thread fails), and replays of
 //! the graph after `prepare` uploads the next step's metadata reproduce direct runs bit for
-//! bit. Skips without a CUDA device.
+//! bit. `DecodeGraphs` (one graph per batch-size bucket) replays steps with new metadata
+//! while sequences join and leave, bit for bit with the same padded step run eagerly and
+//! within tolerance of the plain unpadded step and of the CPU. Skips without a CUDA device.
 
 mod common;
+#[path = "support/serving.rs"]
+mod serving;
 
 use common::{golden_case, Case};
-use mla_block::{MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepSeq};
-use vt_core::{Buffer, Device, DeviceType, Queue};
+use mla_block::tp::RandomLayerSpec;
+use mla_block::{MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepMode, StepSeq};
+use serving::{serve, to_f64, Serving};
+use vt_core::{Buffer, DType, Device, DeviceType, Queue};
 
 #[test]
 fn a_decode_step_of_the_block_captures_into_a_cuda_graph_and_replays_bit_for_bit() {
@@ -155,4 +161,59 @@ fn launch_without_a_matching_prepare_is_an_error_naming_the_workspace() {
     block.prepare(&q, &mut ws, &meta).unwrap();
     block.launch(&q, &ws, &x.view(), &meta, &cache.view(), &y.view()).unwrap();
     assert!(y.to_f64(&q).unwrap().iter().all(|v| v.is_finite()));
+}
+
+/// An engine's serving loop over `DecodeGraphs` on CUDA: buckets 1, 2, 4, 8, two layers;
+/// sequences join (prefilled eagerly) and leave between decode steps, so the replayed
+/// graphs see new positions, slots, block tables and lengths every step, and buckets change.
+/// Each replay equals the same padded step run op by op (bit for bit), and is within
+/// tolerance of the plain unpadded step (other GEMM shapes) and of the CPU running the same
+/// schedule.
+#[test]
+fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
+    vt_backends::init();
+    let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
+        eprintln!("SKIP: no CUDA device");
+        return;
+    };
+    let cpu = common::cpu_queue();
+    // The V3 cache row (512 + 64: the tensor-core decode kernels) in bf16, and the small
+    // layer in f32 (the generic kernel).
+    for (spec, dt, tol) in
+        [(RandomLayerSpec::SMALL_FP8, DType::BF16, 2e-2), (RandomLayerSpec::SMALL, DType::F32, 1e-4)]
+    {
+        let s = Serving { spec, decode_steps: 24, ..Serving::small(dt) };
+        let gpu = serve(&q, &s);
+        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
+        let host = serve(&cpu, &s);
+        assert_eq!(gpu.steps.len(), host.steps.len());
+        assert!(gpu.buckets_used.len() >= 3, "{dt}: buckets used {:?}", gpu.buckets_used);
+        let (mut same_unpadded, mut worst_unpadded, mut worst_cpu) = (0, 0f64, 0f64);
+        for (g, c) in gpu.steps.iter().zip(&host.steps) {
+            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
+            assert_eq!(
+                g.graph, g.padded_eager,
+                "{dt} step {}: graph replay differs from the same padded step run op by op (B = {}, bucket {})",
+                g.step, g.rows, g.bucket
+            );
+            let got = to_f64(dt, &g.graph);
+            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
+            same_unpadded += usize::from(g.graph == g.unpadded);
+            let eu = common::rel_frobenius(&got, &to_f64(dt, &g.unpadded));
+            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
+            assert!(eu <= tol, "{dt} step {}: graph vs unpadded eager {eu:.3e}", g.step);
+            assert!(ec <= tol, "{dt} step {}: graph vs CPU {ec:.3e}", g.step);
+            worst_unpadded = worst_unpadded.max(eu);
+            worst_cpu = worst_cpu.max(ec);
+        }
+        eprintln!(
+            "{dt} {:?}: {} replayed steps ({} joined, {} left, buckets {:?}): = padded eager bit for bit; \
+             bit-identical to the unpadded step in {same_unpadded}, worst {worst_unpadded:.3e}; vs CPU worst {worst_cpu:.3e}",
+            spec.kv_lora_rank,
+            gpu.steps.len(),
+            gpu.joined,
+            gpu.left,
+            gpu.buckets_used
+        );
+    }
 }
