@@ -1,5 +1,6 @@
-//! `cargo xtask parity --tp N [--backend cpu|cuda] [--transport auto|host|nccl]
-//! [--golden DIR] [--random v3|small|none] [--seqs S] [--tokens T] [--seed N]`
+//! `cargo xtask parity --tp N [--dcp M] [--backend cpu|cuda] [--transport auto|host|nccl]
+//! [--golden DIR] [--random v3|small|small-fp8|none] [--seqs S] [--tokens T] [--seed N]
+//! [--kv-cache-dtype auto|bf16|fp8_ds_mla]`
 //!
 //! Tensor parallelism of the MLA block: TP = N against TP = 1 (the ordinary block on rank
 //! 0's device) on every golden case in `tests/golden` and on a random layer (DeepSeek-V3's
@@ -16,6 +17,11 @@
 //! context parallelism: each DCP group of N ranks splits the cache by token (token j on
 //! rank j % N), still compared against the plain block. Chunked-context prefill is not
 //! implemented under DCP, so the goldens' mixed schedule becomes `prefill:T/2,decode:T-T/2`.
+//!
+//! `--kv-cache-dtype fp8_ds_mla` runs both sides (TP = N and TP = 1) on the 656-byte fp8
+//! cache: same TP tolerances (both read the same fp8 bytes), goldens held to 6e-2; cases
+//! whose rows are not 512 + 64 are listed as `n/a`, and the CPU's default random layer is
+//! `small-fp8` (the small layer with V3's latent and rope widths).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +29,7 @@ use std::time::Instant;
 
 use mla_block::runner::{RunOptions, Schedule};
 use mla_block::tp::{check_tp, compare_tp, RandomLayerSpec, TpCase, TpGroup, Transport};
+use mla_block::KvCacheDtype;
 use vt_core::{DType, DeviceType, Probe};
 
 /// The options of `cargo xtask parity --tp N` / `--dcp N` (each needs one of them).
@@ -42,15 +49,24 @@ pub struct TpArgs {
     /// With --tp: folder of golden cases [default: tests/golden].
     #[arg(long, requires = "tp_or_dcp", value_name = "DIR")]
     pub golden: Option<PathBuf>,
-    /// With --tp: the random layer: v3, small or none [default: v3 on a GPU, small on the CPU].
+    /// With --tp: the random layer: v3, small, small-fp8 or none [default: v3 on a GPU,
+    /// small on the CPU (small-fp8 with an fp8_ds_mla cache)].
     #[arg(long, requires = "tp_or_dcp", value_name = "SPEC")]
     pub random: Option<String>,
+    /// With --tp: the KV cache of both sides: auto (the activation dtype), bf16 or
+    /// fp8_ds_mla (656-byte rows; layers with kv_lora_rank 512, rope 64) [default: auto].
+    #[arg(long, requires = "tp_or_dcp", value_name = "DTYPE", value_parser = parse_kv_cache_dtype)]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
     /// With --tp: sequences of the random layer's batch [default: 4].
     #[arg(long, requires = "tp_or_dcp", value_name = "S", value_parser = clap::value_parser!(i64).range(1..))]
     pub seqs: Option<i64>,
     /// With --tp: tokens of the random layer's batch [default: 64].
     #[arg(long, requires = "tp_or_dcp", value_name = "T", value_parser = clap::value_parser!(i64).range(1..))]
     pub tokens: Option<i64>,
+}
+
+fn parse_kv_cache_dtype(s: &str) -> Result<KvCacheDtype, String> {
+    s.parse()
 }
 
 fn parse_transport(s: &str) -> Result<Transport, String> {
@@ -67,6 +83,7 @@ pub struct Options {
     seqs: i64,
     tokens: i64,
     seed: u64,
+    kv_cache: KvCacheDtype,
 }
 
 /// The comparison's options from the command line (`backend` and `seed` are parity's own:
@@ -85,11 +102,13 @@ pub fn options(backend: &[DeviceType], seed: Option<u64>, a: TpArgs) -> Result<O
         seqs: a.seqs.unwrap_or(4),
         tokens: a.tokens.unwrap_or(64),
         seed: seed.unwrap_or(0),
+        kv_cache: a.kv_cache_dtype.unwrap_or_default(),
     })
 }
 
 pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
     let o = o?;
+    let fp8 = o.kv_cache == KvCacheDtype::Fp8DsMla;
     let probes = vt_backends::init();
     let registered =
         |k: DeviceType| probes.iter().any(|(d, p)| *d == k && matches!(p, Probe::Registered { .. }));
@@ -111,8 +130,10 @@ pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
         group.queues()[0].device()
     );
     println!("ranks: {}", group.describe());
+    println!("KV cache: {} (both sides)", o.kv_cache.name());
     println!(
-        "errors: relative Frobenius; TP=N vs TP=1 tolerance 1e-5 (f32) / 2e-2 (bf16, f16); vs golden 1e-4 / 2e-2"
+        "errors: relative Frobenius; TP=N vs TP=1 tolerance 1e-5 (f32) / 2e-2 (bf16, f16); vs golden {}",
+        if fp8 { "6e-2 (fp8_ds_mla cache)" } else { "1e-4 / 2e-2" }
     );
     println!();
     println!(
@@ -134,6 +155,7 @@ pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
     for dir in &dirs {
         match TpCase::from_golden_dir(dir) {
             Ok(case) => {
+                let case = case.with_kv_cache(o.kv_cache);
                 let n = case.t();
                 let all = RunOptions { block_size: 64, chunk_workspace_tokens: None };
                 report(&mut t, &group, o.tp, &case, &format!("prefill:{n}"), &all);
@@ -159,14 +181,21 @@ pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
         }
     }
 
-    let random =
-        o.random.clone().unwrap_or_else(|| if kind == DeviceType::Cpu { "small" } else { "v3" }.into());
+    let random = o.random.clone().unwrap_or_else(|| {
+        match (kind == DeviceType::Cpu, fp8) {
+            (true, false) => "small",
+            (true, true) => "small-fp8",
+            (false, _) => "v3",
+        }
+        .into()
+    });
     if random != "none" {
         let spec = RandomLayerSpec::by_name(&random)
-            .ok_or_else(|| format!("--random: `{random}` is not v3, small or none"))?;
+            .ok_or_else(|| format!("--random: `{random}` is not v3, small, small-fp8 or none"))?;
         let name = format!("random_{random}_bf16");
-        let case =
-            TpCase::random(&spec, &name, DType::BF16, o.seqs, o.tokens, o.seed).map_err(|e| e.to_string())?;
+        let case = TpCase::random(&spec, &name, DType::BF16, o.seqs, o.tokens, o.seed)
+            .map_err(|e| e.to_string())?
+            .with_kv_cache(o.kv_cache);
         let half = o.tokens / 2;
         let schedule = if half > 0 {
             format!("prefill:{half},decode:{}", o.tokens - half)
@@ -183,11 +212,12 @@ pub fn run(o: Result<Options, String>) -> Result<ExitCode, String> {
         );
     }
     println!(
-        "\n{} passed, {} failed, {} not splittable over {} ranks; {:.1} s",
+        "\n{} passed, {} failed, {} n/a (heads not splittable over {} ranks{}); {:.1} s",
         t.pass,
         t.fail,
         t.skipped,
         o.tp,
+        if fp8 { ", or rows an fp8_ds_mla cache cannot hold" } else { "" },
         started.elapsed().as_secs_f64()
     );
     Ok(if t.fail > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
@@ -206,6 +236,15 @@ fn report(t: &mut Tally, group: &TpGroup, tp: usize, case: &TpCase, schedule: &s
     let head = format!("{:<28} {:<5} {heads:>5}  {schedule:<40}", case.name, case.dtype().name());
     if check_tp(&case.cfg.dims, tp).is_err() {
         println!("{head} n/a: {heads} heads do not split evenly over {tp} ranks");
+        t.skipped += 1;
+        return;
+    }
+    if case.kv_cache == KvCacheDtype::Fp8DsMla && !case.fits_fp8_cache() {
+        let d = &case.cfg.dims;
+        println!(
+            "{head} n/a: kv_lora_rank {} + rope {} (an fp8_ds_mla row holds 512 + 64)",
+            d.kv_lora_rank, d.qk_rope_head_dim
+        );
         t.skipped += 1;
         return;
     }

@@ -108,7 +108,8 @@ struct RunArgs {
     block_size: i64,
     /// The KV cache's dtype: `auto` (the input's dtype), `bf16` (bf16 inputs), or
     /// `fp8_ds_mla` (656-byte rows: e4m3 latents with per-128 scales, bf16 rope; needs
-    /// kv_lora_rank 512 and qk_rope_head_dim 64; not with --tp / --dcp yet).
+    /// kv_lora_rank 512 and qk_rope_head_dim 64; every rank's cache, or share of it under
+    /// --dcp, is one).
     #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = parse_kv_cache_dtype)]
     kv_cache_dtype: KvCacheDtype,
     /// Split the heads over N ranks (N devices, or N CPU ranks).
@@ -335,13 +336,6 @@ fn run(a: &RunArgs) -> Result<()> {
             (out, stats, block.uses_fused_norm_rope(), String::new())
         }
         Some(n) => {
-            // The tensor-parallel runner allocates caches in the activation dtype only.
-            if a.kv_cache_dtype.resolve(hidden.dtype)? != hidden.dtype {
-                return Err(Error::other(
-                    format!("--kv-cache-dtype {}", a.kv_cache_dtype.name()),
-                    "only the activation dtype's cache runs with --tp / --dcp so far",
-                ));
-            }
             let transport = a.transport.unwrap_or(tp::TransportArg::Auto);
             let dcp = a.dcp.unwrap_or(1);
             let r = tp::run(
@@ -353,7 +347,7 @@ fn run(a: &RunArgs) -> Result<()> {
                 &hidden,
                 &positions,
                 &schedule,
-                &opts,
+                (&opts, a.kv_cache_dtype),
             )
             .map_err(block_size_hint)?;
             (r.out, r.stats, r.fused, format!(", tp {n}: {}", r.group))

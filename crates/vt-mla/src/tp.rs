@@ -6,10 +6,10 @@ use clap::{Args, ValueEnum};
 use mla_block::layers::bench_decode_layers;
 use mla_block::runner::{RunOptions, RunStats, Schedule};
 use mla_block::tp::{
-    bench_decode, device_count, run_schedule_tp_with_progress, DecodeBenchOptions, RandomLayerSpec, TpGroup,
+    bench_decode, device_count, run_schedule_tp_with_cache, DecodeBenchOptions, RandomLayerSpec, TpGroup,
     TpModel, Transport,
 };
-use mla_block::{HostTensor, MlaBlock, MlaConfig, MlaWeightStore};
+use mla_block::{HostTensor, KvCacheDtype, MlaBlock, MlaConfig, MlaWeightStore};
 use vt_core::{DType, Device, DeviceType, Error, Queue, Result};
 
 use crate::{positive_i64, positive_usize, progress, BackendArg};
@@ -120,7 +120,8 @@ pub struct TpRun {
 
 /// `vt-mla run --tp N [--dcp M]`: the layer split over N ranks of `kind` (the cache over
 /// each DCP group of M of them); `weights` is the
-/// checkpoint and the layer's name prefix in it.
+/// checkpoint and the layer's name prefix in it; every rank's cache (or DCP share) is in
+/// `cache` (`--kv-cache-dtype`).
 // The command's options one by one (its clap struct lives in main.rs): over clippy's default
 // argument limit, which clippy.toml no longer raises.
 #[allow(clippy::too_many_arguments)]
@@ -133,7 +134,7 @@ pub fn run(
     hidden: &HostTensor,
     positions: &[i64],
     schedule: &Schedule,
-    opts: &RunOptions,
+    (opts, cache): (&RunOptions, KvCacheDtype),
 ) -> Result<TpRun> {
     mla_block::tp::check_tp(&cfg.dims, tp)?;
     let group = TpGroup::open_with_dcp(kind, tp, dcp, transport.into())?;
@@ -145,9 +146,11 @@ pub fn run(
     let bar = progress::forwards(schedule.forwards().count());
     let (out, stats) = if dcp > 1 {
         // The DCP runner reports no progress per forward: the bar ends when it returns.
-        mla_block::tp::dcp::run_schedule_dcp(&group, &blocks, hidden, positions, schedule, opts)?
+        mla_block::tp::dcp::run_schedule_dcp_with_cache(
+            &group, &blocks, hidden, positions, schedule, opts, cache,
+        )?
     } else {
-        run_schedule_tp_with_progress(&group, &blocks, hidden, positions, schedule, opts, &|d, _| {
+        run_schedule_tp_with_cache(&group, &blocks, hidden, positions, schedule, opts, cache, &|d, _| {
             bar.set_position(d as u64)
         })?
     };

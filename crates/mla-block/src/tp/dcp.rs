@@ -19,6 +19,11 @@
 //! `ConcatAndCacheMla` skips). A prefill after cached tokens of the same sequence
 //! (chunked-context prefill) would need the whole context on every rank and is refused
 //! under DCP; so is a forward mixing decode and prefill parts.
+//!
+//! The shares may be fp8_ds_mla caches ([`run_schedule_dcp_with_cache`]): each rank
+//! encodes the rows it owns exactly as the DCP = 1 cache would (a row's encoding depends on
+//! that row alone), its decode attention dequantizes them on load, and the partials and
+//! their merge are in the activation dtype as without fp8.
 
 use vt_core::comm::Communicator;
 use vt_core::{
@@ -29,7 +34,7 @@ use vt_core::{
 use super::group::TpGroup;
 use super::run::{on_every_rank, TpRunStats};
 use crate::block::{DecodeAttention, MlaBlock};
-use crate::kv_cache::{BlockAllocator, PagedKvCache};
+use crate::kv_cache::{BlockAllocator, KvCacheDtype, PagedKvCache};
 use crate::metadata::{MlaBatchMetadata, StepSeq};
 use crate::runner::{checked_schedule_forwards, RowPlan, RunOptions, RunStats, Schedule, SeqPart};
 use crate::weights::HostTensor;
@@ -137,8 +142,24 @@ pub fn run_schedule_dcp(
     schedule: &Schedule,
     opts: &RunOptions,
 ) -> Result<(HostTensor, TpRunStats)> {
+    run_schedule_dcp_with_cache(group, blocks, hidden, positions, schedule, opts, KvCacheDtype::Auto)
+}
+
+/// [`run_schedule_dcp`] with every rank's share of the KV cache in `cache`
+/// (`--kv-cache-dtype`; `Fp8DsMla`: the 656-byte fp8 rows, L = 512, R = 64). A row's
+/// encoding depends only on its token, so the shares hold exactly the rows the DCP = 1
+/// block's fp8 cache holds, split by token.
+pub fn run_schedule_dcp_with_cache(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+    cache: KvCacheDtype,
+) -> Result<(HostTensor, TpRunStats)> {
     let forwards = checked_schedule_forwards(hidden, schedule)?;
-    run_steps_dcp(group, blocks, hidden, positions, &forwards, opts)
+    run_steps_dcp_with_cache(group, blocks, hidden, positions, &forwards, opts, cache)
 }
 
 /// [`super::run_steps_tp`] with each rank's cache holding only its DCP share (see the
@@ -151,8 +172,31 @@ pub fn run_steps_dcp(
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
 ) -> Result<(HostTensor, TpRunStats)> {
+    run_steps_dcp_with_cache(group, blocks, hidden, positions, forwards, opts, KvCacheDtype::Auto)
+}
+
+/// [`run_steps_dcp`] with the ranks' cache shares in `cache` (see
+/// [`run_schedule_dcp_with_cache`]).
+pub fn run_steps_dcp_with_cache(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    forwards: &[Vec<SeqPart>],
+    opts: &RunOptions,
+    cache: KvCacheDtype,
+) -> Result<(HostTensor, TpRunStats)> {
     if group.dcp() <= 1 {
-        return super::run_steps_tp(group, blocks, hidden, positions, forwards, opts);
+        return super::run::run_steps_tp_with_progress(
+            group,
+            blocks,
+            hidden,
+            positions,
+            forwards,
+            opts,
+            cache,
+            &|_, _| {},
+        );
     }
     if blocks.len() != group.tp() || blocks.is_empty() {
         return Err(Error::invalid(
@@ -162,12 +206,14 @@ pub fn run_steps_dcp(
         ));
     }
     let plan = RowPlan::new(OP, &blocks[0], hidden, positions, forwards, opts)?;
+    let cache_dt = cache.resolve(blocks[0].dtype())?;
     let dcp = group.dcp();
     let results = on_every_rank(group, &[], |r, q, comm| {
         let dcomm =
             group.dcp_comm(r).ok_or_else(|| Error::other(OP, format!("rank {r} has no DCP communicator")))?;
         let hook = DcpDecode { comm: dcomm, dcp, me: r % dcp };
-        rank_run(&plan, &blocks[r], q, &hook, positions, forwards, opts, |out| comm.all_reduce_sum(q, out))
+        let reduce = |out: &vt_core::Tensor<'_>| comm.all_reduce_sum(q, out);
+        rank_run(&plan, &blocks[r], q, &hook, positions, forwards, (opts, cache_dt), reduce)
     })?;
     let (out0, stats0) = &results[0];
     let ranks_identical = results.iter().all(|(o, _)| o == out0);
@@ -197,7 +243,7 @@ fn rank_run(
     hook: &DcpDecode<'_>,
     positions: &[i64],
     forwards: &[Vec<SeqPart>],
-    opts: &RunOptions,
+    (opts, cache_dt): (&RunOptions, DType),
     reduce: impl Fn(&vt_core::Tensor<'_>) -> Result<()>,
 ) -> Result<(Vec<u8>, RunStats)> {
     let (s, t, h) = (plan.s, plan.t, plan.h);
@@ -212,7 +258,7 @@ fn rank_run(
             .map(|n| n.max(1))
             .ok_or_else(|| bad("block_size", format!("{s} sequences x {per} tokens overflow i64 blocks")))
     };
-    let mut cache = PagedKvCache::new(q, dt, num_blocks(local_t)?, bs, block.dims().cache_row_dim())?;
+    let mut cache = PagedKvCache::new(q, cache_dt, num_blocks(local_t)?, bs, block.dims().cache_row_dim())?;
     let mut whole = BlockAllocator::new(num_blocks(t)?, bs)?;
     let chunk_ws = opts.chunk_workspace_tokens.unwrap_or((s * t).clamp(1, 65536));
     let mut ws = MlaWorkspace::new(MlaLimits {

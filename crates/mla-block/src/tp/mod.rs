@@ -6,7 +6,8 @@
 //!   row-parallel (the input columns of the rank's heads), the A-projections and both
 //!   layernorms replicated. Each rank runs the ordinary [`MlaBlock`](crate::MlaBlock) with
 //!   `num_heads / tp` heads and its own paged latent cache (replicated: the latent is shared
-//!   by all heads, so every rank writes the same rows, as upstream does for MLA).
+//!   by all heads, so every rank writes the same rows, as upstream does for MLA), in the
+//!   activation dtype or fp8_ds_mla ([`run_schedule_tp_with_cache`]).
 //! - After `o_proj` each rank holds a partial sum over its heads; a [`Communicator`] sums
 //!   them in place on every rank ([`forward_rank`]).
 //! - One host thread per rank in one process ([`run_steps_tp`], [`bench_decode`]): a
@@ -34,8 +35,8 @@ pub use group::{device_count, TpGroup, Transport};
 pub use parity::{compare_tp, compare_tp_against, rel_frobenius, tp1_reference, TpCase, TpComparison};
 pub use random::RandomLayerSpec;
 pub use run::{
-    bench_decode, forward_rank, run_schedule_tp, run_schedule_tp_with_progress, run_steps_tp,
-    DecodeBenchOptions, DecodeBenchResult, TpModel, TpRunStats,
+    bench_decode, forward_rank, run_schedule_tp, run_schedule_tp_with_cache, run_schedule_tp_with_progress,
+    run_steps_tp, DecodeBenchOptions, DecodeBenchResult, TpModel, TpRunStats,
 };
 pub use shard::{check_tp, head_range, rank_dims, shard_weights};
 pub use vt_core::comm::{Communicator, ABORTED};

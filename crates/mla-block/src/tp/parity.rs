@@ -6,13 +6,14 @@ use std::path::Path;
 use safetensors::SafeTensors;
 use vt_core::{DType, Device, Error, Queue, Result};
 
-use super::dcp::run_schedule_dcp;
+use super::dcp::run_schedule_dcp_with_cache;
 use super::group::TpGroup;
 use super::random::RandomLayerSpec;
 use super::run::{TpModel, TpRunStats};
 use crate::block::MlaBlock;
 use crate::config::MlaConfig;
-use crate::runner::{positions_or_default, run_schedule, RunOptions, Schedule};
+use crate::kv_cache::KvCacheDtype;
+use crate::runner::{positions_or_default, run_schedule_with_cache, RunOptions, Schedule};
 use crate::weights::{HostTensor, HostWeights, MlaWeightStore};
 use crate::DEFAULT_LAYER_PREFIX;
 
@@ -28,6 +29,9 @@ pub struct TpCase {
     pub positions: Vec<i64>,
     /// `out` of the golden, `[S, T, H]`.
     pub expected: Option<HostTensor>,
+    /// The KV cache of both runs (TP = N and TP = 1): `Auto` (the activation dtype) unless
+    /// set with [`TpCase::with_kv_cache`].
+    pub kv_cache: KvCacheDtype,
 }
 
 fn read_safetensors(path: &Path) -> Result<Vec<u8>> {
@@ -76,7 +80,7 @@ impl TpCase {
         };
         let name =
             dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        Ok(TpCase { name, cfg, weights, hidden, positions, expected })
+        Ok(TpCase { name, cfg, weights, hidden, positions, expected, kv_cache: KvCacheDtype::Auto })
     }
 
     /// A random layer of `spec`'s sizes in `dtype` with `s` sequences of `t` tokens at
@@ -92,7 +96,28 @@ impl TpCase {
         let (cfg, weights) = spec.layer(dtype, seed)?;
         let hidden = spec.hidden(s, t, dtype, seed ^ 0x5eed);
         let positions = positions_or_default(None, s, t)?;
-        Ok(TpCase { name: name.to_string(), cfg, weights, hidden, positions, expected: None })
+        Ok(TpCase {
+            name: name.to_string(),
+            cfg,
+            weights,
+            hidden,
+            positions,
+            expected: None,
+            kv_cache: KvCacheDtype::Auto,
+        })
+    }
+
+    /// The case with both runs' KV cache in `kv_cache` (e.g. `Fp8DsMla`, for layers with
+    /// L = 512 and R = 64).
+    pub fn with_kv_cache(self, kv_cache: KvCacheDtype) -> TpCase {
+        TpCase { kv_cache, ..self }
+    }
+
+    /// An fp8_ds_mla cache holds this case's rows: L = 512 and R = 64.
+    pub fn fits_fp8_cache(&self) -> bool {
+        let d = &self.cfg.dims;
+        d.kv_lora_rank == vt_core::fp8_ds_mla::LATENT as i64
+            && d.qk_rope_head_dim == vt_core::fp8_ds_mla::ROPE as i64
     }
 
     pub fn dtype(&self) -> DType {
@@ -115,9 +140,13 @@ impl TpCase {
         }
     }
 
-    /// The golden tolerance against `expected`: 1e-4 for f32, 2e-2 for bf16/f16.
+    /// The golden tolerance against `expected`: 1e-4 for f32, 2e-2 for bf16/f16; 6e-2 with
+    /// an fp8_ds_mla cache (e4m3's half ulp, 2^-4: docs/mla.md, "The fp8_ds_mla cache").
+    /// TP = N vs TP = 1 keeps [`TpCase::tp_tolerance`]: both runs read the same fp8 bytes.
     pub fn golden_tolerance(&self) -> f64 {
-        if self.dtype() == DType::F32 {
+        if self.kv_cache == KvCacheDtype::Fp8DsMla {
+            6e-2
+        } else if self.dtype() == DType::F32 {
             1e-4
         } else {
             2e-2
@@ -160,7 +189,8 @@ pub fn compare_tp(
     compare_tp_against(case, group, schedule, opts, tp1)
 }
 
-/// The TP = 1 output of `case` on `device`: the ordinary block, no communicator.
+/// The TP = 1 output of `case` on `device`: the ordinary block, no communicator, with the
+/// case's KV cache dtype.
 pub fn tp1_reference(
     case: &TpCase,
     device: Device,
@@ -170,7 +200,18 @@ pub fn tp1_reference(
     let q = Queue::new(device)?;
     let store = MlaWeightStore::from_host(&q, &case.cfg, &case.weights)?;
     let block = MlaBlock::new(case.cfg.dims, store.views(), case.cfg.rope.is_neox)?;
-    Ok(run_schedule(&q, &block, &case.hidden, &case.positions, schedule, opts)?.0)
+    let none = &|_: usize, _: usize| {};
+    Ok(run_schedule_with_cache(
+        &q,
+        &block,
+        &case.hidden,
+        &case.positions,
+        schedule,
+        opts,
+        case.kv_cache,
+        none,
+    )?
+    .0)
 }
 
 /// [`compare_tp`] against a TP = 1 output computed before ([`tp1_reference`]), so several
@@ -185,7 +226,15 @@ pub fn compare_tp_against(
     let model = TpModel::load(group, &case.cfg, &case.weights)?;
     let blocks = model.blocks(None)?;
     // Under DCP (group.dcp() > 1) the ranks' caches hold their shares; dcp = 1 is the TP run.
-    let (tpn, stats) = run_schedule_dcp(group, &blocks, &case.hidden, &case.positions, schedule, opts)?;
+    let (tpn, stats) = run_schedule_dcp_with_cache(
+        group,
+        &blocks,
+        &case.hidden,
+        &case.positions,
+        schedule,
+        opts,
+        case.kv_cache,
+    )?;
     let expected = case.expected.as_ref().map(|e| e.to_f64());
     let vs = |out: &HostTensor| expected.as_ref().map(|e| rel_frobenius(&out.to_f64(), e));
     Ok(TpComparison {

@@ -87,11 +87,26 @@ impl RandomLayerSpec {
         max_position_embeddings: 4096,
     };
 
-    /// `v3`, `small`.
+    /// A small layer with DeepSeek-V3's latent and rope widths (kv_lora 512, rope 64), the
+    /// ones an fp8_ds_mla cache row holds, small elsewhere for CPU tests: 8 heads (tp 2, 4
+    /// and 8 split them), hidden 128, q_lora 48, nope 16, v 16.
+    pub const SMALL_FP8: RandomLayerSpec = RandomLayerSpec {
+        hidden_size: 128,
+        num_heads: 8,
+        q_lora_rank: 48,
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 16,
+        qk_rope_head_dim: 64,
+        v_head_dim: 16,
+        max_position_embeddings: 4096,
+    };
+
+    /// `v3`, `small`, `small-fp8`.
     pub fn by_name(name: &str) -> Option<RandomLayerSpec> {
         match name {
             "v3" | "deepseek-v3" => Some(RandomLayerSpec::DEEPSEEK_V3),
             "small" => Some(RandomLayerSpec::SMALL),
+            "small-fp8" => Some(RandomLayerSpec::SMALL_FP8),
             _ => None,
         }
     }

@@ -10,7 +10,7 @@ use super::group::TpGroup;
 use super::shard::shard_weights;
 use crate::block::MlaBlock;
 use crate::config::MlaConfig;
-use crate::kv_cache::PagedKvCache;
+use crate::kv_cache::{KvCacheDtype, PagedKvCache};
 use crate::metadata::{MlaBatchMetadata, StepSeq};
 use crate::runner::{checked_schedule_forwards, RowPlan, RunOptions, RunStats, Schedule, SeqPart};
 use crate::weights::{HostTensor, HostWeights, MlaWeightStore};
@@ -125,7 +125,36 @@ pub fn run_schedule_tp_with_progress(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(HostTensor, TpRunStats)> {
     let forwards = checked_schedule_forwards(hidden, schedule)?;
-    run_steps_tp_with_progress(group, blocks, hidden, positions, &forwards, opts, progress)
+    run_steps_tp_with_progress(
+        group,
+        blocks,
+        hidden,
+        positions,
+        &forwards,
+        opts,
+        KvCacheDtype::Auto,
+        progress,
+    )
+}
+
+/// [`run_schedule_tp_with_progress`] with every rank's KV cache in `cache`
+/// (`--kv-cache-dtype`): `Auto` is the activation dtype, `Fp8DsMla` the 656-byte fp8 rows
+/// (L = 512, R = 64). The replicated cache is encoded the same way on every rank (each
+/// rank's latent rows are the same bits), so the ranks attend over the same fp8 bytes as
+/// the TP = 1 block with that cache.
+#[allow(clippy::too_many_arguments)]
+pub fn run_schedule_tp_with_cache(
+    group: &TpGroup,
+    blocks: &[MlaBlock<'_>],
+    hidden: &HostTensor,
+    positions: &[i64],
+    schedule: &Schedule,
+    opts: &RunOptions,
+    cache: KvCacheDtype,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(HostTensor, TpRunStats)> {
+    let forwards = checked_schedule_forwards(hidden, schedule)?;
+    run_steps_tp_with_progress(group, blocks, hidden, positions, &forwards, opts, cache, progress)
 }
 
 /// Runs `f(rank)` on one scoped thread per rank and returns the results in rank order.
@@ -212,16 +241,27 @@ pub fn run_steps_tp(
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
 ) -> Result<(HostTensor, TpRunStats)> {
-    run_steps_tp_with_progress(group, blocks, hidden, positions, forwards, opts, &|_, _| {})
+    run_steps_tp_with_progress(
+        group,
+        blocks,
+        hidden,
+        positions,
+        forwards,
+        opts,
+        KvCacheDtype::Auto,
+        &|_, _| {},
+    )
 }
 
-fn run_steps_tp_with_progress(
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_steps_tp_with_progress(
     group: &TpGroup,
     blocks: &[MlaBlock<'_>],
     hidden: &HostTensor,
     positions: &[i64],
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
+    cache: KvCacheDtype,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(HostTensor, TpRunStats)> {
     if blocks.len() != group.tp() {
@@ -247,10 +287,11 @@ fn run_steps_tp_with_progress(
         }
     }
     let plan = RowPlan::new(OP, &blocks[0], hidden, positions, forwards, opts)?;
+    let cache_dt = cache.resolve(blocks[0].dtype())?;
     let results = on_every_rank(group, &[], |r, q, comm| {
         let block = &blocks[r];
         let mut done = 0;
-        plan.run(q, block, positions, forwards, opts, |ws, xin, meta, cache, yout| {
+        plan.run_with_cache(q, block, positions, forwards, opts, cache_dt, |ws, xin, meta, cache, yout| {
             forward_rank(block, comm, q, ws, xin, meta, cache, yout)?;
             done += 1;
             if r == 0 {
