@@ -30,16 +30,33 @@ macro_rules! kernel_source {
     };
 }
 
-/// Every header of `kernels-cuda/`, handed to NVRTC in memory by include name. A new
-/// header must be added here (and is then part of every module's cache key).
+/// `header!("common.cuh")`: the include name and text of `kernels-cuda/common.cuh`.
+macro_rules! header {
+    ($name:literal) => {
+        ($name, include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../kernels-cuda/", $name)))
+    };
+}
+
+/// Every header of `kernels-cuda/`, handed to NVRTC in memory by include name (its path
+/// under `kernels-cuda/`). A new header must be added here (and is then part of every
+/// module's cache key); a test fails on a header some kernel file or header includes that
+/// is not listed.
 pub const HEADERS: &[(&str, &str)] = &[
-    ("common.cuh", include_str!("../../../kernels-cuda/common.cuh")),
-    ("norm_rope.cuh", include_str!("../../../kernels-cuda/norm_rope.cuh")),
-    ("tensor_core.cuh", include_str!("../../../kernels-cuda/tensor_core.cuh")),
-    ("fp8_ds_mla.cuh", include_str!("../../../kernels-cuda/fp8_ds_mla.cuh")),
-    ("prefill_attention/params.cuh", include_str!("../../../kernels-cuda/prefill_attention/params.cuh")),
-    ("prefill_attention/sm80.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm80.cuh")),
-    ("prefill_attention/sm90.cuh", include_str!("../../../kernels-cuda/prefill_attention/sm90.cuh")),
+    header!("common.cuh"),
+    header!("norm_rope.cuh"),
+    header!("tensor_core.cuh"),
+    header!("fp8_ds_mla.cuh"),
+    header!("prefill_attention/params.cuh"),
+    header!("prefill_attention/sm80.cuh"),
+    header!("prefill_attention/sm90.cuh"),
+    header!("mla_decode_attention/params.cuh"),
+    header!("mla_decode_attention/schedule.cuh"),
+    header!("mla_decode_attention/key_row.cuh"),
+    header!("mla_decode_attention/generic.cuh"),
+    header!("mla_decode_attention/combine.cuh"),
+    header!("mla_decode_attention/tiles.cuh"),
+    header!("mla_decode_attention/mma_sm80.cuh"),
+    header!("mla_decode_attention/wgmma_sm90.cuh"),
 ];
 
 /// `VT_CUDA_KERNELS_DIR`: a folder whose `.cu`/`.cuh` files replace the embedded copies
@@ -87,6 +104,35 @@ mod tests {
     use super::*;
 
     static SRC: KernelSource = crate::kernel_source!("rms_norm");
+
+    /// The `#include "..."` names of a kernel text (system headers `<...>` are NVRTC's).
+    fn includes(text: &str) -> impl Iterator<Item = &str> {
+        text.lines().filter_map(|l| l.trim().strip_prefix("#include \"")?.split('"').next())
+    }
+
+    #[test]
+    fn every_included_header_is_embedded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-cuda");
+        let mut texts: Vec<(String, String)> =
+            HEADERS.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect();
+        for e in std::fs::read_dir(&dir).expect("kernels-cuda/") {
+            let path = e.expect("entry").path();
+            if path.extension().is_some_and(|x| x == "cu") {
+                let text = std::fs::read_to_string(&path).expect("kernel file");
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                texts.push((name, text));
+            }
+        }
+        let mut missing = Vec::new();
+        for (file, text) in &texts {
+            for inc in includes(text) {
+                if !HEADERS.iter().any(|(n, _)| *n == inc) {
+                    missing.push(format!("{file} includes {inc:?}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "headers missing from kernels::HEADERS:\n{}", missing.join("\n"));
+    }
 
     #[test]
     fn kernel_sources_are_embedded_unless_a_folder_has_the_file() {

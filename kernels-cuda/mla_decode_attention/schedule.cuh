@@ -1,0 +1,209 @@
+// MlaDecodeAttention: the split-KV schedule every main kernel follows, computed on the
+// device, and the stores of a segment's output (final or partial). Part of
+// mla_decode_attention.cu.
+//
+// Work is split over CTAs by KV tiles of BN = 64 tokens (flash-decoding):
+// - The grid is (num_parts, m_blocks). The tiles of all sequences, laid end to end, are cut
+//   into num_parts equal ranges ("parts"), at least min_tiles long; part p covers tiles
+//   [p*Q, (p+1)*Q). Each CTA computes this schedule itself from seq_lens (a block-wide
+//   scan; one pass when B <= blockDim), so there is no host sync and no metadata kernel,
+//   and mixed lengths balance.
+// - A part that holds a whole sequence writes out and lse directly. A sequence cut over
+//   several parts writes one normalized partial (O / l and its log2-sum-exp) per part into
+//   slot p + b of the partial buffers (unique: p + b grows along the tile stream), and the
+//   combine kernel (combine.cuh) merges them. The part that holds a sequence's first tile
+//   records (first slot, number of slots) in seq_info for the combine kernel.
+// - Empty sequences (and queries that see no key) get out = 0 and lse = -inf.
+//
+// A main kernel calls find_part once, then walks its segments with next_segment (one per
+// sequence with tiles in its part) and writes each with store_pair / store_lse.
+#pragma once
+
+#include "mla_decode_attention/params.cuh"
+
+namespace mla {
+
+// Programmatic dependent launch (sm_90): the main kernels let the combine kernel launch
+// early; the combine waits for the main grid's completion (and memory) before reading.
+// Both are no-ops without the launch attribute and on older architectures.
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Tokens of sequence b that exist: seq_lens clamped to [0, MB * BS] (past the block table
+// nothing can be read; the CPU reference rejects such input, the GPU skips it).
+__device__ __forceinline__ int eff_len(const Params& p, int b) {
+    const int len = __ldg(p.seq_lens + (i64)b * p.sl_s);
+    const i64 cap = (i64)p.MB * p.BS;
+    if (len <= 0) return 0;
+    return (i64)len > cap ? (int)cap : len;
+}
+
+__device__ __forceinline__ int tiles_of(int len) { return (len + BN - 1) / BN; }
+
+// Inclusive prefix sum over the block; `total` gets the block's sum. Uses s[0..32).
+__device__ __forceinline__ int block_scan_incl(int v, int* s, int& total) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    if (lane == 31) s[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        int x = lane < nw ? s[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int n = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += n;
+        }
+        if (lane < nw) s[lane] = x;
+    }
+    __syncthreads();
+    const int add = w > 0 ? s[w - 1] : 0;
+    total = s[nw - 1];
+    __syncthreads();
+    return v + add;
+}
+
+struct Part {
+    i64 begin, end;  // global tile range of this part
+    i64 q;           // tiles per part
+    int b;           // first sequence with a tile in the range (B if none)
+    i64 pre;         // global index of that sequence's first tile
+};
+
+// This CTA's tile range [begin, end) of the `total` tiles of the batch: an even share of at
+// least min_tiles; b and pre say "nothing found" (the caller fills them in).
+__device__ __forceinline__ Part part_bounds(const Params& p, i64 total) {
+    i64 q = (total + p.num_parts - 1) / p.num_parts;
+    if (q < p.min_tiles) q = p.min_tiles;
+    if (q < 1) q = 1;
+    Part r;
+    r.q = q;
+    r.begin = (i64)blockIdx.x * q;
+    r.end = r.begin + q < total ? r.begin + q : total;
+    r.b = p.B;
+    r.pre = total;
+    return r;
+}
+
+// The part of this CTA (blockIdx.x). Called by the whole block; every thread gets the same
+// result. `s` is 40 ints of shared memory.
+__device__ Part find_part(const Params& p, int* s) {
+    if (p.B <= (int)blockDim.x) {
+        // One pass: thread b owns sequence b.
+        const int b = threadIdx.x;
+        const int t = b < p.B ? tiles_of(eff_len(p, b)) : 0;
+        int t_total = 0;
+        const int incl = block_scan_incl(t, s, t_total);
+        const i64 total = t_total;
+        Part r = part_bounds(p, total);
+        if (r.begin >= total) return r;
+        const i64 pre = incl - t;
+        if (t > 0 && pre <= r.begin && r.begin < pre + t) {
+            s[33] = b;
+            s[34] = (int)pre;
+        }
+        __syncthreads();
+        r.b = s[33];
+        r.pre = s[34];
+        __syncthreads();
+        return r;
+    }
+    int t_total = 0, local = 0;
+    for (int b = threadIdx.x; b < p.B; b += blockDim.x) local += tiles_of(eff_len(p, b));
+    block_scan_incl(local, s, t_total);
+    const i64 total = t_total;
+    Part r = part_bounds(p, total);
+    if (r.begin >= total) return r;
+    if (threadIdx.x == 0) s[33] = -1;
+    __syncthreads();
+    i64 carry = 0;
+    for (int base = 0; base < p.B; base += blockDim.x) {
+        const int b = base + threadIdx.x;
+        const int t = b < p.B ? tiles_of(eff_len(p, b)) : 0;
+        int chunk = 0;
+        const i64 pre = carry + block_scan_incl(t, s, chunk) - t;
+        if (t > 0 && pre <= r.begin && r.begin < pre + t) {
+            s[33] = b;
+            s[34] = (int)pre;
+        }
+        __syncthreads();
+        if (s[33] >= 0) break;
+        carry += chunk;
+    }
+    r.b = s[33];
+    r.pre = s[34];
+    __syncthreads();
+    return r;
+}
+
+// One sequence's share of a part: local tiles [t0, t1) of sequence b.
+struct Segment {
+    int b, len, t0, t1, slot;
+    bool whole;  // the part holds all of b's tiles: write out/lse directly
+};
+
+// Walks the sequences of a part; returns false when done. `pre` and `b` carry the state.
+__device__ __forceinline__ bool next_segment(const Params& p, const Part& part, int& b, i64& pre,
+                                             Segment& sg) {
+    while (b < p.B && pre < part.end) {
+        const int len = eff_len(p, b);
+        const int t = tiles_of(len);
+        const i64 first = pre;
+        pre += t;
+        const int cur = b++;
+        if (t == 0) continue;
+        sg.b = cur;
+        sg.len = len;
+        sg.t0 = (int)((part.begin > first ? part.begin : first) - first);
+        sg.t1 = (int)((part.end < pre ? part.end : pre) - first);
+        sg.whole = first >= part.begin && pre <= part.end;
+        sg.slot = (int)blockIdx.x + cur;
+        if (first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
+            const i64 last_part = (pre - 1) / part.q;
+            p.seq_info[2 * cur] = sg.slot;
+            p.seq_info[2 * cur + 1] = (int)(last_part - blockIdx.x + 1);
+        }
+        return true;
+    }
+    return false;
+}
+
+// Writes one query row's two adjacent output values (final or partial). 16-bit only: the
+// tensor-core kernels run only where out is 16-byte aligned with strides multiple of 8.
+template <typename T>
+__device__ __forceinline__ void store_pair(const Params& p, const Segment& sg, int row, int col, float v0,
+                                           float v1) {
+    if (sg.whole) {
+        const int s = row / p.N, h = row - s * p.N;
+        T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
+        *reinterpret_cast<uint32_t*>(o) = pack2<T>(v0, v1);
+    } else {
+        float2* o = (float2*)(p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + col);
+        *o = make_float2(v0, v1);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_lse(const Params& p, const Segment& sg, int row, float lse2) {
+    if (sg.whole) {
+        if (p.lse != nullptr) {
+            const int s = row / p.N, h = row - s * p.N;
+            p.lse[sg.b * p.l_sb + h * p.l_sh + s * p.l_ss] = lse2 * LN2;
+        }
+    } else {
+        p.part_lse[(i64)sg.slot * p.m_total + row] = lse2;
+    }
+}
+
+}  // namespace mla

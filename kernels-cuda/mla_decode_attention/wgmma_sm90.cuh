@@ -1,0 +1,462 @@
+// MlaDecodeAttention, the wgmma kernel (sm_90a only: compiled when __CUDA_ARCH_FEAT_SM90_ALL
+// is defined): mla_decode_wgmma_{bf16,f16} (KV tiles by cp.async) and
+// mla_decode_wgmma_tma_{bf16,f16} (KV tiles by the tensor memory accelerator, block sizes
+// that are multiples of 64). D = 576, Dv = 512, WGMMA_ROWS (64) query rows per CTA, two
+// 72 KB KV stages, two warpgroups with separate roles. Planned by
+// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs. Part of mla_decode_attention.cu.
+//
+// Warpgroup 0 (consumer): S = Q K^T with 36 wgmma m64n64k16 (Q and K from the swizzled
+// tiles, K-major), the online softmax on its registers (a row lives in one quad), P
+// (16-bit) and the row rescale factors into shared memory, then O[:, 0:256] += P V.
+// Warpgroup 1 (producer): all cp.async loads (Q, KV tiles) and O[:, 256:512] += P V.
+// Both halves: 4 wgmma m64n256k16, V read MN-major in place from the K tile.
+//
+// Named barriers (arrive by one side, sync by the other) let warpgroup 1's PV and loads
+// run while warpgroup 0 computes the next S:
+//   K_FULL[t&1]  tile t is in shared memory           WG1 arrives, WG0 syncs
+//   P_FULL       P(t) and the rescale factors written  WG0 arrives, WG1 syncs
+//   P_FREE       WG1 finished reading P(t)             WG1 arrives, WG0 syncs before P(t+1)
+//   V_FREE[t&1]  WG0 finished with tile t's stage      WG0 arrives, WG1 syncs before reloading it
+// Warpgroup 1 waits for tile t+1 only after its PV(t): with two 72 KB stages a tile is
+// loaded into the stage freed by PV(t-1), and waiting earlier leaves the load no time
+// (measured: signalling before PV(t) made every tile wait for a fresh load). Every arrival is
+// matched by exactly one sync in each segment, and neither side can arrive on a barrier
+// again before the other side synced the previous instance (K_FULL and V_FREE alternate
+// by parity: the next arrival on the same id is ordered after a sync on a barrier the
+// other side arrives only after consuming), so instances never mix.
+#pragma once
+
+#include "mla_decode_attention/tiles.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace mla {
+
+enum : int { WGMMA_ROWS = 64 };  // query rows per CTA (an enumerator: see COMBINE_WARPS)
+
+// Shared-memory layout of the wgmma kernel (byte offsets from a 1024-aligned base).
+// Q and every KV tile are NSUB column blocks of [rows x 128 B], swizzled (see swz).
+template <int MT> struct Layout {
+    static constexpr int STAGES = 2;
+    static constexpr int Q_SUB = MT * 128;                     // one column block of Q
+    static constexpr int OFF_Q = 0;
+    static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
+    static constexpr int OFF_P = OFF_KV + STAGES * TILE_BYTES;  // P [MT x 64 tokens] bf16/f16
+    static constexpr int RED = 128;                             // floats: WC * MT = 8 / (MT / 16) * MT
+    static constexpr int OFF_RED = OFF_P + MT * 128;            // float [2][RED]
+    static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [STAGES][BN]: token row exists
+    static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
+    static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
+    static constexpr int END = OFF_MBAR + STAGES * 8;
+    static constexpr int SMEM = END + 1024;                     // slack to align the base
+};
+
+// Warp 0 of warpgroup 1 loads KV tile `tile` of segment sg into the stage at dst through the
+// TMA: every box of the tile is issued (pages past the sequence or with a bad block id read
+// block NB, out of the map: zeros), so the stage's barrier always completes with TILE_BYTES.
+// The token flags (valid, flags) are written first and published by the expect_tx arrival.
+template <typename T>
+__device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int tile, uint32_t dst,
+                                         unsigned char* valid, unsigned char* flags, uint32_t bar,
+                                         const TmaMap* map, int lane) {
+    const int R = p.BS < BN ? p.BS : BN;  // rows per box
+    bool bad = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int tok = lane + 32 * h, j = tile * BN + tok;
+        bool ok = false;
+        if (tile < sg.t1 && j < sg.len) {
+            const int blk = __ldg(p.block_table + sg.b * p.bt_sb + (j / p.BS) * p.bt_sm);
+            ok = blk >= 0 && blk < p.NB;
+            bad |= !ok;
+        }
+        valid[tok] = ok ? 1 : 0;
+    }
+    const unsigned any_bad = __ballot_sync(0xffffffffu, bad);
+    if (lane == 0) *reinterpret_cast<unsigned long long*>(flags) = any_bad != 0u ? 1ull : 0ull;
+    __syncwarp();
+    if (lane == 0) mbar_expect_tx(bar, TILE_BYTES);
+    __syncwarp();
+    const int nbox = (BN / R) * NSUB;
+    for (int idx = lane; idx < nbox; idx += 32) {
+        const int pb = idx / NSUB, cb = idx - pb * NSUB;
+        const int j = tile * BN + pb * R;  // first token of the box
+        int blk = p.NB, row = 0;
+        if (tile < sg.t1 && j < sg.len) {
+            const int bi = j / p.BS;
+            const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+            if (v >= 0 && v < p.NB) {
+                blk = v;
+                row = j - bi * p.BS;
+            }
+        }
+        tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
+    }
+}
+
+// K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
+constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
+// Epilogue (see decode_wgmma): WG1 / WG0 done with the KV stages (and WG0's row sums
+// written), WG1's own staging barrier, WG0's copy-out done (the stages may be reloaded).
+constexpr int BAR_WG0_DONE = 8, BAR_WG1_DONE = 9, BAR_WG1 = 10, BAR_OUT_READ = 11;
+
+// The wgmma instructions used, one macro per shape (m64n64k16 for S = Q K^T, m64n256k16
+// with B transposed for O += P V), instantiated per 16-bit type: TY is "bf16" or "f16".
+// D is read and written in registers; scale_d = 0 starts a fresh accumulation.
+#define VT_ACC8(i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define VT_ACC32(i) VT_ACC8(i), VT_ACC8(i + 8), VT_ACC8(i + 16), VT_ACC8(i + 24)
+
+#define VT_WGMMA_M64N64K16(NAME, TY)                                                                    \
+    __device__ __forceinline__ void NAME(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {      \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                        \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
+                     : VT_ACC32(0)                                                                      \
+                     : "l"(da), "l"(db), "r"(scale_d));                                                 \
+    }
+#define VT_WGMMA_M64N256K16_TB(NAME, TY)                                                                \
+    __device__ __forceinline__ void NAME(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {     \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                   \
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "                       \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"                                       \
+                     : VT_ACC32(0), VT_ACC32(32), VT_ACC32(64), VT_ACC32(96)                            \
+                     : "l"(da), "l"(db), "r"(scale_d));                                                 \
+    }
+VT_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16")
+VT_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16")
+VT_WGMMA_M64N256K16_TB(wgmma_m64n256k16_bf16_tb, "bf16")
+VT_WGMMA_M64N256K16_TB(wgmma_m64n256k16_f16_tb, "f16")
+
+template <typename T> struct Wg;
+template <> struct Wg<bf16> {
+    static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
+        wgmma_m64n64k16_bf16(d, a, b, sc);
+    }
+    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
+        wgmma_m64n256k16_bf16_tb(d, a, b, 1);
+    }
+};
+template <> struct Wg<f16> {
+    static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
+        wgmma_m64n64k16_f16(d, a, b, sc);
+    }
+    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
+        wgmma_m64n256k16_f16_tb(d, a, b, 1);
+    }
+};
+
+// O[:, cols] += P V[:, cols] for one tile: 4 wgmma (A = P, B = V MN-major, in place in the
+// K tile starting at column block `v_base`). N = 128 accumulator registers (256 columns).
+template <typename T, int N>
+__device__ __forceinline__ void pv_tile(float (&o)[N], uint64_t dp, uint32_t v_base) {
+    const uint64_t dv = gmma_desc(v_base, SUB_BYTES, 1024);
+    pin(o);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp + 2 * ks, dv + 128 * ks);  // +32 B, +2048 B
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(o);
+}
+
+template <int N> __device__ __forceinline__ void rescale(float (&o)[N], float a0, float a1) {
+    if (a0 != 1.0f || a1 != 1.0f) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            o[4 * i + 0] *= a0;
+            o[4 * i + 1] *= a0;
+            o[4 * i + 2] *= a1;
+            o[4 * i + 3] *= a1;
+        }
+    }
+}
+
+__device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// Row stride (floats) of O staged in shared memory: 512 + 8 keeps a warp's 8-byte stores to
+// 8 rows on distinct banks.
+constexpr int OSTR = FDV + 8;
+
+// One warpgroup's epilogue, once both are done with the KV stages: stages its accumulators
+// (rows r_lo, r_lo + 8; columns col0 + 8 i + 2 qd (+1)) in the freed KV stages (`stage` as a
+// shared address, `so` as a pointer), then copies its 256 columns of the MT rows out with
+// 16-byte loads and coalesced stores, scaled by 1 / l. `bar` is the warpgroup's own
+// 128-thread barrier; warpgroup 0 (with_lse) also writes lse.
+template <typename T, int MT>
+__device__ __forceinline__ void stage_and_store(const Params& p, const Segment& sg, int row0, uint32_t stage,
+                                                const float* so, const float (&o)[128], int r_lo, int qd, int col0,
+                                                const float* s_fin, int wtid, int bar, bool with_lse) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+            st_shared_f2(stage + ((r_lo + 8 * hi) * OSTR + col0 + 8 * i + 2 * qd) * 4, o[4 * i + 2 * hi],
+                         o[4 * i + 2 * hi + 1]);
+    bar_sync(bar, 128);
+    constexpr int C4 = 256 / 4;  // 16-byte chunks per row half
+#pragma unroll 2
+    for (int idx = wtid; idx < MT * C4; idx += 128) {
+        const int r = idx / C4, c = col0 + (idx - r * C4) * 4;
+        const int row = row0 + r;
+        if (row >= p.m_total) continue;
+        const float l = s_fin[r];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float4 v = *reinterpret_cast<const float4*>(so + r * OSTR + c);
+        if (sg.whole) {
+            const int s = row / p.N, h = row - s * p.N;
+            T* out = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + c;
+            uint2 w;
+            w.x = pack2<T>(v.x * inv, v.y * inv);
+            w.y = pack2<T>(v.z * inv, v.w * inv);
+            *reinterpret_cast<uint2*>(out) = w;
+        } else {
+            *reinterpret_cast<float4*>(p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + c) =
+                make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+        }
+    }
+    if (with_lse && wtid < MT && row0 + wtid < p.m_total) {
+        const float l = s_fin[wtid];
+        store_lse<T>(p, sg, row0 + wtid, l > 0.0f ? s_fin[MT + wtid] + log2f(l) : vt::neg_inf());
+    }
+    // The stages are refilled next through the async proxy (TMA or wgmma reads after cp.async).
+    fence_proxy_async();
+}
+
+template <typename T, bool TMA>
+__device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
+    constexpr int MT = WGMMA_ROWS;
+    using L = Layout<MT>;
+    static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = align1024(smem_raw);
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
+    float* s_alpha = (float*)(smem + L::OFF_RED);  // [MT] rescale factors of the current tile
+    float* s_fin = s_alpha + MT;                    // [2][MT] final row sums and maxima
+    unsigned char* valid = smem + L::OFF_VALID;
+    unsigned char* flags = smem + L::OFF_FLAGS;
+    int* sched = (int*)(smem + L::OFF_SCHED);
+    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
+    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    const uint32_t sBar = base + L::OFF_MBAR;
+    if (TMA && threadIdx.x == 0) {
+        for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
+    }
+    if (TMA) __syncthreads();
+    uint32_t phases = 0;  // bit st: parity of the next completion of stage st's barrier
+    auto tile_wait = [&](int st) {
+        mbar_wait(sBar + 8 * st, (phases >> st) & 1);
+        phases ^= 1u << st;
+    };
+    grid_dep_launch();
+
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, qd = lane & 3;
+    const int row0 = blockIdx.y * MT;
+    const int r_lo = wwarp * 16 + g;  // this thread's accumulator rows: r_lo, r_lo + 8
+    const float c = p.scale_log2;
+    const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
+    const uint64_t dq = gmma_desc(sQ, 16, 1024);
+    const uint64_t dp = gmma_desc(sP, 16, 1024);
+
+    const Part part = find_part(p, sched);
+    int nb = part.b;
+    i64 pre = part.pre;
+    Segment sg;
+    while (next_segment(p, part, nb, pre, sg)) {
+        const int t0 = sg.t0, t1 = sg.t1;
+        // This warpgroup's output columns: 0..255 (warpgroup 0), 256..511 (warpgroup 1).
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+
+        if (wg == 1) {
+            // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
+            // signal, and the load two tiles ahead.
+            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+            i64 off = 0;
+            if (TMA) {
+                if (wtid < 32) {
+                    tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
+                    if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();  // Q
+                fence_proxy_async();
+                bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
+            } else {
+                off = ld.row_of(p, sg, t0);
+                ld.issue(sKV, valid, flags, off);
+                cp_async_commit();
+                off = ld.row_of(p, sg, t0 + 1);
+                if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
+                cp_async_commit();
+                off = ld.row_of(p, sg, t0 + 2);
+                cp_async_wait<1>();
+                fence_proxy_async();
+                bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
+            }
+            bar_arrive(BAR_P_FREE, 256);
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                bar_sync(BAR_P_FULL, 256);
+                if (TMA) tile_wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
+                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
+                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
+                if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
+                if (TMA) {
+                    if (t + 2 < t1 && wtid < 32)
+                        tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
+                    continue;
+                }
+                if (t + 1 < t1) {
+                    cp_async_wait<0>();  // tile t + 1, the newest group
+                    fence_proxy_async();
+                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
+                }
+                if (t + 2 < t1) {
+                    ld.issue(kst, valid + st * BN, flags + st * 8, off);
+                    cp_async_commit();
+                    off = ld.row_of(p, sg, t + 3);
+                }
+            }
+            cp_async_wait<0>();
+            bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
+            bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
+            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
+            bar_sync(BAR_OUT_READ, 256);  // warpgroup 0 copied its half out: the stages may be reloaded
+        } else {
+            int lim[2];
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int r = row0 + r_lo + 8 * hi;
+                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+                lim[hi] = sg.len - p.s_q + s + 1;
+            }
+            const int lim_min = sg.len - p.s_q + 1;
+            float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                const unsigned char* vst = valid + st * BN;
+                if (TMA) {
+                    if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
+                    tile_wait(st);
+                } else {
+                    bar_sync(BAR_K_FULL + st, 256);
+                }
+
+                // (Three independent accumulator chains with a 128/384 column split measured
+                // slower than this: see docs/perf.md.)
+                float s[32];
+                const uint64_t dk = gmma_desc(kst, 16, 1024);
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < FD / 16; ++ks) {
+                    // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
+                    const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+                    Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                pin(s);
+                if (TMA && t * BN + BN > sg.len) {
+                    // Rows past the sequence's last token came from a real page (the TMA copies
+                    // whole boxes) and may hold anything, NaN included: their weights are 0, but
+                    // 0 x NaN is not, so zero their V part (columns 0..511) before either product.
+                    const int first = sg.len - t * BN;
+                    for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
+                        const int r = first + (idx >> 6), c = idx & 63;  // c: 16-byte chunk of 64
+                        st_shared_v4_zero(kst + (c >> 3) * SUB_BYTES + swz(r, c & 7));
+                    }
+                    fence_proxy_async();  // before the products read V (ordered by BAR_WG0 / P_FULL)
+                }
+
+                // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
+                const bool full = tile_is_full(t, lim_min, flags + st * 8);
+                float mx[2] = {vt::neg_inf(), vt::neg_inf()};
+                if (full) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+                        mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+                    }
+                } else {
+                    const int tok0 = t * BN;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const int col = 8 * i + 2 * qd + (j & 1);
+                            const int hi = j >> 1;
+                            const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
+                            s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
+                            mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
+                        }
+                }
+                float alpha[2], muse[2];
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {
+                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+                    const float mn = fmaxf(m_run[hi], mx[hi] * c);
+                    muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
+                    alpha[hi] = exp2f(m_run[hi] - muse[hi]);
+                    m_run[hi] = mn;
+                    l_run[hi] *= alpha[hi];
+                }
+                uint32_t pk[16];
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int hi = 0; hi < 2; ++hi) {
+                        const float p0 = exp2f(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
+                        const float p1 = exp2f(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
+                        l_run[hi] += p0 + p1;
+                        pk[2 * i + hi] = pack2<T>(p0, p1);
+                    }
+                bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1)
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int hi = 0; hi < 2; ++hi) st_shared_u32(sP + swz(r_lo + 8 * hi, i) + qd * 4, pk[2 * i + hi]);
+                if (qd == 0) {
+                    s_alpha[r_lo] = alpha[0];
+                    s_alpha[r_lo + 8] = alpha[1];
+                }
+                fence_proxy_async();      // P is read by wgmma (async proxy)
+                bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
+                bar_arrive(BAR_P_FULL, 256);
+                rescale(o, alpha[0], alpha[1]);
+                pv_tile<T, 128>(o, dp, kst);
+                if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
+            }
+            // Row sums (a quad per row) and maxima for the copy-out.
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                float l = l_run[hi];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                if (qd == 0) {
+                    s_fin[r_lo + 8 * hi] = l;
+                    s_fin[MT + r_lo + 8 * hi] = m_run[hi];
+                }
+            }
+            bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
+            bar_sync(BAR_WG1_DONE, 256);
+            // (s_fin, written by each quad's first lane, is ordered before the copy-out by the
+            // warpgroup barrier inside.)
+            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
+            bar_arrive(BAR_OUT_READ, 256);
+        }
+    }
+}
+
+}  // namespace mla
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
