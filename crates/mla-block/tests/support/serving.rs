@@ -15,8 +15,8 @@
 use mla_block::layers::forward_layers;
 use mla_block::tp::RandomLayerSpec;
 use mla_block::{
-    DecodeGraphConfig, DecodeGraphs, LayeredKvCache, MlaBatchMetadata, MlaBlock, MlaLimits, MlaWeightStore,
-    MlaWorkspace, SeqId, StepMode, StepSeq,
+    DecodeGraphConfig, DecodeGraphs, KvCacheDtype, LayeredKvCache, MlaBatchMetadata, MlaBlock, MlaLimits,
+    MlaWeightStore, MlaWorkspace, SeqId, StepMode, StepSeq,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -36,6 +36,8 @@ pub struct Serving {
     pub decode_steps: usize,
     pub seed: u64,
     pub use_graphs: bool,
+    /// The cache's dtype (`Fp8DsMla`: the 656-byte rows, for L = 512, R = 64 layers).
+    pub kv_cache: KvCacheDtype,
 }
 
 impl Serving {
@@ -51,6 +53,7 @@ impl Serving {
             decode_steps: 16,
             seed: 7,
             use_graphs: true,
+            kv_cache: KvCacheDtype::Auto,
         }
     }
 
@@ -97,8 +100,10 @@ pub fn serve(q: &Queue, s: &Serving) -> Served {
     let h = d.hidden_size;
     let max_live = *s.buckets.last().unwrap();
     let num_blocks = max_live * s.max_blocks();
+    let cache_dt = s.kv_cache.resolve(dt).unwrap();
     let mut cache =
-        LayeredKvCache::new(q, dt, s.layers as i64, num_blocks, s.block_size, d.cache_row_dim()).unwrap();
+        LayeredKvCache::new(q, cache_dt, s.layers as i64, num_blocks, s.block_size, d.cache_row_dim())
+            .unwrap();
     let gcfg = DecodeGraphConfig { use_graphs: s.use_graphs, ..DecodeGraphConfig::new(s.max_blocks()) }
         .with_buckets(&s.buckets);
     let mut graphs = DecodeGraphs::new(q, &blocks, &cache, gcfg).unwrap();

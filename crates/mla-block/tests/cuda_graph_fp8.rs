@@ -1,0 +1,250 @@
+//! CUDA graphs over an fp8_ds_mla KV cache (issue 16): a decode step of the block whose
+//! cache is the 656-byte fp8 row captures into a CUDA graph (thread-local capture mode: any
+//! sync, allocation or read-back fails) and its replays, before and after `prepare` uploads
+//! new metadata, equal direct runs bit for bit; the replayed step is within the fp8 bound
+//! (6e-2) of transformers and within tolerance of the CPU on the same fp8 cache. Then
+//! `DecodeGraphs` serving over an fp8 `LayeredKvCache` while sequences join and leave:
+//! replays = the same padded step eagerly, bit for bit. The CUDA tests skip without a CUDA
+//! device; the CPU test runs the same serving loop eagerly (padded = unpadded bit for bit).
+
+mod common;
+#[path = "support/serving.rs"]
+mod serving;
+
+use common::{golden_case, Case};
+use mla_block::runner::{run_schedule_with_cache, RunOptions, Schedule};
+use mla_block::tp::RandomLayerSpec;
+use mla_block::{KvCacheDtype, MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepMode, StepSeq};
+use serving::{serve, to_f64, Serving};
+use vt_core::{Buffer, DType, Device, DeviceType, Queue};
+
+/// The fp8_ds_mla bound against transformers (docs/mla.md, "The fp8_ds_mla cache").
+const FP8_BOUND: f64 = 6e-2;
+
+/// The GPU's and the CPU's fp8 runs encode latents computed by different GEMMs: a code
+/// whose value sat on a rounding midpoint may differ by one e4m3 step, rarely; bf16 adds
+/// its own rounding differences (the float cache's tolerance).
+fn cpu_tolerance(dt: DType) -> f64 {
+    if dt == DType::F32 {
+        1e-3
+    } else {
+        2e-2
+    }
+}
+
+fn cuda() -> Option<Queue> {
+    vt_backends::init();
+    match Queue::new(Device::new(DeviceType::Cuda, 0)) {
+        Ok(q) => Some(q),
+        Err(_) => {
+            eprintln!("SKIP: no CUDA device");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_decode_step_on_an_fp8_cache_captures_into_a_cuda_graph_and_replays_bit_for_bit() {
+    let Some(q) = cuda() else { return };
+    for name in ["latent512_yarn_bf16", "latent512_qproj_f32"] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        let store = case.store(&q);
+        let block = case.block(&store, None);
+        let (s, t, h) = (case.s(), case.t(), case.hidden.shape[2]);
+        let dt = case.dtype();
+        let hidden = case.hidden.to_f64();
+        let rows = |tok: i64| -> Buffer {
+            let mut v = Vec::with_capacity((s * h) as usize);
+            for seq in 0..s {
+                let at = ((seq * t + tok) * h) as usize;
+                v.extend_from_slice(&hidden[at..at + h as usize]);
+            }
+            Buffer::from_f64(&q, dt, &[s, h], &v).unwrap()
+        };
+        let bs = 16;
+        let blocks_per_seq = (t + bs - 1) / bs;
+        let mut cache =
+            PagedKvCache::new(&q, DType::Fp8DsMla, s * blocks_per_seq, bs, block.dims().cache_row_dim())
+                .unwrap();
+        let mut ws = MlaWorkspace::new(MlaLimits {
+            max_tokens: s * t,
+            max_seqs: s,
+            max_blocks_per_seq: blocks_per_seq,
+            chunk_workspace_tokens: s * t,
+        })
+        .unwrap();
+        let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
+        let pos = |seq: i64, from: i64, to: i64| {
+            &case.positions[(seq * t + from) as usize..(seq * t + to) as usize]
+        };
+        let mut meta = MlaBatchMetadata::default();
+
+        // Prefill all but the last 3 tokens of every sequence (the writer encodes fp8 rows).
+        let pre = t - 3;
+        for seq in 0..s {
+            let steps = [StepSeq { seq: ids[seq as usize], positions: pos(seq, 0, pre), decode: false }];
+            meta.plan(&mut cache, &steps, s * t).unwrap();
+            let at = (seq * t * h) as usize;
+            let x = Buffer::from_f64(&q, dt, &[pre, h], &hidden[at..at + (pre * h) as usize]).unwrap();
+            let y = Buffer::nan(&q, dt, &[pre, h]).unwrap();
+            block.forward(&q, &mut ws, &x.view(), &meta, &cache.view(), &y.view()).unwrap();
+        }
+        let decode_step = |tok: i64, cache: &mut PagedKvCache, meta: &mut MlaBatchMetadata| {
+            let steps: Vec<_> = (0..s)
+                .map(|seq| StepSeq {
+                    seq: ids[seq as usize],
+                    positions: pos(seq, tok, tok + 1),
+                    decode: true,
+                })
+                .collect();
+            meta.plan(cache, &steps, s * t).unwrap();
+        };
+        let out = Buffer::nan(&q, dt, &[s, h]).unwrap();
+
+        // Warm-up decode (token pre).
+        let x0 = rows(pre);
+        decode_step(pre, &mut cache, &mut meta);
+        block.prepare(&q, &mut ws, &meta).unwrap();
+        block.launch(&q, &ws, &x0.view(), &meta, &cache.view(), &out.view()).unwrap();
+        let allocations = ws.allocations();
+
+        // Token pre+1: direct, then captured and replayed (the replay writes token pre+1's
+        // fp8 rows again, the same bytes).
+        let x1 = rows(pre + 1);
+        decode_step(pre + 1, &mut cache, &mut meta);
+        block.prepare(&q, &mut ws, &meta).unwrap();
+        block.launch(&q, &ws, &x1.view(), &meta, &cache.view(), &out.view()).unwrap();
+        let direct1 = out.to_bytes(&q).unwrap();
+        let graph = vt_cuda::graph::capture(&q, || {
+            block.launch(&q, &ws, &x1.view(), &meta, &cache.view(), &out.view())
+        })
+        .unwrap_or_else(|e| panic!("{name}: the fp8-cache decode step is not capturable: {e}"));
+        out.fill_pattern(&q, dt.nan_bytes()).unwrap();
+        graph.launch().unwrap();
+        assert_eq!(out.to_bytes(&q).unwrap(), direct1, "{name}: graph replay differs from the direct run");
+
+        // Token pre+2: new metadata uploaded in place, only the graph runs; then directly.
+        let x2 = rows(pre + 2);
+        decode_step(pre + 2, &mut cache, &mut meta);
+        block.prepare(&q, &mut ws, &meta).unwrap();
+        x1.write_bytes(&q, &x2.to_bytes(&q).unwrap()).unwrap();
+        out.fill_pattern(&q, dt.nan_bytes()).unwrap();
+        graph.launch().unwrap();
+        let replayed2 = out.to_bytes(&q).unwrap();
+        block.launch(&q, &ws, &x2.view(), &meta, &cache.view(), &out.view()).unwrap();
+        assert_eq!(
+            replayed2,
+            out.to_bytes(&q).unwrap(),
+            "{name}: replay with new metadata differs from a direct run"
+        );
+        assert_eq!(ws.allocations(), allocations, "{name}: decode steps allocated after warm-up");
+
+        // The replayed step against transformers (fp8 bound) and against the CPU running the
+        // same schedule on an fp8 cache (prefill:T-3, then 3 decode steps).
+        let got = to_f64(dt, &replayed2);
+        assert!(got.iter().all(|v| v.is_finite()), "{name}: non-finite output");
+        let last = |all: &[f64]| -> Vec<f64> {
+            (0..s)
+                .flat_map(|seq| {
+                    let at = ((seq * t + pre + 2) * h) as usize;
+                    all[at..at + h as usize].to_vec()
+                })
+                .collect()
+        };
+        let vs_gold = common::rel_frobenius(&got, &last(&case.expected));
+        let cpu = common::cpu_queue();
+        let cpu_store = case.store(&cpu);
+        let cpu_block = case.block(&cpu_store, None);
+        let sch: Schedule = format!("prefill:{pre},decode:3").parse().unwrap();
+        let opts = RunOptions { block_size: bs, chunk_workspace_tokens: None };
+        let cpu_out = run_schedule_with_cache(
+            &cpu,
+            &cpu_block,
+            &case.hidden,
+            &case.positions,
+            &sch,
+            &opts,
+            KvCacheDtype::Fp8DsMla,
+            &|_, _| {},
+        )
+        .unwrap()
+        .0
+        .to_f64();
+        let vs_cpu = common::rel_frobenius(&got, &last(&cpu_out));
+        eprintln!(
+            "{name}: graph-replayed decode step on an fp8_ds_mla cache: vs transformers {vs_gold:.3e}, vs the CPU \
+             fp8 run {vs_cpu:.3e}"
+        );
+        assert!(vs_gold <= FP8_BOUND, "{name}: vs transformers {vs_gold:.3e}");
+        assert!(vs_cpu <= cpu_tolerance(dt), "{name}: vs CPU {vs_cpu:.3e}");
+    }
+}
+
+fn fp8_serving(dt: DType) -> Serving {
+    Serving {
+        spec: RandomLayerSpec::SMALL_FP8,
+        layers: 1,
+        decode_steps: 12,
+        kv_cache: KvCacheDtype::Fp8DsMla,
+        ..Serving::small(dt)
+    }
+}
+
+/// `DecodeGraphs` over an fp8 `LayeredKvCache` on CUDA: every replay equals the same padded
+/// step run op by op, bit for bit, and is within tolerance of the unpadded step and of
+/// the CPU serving the same schedule on an fp8 cache.
+#[test]
+fn decode_graphs_replay_on_an_fp8_cache_while_sequences_join_and_leave() {
+    let Some(q) = cuda() else { return };
+    let cpu = common::cpu_queue();
+    for dt in [DType::BF16, DType::F32] {
+        let s = fp8_serving(dt);
+        let gpu = serve(&q, &s);
+        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
+        let host = serve(&cpu, &s);
+        assert_eq!(gpu.steps.len(), host.steps.len());
+        let tol = cpu_tolerance(dt);
+        let (mut worst_unpadded, mut worst_cpu) = (0f64, 0f64);
+        for (g, c) in gpu.steps.iter().zip(&host.steps) {
+            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
+            assert_eq!(
+                g.graph, g.padded_eager,
+                "{dt} step {}: replay differs from the padded eager step",
+                g.step
+            );
+            let got = to_f64(dt, &g.graph);
+            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
+            let eu = common::rel_frobenius(&got, &to_f64(dt, &g.unpadded));
+            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
+            assert!(eu <= tol && ec <= tol, "{dt} step {}: vs unpadded {eu:.3e}, vs CPU {ec:.3e}", g.step);
+            worst_unpadded = worst_unpadded.max(eu);
+            worst_cpu = worst_cpu.max(ec);
+        }
+        eprintln!(
+            "fp8_ds_mla {dt}: {} replayed steps (buckets {:?}) = padded eager bit for bit; vs unpadded worst \
+             {worst_unpadded:.3e}, vs CPU worst {worst_cpu:.3e}",
+            gpu.steps.len(),
+            gpu.buckets_used
+        );
+    }
+}
+
+/// The same serving loop on the CPU (eager): padded steps equal the unpadded ones bit for
+/// bit on an fp8 cache, and differ from the float cache's (the rows really are fp8).
+#[test]
+fn decode_graphs_on_an_fp8_cache_pad_bit_for_bit_on_the_cpu() {
+    let q = common::cpu_queue();
+    let s = fp8_serving(DType::F32);
+    let fp8 = serve(&q, &s);
+    let float = serve(&q, &Serving { kv_cache: KvCacheDtype::Auto, ..s.clone() });
+    let mut differ = 0;
+    for (r, f) in fp8.steps.iter().zip(&float.steps) {
+        assert_eq!(r.graph, r.unpadded, "step {}", r.step);
+        assert_eq!(r.graph, r.padded_eager, "step {}", r.step);
+        let e = common::rel_frobenius(&to_f64(DType::F32, &r.graph), &to_f64(DType::F32, &f.graph));
+        assert!(e <= FP8_BOUND, "step {}: fp8 vs float cache {e:.3e}", r.step);
+        differ += usize::from(e > 1e-4);
+    }
+    assert_eq!(differ, fp8.steps.len(), "every decode step reads fp8 rows");
+}
