@@ -10,6 +10,8 @@
 //! ```
 
 mod bench_prefill;
+mod gemm_bench;
+mod graph_bench;
 mod op_timer;
 mod output;
 mod progress;
@@ -47,6 +49,9 @@ enum Command {
     /// Time the prefill forward of a random layer (T tokens of one sequence, optionally
     /// after cached context) with a per-op breakdown, against a torch peer's figures.
     BenchPrefill(bench_prefill::PrefillBenchArgs),
+    /// Time the decode step's GEMMs (A-projections, q_b, the absorbed BMMs, o_proj) at
+    /// decode batch sizes against the weight-streaming floor (measured copy bandwidth).
+    BenchGemm(gemm_bench::GemmBenchArgs),
     /// List the backends, devices and registered ops, and the flags.
     Info,
 }
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run(&a),
         Command::Bench(a) => tp::bench(&a, pick_device),
         Command::BenchPrefill(a) => bench_prefill::run(&a, pick_device),
+        Command::BenchGemm(a) => gemm_bench::command(&a, pick_device),
         Command::Info => info(),
     };
     match result {

@@ -9,6 +9,12 @@
 //! Reruns repeat in-place ops (RmsNorm on q_c, RopeFromCache on q_pe) on their own output:
 //! the values change, their finiteness and the work do not, so time the forward for its
 //! output elsewhere (`bench_prefill` runs clean forwards for the total and the output check).
+//!
+//! [`profile_events`] instead records a queue event before and after each launch (the
+//! forward runs once, unchanged): device time per launch without reruns or synchronizations,
+//! which `vt-mla bench --graph` uses for a decode step. Issue it while the device is busy
+//! with earlier work, so the launches queue up and run back to back: each pair of events
+//! then brackets the op's device time alone, not the host's launch latency.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -17,7 +23,7 @@ use std::time::Instant;
 
 use mla_block::MlaBlockDims;
 use vt_core::registry::register_op;
-use vt_core::{op_registered, DeviceType, Error, OpId, OpImpl, Queue, Result};
+use vt_core::{op_registered, DeviceType, Error, Event, OpId, OpImpl, Queue, Result};
 
 /// What a launch is, as far as naming it goes (see [`label`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +32,10 @@ pub enum Call {
     Matmul { rows: i64, k: i64 },
     /// `PrefillAttention`, causal or not.
     Attention { causal: bool },
+    /// `BatchedMatmul` with a weight `b` of `[batch, k, n]`.
+    Bmm { k: i64, n: i64 },
+    /// `ConcatMlaNopeRope` writing rows of `width` per head.
+    Concat { width: i64 },
     /// Any other op.
     Op(OpId),
 }
@@ -59,6 +69,12 @@ pub fn label(d: &MlaBlockDims, call: Call, seen: usize) -> String {
                 None => format!("MatmulBT [{rows}, {k}]"),
             }
         }
+        Call::Bmm { k, n } if (k, n) == (p, l) => "q_absorb (bmm)".into(),
+        Call::Bmm { k, n } if (k, n) == (l, v) => "v_up (bmm)".into(),
+        Call::Bmm { k, n } => format!("BatchedMatmul [{k}, {n}]"),
+        // The decode step's latent query [B, N, L+R]; the prefill key is [T, N, P+R].
+        Call::Concat { width } if width == l + r && width != p + r => "concat_q".into(),
+        Call::Concat { .. } => ctx("concat_k"),
         Call::Attention { causal: true } => "attention".into(),
         Call::Attention { causal: false } => "attention (ctx)".into(),
         Call::Op(op) => match op {
@@ -69,6 +85,7 @@ pub fn label(d: &MlaBlockDims, call: Call, seen: usize) -> String {
             OpId::ConcatMlaNopeRope => ctx("concat_k"),
             OpId::GatherMlaCache => "gather_ctx".into(),
             OpId::MergeAttnStates => "merge".into(),
+            OpId::MlaDecodeAttention => "decode_attention".into(),
             other => other.name().into(),
         },
     }
@@ -83,15 +100,48 @@ fn base(call: Call, d: &MlaBlockDims) -> String {
             "kv_b_proj".into()
         }
         Call::Op(OpId::ConcatMlaNopeRope) => "concat_k".into(),
+        Call::Concat { .. } if label(d, call, 0) == "concat_k" => "concat_k".into(),
         other => label(d, other, 0),
     }
 }
 
+/// How the launches of a profiled forward are timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Each launch rerun `n` times between two synchronizations.
+    Rerun(usize),
+    /// An event before and after each launch.
+    Events,
+}
+
 struct Recording {
     dims: MlaBlockDims,
-    op_iters: usize,
+    mode: Mode,
     calls: Vec<(String, f64)>,
+    events: Vec<(String, Event, Event)>,
     seen: Vec<(String, usize)>,
+}
+
+impl Recording {
+    fn new(dims: &MlaBlockDims, mode: Mode) -> Recording {
+        Recording { dims: *dims, mode, calls: Vec::new(), events: Vec::new(), seen: Vec::new() }
+    }
+
+    /// The label of the next launch of `call` (counting earlier launches of its base name).
+    fn name(&mut self, call: Call) -> String {
+        let b = base(call, &self.dims);
+        let seen = match self.seen.iter_mut().find(|(name, _)| *name == b) {
+            Some((_, c)) => {
+                *c += 1;
+                *c - 1
+            }
+            None => {
+                self.seen.push((b, 1));
+                0
+            }
+        };
+        label(&self.dims, call, seen)
+    }
 }
 
 thread_local! {
@@ -101,34 +151,38 @@ thread_local! {
 static INSTALLED: Mutex<Option<HashSet<DeviceType>>> = Mutex::new(None);
 
 fn timed(q: &Queue, call: Call, run: impl Fn() -> Result<()>) -> Result<()> {
-    let Some(n) = REC.with(|r| r.borrow().as_ref().map(|rec| rec.op_iters)) else {
+    let Some(mode) = REC.with(|r| r.borrow().as_ref().map(|rec| rec.mode)) else {
         return run();
     };
-    run()?;
-    q.synchronize()?;
-    let t0 = Instant::now();
-    for _ in 0..n {
-        run()?;
-    }
-    q.synchronize()?;
-    let ms = t0.elapsed().as_secs_f64() * 1e3 / n as f64;
-    REC.with(|r| {
-        if let Some(rec) = r.borrow_mut().as_mut() {
-            let b = base(call, &rec.dims);
-            let seen = match rec.seen.iter_mut().find(|(name, _)| *name == b) {
-                Some((_, c)) => {
-                    *c += 1;
-                    *c - 1
+    match mode {
+        Mode::Rerun(n) => {
+            run()?;
+            q.synchronize()?;
+            let t0 = Instant::now();
+            for _ in 0..n {
+                run()?;
+            }
+            q.synchronize()?;
+            let ms = t0.elapsed().as_secs_f64() * 1e3 / n as f64;
+            REC.with(|r| {
+                if let Some(rec) = r.borrow_mut().as_mut() {
+                    let name = rec.name(call);
+                    rec.calls.push((name, ms));
                 }
-                None => {
-                    rec.seen.push((b, 1));
-                    0
-                }
-            };
-            let name = label(&rec.dims, call, seen);
-            rec.calls.push((name, ms));
+            });
         }
-    });
+        Mode::Events => {
+            let before = q.record_event()?;
+            run()?;
+            let after = q.record_event()?;
+            REC.with(|r| {
+                if let Some(rec) = r.borrow_mut().as_mut() {
+                    let name = rec.name(call);
+                    rec.events.push((name, before, after));
+                }
+            });
+        }
+    }
     Ok(())
 }
 
@@ -144,7 +198,7 @@ fn wrap(imp: OpImpl) -> OpImpl {
         }
         OpImpl::BatchedMatmul(f) => {
             OpImpl::BatchedMatmul(Arc::new(move |q: &Queue, a: &vt_core::BatchedMatmulArgs<'_>| {
-                timed(q, Call::Op(OpId::BatchedMatmul), || f(q, a))
+                timed(q, Call::Bmm { k: a.b.dim(1), n: a.b.dim(2) }, || f(q, a))
             }))
         }
         OpImpl::RmsNorm(f) => OpImpl::RmsNorm(Arc::new(move |q: &Queue, a: &vt_core::RmsNormArgs<'_>| {
@@ -172,7 +226,7 @@ fn wrap(imp: OpImpl) -> OpImpl {
         }
         OpImpl::ConcatMlaNopeRope(f) => {
             OpImpl::ConcatMlaNopeRope(Arc::new(move |q: &Queue, a: &vt_core::ConcatMlaNopeRopeArgs<'_>| {
-                timed(q, Call::Op(OpId::ConcatMlaNopeRope), || f(q, a))
+                timed(q, Call::Concat { width: a.out.dim(a.out.rank() - 1) }, || f(q, a))
             }))
         }
         OpImpl::MlaDecodeAttention(f) => {
@@ -243,14 +297,24 @@ pub fn profile(
     op_iters: usize,
     f: impl FnOnce() -> Result<()>,
 ) -> Result<Vec<(String, f64)>> {
-    REC.with(|r| {
-        *r.borrow_mut() =
-            Some(Recording { dims: *dims, op_iters: op_iters.max(1), calls: Vec::new(), seen: Vec::new() })
-    });
+    REC.with(|r| *r.borrow_mut() = Some(Recording::new(dims, Mode::Rerun(op_iters.max(1)))));
     let res = f();
     let rec = REC.with(|r| r.borrow_mut().take());
     res?;
     Ok(rec.map(|r| r.calls).unwrap_or_default())
+}
+
+/// Runs `f` (one forward, its launches issued once and unchanged) with an event recorded on
+/// the launch's queue before and after each of this thread's launches (see the module docs;
+/// call [`install`] for the device first), then waits for the events and returns each
+/// launch's name (see [`label`]) and device milliseconds, in launch order.
+pub fn profile_events(dims: &MlaBlockDims, f: impl FnOnce() -> Result<()>) -> Result<Vec<(String, f64)>> {
+    REC.with(|r| *r.borrow_mut() = Some(Recording::new(dims, Mode::Events)));
+    let res = f();
+    let rec = REC.with(|r| r.borrow_mut().take());
+    res?;
+    let Some(rec) = rec else { return Ok(Vec::new()) };
+    rec.events.iter().map(|(name, a, b)| Ok((name.clone(), a.elapsed_ms(b)?))).collect()
 }
 
 #[cfg(test)]
@@ -286,5 +350,20 @@ mod tests {
         assert_eq!(label(&d, Call::Op(OpId::ConcatMlaNopeRope), 2), "concat_k (ctx)");
         assert_eq!(label(&d, Call::Op(OpId::FusedNormRope), 0), "kv_norm_rope");
         assert_eq!(base(Call::Matmul { rows: 128 * 256, k: 512 }, &d), "kv_b_proj");
+    }
+
+    #[test]
+    fn decode_launches_are_named() {
+        let d = v3();
+        assert_eq!(label(&d, Call::Bmm { k: 128, n: 512 }, 0), "q_absorb (bmm)");
+        assert_eq!(label(&d, Call::Bmm { k: 512, n: 128 }, 0), "v_up (bmm)");
+        assert_eq!(label(&d, Call::Bmm { k: 3, n: 4 }, 0), "BatchedMatmul [3, 4]");
+        // The decode step's latent query [B, N, 576]; the prefill key [T, N, 192].
+        assert_eq!(label(&d, Call::Concat { width: 576 }, 0), "concat_q");
+        assert_eq!(base(Call::Concat { width: 576 }, &d), "concat_q");
+        assert_eq!(label(&d, Call::Concat { width: 192 }, 0), "concat_k");
+        assert_eq!(label(&d, Call::Concat { width: 192 }, 1), "concat_k (ctx)");
+        assert_eq!(base(Call::Concat { width: 192 }, &d), "concat_k");
+        assert_eq!(label(&d, Call::Op(OpId::MlaDecodeAttention), 0), "decode_attention");
     }
 }

@@ -91,6 +91,17 @@ pub struct BenchArgs {
     /// (attention only: no MoE/MLP; `--tp` does not apply).
     #[arg(long, value_name = "N", value_parser = positive_usize)]
     layers: Option<usize>,
+    /// Time the decode step eagerly and replayed as a CUDA graph side by side (TP = 1, one
+    /// device, `mla_block::DecodeGraphs`), with a per-op breakdown of one step (device time
+    /// per op, launch gaps) and, on CUDA, the floor; with --layers N, N layers per step.
+    #[arg(long)]
+    graph: bool,
+    /// With --graph: device-timed runs of one step (events; L2 flushed before each on CUDA).
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = positive_usize, requires = "graph")]
+    iters: usize,
+    /// With --graph: steps profiled op by op for the breakdown.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = positive_usize, requires = "graph")]
+    profile: usize,
 }
 
 /// `--tp N` asked for devices of a backend that is not there: say how many were found.
@@ -185,6 +196,31 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
     };
     let seed = a.seed;
     let most = a.tp.iter().copied().max().unwrap_or(1);
+    if a.graph {
+        let kind = pick(a.backend)?;
+        let go = crate::graph_bench::GraphBenchOptions {
+            batch: a.batch,
+            context: a.context,
+            block_size: a.block_size,
+            warmup: a.warmup,
+            steps: a.steps,
+            rounds: a.rounds,
+            iters: a.iters,
+            profile: a.profile,
+            ..Default::default()
+        };
+        let tp_note = a.tp.iter().any(|&t| t != 1);
+        return crate::graph_bench::command(
+            kind,
+            layer_name,
+            spec,
+            dtype,
+            a.layers.unwrap_or(1),
+            seed,
+            tp_note,
+            &go,
+        );
+    }
     let kind = pick(a.backend).map_err(|e| no_devices(most, a.backend, e))?;
     if let Some(n) = a.layers {
         return bench_layers(a, kind, layer_name, spec, dtype, n, &o);

@@ -1,0 +1,102 @@
+//! `vt-mla bench --graph` on the CPU: eager and graph columns side by side (the CPU has no
+//! graphs and says so), the per-op breakdown of a decode step and the launch gaps; its
+//! options are refused without `--graph`. `vt-mla bench-gemm`: every decode GEMM at each M,
+//! with JSON. On a CUDA device `MLA_TEST_DEVICE=cuda` runs the same commands there (the
+//! graph column replays CUDA graphs, the GEMMs get floors).
+
+mod common;
+
+use common::vt_mla;
+
+#[test]
+fn bench_graph_prints_eager_and_graph_steps_and_a_per_op_breakdown() {
+    let backend = std::env::var("MLA_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let o = vt_mla()
+        .args(["bench", "--graph", "--backend", &backend, "--layer", "small", "--tp", "1"])
+        .args(["--batch", "3", "--context", "20", "--block-size", "16", "--layers", "2"])
+        .args(["--steps", "2", "--rounds", "1", "--warmup", "1", "--iters", "2", "--profile", "2"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("{out}");
+    for want in [
+        "eager",
+        "graph/eager",
+        "engine loop (1 rounds x 2 steps, host-timed)",
+        "one step (events",
+        "per op:",
+        "sum of ops",
+        "launch gaps (step - sum of ops): eager",
+    ] {
+        assert!(out.contains(want), "missing `{want}` in\n{out}");
+    }
+    // Every op of the decode step, once per layer (fused norm+rope path).
+    for op in [
+        "q_a_proj",
+        "kv_a_proj",
+        "rms_norm",
+        "q_b_proj",
+        "kv_norm_rope",
+        "rope",
+        "cache_write",
+        "q_absorb (bmm)",
+        "concat_q",
+        "decode_attention",
+        "v_up (bmm)",
+        "o_proj",
+    ] {
+        let line = out.lines().find(|l| l.trim_start().starts_with(&format!("{op} "))).unwrap_or_else(|| {
+            panic!("no `{op}` row in\n{out}");
+        });
+        assert!(line.trim_end().ends_with(" 2"), "{op}: two launches (two layers): {line}");
+    }
+    if backend == "cpu" {
+        assert!(out.contains("no graphs on this device") && out.contains("graphs need CUDA"), "{out}");
+    }
+}
+
+#[test]
+fn graph_options_need_graph() {
+    for opt in ["--iters", "--profile"] {
+        let o = vt_mla().args(["bench", "--backend", "cpu", opt, "3"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{opt} without --graph is a usage error");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--graph"), "{opt}");
+    }
+}
+
+#[test]
+fn bench_gemm_times_every_decode_gemm_at_each_m() {
+    let backend = std::env::var("MLA_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let json = common::tmp("gemm.json");
+    let o = vt_mla()
+        .args([
+            "bench-gemm",
+            "--backend",
+            &backend,
+            "--layer",
+            "small",
+            "--m",
+            "1,5",
+            "--iters",
+            "2",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("{out}");
+    for g in ["q_a_proj", "kv_a_proj", "qkv_a (merged)", "q_b_proj", "q_absorb (bmm)", "v_up (bmm)", "o_proj"]
+    {
+        let n = out.lines().filter(|l| l.starts_with(&format!("{g} "))).count();
+        assert_eq!(n, 2, "{g}: one row per M in\n{out}");
+    }
+    assert!(out.contains("M =   5: the step's GEMMs"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["rows"].as_array().map(|r| r.len()), Some(14));
+    if backend == "cuda" {
+        assert!(v["rows"][0]["floor_us"].as_f64().is_some_and(|f| f > 0.0), "{v}");
+    }
+}
