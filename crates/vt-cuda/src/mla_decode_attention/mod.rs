@@ -34,6 +34,8 @@
 //! kept.
 
 mod combine;
+#[cfg(test)]
+mod facts;
 mod generic;
 mod mma_sm80;
 mod wgmma_sm90;

@@ -1,0 +1,292 @@
+//! The facts the host plans MlaDecodeAttention with, checked against the kernel headers
+//! without a GPU: `kernels-cuda/mla_decode_attention.cu` is compiled by NVRTC (to PTX for
+//! compute_90a, so the wgmma kernels are in) with `VT_MLA_DECODE_FACTS` defined, which adds
+//! constant tables the PTX carries as byte arrays:
+//! - `mla_decode_facts`: sizeof and alignof `mla::Params`, BN, D and Dv of the tensor-core
+//!   kernels, the generic kernel's shared bytes per D and per Dv, combine columns per CTA;
+//! - `{entry}_facts` beside every extern "C" kernel (`MLA_FACTS` in params.cuh): threads,
+//!   query rows per CTA, dynamic shared memory, KV ring slots;
+//! - `mla_decode_params_facts`, added by this test: offset and size of every field of
+//!   [`Params`] (listed by an exhaustive pattern, so a field cannot be left out) in the
+//!   device's `mla::Params`, which must have no other member (a structured binding of
+//!   exactly that many names compiles).
+//!
+//! Every planned launch of every kernel (as `ptx_check.rs` samples them) is then compared
+//! with its entry's table, and every entry must have one. Needs libnvrtc and the CUDA
+//! headers (`.ci/kernels-cuda-deps`); skipped with a note otherwise.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
+
+use super::{
+    choose, combine, generic, launches, mma_sm80, wgmma_sm90, DecodeOptions, DeviceInfo, Kernel, Params,
+    FAST_D, FAST_DV, SRC, TILE_TOKENS,
+};
+use crate::nvrtc::{self, Target};
+
+/// `(rust name, C++ name, host offset, host size)` of every field of [`Params`].
+macro_rules! fields {
+    ($($rust:ident $(= $cpp:ident)?),* $(,)?) => {{
+        let p = Params::default();
+        // Exhaustive: a field of Params missing from this list is a compile error.
+        let Params { $($rust: _),* } = p;
+        vec![$((
+            stringify!($rust),
+            fields!(@cpp $rust $($cpp)?),
+            std::mem::offset_of!(Params, $rust) as i64,
+            std::mem::size_of_val(&p.$rust) as i64,
+        )),*]
+    }};
+    (@cpp $rust:ident) => { stringify!($rust) };
+    (@cpp $rust:ident $cpp:ident) => { stringify!($cpp) };
+}
+
+fn param_fields() -> Vec<(&'static str, &'static str, i64, i64)> {
+    fields!(
+        q,
+        out,
+        lse,
+        cache,
+        block_table,
+        seq_lens,
+        part_o,
+        part_lse,
+        seq_info,
+        q_sb,
+        q_ss,
+        q_sh,
+        o_sb,
+        o_ss,
+        o_sh,
+        l_sb,
+        l_sh,
+        l_ss,
+        c_sblk,
+        c_srow,
+        bt_sb,
+        bt_sm,
+        sl_s,
+        b = B,
+        s_q,
+        n = N,
+        d,
+        dv,
+        nb = NB,
+        bs = BS,
+        mb = MB,
+        m_total,
+        num_parts,
+        min_tiles,
+        combine_wpr,
+        scale_log2,
+    )
+}
+
+/// The `.global .align 8 .b8 NAME[N] = {...}` arrays of a PTX text, as little-endian i64s
+/// (NVRTC leaves trailing zero bytes out of the initializer).
+fn tables(ptx: &str) -> BTreeMap<String, Vec<i64>> {
+    let mut out = BTreeMap::new();
+    for line in ptx.lines() {
+        let Some(rest) = line.trim().strip_prefix(".global .align 8 .b8 ") else { continue };
+        let (decl, init) = rest.split_once(" = {").unwrap_or((rest.trim_end_matches(';'), "}"));
+        let Some((name, len)) = decl.split_once('[') else { continue };
+        let Ok(len) = len.trim_end_matches(']').parse::<usize>() else { continue };
+        let mut bytes: Vec<u8> = init
+            .trim_end_matches(';')
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|b| !b.trim().is_empty())
+            .map(|b| b.trim().parse().expect("a byte"))
+            .collect();
+        bytes.resize(len, 0);
+        let words = bytes.chunks(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        out.insert(name.to_string(), words);
+    }
+    out
+}
+
+/// The `.entry` names of a PTX text.
+fn entry_names(ptx: &str) -> BTreeSet<String> {
+    ptx.lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|r| r.split('(').next().unwrap_or_default().trim().to_string())
+        .collect()
+}
+
+/// The kernel file with the facts switched on and the field table of [`Params`] appended,
+/// compiled to compute_90a PTX.
+fn facts_ptx() -> String {
+    let (code, headers) = crate::kernels::texts(&SRC).expect("kernel text");
+    let mut src = format!("#define VT_MLA_DECODE_FACTS 1\n{code}\n");
+    src.push_str("#define VT_OFF(F) (long long)((char*)&(((mla::Params*)0)->F) - (char*)0)\n");
+    src.push_str("#define VT_SIZE(F) (long long)sizeof(((mla::Params*)0)->F)\n");
+    let f = param_fields();
+    let items: Vec<String> = f.iter().map(|(_, c, _, _)| format!("VT_OFF({c}), VT_SIZE({c})")).collect();
+    src.push_str(&format!(
+        "extern \"C\" __device__ const long long mla_decode_params_facts[{}] = {{{}}};\n",
+        2 * f.len(),
+        items.join(", ")
+    ));
+    // A structured binding names exactly the struct's members: one more in mla::Params
+    // than here (even one hidden in its tail padding) does not compile.
+    let names: Vec<String> = (0..f.len()).map(|i| format!("f{i}")).collect();
+    src.push_str(&format!(
+        "__device__ void vt_params_has_{}_fields(const mla::Params& p) {{ [[maybe_unused]] const auto& [{}] = p; }}\n",
+        f.len(),
+        names.join(", ")
+    ));
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let image = nvrtc::compile("mla_decode_attention_facts.cu", &src, &headers, Target::PtxArchSpecific(90))
+        .expect("NVRTC compiles the facts build");
+    String::from_utf8_lossy(&image.bytes).into_owned()
+}
+
+/// Every kernel choice the PTX check samples: (kernel, heads, TMA flag, query dtype, cache
+/// dtype, D, Dv), at B = 2, s_q = 1, block size 64.
+fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
+    let mut out = Vec::new();
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        out.push((Kernel::Generic, 2, false, dt, dt, FAST_D, FAST_DV));
+        // Other head dims: the generic kernel's shared memory follows D and Dv.
+        out.push((Kernel::Generic, 3, false, dt, dt, 72, 40));
+        out.push((Kernel::Auto, 16, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+        if dt == DType::F32 {
+            continue;
+        }
+        for heads in [8, 32, 64, 128] {
+            out.extend([
+                (Kernel::Mma, heads, false, dt, dt, FAST_D, FAST_DV),
+                (Kernel::MmaSmall, heads, false, dt, dt, FAST_D, FAST_DV),
+            ]);
+        }
+        for heads in [64, 128] {
+            out.extend([
+                (Kernel::Wgmma, heads, false, dt, dt, FAST_D, FAST_DV),
+                (Kernel::Wgmma, heads, true, dt, dt, FAST_D, FAST_DV),
+            ]);
+        }
+    }
+    out
+}
+
+#[test]
+fn host_planning_facts_match_the_kernel_headers() {
+    if !nvrtc::available() {
+        println!("SKIP: libnvrtc not found");
+        return;
+    }
+    if let Err(e) = nvrtc::include_dirs() {
+        println!("SKIP: {e}");
+        return;
+    }
+    let ptx = facts_ptx();
+    let t = tables(&ptx);
+    let mut problems = Vec::new();
+    let mut check = |what: String, host: i64, device: i64| {
+        if host != device {
+            problems.push(format!("{what}: host {host}, device {device}"));
+        }
+    };
+
+    // The module's table.
+    let m = &t["mla_decode_facts"];
+    check("sizeof(mla::Params)".into(), std::mem::size_of::<Params>() as i64, m[0]);
+    check("alignof(mla::Params)".into(), std::mem::align_of::<Params>() as i64, m[1]);
+    check("KV tokens per tile (mla::BN)".into(), TILE_TOKENS, m[2]);
+    check("tensor-core D (mla::FD)".into(), FAST_D, m[3]);
+    check("tensor-core Dv (mla::FDV)".into(), FAST_DV, m[4]);
+    check("generic shared bytes per D".into(), generic::smem_bytes(1, 0), m[5]);
+    check("generic shared bytes per Dv".into(), generic::smem_bytes(0, 1), m[6]);
+    check("combine columns per CTA".into(), combine::COLS, m[7]);
+
+    // Params, field by field.
+    let pf = &t["mla_decode_params_facts"];
+    for (i, (rust, cpp, off, size)) in param_fields().into_iter().enumerate() {
+        check(format!("offset of Params::{rust} (mla::Params::{cpp})"), off, pf[2 * i]);
+        check(format!("size of Params::{rust} (mla::Params::{cpp})"), size, pf[2 * i + 1]);
+    }
+
+    // Every entry point has its facts.
+    let entries = entry_names(&ptx);
+    for e in &entries {
+        if !t.contains_key(&format!("{e}_facts")) {
+            check(format!("{e}: no MLA_FACTS beside the entry (tables of 1)"), 1, 0);
+        }
+    }
+
+    // Every planned launch against its entry's facts.
+    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: super::MAX_SMEM };
+    let mem = vec![0u128; 1 << 18];
+    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
+        let s = contiguous_strides(shape);
+        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
+    };
+    let mut launched = BTreeSet::new();
+    for (kernel, heads, tma, dt, cache_dt, d, dv) in samples() {
+        let (b, bs, nb) = (2i64, 64i64, 16i64);
+        let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
+        let a = MlaDecodeAttentionArgs {
+            out: view(dt, &[b, 1, heads, dv]),
+            lse: Some(view(DType::F32, &[b, heads, 1])),
+            query: view(dt, &[b, 1, heads, d]),
+            cache: view(cache_dt, &[nb, bs, cache_w]),
+            block_table: view(DType::I32, &[b, 8]),
+            seq_lens: view(DType::I32, &[b]),
+            scale: 0.5,
+        };
+        let c =
+            choose(&a, &info, &DecodeOptions { kernel, ..DecodeOptions::default() }, tma).expect("a plan");
+        let ls = launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40)).expect("launches");
+        let m_total = heads;
+        let (main, comb) = (&ls[0], &ls[1]);
+        let what = format!("{} ({kernel:?}, {heads} heads, D {d}, Dv {dv})", main.symbol());
+        launched.insert(main.symbol());
+        launched.insert(comb.symbol());
+        let Some(f) = t.get(&format!("{}_facts", main.symbol())) else {
+            check(format!("{what}: no facts table"), 1, 0);
+            continue;
+        };
+        check(format!("{what}: threads"), main.block as i64, f[0]);
+        check(format!("{what}: rows per CTA"), c.plan.rows_per_cta as i64, f[1]);
+        check(format!("{what}: grid.y"), main.grid.1 as i64, (m_total + f[1] - 1) / f[1]);
+        if kernel == Kernel::Generic || cache_dt == DType::Fp8DsMla {
+            check(format!("{what}: shared memory"), main.smem as i64, m[5] * d + m[6] * dv);
+            check(format!("{what}: shared memory at D 576, Dv 512"), m[5] * FAST_D + m[6] * FAST_DV, f[2]);
+            check(format!("{what}: KV slots"), 0, f[3]);
+        } else {
+            check(format!("{what}: shared memory"), main.smem as i64, f[2]);
+            let slots = match kernel {
+                Kernel::Wgmma => wgmma_sm90::STAGES,
+                k => mma_sm80::slots(c.plan.rows_per_cta, k == Kernel::MmaSmall),
+            };
+            check(format!("{what}: KV slots"), slots as i64, f[3]);
+        }
+        let what = format!("{} (after {})", comb.symbol(), main.symbol());
+        let Some(f) = t.get(&format!("{}_facts", comb.symbol())) else {
+            check(format!("{what}: no facts table"), 1, 0);
+            continue;
+        };
+        check(format!("{what}: threads"), comb.block as i64, f[0]);
+        check(format!("{what}: warps (rows per CTA at a warp per row)"), combine::WARPS, f[1]);
+        let rows = f[1] / c.combine_wpr;
+        check(format!("{what}: grid.y"), comb.grid.1 as i64, (m_total + rows - 1) / rows);
+        check(format!("{what}: grid.z"), comb.grid.2 as i64, (dv + m[7] - 1) / m[7]);
+    }
+    for e in entries.iter().filter(|e| !launched.contains(*e)) {
+        check(format!("{e}: launched by no sample here"), 1, 0);
+    }
+    assert!(problems.is_empty(), "{} problem(s):\n{}", problems.len(), problems.join("\n"));
+    println!("{} entries' facts checked, {} Params fields", entries.len(), param_fields().len());
+}
+
+#[test]
+fn byte_tables_parse() {
+    let ptx = ".global .align 8 .b8 a_facts[16] = {0, 1, 0, 0, 0, 0, 0, 0, 8};\n\
+               .global .align 8 .b8 z_facts[8];\n\
+               .global .align 4 .u32 other = 3;";
+    let t = tables(ptx);
+    assert_eq!(t["a_facts"], vec![256, 8]);
+    assert_eq!(t["z_facts"], vec![0]);
+    assert_eq!(t.len(), 2);
+}
