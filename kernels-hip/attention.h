@@ -18,7 +18,9 @@
 
 namespace vt {
 
-// `keys.row(j)` / `values.row(j)`: pointers to key / value row j (unit stride).
+// `keys.row(j)` / `values.row(j)`: key / value row j, indexable (`row[i]`, unit stride):
+// a pointer into a float cache, or an fp8_ds_mla row that dequantizes on load
+// (fp8_ds_mla.h's row_ref, whose elements are already f32).
 template <typename T, typename Keys, typename Values>
 __device__ void attend_row(const T* q, i64 d, i64 dv, i64 n_keys, float scale, const Keys& keys,
                            const Values& values, float* smem, T* out, float* lse) {
@@ -37,7 +39,7 @@ __device__ void attend_row(const T* q, i64 d, i64 dv, i64 n_keys, float scale, c
   for (i64 j0 = 0; j0 < n_keys; j0 += VT_KEY_TILE) {
     const int nk = (int)((n_keys - j0) < VT_KEY_TILE ? (n_keys - j0) : VT_KEY_TILE);
     for (int jj = wave; jj < nk; jj += waves) {
-      const T* k = keys.row(j0 + jj);
+      const auto k = keys.row(j0 + jj);
       float s = 0.0f;
       for (i64 i = lane; i < d; i += warpSize) s += qs[i] * vt::to_f32(k[i]);
       s = vt::wave_sum(s);

@@ -45,6 +45,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.h", include_str!("../../../kernels-hip/common.h")),
     ("norm_rope.h", include_str!("../../../kernels-hip/norm_rope.h")),
     ("attention.h", include_str!("../../../kernels-hip/attention.h")),
+    ("fp8_ds_mla.h", include_str!("../../../kernels-hip/fp8_ds_mla.h")),
 ];
 
 /// The options every file is compiled with, besides the target. `cargo xtask kernels`

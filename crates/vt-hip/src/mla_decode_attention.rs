@@ -1,7 +1,9 @@
 //! MlaDecodeAttention: kernels-hip/mla_decode_attention.hip, one block per query row
-//! (any head count, any block size including 1), online softmax over key tiles.
+//! (any head count, any block size including 1), online softmax over key tiles; over an
+//! fp8_ds_mla cache the same kernel dequantizes keys and values on load
+//! (`mla_decode_attention_fp8_{query dtype}`).
 
-use vt_core::{Error, MlaDecodeAttentionArgs, OpId, Queue, Result};
+use vt_core::{DType, Error, MlaDecodeAttentionArgs, OpId, Queue, Result};
 
 use crate::backend::HipQueue;
 use crate::launch::{kernels, KernelArgs, Launch, Step, KEY_TILE, MAX_SHARED_BYTES};
@@ -26,8 +28,6 @@ pub(crate) fn attention_shared_bytes(op: OpId, arg: &'static str, d: i64, dv: i6
 }
 
 pub(crate) fn plan(a: &MlaDecodeAttentionArgs<'_>) -> Result<Vec<Step>> {
-    // Declared gap: the HIP kernels read float caches only.
-    vt_core::fp8_ds_mla::unsupported_on(OpId::MlaDecodeAttention, "hip", &a.cache)?;
     let (b, sq, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2), a.query.dim(3));
     let dv = a.out.dim(3);
     let shared = attention_shared_bytes(OP, "query", d, dv)?;
@@ -47,8 +47,10 @@ pub(crate) fn plan(a: &MlaDecodeAttentionArgs<'_>) -> Result<Vec<Step>> {
         .tensor(&a.seq_lens)
         .i64s(&[a.seq_lens.stride(0), b, sq, n, d, dv])
         .f32(a.scale);
-    let launch =
-        Launch::new("mla_decode_attention", "mla_decode_attention.hip", q.dtype(), b * sq * n, args)?;
+    // An fp8_ds_mla cache's strides are in bytes; its rows decode to D = 576 values.
+    let kernel =
+        if c.dtype() == DType::Fp8DsMla { "mla_decode_attention_fp8" } else { "mla_decode_attention" };
+    let launch = Launch::new(kernel, "mla_decode_attention.hip", q.dtype(), b * sq * n, args)?;
     Ok(kernels([launch.map(|l| l.with_shared_bytes(shared))]))
 }
 
@@ -83,6 +85,29 @@ mod tests {
         assert_eq!(l.kernel, "mla_decode_attention_bf16");
         assert_eq!(l.grid, 3 * 2);
         assert_eq!(l.shared_bytes, (576 + 512 + 128) * 4);
+    }
+
+    /// An fp8_ds_mla cache (656-byte rows, byte strides) runs the fp8 kernel of the query's
+    /// dtype with the decoded D = 576 in shared memory.
+    #[test]
+    fn decode_attention_over_an_fp8_cache_launches_the_fp8_kernel_of_the_query_dtype() {
+        let mut f = Fake::new();
+        for (dt, name) in [(DType::BF16, "bf16"), (DType::F16, "f16"), (DType::F32, "f32")] {
+            let a = MlaDecodeAttentionArgs {
+                out: f.c(dt, &[3, 1, 2, 512]).unwrap(),
+                lse: None,
+                query: f.c(dt, &[3, 1, 2, 576]).unwrap(),
+                cache: f.c(DType::Fp8DsMla, &[64, 16, 656]).unwrap(),
+                block_table: f.c(DType::I32, &[3, 64]).unwrap(),
+                seq_lens: f.c(DType::I32, &[3]).unwrap(),
+                scale: 0.1,
+            };
+            let steps = super::plan(&a).unwrap();
+            let [Step::Kernel(l)] = &steps[..] else { panic!("{steps:?}") };
+            assert_eq!(l.kernel, format!("mla_decode_attention_fp8_{name}"));
+            assert_eq!(l.grid, 3 * 2);
+            assert_eq!(l.shared_bytes, (576 + 512 + 128) * 4);
+        }
     }
 
     #[test]

@@ -329,6 +329,58 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
             Ok(steps)
         })(),
     );
+    // The fp8_ds_mla cache: 656-byte rows (512 + 64 values), a layer of a two-layer pool
+    // (strides in bytes), every query / kv dtype.
+    let (fl, fr, fw) = (512i64, 64i64, 656i64);
+    let fp8_cache = |f: &mut Fake| f.t(DType::Fp8DsMla, &[nb, bs, fw], &[2 * bs * fw, fw, 1]);
+    add(
+        OpId::ConcatAndCacheMla,
+        (|| {
+            let args = ConcatAndCacheMlaArgs {
+                kv_c: f.t(dt, &[t, fl], &[fl + fr, 1])?,
+                k_pe: f.t(dt, &[t, fr], &[fl + fr, 1])?,
+                cache: fp8_cache(&mut f)?,
+                slot_mapping: f.c(DType::I64, &[t])?,
+            };
+            crate::concat_and_cache_mla::plan(&args)
+        })(),
+    );
+    add(
+        OpId::GatherMlaCache,
+        (|| {
+            let mut steps = Vec::new();
+            for starts in [None, Some(f.c(DType::I32, &[2])?)] {
+                let args = GatherMlaCacheArgs {
+                    out: f.c(dt, &[7, fl + fr])?,
+                    cache: fp8_cache(&mut f)?,
+                    block_table: f.c(DType::I32, &[2, 8])?,
+                    cu_seq_lens: f.c(DType::I32, &[3])?,
+                    seq_starts: starts,
+                };
+                steps.extend(crate::gather_mla_cache::plan(&args)?);
+            }
+            Ok(steps)
+        })(),
+    );
+    add(
+        OpId::MlaDecodeAttention,
+        (|| {
+            let mut steps = Vec::new();
+            for lse in [None, Some(f.c(DType::F32, &[2, n, 1])?)] {
+                let args = MlaDecodeAttentionArgs {
+                    out: f.c(dt, &[2, 1, n, fl])?,
+                    lse,
+                    query: f.c(dt, &[2, 1, n, fl + fr])?,
+                    cache: fp8_cache(&mut f)?,
+                    block_table: f.c(DType::I32, &[2, 8])?,
+                    seq_lens: f.c(DType::I32, &[2])?,
+                    scale: 0.5,
+                };
+                steps.extend(crate::mla_decode_attention::plan(&args)?);
+            }
+            Ok(steps)
+        })(),
+    );
     add(
         OpId::ConcatMlaNopeRope,
         (|| {

@@ -25,10 +25,11 @@ fn every_kernel_compiles_with_hiprtc_and_matches_its_planned_launches() {
     eprintln!("{report}");
     assert!(report.passed(), "{report}");
     assert_eq!(report.files, 10);
-    // Every kernel is instantiated for f32, f16 and bf16.
-    assert_eq!(report.kernels, 30);
+    // Every kernel is instantiated for f32, f16 and bf16: 10 ops' kernels and the three
+    // fp8_ds_mla cache kernels (writer, gather, decode).
+    assert_eq!(report.kernels, 39);
     assert_eq!(report.wavefront_size, 64, "gfx90a runs 64-wide wavefronts");
-    assert!(report.launches >= 30);
+    assert!(report.launches >= 39);
 }
 
 #[test]
