@@ -11,8 +11,9 @@
 //! - **Per op**: the step run op by op with an event before and after each launch
 //!   (`op_timer::profile_events`), issued while the device still runs earlier graph replays
 //!   so the launches run back to back; median per launch over `--profile` steps, summed by
-//!   name. The launch gaps are a step's time minus the sum of its ops: eager, what launching
-//!   op by op costs; graph, what remains between the replayed kernels.
+//!   name, and the device's gap before each launch (previous launch's closing event to this
+//!   one's opening event). The launch gaps are a step's time minus the sum of its ops: eager,
+//!   what launching op by op costs; graph, what remains between the replayed kernels.
 //! - **Floor** (CUDA): the weights and the KV cache streamed once at the measured
 //!   device-to-device copy bandwidth, or the FLOPs at a measured cuBLAS bf16 GEMM rate,
 //!   whichever is longer (`block_step.py`'s formula with measured ceilings).
@@ -78,6 +79,9 @@ pub struct GraphBench {
     pub l2_flushed: bool,
     /// Per op, summed over launches of one name (all layers).
     pub ops: Vec<OpTime>,
+    /// The device's gap before each op's launches (same order and names as `ops`), from the
+    /// same profiled steps: launches queued back to back.
+    pub gaps: Vec<OpTime>,
     /// (weight bytes, KV bytes, FLOPs) of the step.
     pub model: (f64, f64, f64),
     /// The floor and what it came from, where it could be measured (CUDA).
@@ -101,6 +105,11 @@ impl GraphBench {
     /// The sum of the ops' median times.
     pub fn ops_ms(&self) -> f64 {
         self.ops.iter().map(|o| o.ms).sum()
+    }
+
+    /// The sum of the gaps between queued launches.
+    pub fn gaps_ms(&self) -> f64 {
+        self.gaps.iter().map(|o| o.ms).sum()
     }
 }
 
@@ -262,7 +271,11 @@ pub fn run(q: &Queue, blocks: &[MlaBlock<'_>], o: &GraphBenchOptions, seed: u64)
         }
         profiled.push(op_timer::profile_events(&d, || graphs.run_eager(&cache))?);
     }
-    let ops = aggregate(&profiled)?;
+    let split = |f: fn(&op_timer::EventTiming) -> f64| -> Vec<Vec<(String, f64)>> {
+        profiled.iter().map(|p| p.iter().map(|t| (t.name.clone(), f(t))).collect()).collect()
+    };
+    let ops = aggregate(&split(|t| t.ms))?;
+    let gaps = aggregate(&split(|t| t.gap_ms))?;
     // `pos` tokens cached per sequence at the last prepared step (its new one included).
     let model = step_model(&d, blocks.len(), o.batch, pos, dt.size_of() as f64);
     let floor = timer.floor(model)?;
@@ -275,6 +288,7 @@ pub fn run(q: &Queue, blocks: &[MlaBlock<'_>], o: &GraphBenchOptions, seed: u64)
         step_graph_ms: step_graph,
         l2_flushed: timer.flushes(),
         ops,
+        gaps,
         model,
         floor,
     })
@@ -475,15 +489,24 @@ pub fn print(r: &GraphBench, o: &GraphBenchOptions) {
         "per op: device time of one step run op by op, an event before and after each launch (median of {} steps):",
         o.profile
     );
-    println!("  {:<20} {:>9} {:>7} {:>9}", "op", "us", "share", "launches");
-    for op in &r.ops {
-        println!("  {:<20} {:>9.1} {:>6.1}% {:>9}", op.label, us(op.ms), 100.0 * op.ms / sum, op.calls);
+    println!("  {:<20} {:>9} {:>7} {:>9} {:>12}", "op", "us", "share", "launches", "gap before");
+    for (op, gap) in r.ops.iter().zip(&r.gaps) {
+        println!(
+            "  {:<20} {:>9.1} {:>6.1}% {:>9} {:>12.1}",
+            op.label,
+            us(op.ms),
+            100.0 * op.ms / sum,
+            op.calls,
+            us(gap.ms)
+        );
     }
-    println!("  {:<20} {:>9.1}", "sum of ops", us(sum));
+    println!("  {:<20} {:>9.1} {:>7} {:>9} {:>12.1}", "sum", us(sum), "", "", us(r.gaps_ms()));
     println!(
-        "launch gaps (step - sum of ops): eager {:.1} us, graph {:.1} us",
+        "launch gaps (step - sum of ops): eager {:.1} us, graph {:.1} us; between launches queued back to back \
+         (the gap column): {:.1} us",
         us(r.step_eager_ms - sum),
-        us(r.step_graph_ms - sum)
+        us(r.step_graph_ms - sum),
+        us(r.gaps_ms())
     );
 }
 

@@ -304,17 +304,38 @@ pub fn profile(
     Ok(rec.map(|r| r.calls).unwrap_or_default())
 }
 
+/// One launch timed by [`profile_events`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventTiming {
+    pub name: String,
+    /// Device milliseconds from the event before the launch to the one after it.
+    pub ms: f64,
+    /// Milliseconds from the previous launch's closing event to this one's opening event (0
+    /// for the first): the device's gap between the two launches.
+    pub gap_ms: f64,
+}
+
 /// Runs `f` (one forward, its launches issued once and unchanged) with an event recorded on
 /// the launch's queue before and after each of this thread's launches (see the module docs;
 /// call [`install`] for the device first), then waits for the events and returns each
-/// launch's name (see [`label`]) and device milliseconds, in launch order.
-pub fn profile_events(dims: &MlaBlockDims, f: impl FnOnce() -> Result<()>) -> Result<Vec<(String, f64)>> {
+/// launch's name (see [`label`]), device time and the gap before it, in launch order.
+pub fn profile_events(dims: &MlaBlockDims, f: impl FnOnce() -> Result<()>) -> Result<Vec<EventTiming>> {
     REC.with(|r| *r.borrow_mut() = Some(Recording::new(dims, Mode::Events)));
     let res = f();
     let rec = REC.with(|r| r.borrow_mut().take());
     res?;
     let Some(rec) = rec else { return Ok(Vec::new()) };
-    rec.events.iter().map(|(name, a, b)| Ok((name.clone(), a.elapsed_ms(b)?))).collect()
+    let mut out = Vec::with_capacity(rec.events.len());
+    let mut prev: Option<&Event> = None;
+    for (name, a, b) in &rec.events {
+        let gap_ms = match prev {
+            Some(p) => p.elapsed_ms(a)?,
+            None => 0.0,
+        };
+        out.push(EventTiming { name: name.clone(), ms: a.elapsed_ms(b)?, gap_ms });
+        prev = Some(b);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
