@@ -13,6 +13,7 @@
 //! grows them: a graph may still read the old ones.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
@@ -43,12 +44,34 @@ impl GraphImpl for CudaGraphImpl {
     }
 }
 
+thread_local! {
+    /// Whether this thread is inside [`capture_on`]'s closure.
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is capturing (inside `Queue::capture` on a CUDA queue): it may
+/// then make no allocation, free, synchronization or read-back. Ops that tidy up host-side
+/// caches (freeing buffers of dropped queues) defer that work while this is true.
+pub(crate) fn capturing() -> bool {
+    CAPTURING.with(Cell::get)
+}
+
 /// Captures the work `f` issues on `cq`'s stream into an instantiated graph.
 pub(crate) fn capture_on(cq: &CudaQueue, f: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn GraphImpl>> {
     cq.stream
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(drv("beginning stream capture"))?;
-    let issued = f();
+    let issued = {
+        /// Restores the flag however `f` returns (a panic included).
+        struct Flag(bool);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                CAPTURING.with(|c| c.set(self.0));
+            }
+        }
+        let _flag = Flag(CAPTURING.with(|c| c.replace(true)));
+        f()
+    };
     // Always end the capture, so the stream is usable again whatever happened.
     let ended = cq.stream.end_capture(CUgraphInstantiate_flags(0));
     issued?;

@@ -60,8 +60,11 @@ pub(super) fn workspace(
     b: i64,
 ) -> Result<(u64, u64, u64)> {
     let mut all = lock(&WORKSPACES)?;
-    // Drop the workspaces of queues that no longer exist.
-    all.retain(|_, w| w.stream.strong_count() > 0);
+    // Drop the workspaces of queues that no longer exist (not while this thread captures a
+    // graph: freeing memory then would fail the capture; a later call does it).
+    if !crate::graph::capturing() {
+        all.retain(|_, w| w.stream.strong_count() > 0);
+    }
     let key = Arc::as_ptr(&cq.stream) as usize;
     let w = all.entry(key).or_insert_with(|| Workspace {
         stream: Arc::downgrade(&cq.stream),
