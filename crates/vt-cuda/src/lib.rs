@@ -9,6 +9,9 @@
 //! - MatmulBT and BatchedMatmul call cuBLAS (`cublasGemmStridedBatchedEx`, f32 compute, no
 //!   TF32) on the views as they come, picking transpose flags and leading dimensions from
 //!   the strides (see `matmul.rs`); views cuBLAS cannot express use a kernel.
+//! - The fp8 block-scaled matmuls (MatmulBTFp8, BatchedMatmulFp8) and QuantizeFp8 are
+//!   kernels of `kernels-cuda/fp8_matmul.cu` (see [`fp8_matmul`]): a weight-streaming
+//!   kernel for weight-only decode, an e4m3 tensor-core kernel when both operands are fp8.
 //! - Every other op is a kernel in `kernels-cuda/`, compiled at run time by NVRTC for the
 //!   device's architecture and cached on disk (see [`nvrtc`]).
 //! - No op allocates device memory, reads device memory back or waits for the device: a
@@ -64,6 +67,7 @@ pub mod bench;
 
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
+pub mod fp8_matmul;
 mod fused_norm_rope;
 mod gather_mla_cache;
 mod matmul;
@@ -87,7 +91,7 @@ pub(crate) use kernels::KernelSource;
 pub(crate) use launch::{Arg, Launch};
 
 /// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
-pub const OP_GAPS: &[OpId] = &[OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8];
+pub const OP_GAPS: &[OpId] = &[];
 
 /// The ops that are NVRTC-compiled kernels (registered when NVRTC and the CUDA headers are
 /// found).
@@ -102,6 +106,9 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::ConcatMlaNopeRope(Arc::new(concat_mla_nope_rope::run)),
         OpImpl::PrefillAttention(Arc::new(prefill_attention::run)),
         OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)),
+        OpImpl::MatmulBTFp8(Arc::new(fp8_matmul::run_matmul_bt)),
+        OpImpl::BatchedMatmulFp8(Arc::new(fp8_matmul::run_batched)),
+        OpImpl::QuantizeFp8(Arc::new(fp8_matmul::run_quantize)),
     ]
 }
 

@@ -274,6 +274,39 @@ fn samples(dt: DType) -> Result<Samples> {
             add(format!("PrefillAttention ({kernel:?} {d}x{dv})"), plan(90, &a, kernel)?.1);
         }
     }
+    // The fp8 ops: QuantizeFp8, and every fp8 matmul kernel (Gemv at 8, 16 and 32 tokens a
+    // CTA on 16-bit dtypes, Mma, Generic with both activation forms), MatmulBTFp8 and the
+    // batched form (the absorbed W_UV: K-contiguous per-head weights).
+    {
+        use crate::fp8_matmul::{plan_batched, plan_matmul_bt, plan_quantize, Kernel as FK};
+        let (f8, f32t) = (DType::F8E4M3, DType::F32);
+        let a = QuantizeFp8Args { out: f.c(f8, &[t, 256]), scale: f.c(f32t, &[t, 2]), x: f.c(dt, &[t, 256]) };
+        add("QuantizeFp8".into(), plan_quantize(&a)?);
+        let mut forms = vec![(FK::Generic, 3, false), (FK::Generic, 3, true), (FK::Mma, 130, true)];
+        if dt != DType::F32 {
+            forms.extend([(FK::Gemv, 1, false), (FK::Gemv, 9, false), (FK::Gemv, 17, false)]);
+        }
+        let (n, k) = (200, 384);
+        for (kernel, m, fp8_a) in forms {
+            let out = f.c(dt, &[m, n]);
+            let act = f.c(if fp8_a { f8 } else { dt }, &[m, k]);
+            let a_scale = if fp8_a { Some(f.c(f32t, &[m, 3])) } else { None };
+            let (b, b_scale) = (f.c(f8, &[n, k]), f.c(f32t, &[2, 3]));
+            let a = MatmulBTFp8Args { out, a: act, a_scale, b, b_scale };
+            add(format!("MatmulBTFp8 ({kernel:?})"), plan_matmul_bt(90, &a, kernel)?.1);
+        }
+        let (g, l, v) = (4, 512, 128);
+        for kernel in [FK::Auto, FK::Generic] {
+            let a = BatchedMatmulFp8Args {
+                out: f.c(dt, &[g, 2, v]),
+                a: f.c(dt, &[g, 2, l]),
+                a_scale: None,
+                b: f.t(f8, &[g, l, v], &[256 * l, 1, l]),
+                b_scale: f.t(f32t, &[g, 4, 1], &[8, 1, 1]),
+            };
+            add(format!("BatchedMatmulFp8 ({kernel:?})"), plan_batched(90, &a, kernel)?.1);
+        }
+    }
     Ok(out)
 }
 

@@ -1,0 +1,374 @@
+//! The block-scaled fp8 ops (`kernels-cuda/fp8_matmul.cu`): QuantizeFp8, MatmulBTFp8 and
+//! BatchedMatmulFp8.
+//!
+//! Both matmuls become one batched problem `out[g] = A[g] . W[g]` over logical views
+//! (`a [G,M,K]`, `b [G,K,N]`, `b_scale [G,KB,NB]`, `a_scale [G,M,KB]`, `out [G,M,N]`; MatmulBTFp8
+//! is G = 1 with `b` and its scales read transposed), planned without a device
+//! ([`plan`]) and run on one of four kernels ([`Kernel`]):
+//!
+//! - **Gemv** (weight-only, bf16/f16 activations): the decode kernel. Weights streamed
+//!   with 16-byte loads, e4m3 converted to the activations' type in registers, mma.sync
+//!   m16n8k16, each 128-group's sum scaled in f32. Needs K % 16 == 0, K-contiguous `a` and
+//!   `b` with 16-byte aligned rows. Any M (8, 16 or 32 tokens per CTA; more M re-reads the
+//!   weights per 32 tokens).
+//! - **Mma** (both operands fp8, sm_89+): 128 x 128 tiles, mma.sync m16n8k32 e4m3, the
+//!   scales applied per 128-wide K tile. Same layout needs.
+//! - **Generic**: any strides and dtypes, a thread per output (f32 activations, odd views,
+//!   devices without the instructions).
+//! - **Auto** picks Gemv for weight-only, Mma for both-fp8 when the views allow, else
+//!   Generic.
+
+use vt_core::fp8_block::blocks;
+use vt_core::{
+    BatchedMatmulFp8Args, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
+};
+
+use crate::rope_from_cache::int;
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
+
+static SRC: KernelSource = kernel_source!("fp8_matmul");
+
+/// Which kernel computes a fp8 matmul. The ops use [`Kernel::Auto`]; the others are for
+/// tests and benchmarks ([`matmul_bt_fp8_with`], [`batched_matmul_fp8_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Auto,
+    Generic,
+    /// Weight-only, weight-streaming mma.sync m16n8k16 (bf16/f16 activations).
+    Gemv,
+    /// Both operands fp8, mma.sync m16n8k32 e4m3 (sm_89+).
+    Mma,
+}
+
+/// Warps per CTA of the Gemv kernel (`fp8mm::GEMV_WARPS`).
+const GEMV_WARPS: u32 = 8;
+/// The Mma kernel's CTA and dynamic shared memory (`fp8mm::MMA_THREADS`, `MMA_SMEM`).
+const MMA_THREADS: u32 = 256;
+const MMA_SMEM: u32 = 3 * 2 * 128 * 128;
+const MMA_TILE: i64 = 128;
+
+/// A view's address and its strides in the logical `[g, rows, cols]` order.
+#[derive(Clone, Copy, Debug)]
+struct V3 {
+    addr: u64,
+    s: [i64; 3],
+    dtype: DType,
+}
+
+impl V3 {
+    /// A batched view as it is.
+    fn batched(t: &Tensor<'_>) -> V3 {
+        V3 { addr: t.data_addr(), s: [t.stride(0), t.stride(1), t.stride(2)], dtype: t.dtype() }
+    }
+    /// A matrix as a batch of one; `transposed` swaps its two dims.
+    fn matrix(t: &Tensor<'_>, transposed: bool) -> V3 {
+        let (r, c) = if transposed { (t.stride(1), t.stride(0)) } else { (t.stride(0), t.stride(1)) };
+        V3 { addr: t.data_addr(), s: [0, r, c], dtype: t.dtype() }
+    }
+    fn args(&self) -> [Arg; 4] {
+        [self.addr.into(), self.s[0].into(), self.s[1].into(), self.s[2].into()]
+    }
+}
+
+/// One batched fp8 matmul in logical terms.
+#[derive(Clone, Copy, Debug)]
+struct Problem {
+    op: OpId,
+    out: V3,
+    a: V3,
+    a_scale: Option<V3>,
+    /// `[g, k, n]`.
+    b: V3,
+    /// `[g, kb, nb]`.
+    b_scale: V3,
+    g: i64,
+    m: i64,
+    n: i64,
+    k: i64,
+}
+
+impl Problem {
+    fn of_matmul_bt(x: &MatmulBTFp8Args<'_>) -> Problem {
+        Problem {
+            op: OpId::MatmulBTFp8,
+            out: V3::matrix(&x.out, false),
+            a: V3::matrix(&x.a, false),
+            a_scale: x.a_scale.as_ref().map(|s| V3::matrix(s, false)),
+            b: V3::matrix(&x.b, true),
+            b_scale: V3::matrix(&x.b_scale, true),
+            g: 1,
+            m: x.a.dim(0),
+            n: x.b.dim(0),
+            k: x.a.dim(1),
+        }
+    }
+
+    fn of_batched(x: &BatchedMatmulFp8Args<'_>) -> Problem {
+        Problem {
+            op: OpId::BatchedMatmulFp8,
+            out: V3::batched(&x.out),
+            a: V3::batched(&x.a),
+            a_scale: x.a_scale.as_ref().map(V3::batched),
+            b: V3::batched(&x.b),
+            b_scale: V3::batched(&x.b_scale),
+            g: x.a.dim(0),
+            m: x.a.dim(1),
+            n: x.b.dim(2),
+            k: x.a.dim(2),
+        }
+    }
+
+    fn dtype(&self) -> DType {
+        self.out.dtype
+    }
+
+    /// Rows along K are unit-stride and start 16-byte aligned in every batch entry and
+    /// every row of both operands; sizes fit the kernels' i32 and grid limits.
+    fn vector_ok(&self) -> bool {
+        let aligned = |v: &V3, rows: i64| {
+            let es = v.dtype.size_of() as i64;
+            v.s[2] == 1
+                && v.addr & 15 == 0
+                && (rows <= 1 || (v.s[1] * es) % 16 == 0)
+                && (self.g <= 1 || (v.s[0] * es) % 16 == 0)
+        };
+        // b is [g, k, n] logically: K-contiguous means its k stride is 1; rows are along n.
+        let b_rows = V3 { s: [self.b.s[0], self.b.s[2], self.b.s[1]], ..self.b };
+        self.k > 0
+            && self.k % 16 == 0
+            && aligned(&self.a, self.m)
+            && aligned(&b_rows, self.n)
+            && [self.m, self.n, self.k].iter().all(|&v| v <= i32::MAX as i64)
+            && self.g <= 65535
+    }
+
+    fn gemv_ok(&self) -> bool {
+        self.a_scale.is_none() && matches!(self.dtype(), DType::BF16 | DType::F16) && self.vector_ok()
+    }
+
+    fn mma_ok(&self, sm: u32) -> bool {
+        self.a_scale.is_some() && sm >= 89 && self.vector_ok()
+    }
+}
+
+/// Tokens per Gemv CTA: 8 * tt.
+fn gemv_tt(m: i64) -> i64 {
+    match m {
+        0..=8 => 1,
+        9..=16 => 2,
+        _ => 4,
+    }
+}
+
+/// K-slices (warps per 16-row tile) of a Gemv CTA: as many as there are 128-groups, up to 8.
+fn gemv_wk(k: i64) -> i64 {
+    let groups = blocks(k);
+    [8, 4, 2, 1].into_iter().find(|&w| w <= groups).unwrap_or(1)
+}
+
+/// The launches of one fp8 matmul on a device of compute capability `sm`, and the kernel
+/// they run: plain data, no device (the PTX check compares them with the kernels'
+/// parameter lists). A forced kernel that cannot take the arguments is an error.
+fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Launch>)> {
+    let chosen = match kernel {
+        Kernel::Auto if p.gemv_ok() => Kernel::Gemv,
+        Kernel::Auto if p.mma_ok(sm) => Kernel::Mma,
+        Kernel::Auto => Kernel::Generic,
+        k => k,
+    };
+    let refuse = |what: &str| {
+        Err(Error::invalid(
+            p.op,
+            "a",
+            format!(
+                "the {chosen:?} kernel needs {what}; got {} activations, M {}, N {}, K {}",
+                p.a.dtype, p.m, p.n, p.k
+            ),
+        ))
+    };
+    match chosen {
+        Kernel::Gemv if !p.gemv_ok() => {
+            return refuse("bf16/f16 activations, K % 16 == 0 and 16-byte aligned K-contiguous rows")
+        }
+        Kernel::Mma if !p.mma_ok(sm) => {
+            return refuse("fp8 activations, sm_89+, K % 16 == 0 and 16-byte aligned K-contiguous rows")
+        }
+        _ => {}
+    }
+    if p.g == 0 || p.m == 0 || p.n == 0 {
+        return Ok((chosen, Vec::new()));
+    }
+    let dt = p.dtype();
+    let launch = match chosen {
+        Kernel::Gemv => {
+            let (tt, wk) = (gemv_tt(p.m), gemv_wk(p.k));
+            let rows_per_cta = 16 * (GEMV_WARPS as i64 / wk);
+            let grid = (
+                int(p.op, "b", (p.n + rows_per_cta - 1) / rows_per_cta)? as u32,
+                int(p.op, "a", (p.m + 8 * tt - 1) / (8 * tt))? as u32,
+                p.g as u32,
+            );
+            if grid.1 > 65535 {
+                return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Gemv kernel's grid", p.m)));
+            }
+            let base = match tt {
+                1 => "fp8_gemv_t1",
+                2 => "fp8_gemv_t2",
+                _ => "fp8_gemv_t4",
+            };
+            let args: Vec<Arg> = vec![
+                p.out.addr.into(),
+                p.out.s[0].into(),
+                p.out.s[1].into(),
+                p.out.s[2].into(),
+                p.a.addr.into(),
+                p.a.s[0].into(),
+                p.a.s[1].into(),
+                p.b.addr.into(),
+                p.b.s[0].into(),
+                p.b.s[2].into(),
+                p.b_scale.addr.into(),
+                p.b_scale.s[0].into(),
+                p.b_scale.s[2].into(),
+                p.b_scale.s[1].into(),
+                int(p.op, "a", p.m)?.into(),
+                int(p.op, "b", p.n)?.into(),
+                int(p.op, "a", p.k)?.into(),
+                (wk as i32).into(),
+            ];
+            Launch::new(&SRC, base, dt, grid, 32 * GEMV_WARPS, args)
+        }
+        Kernel::Mma => {
+            let a_scale = p.a_scale.expect("checked by mma_ok");
+            let grid = (
+                int(p.op, "b", (p.n + MMA_TILE - 1) / MMA_TILE)? as u32,
+                int(p.op, "a", (p.m + MMA_TILE - 1) / MMA_TILE)? as u32,
+                p.g as u32,
+            );
+            if grid.1 > 65535 {
+                return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Mma kernel's grid", p.m)));
+            }
+            let args: Vec<Arg> = vec![
+                p.out.addr.into(),
+                p.out.s[0].into(),
+                p.out.s[1].into(),
+                p.out.s[2].into(),
+                p.a.addr.into(),
+                p.a.s[0].into(),
+                p.a.s[1].into(),
+                a_scale.addr.into(),
+                a_scale.s[0].into(),
+                a_scale.s[1].into(),
+                a_scale.s[2].into(),
+                p.b.addr.into(),
+                p.b.s[0].into(),
+                p.b.s[2].into(),
+                p.b_scale.addr.into(),
+                p.b_scale.s[0].into(),
+                p.b_scale.s[2].into(),
+                p.b_scale.s[1].into(),
+                int(p.op, "a", p.m)?.into(),
+                int(p.op, "b", p.n)?.into(),
+                int(p.op, "a", p.k)?.into(),
+            ];
+            Launch::new(&SRC, "fp8_gemm_mma", dt, grid, MMA_THREADS, args).with_smem(MMA_SMEM)
+        }
+        Kernel::Generic | Kernel::Auto => {
+            let none = V3 { addr: 0, s: [0; 3], dtype: DType::F32 };
+            let mut args: Vec<Arg> = Vec::with_capacity(24);
+            args.extend(p.out.args());
+            args.extend(p.a.args());
+            args.extend(p.a_scale.unwrap_or(none).args());
+            args.extend(p.b.args());
+            args.extend(p.b_scale.args());
+            args.extend([p.g.into(), p.m.into(), p.n.into(), p.k.into()]);
+            let total = p.g * p.m * p.n;
+            Launch::new(&SRC, "fp8_matmul_generic", dt, (grid_1d((total + 255) / 256), 1, 1), 256, args)
+        }
+    };
+    Ok((chosen, vec![launch]))
+}
+
+pub(crate) fn plan_matmul_bt(
+    sm: u32,
+    x: &MatmulBTFp8Args<'_>,
+    kernel: Kernel,
+) -> Result<(Kernel, Vec<Launch>)> {
+    plan_problem(sm, &Problem::of_matmul_bt(x), kernel)
+}
+
+pub(crate) fn plan_batched(
+    sm: u32,
+    x: &BatchedMatmulFp8Args<'_>,
+    kernel: Kernel,
+) -> Result<(Kernel, Vec<Launch>)> {
+    plan_problem(sm, &Problem::of_batched(x), kernel)
+}
+
+/// MatmulBTFp8 with the kernel chosen by the caller; returns the kernel that ran. For tests
+/// and benchmarks: arguments must have passed vt-core's validation (call the op first).
+pub fn matmul_bt_fp8_with(q: &Queue, x: &MatmulBTFp8Args<'_>, kernel: Kernel) -> Result<Kernel> {
+    let cq = CudaQueue::of(q, OpId::MatmulBTFp8)?;
+    let (chosen, launches) = plan_matmul_bt(cq.sm(), x, kernel)?;
+    cq.run(OpId::MatmulBTFp8, &launches)?;
+    Ok(chosen)
+}
+
+/// BatchedMatmulFp8 with the kernel chosen by the caller (see [`matmul_bt_fp8_with`]).
+pub fn batched_matmul_fp8_with(q: &Queue, x: &BatchedMatmulFp8Args<'_>, kernel: Kernel) -> Result<Kernel> {
+    let cq = CudaQueue::of(q, OpId::BatchedMatmulFp8)?;
+    let (chosen, launches) = plan_batched(cq.sm(), x, kernel)?;
+    cq.run(OpId::BatchedMatmulFp8, &launches)?;
+    Ok(chosen)
+}
+
+pub(crate) fn run_matmul_bt(q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
+    matmul_bt_fp8_with(q, x, Kernel::Auto).map(|_| ())
+}
+
+pub(crate) fn run_batched(q: &Queue, x: &BatchedMatmulFp8Args<'_>) -> Result<()> {
+    batched_matmul_fp8_with(q, x, Kernel::Auto).map(|_| ())
+}
+
+/// QuantizeFp8: a warp per (row, 128-group), 8 warps a block.
+pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
+    let (m, k) = (x.x.dim(0), x.x.dim(1));
+    if m == 0 || k == 0 {
+        return Ok(Vec::new());
+    }
+    let work = m
+        .checked_mul(blocks(k))
+        .ok_or_else(|| Error::invalid(OpId::QuantizeFp8, "x", "M x groups overflows i64"))?;
+    let args: [Arg; 9] = [
+        x.out.data_addr().into(),
+        x.out.stride(0).into(),
+        x.scale.data_addr().into(),
+        x.scale.stride(0).into(),
+        x.scale.stride(1).into(),
+        x.x.data_addr().into(),
+        x.x.stride(0).into(),
+        m.into(),
+        k.into(),
+    ];
+    Ok(vec![Launch::new(&SRC, "quantize_fp8", x.x.dtype(), (grid_1d((work + 7) / 8), 1, 1), 256, args)])
+}
+
+pub(crate) fn run_quantize(q: &Queue, x: &QuantizeFp8Args<'_>) -> Result<()> {
+    let op = OpId::QuantizeFp8;
+    CudaQueue::of(q, op)?.run(op, &plan_quantize(x)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_tiles_follow_m_and_k() {
+        assert_eq!(
+            (gemv_tt(1), gemv_tt(8), gemv_tt(9), gemv_tt(16), gemv_tt(17), gemv_tt(4096)),
+            (1, 1, 2, 2, 4, 4)
+        );
+        assert_eq!((gemv_wk(128), gemv_wk(256), gemv_wk(512), gemv_wk(1536), gemv_wk(7168)), (1, 2, 4, 8, 8));
+        assert_eq!(gemv_wk(16), 1);
+    }
+}

@@ -1,0 +1,413 @@
+// The block-scaled fp8 ops (vt_core::fp8_block): QuantizeFp8, MatmulBTFp8 and
+// BatchedMatmulFp8. Host side: crates/vt-cuda/src/fp8_matmul.rs.
+//
+// Every matmul kernel computes, per batch entry g,
+//   out[m, n] = sum_kb s(m, n, kb) * sum_{k in group kb} A(m, k) q(n, k)
+// with q the weight's e4m3 codes (read exactly), A the activations (16/32-bit, or e4m3 codes
+// with per-token scales), and s(m, n, kb) = b_scale[g, kb, n / 128] (* a_scale[g, m, kb]):
+// each 128-wide K group is summed in f32 and then scaled (the promotion of DeepGEMM).
+//
+// - quantize_fp8_{T}: a warp per (row, 128-group); bit for bit vt_core::fp8_block.
+// - fp8_matmul_generic_{T}: any strides, any dtype, both activation forms; a thread per
+//   output element. The reference-shaped fallback.
+// - fp8_gemv_t{1,2,4}_{bf16,f16}: the weight-only decode kernel (M small). A warp streams 16
+//   weight rows with 16-byte loads, converts e4m3 to the activations' 16-bit type in
+//   registers (exact), and multiplies with mma.sync m16n8k16: the weight rows are the MMA's
+//   M side, 8 tokens its N side (t1: 8 tokens per CTA, t2: 16, t4: 32). K is permuted inside
+//   each 64-wide chunk so that a lane's 16 consecutive weight bytes and 16 consecutive
+//   activations are exactly its fragments. The warps of a CTA split K by 128-groups and add
+//   their partial sums through shared memory.
+// - fp8_gemm_mma_{T}: both operands e4m3, mma.sync m16n8k32 (sm_89+): 128 x 128 tiles, K
+//   tiles of 128 (one scale group) through a 3-stage cp.async ring in 128-byte-swizzled
+//   shared memory, each K tile's products summed in fresh accumulators, then scaled.
+#include "common.cuh"
+#include "fp8_ds_mla.cuh"
+#include "tensor_core.cuh"
+
+namespace fp8mm {
+
+using namespace vt::tc;
+using vt::fp8ds::e4m3_to_f32;
+using vt::fp8ds::f32_to_e4m3;
+
+// ------------------------------------------------------------------------- QuantizeFp8
+
+template <typename T>
+__device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
+                         i64 k) {
+    const i64 groups = (k + 127) / 128, total = m * groups;
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 p = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); p < total; p += warps) {
+        const i64 row = p / groups, grp = p % groups;
+        const i64 c0 = grp * 128 + 4 * lane;
+        float v[4];
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[j] = c0 + j < k ? vt::to_f32(x[row * x0 + c0 + j]) : 0.0f;
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        amax = vt::warp_max(amax);
+        const float s = __fdiv_rn(amax, 448.0f);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (c0 + j < k) out[row * o0 + c0 + j] = s == 0.0f ? 0 : f32_to_e4m3(__fdiv_rn(v[j], s));
+        if (lane == 0) scale[row * s0 + grp * s1] = s;
+    }
+}
+
+// ---------------------------------------------------------------------- generic matmul
+
+// The logical operands: a[g, m, k] (T, or e4m3 codes when `as` is not null), b[g, k, n]
+// (e4m3 codes), bs[g, kb, nb], as[g, m, kb], out[g, m, n]; strides in elements.
+template <typename T>
+__device__ void generic(T* out, i64 o0, i64 o1, i64 o2, const void* a, i64 a0, i64 a1, i64 a2, const float* as,
+                        i64 as0, i64 as1, i64 as2, const unsigned char* b, i64 b0, i64 b1, i64 b2, const float* bs,
+                        i64 bs0, i64 bs1, i64 bs2, i64 g, i64 m, i64 n, i64 k) {
+    const i64 total = g * m * n;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
+        const i64 gi = e / (m * n), rem = e % (m * n), i = rem / n, j = rem % n;
+        const unsigned char* pb = b + gi * b0 + j * b2;
+        const float* ps = bs + gi * bs0 + (j / 128) * bs2;
+        float acc = 0.0f;
+        for (i64 kb = 0; kb * 128 < k; ++kb) {
+            const i64 k1 = min(k, kb * 128 + 128);
+            float part = 0.0f;
+            float sc = ps[kb * bs1];
+            if (as != nullptr) {
+                const unsigned char* pa = (const unsigned char*)a + gi * a0 + i * a1;
+                for (i64 kk = kb * 128; kk < k1; ++kk)
+                    part = fmaf(e4m3_to_f32(pa[kk * a2]), e4m3_to_f32(pb[kk * b1]), part);
+                sc *= as[gi * as0 + i * as1 + kb * as2];
+            } else {
+                const T* pa = (const T*)a + gi * a0 + i * a1;
+                for (i64 kk = kb * 128; kk < k1; ++kk)
+                    part = fmaf(vt::to_f32(pa[kk * a2]), e4m3_to_f32(pb[kk * b1]), part);
+            }
+            acc = fmaf(part, sc, acc);
+        }
+        out[gi * o0 + i * o1 + j * o2] = vt::from_f32<T>(acc);
+    }
+}
+
+// ------------------------------------------------------------ the weight-only decode kernel
+
+// Two e4m3 codes (bytes 0, 1 of `w`, or 2, 3 with `hi`) as a packed pair of T, exactly: the
+// code's sign, exponent and mantissa bits are placed in T's fields (the exponent in the low
+// four bits of T's) and the result multiplied by 2^(T's bias - 7). NaN codes read as +-480.
+template <typename T> __device__ __forceinline__ uint32_t e4m3x2(uint32_t w, bool hi);
+template <> __device__ __forceinline__ uint32_t e4m3x2<bf16>(uint32_t w, bool hi) {
+    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);  // bytes -> the high byte of each half
+    const uint32_t v = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+    uint32_t r;
+    // * 2^120 (bf16 0x7b80), + -0: exact, subnormals kept.
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x7b807b80u), "r"(0x80008000u));
+    return r;
+}
+template <> __device__ __forceinline__ uint32_t e4m3x2<f16>(uint32_t w, bool hi) {
+    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
+    const uint32_t v = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+    uint32_t r;
+    // * 2^8 (f16 0x5c00), + -0.
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x5c005c00u), "r"(0x80008000u));
+    return r;
+}
+
+// 16 weight bytes, read once: no L1 allocation.
+__device__ __forceinline__ uint4 ld_stream(const unsigned char* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+constexpr int GEMV_WARPS = 8;
+
+// CTA: GEMV_WARPS warps = (8 / wk) row tiles of 16 weight rows x wk K-slices; blockIdx.x the
+// row-tile block, blockIdx.y the token block (8 TT tokens), blockIdx.z the batch entry.
+// Requirements (checked on the host): K % 16 == 0, b rows and a rows 16-byte aligned.
+template <typename T, int TT>
+__device__ void gemv(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64 a_m, const unsigned char* b,
+                     i64 b_b, i64 b_n, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, int wk) {
+    __shared__ float red[GEMV_WARPS][TT * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int ks = warp % wk, wn = GEMV_WARPS / wk;
+    const i64 batch = blockIdx.z;
+    const int n0 = (blockIdx.x * wn + warp / wk) * 16;
+    const int m0 = blockIdx.y * (8 * TT);
+    const int groups = (k + 127) >> 7;
+    float acc[TT][4];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[tt][i] = 0.0f;
+
+    if (n0 < n) {
+        const bool r0ok = n0 + g < n, r1ok = n0 + g + 8 < n;
+        const unsigned char* w0 = b + batch * b_b + (i64)min(n0 + g, n - 1) * b_n + 16 * t;
+        const unsigned char* w1 = b + batch * b_b + (i64)min(n0 + g + 8, n - 1) * b_n + 16 * t;
+        const float* sb = bs + batch * bs_b + (i64)(n0 >> 7) * bs_n;
+        const T* arow[TT];
+        bool aok[TT];
+#pragma unroll
+        for (int tt = 0; tt < TT; ++tt) {
+            const int mi = m0 + tt * 8 + g;
+            aok[tt] = mi < m;
+            arow[tt] = a + batch * a_b + (i64)min(mi, m - 1) * a_m + 16 * t;
+        }
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        // This group's weights (2 chunks of 64 x rows g, g + 8) and the next group's, in flight.
+        auto load_w = [&](int gi, uint4 (&w)[2][2]) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int kc = gi * 128 + h * 64;
+                const bool kok = gi < groups && kc + 16 * t < k;
+                w[h][0] = r0ok && kok ? ld_stream(w0 + kc) : zero;
+                w[h][1] = r1ok && kok ? ld_stream(w1 + kc) : zero;
+            }
+        };
+        uint4 cw[2][2], nw[2][2];
+        load_w(ks, cw);
+        for (int gi = ks; gi < groups; gi += wk) {
+            load_w(gi + wk, nw);
+            float tmp[TT][4];
+#pragma unroll
+            for (int tt = 0; tt < TT; ++tt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) tmp[tt][i] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int kc = gi * 128 + h * 64;
+                const bool kok = kc + 16 * t < k;
+                uint4 av[TT][2];
+#pragma unroll
+                for (int tt = 0; tt < TT; ++tt) {
+                    const bool ok = aok[tt] && kok;
+                    av[tt][0] = ok ? __ldg(reinterpret_cast<const uint4*>(arow[tt] + kc)) : zero;
+                    av[tt][1] = ok ? __ldg(reinterpret_cast<const uint4*>(arow[tt] + kc + 8)) : zero;
+                }
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const uint32_t r0 = word(cw[h][0], s), r1 = word(cw[h][1], s);
+                    const uint32_t fa[4] = {e4m3x2<T>(r0, false), e4m3x2<T>(r1, false), e4m3x2<T>(r0, true),
+                                            e4m3x2<T>(r1, true)};
+#pragma unroll
+                    for (int tt = 0; tt < TT; ++tt) {
+                        const uint4& lo = s < 2 ? av[tt][0] : av[tt][1];
+                        const int wd = 2 * (s & 1);
+                        MmaSync<T>::run(tmp[tt], fa, word(lo, wd), word(lo, wd + 1));
+                    }
+                }
+            }
+            const float sc = sb[(i64)gi * bs_k];
+#pragma unroll
+            for (int tt = 0; tt < TT; ++tt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[tt][i] = fmaf(tmp[tt][i], sc, acc[tt][i]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                cw[h][0] = nw[h][0];
+                cw[h][1] = nw[h][1];
+            }
+        }
+    }
+    // The K-slices of a row tile are consecutive warps: warp ks == 0 adds the others'.
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][tt * 4 + i][lane] = acc[tt][i];
+    __syncthreads();
+    if (ks != 0 || n0 >= n) return;
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float sum = red[warp][tt * 4 + i][lane];
+            for (int j = 1; j < wk; ++j) sum += red[warp + j][tt * 4 + i][lane];
+            const int row = n0 + g + 8 * (i >> 1), tok = m0 + tt * 8 + 2 * t + (i & 1);
+            if (row < n && tok < m) out[batch * o_b + (i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(sum);
+        }
+}
+
+// -------------------------------------------------------------- both fp8: mma.sync m16n8k32
+
+constexpr int MMA_BM = 128, MMA_BN = 128, MMA_BK = 128, MMA_STAGES = 3, MMA_THREADS = 256;
+constexpr int MMA_TILE = MMA_BM * MMA_BK;            // bytes of one operand tile (A; B is the same)
+constexpr int MMA_SMEM = MMA_STAGES * 2 * MMA_TILE;  // 96 KB
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// One operand tile: rows r0.. (up to 128, `rows` valid) x K bytes k0..k0+127 of a row-major
+// byte matrix with row stride `ld`, into 128 rows of 128 swizzled bytes; past `rows` or `k`
+// zero-filled. 256 threads, 4 chunks of 16 bytes each.
+__device__ __forceinline__ void load_tile8(uint32_t dst, const unsigned char* src, i64 ld, int rows, int k0, int k,
+                                           int tid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int chunk = tid + i * MMA_THREADS, r = chunk >> 3, c = chunk & 7;
+        const bool ok = r < rows && k0 + 16 * c < k;
+        const unsigned char* p = ok ? src + (i64)r * ld + k0 + 16 * c : src;
+        cp_async16(dst + swz(r, c), p, ok);
+    }
+}
+
+// CTA: 8 warps, 2 (M) x 4 (N), a warp tile of 64 x 32; blockIdx = (N tile, M tile, batch).
+// Requirements (host): K % 16 == 0, a and b rows 16-byte aligned, sm_89+.
+template <typename T>
+__device__ void gemm_mma(T* out, i64 o_b, i64 o_m, i64 o_n, const unsigned char* a, i64 a_b, i64 a_m,
+                         const float* as, i64 as_b, i64 as_m, i64 as_k, const unsigned char* b, i64 b_b, i64 b_n,
+                         const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t base = smem_u32(smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = warp >> 2, wn = warp & 3;
+    const i64 batch = blockIdx.z;
+    const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * MMA_BM;
+    const unsigned char* ga = a + batch * a_b + (i64)m0 * a_m;
+    const unsigned char* gb = b + batch * b_b + (i64)n0 * b_n;
+    const int rows_a = min(MMA_BM, m - m0), rows_b = min(MMA_BN, n - n0);
+    const int kt_n = (k + MMA_BK - 1) / MMA_BK;
+    auto stage_a = [&](int s) { return base + (uint32_t)(s * 2 * MMA_TILE); };
+    auto stage_b = [&](int s) { return base + (uint32_t)(s * 2 * MMA_TILE + MMA_TILE); };
+    auto load = [&](int kt) {
+        const int s = kt % MMA_STAGES;
+        load_tile8(stage_a(s), ga, a_m, rows_a, kt * MMA_BK, k, tid);
+        load_tile8(stage_b(s), gb, b_n, rows_b, kt * MMA_BK, k, tid);
+    };
+#pragma unroll
+    for (int s = 0; s < MMA_STAGES - 1; ++s) {
+        if (s < kt_n) load(s);
+        cp_async_commit();
+    }
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    const float* sa = as + batch * as_b;
+    const float* sb = bs + batch * bs_b + (i64)(n0 >> 7) * bs_n;
+    for (int kt = 0; kt < kt_n; ++kt) {
+        // Scales of this K tile for the thread's 8 rows (loaded early: used after the MMAs).
+        float srow[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = m0 + wm * 64 + i * 16 + g + 8 * h;
+                srow[i][h] = r < m ? sa[(i64)r * as_m + (i64)kt * as_k] : 0.0f;
+            }
+        const float scb = sb[(i64)kt * bs_k];
+        cp_async_wait<MMA_STAGES - 2>();
+        __syncthreads();
+        if (kt + MMA_STAGES - 1 < kt_n) load(kt + MMA_STAGES - 1);
+        cp_async_commit();
+        const int s = kt % MMA_STAGES;
+        const uint32_t sA = stage_a(s), sB = stage_b(s);
+        float tmp[4][4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tmp[i][j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK / 32; ++kk) {
+            // A: 4 m16 x k32 fragments; matrix j of ldmatrix.x4 = rows +8 (j & 1), bytes +16 (j >> 1).
+            uint32_t fa[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = wm * 64 + i * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+                const int c = kk * 2 + (lane >> 4);
+                ldsm_x4(sA + swz(r, c), fa[i]);
+            }
+            // B: 2 x (two n8 x k32 fragments); matrix j = n rows +8 (j >> 1), bytes +16 (j & 1).
+            uint32_t fb[4][2];
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                const int r = wn * 32 + jj * 16 + (lane & 7) + 8 * (lane >> 4);
+                const int c = kk * 2 + ((lane >> 3) & 1);
+                uint32_t q[4];
+                ldsm_x4(sB + swz(r, c), q);
+                fb[2 * jj][0] = q[0];
+                fb[2 * jj][1] = q[1];
+                fb[2 * jj + 1][0] = q[2];
+                fb[2 * jj + 1][1] = q[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma_e4m3(tmp[i][j], fa[i], fb[j][0], fb[j][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = fmaf(tmp[i][j][e], srow[i][e >> 1] * scb, acc[i][j][e]);
+    }
+    cp_async_wait<0>();
+    T* o = out + batch * o_b;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = m0 + wm * 64 + i * 16 + g + 8 * (e >> 1);
+                const int c = n0 + wn * 32 + j * 8 + 2 * t + (e & 1);
+                if (r < m && c < n) o[(i64)r * o_m + (i64)c * o_n] = vt::from_f32<T>(acc[i][j][e]);
+            }
+#endif
+}
+
+}  // namespace fp8mm
+
+#define VT_FP8_ALL(S, T)                                                                                        \
+    extern "C" __global__ void quantize_fp8_##S(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1,         \
+                                                const T* x, i64 x0, i64 m, i64 k) {                              \
+        fp8mm::quantize<T>(out, o0, scale, s0, s1, x, x0, m, k);                                                 \
+    }                                                                                                           \
+    extern "C" __global__ void fp8_matmul_generic_##S(                                                          \
+        T* out, i64 o0, i64 o1, i64 o2, const void* a, i64 a0, i64 a1, i64 a2, const float* as, i64 as0,           \
+        i64 as1, i64 as2, const unsigned char* b, i64 b0, i64 b1, i64 b2, const float* bs, i64 bs0, i64 bs1,       \
+        i64 bs2, i64 g, i64 m, i64 n, i64 k) {                                                                   \
+        fp8mm::generic<T>(out, o0, o1, o2, a, a0, a1, a2, as, as0, as1, as2, b, b0, b1, b2, bs, bs0, bs1, bs2, g,  \
+                          m, n, k);                                                                             \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(fp8mm::MMA_THREADS) fp8_gemm_mma_##S(                           \
+        T* out, i64 o_b, i64 o_m, i64 o_n, const unsigned char* a, i64 a_b, i64 a_m, const float* as, i64 as_b,    \
+        i64 as_m, i64 as_k, const unsigned char* b, i64 b_b, i64 b_n, const float* bs, i64 bs_b, i64 bs_n,          \
+        i64 bs_k, int m, int n, int k) {                                                                         \
+        fp8mm::gemm_mma<T>(out, o_b, o_m, o_n, a, a_b, a_m, as, as_b, as_m, as_k, b, b_b, b_n, bs, bs_b, bs_n,     \
+                           bs_k, m, n, k);                                                                      \
+    }
+VT_FOR_EACH_FLOAT(VT_FP8_ALL)
+
+#define VT_FP8_GEMV(S, T, TT)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * fp8mm::GEMV_WARPS) fp8_gemv_t##TT##_##S(                    \
+        T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64 a_m, const unsigned char* b, i64 b_b, i64 b_n,  \
+        const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, int wk) {                             \
+        fp8mm::gemv<T, TT>(out, o_b, o_m, o_n, a, a_b, a_m, b, b_b, b_n, bs, bs_b, bs_n, bs_k, m, n, k, wk);       \
+    }
+#define VT_FP8_GEMV_ALL(S, T) VT_FP8_GEMV(S, T, 1) VT_FP8_GEMV(S, T, 2) VT_FP8_GEMV(S, T, 4)
+VT_FP8_GEMV_ALL(bf16, bf16)
+VT_FP8_GEMV_ALL(f16, f16)
