@@ -177,11 +177,15 @@ fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
         return;
     };
     let cpu = common::cpu_queue();
-    // The V3 cache row (512 + 64: the tensor-core decode kernels) in bf16, and the small
-    // layer in f32 (the generic kernel).
-    for (spec, dt, tol) in
-        [(RandomLayerSpec::SMALL_FP8, DType::BF16, 2e-2), (RandomLayerSpec::SMALL, DType::F32, 1e-4)]
-    {
+    // The V3 cache row (512 + 64: the tensor-core decode kernels) in bf16 with 8 heads (the
+    // mma.sync kernel) and with V3's 128 heads (sm_90: the wgmma kernel, TMA loads), and the
+    // small layer in f32 (the generic kernel).
+    let v3_heads = RandomLayerSpec { num_heads: 128, ..RandomLayerSpec::SMALL_FP8 };
+    for (spec, dt, tol) in [
+        (RandomLayerSpec::SMALL_FP8, DType::BF16, 2e-2),
+        (v3_heads, DType::BF16, 2e-2),
+        (RandomLayerSpec::SMALL, DType::F32, 1e-4),
+    ] {
         let s = Serving { spec, decode_steps: 24, ..Serving::small(dt) };
         let gpu = serve(&q, &s);
         assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
@@ -207,9 +211,11 @@ fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
             worst_cpu = worst_cpu.max(ec);
         }
         eprintln!(
-            "{dt} {:?}: {} replayed steps ({} joined, {} left, buckets {:?}): = padded eager bit for bit; \
-             bit-identical to the unpadded step in {same_unpadded}, worst {worst_unpadded:.3e}; vs CPU worst {worst_cpu:.3e}",
+            "{dt} kv_lora {} heads {}: {} replayed steps ({} joined, {} left, buckets {:?}): = padded eager bit for \
+             bit; bit-identical to the unpadded step in {same_unpadded}, worst {worst_unpadded:.3e}; vs CPU worst \
+             {worst_cpu:.3e}",
             spec.kv_lora_rank,
+            spec.num_heads,
             gpu.steps.len(),
             gpu.joined,
             gpu.left,
