@@ -264,7 +264,10 @@ pub fn run(q: &Queue, blocks: &[MlaBlock<'_>], o: &GraphBenchOptions, seed: u64)
     let mut profiled = Vec::with_capacity(o.profile);
     for _ in 0..o.profile {
         if has_graphs {
-            let ahead = ((2.0 / step_graph.max(1e-3)).ceil() as usize).clamp(4, 64);
+            // Device work queued ahead: longer than issuing the profiled step takes on the
+            // host (~0.3 ms a layer with its events, at least 2 ms).
+            let busy_ms = (0.3 * blocks.len() as f64).max(2.0);
+            let ahead = ((busy_ms / step_graph.max(1e-3)).ceil() as usize).clamp(4, 256);
             for _ in 0..ahead {
                 graphs.run(&cache)?;
             }
