@@ -1,5 +1,5 @@
 // Shared-memory, async-copy and tensor-core primitives of the attention kernels
-// (mla_decode_attention.cu, prefill_attention/sm80.cuh, prefill_attention/sm90.cuh), in
+// (mla_decode_attention/, prefill_attention/sm80.cuh, prefill_attention/sm90.cuh), in
 // namespace vt::tc. Included after common.cuh. Hopper-only pieces are guarded by the
 // architecture that has them: mbarriers, the TMA and proxy fences by sm_90, wgmma by sm_90a.
 #pragma once
