@@ -250,18 +250,25 @@ fn host_planning_facts_match_the_kernel_headers() {
         check(format!("{what}: threads"), main.block as i64, f[0]);
         check(format!("{what}: rows per CTA"), c.plan.rows_per_cta as i64, f[1]);
         check(format!("{what}: grid.y"), main.grid.1 as i64, (m_total + f[1] - 1) / f[1]);
-        if kernel == Kernel::Generic || cache_dt == DType::Fp8DsMla {
-            check(format!("{what}: shared memory"), main.smem as i64, m[5] * d + m[6] * dv);
-            check(format!("{what}: shared memory at D 576, Dv 512"), m[5] * FAST_D + m[6] * FAST_DV, f[2]);
-            check(format!("{what}: KV slots"), 0, f[3]);
-        } else {
-            check(format!("{what}: shared memory"), main.smem as i64, f[2]);
-            let slots = match kernel {
-                Kernel::Wgmma => wgmma_sm90::STAGES,
-                k => mma_sm80::slots(c.plan.rows_per_cta, k == Kernel::MmaSmall),
-            };
-            check(format!("{what}: KV slots"), slots as i64, f[3]);
-        }
+        // Per family, exhaustively: a new Kernel variant must say here what its facts are.
+        let (smem, slots) = match kernel {
+            // (Auto: the fp8_ds_mla samples, which take the generic kernel.)
+            Kernel::Generic | Kernel::Auto => {
+                // The generic kernel's shared memory follows D and Dv.
+                check(
+                    format!("{what}: shared memory at D 576, Dv 512"),
+                    m[5] * FAST_D + m[6] * FAST_DV,
+                    f[2],
+                );
+                (m[5] * d + m[6] * dv, 0)
+            }
+            Kernel::Mma | Kernel::MmaSmall => {
+                (f[2], mma_sm80::slots(c.plan.rows_per_cta, kernel == Kernel::MmaSmall) as i64)
+            }
+            Kernel::Wgmma => (f[2], wgmma_sm90::STAGES as i64),
+        };
+        check(format!("{what}: shared memory"), main.smem as i64, smem);
+        check(format!("{what}: KV slots"), slots, f[3]);
         let what = format!("{} (after {})", comb.symbol(), main.symbol());
         let Some(f) = t.get(&format!("{}_facts", comb.symbol())) else {
             check(format!("{what}: no facts table"), 1, 0);
