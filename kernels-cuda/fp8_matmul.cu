@@ -20,6 +20,8 @@
 // - fp8_gemm_mma_{T}: both operands e4m3, mma.sync m16n8k32 (sm_89+): 128 x 128 tiles, K
 //   tiles of 128 (one scale group) through a 3-stage cp.async ring in 128-byte-swizzled
 //   shared memory, each K tile's products summed in fresh accumulators, then scaled.
+// - fp8_gemm_wgmma_{T}: both operands e4m3 on sm_90a: the same tiles and promotion with a
+//   TMA producer warpgroup and two wgmma m64n128k32 consumer warpgroups (namespace wgm).
 #include "common.cuh"
 #include "fp8_ds_mla.cuh"
 #include "tensor_core.cuh"
@@ -240,7 +242,7 @@ __device__ void gemv(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 
 constexpr int MMA_BM = 128, MMA_BN = 128, MMA_BK = 128, MMA_STAGES = 3, MMA_THREADS = 256;
 constexpr int MMA_TILE = MMA_BM * MMA_BK;            // bytes of one operand tile (A; B is the same)
-constexpr int MMA_SMEM = MMA_STAGES * 2 * MMA_TILE;  // 96 KB
+// Dynamic shared memory: MMA_STAGES * 2 * MMA_TILE = 96 KB (the host's MMA_SMEM).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -381,6 +383,123 @@ __device__ void gemm_mma(T* out, i64 o_b, i64 o_m, i64 o_n, const unsigned char*
 
 }  // namespace fp8mm
 
+// ------------------------------------------------------- both fp8: wgmma (sm_90a, DeepGEMM's scheme)
+
+// CTA: 384 threads = a producer warpgroup (one thread drives the tensor memory accelerator)
+// and two consumer warpgroups of 64 rows each; tiles of BM = 128 rows x BN = 128 columns
+// (one weight scale block), K tiles of 128 (one scale group) through a STAGES-deep ring of
+// 128-byte-swizzled shared memory filled by cp.async.bulk.tensor (3-D maps (k, row, batch)
+// made on the host; rows past M / N and K past K arrive as zeros). Per K tile a consumer
+// issues four wgmma m64n128k32 e4m3 into fresh accumulators, waits, frees the stage, and
+// adds them into the f32 result times a_scale[row, kt] * b_scale[n0 / 128, kt].
+// Shared memory (from a 1024-aligned base): A [STAGES][128 rows][128 B], B [STAGES][128][128 B],
+// 2 * STAGES mbarriers. The host (fp8_matmul.rs, WGMMA_SMEM) reserves SMEM bytes.
+namespace wgm {
+
+using namespace vt::tc;
+
+constexpr int BM = 128, BN = 128, BK = 128, STAGES = 5, THREADS = 384;
+constexpr int TILE = 128 * 128;
+constexpr int OFF_B = STAGES * TILE;
+constexpr int OFF_BAR = 2 * STAGES * TILE;
+// Dynamic shared memory: OFF_BAR + 16 * STAGES + 1024 alignment slack (the host's WGMMA_SMEM).
+
+// The TMA maps of a ([K, M, G] bytes) and b ([K, N, G] bytes), boxes of 128 x 128 x 1.
+struct Maps {
+    TmaMap a, b;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mma_m64n128k32(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+#endif
+
+template <typename T>
+__device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* as, i64 as_b, i64 as_m,
+                     i64 as_k, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = (unsigned char*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sA = base, sB = base + OFF_B, sBar = base + OFF_BAR;
+    auto full = [&](int s) { return sBar + 8 * s; };
+    auto empty = [&](int s) { return sBar + 8 * (STAGES + s); };
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, batch = blockIdx.z;
+    const int kt_n = (k + BK - 1) / BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full(s), 1);     // the producer's expect_tx arrival, then the bytes
+            mbar_init(empty(s), 256);  // every consumer thread
+        }
+    }
+    __syncthreads();
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (wtid != 0) return;
+        prefetch_map(&maps.a);
+        prefetch_map(&maps.b);
+        for (int kt = 0; kt < kt_n; ++kt) {
+            const int st = kt % STAGES, u = kt / STAGES;
+            if (u > 0) mbar_wait(empty(st), (u - 1) & 1);
+            mbar_expect_tx(full(st), 2 * TILE);
+            tma_load_3d(sA + st * TILE, &maps.a, kt * BK, m0, batch, full(st));
+            tma_load_3d(sB + st * TILE, &maps.b, kt * BK, n0, batch, full(st));
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const int r_lo = m0 + 64 * cw + 16 * warp + g, r_hi = r_lo + 8;
+    const float* sa = as + (i64)batch * as_b;
+    const float* sb = bs + (i64)batch * bs_b + (i64)(n0 >> 7) * bs_n;
+    float acc[64], tmp[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int kt = 0; kt < kt_n; ++kt) {
+        const int st = kt % STAGES, u = kt / STAGES;
+        // The scales first: their loads overlap the wait and the products.
+        const float scb = sb[(i64)kt * bs_k];
+        const float s_lo = r_lo < m ? sa[(i64)r_lo * as_m + (i64)kt * as_k] : 0.0f;
+        const float s_hi = r_hi < m ? sa[(i64)r_hi * as_m + (i64)kt * as_k] : 0.0f;
+        mbar_wait(full(st), u & 1);
+        const uint64_t da = gmma_desc(sA + st * TILE + cw * (64 * 128), 16, 1024);
+        const uint64_t db = gmma_desc(sB + st * TILE, 16, 1024);
+        pin(tmp);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 32; ++kk) mma_m64n128k32(tmp, da + 2 * kk, db + 2 * kk, kk > 0 ? 1 : 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(tmp);
+        mbar_arrive(empty(st));
+        const float c_lo = s_lo * scb, c_hi = s_hi * scb;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            acc[4 * j] = fmaf(tmp[4 * j], c_lo, acc[4 * j]);
+            acc[4 * j + 1] = fmaf(tmp[4 * j + 1], c_lo, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(tmp[4 * j + 2], c_hi, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(tmp[4 * j + 3], c_hi, acc[4 * j + 3]);
+        }
+    }
+    T* o = out + (i64)batch * o_b;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = e < 2 ? r_lo : r_hi, c = n0 + 8 * j + 2 * t + (e & 1);
+            if (r < m && c < n) o[(i64)r * o_m + (i64)c * o_n] = vt::from_f32<T>(acc[4 * j + e]);
+        }
+#endif
+}
+
+}  // namespace wgm
+
 #define VT_FP8_ALL(S, T)                                                                                        \
     extern "C" __global__ void quantize_fp8_##S(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1,         \
                                                 const T* x, i64 x0, i64 m, i64 k) {                              \
@@ -399,6 +518,11 @@ __device__ void gemm_mma(T* out, i64 o_b, i64 o_m, i64 o_n, const unsigned char*
         i64 bs_k, int m, int n, int k) {                                                                         \
         fp8mm::gemm_mma<T>(out, o_b, o_m, o_n, a, a_b, a_m, as, as_b, as_m, as_k, b, b_b, b_n, bs, bs_b, bs_n,     \
                            bs_k, m, n, k);                                                                      \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(wgm::THREADS, 1) fp8_gemm_wgmma_##S(                          \
+        const __grid_constant__ wgm::Maps maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* as, i64 as_b,    \
+        i64 as_m, i64 as_k, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k) {               \
+        wgm::gemm<T>(maps, out, o_b, o_m, o_n, as, as_b, as_m, as_k, bs, bs_b, bs_n, bs_k, m, n, k);             \
     }
 VT_FOR_EACH_FLOAT(VT_FP8_ALL)
 

@@ -11,18 +11,22 @@
 //!   m16n8k16, each 128-group's sum scaled in f32. Needs K % 16 == 0, K-contiguous `a` and
 //!   `b` with 16-byte aligned rows. Any M (8, 16 or 32 tokens per CTA; more M re-reads the
 //!   weights per 32 tokens).
-//! - **Mma** (both operands fp8, sm_89+): 128 x 128 tiles, mma.sync m16n8k32 e4m3, the
-//!   scales applied per 128-wide K tile. Same layout needs.
+//! - **Wgmma** (both operands fp8, sm_90a): DeepGEMM's scheme: 128 x 128 tiles, a TMA
+//!   producer warpgroup and two wgmma m64n128k32 e4m3 consumers, each 128-wide K tile's
+//!   products summed in fresh accumulators and added into the f32 result times its scales.
+//! - **Mma** (both operands fp8, sm_89+): the same tiles with mma.sync m16n8k32 e4m3 and a
+//!   cp.async ring (for sm_89 and sm_100, which have no wgmma). Same layout needs.
 //! - **Generic**: any strides and dtypes, a thread per output (f32 activations, odd views,
 //!   devices without the instructions).
-//! - **Auto** picks Gemv for weight-only, Mma for both-fp8 when the views allow, else
-//!   Generic.
+//! - **Auto** picks Gemv for weight-only, Wgmma (sm_90) or Mma for both-fp8 when the views
+//!   allow, else Generic.
 
 use vt_core::fp8_block::blocks;
 use vt_core::{
     BatchedMatmulFp8Args, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
 };
 
+use crate::launch::TensorMapSpec;
 use crate::rope_from_cache::int;
 use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
@@ -38,6 +42,8 @@ pub enum Kernel {
     Gemv,
     /// Both operands fp8, mma.sync m16n8k32 e4m3 (sm_89+).
     Mma,
+    /// Both operands fp8, TMA + wgmma m64n128k32 e4m3 (sm_90a).
+    Wgmma,
 }
 
 /// Warps per CTA of the Gemv kernel (`fp8mm::GEMV_WARPS`).
@@ -46,6 +52,10 @@ const GEMV_WARPS: u32 = 8;
 const MMA_THREADS: u32 = 256;
 const MMA_SMEM: u32 = 3 * 2 * 128 * 128;
 const MMA_TILE: i64 = 128;
+/// The Wgmma kernel's CTA and dynamic shared memory (`wgm::THREADS`; `wgm::OFF_BAR` +
+/// 16 * STAGES mbarrier bytes + 1024 alignment slack, STAGES = 5).
+const WGMMA_THREADS: u32 = 384;
+const WGMMA_SMEM: u32 = 2 * 5 * 128 * 128 + 16 * 5 + 1024;
 
 /// A view's address and its strides in the logical `[g, rows, cols]` order.
 #[derive(Clone, Copy, Debug)]
@@ -149,6 +159,32 @@ impl Problem {
     fn mma_ok(&self, sm: u32) -> bool {
         self.a_scale.is_some() && sm >= 89 && self.vector_ok()
     }
+
+    /// The TMA maps also need every byte stride below 2^40 and M, N, K below 2^31.
+    fn wgmma_ok(&self, sm: u32) -> bool {
+        self.a_scale.is_some() && sm == 90 && self.vector_ok()
+    }
+}
+
+/// The TMA map of a K-contiguous fp8 operand: dims (K, rows, batch) in bytes, boxes of
+/// 128 x 128 x 1. `row_stride` / `batch_stride` in bytes (= elements).
+fn fp8_map(
+    what: &'static str,
+    addr: u64,
+    (k, rows, g): (i64, i64, i64),
+    row_stride: i64,
+    batch_stride: i64,
+) -> TensorMapSpec {
+    // A batch of one: any multiple of 16 past the matrix serves as its (unused) stride.
+    let bs = if g <= 1 { (row_stride * rows).max(16) } else { batch_stride };
+    TensorMapSpec {
+        what,
+        dtype: DType::F8E4M3,
+        addr,
+        dims: [k as u64, rows as u64, g.max(1) as u64],
+        strides: [row_stride.max(16) as u64, bs as u64],
+        boxes: [128, 128, 1],
+    }
 }
 
 /// Tokens per Gemv CTA: 8 * tt.
@@ -172,6 +208,7 @@ fn gemv_wk(k: i64) -> i64 {
 fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Launch>)> {
     let chosen = match kernel {
         Kernel::Auto if p.gemv_ok() => Kernel::Gemv,
+        Kernel::Auto if p.wgmma_ok(sm) => Kernel::Wgmma,
         Kernel::Auto if p.mma_ok(sm) => Kernel::Mma,
         Kernel::Auto => Kernel::Generic,
         k => k,
@@ -192,6 +229,9 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
         }
         Kernel::Mma if !p.mma_ok(sm) => {
             return refuse("fp8 activations, sm_89+, K % 16 == 0 and 16-byte aligned K-contiguous rows")
+        }
+        Kernel::Wgmma if !p.wgmma_ok(sm) => {
+            return refuse("fp8 activations, sm_90, K % 16 == 0 and 16-byte aligned K-contiguous rows")
         }
         _ => {}
     }
@@ -272,6 +312,40 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
                 int(p.op, "a", p.k)?.into(),
             ];
             Launch::new(&SRC, "fp8_gemm_mma", dt, grid, MMA_THREADS, args).with_smem(MMA_SMEM)
+        }
+        Kernel::Wgmma => {
+            let a_scale = p.a_scale.expect("checked by wgmma_ok");
+            let grid = (
+                int(p.op, "b", (p.n + MMA_TILE - 1) / MMA_TILE)? as u32,
+                int(p.op, "a", (p.m + MMA_TILE - 1) / MMA_TILE)? as u32,
+                p.g as u32,
+            );
+            if grid.1 > 65535 {
+                return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Wgmma kernel's grid", p.m)));
+            }
+            let maps = Arg::TensorMaps(vec![
+                fp8_map("a", p.a.addr, (p.k, p.m, p.g), p.a.s[1], p.a.s[0]),
+                fp8_map("b", p.b.addr, (p.k, p.n, p.g), p.b.s[2], p.b.s[0]),
+            ]);
+            let args: Vec<Arg> = vec![
+                maps,
+                p.out.addr.into(),
+                p.out.s[0].into(),
+                p.out.s[1].into(),
+                p.out.s[2].into(),
+                a_scale.addr.into(),
+                a_scale.s[0].into(),
+                a_scale.s[1].into(),
+                a_scale.s[2].into(),
+                p.b_scale.addr.into(),
+                p.b_scale.s[0].into(),
+                p.b_scale.s[2].into(),
+                p.b_scale.s[1].into(),
+                int(p.op, "a", p.m)?.into(),
+                int(p.op, "b", p.n)?.into(),
+                int(p.op, "a", p.k)?.into(),
+            ];
+            Launch::new(&SRC, "fp8_gemm_wgmma", dt, grid, WGMMA_THREADS, args).with_smem(WGMMA_SMEM)
         }
         Kernel::Generic | Kernel::Auto => {
             let none = V3 { addr: 0, s: [0; 3], dtype: DType::F32 };

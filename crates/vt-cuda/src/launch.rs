@@ -415,7 +415,7 @@ impl CudaQueue {
 }
 
 /// A TMA descriptor to encode at launch (`cuTensorMapEncodeTiled`), as plain data: the
-/// 3-D tiled map of a 16-bit tensor at device address `addr` with `dims` (innermost first),
+/// 3-D tiled map of a 16-bit (or fp8) tensor at device address `addr` with `dims` (innermost first),
 /// byte `strides` of dims 1 and 2 (multiples of 16), boxes of `boxes` elements, 128-byte
 /// swizzle, L2 promotion of 256 bytes, no interleave and zero fill out of bounds: what the
 /// sm_90 attention kernels' wgmma descriptors read. `what` names the tensor in errors.
@@ -442,7 +442,11 @@ impl TensorMapSpec {
         let dt = match self.dtype {
             DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            other => return Err(format!("the TMA map of {} takes bf16 or f16, not {other}", self.what)),
+            // fp8 codes move as bytes (the fp8 matmuls' wgmma kernel reads them as e4m3).
+            DType::F8E4M3 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            other => {
+                return Err(format!("the TMA map of {} takes bf16, f16 or f8e4m3, not {other}", self.what))
+            }
         };
         let elem = [1u32, 1, 1];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };

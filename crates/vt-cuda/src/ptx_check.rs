@@ -275,14 +275,19 @@ fn samples(dt: DType) -> Result<Samples> {
         }
     }
     // The fp8 ops: QuantizeFp8, and every fp8 matmul kernel (Gemv at 8, 16 and 32 tokens a
-    // CTA on 16-bit dtypes, Mma, Generic with both activation forms), MatmulBTFp8 and the
+    // CTA on 16-bit dtypes, Mma, Wgmma, Generic with both activation forms), MatmulBTFp8 and the
     // batched form (the absorbed W_UV: K-contiguous per-head weights).
     {
         use crate::fp8_matmul::{plan_batched, plan_matmul_bt, plan_quantize, Kernel as FK};
         let (f8, f32t) = (DType::F8E4M3, DType::F32);
         let a = QuantizeFp8Args { out: f.c(f8, &[t, 256]), scale: f.c(f32t, &[t, 2]), x: f.c(dt, &[t, 256]) };
         add("QuantizeFp8".into(), plan_quantize(&a)?);
-        let mut forms = vec![(FK::Generic, 3, false), (FK::Generic, 3, true), (FK::Mma, 130, true)];
+        let mut forms = vec![
+            (FK::Generic, 3, false),
+            (FK::Generic, 3, true),
+            (FK::Mma, 130, true),
+            (FK::Wgmma, 130, true),
+        ];
         if dt != DType::F32 {
             forms.extend([(FK::Gemv, 1, false), (FK::Gemv, 9, false), (FK::Gemv, 17, false)]);
         }

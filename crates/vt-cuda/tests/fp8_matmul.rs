@@ -114,6 +114,10 @@ fn matmul_case(kernel: Kernel, dt: DType, m: i64, n: i64, k: i64, a_ld: i64, row
         println!("SKIP: the Mma kernel needs sm_89+");
         return;
     }
+    if kernel == Kernel::Wgmma && sm(&g) != 90 {
+        println!("SKIP: the Wgmma kernel needs sm_90");
+        return;
+    }
     let what = format!(
         "MatmulBTFp8 {kernel:?} {dt} M {m} N {n} K {k} (a ld {a_ld}, b rows from {row0}, fp8 a {fp8_a})"
     );
@@ -173,6 +177,18 @@ fn mma_both_fp8() {
     }
     matmul_case(Kernel::Mma, DType::BF16, 4096, 136, 400, 400, 0, true);
     matmul_case(Kernel::Mma, DType::BF16, 130, 2112, 1024, 1024, 0, true);
+}
+
+#[test]
+fn wgmma_both_fp8() {
+    for dt in [DType::BF16, DType::F16, DType::F32] {
+        matmul_case(Kernel::Wgmma, dt, 7, 200, 400, 400, 0, true);
+        matmul_case(Kernel::Wgmma, dt, 128, 256, 512, 528, 128, true);
+    }
+    // More K tiles than stages (the ring wraps), partial M / N / K tiles.
+    matmul_case(Kernel::Wgmma, DType::BF16, 4096, 136, 400, 400, 0, true);
+    matmul_case(Kernel::Wgmma, DType::BF16, 130, 2112, 1024, 1024, 0, true);
+    matmul_case(Kernel::Wgmma, DType::BF16, 512, 384, 2048, 2064, 128, true);
 }
 
 #[test]
