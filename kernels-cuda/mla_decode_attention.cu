@@ -44,6 +44,7 @@
 #include "mla_decode_attention/tiles.cuh"
 #include "mla_decode_attention/mma_sm80.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
+#include "mla_decode_attention/seesaw_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -69,6 +70,15 @@ extern "C" __device__ const long long mla_decode_facts[8] = {
               mla::Layout<mla::WGMMA_ROWS>::STAGES)
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)
+
+#define MLA_SEESAW(S, T)                                                                      \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_seesaw_##S(       \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::seesaw::decode_seesaw<T>(p, &kv_map);                                            \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_seesaw_##S, mla::THREADS, mla::seesaw::MT, mla::seesaw::Layout::SMEM, 2)
+MLA_SEESAW(bf16, bf16)
+MLA_SEESAW(f16, f16)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \
@@ -109,3 +119,19 @@ VT_FOR_EACH_FLOAT(MLA_GENERIC_FP8)
     MLA_MMA_KERNEL(mla_decode_mma64s, S, T, 4, 2)
 MLA_MMA(bf16, bf16)
 MLA_MMA(f16, f16)
+
+// The mma.sync kernels over an fp8_ds_mla cache, per query dtype: the ring holds raw rows
+// (6 / 5 / 3 half tiles at 16 / 32 / 64 rows; 3 / 2 in the small-ring variants).
+#define MLA_MMA_FP8_KERNEL(NAME, S, T, MR, HS)                                                \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) NAME##_fp8_##S(const mla::Params p) { \
+        mla::decode_mma<T, MR, HS, true>(p);                                                  \
+    }                                                                                         \
+    MLA_FACTS(NAME##_fp8_##S, mla::THREADS, 16 * MR, (mla::MmaLayout<16 * MR, HS, true>::SMEM), HS)
+#define MLA_MMA_FP8(S, T)                                                                     \
+    MLA_MMA_FP8_KERNEL(mla_decode_mma16, S, T, 1, 6)                                          \
+    MLA_MMA_FP8_KERNEL(mla_decode_mma32, S, T, 2, 5)                                          \
+    MLA_MMA_FP8_KERNEL(mla_decode_mma64, S, T, 4, 3)                                          \
+    MLA_MMA_FP8_KERNEL(mla_decode_mma16s, S, T, 1, 3)                                         \
+    MLA_MMA_FP8_KERNEL(mla_decode_mma32s, S, T, 2, 2)
+MLA_MMA_FP8(bf16, bf16)
+MLA_MMA_FP8(f16, f16)

@@ -8,6 +8,7 @@
 // mla_decode_attention.cu.
 #pragma once
 
+#include "mla_decode_attention/fp8_tiles.cuh"
 #include "mla_decode_attention/tiles.cuh"
 
 namespace mla {
@@ -17,14 +18,17 @@ namespace mla {
 // fit beside Q (MT <= 32), so while tile t is computed tile t+1 and half of t+2 are in
 // flight, else four (the same bytes as two whole stages); three / two where shared memory is
 // smaller (the "s" kernels). Token flags are per tile, RING tiles live.
-template <int MT, int HS_> struct MmaLayout {
-    static constexpr int HS = HS_;                              // half-tile slots
+// With an fp8_ds_mla cache (FP8) the ring holds raw rows (FP8_HALF_BYTES a slot) and two
+// 16-bit half-tile slots hold the current tile, dequantized.
+template <int MT, int HS_, bool FP8 = false> struct MmaLayout {
+    static constexpr int HS = HS_;                              // half-tile slots of the ring
     static_assert(HS >= 2, "the current tile's two halves need two slots");
     static constexpr int RING = (HS + 1) / 2;                   // tiles with live flags
     static constexpr int Q_SUB = MT * 128;
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
-    static constexpr int OFF_P = OFF_KV + HS * HALF_BYTES;      // P [MT x 64 tokens]
+    static constexpr int OFF_STG = OFF_KV + (FP8 ? 2 : HS) * HALF_BYTES;     // FP8: the ring of raw rows
+    static constexpr int OFF_P = OFF_STG + (FP8 ? HS * FP8_HALF_BYTES : 0);  // P [MT x 64 tokens]
     static constexpr int RED = 128;
     static constexpr int OFF_RED = OFF_P + MT * 128;            // float [2][RED]
     static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [RING][BN]
@@ -83,7 +87,7 @@ __device__ __forceinline__ bool tile_is_full16(int t, int lim_min, const unsigne
 // 16 wr.. x columns wc*CV... Row maxima and sums are combined across the WC warps of a
 // row block through shared memory; P goes through shared memory as the A operand of PV.
 // ---------------------------------------------------------------------------------------
-template <typename T, int MR, int HS_>
+template <typename T, int MR, int HS_, bool FP8 = false>
 __device__ void decode_mma(const Params& p) {
     constexpr int MT = 16 * MR;
     constexpr int WC = 8 / MR;
@@ -92,7 +96,7 @@ __device__ void decode_mma(const Params& p) {
     constexpr int NCH = 1;  // independent QK chains (more did not pay: measured slower)
     constexpr int CV = FDV / WC;  // output columns per warp (PV)
     constexpr int NTV = CV / 8;
-    using L = MmaLayout<MT, HS_>;
+    using L = MmaLayout<MT, HS_, FP8>;
     constexpr int HS = L::HS, RING = L::RING;
     static_assert(WC * MT == L::RED, "row reductions fill the RED arrays");
     static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
@@ -102,6 +106,9 @@ __device__ void decode_mma(const Params& p) {
     unsigned char* smem = align1024(smem_raw);
     const uint32_t base = smem_u32(smem);
     const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
+    // The ring: 16-bit half tiles, or (FP8) raw rows dequantized into the two slots at sKV.
+    const uint32_t sRing = FP8 ? base + L::OFF_STG : sKV;
+    constexpr uint32_t SLOT = FP8 ? FP8_HALF_BYTES : HALF_BYTES;
     float* red_max = (float*)(smem + L::OFF_RED);  // [WC][MT]
     float* red_l = red_max + L::RED;               // [WC][MT]
     unsigned char* valid = smem + L::OFF_VALID;    // [RING][BN]
@@ -115,7 +122,8 @@ __device__ void decode_mma(const Params& p) {
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
     const float c = p.scale_log2;
-    const HalfLoader<T> ld(p, threadIdx.x);
+    using Ld = typename Cond<FP8, Fp8HalfLoader, HalfLoader<T>>::type;
+    const Ld ld(p, threadIdx.x);
 
     const Part part = find_part(p, sched);
     int nb = part.b;
@@ -138,7 +146,7 @@ __device__ void decode_mma(const Params& p) {
         for (int j = 0; j < HS; ++j) {
             const int u = j >> 1;
             if (sg.t0 + u < sg.t1)
-                ld.issue(sKV + j * HALF_BYTES, valid + (u % RING) * BN, flags + (u % RING) * 16, j & 1,
+                ld.issue(sRing + j * SLOT, valid + (u % RING) * BN, flags + (u % RING) * 16, j & 1,
                          ld.row_of(p, sg, sg.t0 + u, j & 1));
             cp_async_commit();
         }
@@ -156,12 +164,35 @@ __device__ void decode_mma(const Params& p) {
         for (int t = sg.t0; t < sg.t1; ++t) {
             const int u = t - sg.t0;
             const int slot1 = slot0 + 1 == HS ? 0 : slot0 + 1;
-            const uint32_t kh0 = sKV + slot0 * HALF_BYTES, kh1 = sKV + slot1 * HALF_BYTES;
+            const uint32_t kh0 = FP8 ? sKV : sKV + slot0 * HALF_BYTES;
+            const uint32_t kh1 = FP8 ? sKV + HALF_BYTES : sKV + slot1 * HALF_BYTES;
             const int ru = u % RING;
             const unsigned char* vst = valid + ru * BN;
+            // Refills the two ring slots of the current tile: halves 2u + HS (into slot0) and
+            // 2u + HS + 1 (slot1).
+            auto refill = [&]() {
+                const int ja = 2 * u + HS, jb = ja + 1;
+                const int ua = ja >> 1, ub = jb >> 1;
+                if (sg.t0 + ua < sg.t1)
+                    ld.issue(sRing + slot0 * SLOT, valid + (ua % RING) * BN, flags + (ua % RING) * 16, ja & 1, off_a);
+                cp_async_commit();
+                if (sg.t0 + ub < sg.t1)
+                    ld.issue(sRing + slot1 * SLOT, valid + (ub % RING) * BN, flags + (ub % RING) * 16, jb & 1, off_b);
+                cp_async_commit();
+                off_a = ld.row_of(p, sg, sg.t0 + ua + 1, ja & 1);
+                off_b = ld.row_of(p, sg, sg.t0 + ub + 1, jb & 1);
+            };
             // Groups committed: HS + 2u; halves 2u and 2u + 1 must have landed.
             cp_async_wait<HS - 2>();
             __syncthreads();
+            if constexpr (FP8) {
+                // Dequantize the tile into the 16-bit slots (free: the last PV is behind the
+                // barrier above), then its raw slots take the next loads at once.
+                dequant_half<T>(sRing + slot0 * SLOT, kh0, threadIdx.x);
+                dequant_half<T>(sRing + slot1 * SLOT, kh1, threadIdx.x);
+                __syncthreads();
+                refill();
+            }
             // This warp's QK tokens lie in one half.
             const uint32_t kq = wc * TN >= HALF ? kh1 : kh0;
 
@@ -283,19 +314,7 @@ __device__ void decode_mma(const Params& p) {
                 }
             }
             __syncthreads();
-            // Refill the two freed slots: halves 2u + HS (into slot0) and 2u + HS + 1 (slot1).
-            {
-                const int ja = 2 * u + HS, jb = ja + 1;
-                const int ua = ja >> 1, ub = jb >> 1;
-                if (sg.t0 + ua < sg.t1)
-                    ld.issue(kh0, valid + (ua % RING) * BN, flags + (ua % RING) * 16, ja & 1, off_a);
-                cp_async_commit();
-                if (sg.t0 + ub < sg.t1)
-                    ld.issue(kh1, valid + (ub % RING) * BN, flags + (ub % RING) * 16, jb & 1, off_b);
-                cp_async_commit();
-                off_a = ld.row_of(p, sg, sg.t0 + ua + 1, ja & 1);
-                off_b = ld.row_of(p, sg, sg.t0 + ub + 1, jb & 1);
-            }
+            if constexpr (!FP8) refill();  // the two freed slots
             slot0 = slot0 + 2 >= HS ? slot0 + 2 - HS : slot0 + 2;
         }
         cp_async_wait<0>();

@@ -55,6 +55,10 @@ pub struct Args {
     /// Also time every kernel / minimum-tiles-per-part variant per shape.
     #[arg(long)]
     pub sweep: bool,
+    /// Also time these kernels per shape, forced (`mma`, `mma_small`, `wgmma`, `seesaw`),
+    /// interleaved with the default so run-to-run drift does not bias the A/B.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = kernel_name)]
+    pub alt: Vec<String>,
     /// Timed runs per shape (median reported).
     #[arg(long, value_name = "N", default_value_t = 40, value_parser = positive)]
     pub iters: usize,
@@ -64,6 +68,23 @@ pub struct Args {
     /// Keep shapes matching every key given (hN, bN, sN, bsN, sqN), e.g. `h128,b1,s8192`; repeatable.
     #[arg(long, value_name = "SPEC", value_parser = only_spec)]
     pub only: Vec<String>,
+}
+
+/// A kernel name of `--alt` (clap value parser).
+fn kernel_name(s: &str) -> Result<String, String> {
+    kernel_of(s)
+        .map(|_| s.to_string())
+        .ok_or_else(|| format!("`{s}` is not one of mma, mma_small, wgmma, seesaw"))
+}
+
+fn kernel_of(s: &str) -> Option<Kernel> {
+    match s {
+        "mma" => Some(Kernel::Mma),
+        "mma_small" => Some(Kernel::MmaSmall),
+        "wgmma" => Some(Kernel::Wgmma),
+        "seesaw" => Some(Kernel::Seesaw),
+        _ => None,
+    }
 }
 
 /// A count of at least 1 (clap value parser).
@@ -109,6 +130,11 @@ const ANCHORS: [(i64, i64, i64); 14] = [
     (128, 1, 8192),
 ];
 
+/// (h_q, b, seqlen) of the fp8_ds_mla cache rows (block size 64, s_q = 1; issue 16): each
+/// beside the bf16 row of the same shape.
+const FP8: [(i64, i64, i64); 5] =
+    [(16, 128, 4096), (16, 64, 16384), (32, 128, 8192), (64, 128, 4096), (128, 128, 4096)];
+
 /// (h_q, b, seqlen) of the extra rows (block sizes 1 and 16, s_q = 2).
 const EXTRA: [(i64, i64, i64); 2] = [(16, 128, 4096), (128, 32, 4096)];
 
@@ -120,6 +146,8 @@ struct Shape {
     bs: i64,
     s_q: i64,
     tag: &'static str,
+    /// The cache is fp8_ds_mla (656 bytes per token) instead of bf16.
+    fp8: bool,
 }
 
 impl Shape {
@@ -131,7 +159,8 @@ impl Shape {
     }
     fn bytes(&self) -> f64 {
         let rows = (self.b * self.s_q * self.h) as f64;
-        2.0 * (self.total_kv() as f64 * D as f64 + rows * D as f64 + rows * DV as f64)
+        let kv_row = if self.fp8 { vt_core::fp8_ds_mla::ROW_BYTES as f64 } else { 2.0 * D as f64 };
+        self.total_kv() as f64 * kv_row + 2.0 * (rows * D as f64 + rows * DV as f64)
     }
     /// `--only h128,b1,s8192[,bs64][,sq1]`: every given key matches.
     fn matches(&self, spec: &str) -> bool {
@@ -144,24 +173,31 @@ impl Shape {
                 "s" => self.seqlen == v,
                 "bs" => self.bs == v,
                 "sq" => self.s_q == v,
+                "kv" => (v == 8) == self.fp8 && (v == 8 || v == 16),
                 _ => false,
             }
         })
     }
 
     fn label(&self) -> String {
-        format!("h{} b{} s{} bs{} sq{}", self.h, self.b, self.seqlen, self.bs, self.s_q)
+        let kv = if self.fp8 { " fp8" } else { "" };
+        format!("h{} b{} s{} bs{} sq{}{kv}", self.h, self.b, self.seqlen, self.bs, self.s_q)
     }
 }
 
 fn shapes() -> Vec<Shape> {
-    let mut v: Vec<Shape> =
-        ANCHORS.iter().map(|&(h, b, seqlen)| Shape { h, b, seqlen, bs: 64, s_q: 1, tag: "anchor" }).collect();
+    let mut v: Vec<Shape> = ANCHORS
+        .iter()
+        .map(|&(h, b, seqlen)| Shape { h, b, seqlen, bs: 64, s_q: 1, tag: "anchor", fp8: false })
+        .collect();
     for (h, b, seqlen) in EXTRA {
         for bs in [1, 16] {
-            v.push(Shape { h, b, seqlen, bs, s_q: 1, tag: "block size" });
+            v.push(Shape { h, b, seqlen, bs, s_q: 1, tag: "block size", fp8: false });
         }
-        v.push(Shape { h, b, seqlen, bs: 64, s_q: 2, tag: "s_q 2" });
+        v.push(Shape { h, b, seqlen, bs: 64, s_q: 2, tag: "s_q 2", fp8: false });
+    }
+    for (h, b, seqlen) in FP8 {
+        v.push(Shape { h, b, seqlen, bs: 64, s_q: 1, tag: "fp8 cache", fp8: true });
     }
     v
 }
@@ -283,6 +319,8 @@ struct Inputs {
     seq_lens: Buffer,
     out: Buffer,
     lse: Buffer,
+    /// The fp8_ds_mla cache's bytes (empty for a bf16 cache), for the CPU check.
+    fp8_bytes: Vec<u8>,
     /// Host copies of the index data.
     table: Vec<i32>,
     lens: Vec<i32>,
@@ -309,9 +347,15 @@ fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Input
         }
     }
     let qb = Buffer::uninit(q, DType::BF16, &[s.b, s.s_q, s.h, D])?;
-    let cache = Buffer::uninit(q, DType::BF16, &[nb, s.bs, D])?;
     bench.fill(&qb.view(), Q_SEED, 1.0)?;
-    bench.fill(&cache.view(), KV_SEED, 1.0)?;
+    let (cache, fp8_bytes) = if s.fp8 {
+        let bytes = fp8_cache_bytes(nb * s.bs);
+        (Buffer::from_bytes(q, DType::Fp8DsMla, &[nb, s.bs, ROW8], &bytes)?, bytes)
+    } else {
+        let cache = Buffer::uninit(q, DType::BF16, &[nb, s.bs, D])?;
+        bench.fill(&cache.view(), KV_SEED, 1.0)?;
+        (cache, Vec::new())
+    };
     Ok(Inputs {
         q: qb,
         cache,
@@ -319,10 +363,40 @@ fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Input
         seq_lens: Buffer::from_slice(q, &[s.b], &lens)?,
         out: Buffer::nan(q, DType::BF16, &[s.b, s.s_q, s.h, DV])?,
         lse: Buffer::nan(q, DType::F32, &[s.b, s.h, s.s_q])?,
+        fp8_bytes,
         table,
         lens,
         mb,
     })
+}
+
+const ROW8: i64 = vt_core::fp8_ds_mla::ROW_BYTES as i64;
+
+/// `rows` fp8_ds_mla rows of pseudo-random latent and rope values in [-1, 1) (the host
+/// encoder: amax / 448 scales), row i from a hash of i, on all cores.
+fn fp8_cache_bytes(rows: i64) -> Vec<u8> {
+    use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
+    let mut out = vec![0u8; rows as usize * ROW_BYTES];
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let per = (rows as usize).div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        for (ci, chunk) in out.chunks_mut(per * ROW_BYTES).enumerate() {
+            sc.spawn(move || {
+                for (ri, row) in chunk.chunks_mut(ROW_BYTES).enumerate() {
+                    let mut st = ((ci * per + ri) as u64) ^ KV_SEED << 40;
+                    let mut val = || (mix(&mut st) >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                    let mut latent = [0f32; LATENT];
+                    latent.iter_mut().for_each(|v| *v = val());
+                    let mut rope = [0f32; ROPE];
+                    rope.iter_mut().for_each(|v| *v = val());
+                    let mut bytes = [0u8; ROW_BYTES];
+                    encode_row(&latent, &rope, &mut bytes);
+                    row.copy_from_slice(&bytes);
+                }
+            });
+        }
+    });
+    out
 }
 
 fn args<'a>(x: &'a Inputs, scale: f32) -> MlaDecodeAttentionArgs<'a> {
@@ -369,9 +443,15 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
                             );
                         }
                     }
-                    let mut kv = Vec::with_capacity((nblk * s.bs * D) as usize);
+                    let mut kv = Vec::new();
+                    let mut kv8 = Vec::new();
                     for j in 0..nblk {
                         let blk = x.table[(bi * x.mb + j) as usize] as u64;
+                        if s.fp8 {
+                            let at = (blk * (s.bs * ROW8) as u64) as usize;
+                            kv8.extend_from_slice(&x.fp8_bytes[at..at + (s.bs * ROW8) as usize]);
+                            continue;
+                        }
                         let base = blk * (s.bs * D) as u64;
                         kv.extend(
                             (0..(s.bs * D) as u64)
@@ -385,7 +465,11 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
                     let lse = Buffer::nan(&cpu, DType::F32, &[1, nh, s.s_q])?;
                     // f32 reference on the bf16 values the GPU read.
                     let qf = Buffer::from_f64(&cpu, DType::F32, &[1, s.s_q, nh, D], &qv)?;
-                    let kf = Buffer::from_f64(&cpu, DType::F32, &[nblk.max(1), s.bs, D], &kv)?;
+                    let kf = if s.fp8 {
+                        Buffer::from_bytes(&cpu, DType::Fp8DsMla, &[nblk.max(1), s.bs, ROW8], &kv8)?
+                    } else {
+                        Buffer::from_f64(&cpu, DType::F32, &[nblk.max(1), s.bs, D], &kv)?
+                    };
                     vt_core::mla_decode_attention(
                         &cpu,
                         &vt_core::MlaDecodeAttentionArgs {
@@ -443,7 +527,7 @@ fn time_call(
 }
 
 pub fn run(args_in: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, plot, sweep, iters, no_parity, only } = args_in;
+    let Args { json, peer, plot, sweep, alt, iters, no_parity, only } = args_in;
     let check = !no_parity;
     // The peer first: a bad file is reported before any GPU work.
     let peer = match &peer {
@@ -498,6 +582,22 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
         let plan = mla_decode_attention_with(&q, &a, &auto).map_err(e)?;
         let (us, lo, hi) = time_call(&bench, &q, &a, &auto, iters).map_err(e)?;
         let mut sw = Vec::new();
+        for name in &alt {
+            let Some(kernel) = kernel_of(name) else { continue };
+            let o = DecodeOptions { kernel, ..DecodeOptions::default() };
+            // Default, forced, default: the forced kernel's time beside the mean of the two.
+            let r = time_call(&bench, &q, &a, &o, iters).and_then(|(t, _, _)| {
+                let (t2, _, _) = time_call(&bench, &q, &a, &auto, iters)?;
+                Ok((t, t2))
+            });
+            match r {
+                Ok((t, t2)) => {
+                    sw.push((name.clone(), t));
+                    sw.push(("auto-again".to_string(), t2));
+                }
+                Err(err) => sw.push((format!("{name} ({err})"), f64::NAN)),
+            }
+        }
         if sweep {
             for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma] {
                 for mt in [1u32, 2, 4, 8] {
@@ -604,7 +704,7 @@ fn targets(rows: &[Row], have_peer: bool, bw: f64) -> Vec<Target> {
     let find = |h, b, seqlen, bs, s_q| {
         rows.iter().find(|r| {
             let s = &r.shape;
-            (s.h, s.b, s.seqlen, s.bs, s.s_q) == (h, b, seqlen, bs, s_q)
+            !s.fp8 && (s.h, s.b, s.seqlen, s.bs, s.s_q) == (h, b, seqlen, bs, s_q)
         })
     };
     let t = |what: String, value: Option<f64>, at_most, limit, unit, note| Target {
@@ -616,15 +716,52 @@ fn targets(rows: &[Row], have_peer: bool, bw: f64) -> Vec<Target> {
         note,
     };
     let mut v = Vec::new();
-    for r in rows.iter().filter(|r| r.shape.bs == PEER_BLOCK) {
+    for r in rows.iter().filter(|r| r.shape.bs == PEER_BLOCK && !r.shape.fp8) {
         let note = if have_peer { "not in the peer file" } else { "no peer in this call" };
         v.push(t(format!("vt / FlashMLA, {}", r.shape.label()), ratio(r), true, 1.0, "", note));
     }
-    for r in
-        rows.iter().filter(|r| [16, 32].contains(&r.shape.h) && r.shape.b >= 64 && r.shape.bs == PEER_BLOCK)
-    {
+    for r in rows.iter().filter(|r| {
+        [16, 32].contains(&r.shape.h) && r.shape.b >= 64 && r.shape.bs == PEER_BLOCK && !r.shape.fp8
+    }) {
         let pct = pct_copy(&r.shape, bw, r.us);
         v.push(t(format!("% of copy floor, {}", r.shape.label()), Some(pct), false, 90.0, "%", ""));
+    }
+    // Issue 16: the fp8_ds_mla cache beside the bf16 cache and FlashMLA's bf16 on the same shape.
+    for r in rows.iter().filter(|r| r.shape.fp8) {
+        let s = &r.shape;
+        let bf = rows.iter().find(|o| {
+            !o.shape.fp8
+                && (o.shape.h, o.shape.b, o.shape.seqlen, o.shape.bs, o.shape.s_q)
+                    == (s.h, s.b, s.seqlen, s.bs, s.s_q)
+        });
+        if let Some(bf) = bf {
+            if s.h <= 64 {
+                v.push(t(
+                    format!("fp8 speed-up over bf16, {}", s.label()),
+                    Some(bf.us / r.us),
+                    false,
+                    1.6,
+                    "x",
+                    "",
+                ));
+            } else {
+                v.push(t(format!("fp8 / bf16 time, {}", s.label()), Some(r.us / bf.us), true, 1.0, "", ""));
+            }
+        }
+        if s.h <= 64 {
+            let note = if have_peer { "not in the peer file" } else { "no peer in this call" };
+            v.push(t(format!("fp8 / FlashMLA bf16, {}", s.label()), ratio(r), true, 1.0, "", note));
+        }
+        if s.h == 16 {
+            v.push(t(
+                format!("fp8 % of copy floor, {}", s.label()),
+                Some(pct_copy(s, bw, r.us)),
+                false,
+                80.0,
+                "%",
+                "",
+            ));
+        }
     }
     for h in [16, 128] {
         if let Some(r) = find(h, 1, 8192, PEER_BLOCK, 1) {
@@ -844,7 +981,7 @@ mod tests {
     const BW: f64 = 4.0e12;
 
     fn shape(h: i64, b: i64, seqlen: i64, bs: i64, s_q: i64) -> Shape {
-        Shape { h, b, seqlen, bs, s_q, tag: "test" }
+        Shape { h, b, seqlen, bs, s_q, tag: "test", fp8: false }
     }
 
     fn row(s: Shape, us: f64, peer: Option<&Peer>) -> Row {

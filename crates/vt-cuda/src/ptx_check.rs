@@ -224,12 +224,21 @@ fn samples(dt: DType) -> Result<Samples> {
         for heads in [8, 32, 64] {
             kernels.extend([(Kernel::Mma, heads, false), (Kernel::MmaSmall, heads, false)]);
         }
-        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)]);
+        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true), (Kernel::Seesaw, 64, true)]);
     }
     // The generic kernel over an fp8_ds_mla cache (the `generic_fp8` base).
     let mut kernels: Vec<(Kernel, i64, bool, DType)> =
         kernels.into_iter().map(|(k, h, t)| (k, h, t, dt)).collect();
-    kernels.push((Kernel::Auto, 16, false, DType::Fp8DsMla));
+    kernels.push((Kernel::Generic, 16, false, DType::Fp8DsMla));
+    if dt != DType::F32 {
+        // The mma.sync kernels over an fp8_ds_mla cache (`mma{16,32,64}[s]_fp8`).
+        for heads in [8, 32, 64] {
+            kernels.push((Kernel::Mma, heads, false, DType::Fp8DsMla));
+            if heads <= 32 {
+                kernels.push((Kernel::MmaSmall, heads, false, DType::Fp8DsMla));
+            }
+        }
+    }
     for (kernel, heads, tma, cache_dt) in kernels {
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
         let a = MlaDecodeAttentionArgs {

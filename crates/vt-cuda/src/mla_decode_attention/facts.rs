@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
 use super::{
-    choose, combine, generic, launches, mma_sm80, wgmma_sm90, DecodeOptions, DeviceInfo, Kernel, Params,
-    FAST_D, FAST_DV, SRC, TILE_TOKENS,
+    choose, combine, generic, launches, mma_sm80, seesaw_sm90, wgmma_sm90, DecodeOptions, DeviceInfo, Kernel,
+    Params, FAST_D, FAST_DV, SRC, TILE_TOKENS,
 };
 use crate::nvrtc::{self, Target};
 
@@ -150,10 +150,18 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
         out.push((Kernel::Generic, 2, false, dt, dt, FAST_D, FAST_DV));
         // Other head dims: the generic kernel's shared memory follows D and Dv.
         out.push((Kernel::Generic, 3, false, dt, dt, 72, 40));
-        out.push((Kernel::Auto, 16, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+        out.push((Kernel::Generic, 16, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
         if dt == DType::F32 {
             continue;
         }
+        // The mma kernels over an fp8_ds_mla cache (no small ring at 64 rows).
+        for heads in [8, 32, 64, 128] {
+            out.push((Kernel::Mma, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            if heads <= 32 {
+                out.push((Kernel::MmaSmall, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            }
+        }
+        out.push((Kernel::Seesaw, 128, true, dt, dt, FAST_D, FAST_DV));
         for heads in [8, 32, 64, 128] {
             out.extend([
                 (Kernel::Mma, heads, false, dt, dt, FAST_D, FAST_DV),
@@ -252,7 +260,6 @@ fn host_planning_facts_match_the_kernel_headers() {
         check(format!("{what}: grid.y"), main.grid.1 as i64, (m_total + f[1] - 1) / f[1]);
         // Per family, exhaustively: a new Kernel variant must say here what its facts are.
         let (smem, slots) = match kernel {
-            // (Auto: the fp8_ds_mla samples, which take the generic kernel.)
             Kernel::Generic | Kernel::Auto => {
                 // The generic kernel's shared memory follows D and Dv.
                 check(
@@ -263,11 +270,21 @@ fn host_planning_facts_match_the_kernel_headers() {
                 (m[5] * d + m[6] * dv, 0)
             }
             Kernel::Mma | Kernel::MmaSmall => {
-                (f[2], mma_sm80::slots(c.plan.rows_per_cta, kernel == Kernel::MmaSmall) as i64)
+                let (mt, small) = (c.plan.rows_per_cta, kernel == Kernel::MmaSmall);
+                if cache_dt == DType::Fp8DsMla {
+                    let hs = mma_sm80::fp8_slots(mt, small).expect("an fp8 ring");
+                    (mma_sm80::fp8_smem(mt, hs) as i64, hs as i64)
+                } else {
+                    (mma_sm80::smem(mt, mma_sm80::slots(mt, small)) as i64, mma_sm80::slots(mt, small) as i64)
+                }
             }
-            Kernel::Wgmma => (f[2], wgmma_sm90::STAGES as i64),
+            Kernel::Wgmma => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            Kernel::Seesaw => (seesaw_sm90::SMEM as i64, seesaw_sm90::STAGES as i64),
         };
-        check(format!("{what}: shared memory"), main.smem as i64, smem);
+        check(format!("{what}: shared memory (host)"), main.smem as i64, smem);
+        if !matches!(kernel, Kernel::Generic | Kernel::Auto) {
+            check(format!("{what}: shared memory (device)"), smem, f[2]);
+        }
         check(format!("{what}: KV slots"), slots, f[3]);
         let what = format!("{} (after {})", comb.symbol(), main.symbol());
         let Some(f) = t.get(&format!("{}_facts", comb.symbol())) else {

@@ -3,6 +3,10 @@
 //! halves into a ring of half-tile slots: 5 (4 at 64 rows), or 3 (2 at 64 rows) in the small
 //! ring (`mla_decode_mma{16,32,64}s`) for devices with less shared memory per block (an
 //! A100's 163 KB).
+//!
+//! Over an fp8_ds_mla cache (`mla_decode_mma{16,32,64}[s]_fp8`) the ring holds the raw
+//! 656-byte rows of 6 / 5 / 3 half tiles (3 / 2 in the small ring; no small 64-row kernel),
+//! and each tile is dequantized into two 16-bit half-tile slots before its products.
 
 use super::{MainKernel, THREADS};
 
@@ -37,32 +41,74 @@ pub(super) const fn smem(mt: u32, slots: u32) -> u32 {
     9 * mt * 128 + slots * half + mt * 128 + 2 * 128 * 4 + ring * 64 + ring * 16 + 40 * 4 + 1024
 }
 
-/// Dynamic shared memory of the kernel [`main`] picks for `m_total` rows.
-pub(super) fn smem_for(m_total: i64, small: bool) -> u32 {
-    let mt = rows(m_total);
-    smem(mt, slots(mt, small))
+/// Ring slots (raw half tiles) of the kernels over an fp8_ds_mla cache
+/// (`mla_decode_mma{16,32,64}[s]_fp8`); `None`: no such kernel (64 rows, small ring).
+pub(super) const fn fp8_slots(mt: u32, small: bool) -> Option<u32> {
+    match (mt, small) {
+        (16, false) => Some(6),
+        (32, false) => Some(5),
+        (_, false) => Some(3),
+        (16, true) => Some(3),
+        (32, true) => Some(2),
+        _ => None,
+    }
 }
 
-/// The main launch for `m_total` query rows per sequence, with the full or the small ring.
-pub(super) fn main(m_total: i64, small: bool) -> MainKernel {
+/// Dynamic shared memory of the fp8 kernels (`mla::MmaLayout<MT, HS, true>::SMEM`: Q, the
+/// two 16-bit half-tile slots of the current tile, the ring of raw rows, P, reductions,
+/// flags, schedule, alignment).
+pub(super) const fn fp8_smem(mt: u32, slots: u32) -> u32 {
+    let half = 9 * 32 * 128;
+    let ring = slots.div_ceil(2);
+    9 * mt * 128
+        + 2 * half
+        + slots * 32 * 656
+        + mt * 128
+        + 2 * 128 * 4
+        + ring * 64
+        + ring * 16
+        + 40 * 4
+        + 1024
+}
+
+/// Dynamic shared memory of the kernel [`main`] picks for `m_total` rows (`None`: no such
+/// kernel).
+pub(super) fn smem_for(m_total: i64, small: bool, fp8: bool) -> Option<u32> {
     let mt = rows(m_total);
-    let (base, name) = match (mt, small) {
-        (16, false) => ("mla_decode_mma16", "mma16"),
-        (32, false) => ("mla_decode_mma32", "mma32"),
-        (_, false) => ("mla_decode_mma64", "mma64"),
-        (16, true) => ("mla_decode_mma16s", "mma16s"),
-        (32, true) => ("mla_decode_mma32s", "mma32s"),
-        (_, true) => ("mla_decode_mma64s", "mma64s"),
+    if fp8 {
+        fp8_slots(mt, small).map(|hs| fp8_smem(mt, hs))
+    } else {
+        Some(smem(mt, slots(mt, small)))
+    }
+}
+
+/// The main launch for `m_total` query rows per sequence, with the full or the small ring,
+/// over a 16-bit or (`fp8`) an fp8_ds_mla cache; `None`: no such kernel.
+pub(super) fn main(m_total: i64, small: bool, fp8: bool) -> Option<MainKernel> {
+    let mt = rows(m_total);
+    let (base, name) = match (mt, small, fp8) {
+        (16, false, false) => ("mla_decode_mma16", "mma16"),
+        (32, false, false) => ("mla_decode_mma32", "mma32"),
+        (_, false, false) => ("mla_decode_mma64", "mma64"),
+        (16, true, false) => ("mla_decode_mma16s", "mma16s"),
+        (32, true, false) => ("mla_decode_mma32s", "mma32s"),
+        (_, true, false) => ("mla_decode_mma64s", "mma64s"),
+        (16, false, true) => ("mla_decode_mma16_fp8", "mma16_fp8"),
+        (32, false, true) => ("mla_decode_mma32_fp8", "mma32_fp8"),
+        (_, false, true) => ("mla_decode_mma64_fp8", "mma64_fp8"),
+        (16, true, true) => ("mla_decode_mma16s_fp8", "mma16s_fp8"),
+        (32, true, true) => ("mla_decode_mma32s_fp8", "mma32s_fp8"),
+        (_, true, true) => return None,
     };
-    MainKernel {
+    Some(MainKernel {
         base,
         name,
         rows: mt as i64,
-        smem: smem(mt, slots(mt, small)),
+        smem: smem_for(m_total, small, fp8)?,
         threads: THREADS,
         tma: false,
         ctas_per_sm: 1,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -82,6 +128,13 @@ mod tests {
         // The full rings are what an A100 cannot hold (so Auto picks the small one there).
         for mt in [16, 32, 64] {
             assert!(smem(mt, slots(mt, false)) > A100_SMEM, "full ring, {mt} rows");
+        }
+        // fp8_ds_mla: every full ring fits a Hopper, the small rings (16, 32 rows) an A100.
+        for mt in [16, 32, 64] {
+            let full = fp8_slots(mt, false).map(|hs| fp8_smem(mt, hs));
+            assert!(full.is_some_and(|b| b <= H200_SMEM), "fp8 full ring, {mt} rows");
+            let small = fp8_slots(mt, true).map(|hs| fp8_smem(mt, hs));
+            assert_eq!(small.is_some_and(|b| b <= A100_SMEM), mt <= 32, "fp8 small ring, {mt} rows");
         }
     }
 }

@@ -38,6 +38,7 @@ mod combine;
 mod facts;
 mod generic;
 mod mma_sm80;
+mod seesaw_sm90;
 mod wgmma_sm90;
 mod workspace;
 
@@ -125,6 +126,9 @@ pub enum Kernel {
     /// less shared memory per block than the full ring needs (an A100) gets.
     MmaSmall,
     Wgmma,
+    /// sm_90a, both warpgroups computing scores on alternating tiles; block sizes that are
+    /// multiples of 64 (the TMA). Never chosen by `Auto` (slower on the H200: docs/perf.md).
+    Seesaw,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -205,15 +209,20 @@ fn rows_aligned(t: &Tensor<'_>, dims: &[usize]) -> bool {
     t.data_addr().is_multiple_of(16) && dims.iter().all(|&d| t.stride(d) % 8 == 0)
 }
 
-/// Whether the tensor-core kernels (mma.sync, wgmma) take these arguments: a 16-bit query
-/// and cache (not fp8_ds_mla), D = 576, Dv = 512, rows movable with 16-byte copies.
+/// Whether the tensor-core kernels take these arguments: a 16-bit query, D = 576, Dv = 512,
+/// query and out rows movable with 16-byte copies, and a 16-bit cache likewise or an
+/// fp8_ds_mla cache whose 656-byte rows start 16-byte aligned (the mma kernels only).
 fn tensor_core_ok(a: &MlaDecodeAttentionArgs<'_>) -> bool {
-    a.cache.dtype() != DType::Fp8DsMla
-        && a.query.dim(3) == FAST_D
+    let cache_ok = if a.cache.dtype() == DType::Fp8DsMla {
+        a.cache.data_addr().is_multiple_of(16) && a.cache.stride(0) % 16 == 0 && a.cache.stride(1) % 16 == 0
+    } else {
+        rows_aligned(&a.cache, &[0, 1])
+    };
+    a.query.dim(3) == FAST_D
         && a.out.dim(3) == FAST_DV
         && a.query.dtype() != DType::F32
         && rows_aligned(&a.query, &[0, 1, 2])
-        && rows_aligned(&a.cache, &[0, 1])
+        && cache_ok
         && rows_aligned(&a.out, &[0, 1, 2])
 }
 
@@ -279,32 +288,51 @@ pub(crate) fn choose(
     let m_total = s_q * n;
     let fits = |bytes: u32| bytes <= info.smem_optin;
     let fast = tensor_core_ok(a);
-    let kernel = match opts.kernel {
-        Kernel::Auto if !fast => Kernel::Generic,
-        Kernel::Auto if info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
-        Kernel::Auto if fits(mma_sm80::smem_for(m_total, false)) => Kernel::Mma,
-        // Less shared memory per block than the full ring needs (an A100): the small ring.
-        Kernel::Auto if fits(mma_sm80::smem_for(m_total, true)) => Kernel::MmaSmall,
-        Kernel::Auto => Kernel::Generic,
-        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma if !fast => {
-            return Err(Error::backend(
+    let fp8 = a.cache.dtype() == DType::Fp8DsMla;
+    let kernel =
+        match opts.kernel {
+            Kernel::Auto if !fast => Kernel::Generic,
+            // The wgmma kernels read 16-bit caches only.
+            Kernel::Auto if !fp8 && info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
+            Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
+            // Less shared memory per block than the full ring needs (an A100): the small ring.
+            Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
+            Kernel::Auto => Kernel::Generic,
+            Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma | Kernel::Seesaw if !fast => {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!(
+                        "{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512, rows movable in \
+                     16-byte chunks"
+                    ),
+                ))
+            }
+            Kernel::Wgmma | Kernel::Seesaw if fp8 => return Err(Error::backend(
                 BACKEND,
                 format!(
-                    "{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512, aligned rows and a \
-                     16-bit (not fp8_ds_mla) cache"
+                    "{OP}: the wgmma kernels read 16-bit caches; an fp8_ds_mla cache takes the mma kernels"
                 ),
-            ))
-        }
-        Kernel::Wgmma if !info.wgmma => {
-            return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
-        }
-        k => k,
-    };
+            )),
+            Kernel::Wgmma | Kernel::Seesaw if !info.wgmma => {
+                return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
+            }
+            k => k,
+        };
 
+    let no_kernel = |what: &str| Error::backend(BACKEND, format!("{OP}: {what}"));
     let main = match kernel {
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
-        Kernel::Mma => mma_sm80::main(m_total, false),
-        Kernel::MmaSmall => mma_sm80::main(m_total, true),
+        Kernel::Seesaw => seesaw_sm90::main(a).ok_or_else(|| {
+            no_kernel(
+                "the seesaw kernel reads the cache through the TMA: block sizes that are multiples of 64",
+            )
+        })?,
+        Kernel::Mma => {
+            mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?
+        }
+        Kernel::MmaSmall => mma_sm80::main(m_total, true, fp8).ok_or_else(|| {
+            no_kernel("no small-ring kernel for 64 query rows per CTA over an fp8_ds_mla cache")
+        })?,
         Kernel::Generic | Kernel::Auto => generic::main(a)?,
     };
     if kernel != Kernel::Generic && !fits(main.smem) {

@@ -1,0 +1,240 @@
+//! MlaDecodeAttention over an fp8_ds_mla cache on CUDA against the CPU reference on the
+//! same fp8 bytes: every kernel that reads the fp8 cache (the mma.sync kernels with the
+//! full and the small ring, the generic kernel), block sizes 1/16/64, head counts 8..128,
+//! one to four query tokens, mixed lengths, split and unsplit schedules, strided cache views
+//! and bad block ids. Outputs are poisoned with NaN; cache rows no sequence owns hold bytes
+//! that decode to NaN (code 0x7f). bf16 tolerances: the fast kernels round the dequantized
+//! values to the query dtype before the products. Skips without a CUDA device.
+
+use std::sync::OnceLock;
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
+use vt_core::{Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Probe, Queue};
+use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
+
+fn gpu() -> Option<Queue> {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
+    let probe = PROBE.get_or_init(|| {
+        vt_cpu::register();
+        vt_cuda::register()
+    });
+    match probe {
+        Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
+        other => {
+            println!("SKIP: no CUDA device ({other})");
+            None
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    dtype: DType,
+    lens: Vec<i32>,
+    s_q: i64,
+    n: i64,
+    bs: i64,
+    /// Extra bytes per cache row (a row stride wider than 656, kept a multiple of 16).
+    row_pad: i64,
+    seed: u64,
+}
+
+impl Case {
+    fn new(lens: &[i32], n: i64, bs: i64) -> Case {
+        Case { dtype: DType::BF16, lens: lens.to_vec(), s_q: 1, n, bs, row_pad: 0, seed: 7 }
+    }
+}
+
+struct Inputs {
+    q: Vec<f64>,
+    cache: Vec<u8>,
+    block_table: Vec<f64>,
+    seq_lens: Vec<f64>,
+    nb: i64,
+    mb: i64,
+}
+
+fn inputs(c: &Case) -> Inputs {
+    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let b = c.lens.len() as i64;
+    let blocks: Vec<i64> = c.lens.iter().map(|&l| (l as i64 + c.bs - 1) / c.bs).collect();
+    let mb = blocks.iter().copied().max().unwrap_or(0).max(1);
+    let nb = blocks.iter().sum::<i64>() + 3;
+    let mut ids: Vec<i64> = (0..nb).collect();
+    ids.shuffle(&mut rng);
+    let row = ROW_BYTES as i64 + c.row_pad;
+    // 0x7f everywhere no token lives: e4m3 NaN codes (and NaN scales / rope), so reading an
+    // unowned row poisons the output.
+    let mut cache = vec![0x7fu8; (nb * c.bs * row) as usize];
+    let mut block_table = vec![0f64; (b * mb) as usize];
+    let mut next = 0;
+    for (i, &len) in c.lens.iter().enumerate() {
+        for j in 0..blocks[i] {
+            block_table[(i as i64 * mb + j) as usize] = ids[next] as f64;
+            next += 1;
+        }
+        for t in 0..len as i64 {
+            let blk = block_table[(i as i64 * mb + t / c.bs) as usize] as i64;
+            let base = ((blk * c.bs + t % c.bs) * row) as usize;
+            // Groups of different magnitudes (one all zero) so the scales matter.
+            let mut latent = [0f32; LATENT];
+            for (k, v) in latent.iter_mut().enumerate() {
+                let mag = [1.0f32, 0.05, 0.0, 7.0][(k / 128 + t as usize) % 4];
+                *v = rng.gen_range(-1.0f32..1.0) * mag;
+            }
+            let mut rope = [0f32; ROPE];
+            for v in rope.iter_mut() {
+                *v = rng.gen_range(-1.0f32..1.0);
+            }
+            let mut bytes = [0u8; ROW_BYTES];
+            encode_row(&latent, &rope, &mut bytes);
+            cache[base..base + ROW_BYTES].copy_from_slice(&bytes);
+        }
+    }
+    let qn = (b * c.s_q * c.n * 576) as usize;
+    let q: Vec<f64> = (0..qn).map(|_| rng.gen_range(-0.3..0.3)).collect();
+    let seq_lens = c.lens.iter().map(|&l| l as f64).collect();
+    Inputs { q, cache, block_table, seq_lens, nb, mb }
+}
+
+/// Runs the op on `queue` (the entry point for default options on the CPU; the forced kernel
+/// on CUDA) and returns (out, lse, what ran).
+fn run(
+    queue: &Queue,
+    c: &Case,
+    x: &Inputs,
+    opts: Option<&DecodeOptions>,
+) -> Option<(Vec<f64>, Vec<f64>, String)> {
+    let b = c.lens.len() as i64;
+    let row = ROW_BYTES as i64 + c.row_pad;
+    let q = Buffer::from_f64(queue, c.dtype, &[b, c.s_q, c.n, 576], &x.q).unwrap();
+    let cache_buf = Buffer::from_bytes(queue, DType::Fp8DsMla, &[x.nb, c.bs, row], &x.cache).unwrap();
+    let bt = Buffer::from_f64(queue, DType::I32, &[b, x.mb], &x.block_table).unwrap();
+    let sl = Buffer::from_f64(queue, DType::I32, &[b], &x.seq_lens).unwrap();
+    let nan_out = vec![f64::NAN; (b * c.s_q * c.n * 512) as usize];
+    let out = Buffer::from_f64(queue, c.dtype, &[b, c.s_q, c.n, 512], &nan_out).unwrap();
+    let nan_lse = vec![f64::NAN; (b * c.n * c.s_q) as usize];
+    let lse = Buffer::from_f64(queue, DType::F32, &[b, c.n, c.s_q], &nan_lse).unwrap();
+    let cache = cache_buf.view().slice(2, 0, ROW_BYTES as i64).unwrap();
+    let args = MlaDecodeAttentionArgs {
+        out: out.view(),
+        lse: Some(lse.view()),
+        query: q.view(),
+        cache,
+        block_table: bt.view(),
+        seq_lens: sl.view(),
+        scale: 1.0 / 576f32.sqrt(),
+    };
+    let what = match opts {
+        None => {
+            vt_core::mla_decode_attention(queue, &args).unwrap();
+            "reference".to_string()
+        }
+        Some(o) => match mla_decode_attention_with(queue, &args, o) {
+            Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
+            Err(e) if o.kernel == Kernel::MmaSmall => {
+                println!("{o:?}: {e}");
+                return None;
+            }
+            Err(e) => panic!("{o:?}: {e}"),
+        },
+    };
+    Some((queue.read_f64(&out.view()).unwrap(), queue.read_f64(&lse.view()).unwrap(), what))
+}
+
+fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (g, w) in got.iter().zip(want) {
+        num += (g - w) * (g - w);
+        den += w * w;
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// The case on every fp8 kernel and the given schedules against the CPU reference.
+fn check(g: &Queue, c: &Case, kernels: &[Kernel], schedules: &[(Option<u32>, Option<u32>)]) {
+    let x = inputs(c);
+    let cpu = Queue::new(Device::CPU).unwrap();
+    let (want, want_lse, _) = run(&cpu, c, &x, None).unwrap();
+    for &kernel in kernels {
+        for &(min_tiles, max_parts) in schedules {
+            let opts = DecodeOptions { kernel, min_tiles, max_parts };
+            let Some((got, got_lse, what)) = run(g, c, &x, Some(&opts)) else { continue };
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite output for {c:?}");
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-2, "{what}: out rel error {e:.3e} for {c:?}");
+            for (i, (gl, w)) in got_lse.iter().zip(&want_lse).enumerate() {
+                let ok = if w.is_finite() { (gl - w).abs() <= 3e-3 * (1.0 + w.abs()) } else { *gl == *w };
+                assert!(ok, "{what}: lse[{i}] = {gl}, reference {w}, for {c:?}");
+            }
+            println!("{what}: out rel error {e:.2e} ({:?}, N {}, s_q {}, BS {})", c.dtype, c.n, c.s_q, c.bs);
+        }
+    }
+}
+
+const MIXED: [i32; 8] = [1, 17, 64, 65, 300, 1000, 0, 130];
+const ALL: [Kernel; 4] = [Kernel::Auto, Kernel::Mma, Kernel::MmaSmall, Kernel::Generic];
+const SCHEDULES: [(Option<u32>, Option<u32>); 4] =
+    [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(3), None)];
+
+#[test]
+fn fp8_decode_matches_reference_with_block_sizes_1_16_64() {
+    let Some(g) = gpu() else { return };
+    for bs in [1, 16, 64] {
+        check(&g, &Case::new(&MIXED, 16, bs), &ALL, &SCHEDULES);
+    }
+}
+
+#[test]
+fn fp8_decode_matches_reference_for_head_counts_8_to_128_and_query_lengths_1_to_4() {
+    let Some(g) = gpu() else { return };
+    for (n, s_q) in [(8, 1), (16, 2), (24, 1), (32, 1), (64, 1), (128, 1), (16, 4), (128, 2)] {
+        let mut c = Case::new(&[5, 200, 777, 64, 1], n, 64);
+        c.s_q = s_q;
+        check(&g, &c, &ALL, &SCHEDULES[..2]);
+    }
+}
+
+#[test]
+fn fp8_decode_matches_reference_for_long_sequences_f16_and_strided_rows() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::new(&[32768, 1, 4000, 0, 129, 16384], 16, 64), &[Kernel::Auto], &SCHEDULES[..1]);
+    let mut c = Case::new(&[100, 1500, 3], 32, 16);
+    c.dtype = DType::F16;
+    check(&g, &c, &ALL, &SCHEDULES[..2]);
+    let mut c = Case::new(&[300, 64, 1], 16, 16);
+    c.row_pad = 48;
+    check(&g, &c, &ALL, &SCHEDULES[..2]);
+}
+
+/// Block ids outside the cache are skipped on every fp8 kernel: the reference is the batch
+/// without those blocks.
+#[test]
+fn fp8_decode_skips_out_of_range_block_ids() {
+    let Some(g) = gpu() else { return };
+    let c = Case::new(&[128, 40], 16, 16);
+    let x = inputs(&c);
+    let mut bad = inputs(&c);
+    bad.block_table[2] = -1.0;
+    bad.block_table[5] = (bad.nb + 7) as f64;
+    let mut ref_c = c.clone();
+    ref_c.lens = vec![96, 40];
+    let mut ref_x = inputs(&c);
+    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| x.block_table[j]).collect();
+    ref_x.block_table[..6].copy_from_slice(&kept);
+    ref_x.seq_lens = vec![96.0, 40.0];
+    let cpu = Queue::new(Device::CPU).unwrap();
+    let (want, _, _) = run(&cpu, &ref_c, &ref_x, None).unwrap();
+    for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::Generic] {
+        for max_parts in [Some(1), Some(3)] {
+            let opts = DecodeOptions { kernel, min_tiles: Some(1), max_parts };
+            let Some((got, _, what)) = run(&g, &c, &bad, Some(&opts)) else { continue };
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-2, "{what}: out rel error {e:.3e} with bad block ids");
+            println!("{what}: bad block ids, out rel error {e:.2e}");
+        }
+    }
+}
