@@ -11,11 +11,14 @@
 //!   a GPU against FlashMLA (see `bench.rs`).
 //! - `bench prefill [--json FILE] [--peer FILE] [--plot FILE]`: prefill attention timings on
 //!   a GPU against torch SDPA (see `bench_prefill.rs`).
+//! - `bench gemm [--json FILE] [--m LIST] [--only NAME]`: a DeepSeek-V3 layer's GEMMs, bf16
+//!   beside fp8 block-scaled weights, against this run's floors (see `bench_gemm.rs`).
 //!
 //! Usage errors (unknown options, bad values) print the usage and exit 2; a run that fails
 //! exits 1.
 
 mod bench;
+mod bench_gemm;
 mod bench_prefill;
 mod kernels;
 mod kernels_hip;
@@ -57,6 +60,8 @@ enum BenchCommand {
     Decode(bench::Args),
     /// PrefillAttention (the MLA prefill shapes) against torch SDPA (cuDNN, flash).
     Prefill(bench_prefill::Args),
+    /// A DeepSeek-V3 layer's GEMMs, bf16 (cuBLAS) beside fp8 block-scaled weights.
+    Gemm(bench_gemm::Args),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
         Command::Kernels(a) => ("kernels", kernels::run(a)),
         Command::Bench(BenchCommand::Decode(a)) => ("bench decode", bench::run(a)),
         Command::Bench(BenchCommand::Prefill(a)) => ("bench prefill", bench_prefill::run(a)),
+        Command::Bench(BenchCommand::Gemm(a)) => ("bench gemm", bench_gemm::run(a)),
     };
     match result {
         Ok(code) => code,
@@ -100,6 +106,7 @@ mod tests {
             &["bench", "--help"],
             &["bench", "decode", "--help"],
             &["bench", "prefill", "--help"],
+            &["bench", "gemm", "--help"],
         ] {
             let e = parse(args).expect_err("--help stops parsing");
             assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{args:?}");
@@ -119,6 +126,7 @@ mod tests {
             &["bench", "decode", "--iters", "0"],
             &["bench", "decode", "--json"],
             &["bench", "prefill", "--iters=x"],
+            &["bench", "gemm", "--m", "0"],
         ] {
             let e = parse(args).expect_err("a usage error");
             assert_eq!(e.exit_code(), 2, "{args:?}: {e}");

@@ -1,0 +1,728 @@
+//! `cargo xtask bench gemm [--json FILE] [--iters N] [--only SPEC]... [--m LIST] [--no-parity]`:
+//! the GEMMs of a DeepSeek-V3 layer (TP = 1) on the first CUDA device, bf16 (cuBLAS, through
+//! MatmulBT / BatchedMatmul) beside fp8 with 128 x 128 block-scaled weights (MatmulBTFp8 /
+//! BatchedMatmulFp8), against floors from ceilings measured in the same run (issue 17).
+//!
+//! - Shapes: `a_proj` (the fused q_a + kv_a projection, N 2112, K 7168), `q_b` (24576 x
+//!   1536), `kv_b` (32768 x 512, prefill rows only), `o_proj` (7168 x 16384), and the
+//!   absorbed decode BMMs over 128 heads (`q_absorb`: K 128 (P) -> N 512 (L); `v_up`: K 512
+//!   -> N 128 (V); decode rows only). M (tokens): 1, 8, 32, 64, 128 (decode) and 4096
+//!   (prefill) unless `--m` says otherwise.
+//! - Columns: `bf16` (cuBLAS), `w8` (weight-only fp8: bf16 activations, the Gemv kernel),
+//!   `w8a8` (both fp8, the Wgmma kernel on sm_90, on activations quantized beforehand),
+//!   `quant` (QuantizeFp8 of the activations, the cost `w8a8` leaves out) and `w8a8+q`.
+//! - Counting: FLOPs = 2 G M N K; bytes = weights (fp8: 1 byte an element plus the f32
+//!   scales; bf16: 2) + activations (2 bytes an element, 1 when quantized, plus scales) +
+//!   outputs (2 bytes), each once.
+//! - Ceilings (this run): device copy bandwidth (bytes read + written, 1 GiB copies) and a
+//!   cuBLAS bf16 GEMM 8192^3. floor = max(bytes / copy, FLOPs / peak) with peak = the
+//!   measured bf16 rate for bf16 and twice it for fp8 (the H100/H200 spec ratio of the fp8
+//!   and bf16 tensor rates); the fp8 wgmma kernel's own rate at 8192^3 is printed beside it.
+//! - Timing: CUDA events around each call, the L2 flushed (256 MB written) before each, median
+//!   of `--iters` (default 30) after warm-up.
+//! - Parity: before timing, the fp8 outputs of three rows (first, middle, last; BMMs: the
+//!   first and last head) are checked against the CPU reference on the same bytes
+//!   (tolerance: vt-check's bf16 row).
+//! - Targets (issue 17, item 2), listed ok / MISS after the table: decode rows (M <= 128),
+//!   fp8 weight-only (the better of `w8`, `w8a8+q`) at >= 85% of the weight-streaming floor
+//!   (fp8 bytes / copy ceiling); prefill rows (M >= 4096), `w8a8` TFLOP/s >= 1.4x the bf16
+//!   cuBLAS TFLOP/s of the same shape in this run. The decode step's total (every decode
+//!   GEMM of one layer) is printed per M for bf16 and fp8.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use vt_core::fp8_block::blocks;
+use vt_core::{
+    BatchedMatmulArgs, BatchedMatmulFp8Args, Buffer, DType, Device, DeviceType, MatmulBTArgs,
+    MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Tensor,
+};
+use vt_cuda::bench::{median, Bench};
+use vt_cuda::fp8_matmul::{batched_matmul_fp8_with, matmul_bt_fp8_with, Kernel};
+
+use crate::bench::positive;
+use crate::progress::Progress;
+
+/// `cargo xtask bench gemm` options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Write the rows (and this run's ceilings) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Timed runs per cell (median reported).
+    #[arg(long, value_name = "N", default_value_t = 30, value_parser = positive)]
+    pub iters: usize,
+    /// Token counts M, comma-separated (default 1,8,32,64,128,4096).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = positive)]
+    pub m: Vec<usize>,
+    /// Keep GEMMs whose name contains one of these (a_proj, q_b, kv_b, o_proj, q_absorb, v_up); repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub only: Vec<String>,
+    /// Skip the CPU check before timing (for profiler runs).
+    #[arg(long)]
+    pub no_parity: bool,
+}
+
+/// Tokens at and below this are decode rows; at and above [`PREFILL_M`] prefill rows.
+const DECODE_MAX_M: i64 = 128;
+const PREFILL_M: i64 = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Form {
+    /// A linear layer: `out[M, N] = a[M, K] . W[N, K]^T`.
+    Linear,
+    /// Per-head weights over G heads: `out[g] = a[g] . W[g]`, `a` a view of `[M, G, K]`.
+    Absorbed,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Gemm {
+    name: &'static str,
+    form: Form,
+    g: i64,
+    n: i64,
+    k: i64,
+    /// Run at decode M, at prefill M.
+    decode: bool,
+    prefill: bool,
+}
+
+/// The GEMMs of a DeepSeek-V3 layer at TP = 1.
+fn gemms() -> Vec<Gemm> {
+    let l = |name, n, k, decode, prefill| Gemm { name, form: Form::Linear, g: 1, n, k, decode, prefill };
+    let h = |name, n, k| Gemm { name, form: Form::Absorbed, g: 128, n, k, decode: true, prefill: false };
+    vec![
+        l("a_proj", 1536 + 576, 7168, true, true),
+        l("q_b", 128 * 192, 1536, true, true),
+        l("kv_b", 128 * 256, 512, false, true),
+        l("o_proj", 7168, 128 * 128, true, true),
+        h("q_absorb", 512, 128),
+        h("v_up", 128, 512),
+    ]
+}
+
+impl Gemm {
+    fn flops(&self, m: i64) -> f64 {
+        2.0 * (self.g * m * self.n * self.k) as f64
+    }
+    fn scale_bytes(&self) -> f64 {
+        4.0 * (self.g * blocks(self.n) * blocks(self.k)) as f64
+    }
+    /// Bytes moved once: weights, activations (`act_bytes` an element, plus per-token scales
+    /// when quantized), outputs in bf16.
+    fn bytes(&self, m: i64, w_bytes: f64, act_bytes: f64) -> f64 {
+        let gnk = (self.g * self.n * self.k) as f64;
+        let act = (self.g * m * self.k) as f64 * act_bytes
+            + if act_bytes < 2.0 { 4.0 * (self.g * m * blocks(self.k)) as f64 } else { 0.0 };
+        let w = gnk * w_bytes + if w_bytes < 2.0 { self.scale_bytes() } else { 0.0 };
+        w + act + 2.0 * (self.g * m * self.n) as f64
+    }
+}
+
+/// SplitMix64 bytes: fp8 codes without the NaN codes (0x7f, 0xff).
+fn codes(seed: u64, n: usize) -> Vec<u8> {
+    let mut z = seed;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        for b in x.to_le_bytes() {
+            if out.len() < n {
+                out.push(if b & 0x7f == 0x7f { b ^ 1 } else { b });
+            }
+        }
+    }
+    out
+}
+
+/// Block scales 2^-9 .. 2^-6, varying per block.
+fn scales(seed: u64, n: usize) -> Vec<u8> {
+    codes(seed, n)
+        .into_iter()
+        .flat_map(|b| (2f32.powi(-9) * (1.0 + (b as f32) / 96.0)).to_le_bytes())
+        .collect()
+}
+
+/// One GEMM's device operands at one M (weights shared over M).
+struct Weights {
+    bf16: Buffer,
+    fp8: Buffer,
+    scale: Buffer,
+    /// Host copies for the parity check.
+    fp8_host: Vec<u8>,
+    scale_host: Vec<u8>,
+}
+
+impl Weights {
+    fn new(q: &Queue, bench: &Bench<'_>, s: &Gemm, seed: u64) -> vt_core::Result<Weights> {
+        let (g, n, k) = (s.g, s.n, s.k);
+        let bf16 = Buffer::uninit(q, DType::BF16, &[g * n * k])?;
+        bench.fill(&bf16.view(), seed, 0.05)?;
+        let fp8_host = codes(seed ^ 1, (g * n * k) as usize);
+        let scale_host = scales(seed ^ 2, (g * blocks(n) * blocks(k)) as usize);
+        let fp8 = Buffer::from_bytes(q, DType::F8E4M3, &[g * n * k], &fp8_host)?;
+        let scale = Buffer::from_bytes(q, DType::F32, &[g * blocks(n) * blocks(k)], &scale_host)?;
+        Ok(Weights { bf16, fp8, scale, fp8_host, scale_host })
+    }
+}
+
+/// Views of the operands in the form of `s`: weights as the block keeps them (bf16:
+/// `[N, K]` rows, or `[G, K, N]` per head as W_UK_T / W_UV; fp8: `[N, K]`, or per head
+/// K-contiguous `[G, N, K]` read as `[G, K, N]`), activations `[M, K]` or a `[G, M, K]` view of
+/// `[M, G, K]`, outputs likewise.
+struct Views<'a> {
+    w16: Tensor<'a>,
+    w8: Tensor<'a>,
+    w8s: Tensor<'a>,
+}
+
+fn weight_views<'a>(s: &Gemm, w: &'a Weights) -> vt_core::Result<Views<'a>> {
+    let (g, n, k) = (s.g, s.n, s.k);
+    let (nb, kb) = (blocks(n), blocks(k));
+    Ok(match s.form {
+        Form::Linear => Views {
+            w16: w.bf16.view().as_strided(0, &[n, k], &[k, 1])?,
+            w8: w.fp8.view().as_strided(0, &[n, k], &[k, 1])?,
+            w8s: w.scale.view().as_strided(0, &[nb, kb], &[kb, 1])?,
+        },
+        Form::Absorbed => Views {
+            w16: w.bf16.view().as_strided(0, &[g, k, n], &[k * n, n, 1])?,
+            w8: w.fp8.view().as_strided(0, &[g, k, n], &[n * k, 1, k])?,
+            w8s: w.scale.view().as_strided(0, &[g, kb, nb], &[nb * kb, 1, kb])?,
+        },
+    })
+}
+
+/// `[M, K]` (Linear) or the `[G, M, K]` view of `[M, G, K]` (Absorbed) over `buf`.
+fn act_view<'a>(s: &Gemm, buf: &'a Buffer, m: i64, width: i64) -> vt_core::Result<Tensor<'a>> {
+    match s.form {
+        Form::Linear => buf.view().as_strided(0, &[m, width], &[width, 1]),
+        Form::Absorbed => buf.view().as_strided(0, &[s.g, m, width], &[width, s.g * width, 1]),
+    }
+}
+
+/// The per-token scales `[M, KB]` stored transposed (`[KB, M]`, as DeepGEMM keeps them), or
+/// `[G, M, KB]` over `[M, G, KB]`.
+fn act_scale_view<'a>(s: &Gemm, buf: &'a Buffer, m: i64) -> vt_core::Result<Tensor<'a>> {
+    let kb = blocks(s.k);
+    match s.form {
+        Form::Linear => buf.view().as_strided(0, &[m, kb], &[1, m]),
+        Form::Absorbed => buf.view().as_strided(0, &[s.g, m, kb], &[kb, s.g * kb, 1]),
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Row {
+    name: &'static str,
+    m: i64,
+    bf16_us: f64,
+    w8_us: Option<f64>,
+    w8a8_us: Option<f64>,
+    quant_us: Option<f64>,
+    w8a8_kernel: String,
+    err: f64,
+    parity: bool,
+    flops: f64,
+    bytes_bf16: f64,
+    bytes_w8: f64,
+    bytes_w8a8: f64,
+}
+
+impl Row {
+    /// The best fp8 time with the activations as the op receives them at decode (bf16): the
+    /// weight-only kernel or quantize + both-fp8.
+    fn best_decode_fp8(&self) -> Option<f64> {
+        let q = self.w8a8_us.zip(self.quant_us).map(|(a, b)| a + b);
+        [self.w8_us, q].into_iter().flatten().reduce(f64::min)
+    }
+}
+
+fn time(bench: &Bench<'_>, iters: usize, f: impl FnMut() -> vt_core::Result<()>) -> vt_core::Result<f64> {
+    let mut t = bench.time_us(3, iters, true, f)?;
+    Ok(median(&mut t))
+}
+
+/// The fp8 outputs of a few rows (heads) against the CPU reference on the same bytes.
+#[allow(clippy::too_many_arguments)]
+fn parity(
+    gpu: &Queue,
+    s: &Gemm,
+    w: &Weights,
+    m: i64,
+    a: &Tensor<'_>,
+    a_scale: Option<&Tensor<'_>>,
+    out: &Tensor<'_>,
+) -> vt_core::Result<f64> {
+    let cpu = Queue::new(Device::CPU)?;
+    let (g, n, k) = (s.g, s.n, s.k);
+    let (nb, kb) = (blocks(n), blocks(k));
+    let wbuf = Buffer::from_bytes(&cpu, DType::F8E4M3, &[g * n * k], &w.fp8_host)?;
+    let sbuf = Buffer::from_bytes(&cpu, DType::F32, &[g * nb * kb], &w.scale_host)?;
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    match s.form {
+        Form::Linear => {
+            let mut rows = vec![0, m / 2, m - 1];
+            rows.dedup();
+            for r in rows {
+                let a_row = gpu.read_bytes(&a.slice(0, r, r + 1)?)?;
+                let ab = Buffer::from_bytes(&cpu, a.dtype(), &[1, k], &a_row)?;
+                let asb = match a_scale {
+                    Some(sc) => Some(Buffer::from_f64(
+                        &cpu,
+                        DType::F32,
+                        &[1, kb],
+                        &gpu.read_f64(&sc.slice(0, r, r + 1)?)?,
+                    )?),
+                    None => None,
+                };
+                let ob = Buffer::nan(&cpu, DType::BF16, &[1, n])?;
+                vt_core::matmul_bt_fp8(
+                    &cpu,
+                    &MatmulBTFp8Args {
+                        out: ob.view(),
+                        a: ab.view(),
+                        a_scale: asb.as_ref().map(|b| b.view()),
+                        b: wbuf.view().as_strided(0, &[n, k], &[k, 1])?,
+                        b_scale: sbuf.view().as_strided(0, &[nb, kb], &[kb, 1])?,
+                    },
+                )?;
+                want.extend(ob.to_f64(&cpu)?);
+                got.extend(gpu.read_f64(&out.slice(0, r, r + 1)?)?);
+            }
+        }
+        Form::Absorbed => {
+            for h in [0, g - 1] {
+                let a_h = gpu.read_f64(&a.slice(0, h, h + 1)?)?;
+                let ab = Buffer::from_f64(&cpu, a.dtype(), &[1, m, k], &a_h)?;
+                let asb = match a_scale {
+                    Some(sc) => Some(Buffer::from_f64(
+                        &cpu,
+                        DType::F32,
+                        &[1, m, kb],
+                        &gpu.read_f64(&sc.slice(0, h, h + 1)?)?,
+                    )?),
+                    None => None,
+                };
+                let ob = Buffer::nan(&cpu, DType::BF16, &[1, m, n])?;
+                vt_core::batched_matmul_fp8(
+                    &cpu,
+                    &BatchedMatmulFp8Args {
+                        out: ob.view(),
+                        a: ab.view(),
+                        a_scale: asb.as_ref().map(|b| b.view()),
+                        b: wbuf.view().as_strided(h * n * k, &[1, k, n], &[n * k, 1, k])?,
+                        b_scale: sbuf.view().as_strided(h * nb * kb, &[1, kb, nb], &[nb * kb, 1, kb])?,
+                    },
+                )?;
+                want.extend(ob.to_f64(&cpu)?);
+                got.extend(gpu.read_f64(&out.slice(0, h, h + 1)?)?);
+            }
+        }
+    }
+    Ok(vt_check::rel_fro_error(&got, &want))
+}
+
+/// Our wgmma kernel's rate on an 8192^3 both-fp8 product (FLOP per second), for comparison
+/// with the bf16 ceiling; `None` when it cannot run here.
+fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize) -> vt_core::Result<Option<f64>> {
+    let n = 8192i64;
+    let a = Buffer::from_bytes(q, DType::F8E4M3, &[n, n], &codes(11, (n * n) as usize))?;
+    let b = Buffer::from_bytes(q, DType::F8E4M3, &[n, n], &codes(12, (n * n) as usize))?;
+    let sa = Buffer::from_bytes(q, DType::F32, &[n, n / 128], &scales(13, (n * n / 128) as usize))?;
+    let sb = Buffer::from_bytes(q, DType::F32, &[n / 128, n / 128], &scales(14, (n * n / 16384) as usize))?;
+    let out = Buffer::uninit(q, DType::BF16, &[n, n])?;
+    let x = MatmulBTFp8Args {
+        out: out.view(),
+        a: a.view(),
+        a_scale: Some(sa.view()),
+        b: b.view(),
+        b_scale: sb.view(),
+    };
+    vt_core::matmul_bt_fp8(q, &x)?;
+    let mut kernel = Kernel::Auto;
+    let mut t = bench.time_us(3, iters, false, || {
+        kernel = matmul_bt_fp8_with(q, &x, Kernel::Auto)?;
+        Ok(())
+    })?;
+    if kernel == Kernel::Generic {
+        return Ok(None);
+    }
+    Ok(Some(2.0 * (n as f64).powi(3) / (median(&mut t) * 1e-6)))
+}
+
+pub fn run(a: Args) -> Result<ExitCode, String> {
+    let Args { json, iters, m, only, no_parity } = a;
+    let ms: Vec<i64> =
+        if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
+    let probes = vt_backends::init();
+    for op in [OpId::MatmulBT, OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8] {
+        if !vt_core::op_registered(op, DeviceType::Cuda) {
+            let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
+            return Err(format!("no CUDA device with {op} ({})", p.join("; ")));
+        }
+    }
+    let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())?;
+    let e = |e: vt_core::Error| e.to_string();
+    let bench = Bench::new(&q, 256 << 20).map_err(e)?;
+    let device = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
+    println!("device: {device}");
+    let copy_bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
+    let bf16_peak = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
+    let fp8_peak = 2.0 * bf16_peak;
+    let ours = fp8_rate(&q, &bench, 10).map_err(e)?;
+    println!(
+        "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s, \
+         fp8 peak taken as 2x = {:.0} TFLOP/s (vt's fp8 wgmma kernel at 8192^3: {})",
+        copy_bw / 1e9,
+        bf16_peak / 1e12,
+        fp8_peak / 1e12,
+        ours.map_or("n/a".to_string(), |r| format!("{:.0} TFLOP/s", r / 1e12))
+    );
+    let todo: Vec<Gemm> = gemms()
+        .into_iter()
+        .filter(|g| only.is_empty() || only.iter().any(|o| g.name.contains(o.as_str())))
+        .collect();
+    let cells: usize = todo.iter().map(|g| ms.iter().filter(|&&m| runs_at(g, m)).count()).sum();
+    let bar = Progress::new(cells as u64, "bench gemm");
+    let mut rows = Vec::new();
+    for (gi, s) in todo.iter().enumerate() {
+        let w = Weights::new(&q, &bench, s, 100 + gi as u64).map_err(e)?;
+        let v = weight_views(s, &w).map_err(e)?;
+        for &m in ms.iter().filter(|&&m| runs_at(s, m)) {
+            bar.step(format!("{} M {m}", s.name));
+            let row = cell(&q, &bench, s, &w, &v, m, iters, !no_parity).map_err(e)?;
+            bar.println(format_row(&row, copy_bw, bf16_peak, fp8_peak));
+            bar.inc();
+            rows.push(row);
+        }
+    }
+    drop(bar);
+    let tg = targets(&rows, copy_bw);
+    print!("{}", summarize(&rows, &tg, copy_bw, bf16_peak, fp8_peak));
+    if let Some(f) = json {
+        std::fs::write(&f, to_json(&rows, &tg, copy_bw, bf16_peak, ours, &device))
+            .map_err(|er| format!("writing {}: {er}", f.display()))?;
+    }
+    Ok(if rows.iter().all(|r| r.parity) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn runs_at(g: &Gemm, m: i64) -> bool {
+    (m <= DECODE_MAX_M && g.decode) || (m > DECODE_MAX_M && g.prefill)
+}
+
+/// One (GEMM, M) cell: bf16, w8, quantize, w8a8.
+#[allow(clippy::too_many_arguments)]
+fn cell(
+    q: &Queue,
+    bench: &Bench<'_>,
+    s: &Gemm,
+    w: &Weights,
+    v: &Views<'_>,
+    m: i64,
+    iters: usize,
+    check: bool,
+) -> vt_core::Result<Row> {
+    let (g, n, k) = (s.g, s.n, s.k);
+    let x = Buffer::uninit(q, DType::BF16, &[g * m * k])?;
+    bench.fill(&x.view(), 7 + m as u64, 1.0)?;
+    let x8 = Buffer::uninit(q, DType::F8E4M3, &[g * m * k])?;
+    let xs = Buffer::uninit(q, DType::F32, &[g * m * blocks(k)])?;
+    let out = Buffer::nan(q, DType::BF16, &[g * m * n])?;
+    let xa = act_view(s, &x, m, k)?;
+    let xq = act_view(s, &x8, m, k)?;
+    let o = act_view(s, &out, m, n)?;
+    // Quantize (a 2-D op: the Absorbed form's [M, G*K] rows are exactly its [G, M, K] heads).
+    let (x2, x82) =
+        (x.view().as_strided(0, &[m * g, k], &[k, 1])?, x8.view().as_strided(0, &[m * g, k], &[k, 1])?);
+    let xs2 = match s.form {
+        Form::Linear => act_scale_view(s, &xs, m)?,
+        Form::Absorbed => xs.view().as_strided(0, &[m * g, blocks(k)], &[blocks(k), 1])?,
+    };
+    let quant = QuantizeFp8Args { out: x82, scale: xs2, x: x2 };
+    vt_core::quantize_fp8(q, &quant)?;
+    let xsv = act_scale_view(s, &xs, m)?;
+    let mut row = Row {
+        name: s.name,
+        m,
+        flops: s.flops(m),
+        bytes_bf16: s.bytes(m, 2.0, 2.0),
+        bytes_w8: s.bytes(m, 1.0, 2.0),
+        bytes_w8a8: s.bytes(m, 1.0, 1.0),
+        parity: true,
+        ..Row::default()
+    };
+    match s.form {
+        Form::Linear => {
+            let b16 = MatmulBTArgs { out: o, a: xa, b: v.w16 };
+            vt_core::matmul_bt(q, &b16)?;
+            row.bf16_us = time(bench, iters, || vt_core::matmul_bt(q, &b16))?;
+            let w8 = MatmulBTFp8Args { out: o, a: xa, a_scale: None, b: v.w8, b_scale: v.w8s };
+            let w8a8 = MatmulBTFp8Args { out: o, a: xq, a_scale: Some(xsv), b: v.w8, b_scale: v.w8s };
+            vt_core::matmul_bt_fp8(q, &w8)?;
+            vt_core::matmul_bt_fp8(q, &w8a8)?;
+            let mut errs = Vec::new();
+            if matmul_bt_fp8_with(q, &w8, Kernel::Auto)? == Kernel::Gemv {
+                if check {
+                    errs.push(parity(q, s, w, m, &xa, None, &o)?);
+                }
+                row.w8_us =
+                    Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8, Kernel::Auto).map(|_| ()))?);
+            }
+            let kernel = matmul_bt_fp8_with(q, &w8a8, Kernel::Auto)?;
+            row.w8a8_kernel = format!("{kernel:?}");
+            if check {
+                errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
+            }
+            row.w8a8_us =
+                Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, Kernel::Auto).map(|_| ()))?);
+            row.err = errs.into_iter().fold(0.0, f64::max);
+        }
+        Form::Absorbed => {
+            let b16 = BatchedMatmulArgs { out: o, a: xa, b: v.w16 };
+            vt_core::batched_matmul(q, &b16)?;
+            row.bf16_us = time(bench, iters, || vt_core::batched_matmul(q, &b16))?;
+            let w8 = BatchedMatmulFp8Args { out: o, a: xa, a_scale: None, b: v.w8, b_scale: v.w8s };
+            let w8a8 = BatchedMatmulFp8Args { out: o, a: xq, a_scale: Some(xsv), b: v.w8, b_scale: v.w8s };
+            vt_core::batched_matmul_fp8(q, &w8)?;
+            vt_core::batched_matmul_fp8(q, &w8a8)?;
+            let mut errs = Vec::new();
+            if batched_matmul_fp8_with(q, &w8, Kernel::Auto)? == Kernel::Gemv {
+                if check {
+                    errs.push(parity(q, s, w, m, &xa, None, &o)?);
+                }
+                row.w8_us =
+                    Some(time(bench, iters, || batched_matmul_fp8_with(q, &w8, Kernel::Auto).map(|_| ()))?);
+            }
+            let kernel = batched_matmul_fp8_with(q, &w8a8, Kernel::Auto)?;
+            row.w8a8_kernel = format!("{kernel:?}");
+            if check {
+                errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
+            }
+            row.w8a8_us =
+                Some(time(bench, iters, || batched_matmul_fp8_with(q, &w8a8, Kernel::Auto).map(|_| ()))?);
+            row.err = errs.into_iter().fold(0.0, f64::max);
+        }
+    }
+    row.quant_us = Some(time(bench, iters, || vt_core::quantize_fp8(q, &quant))?);
+    let tol = vt_check::tolerance(OpId::MatmulBTFp8, DType::BF16).unwrap_or(2e-2);
+    row.parity = !check || row.err <= tol;
+    Ok(row)
+}
+
+fn floor_us(bytes: f64, flops: f64, bw: f64, peak: f64) -> f64 {
+    (bytes / bw).max(flops / peak) * 1e6
+}
+
+fn cell_str(us: Option<f64>, floor: f64) -> String {
+    us.map_or("-".into(), |u| format!("{u:.1} ({:.0}%)", 100.0 * floor / u))
+}
+
+fn format_row(r: &Row, bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
+    let f16 = floor_us(r.bytes_bf16, r.flops, bw, bf16_peak);
+    let f8 = floor_us(r.bytes_w8, r.flops, bw, fp8_peak);
+    let f8a8 = floor_us(r.bytes_w8a8, r.flops, bw, fp8_peak);
+    let wq = r.w8a8_us.zip(r.quant_us).map(|(a, b)| a + b);
+    format!(
+        "{:<9} M {:>5}  bf16 {:>14}  w8 {:>14}  w8a8[{}] {:>14}  quant {:>7}  w8a8+q {:>14}  {:>5.0} TFLOP/s bf16, {:>5.0} fp8  parity {} ({:.1e})",
+        r.name,
+        r.m,
+        cell_str(Some(r.bf16_us), f16),
+        cell_str(r.w8_us, f8),
+        r.w8a8_kernel,
+        cell_str(r.w8a8_us, f8a8),
+        r.quant_us.map_or("-".into(), |u| format!("{u:.1}")),
+        cell_str(wq, f8a8),
+        r.flops / r.bf16_us / 1e6,
+        r.w8a8_us.map_or(0.0, |u| r.flops / u / 1e6),
+        if r.parity { "PASS" } else { "FAIL" },
+        r.err
+    )
+}
+
+/// One target of issue 17, item 2.
+#[derive(Clone, Debug)]
+struct Target {
+    what: String,
+    value: f64,
+    limit: f64,
+    unit: &'static str,
+}
+
+impl Target {
+    fn ok(&self) -> bool {
+        self.value >= self.limit
+    }
+    fn line(&self) -> String {
+        format!(
+            "{}: {:.2}{} (target >= {:.2}{}): {}",
+            self.what,
+            self.value,
+            self.unit,
+            self.limit,
+            self.unit,
+            if self.ok() { "ok" } else { "MISS" }
+        )
+    }
+}
+
+fn targets(rows: &[Row], bw: f64) -> Vec<Target> {
+    let mut v = Vec::new();
+    for r in rows {
+        if r.m <= DECODE_MAX_M {
+            if let Some(us) = r.best_decode_fp8() {
+                // The weight-streaming floor: the fp8 weight-only bytes at the copy ceiling.
+                let pct = 100.0 * (r.bytes_w8 / bw * 1e6) / us;
+                v.push(Target {
+                    what: format!("% of copy floor, fp8 {} M {}", r.name, r.m),
+                    value: pct,
+                    limit: 85.0,
+                    unit: "%",
+                });
+            }
+        } else if r.m >= PREFILL_M {
+            if let Some(us) = r.w8a8_us {
+                let x = r.bf16_us / us;
+                v.push(Target {
+                    what: format!("fp8 w8a8 / bf16 cuBLAS TFLOP/s, {} M {}", r.name, r.m),
+                    value: x,
+                    limit: 1.4,
+                    unit: "x",
+                });
+            }
+        }
+    }
+    v
+}
+
+fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "\n| GEMM | M | bf16 us (% floor) | fp8 w8 us (% floor) | fp8 w8a8 us (% floor) | quantize us | w8a8 + quantize us | bf16 TFLOP/s | w8a8 TFLOP/s | parity |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let f16 = floor_us(r.bytes_bf16, r.flops, bw, bf16_peak);
+        let f8 = floor_us(r.bytes_w8, r.flops, bw, fp8_peak);
+        let f8a8 = floor_us(r.bytes_w8a8, r.flops, bw, fp8_peak);
+        let wq = r.w8a8_us.zip(r.quant_us).map(|(a, b)| a + b);
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} ({}) | {} | {} | {:.0} | {} | {} ({:.1e}) |",
+            r.name,
+            r.m,
+            cell_str(Some(r.bf16_us), f16),
+            cell_str(r.w8_us, f8),
+            cell_str(r.w8a8_us, f8a8),
+            r.w8a8_kernel,
+            r.quant_us.map_or("-".into(), |u| format!("{u:.1}")),
+            cell_str(wq, f8a8),
+            r.flops / r.bf16_us / 1e6,
+            r.w8a8_us.map_or("-".into(), |u| format!("{:.0}", r.flops / u / 1e6)),
+            if r.parity { "PASS" } else { "FAIL" },
+            r.err
+        );
+    }
+    // The decode step: every decode GEMM of one layer at each decode M.
+    let mut ms: Vec<i64> = rows.iter().filter(|r| r.m <= DECODE_MAX_M).map(|r| r.m).collect();
+    ms.sort();
+    ms.dedup();
+    for m in ms {
+        let at: Vec<&Row> = rows.iter().filter(|r| r.m == m).collect();
+        let bf: f64 = at.iter().map(|r| r.bf16_us).sum();
+        let f8: Option<f64> = at.iter().map(|r| r.best_decode_fp8()).sum();
+        let bytes8: f64 = at.iter().map(|r| r.bytes_w8).sum();
+        let _ = writeln!(
+            o,
+            "decode step GEMMs at M {m} ({}): bf16 {bf:.1} us, fp8 {} (weight-streaming floor {:.1} us)",
+            at.iter().map(|r| r.name).collect::<Vec<_>>().join(" + "),
+            f8.map_or("-".into(), |u| format!("{u:.1} us")),
+            bytes8 / bw * 1e6
+        );
+    }
+    let _ = writeln!(o, "\ntargets (issue 17, item 2):");
+    for t in tg {
+        let _ = writeln!(o, "  {}", t.line());
+    }
+    let miss = tg.iter().filter(|t| !t.ok()).count();
+    let _ = writeln!(o, "{} of {} targets met", tg.len() - miss, tg.len());
+    o
+}
+
+fn num(x: Option<f64>) -> String {
+    x.map_or("null".into(), |v| format!("{v:.3}"))
+}
+
+fn to_json(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, ours: Option<f64>, device: &str) -> String {
+    let mut o = format!(
+        "{{\"device\": {device:?}, \"copy_gbps\": {:.1}, \"bf16_tflops\": {:.1}, \"fp8_wgmma_tflops\": {}, \"rows\": [\n",
+        bw / 1e9,
+        bf16_peak / 1e12,
+        num(ours.map(|r| r / 1e12))
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "  {{\"gemm\": {:?}, \"m\": {}, \"bf16_us\": {:.3}, \"w8_us\": {}, \"w8a8_us\": {}, \"w8a8_kernel\": {:?}, \"quant_us\": {}, \"flops\": {:.0}, \"bytes_bf16\": {:.0}, \"bytes_w8\": {:.0}, \"bytes_w8a8\": {:.0}, \"err\": {:.3e}, \"parity\": {}}}{}",
+            r.name,
+            r.m,
+            r.bf16_us,
+            num(r.w8_us),
+            num(r.w8a8_us),
+            r.w8a8_kernel,
+            num(r.quant_us),
+            r.flops,
+            r.bytes_bf16,
+            r.bytes_w8,
+            r.bytes_w8a8,
+            r.err,
+            r.parity,
+            if i + 1 < rows.len() { "," } else { "" }
+        );
+    }
+    o.push_str("], \"targets\": [\n");
+    for (i, t) in tg.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "  {{\"what\": {:?}, \"value\": {:.3}, \"limit\": {:.3}, \"ok\": {}}}{}",
+            t.what,
+            t.value,
+            t.limit,
+            t.ok(),
+            if i + 1 < tg.len() { "," } else { "" }
+        );
+    }
+    o.push_str("]}\n");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_layer_gemms_and_their_counts() {
+        let g = gemms();
+        let a = g.iter().find(|x| x.name == "a_proj").unwrap();
+        assert_eq!((a.n, a.k), (2112, 7168));
+        // 374 MB of bf16 weights in a decode step's GEMMs (issue 17): a_proj + q_b + o_proj + the two absorbed.
+        let bf16: f64 = g.iter().filter(|x| x.decode).map(|x| 2.0 * (x.g * x.n * x.k) as f64).sum();
+        assert!((bf16 / 1e6 - 374.2).abs() < 0.1, "{bf16}");
+        // fp8 bytes are half plus the scales.
+        assert!(
+            (a.bytes(1, 1.0, 2.0) - (2112.0 * 7168.0 + 4.0 * 17.0 * 56.0 + 2.0 * 7168.0 + 2.0 * 2112.0))
+                .abs()
+                < 1.0
+        );
+        assert_eq!(a.flops(4096), 2.0 * 4096.0 * 2112.0 * 7168.0);
+        assert!(runs_at(a, 1) && runs_at(a, 4096));
+        let kv_b = g.iter().find(|x| x.name == "kv_b").unwrap();
+        assert!(!runs_at(kv_b, 8) && runs_at(kv_b, 4096));
+    }
+
+    #[test]
+    fn codes_hold_no_nan() {
+        assert!(codes(5, 100_000).iter().all(|&b| b & 0x7f != 0x7f));
+    }
+}
