@@ -44,7 +44,6 @@
 #include "mla_decode_attention/tiles.cuh"
 #include "mla_decode_attention/mma_sm80.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
-#include "mla_decode_attention/seesaw_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -70,15 +69,6 @@ extern "C" __device__ const long long mla_decode_facts[8] = {
               mla::Layout<mla::WGMMA_ROWS>::STAGES)
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)
-
-#define MLA_SEESAW(S, T)                                                                      \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_seesaw_##S(       \
-        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
-        mla::seesaw::decode_seesaw<T>(p, &kv_map);                                            \
-    }                                                                                         \
-    MLA_FACTS(mla_decode_seesaw_##S, mla::THREADS, mla::seesaw::MT, mla::seesaw::Layout::SMEM, 2)
-MLA_SEESAW(bf16, bf16)
-MLA_SEESAW(f16, f16)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

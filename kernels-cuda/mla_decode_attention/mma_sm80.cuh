@@ -23,7 +23,10 @@ namespace mla {
 template <int MT, int HS_, bool FP8 = false> struct MmaLayout {
     static constexpr int HS = HS_;                              // half-tile slots of the ring
     static_assert(HS >= 2, "the current tile's two halves need two slots");
-    static constexpr int RING = (HS + 1) / 2;                   // tiles with live flags
+    // Tiles with live flags: the current one and those in flight. FP8 refills the ring
+    // before the current tile's products (its raw slots are free once dequantized), so one
+    // more tile is live then.
+    static constexpr int RING = (HS + 1) / 2 + (FP8 ? 1 : 0);
     static constexpr int Q_SUB = MT * 128;
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)

@@ -55,7 +55,7 @@ pub struct Args {
     /// Also time every kernel / minimum-tiles-per-part variant per shape.
     #[arg(long)]
     pub sweep: bool,
-    /// Also time these kernels per shape, forced (`mma`, `mma_small`, `wgmma`, `seesaw`),
+    /// Also time these kernels per shape, forced (`mma`, `mma_small`, `wgmma`, `generic`),
     /// interleaved with the default so run-to-run drift does not bias the A/B.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = kernel_name)]
     pub alt: Vec<String>,
@@ -74,7 +74,7 @@ pub struct Args {
 fn kernel_name(s: &str) -> Result<String, String> {
     kernel_of(s)
         .map(|_| s.to_string())
-        .ok_or_else(|| format!("`{s}` is not one of mma, mma_small, wgmma, seesaw"))
+        .ok_or_else(|| format!("`{s}` is not one of mma, mma_small, wgmma, generic"))
 }
 
 fn kernel_of(s: &str) -> Option<Kernel> {
@@ -82,7 +82,7 @@ fn kernel_of(s: &str) -> Option<Kernel> {
         "mma" => Some(Kernel::Mma),
         "mma_small" => Some(Kernel::MmaSmall),
         "wgmma" => Some(Kernel::Wgmma),
-        "seesaw" => Some(Kernel::Seesaw),
+        "generic" => Some(Kernel::Generic),
         _ => None,
     }
 }

@@ -224,7 +224,7 @@ fn samples(dt: DType) -> Result<Samples> {
         for heads in [8, 32, 64] {
             kernels.extend([(Kernel::Mma, heads, false), (Kernel::MmaSmall, heads, false)]);
         }
-        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true), (Kernel::Seesaw, 64, true)]);
+        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)])
     }
     // The generic kernel over an fp8_ds_mla cache (the `generic_fp8` base).
     let mut kernels: Vec<(Kernel, i64, bool, DType)> =

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
 use super::{
-    choose, combine, generic, launches, mma_sm80, seesaw_sm90, wgmma_sm90, DecodeOptions, DeviceInfo, Kernel,
-    Params, FAST_D, FAST_DV, SRC, TILE_TOKENS,
+    choose, combine, generic, launches, mma_sm80, wgmma_sm90, DecodeOptions, DeviceInfo, Kernel, Params,
+    FAST_D, FAST_DV, SRC, TILE_TOKENS,
 };
 use crate::nvrtc::{self, Target};
 
@@ -161,7 +161,6 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
                 out.push((Kernel::MmaSmall, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
             }
         }
-        out.push((Kernel::Seesaw, 128, true, dt, dt, FAST_D, FAST_DV));
         for heads in [8, 32, 64, 128] {
             out.extend([
                 (Kernel::Mma, heads, false, dt, dt, FAST_D, FAST_DV),
@@ -279,7 +278,6 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
-            Kernel::Seesaw => (seesaw_sm90::SMEM as i64, seesaw_sm90::STAGES as i64),
         };
         check(format!("{what}: shared memory (host)"), main.smem as i64, smem);
         if !matches!(kernel, Kernel::Generic | Kernel::Auto) {

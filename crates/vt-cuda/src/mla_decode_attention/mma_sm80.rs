@@ -59,7 +59,9 @@ pub(super) const fn fp8_slots(mt: u32, small: bool) -> Option<u32> {
 /// flags, schedule, alignment).
 pub(super) const fn fp8_smem(mt: u32, slots: u32) -> u32 {
     let half = 9 * 32 * 128;
-    let ring = slots.div_ceil(2);
+    // Flags of one more tile than the 16-bit kernels: the ring is refilled before the
+    // current tile's products.
+    let ring = slots.div_ceil(2) + 1;
     9 * mt * 128
         + 2 * half
         + slots * 32 * 656

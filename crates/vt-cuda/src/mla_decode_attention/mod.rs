@@ -38,7 +38,6 @@ mod combine;
 mod facts;
 mod generic;
 mod mma_sm80;
-mod seesaw_sm90;
 mod wgmma_sm90;
 mod workspace;
 
@@ -126,9 +125,6 @@ pub enum Kernel {
     /// less shared memory per block than the full ring needs (an A100) gets.
     MmaSmall,
     Wgmma,
-    /// sm_90a, both warpgroups computing scores on alternating tiles; block sizes that are
-    /// multiples of 64 (the TMA). Never chosen by `Auto` (slower on the H200: docs/perf.md).
-    Seesaw,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -289,44 +285,40 @@ pub(crate) fn choose(
     let fits = |bytes: u32| bytes <= info.smem_optin;
     let fast = tensor_core_ok(a);
     let fp8 = a.cache.dtype() == DType::Fp8DsMla;
-    let kernel =
-        match opts.kernel {
-            Kernel::Auto if !fast => Kernel::Generic,
-            // The wgmma kernels read 16-bit caches only.
-            Kernel::Auto if !fp8 && info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
-            Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
-            // Less shared memory per block than the full ring needs (an A100): the small ring.
-            Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
-            Kernel::Auto => Kernel::Generic,
-            Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma | Kernel::Seesaw if !fast => {
-                return Err(Error::backend(
-                    BACKEND,
-                    format!(
-                        "{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512, rows movable in \
+    let kernel = match opts.kernel {
+        Kernel::Auto if !fast => Kernel::Generic,
+        // The wgmma kernels read 16-bit caches only.
+        Kernel::Auto if !fp8 && info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
+        Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
+        // Less shared memory per block than the full ring needs (an A100): the small ring.
+        Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
+        Kernel::Auto => Kernel::Generic,
+        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma if !fast => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the tensor-core kernels need bf16/f16, D = 576, Dv = 512, rows movable in \
                      16-byte chunks"
-                    ),
-                ))
-            }
-            Kernel::Wgmma | Kernel::Seesaw if fp8 => return Err(Error::backend(
+                ),
+            ))
+        }
+        Kernel::Wgmma if fp8 => {
+            return Err(Error::backend(
                 BACKEND,
                 format!(
                     "{OP}: the wgmma kernels read 16-bit caches; an fp8_ds_mla cache takes the mma kernels"
                 ),
-            )),
-            Kernel::Wgmma | Kernel::Seesaw if !info.wgmma => {
-                return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
-            }
-            k => k,
-        };
+            ))
+        }
+        Kernel::Wgmma if !info.wgmma => {
+            return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
+        }
+        k => k,
+    };
 
     let no_kernel = |what: &str| Error::backend(BACKEND, format!("{OP}: {what}"));
     let main = match kernel {
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
-        Kernel::Seesaw => seesaw_sm90::main(a).ok_or_else(|| {
-            no_kernel(
-                "the seesaw kernel reads the cache through the TMA: block sizes that are multiples of 64",
-            )
-        })?,
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?
         }

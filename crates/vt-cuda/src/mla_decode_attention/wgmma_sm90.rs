@@ -37,7 +37,7 @@ const _: () = assert!(SMEM <= super::MAX_SMEM, "the layout fits a Hopper block")
 /// (one past the last block reads zeros). Smaller blocks take the cp.async loads: with one
 /// box per block per 64 features, BS = 1 and 16 measured 5.1x and 1.07x slower through the
 /// TMA on the H200 (docs/perf.md). The kernel handles any BS dividing 64.
-pub(super) fn tma_ok(cache: &Tensor<'_>) -> bool {
+fn tma_ok(cache: &Tensor<'_>) -> bool {
     let bs = cache.dim(1);
     bs > 0 && (bs as u64).is_multiple_of(TILE_TOKENS as u64) && cache.dim(0) < i32::MAX as i64
 }
