@@ -4,7 +4,7 @@
 //! Both matmuls become one batched problem `out[g] = A[g] . W[g]` over logical views
 //! (`a [G,M,K]`, `b [G,K,N]`, `b_scale [G,KB,NB]`, `a_scale [G,M,KB]`, `out [G,M,N]`; MatmulBTFp8
 //! is G = 1 with `b` and its scales read transposed), planned without a device
-//! ([`plan`]) and run on one of four kernels ([`Kernel`]):
+//! (`plan`) and run on one of four kernels ([`Kernel`]):
 //!
 //! - **Gemv** (weight-only, bf16/f16 activations): the decode kernel. Weights streamed
 //!   with 16-byte loads, e4m3 converted to the activations' type in registers, mma.sync

@@ -16,14 +16,14 @@
 //! or 64 rows per CTA).
 //! f32, other head dims, unaligned views and fp8_ds_mla caches take the generic kernel.
 //!
-//! This file is the dispatch ([`choose`]: which kernel, how many parts; [`launches`]: the
+//! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
 //! argument block and the two launches). Each kernel family plans its main launch in its own
-//! file, beside its header: [`generic`] (`generic.cuh`), [`mma_sm80`] (`mma_sm80.cuh`),
-//! [`wgmma_sm90`] (`wgmma_sm90.cuh`), and the combine kernel in [`combine`]
-//! (`combine.cuh`); [`workspace`] holds the partial buffers. What these files plan with is
+//! file, beside its header: `generic` (`generic.cuh`), `mma_sm80` (`mma_sm80.cuh`),
+//! `wgmma_sm90` (`wgmma_sm90.cuh`), and the combine kernel in `combine`
+//! (`combine.cuh`); `workspace` holds the partial buffers. What these files plan with is
 //! checked against the kernel headers by the NVRTC test in `facts.rs`. A new family is a
-//! header, a planning file returning a [`MainKernel`], a [`Kernel`] variant and its arm in
-//! [`choose`] (and its facts: `MLA_FACTS` beside its entry points, its rows in `facts.rs`).
+//! header, a planning file returning a `MainKernel`, a [`Kernel`] variant and its arm in
+//! `choose` (and its facts: `MLA_FACTS` beside its entry points, its rows in `facts.rs`).
 //!
 //! Partial buffers: `(parts + B) * s_q * N * Dv` f32 plus lse and a per-sequence index,
 //! allocated on the first call and cached per queue (stream), grown only when a larger
