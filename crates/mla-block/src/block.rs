@@ -18,15 +18,15 @@
 //! 6. `o_proj`.
 
 use vt_core::{
-    batched_matmul, concat_and_cache_mla, concat_mla_nope_rope, flags, fp8_ds_mla, fused_norm_rope,
-    gather_mla_cache, matmul_bt, merge_attn_states, mla_decode_attention, op_registered, prefill_attention,
-    rms_norm, rope_from_cache, BatchedMatmulArgs, ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType,
-    Device, Error, FusedNormRopeArgs, GatherMlaCacheArgs, MatmulBTArgs, MergeAttnStatesArgs,
-    MlaDecodeAttentionArgs, OpId, PrefillAttentionArgs, Queue, Result, RmsNormArgs, RopeFromCacheArgs,
-    Tensor,
+    concat_and_cache_mla, concat_mla_nope_rope, flags, fp8_ds_mla, fused_norm_rope, gather_mla_cache,
+    merge_attn_states, mla_decode_attention, op_registered, prefill_attention, rms_norm, rope_from_cache,
+    ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType, Device, Error, FusedNormRopeArgs,
+    GatherMlaCacheArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs, OpId, PrefillAttentionArgs, Queue,
+    Result, RmsNormArgs, RopeFromCacheArgs, Tensor,
 };
 
 use crate::dims::MlaBlockDims;
+use crate::fp8::{self, Weight};
 use crate::metadata::MlaBatchMetadata;
 use crate::weights::MlaBlockWeights;
 use crate::workspace::{MlaWorkspace, Slot, StepKey};
@@ -74,7 +74,12 @@ impl<'w> MlaBlock<'w> {
     /// device. `is_neox`: rotation pairing (DeepSeek's default is GPT-J, false).
     pub fn new(dims: MlaBlockDims, weights: MlaBlockWeights<'w>, is_neox: bool) -> Result<MlaBlock<'w>> {
         dims.validate()?;
-        let o = weights.o_proj.ok_or_else(|| {
+        // fp8 o_proj (issue 17): the float norm weight carries the compute dtype instead.
+        let dtype_of = match (weights.o_proj, weights.fp8.o_proj) {
+            (None, Some(_)) => weights.kv_a_layernorm,
+            (o, _) => o,
+        };
+        let o = dtype_of.ok_or_else(|| {
             Error::invalid(
                 "MlaBlockWeights",
                 "o_proj",
@@ -266,6 +271,8 @@ impl<'w> MlaBlock<'w> {
         for (slot, dtype, elems, floor) in need {
             ws.ensure(q, slot, dtype, elems, floor)?;
         }
+        // Quantized activations of fp8 weights at prefill sizes (issue 17).
+        crate::fp8::ensure_workspace(q, ws, &self.w.fp8, t.max(meta.max_chunk_tokens()))?;
         let st = ws.staging();
         for x in meta.positions.iter().chain(&meta.slot_mapping) {
             st.extend_from_slice(&x.to_le_bytes());
@@ -383,17 +390,24 @@ impl<'w> MlaBlock<'w> {
 
         // ---- 1. A-projections and the q branch ----
         let q_raw = ws.view(Slot::QRaw, 0, &[t, n * dqk])?;
+        // Each projection is a float view or an fp8 weight (issue 17, `fp8::linear`).
+        let f8 = &w.fp8;
         let (kva, q_norm_w) = if d.has_q_lora() {
-            let fused_w = req(w.fused_qkv_a_proj, "fused_qkv_a_proj")?;
+            let fused_w = w.fused_qkv_a_proj;
+            let q_a = Weight::pick(f8.q_a_proj, fused_w.map(|f| f.slice(0, 0, ql)).transpose()?, "q_a_proj")?;
+            let kv_a_f = w.kv_a_proj_with_mqa.or(fused_w.map(|f| f.slice(0, ql, ql + l + r)).transpose()?);
             let q_c = ws.view(Slot::QC, 0, &[t, ql])?;
-            matmul_bt(q, &MatmulBTArgs { out: q_c, a: *hidden, b: fused_w.slice(0, 0, ql)? })?;
-            (fused_w.slice(0, ql, ql + l + r)?, Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)))
+            fp8::linear(q, ws, q_c, *hidden, q_a)?;
+            (
+                Weight::pick(f8.kv_a_proj_with_mqa, kv_a_f, "kv_a_proj_with_mqa")?,
+                Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)),
+            )
         } else {
-            (req(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")?, None)
+            (Weight::pick(f8.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")?, None)
         };
         let kv_merged = if fused {
             let m = ws.view(Slot::KvMerged, 0, &[t, l + r])?;
-            matmul_bt(q, &MatmulBTArgs { out: m, a: *hidden, b: kva })?;
+            fp8::linear(q, ws, m, *hidden, kva)?;
             Some(m)
         } else {
             None
@@ -403,16 +417,16 @@ impl<'w> MlaBlock<'w> {
         } else {
             let kv_c = ws.view(Slot::KvC, 0, &[t, l])?;
             let k_pe = ws.view(Slot::KPe, 0, &[t, r])?;
-            matmul_bt(q, &MatmulBTArgs { out: kv_c, a: *hidden, b: kva.slice(0, 0, l)? })?;
-            matmul_bt(q, &MatmulBTArgs { out: k_pe, a: *hidden, b: kva.slice(0, l, l + r)? })?;
+            fp8::linear(q, ws, kv_c, *hidden, kva.rows(0, l)?)?;
+            fp8::linear(q, ws, k_pe, *hidden, kva.rows(l, l + r)?)?;
             Some(kv_c)
         };
         match q_norm_w {
             Some((q_c, q_ln)) => {
                 rms_norm(q, &RmsNormArgs { out: q_c, x: q_c, weight: q_ln, eps: d.rms_norm_eps })?;
-                matmul_bt(q, &MatmulBTArgs { out: q_raw, a: q_c, b: req(w.q_b_proj, "q_b_proj")? })?;
+                fp8::linear(q, ws, q_raw, q_c, Weight::pick(f8.q_b_proj, w.q_b_proj, "q_b_proj")?)?;
             }
-            None => matmul_bt(q, &MatmulBTArgs { out: q_raw, a: *hidden, b: req(w.q_proj, "q_proj")? })?,
+            None => fp8::linear(q, ws, q_raw, *hidden, Weight::pick(f8.q_proj, w.q_proj, "q_proj")?)?,
         }
 
         // ---- 2. kv_a_layernorm (latent only) and RoPE ----
@@ -473,10 +487,10 @@ impl<'w> MlaBlock<'w> {
 
         // ---- 4. prefill: materialized MHA over the tail `[D, T)` ----
         if tp > 0 {
-            let kv_b = req(w.kv_b_proj, "kv_b_proj")?;
+            let kv_b = Weight::pick(f8.kv_b_proj, w.kv_b_proj, "kv_b_proj")?;
             let q_pre = q_raw.as_strided(dn * n * dqk, &[tp, n, dqk], &[n * dqk, dqk, 1])?;
             let kv_nope = ws.view(Slot::KvNope, 0, &[tp, n * (p + v)])?;
-            matmul_bt(q, &MatmulBTArgs { out: kv_nope, a: kv_c_normed.slice(0, dn, t)?, b: kv_b })?;
+            fp8::linear(q, ws, kv_nope, kv_c_normed.slice(0, dn, t)?, kv_b)?;
             let (key, value) = self.up_projected_kv(
                 q,
                 ws,
@@ -536,7 +550,7 @@ impl<'w> MlaBlock<'w> {
                         },
                     )?;
                     let ctx_nope = ws.view(Slot::CtxKvNope, 0, &[*toks, n * (p + v)])?;
-                    matmul_bt(q, &MatmulBTArgs { out: ctx_nope, a: ctx.slice(1, 0, l)?, b: kv_b })?;
+                    fp8::linear(q, ws, ctx_nope, ctx.slice(1, 0, l)?, kv_b)?;
                     let ctx_pe = ctx.as_strided(l, &[*toks, 1, r], &[l + r, r, 1])?;
                     let (ck, cv) = self.up_projected_kv(q, ws, Slot::CtxKey, &ctx_nope, &ctx_pe, *toks)?;
                     if c == 0 {
@@ -578,7 +592,7 @@ impl<'w> MlaBlock<'w> {
             // q_nope as [N, B, P] (a transposed view, no copy) times W_UK_T [N, P, L].
             let q_nope = q_raw.as_strided(0, &[n, b, p], &[dqk, n * dqk, 1])?;
             let ql_nope = ws.view(Slot::QlNope, 0, &[n, b, l])?;
-            batched_matmul(q, &BatchedMatmulArgs { out: ql_nope, a: q_nope, b: req(w.w_uk_t, "w_uk_t")? })?;
+            fp8::bmm(q, ql_nope, q_nope, Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?)?;
             let mqa_q = ws.view(Slot::MqaQ, 0, &[b, n, l + r])?;
             let ql_bn = ql_nope.as_strided(0, &[b, n, l], &[l, b * l, 1])?;
             let q_pe_bn = q_raw.as_strided(p, &[b, n, r], &[n * dqk, dqk, 1])?;
@@ -600,12 +614,12 @@ impl<'w> MlaBlock<'w> {
             // Back from latent to value space: [N, B, L] x W_UV [N, L, V] into attn[:D] as [N, B, V].
             let x = mqa_out.as_strided(0, &[n, b, l], &[l, n * l, 1])?;
             let v_out = attn.as_strided(0, &[n, b, v], &[v, n * v, 1])?;
-            batched_matmul(q, &BatchedMatmulArgs { out: v_out, a: x, b: req(w.w_uv, "w_uv")? })?;
+            fp8::bmm(q, v_out, x, Weight::pick(f8.w_uv, w.w_uv, "w_uv")?)?;
         }
 
         // ---- 6. o_proj ----
         let attn_flat = attn.as_strided(0, &[t, n * v], &[n * v, 1])?;
-        matmul_bt(q, &MatmulBTArgs { out: *out, a: attn_flat, b: req(w.o_proj, "o_proj")? })
+        fp8::linear(q, ws, *out, attn_flat, Weight::pick(f8.o_proj, w.o_proj, "o_proj")?)
     }
 
     /// Splits an up-projection `kv_nope` [rows, N*(P+V)] into the key

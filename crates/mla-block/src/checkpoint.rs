@@ -488,6 +488,24 @@ impl<'a> WeightSource<'a> {
         self.scale.is_some()
     }
 
+    /// An fp8 weight as stored: its e4m3 codes (checked: no NaN code, as the dequantizing
+    /// path checks) and its decoded scales `[ceil(rows/128), ceil(cols/128)]`, row-major
+    /// (what [`crate::HostWeights::from_checkpoint_with`] keeps when fp8 weights stay fp8).
+    /// `None` for a float weight.
+    pub fn fp8_parts(&self) -> Result<Option<(&'a [u8], &[f32])>> {
+        let Some((scales, _)) = &self.scale else { return Ok(None) };
+        let cols = self.cols.max(1) as usize;
+        if let Some(i) = self.raw.data.iter().position(|&q| q & 0x7f == 0x7f) {
+            let q = self.raw.data[i];
+            return Err(self.raw.err(format!(
+                "holds an fp8 NaN (0x{q:02x}) at [{}, {}]",
+                i / cols,
+                i % cols
+            )));
+        }
+        Ok(Some((self.raw.data, scales)))
+    }
+
     fn row_bytes_stored(&self) -> usize {
         self.raw.data.len() / self.rows.max(1) as usize
     }

@@ -21,6 +21,7 @@ pub mod checkpoint;
 mod config;
 pub mod decode_graphs;
 mod dims;
+pub mod fp8;
 mod kv_cache;
 pub mod layers;
 pub mod loaders;
@@ -37,6 +38,7 @@ pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use decode_graphs::{DecodeGraphConfig, DecodeGraphs, StepMode};
 pub use dims::MlaBlockDims;
+pub use fp8::{Fp8BlockWeights, Fp8Matrix, WeightsDtype};
 pub use kv_cache::{row_bytes, BlockAllocator, KvCacheDtype, LayeredKvCache, PagedKvCache, SeqId};
 pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};
 pub use rope::{
@@ -47,8 +49,8 @@ pub use safetensors_header::{
     check_safetensors_header, deserialize_safetensors, dtype_size as safetensors_dtype_size, SafetensorsEntry,
 };
 pub use weights::{
-    absorb_bytes, absorb_kv_b_proj, decode_f64, hf_weight_shapes, AbsorbedKvBProj, HostTensor, HostWeights,
-    MlaBlockWeights, MlaWeightStore,
+    absorb_bytes, absorb_kv_b_proj, decode_f64, dequantize_fp8, hf_weight_shapes, AbsorbedKvBProj,
+    HostTensor, HostWeights, MlaBlockWeights, MlaWeightStore,
 };
 pub use workspace::{MlaLimits, MlaWorkspace};
 

@@ -10,6 +10,7 @@ use vt_core::{Buffer, DType, Element, Error, Queue, Result, Tensor};
 use crate::checkpoint::{Checkpoint, RawTensor, WeightSource};
 use crate::config::MlaConfig;
 use crate::dims::MlaBlockDims;
+use crate::fp8::{absorbed_keep_fp8, keeps_fp8, scale_name, Fp8BlockWeights, Fp8Matrix, WeightsDtype};
 
 /// The block's weights as device views. A field is `None` when it is not set; which ones
 /// are required depends on the q branch ([`MlaBlockWeights::check`]).
@@ -39,6 +40,9 @@ pub struct MlaBlockWeights<'a> {
     pub o_proj: Option<Tensor<'a>>,
     /// `[max_pos, R]` f32, from [`crate::YarnRopeParams::cos_sin_cache`].
     pub rope_cos_sin_cache: Option<Tensor<'a>>,
+    /// Weights kept in fp8 (issue 17, [`crate::fp8`]): each one set replaces its float field
+    /// above (q_a / kv_a replace the fused A-projection's rows), which may then be `None`.
+    pub fp8: Fp8BlockWeights<'a>,
 }
 
 const OP: &str = "MlaBlockWeights";
@@ -53,19 +57,42 @@ impl<'a> MlaBlockWeights<'a> {
         let dqk = dims.qk_head_dim();
         let branch = if dims.has_q_lora() { "q_lora" } else { "q_proj" };
         let mut want: Vec<(&'static str, Option<Tensor<'a>>, Vec<i64>)> = Vec::new();
+        let f8 = &self.fp8;
+        // A weight kept in fp8 is checked as such; otherwise its float view is required.
+        let mut either =
+            |name: &'static str, fp8: Option<Fp8Matrix<'a>>, float, shape: Vec<i64>| -> Result<()> {
+                match fp8 {
+                    Some(m) => check_fp8(name, &m, &shape, device),
+                    None => {
+                        want.push((name, float, shape));
+                        Ok(())
+                    }
+                }
+            };
         if dims.has_q_lora() {
-            want.push(("fused_qkv_a_proj", self.fused_qkv_a_proj, vec![q + l + r, h]));
-            want.push(("q_a_layernorm", self.q_a_layernorm, vec![q]));
-            want.push(("q_b_proj", self.q_b_proj, vec![n * dqk, q]));
+            // q_a: fp8, or rows 0..Q of the fused float weight. kv_a: fp8, a float
+            // kv_a_proj_with_mqa, or rows Q.. of the fused float weight.
+            let kv_a_apart = f8.kv_a_proj_with_mqa.is_some() || self.kv_a_proj_with_mqa.is_some();
+            if f8.q_a_proj.is_none() || !kv_a_apart {
+                either("fused_qkv_a_proj", None, self.fused_qkv_a_proj, vec![q + l + r, h])?;
+            }
+            if let Some(m) = f8.q_a_proj {
+                check_fp8("q_a_proj", &m, &[q, h], device)?;
+            }
+            if kv_a_apart {
+                either("kv_a_proj_with_mqa", f8.kv_a_proj_with_mqa, self.kv_a_proj_with_mqa, vec![l + r, h])?;
+            }
+            either("q_a_layernorm", None, self.q_a_layernorm, vec![q])?;
+            either("q_b_proj", f8.q_b_proj, self.q_b_proj, vec![n * dqk, q])?;
         } else {
-            want.push(("q_proj", self.q_proj, vec![n * dqk, h]));
-            want.push(("kv_a_proj_with_mqa", self.kv_a_proj_with_mqa, vec![l + r, h]));
+            either("q_proj", f8.q_proj, self.q_proj, vec![n * dqk, h])?;
+            either("kv_a_proj_with_mqa", f8.kv_a_proj_with_mqa, self.kv_a_proj_with_mqa, vec![l + r, h])?;
         }
-        want.push(("kv_a_layernorm", self.kv_a_layernorm, vec![l]));
-        want.push(("kv_b_proj", self.kv_b_proj, vec![n * (p + v), l]));
-        want.push(("w_uk_t", self.w_uk_t, vec![n, p, l]));
-        want.push(("w_uv", self.w_uv, vec![n, l, v]));
-        want.push(("o_proj", self.o_proj, vec![h, n * v]));
+        either("kv_a_layernorm", None, self.kv_a_layernorm, vec![l])?;
+        either("kv_b_proj", f8.kv_b_proj, self.kv_b_proj, vec![n * (p + v), l])?;
+        either("w_uk_t", f8.w_uk_t, self.w_uk_t, vec![n, p, l])?;
+        either("w_uv", f8.w_uv, self.w_uv, vec![n, l, v])?;
+        either("o_proj", f8.o_proj, self.o_proj, vec![h, n * v])?;
         for (name, t, shape) in want {
             let Some(t) = t else {
                 return Err(Error::invalid(
@@ -95,6 +122,39 @@ impl<'a> MlaBlockWeights<'a> {
         }
         Ok(())
     }
+}
+
+/// An fp8 weight: e4m3 codes of `shape` (stride 1 on the last dim of a matrix, on K of
+/// a per-head weight) and f32 scales of one per 128 x 128 block of each matrix.
+fn check_fp8(name: &'static str, m: &Fp8Matrix<'_>, shape: &[i64], dev: vt_core::Device) -> Result<()> {
+    let w = &m.w;
+    if w.shape() != shape || w.dtype() != DType::F8E4M3 || w.device() != dev {
+        return Err(Error::invalid(
+            OP,
+            name,
+            format!(
+                "fp8 weight is {} {:?} on {}, expected f8e4m3 {shape:?} on {dev}",
+                w.dtype(),
+                w.shape(),
+                w.device()
+            ),
+        ));
+    }
+    let r = shape.len();
+    let sshape: Vec<i64> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if i + 2 >= r { vt_core::fp8_block::blocks(d) } else { d })
+        .collect();
+    let s = &m.scale;
+    if s.shape() != sshape.as_slice() || s.dtype() != DType::F32 || s.device() != dev {
+        return Err(Error::invalid(
+            OP,
+            name,
+            format!("fp8 scales are {} {:?}, expected f32 {sshape:?} on {dev}", s.dtype(), s.shape()),
+        ));
+    }
+    Ok(())
 }
 
 fn check_tensor(
@@ -334,6 +394,60 @@ impl HostWeights {
         Ok(HostWeights { dtype, tensors })
     }
 
+    /// [`HostWeights::from_checkpoint`], keeping fp8 weights in fp8 when `keep_fp8`: such a
+    /// weight is its e4m3 codes (dtype `F8E4M3`) beside its scales under
+    /// [`crate::fp8::scale_name`] (f32 `[ceil(rows/128), ceil(cols/128)]`), both as stored;
+    /// every other weight is converted to the compute dtype as before.
+    pub fn from_checkpoint_with(
+        ckpt: &Checkpoint,
+        dims: &MlaBlockDims,
+        prefix: &str,
+        dtype: Option<DType>,
+        keep_fp8: bool,
+    ) -> Result<HostWeights> {
+        if !keep_fp8 {
+            return HostWeights::from_checkpoint(ckpt, dims, prefix, dtype);
+        }
+        let ctx = ckpt.origin().display().to_string();
+        let sources = layer_sources(dims, prefix, &ctx, |name| ckpt.weight(name))?;
+        let dtype = compute_dtype(&sources, dtype)?;
+        let mut tensors = Vec::with_capacity(sources.len() + 6);
+        for (name, src) in &sources {
+            match (src.fp8_parts()?, scale_name(name)) {
+                (Some((codes, scales)), Some(sname)) => {
+                    let shape = src.shape().to_vec();
+                    let sshape =
+                        vec![vt_core::fp8_block::blocks(shape[0]), vt_core::fp8_block::blocks(shape[1])];
+                    tensors.push((*name, HostTensor { dtype: DType::F8E4M3, shape, bytes: codes.to_vec() }));
+                    let sbytes = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    tensors.push((sname, HostTensor { dtype: DType::F32, shape: sshape, bytes: sbytes }));
+                }
+                _ => tensors.push((
+                    *name,
+                    HostTensor { dtype, shape: src.shape().to_vec(), bytes: src.to_bytes(dtype, true)? },
+                )),
+            }
+        }
+        Ok(HostWeights { dtype, tensors })
+    }
+
+    /// Whether weight `name` is held in fp8 (codes beside their scales).
+    pub fn is_fp8(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|t| t.dtype == DType::F8E4M3)
+    }
+
+    /// Weight `name` in the compute dtype: as held, or dequantized from fp8 (the f32
+    /// product code x scale, rounded once, as the loaders dequantize).
+    pub fn float(&self, name: &'static str) -> Result<HostTensor> {
+        let t = self.require(name)?;
+        if t.dtype != DType::F8E4M3 {
+            return Ok(t.clone());
+        }
+        let sname = scale_name(name)
+            .ok_or_else(|| Error::invalid("HostWeights", name, format!("`{name}` cannot be fp8")))?;
+        dequantize_fp8(t, self.require(sname)?, self.dtype, name)
+    }
+
     /// Reads a checkpoint: a `.safetensors` file, a `model.safetensors.index.json`, or a
     /// directory holding one; see [`HostWeights::from_checkpoint`].
     pub fn from_file(
@@ -353,6 +467,43 @@ impl HostWeights {
         self.get(name)
             .ok_or_else(|| Error::invalid("HostWeights", name, format!("weight `{name}` is missing")))
     }
+}
+
+/// An fp8 weight `[rows, cols]` with its scales `[ceil(rows/128), ceil(cols/128)]`, decoded
+/// to `dtype`: the f32 product code x scale, rounded once.
+pub fn dequantize_fp8(
+    codes: &HostTensor,
+    scales: &HostTensor,
+    dtype: DType,
+    name: &str,
+) -> Result<HostTensor> {
+    use vt_core::fp8_block::{blocks, decode, BLOCK};
+    let bad = |msg: String| Error::invalid("HostWeights", "fp8", format!("`{name}`: {msg}"));
+    let [rows, cols] = codes.shape[..] else {
+        return Err(bad(format!("fp8 weights are 2-D, got {:?}", codes.shape)));
+    };
+    let (rb, cb) = (blocks(rows), blocks(cols));
+    if codes.dtype != DType::F8E4M3 || scales.dtype != DType::F32 || scales.shape != [rb, cb] {
+        return Err(bad(format!(
+            "{} {:?} with {} {:?} scales, expected f8e4m3 with f32 [{rb}, {cb}]",
+            codes.dtype, codes.shape, scales.dtype, scales.shape
+        )));
+    }
+    let s: Vec<f32> =
+        scales.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let (cols_u, cb_u) = (cols as usize, cb as usize);
+    let mut bytes = Vec::with_capacity(codes.bytes.len() * dtype.size_of());
+    for (i, &c) in codes.bytes.iter().enumerate() {
+        let v = decode(c, s[(i / cols_u / BLOCK) * cb_u + (i % cols_u) / BLOCK]);
+        // Rounded from the f32 product, as the checkpoint loader rounds it.
+        match dtype {
+            DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+            DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
+            other => return Err(bad(format!("cannot dequantize to {other}"))),
+        }
+    }
+    Ok(HostTensor { dtype, shape: codes.shape.clone(), bytes })
 }
 
 /// The branch's weights `"{prefix}{name}.weight"` through `get`, checked against the
@@ -542,7 +693,8 @@ impl MlaWeightStore {
         let dtype = w.dtype;
         for (name, shape) in hf_weight_shapes(&dims) {
             let t = w.require(name)?;
-            if t.shape != shape || t.dtype != dtype {
+            let fp8 = t.dtype == DType::F8E4M3 && scale_name(name).is_some_and(|s| w.get(s).is_some());
+            if t.shape != shape || (t.dtype != dtype && !fp8) {
                 return Err(Error::invalid(
                     "HostWeights",
                     name,
@@ -553,33 +705,111 @@ impl MlaWeightStore {
         // The cos/sin cache first: a huge max_position_embeddings fails before any upload.
         let cache =
             cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
+        // fp8 weights stay fp8 where the block can multiply them so (crate::fp8), the rest
+        // is dequantized to the compute dtype.
+        let keep = |name: &str| w.is_fp8(name) && keeps_fp8(name, &dims);
+        let fp8_pair = |name: &'static str| -> Result<[(&'static str, Buffer); 2]> {
+            let (codes, scales) = fp8_buffer_names(name);
+            let (t, st) = (w.require(name)?, w.require(scale_name(name).unwrap_or_default())?);
+            Ok([
+                (codes, Buffer::from_bytes(queue, DType::F8E4M3, &t.shape, &t.bytes)?),
+                (scales, Buffer::from_bytes(queue, DType::F32, &st.shape, &st.bytes)?),
+            ])
+        };
+        let weight = |name: &'static str| -> Result<Vec<(&'static str, Buffer)>> {
+            if keep(name) {
+                Ok(fp8_pair(name)?.into())
+            } else {
+                Ok(vec![(name, w.float(name)?.to_buffer(queue)?)])
+            }
+        };
         let mut bufs = Vec::new();
         if dims.has_q_lora() {
-            let qa = w.require("q_a_proj")?;
-            let kva = w.require("kv_a_proj_with_mqa")?;
-            let mut bytes = qa.bytes.clone();
-            bytes.extend_from_slice(&kva.bytes);
-            let rows = dims.q_lora_rank + dims.cache_row_dim();
-            bufs.push((
-                "fused_qkv_a_proj",
-                Buffer::from_bytes(queue, dtype, &[rows, dims.hidden_size], &bytes)?,
-            ));
+            if keep("q_a_proj") {
+                // Held apart: fp8 q_a, and kv_a in fp8 or the compute dtype.
+                bufs.extend(weight("q_a_proj")?);
+                bufs.extend(weight("kv_a_proj_with_mqa")?);
+            } else {
+                let qa = w.float("q_a_proj")?;
+                let kva = w.float("kv_a_proj_with_mqa")?;
+                let mut bytes = qa.bytes.clone();
+                bytes.extend_from_slice(&kva.bytes);
+                let rows = dims.q_lora_rank + dims.cache_row_dim();
+                bufs.push((
+                    "fused_qkv_a_proj",
+                    Buffer::from_bytes(queue, dtype, &[rows, dims.hidden_size], &bytes)?,
+                ));
+            }
             bufs.push(("q_a_layernorm", w.require("q_a_layernorm")?.to_buffer(queue)?));
-            bufs.push(("q_b_proj", w.require("q_b_proj")?.to_buffer(queue)?));
+            bufs.extend(weight("q_b_proj")?);
         } else {
-            bufs.push(("q_proj", w.require("q_proj")?.to_buffer(queue)?));
-            bufs.push(("kv_a_proj_with_mqa", w.require("kv_a_proj_with_mqa")?.to_buffer(queue)?));
+            bufs.extend(weight("q_proj")?);
+            bufs.extend(weight("kv_a_proj_with_mqa")?);
         }
         bufs.push(("kv_a_layernorm", w.require("kv_a_layernorm")?.to_buffer(queue)?));
-        let kv_b = w.require("kv_b_proj")?;
-        bufs.push(("kv_b_proj", kv_b.to_buffer(queue)?));
         let (n, p, l, v) = (dims.num_heads, dims.qk_nope_head_dim, dims.kv_lora_rank, dims.v_head_dim);
-        let (uk, uv) = absorb_bytes(kv_b, &dims)?;
-        bufs.push(("w_uk_t", Buffer::from_bytes(queue, dtype, &[n, p, l], &uk)?));
-        bufs.push(("w_uv", Buffer::from_bytes(queue, dtype, &[n, l, v], &uv)?));
-        bufs.push(("o_proj", w.require("o_proj")?.to_buffer(queue)?));
+        bufs.extend(weight("kv_b_proj")?);
+        if keep("kv_b_proj") && absorbed_keep_fp8(&dims) {
+            // W_UK_T as a per-head transposed copy of the codes ([N, L, P]); W_UV and both
+            // scale tensors are views of kv_b_proj's (`views`).
+            let codes = &w.require("kv_b_proj")?.bytes;
+            let (pu, lu, vu) = (p as usize, l as usize, v as usize);
+            let mut uk = vec![0u8; n as usize * lu * pu];
+            for h in 0..n as usize {
+                for i in 0..pu {
+                    let row = &codes[(h * (pu + vu) + i) * lu..][..lu];
+                    for (j, &c) in row.iter().enumerate() {
+                        uk[(h * lu + j) * pu + i] = c;
+                    }
+                }
+            }
+            bufs.push(("w_uk_t#fp8", Buffer::from_bytes(queue, DType::F8E4M3, &[n, l, p], &uk)?));
+        } else {
+            let kv_b = w.float("kv_b_proj")?;
+            let (uk, uv) = absorb_bytes(&kv_b, &dims)?;
+            bufs.push(("w_uk_t", Buffer::from_bytes(queue, dtype, &[n, p, l], &uk)?));
+            bufs.push(("w_uv", Buffer::from_bytes(queue, dtype, &[n, l, v], &uv)?));
+        }
+        bufs.extend(weight("o_proj")?);
         bufs.push(("rope_cos_sin_cache", cache));
         Ok(MlaWeightStore { dims, dtype, bufs })
+    }
+
+    /// [`MlaWeightStore::load`] with the fp8 policy `weights` (issue 17): fp8 weights of the
+    /// checkpoint stay fp8 when `weights.keeps_fp8_on(queue's device)` (see [`crate::fp8`]
+    /// for which ones can), else they are dequantized as [`MlaWeightStore::load`] does.
+    pub fn load_with(
+        queue: &Queue,
+        cfg: &MlaConfig,
+        path: &Path,
+        prefix: &str,
+        dtype: Option<DType>,
+        weights: WeightsDtype,
+    ) -> Result<Self> {
+        MlaWeightStore::from_checkpoint_with(queue, cfg, &Checkpoint::open(path)?, prefix, dtype, weights)
+    }
+
+    /// [`MlaWeightStore::from_checkpoint`] with the fp8 policy `weights` (see
+    /// [`MlaWeightStore::load_with`]). Keeping fp8 goes through [`HostWeights`] (the layer
+    /// in host memory once, in fp8: half its bf16 size).
+    pub fn from_checkpoint_with(
+        queue: &Queue,
+        cfg: &MlaConfig,
+        ckpt: &Checkpoint,
+        prefix: &str,
+        dtype: Option<DType>,
+        weights: WeightsDtype,
+    ) -> Result<Self> {
+        if !weights.keeps_fp8_on(queue.device().kind) {
+            return MlaWeightStore::from_checkpoint(queue, cfg, ckpt, prefix, dtype);
+        }
+        let host = HostWeights::from_checkpoint_with(ckpt, &cfg.dims, prefix, dtype, true)?;
+        MlaWeightStore::from_host(queue, cfg, &host)
+    }
+
+    /// How many weights are held in fp8 (0: a dequantized or float store).
+    pub fn fp8_weights(&self) -> usize {
+        self.bufs.iter().filter(|(_, b)| b.dtype() == DType::F8E4M3).count()
     }
 
     pub fn dims(&self) -> &MlaBlockDims {
@@ -593,6 +823,45 @@ impl MlaWeightStore {
 
     fn view(&self, name: &str) -> Option<Tensor<'_>> {
         self.bufs.iter().find(|(n, _)| *n == name).map(|(_, b)| b.view())
+    }
+
+    fn fp8_matrix(&self, name: &'static str) -> Option<Fp8Matrix<'_>> {
+        let (codes, scales) = fp8_buffer_names(name);
+        Some(Fp8Matrix { w: self.view(codes)?, scale: self.view(scales)? })
+    }
+
+    /// The fp8 weights' views; the absorbed ones are views of `kv_b_proj`'s codes (W_UV)
+    /// and scales (both), W_UK_T reads the transposed copy.
+    fn fp8_views(&self) -> Fp8BlockWeights<'_> {
+        let d = self.dims;
+        let (n, p, l, v) = (d.num_heads, d.qk_nope_head_dim, d.kv_lora_rank, d.v_head_dim);
+        let kv_b = self.fp8_matrix("kv_b_proj");
+        let b = vt_core::fp8_block::BLOCK as i64;
+        let lb = vt_core::fp8_block::blocks(l);
+        let head_rows = (p + v) / b * lb; // scale elements per head
+        let absorbed = kv_b.filter(|_| absorbed_keep_fp8(&d));
+        let w_uk_t = absorbed.and_then(|m| {
+            Some(Fp8Matrix {
+                w: self.view("w_uk_t#fp8")?.as_strided(0, &[n, p, l], &[l * p, 1, p]).ok()?,
+                scale: m.scale.as_strided(0, &[n, p / b, lb], &[head_rows, lb, 1]).ok()?,
+            })
+        });
+        let w_uv = absorbed.and_then(|m| {
+            Some(Fp8Matrix {
+                w: m.w.as_strided(p * l, &[n, l, v], &[(p + v) * l, 1, l]).ok()?,
+                scale: m.scale.as_strided(p / b * lb, &[n, lb, v / b], &[head_rows, 1, lb]).ok()?,
+            })
+        });
+        Fp8BlockWeights {
+            q_a_proj: self.fp8_matrix("q_a_proj"),
+            kv_a_proj_with_mqa: self.fp8_matrix("kv_a_proj_with_mqa"),
+            q_b_proj: self.fp8_matrix("q_b_proj"),
+            q_proj: self.fp8_matrix("q_proj"),
+            kv_b_proj: kv_b,
+            w_uk_t,
+            w_uv,
+            o_proj: self.fp8_matrix("o_proj"),
+        }
     }
 
     /// Views of every stored weight.
@@ -609,7 +878,21 @@ impl MlaWeightStore {
             w_uv: self.view("w_uv"),
             o_proj: self.view("o_proj"),
             rope_cos_sin_cache: self.view("rope_cos_sin_cache"),
+            fp8: self.fp8_views(),
         }
+    }
+}
+
+/// The store's buffer names of an fp8 weight's codes and scales.
+fn fp8_buffer_names(name: &str) -> (&'static str, &'static str) {
+    match name {
+        "q_a_proj" => ("q_a_proj#fp8", "q_a_proj#scale"),
+        "q_b_proj" => ("q_b_proj#fp8", "q_b_proj#scale"),
+        "q_proj" => ("q_proj#fp8", "q_proj#scale"),
+        "kv_a_proj_with_mqa" => ("kv_a_proj_with_mqa#fp8", "kv_a_proj_with_mqa#scale"),
+        "kv_b_proj" => ("kv_b_proj#fp8", "kv_b_proj#scale"),
+        "o_proj" => ("o_proj#fp8", "o_proj#scale"),
+        _ => ("", ""),
     }
 }
 

@@ -55,6 +55,10 @@ pub(crate) enum Slot {
     QlNope,
     MqaQ,
     MqaOut,
+    /// Quantized activations (fp8 codes) and their per-token scales, for fp8 weights at
+    /// prefill sizes (`crate::fp8::linear`).
+    Fp8Act,
+    Fp8ActScale,
     MetaI64,
     MetaI32,
 }

@@ -22,11 +22,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mla_block::runner::{positions_or_default, run_schedule_with_cache, RunOptions, Schedule};
-use mla_block::KvCacheDtype;
 use mla_block::{
     layer_prefix, missing_ops, Checkpoint, HostTensor, MlaBlock, MlaConfig, MlaWeightStore,
     DEFAULT_LAYER_PREFIX,
 };
+use mla_block::{KvCacheDtype, WeightsDtype};
 use safetensors::Dtype as StDtype;
 use vt_core::{flags, registry, Device, DeviceType, Error, Probe, Queue, Result};
 
@@ -84,10 +84,17 @@ struct RunArgs {
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// The checkpoint: a `.safetensors` file, a `model.safetensors.index.json`, or a
-    /// directory holding one (shards are memory-mapped; fp8 block-scaled weights are
-    /// dequantized to the input's dtype).
+    /// directory holding one (shards are memory-mapped; fp8 block-scaled weights follow
+    /// --weights-dtype).
     #[arg(long, value_name = "PATH")]
     weights: PathBuf,
+    /// fp8 block-scaled checkpoints: `fp8` keeps the weights in fp8 (e4m3 codes and their
+    /// 128x128 scales, multiplied by the fp8 matmuls; the absorbed weights and kv_a too when
+    /// their widths are multiples of 128), `dequantize` converts them to the input's dtype
+    /// at load, `auto` keeps fp8 on CUDA and dequantizes elsewhere. Other checkpoints: no
+    /// effect.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_weights_dtype)]
+    weights_dtype: WeightsDtype,
     /// The layer to run: its weights are `model.layers.N.self_attn.*` (default 0).
     #[arg(long, value_name = "N", conflicts_with = "layer_prefix")]
     layer: Option<usize>,
@@ -128,6 +135,11 @@ struct RunArgs {
     /// How the ranks all-reduce (with --tp or --dcp).
     #[arg(long, value_enum, requires = "tp_or_dcp")]
     transport: Option<tp::TransportArg>,
+}
+
+/// `--weights-dtype`: auto, fp8 or dequantize.
+fn parse_weights_dtype(s: &str) -> std::result::Result<WeightsDtype, String> {
+    WeightsDtype::parse(s).ok_or_else(|| format!("{s:?} is not auto, fp8 or dequantize"))
 }
 
 /// `--kv-cache-dtype`: auto, bf16 or fp8_ds_mla.
@@ -317,13 +329,22 @@ fn run(a: &RunArgs) -> Result<()> {
         (None, Some(p)) => p.clone(),
         (None, None) => DEFAULT_LAYER_PREFIX.to_string(),
     };
+    let fp8_weights;
     let (out, stats, fused, ranks) = match ranks {
         None => {
             let queue = Queue::new(Device::new(kind, 0))?;
             let ckpt = Checkpoint::open(&a.weights)?;
             let store = progress::stage(format!("loading the weights `{prefix}*` into {kind}"), || {
-                MlaWeightStore::from_checkpoint(&queue, &cfg, &ckpt, &prefix, Some(hidden.dtype))
+                MlaWeightStore::from_checkpoint_with(
+                    &queue,
+                    &cfg,
+                    &ckpt,
+                    &prefix,
+                    Some(hidden.dtype),
+                    a.weights_dtype,
+                )
             })?;
+            fp8_weights = store.fp8_weights();
             let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox)?;
             let forwards = schedule.forwards().count();
             let bar = progress::forwards(forwards);
@@ -354,8 +375,10 @@ fn run(a: &RunArgs) -> Result<()> {
                 &positions,
                 &schedule,
                 (&opts, a.kv_cache_dtype),
+                a.weights_dtype,
             )
             .map_err(block_size_hint)?;
+            fp8_weights = r.fp8_weights;
             (r.out, r.stats, r.fused, format!(", tp {n}: {}", r.group))
         }
     };
@@ -372,11 +395,12 @@ fn run(a: &RunArgs) -> Result<()> {
         .map_err(|e| Error::other("vt-mla run", format!("output tensor: {e}")))?;
     output::write_atomically(&a.output, |f| std::io::Write::write_all(f, &bytes))?;
     eprintln!(
-        "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} cache, {} path: {} forwards, {} context chunks -> {}",
+        "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} cache, {} weights, {} path: {} forwards, {} context chunks -> {}",
         if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
         out.dtype,
         a.block_size,
         a.kv_cache_dtype.name(),
+        if fp8_weights > 0 { format!("{fp8_weights} fp8") } else { out.dtype.to_string() },
         if fused { "fused norm+rope" } else { "split norm+rope" },
         stats.forwards,
         stats.context_chunks,

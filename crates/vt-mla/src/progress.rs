@@ -55,9 +55,15 @@ pub fn forwards(total: usize) -> ProgressBar {
 /// Reads the layer `"{prefix}{name}.weight"` of a checkpoint (a file, an index or a
 /// directory; mapped, fp8 dequantized) into host tensors in `dtype`, for the ranks of a
 /// tensor-parallel run to split (see `HostWeights::from_checkpoint`).
-pub fn load_weights(path: &Path, dims: &MlaBlockDims, prefix: &str, dtype: DType) -> Result<HostWeights> {
+pub fn load_weights(
+    path: &Path,
+    dims: &MlaBlockDims,
+    prefix: &str,
+    dtype: DType,
+    keep_fp8: bool,
+) -> Result<HostWeights> {
     let ckpt = Checkpoint::open(path)?;
     stage(format!("reading the weights `{prefix}*`"), || {
-        HostWeights::from_checkpoint(&ckpt, dims, prefix, Some(dtype))
+        HostWeights::from_checkpoint_with(&ckpt, dims, prefix, Some(dtype), keep_fp8)
     })
 }

@@ -127,6 +127,8 @@ pub struct TpRun {
     pub stats: RunStats,
     pub fused: bool,
     pub group: String,
+    /// Weights rank 0 holds in fp8 (`--weights-dtype`).
+    pub fp8_weights: usize,
 }
 
 /// `vt-mla run --tp N [--dcp M]`: the layer split over N ranks of `kind` (the cache over
@@ -146,10 +148,12 @@ pub fn run(
     positions: &[i64],
     schedule: &Schedule,
     (opts, cache): (&RunOptions, KvCacheDtype),
+    weights_dtype: mla_block::WeightsDtype,
 ) -> Result<TpRun> {
     mla_block::tp::check_tp(&cfg.dims, tp)?;
     let group = TpGroup::open_with_dcp(kind, tp, dcp, transport.into())?;
-    let host = progress::load_weights(weights.0, &cfg.dims, weights.1, hidden.dtype)?;
+    let keep = weights_dtype.keeps_fp8_on(kind);
+    let host = progress::load_weights(weights.0, &cfg.dims, weights.1, hidden.dtype, keep)?;
     let model = progress::stage(format!("splitting and uploading the weights to {tp} ranks"), || {
         TpModel::load(&group, cfg, &host)
     })?;
@@ -169,7 +173,14 @@ pub fn run(
     if !stats.ranks_identical {
         return Err(Error::other("vt-mla run", "the ranks' all-reduced outputs differ"));
     }
-    Ok(TpRun { out, stats: stats.run, fused: blocks[0].uses_fused_norm_rope(), group: group.describe() })
+    let fp8_weights = model.store(0).map_or(0, |s| s.fp8_weights());
+    Ok(TpRun {
+        out,
+        stats: stats.run,
+        fused: blocks[0].uses_fused_norm_rope(),
+        group: group.describe(),
+        fp8_weights,
+    })
 }
 
 /// `vt-mla bench`: decode-step time of a random layer at each TP, with the speedup and the

@@ -61,7 +61,9 @@ pub fn head_range(dims: &MlaBlockDims, tp: usize, rank: usize) -> Result<Range<i
 }
 
 /// Rank `rank`'s config (its dims) and checkpoint weights (see the module docs), from the
-/// full layer's. The result loads with [`crate::MlaWeightStore::from_host`], which derives
+/// full layer's. fp8 weights (codes beside their scales, [`HostWeights::from_checkpoint_with`])
+/// keep their scale rows / columns when every rank's slice starts a 128-block, and are
+/// dequantized for every rank otherwise. The result loads with [`crate::MlaWeightStore::from_host`], which derives
 /// the rank's fused A-projection, `W_UK_T` / `W_UV` and cos/sin cache from it.
 pub fn shard_weights(
     cfg: &MlaConfig,
@@ -71,26 +73,51 @@ pub fn shard_weights(
 ) -> Result<(MlaConfig, HostWeights)> {
     let d = cfg.dims;
     let heads = head_range(&d, tp, rank)?;
+    let per = heads.end - heads.start;
     let (p, r, v) = (d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
     let mut tensors = Vec::new();
     for (name, shape) in hf_weight_shapes(&d) {
         let t = w
             .get(name)
             .ok_or_else(|| Error::invalid("HostWeights", name, format!("weight `{name}` is missing")))?;
-        if t.shape != shape || t.dtype != w.dtype {
+        let fp8 = w.is_fp8(name);
+        if t.shape != shape || (t.dtype != w.dtype && !fp8) {
             return Err(Error::invalid(
                 "HostWeights",
                 name,
                 format!("is {} {:?}, expected {} {shape:?}", t.dtype, t.shape, w.dtype),
             ));
         }
-        let part = match name {
-            "q_b_proj" | "q_proj" => rows(t, heads.start * (p + r), heads.end * (p + r)),
-            "kv_b_proj" => rows(t, heads.start * (p + v), heads.end * (p + v)),
-            "o_proj" => columns(t, heads.start * v, heads.end * v),
-            _ => t.clone(),
+        // The rank's rows or columns: (per-rank width, where this rank's start).
+        let cut = match name {
+            "q_b_proj" | "q_proj" => Some((false, per * (p + r), heads.start * (p + r))),
+            "kv_b_proj" => Some((false, per * (p + v), heads.start * (p + v))),
+            "o_proj" => Some((true, per * v, heads.start * v)),
+            _ => None,
+        };
+        // An fp8 weight keeps its scale rows (columns) when every rank's slice starts a
+        // 128-block; otherwise it is dequantized for every rank (issue 17).
+        let b = vt_core::fp8_block::BLOCK as i64;
+        let sname = crate::fp8::scale_name(name);
+        let keep = fp8 && cut.is_none_or(|(_, width, _)| width % b == 0);
+        let t = if fp8 && !keep { w.float(name)? } else { t.clone() };
+        let part = match cut {
+            None => t,
+            Some((false, width, a)) => rows(&t, a, a + width),
+            Some((true, width, a)) => columns(&t, a, a + width),
         };
         tensors.push((name, part));
+        if let (true, Some(sname)) = (keep, sname) {
+            let st = w.get(sname).ok_or_else(|| {
+                Error::invalid("HostWeights", sname, format!("scales `{sname}` are missing"))
+            })?;
+            let spart = match cut {
+                None => st.clone(),
+                Some((false, width, a)) => rows(st, a / b, vt_core::fp8_block::blocks(a + width)),
+                Some((true, width, a)) => columns(st, a / b, vt_core::fp8_block::blocks(a + width)),
+            };
+            tensors.push((sname, spart));
+        }
     }
     let mut rank_cfg = *cfg;
     rank_cfg.dims = rank_dims(&d, tp)?;

@@ -1,0 +1,262 @@
+//! The block's weights kept in fp8 (issue 17): DeepSeek's e4m3 codes with their 128 x 128
+//! block scales, multiplied by vt-core's block-scaled fp8 ops instead of being dequantized
+//! at load ([`WeightsDtype`]).
+//!
+//! - Which weights stay fp8 ([`keeps_fp8`]): every projection the block multiplies whole
+//!   (`q_a_proj`, `q_b_proj` / `q_proj`, `kv_b_proj`, `o_proj`); `kv_a_proj_with_mqa` when
+//!   `kv_lora_rank` is a multiple of 128 (the split norm+rope path multiplies its rows
+//!   `0..L` and `L..L+R` apart, and a view's scale blocks count from its first row); the
+//!   absorbed `W_UK_T` / `W_UV` when `qk_nope_head_dim` and `qk_nope_head_dim + v_head_dim`
+//!   are multiples of 128 (a head's rows of `kv_b_proj` then start a scale block). A weight
+//!   that does not qualify is dequantized (the f32 product code x scale, rounded once to
+//!   the compute dtype), so the fused and split paths always multiply the same weights.
+//!   DeepSeek V2/V3/R1 qualify everywhere.
+//! - `W_UK_T` is kept as a per-head transposed copy of the codes (`[N, L, P]`, read as
+//!   `[N, P, L]`: K contiguous, the layout the weight-streaming kernel reads); its scales and
+//!   `W_UV` (rows `P..P+V` of each head, read transposed) are views of `kv_b_proj`'s.
+//! - Activations ([`linear`]): steps of at most [`FP8_QUANT_MIN_TOKENS`] - 1 tokens (decode)
+//!   multiply 16-bit activations by the fp8 weight (weight-only: the weight bytes are what a
+//!   decode step streams); larger ones (prefill) quantize the activations per token in
+//!   1 x 128 groups first (QuantizeFp8, into the workspace) and run both operands in fp8 (the
+//!   fp8 tensor rate). A step's numerics so depend on its token count, as in the seeds.
+//! - Tensor parallelism: a rank's rows (or columns) of an fp8 weight keep their scale rows
+//!   (columns) when the slice starts at a multiple of 128 on every rank; otherwise that
+//!   weight is dequantized for every rank (`tp::shard_weights`).
+
+use vt_core::fp8_block::{blocks, BLOCK};
+use vt_core::{
+    batched_matmul, batched_matmul_fp8, matmul_bt, matmul_bt_fp8, quantize_fp8, BatchedMatmulArgs,
+    BatchedMatmulFp8Args, DType, Error, MatmulBTArgs, MatmulBTFp8Args, QuantizeFp8Args, Queue, Result,
+    Tensor,
+};
+
+use crate::dims::MlaBlockDims;
+use crate::workspace::{MlaWorkspace, Slot};
+
+/// How a checkpoint's fp8 weights are held (`vt-mla run --weights-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightsDtype {
+    /// fp8 kept on CUDA devices, dequantized elsewhere (the CPU and HIP references compute
+    /// the same function more slowly, and HIP's fp8 ops are not tuned).
+    #[default]
+    Auto,
+    /// fp8 kept wherever the block can (see the module docs), on any device.
+    Fp8,
+    /// Dequantized to the compute dtype at load (what the library's loaders do by default).
+    Dequantize,
+}
+
+impl WeightsDtype {
+    pub fn parse(s: &str) -> Option<WeightsDtype> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Some(WeightsDtype::Auto),
+            "fp8" | "f8e4m3" | "e4m3" => Some(WeightsDtype::Fp8),
+            "dequantize" | "dequantized" => Some(WeightsDtype::Dequantize),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightsDtype::Auto => "auto",
+            WeightsDtype::Fp8 => "fp8",
+            WeightsDtype::Dequantize => "dequantize",
+        }
+    }
+
+    /// Whether fp8 weights are kept on `device`.
+    pub fn keeps_fp8_on(self, device: vt_core::DeviceType) -> bool {
+        match self {
+            WeightsDtype::Auto => device == vt_core::DeviceType::Cuda,
+            WeightsDtype::Fp8 => true,
+            WeightsDtype::Dequantize => false,
+        }
+    }
+}
+
+/// Steps with at least this many tokens quantize their activations (both operands fp8).
+pub const FP8_QUANT_MIN_TOKENS: i64 = 129;
+
+/// The name of a weight's scale tensor in [`crate::HostWeights`] (the checkpoint's name).
+pub fn scale_name(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "q_a_proj" => "q_a_proj_scale_inv",
+        "q_b_proj" => "q_b_proj_scale_inv",
+        "q_proj" => "q_proj_scale_inv",
+        "kv_a_proj_with_mqa" => "kv_a_proj_with_mqa_scale_inv",
+        "kv_b_proj" => "kv_b_proj_scale_inv",
+        "o_proj" => "o_proj_scale_inv",
+        _ => return None,
+    })
+}
+
+/// Whether the checkpoint weight `name` stays fp8 in a block of `dims` (module docs).
+pub fn keeps_fp8(name: &str, dims: &MlaBlockDims) -> bool {
+    let b = BLOCK as i64;
+    match name {
+        "q_a_proj" | "q_b_proj" | "q_proj" | "kv_b_proj" | "o_proj" => true,
+        "kv_a_proj_with_mqa" => dims.kv_lora_rank % b == 0,
+        _ => false,
+    }
+}
+
+/// Whether the absorbed `W_UK_T` / `W_UV` stay fp8 (views of an fp8 `kv_b_proj`).
+pub fn absorbed_keep_fp8(dims: &MlaBlockDims) -> bool {
+    let b = BLOCK as i64;
+    dims.qk_nope_head_dim % b == 0 && (dims.qk_nope_head_dim + dims.v_head_dim) % b == 0
+}
+
+/// An fp8 weight: e4m3 codes and their block scales (`[.., ceil(rows/128), ceil(cols/128)]`,
+/// counted from the view's first element).
+#[derive(Clone, Copy, Debug)]
+pub struct Fp8Matrix<'a> {
+    pub w: Tensor<'a>,
+    pub scale: Tensor<'a>,
+}
+
+impl<'a> Fp8Matrix<'a> {
+    /// Rows `a..b` of a 2-D weight with their scale rows; `a` must start a scale block.
+    pub fn rows(&self, a: i64, b: i64) -> Result<Fp8Matrix<'a>> {
+        if a % BLOCK as i64 != 0 {
+            return Err(Error::invalid(
+                "Fp8Matrix",
+                "rows",
+                format!("rows {a}..{b} do not start a 128-row scale block"),
+            ));
+        }
+        Ok(Fp8Matrix { w: self.w.slice(0, a, b)?, scale: self.scale.slice(0, a / BLOCK as i64, blocks(b))? })
+    }
+}
+
+/// The block's fp8 weights; a weight set here replaces its float field of
+/// [`crate::MlaBlockWeights`] (which may then be `None`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fp8BlockWeights<'a> {
+    /// q_lora branch: `[Q, H]`.
+    pub q_a_proj: Option<Fp8Matrix<'a>>,
+    /// `[L+R, H]`.
+    pub kv_a_proj_with_mqa: Option<Fp8Matrix<'a>>,
+    /// `[N*(P+R), Q]`.
+    pub q_b_proj: Option<Fp8Matrix<'a>>,
+    /// q_proj branch: `[N*(P+R), H]`.
+    pub q_proj: Option<Fp8Matrix<'a>>,
+    /// `[N*(P+V), L]`.
+    pub kv_b_proj: Option<Fp8Matrix<'a>>,
+    /// `[N, P, L]` (K contiguous: a view of a `[N, L, P]` copy).
+    pub w_uk_t: Option<Fp8Matrix<'a>>,
+    /// `[N, L, V]` (K contiguous: a view of `kv_b_proj`).
+    pub w_uv: Option<Fp8Matrix<'a>>,
+    /// `[H, N*V]`.
+    pub o_proj: Option<Fp8Matrix<'a>>,
+}
+
+impl Fp8BlockWeights<'_> {
+    pub fn any(&self) -> bool {
+        [
+            self.q_a_proj,
+            self.kv_a_proj_with_mqa,
+            self.q_b_proj,
+            self.q_proj,
+            self.kv_b_proj,
+            self.w_uk_t,
+            self.w_uv,
+            self.o_proj,
+        ]
+        .iter()
+        .any(Option::is_some)
+    }
+
+    /// The widest K a quantized activation can have (for the workspace), 0 without fp8.
+    pub(crate) fn max_k(&self) -> i64 {
+        [self.q_a_proj, self.kv_a_proj_with_mqa, self.q_b_proj, self.q_proj, self.kv_b_proj, self.o_proj]
+            .iter()
+            .flatten()
+            .map(|m| m.w.dim(1))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A weight the block multiplies: a float view, or fp8.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Weight<'a> {
+    Float(Tensor<'a>),
+    Fp8(Fp8Matrix<'a>),
+}
+
+impl<'a> Weight<'a> {
+    /// The weight named `name`: fp8 when set there, else the float view.
+    pub fn pick(
+        fp8: Option<Fp8Matrix<'a>>,
+        float: Option<Tensor<'a>>,
+        name: &'static str,
+    ) -> Result<Weight<'a>> {
+        match (fp8, float) {
+            (Some(m), _) => Ok(Weight::Fp8(m)),
+            (None, Some(t)) => Ok(Weight::Float(t)),
+            (None, None) => {
+                Err(Error::invalid("MlaBlock", name, format!("required weight `{name}` is not set")))
+            }
+        }
+    }
+
+    pub fn rows(&self, a: i64, b: i64) -> Result<Weight<'a>> {
+        Ok(match self {
+            Weight::Float(t) => Weight::Float(t.slice(0, a, b)?),
+            Weight::Fp8(m) => Weight::Fp8(m.rows(a, b)?),
+        })
+    }
+}
+
+/// `out[M,N] = a[M,K] . W^T` for a linear weight: MatmulBT, or MatmulBTFp8 (weight-only,
+/// or with `a` quantized into the workspace when M >= [`FP8_QUANT_MIN_TOKENS`] and the
+/// workspace was sized for it by [`ensure_workspace`]).
+pub(crate) fn linear(
+    q: &Queue,
+    ws: &MlaWorkspace,
+    out: Tensor<'_>,
+    a: Tensor<'_>,
+    w: Weight<'_>,
+) -> Result<()> {
+    let m = match w {
+        Weight::Float(b) => return matmul_bt(q, &MatmulBTArgs { out, a, b }),
+        Weight::Fp8(m) => m,
+    };
+    let (rows, k) = (a.dim(0), a.dim(1));
+    if rows >= FP8_QUANT_MIN_TOKENS {
+        let qa = ws.view(Slot::Fp8Act, 0, &[rows, k])?;
+        let qs = ws.view(Slot::Fp8ActScale, 0, &[rows, blocks(k)])?;
+        quantize_fp8(q, &QuantizeFp8Args { out: qa, scale: qs, x: a })?;
+        return matmul_bt_fp8(
+            q,
+            &MatmulBTFp8Args { out, a: qa, a_scale: Some(qs), b: m.w, b_scale: m.scale },
+        );
+    }
+    matmul_bt_fp8(q, &MatmulBTFp8Args { out, a, a_scale: None, b: m.w, b_scale: m.scale })
+}
+
+/// `out[g] = a[g] . W[g]` for the absorbed per-head weights (decode: weight-only).
+pub(crate) fn bmm(q: &Queue, out: Tensor<'_>, a: Tensor<'_>, w: Weight<'_>) -> Result<()> {
+    match w {
+        Weight::Float(b) => batched_matmul(q, &BatchedMatmulArgs { out, a, b }),
+        Weight::Fp8(m) => {
+            batched_matmul_fp8(q, &BatchedMatmulFp8Args { out, a, a_scale: None, b: m.w, b_scale: m.scale })
+        }
+    }
+}
+
+/// Sizes the quantized-activation scratch for a step whose largest GEMM input has `rows`
+/// rows (nothing for a step below [`FP8_QUANT_MIN_TOKENS`] or a block without fp8 weights).
+pub(crate) fn ensure_workspace(
+    q: &Queue,
+    ws: &mut MlaWorkspace,
+    fp8: &Fp8BlockWeights<'_>,
+    rows: i64,
+) -> Result<()> {
+    let k = fp8.max_k();
+    if k == 0 || rows < FP8_QUANT_MIN_TOKENS {
+        return Ok(());
+    }
+    ws.ensure(q, Slot::Fp8Act, DType::F8E4M3, rows * k, rows * k)?;
+    ws.ensure(q, Slot::Fp8ActScale, DType::F32, rows * blocks(k), rows * blocks(k))
+}
