@@ -14,7 +14,7 @@
 //! - `W_UK_T` is kept as a per-head transposed copy of the codes (`[N, L, P]`, read as
 //!   `[N, P, L]`: K contiguous, the layout the weight-streaming kernel reads); its scales and
 //!   `W_UV` (rows `P..P+V` of each head, read transposed) are views of `kv_b_proj`'s.
-//! - Activations ([`linear`]): steps of at most [`FP8_QUANT_MIN_TOKENS`] - 1 tokens (decode)
+//! - Activations (`linear`): steps of at most [`FP8_QUANT_MIN_TOKENS`] - 1 tokens (decode)
 //!   multiply 16-bit activations by the fp8 weight (weight-only: the weight bytes are what a
 //!   decode step streams); larger ones (prefill) quantize the activations per token in
 //!   1 x 128 groups first (QuantizeFp8, into the workspace) and run both operands in fp8 (the
