@@ -31,6 +31,7 @@ kernel_files!(
     "batched_matmul.hip",
     "concat_and_cache_mla.hip",
     "concat_mla_nope_rope.hip",
+    "fp8_matmul.hip",
     "fused_norm_rope.hip",
     "gather_mla_cache.hip",
     "merge_attn_states.hip",

@@ -29,6 +29,7 @@ mod gemm;
 mod batched_matmul;
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
+mod fp8_matmul;
 mod fused_norm_rope;
 mod gather_mla_cache;
 mod matmul_bt;
@@ -133,7 +134,7 @@ pub fn register_with(libs: &Libraries) -> Probe {
 }
 
 /// Ops the HIP backend does not implement (the coverage test accepts exactly these).
-pub const OP_GAPS: &[OpId] = &[OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8];
+pub const OP_GAPS: &[OpId] = &[];
 
 /// The GEMMs: rocBLAS, or the batched_matmul kernel without it (always registered).
 pub fn gemm_ops() -> Vec<OpImpl> {
@@ -152,6 +153,9 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::MlaDecodeAttention(Arc::new(mla_decode_attention::run)),
         OpImpl::PrefillAttention(Arc::new(prefill_attention::run)),
         OpImpl::MergeAttnStates(Arc::new(merge_attn_states::run)),
+        OpImpl::MatmulBTFp8(Arc::new(fp8_matmul::run_matmul_bt)),
+        OpImpl::BatchedMatmulFp8(Arc::new(fp8_matmul::run_batched)),
+        OpImpl::QuantizeFp8(Arc::new(fp8_matmul::run_quantize)),
     ]
 }
 

@@ -437,6 +437,49 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
             Ok(steps)
         })(),
     );
+    // The fp8 ops: both activation forms of both matmuls, QuantizeFp8.
+    let (f8, f32t) = (DType::F8E4M3, DType::F32);
+    add(
+        OpId::MatmulBTFp8,
+        (|| {
+            let mut steps = Vec::new();
+            for fp8_a in [false, true] {
+                let args = MatmulBTFp8Args {
+                    out: f.c(dt, &[t, 200])?,
+                    a: f.c(if fp8_a { f8 } else { dt }, &[t, 384])?,
+                    a_scale: if fp8_a { Some(f.t(f32t, &[t, 3], &[1, t])?) } else { None },
+                    b: f.c(f8, &[200, 384])?,
+                    b_scale: f.c(f32t, &[2, 3])?,
+                };
+                steps.extend(crate::fp8_matmul::plan_matmul_bt(&args)?);
+            }
+            Ok(steps)
+        })(),
+    );
+    add(
+        OpId::BatchedMatmulFp8,
+        (|| {
+            let args = BatchedMatmulFp8Args {
+                out: f.c(dt, &[n, t, 128])?,
+                a: f.c(dt, &[n, t, 512])?,
+                a_scale: None,
+                b: f.t(f8, &[n, 512, 128], &[256 * 512, 1, 512])?,
+                b_scale: f.t(f32t, &[n, 4, 1], &[8, 1, 1])?,
+            };
+            crate::fp8_matmul::plan_batched(&args)
+        })(),
+    );
+    add(
+        OpId::QuantizeFp8,
+        (|| {
+            let args = QuantizeFp8Args {
+                out: f.c(f8, &[t, 200])?,
+                scale: f.c(f32t, &[t, 2])?,
+                x: f.c(dt, &[t, 200])?,
+            };
+            crate::fp8_matmul::plan_quantize(&args)
+        })(),
+    );
     add(
         OpId::MergeAttnStates,
         (|| {
