@@ -36,8 +36,9 @@ use crate::workspace::{MlaWorkspace, Slot};
 /// How a checkpoint's fp8 weights are held (`vt-mla run --weights-dtype`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightsDtype {
-    /// fp8 kept on CUDA devices, dequantized elsewhere (the CPU and HIP references compute
-    /// the same function more slowly, and HIP's fp8 ops are not tuned).
+    /// fp8 kept on CUDA devices for bf16/f16 compute (the fp8 kernels' fast paths take
+    /// 16-bit activations), dequantized elsewhere (the CPU and HIP references compute the
+    /// same function more slowly, and HIP's fp8 ops are not tuned).
     #[default]
     Auto,
     /// fp8 kept wherever the block can (see the module docs), on any device.
@@ -64,10 +65,11 @@ impl WeightsDtype {
         }
     }
 
-    /// Whether fp8 weights are kept on `device`.
-    pub fn keeps_fp8_on(self, device: vt_core::DeviceType) -> bool {
+    /// Whether fp8 weights are kept on `device` for a block computing in `dtype` (`None`:
+    /// the checkpoint's default, bf16 for fp8 checkpoints).
+    pub fn keeps_fp8_on(self, device: vt_core::DeviceType, dtype: Option<DType>) -> bool {
         match self {
-            WeightsDtype::Auto => device == vt_core::DeviceType::Cuda,
+            WeightsDtype::Auto => device == vt_core::DeviceType::Cuda && dtype != Some(DType::F32),
             WeightsDtype::Fp8 => true,
             WeightsDtype::Dequantize => false,
         }

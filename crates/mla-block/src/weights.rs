@@ -776,7 +776,7 @@ impl MlaWeightStore {
     }
 
     /// [`MlaWeightStore::load`] with the fp8 policy `weights` (issue 17): fp8 weights of the
-    /// checkpoint stay fp8 when `weights.keeps_fp8_on(queue's device)` (see [`crate::fp8`]
+    /// checkpoint stay fp8 when `weights.keeps_fp8_on(queue's device, dtype)` (see [`crate::fp8`]
     /// for which ones can), else they are dequantized as [`MlaWeightStore::load`] does.
     pub fn load_with(
         queue: &Queue,
@@ -800,7 +800,7 @@ impl MlaWeightStore {
         dtype: Option<DType>,
         weights: WeightsDtype,
     ) -> Result<Self> {
-        if !weights.keeps_fp8_on(queue.device().kind) {
+        if !weights.keeps_fp8_on(queue.device().kind, dtype) {
             return MlaWeightStore::from_checkpoint(queue, cfg, ckpt, prefix, dtype);
         }
         let host = HostWeights::from_checkpoint_with(ckpt, &cfg.dims, prefix, dtype, true)?;

@@ -138,8 +138,11 @@ fn auto_keeps_fp8_on_cuda_only_and_dequantize_never() {
         let s = MlaWeightStore::load_with(&q, &cfg, &path, &layer_prefix(0), None, wd).unwrap();
         assert_eq!(s.fp8_weights() > 0, want, "{wd:?} on the CPU");
     }
-    assert!(WeightsDtype::Auto.keeps_fp8_on(DeviceType::Cuda));
-    assert!(!WeightsDtype::Auto.keeps_fp8_on(DeviceType::Hip));
+    assert!(WeightsDtype::Auto.keeps_fp8_on(DeviceType::Cuda, None));
+    assert!(WeightsDtype::Auto.keeps_fp8_on(DeviceType::Cuda, Some(DType::BF16)));
+    assert!(!WeightsDtype::Auto.keeps_fp8_on(DeviceType::Cuda, Some(DType::F32)), "f32 runs dequantized");
+    assert!(!WeightsDtype::Auto.keeps_fp8_on(DeviceType::Hip, None));
+    assert!(WeightsDtype::Fp8.keeps_fp8_on(DeviceType::Cpu, Some(DType::F32)));
     assert_eq!(WeightsDtype::parse("FP8"), Some(WeightsDtype::Fp8));
     assert_eq!(WeightsDtype::parse("dequantize"), Some(WeightsDtype::Dequantize));
     assert_eq!(WeightsDtype::parse("int4"), None);

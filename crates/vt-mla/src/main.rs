@@ -91,8 +91,8 @@ struct RunArgs {
     /// fp8 block-scaled checkpoints: `fp8` keeps the weights in fp8 (e4m3 codes and their
     /// 128x128 scales, multiplied by the fp8 matmuls; the absorbed weights and kv_a too when
     /// their widths are multiples of 128), `dequantize` converts them to the input's dtype
-    /// at load, `auto` keeps fp8 on CUDA and dequantizes elsewhere. Other checkpoints: no
-    /// effect.
+    /// at load, `auto` keeps fp8 on CUDA for bf16/f16 inputs and dequantizes elsewhere. Other
+    /// checkpoints: no effect.
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_weights_dtype)]
     weights_dtype: WeightsDtype,
     /// The layer to run: its weights are `model.layers.N.self_attn.*` (default 0).

@@ -152,7 +152,7 @@ pub fn run(
 ) -> Result<TpRun> {
     mla_block::tp::check_tp(&cfg.dims, tp)?;
     let group = TpGroup::open_with_dcp(kind, tp, dcp, transport.into())?;
-    let keep = weights_dtype.keeps_fp8_on(kind);
+    let keep = weights_dtype.keeps_fp8_on(kind, Some(hidden.dtype));
     let host = progress::load_weights(weights.0, &cfg.dims, weights.1, hidden.dtype, keep)?;
     let model = progress::stage(format!("splitting and uploading the weights to {tp} ranks"), || {
         TpModel::load(&group, cfg, &host)
