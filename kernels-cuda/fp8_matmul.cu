@@ -132,19 +132,24 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 constexpr int GEMV_WARPS = 8;
 
 // CTA: GEMV_WARPS warps = (8 / wk) row tiles of 16 weight rows x wk K-slices; blockIdx.x the
-// row-tile block, blockIdx.y the token block (8 TT tokens), blockIdx.z the batch entry.
+// row-tile block, blockIdx.y the token block (8 TT tokens), blockIdx.z the batch entry times
+// `splits` plus the K split: split s covers the 128-groups [s gps, (s + 1) gps). With
+// splits > 1 the CTA writes f32 partial sums to `part` ([splits][G][M][N], split stride
+// part_s) and fp8_split_combine adds them; else it writes `out`.
 // Requirements (checked on the host): K % 16 == 0, b rows and a rows 16-byte aligned.
 template <typename T, int TT>
 __device__ void gemv(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64 a_m, const unsigned char* b,
-                     i64 b_b, i64 b_n, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, int wk) {
+                     i64 b_b, i64 b_n, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, int wk,
+                     float* part, i64 part_s, int splits, int gps) {
     __shared__ float red[GEMV_WARPS][TT * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int ks = warp % wk, wn = GEMV_WARPS / wk;
-    const i64 batch = blockIdx.z;
+    const i64 batch = blockIdx.z / splits;
+    const int split = blockIdx.z % splits;
     const int n0 = (blockIdx.x * wn + warp / wk) * 16;
     const int m0 = blockIdx.y * (8 * TT);
-    const int groups = (k + 127) >> 7;
+    const int groups = min((k + 127) >> 7, (split + 1) * gps), g_lo = split * gps;
     float acc[TT][4];
 #pragma unroll
     for (int tt = 0; tt < TT; ++tt)
@@ -176,8 +181,8 @@ __device__ void gemv(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
             }
         };
         uint4 cw[2][2], nw[2][2];
-        load_w(ks, cw);
-        for (int gi = ks; gi < groups; gi += wk) {
+        load_w(g_lo + ks, cw);
+        for (int gi = g_lo + ks; gi < groups; gi += wk) {
             load_w(gi + wk, nw);
             float tmp[TT][4];
 #pragma unroll
@@ -234,8 +239,25 @@ __device__ void gemv(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
             float sum = red[warp][tt * 4 + i][lane];
             for (int j = 1; j < wk; ++j) sum += red[warp + j][tt * 4 + i][lane];
             const int row = n0 + g + 8 * (i >> 1), tok = m0 + tt * 8 + 2 * t + (i & 1);
-            if (row < n && tok < m) out[batch * o_b + (i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(sum);
+            if (row >= n || tok >= m) continue;
+            if (part != nullptr)
+                part[split * part_s + (batch * m + tok) * (i64)n + row] = sum;
+            else
+                out[batch * o_b + (i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(sum);
         }
+}
+
+// out[g, m, n] = the sum over the K splits of their f32 partials (in split order).
+template <typename T>
+__device__ void split_combine(T* out, i64 o0, i64 o1, i64 o2, const float* part, i64 part_s, int splits, i64 g,
+                              i64 m, i64 n) {
+    const i64 total = g * m * n;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
+        const i64 gi = e / (m * n), rem = e % (m * n), i = rem / n, j = rem % n;
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s) acc += part[s * part_s + e];
+        out[gi * o0 + i * o1 + j * o2] = vt::from_f32<T>(acc);
+    }
 }
 
 // -------------------------------------------------------------- both fp8: mma.sync m16n8k32
@@ -419,9 +441,12 @@ __device__ __forceinline__ void mma_m64n128k32(float (&d)[64], uint64_t da, uint
 }
 #endif
 
+// blockIdx.z = batch entry * splits + K split (split s: K tiles [s kpt, (s + 1) kpt)); with
+// splits > 1 the result is an f32 partial in `part` (as the Gemv kernel's).
 template <typename T>
 __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* as, i64 as_b, i64 as_m,
-                     i64 as_k, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k) {
+                     i64 as_k, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, float* part,
+                     i64 part_s, int splits, int kpt) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = (unsigned char*)(((unsigned long long)smem_raw + 1023) & ~1023ull);
@@ -429,8 +454,8 @@ __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const 
     const uint32_t sA = base, sB = base + OFF_B, sBar = base + OFF_BAR;
     auto full = [&](int s) { return sBar + 8 * s; };
     auto empty = [&](int s) { return sBar + 8 * (STAGES + s); };
-    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, batch = blockIdx.z;
-    const int kt_n = (k + BK - 1) / BK;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM, batch = blockIdx.z / splits, split = blockIdx.z % splits;
+    const int kt_lo = split * kpt, kt_hi = min((k + BK - 1) / BK, kt_lo + kpt);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full(s), 1);     // the producer's expect_tx arrival, then the bytes
@@ -444,8 +469,8 @@ __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const 
         if (wtid != 0) return;
         prefetch_map(&maps.a);
         prefetch_map(&maps.b);
-        for (int kt = 0; kt < kt_n; ++kt) {
-            const int st = kt % STAGES, u = kt / STAGES;
+        for (int kt = kt_lo; kt < kt_hi; ++kt) {
+            const int st = (kt - kt_lo) % STAGES, u = (kt - kt_lo) / STAGES;
             if (u > 0) mbar_wait(empty(st), (u - 1) & 1);
             mbar_expect_tx(full(st), 2 * TILE);
             tma_load_3d(sA + st * TILE, &maps.a, kt * BK, m0, batch, full(st));
@@ -461,8 +486,8 @@ __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const 
     float acc[64], tmp[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    for (int kt = 0; kt < kt_n; ++kt) {
-        const int st = kt % STAGES, u = kt / STAGES;
+    for (int kt = kt_lo; kt < kt_hi; ++kt) {
+        const int st = (kt - kt_lo) % STAGES, u = (kt - kt_lo) / STAGES;
         // The scales first: their loads overlap the wait and the products.
         const float scb = sb[(i64)kt * bs_k];
         const float s_lo = r_lo < m ? sa[(i64)r_lo * as_m + (i64)kt * as_k] : 0.0f;
@@ -493,7 +518,11 @@ __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = e < 2 ? r_lo : r_hi, c = n0 + 8 * j + 2 * t + (e & 1);
-            if (r < m && c < n) o[(i64)r * o_m + (i64)c * o_n] = vt::from_f32<T>(acc[4 * j + e]);
+            if (r >= m || c >= n) continue;
+            if (part != nullptr)
+                part[split * part_s + ((i64)batch * m + r) * n + c] = acc[4 * j + e];
+            else
+                o[(i64)r * o_m + (i64)c * o_n] = vt::from_f32<T>(acc[4 * j + e]);
         }
 #endif
 }
@@ -521,16 +550,24 @@ __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const 
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(wgm::THREADS, 1) fp8_gemm_wgmma_##S(                          \
         const __grid_constant__ wgm::Maps maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* as, i64 as_b,    \
-        i64 as_m, i64 as_k, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k) {               \
-        wgm::gemm<T>(maps, out, o_b, o_m, o_n, as, as_b, as_m, as_k, bs, bs_b, bs_n, bs_k, m, n, k);             \
+        i64 as_m, i64 as_k, const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, float* part,      \
+        i64 part_s, int splits, int kpt) {                                                                        \
+        wgm::gemm<T>(maps, out, o_b, o_m, o_n, as, as_b, as_m, as_k, bs, bs_b, bs_n, bs_k, m, n, k, part, part_s,  \
+                     splits, kpt);                                                                                \
+    }                                                                                                           \
+    extern "C" __global__ void fp8_split_combine_##S(T* out, i64 o0, i64 o1, i64 o2, const float* part,           \
+                                                     i64 part_s, int splits, i64 g, i64 m, i64 n) {               \
+        fp8mm::split_combine<T>(out, o0, o1, o2, part, part_s, splits, g, m, n);                                  \
     }
 VT_FOR_EACH_FLOAT(VT_FP8_ALL)
 
 #define VT_FP8_GEMV(S, T, TT)                                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * fp8mm::GEMV_WARPS) fp8_gemv_t##TT##_##S(                    \
         T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64 a_m, const unsigned char* b, i64 b_b, i64 b_n,  \
-        const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, int wk) {                             \
-        fp8mm::gemv<T, TT>(out, o_b, o_m, o_n, a, a_b, a_m, b, b_b, b_n, bs, bs_b, bs_n, bs_k, m, n, k, wk);       \
+        const float* bs, i64 bs_b, i64 bs_n, i64 bs_k, int m, int n, int k, int wk, float* part, i64 part_s,      \
+        int splits, int gps) {                                                                                   \
+        fp8mm::gemv<T, TT>(out, o_b, o_m, o_n, a, a_b, a_m, b, b_b, b_n, bs, bs_b, bs_n, bs_k, m, n, k, wk, part,  \
+                           part_s, splits, gps);                                                                 \
     }
 #define VT_FP8_GEMV_ALL(S, T) VT_FP8_GEMV(S, T, 1) VT_FP8_GEMV(S, T, 2) VT_FP8_GEMV(S, T, 4)
 VT_FP8_GEMV_ALL(bf16, bf16)

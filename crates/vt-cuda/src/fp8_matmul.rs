@@ -21,9 +21,13 @@
 //! - **Auto** picks Gemv for weight-only, Wgmma (sm_90) or Mma for both-fp8 when the views
 //!   allow, else Generic.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use cudarc::driver::CudaStream;
 use vt_core::fp8_block::blocks;
 use vt_core::{
-    BatchedMatmulFp8Args, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
+    BatchedMatmulFp8Args, Buffer, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
 };
 
 use crate::launch::TensorMapSpec;
@@ -202,11 +206,64 @@ fn gemv_wk(k: i64) -> i64 {
     [8, 4, 2, 1].into_iter().find(|&w| w <= groups).unwrap_or(1)
 }
 
-/// The launches of one fp8 matmul on a device of compute capability `sm`, and the kernel
-/// they run: plain data, no device (the PTX check compares them with the kernels'
-/// parameter lists). A forced kernel that cannot take the arguments is an error.
-fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Launch>)> {
-    let chosen = match kernel {
+/// How a fp8 matmul runs: the kernel, and optionally the number of K splits (the Gemv and
+/// Wgmma kernels can split K over CTAs, writing f32 partials that a second launch adds up;
+/// `None`: chosen from the device's SM count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Options {
+    pub kernel: Kernel,
+    pub splits: Option<u32>,
+}
+
+impl Default for Fp8Options {
+    fn default() -> Self {
+        Fp8Options { kernel: Kernel::Auto, splits: None }
+    }
+}
+
+/// What the planner needs to know of the device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Device {
+    pub sm: u32,
+    pub sms: u32,
+}
+
+/// The f32 partials of the split-K launches are capped at this many bytes.
+const MAX_PARTIAL_BYTES: i64 = 256 << 20;
+
+/// `ceil(a / b)` for positive `b`.
+fn cdiv(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+/// K splits of `units` (128-groups or K tiles) for `base` CTAs: enough CTAs for two waves
+/// (`Some(s)` forces `s`), at most one split per unit, partials within the cap; returns
+/// (splits, units per split).
+fn split_k(forced: Option<u32>, base: i64, units: i64, sms: u32, partial_elems_per_split: i64) -> (i64, i64) {
+    let units = units.max(1);
+    let want = match forced {
+        Some(s) => s.max(1) as i64,
+        None if base >= 2 * sms as i64 => 1,
+        None => cdiv(2 * sms as i64, base.max(1)),
+    };
+    let cap = (MAX_PARTIAL_BYTES / 4 / partial_elems_per_split.max(1)).max(1);
+    let s = want.min(units).min(cap).max(1);
+    let per = cdiv(units, s);
+    (cdiv(units, per), per)
+}
+
+/// The launches of one fp8 matmul and the kernel they run: plain data, no device (the PTX
+/// check compares them with the kernels' parameter lists). `part` is the address of the
+/// split-K partials (the first call may pass 0 to learn their size: the returned element
+/// count). A forced kernel that cannot take the arguments is an error.
+fn plan_problem(
+    dev: Device,
+    p: &Problem,
+    opts: &Fp8Options,
+    part: u64,
+) -> Result<(Kernel, Vec<Launch>, i64)> {
+    let sm = dev.sm;
+    let chosen = match opts.kernel {
         Kernel::Auto if p.gemv_ok() => Kernel::Gemv,
         Kernel::Auto if p.wgmma_ok(sm) => Kernel::Wgmma,
         Kernel::Auto if p.mma_ok(sm) => Kernel::Mma,
@@ -236,17 +293,50 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
         _ => {}
     }
     if p.g == 0 || p.m == 0 || p.n == 0 {
-        return Ok((chosen, Vec::new()));
+        return Ok((chosen, Vec::new(), 0));
     }
     let dt = p.dtype();
-    let launch = match chosen {
+    let gmn = p.g * p.m * p.n;
+    let grid_z = |splits: i64| -> Result<u32> {
+        let z = p.g * splits;
+        if z > 65535 {
+            return Err(Error::invalid(
+                p.op,
+                "a",
+                format!("{} batch entries x {splits} K splits exceed the grid", p.g),
+            ));
+        }
+        Ok(z as u32)
+    };
+    // The split-K epilogue: out = the sum of the partials.
+    let combine = |splits: i64| -> Launch {
+        let mut args: Vec<Arg> = Vec::with_capacity(10);
+        args.extend(p.out.args());
+        args.extend([part.into(), gmn.into(), (splits as i32).into(), p.g.into(), p.m.into(), p.n.into()]);
+        Launch::new(&SRC, "fp8_split_combine", dt, (grid_1d(cdiv(gmn, 256)), 1, 1), 256, args)
+    };
+    let mut launches = Vec::new();
+    let mut part_elems = 0;
+    match chosen {
         Kernel::Gemv => {
-            let (tt, wk) = (gemv_tt(p.m), gemv_wk(p.k));
+            let tt = gemv_tt(p.m);
+            let tb = cdiv(p.m, 8 * tt);
+            let groups = blocks(p.k);
+            // Unsplit: the default K-slices inside a CTA; split: 128-row CTAs (8 row tiles,
+            // one K-slice each) over `splits` ranges of groups.
+            let wk0 = gemv_wk(p.k);
+            let base0 = cdiv(p.n, 16 * (GEMV_WARPS as i64 / wk0)) * tb * p.g;
+            let base1 = cdiv(p.n, 16 * GEMV_WARPS as i64) * tb * p.g;
+            let (splits, gps) = match opts.splits {
+                None if base0 >= 2 * dev.sms as i64 => (1, groups),
+                forced => split_k(forced, base1, groups, dev.sms, gmn),
+            };
+            let wk = if splits > 1 { 1 } else { wk0 };
             let rows_per_cta = 16 * (GEMV_WARPS as i64 / wk);
             let grid = (
-                int(p.op, "b", (p.n + rows_per_cta - 1) / rows_per_cta)? as u32,
-                int(p.op, "a", (p.m + 8 * tt - 1) / (8 * tt))? as u32,
-                p.g as u32,
+                int(p.op, "b", cdiv(p.n, rows_per_cta))? as u32,
+                int(p.op, "a", tb)? as u32,
+                grid_z(splits)?,
             );
             if grid.1 > 65535 {
                 return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Gemv kernel's grid", p.m)));
@@ -256,6 +346,7 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
                 2 => "fp8_gemv_t2",
                 _ => "fp8_gemv_t4",
             };
+            let part_arg = if splits > 1 { part } else { 0 };
             let args: Vec<Arg> = vec![
                 p.out.addr.into(),
                 p.out.s[0].into(),
@@ -275,15 +366,23 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
                 int(p.op, "b", p.n)?.into(),
                 int(p.op, "a", p.k)?.into(),
                 (wk as i32).into(),
+                part_arg.into(),
+                gmn.into(),
+                (splits as i32).into(),
+                (gps as i32).into(),
             ];
-            Launch::new(&SRC, base, dt, grid, 32 * GEMV_WARPS, args)
+            launches.push(Launch::new(&SRC, base, dt, grid, 32 * GEMV_WARPS, args));
+            if splits > 1 {
+                part_elems = splits * gmn;
+                launches.push(combine(splits));
+            }
         }
         Kernel::Mma => {
             let a_scale = p.a_scale.expect("checked by mma_ok");
             let grid = (
-                int(p.op, "b", (p.n + MMA_TILE - 1) / MMA_TILE)? as u32,
-                int(p.op, "a", (p.m + MMA_TILE - 1) / MMA_TILE)? as u32,
-                p.g as u32,
+                int(p.op, "b", cdiv(p.n, MMA_TILE))? as u32,
+                int(p.op, "a", cdiv(p.m, MMA_TILE))? as u32,
+                grid_z(1)?,
             );
             if grid.1 > 65535 {
                 return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Mma kernel's grid", p.m)));
@@ -311,14 +410,23 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
                 int(p.op, "b", p.n)?.into(),
                 int(p.op, "a", p.k)?.into(),
             ];
-            Launch::new(&SRC, "fp8_gemm_mma", dt, grid, MMA_THREADS, args).with_smem(MMA_SMEM)
+            launches.push(Launch::new(&SRC, "fp8_gemm_mma", dt, grid, MMA_THREADS, args).with_smem(MMA_SMEM));
         }
         Kernel::Wgmma => {
             let a_scale = p.a_scale.expect("checked by wgmma_ok");
+            let tiles = cdiv(p.n, MMA_TILE) * cdiv(p.m, MMA_TILE) * p.g;
+            let k_tiles = cdiv(p.k, MMA_TILE);
+            // One wave's worth of CTAs, each split at least two K tiles deep.
+            let want = match opts.splits {
+                Some(s) => s as i64,
+                None if tiles >= dev.sms as i64 => 1,
+                None => cdiv(dev.sms as i64, tiles).min(k_tiles / 2),
+            };
+            let (splits, kpt) = split_k(Some(want.max(1) as u32), tiles, k_tiles, dev.sms, gmn);
             let grid = (
-                int(p.op, "b", (p.n + MMA_TILE - 1) / MMA_TILE)? as u32,
-                int(p.op, "a", (p.m + MMA_TILE - 1) / MMA_TILE)? as u32,
-                p.g as u32,
+                int(p.op, "b", cdiv(p.n, MMA_TILE))? as u32,
+                int(p.op, "a", cdiv(p.m, MMA_TILE))? as u32,
+                grid_z(splits)?,
             );
             if grid.1 > 65535 {
                 return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Wgmma kernel's grid", p.m)));
@@ -327,6 +435,7 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
                 fp8_map("a", p.a.addr, (p.k, p.m, p.g), p.a.s[1], p.a.s[0]),
                 fp8_map("b", p.b.addr, (p.k, p.n, p.g), p.b.s[2], p.b.s[0]),
             ]);
+            let part_arg = if splits > 1 { part } else { 0 };
             let args: Vec<Arg> = vec![
                 maps,
                 p.out.addr.into(),
@@ -344,8 +453,18 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
                 int(p.op, "a", p.m)?.into(),
                 int(p.op, "b", p.n)?.into(),
                 int(p.op, "a", p.k)?.into(),
+                part_arg.into(),
+                gmn.into(),
+                (splits as i32).into(),
+                (kpt as i32).into(),
             ];
-            Launch::new(&SRC, "fp8_gemm_wgmma", dt, grid, WGMMA_THREADS, args).with_smem(WGMMA_SMEM)
+            launches.push(
+                Launch::new(&SRC, "fp8_gemm_wgmma", dt, grid, WGMMA_THREADS, args).with_smem(WGMMA_SMEM),
+            );
+            if splits > 1 {
+                part_elems = splits * gmn;
+                launches.push(combine(splits));
+            }
         }
         Kernel::Generic | Kernel::Auto => {
             let none = V3 { addr: 0, s: [0; 3], dtype: DType::F32 };
@@ -356,44 +475,78 @@ fn plan_problem(sm: u32, p: &Problem, kernel: Kernel) -> Result<(Kernel, Vec<Lau
             args.extend(p.b.args());
             args.extend(p.b_scale.args());
             args.extend([p.g.into(), p.m.into(), p.n.into(), p.k.into()]);
-            let total = p.g * p.m * p.n;
-            Launch::new(&SRC, "fp8_matmul_generic", dt, (grid_1d((total + 255) / 256), 1, 1), 256, args)
+            launches.push(Launch::new(
+                &SRC,
+                "fp8_matmul_generic",
+                dt,
+                (grid_1d(cdiv(gmn, 256)), 1, 1),
+                256,
+                args,
+            ));
         }
-    };
-    Ok((chosen, vec![launch]))
+    }
+    Ok((chosen, launches, part_elems))
 }
 
+/// The plan of a MatmulBTFp8 call (the PTX check's samples).
+#[cfg(test)]
 pub(crate) fn plan_matmul_bt(
-    sm: u32,
+    dev: Device,
     x: &MatmulBTFp8Args<'_>,
-    kernel: Kernel,
-) -> Result<(Kernel, Vec<Launch>)> {
-    plan_problem(sm, &Problem::of_matmul_bt(x), kernel)
+    opts: &Fp8Options,
+    part: u64,
+) -> Result<(Kernel, Vec<Launch>, i64)> {
+    plan_problem(dev, &Problem::of_matmul_bt(x), opts, part)
 }
 
+/// The plan of a BatchedMatmulFp8 call (the PTX check's samples).
+#[cfg(test)]
 pub(crate) fn plan_batched(
-    sm: u32,
+    dev: Device,
     x: &BatchedMatmulFp8Args<'_>,
-    kernel: Kernel,
-) -> Result<(Kernel, Vec<Launch>)> {
-    plan_problem(sm, &Problem::of_batched(x), kernel)
+    opts: &Fp8Options,
+    part: u64,
+) -> Result<(Kernel, Vec<Launch>, i64)> {
+    plan_problem(dev, &Problem::of_batched(x), opts, part)
+}
+
+/// Plans, sizes this queue's partials when the plan splits K, plans again with their
+/// address, and runs.
+fn run_problem(q: &Queue, p: &Problem, opts: &Fp8Options) -> Result<Kernel> {
+    let cq = CudaQueue::of(q, p.op)?;
+    let dev = Device { sm: cq.sm(), sms: cq.sm_count()? };
+    let (mut chosen, mut launches, elems) = plan_problem(dev, p, opts, 0)?;
+    if elems > 0 {
+        let part = partials(q, cq, elems)?;
+        (chosen, launches, _) = plan_problem(dev, p, opts, part)?;
+    }
+    cq.run(p.op, &launches)?;
+    Ok(chosen)
 }
 
 /// MatmulBTFp8 with the kernel chosen by the caller; returns the kernel that ran. For tests
 /// and benchmarks: arguments must have passed vt-core's validation (call the op first).
 pub fn matmul_bt_fp8_with(q: &Queue, x: &MatmulBTFp8Args<'_>, kernel: Kernel) -> Result<Kernel> {
-    let cq = CudaQueue::of(q, OpId::MatmulBTFp8)?;
-    let (chosen, launches) = plan_matmul_bt(cq.sm(), x, kernel)?;
-    cq.run(OpId::MatmulBTFp8, &launches)?;
-    Ok(chosen)
+    matmul_bt_fp8_with_options(q, x, &Fp8Options { kernel, splits: None })
+}
+
+/// [`matmul_bt_fp8_with`] with the K splits forced too.
+pub fn matmul_bt_fp8_with_options(q: &Queue, x: &MatmulBTFp8Args<'_>, opts: &Fp8Options) -> Result<Kernel> {
+    run_problem(q, &Problem::of_matmul_bt(x), opts)
 }
 
 /// BatchedMatmulFp8 with the kernel chosen by the caller (see [`matmul_bt_fp8_with`]).
 pub fn batched_matmul_fp8_with(q: &Queue, x: &BatchedMatmulFp8Args<'_>, kernel: Kernel) -> Result<Kernel> {
-    let cq = CudaQueue::of(q, OpId::BatchedMatmulFp8)?;
-    let (chosen, launches) = plan_batched(cq.sm(), x, kernel)?;
-    cq.run(OpId::BatchedMatmulFp8, &launches)?;
-    Ok(chosen)
+    batched_matmul_fp8_with_options(q, x, &Fp8Options { kernel, splits: None })
+}
+
+/// [`batched_matmul_fp8_with`] with the K splits forced too.
+pub fn batched_matmul_fp8_with_options(
+    q: &Queue,
+    x: &BatchedMatmulFp8Args<'_>,
+    opts: &Fp8Options,
+) -> Result<Kernel> {
+    run_problem(q, &Problem::of_batched(x), opts)
 }
 
 pub(crate) fn run_matmul_bt(q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
@@ -402,6 +555,44 @@ pub(crate) fn run_matmul_bt(q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
 
 pub(crate) fn run_batched(q: &Queue, x: &BatchedMatmulFp8Args<'_>) -> Result<()> {
     batched_matmul_fp8_with(q, x, Kernel::Auto).map(|_| ())
+}
+
+/// The split-K partials of one queue (stream), grown only when a larger call arrives, so
+/// that after warm-up a call allocates nothing (CUDA graph capture); a buffer outgrown after
+/// a graph was captured on the queue is kept until the queue goes (the graph may use it).
+struct Partials {
+    stream: Weak<CudaStream>,
+    buf: Option<Buffer>,
+    retired: Vec<Buffer>,
+}
+
+static PARTIALS: LazyLock<Mutex<HashMap<usize, Partials>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The address of at least `elems` f32 partials for this queue.
+fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
+    let mut all = PARTIALS
+        .lock()
+        .map_err(|_| Error::op_failed(OpId::MatmulBTFp8, "cuda", "a lock was poisoned by a panic"))?;
+    if !crate::graph::capturing() {
+        all.retain(|_, w| w.stream.strong_count() > 0);
+    }
+    let key = Arc::as_ptr(&cq.stream) as usize;
+    let w = all.entry(key).or_insert_with(|| Partials {
+        stream: Arc::downgrade(&cq.stream),
+        buf: None,
+        retired: Vec::new(),
+    });
+    if w.buf.as_ref().is_none_or(|b| b.numel() < elems) {
+        match w.buf.take() {
+            Some(old) if cq.has_captured() => w.retired.push(old),
+            old => drop(old),
+        }
+        w.buf = Some(Buffer::uninit(q, DType::F32, &[elems.max(1)])?);
+    }
+    match &w.buf {
+        Some(b) => Ok(b.view().data_addr()),
+        None => Err(Error::op_failed(OpId::MatmulBTFp8, "cuda", "split-K partials missing")),
+    }
 }
 
 /// QuantizeFp8: a warp per (row, 128-group), 8 warps a block.

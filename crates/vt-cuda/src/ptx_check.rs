@@ -287,27 +287,40 @@ fn samples(dt: DType) -> Result<Samples> {
     // CTA on 16-bit dtypes, Mma, Wgmma, Generic with both activation forms), MatmulBTFp8 and the
     // batched form (the absorbed W_UV: K-contiguous per-head weights).
     {
-        use crate::fp8_matmul::{plan_batched, plan_matmul_bt, plan_quantize, Kernel as FK};
+        use crate::fp8_matmul::{
+            plan_batched, plan_matmul_bt, plan_quantize, Device, Fp8Options, Kernel as FK,
+        };
+        let dev = Device { sm: 90, sms: 132 };
+        let part = 5u64 << 40;
         let (f8, f32t) = (DType::F8E4M3, DType::F32);
         let a = QuantizeFp8Args { out: f.c(f8, &[t, 256]), scale: f.c(f32t, &[t, 2]), x: f.c(dt, &[t, 256]) };
         add("QuantizeFp8".into(), plan_quantize(&a)?);
+        // (kernel, M, fp8 activations, forced K splits): the split-K forms add the combine launch.
         let mut forms = vec![
-            (FK::Generic, 3, false),
-            (FK::Generic, 3, true),
-            (FK::Mma, 130, true),
-            (FK::Wgmma, 130, true),
+            (FK::Generic, 3, false, None),
+            (FK::Generic, 3, true, None),
+            (FK::Mma, 130, true, None),
+            (FK::Wgmma, 130, true, None),
+            (FK::Wgmma, 130, true, Some(3)),
         ];
         if dt != DType::F32 {
-            forms.extend([(FK::Gemv, 1, false), (FK::Gemv, 9, false), (FK::Gemv, 17, false)]);
+            forms.extend([
+                (FK::Gemv, 1, false, None),
+                (FK::Gemv, 9, false, Some(2)),
+                (FK::Gemv, 17, false, Some(1)),
+            ]);
         }
         let (n, k) = (200, 384);
-        for (kernel, m, fp8_a) in forms {
+        for (kernel, m, fp8_a, splits) in forms {
             let out = f.c(dt, &[m, n]);
             let act = f.c(if fp8_a { f8 } else { dt }, &[m, k]);
             let a_scale = if fp8_a { Some(f.c(f32t, &[m, 3])) } else { None };
             let (b, b_scale) = (f.c(f8, &[n, k]), f.c(f32t, &[2, 3]));
             let a = MatmulBTFp8Args { out, a: act, a_scale, b, b_scale };
-            add(format!("MatmulBTFp8 ({kernel:?})"), plan_matmul_bt(90, &a, kernel)?.1);
+            let launches = plan_matmul_bt(dev, &a, &Fp8Options { kernel, splits }, part)?.1;
+            let split = splits.unwrap_or(1) > 1 || (kernel == FK::Gemv && m == 1);
+            assert_eq!(launches.len(), if split { 2 } else { 1 }, "{kernel:?} M {m} splits {splits:?}");
+            add(format!("MatmulBTFp8 ({kernel:?}, splits {splits:?})"), launches);
         }
         let (g, l, v) = (4, 512, 128);
         for kernel in [FK::Auto, FK::Generic] {
@@ -318,7 +331,10 @@ fn samples(dt: DType) -> Result<Samples> {
                 b: f.t(f8, &[g, l, v], &[256 * l, 1, l]),
                 b_scale: f.t(f32t, &[g, 4, 1], &[8, 1, 1]),
             };
-            add(format!("BatchedMatmulFp8 ({kernel:?})"), plan_batched(90, &a, kernel)?.1);
+            add(
+                format!("BatchedMatmulFp8 ({kernel:?})"),
+                plan_batched(dev, &a, &Fp8Options { kernel, splits: None }, part)?.1,
+            );
         }
     }
     Ok(out)

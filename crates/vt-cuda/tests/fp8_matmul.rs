@@ -12,7 +12,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
 use vt_core::*;
-use vt_cuda::fp8_matmul::{batched_matmul_fp8_with, matmul_bt_fp8_with, Kernel};
+use vt_cuda::fp8_matmul::{
+    batched_matmul_fp8_with, matmul_bt_fp8_with, matmul_bt_fp8_with_options, Fp8Options, Kernel,
+};
 
 fn cuda() -> Option<(Queue, Queue)> {
     static PROBE: OnceLock<Probe> = OnceLock::new();
@@ -109,6 +111,19 @@ fn tol(dt: DType) -> f64 {
 /// with the matching scale rows, `out` columns `3..3+N` of rows `N + 8` wide.
 #[allow(clippy::too_many_arguments)]
 fn matmul_case(kernel: Kernel, dt: DType, m: i64, n: i64, k: i64, a_ld: i64, row0: i64, fp8_a: bool) {
+    matmul_case_split(kernel, None, dt, (m, n, k), a_ld, row0, fp8_a)
+}
+
+/// [`matmul_case`] with the K splits forced (`None`: the planner's choice).
+fn matmul_case_split(
+    kernel: Kernel,
+    splits: Option<u32>,
+    dt: DType,
+    (m, n, k): (i64, i64, i64),
+    a_ld: i64,
+    row0: i64,
+    fp8_a: bool,
+) {
     let Some((c, g)) = cuda() else { return };
     if kernel == Kernel::Mma && sm(&g) < 89 {
         println!("SKIP: the Mma kernel needs sm_89+");
@@ -119,7 +134,7 @@ fn matmul_case(kernel: Kernel, dt: DType, m: i64, n: i64, k: i64, a_ld: i64, row
         return;
     }
     let what = format!(
-        "MatmulBTFp8 {kernel:?} {dt} M {m} N {n} K {k} (a ld {a_ld}, b rows from {row0}, fp8 a {fp8_a})"
+        "MatmulBTFp8 {kernel:?} splits {splits:?} {dt} M {m} N {n} K {k} (a ld {a_ld}, b rows from {row0}, fp8 a {fp8_a})"
     );
     let mut r = rng(&what);
     let rows = row0 + n + 5;
@@ -145,12 +160,28 @@ fn matmul_case(kernel: Kernel, dt: DType, m: i64, n: i64, k: i64, a_ld: i64, row
     let args_c = MatmulBTFp8Args { out: oc, a: ac, a_scale: ascale.map(|s| s.0), b: bc, b_scale: sc_c };
     let args_g = MatmulBTFp8Args { out: og, a: ag, a_scale: ascale.map(|s| s.1), b: bg, b_scale: sc_g };
     matmul_bt_fp8(&c, &args_c).unwrap();
-    let ran = matmul_bt_fp8_with(&g, &args_g, kernel).unwrap();
+    let ran = matmul_bt_fp8_with_options(&g, &args_g, &Fp8Options { kernel, splits }).unwrap();
     if kernel != Kernel::Auto {
         assert_eq!(ran, kernel);
     }
     g.synchronize().unwrap();
     check(&what, &c, &g, &out, &oc, tol(dt));
+}
+
+/// K split over CTAs (f32 partials added by the combine kernel), forced: more splits than
+/// 128-groups / K tiles, one split, uneven ones; the planner's choice at decode shapes.
+#[test]
+fn split_k_partials_add_up() {
+    for splits in [1, 2, 3, 7, 64] {
+        matmul_case_split(Kernel::Gemv, Some(splits), DType::BF16, (7, 264, 1024), 1024, 0, false);
+        matmul_case_split(Kernel::Gemv, Some(splits), DType::F16, (33, 136, 400), 400, 128, false);
+        matmul_case_split(Kernel::Wgmma, Some(splits), DType::BF16, (130, 256, 1024), 1024, 0, true);
+        matmul_case_split(Kernel::Wgmma, Some(splits), DType::F32, (7, 200, 2048), 2064, 128, true);
+    }
+    for m in [1, 4, 8, 32] {
+        matmul_case_split(Kernel::Auto, None, DType::BF16, (m, 2112, 7168), 7168, 0, false);
+        matmul_case_split(Kernel::Auto, None, DType::BF16, (m, 512, 2048), 2048, 0, true);
+    }
 }
 
 #[test]
