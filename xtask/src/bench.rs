@@ -65,7 +65,8 @@ pub struct Args {
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
-    /// Keep shapes matching every key given (hN, bN, sN, bsN, sqN), e.g. `h128,b1,s8192`; repeatable.
+    /// Keep shapes matching every key given (hN, bN, sN, bsN, sqN; kv8 = the fp8_ds_mla cache
+    /// rows, kv16 = the bf16 ones), e.g. `h128,b1,s8192`; repeatable.
     #[arg(long, value_name = "SPEC", value_parser = only_spec)]
     pub only: Vec<String>,
 }
@@ -92,13 +93,14 @@ pub fn positive(s: &str) -> Result<usize, String> {
     s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("`{s}` is not a positive count"))
 }
 
-/// `--only` keys: h, b, s, bs, sq, each followed by a number.
+/// `--only` keys: h, b, s, bs, sq, each followed by a number, and kv8 / kv16 (the fp8_ds_mla
+/// or the bf16 cache rows).
 fn only_spec(s: &str) -> Result<String, String> {
     for kv in s.split(',') {
         let i = kv.find(|c: char| c.is_ascii_digit()).unwrap_or(kv.len());
         let (k, v) = kv.split_at(i);
-        if !matches!(k, "h" | "b" | "s" | "bs" | "sq") || v.parse::<i64>().is_err() {
-            return Err(format!("`{kv}` is not one of hN, bN, sN, bsN, sqN"));
+        if !matches!(k, "h" | "b" | "s" | "bs" | "sq" | "kv") || v.parse::<i64>().is_err() {
+            return Err(format!("`{kv}` is not one of hN, bN, sN, bsN, sqN, kv8 (fp8 cache), kv16"));
         }
     }
     Ok(s.to_string())
