@@ -3,27 +3,13 @@
 //! buffers stay valid for a captured graph after a later, larger call grows them. Skips
 //! (with a line saying so) without a CUDA device.
 
-use std::sync::OnceLock;
-
 use vt_core::{
     encode_f64, mla_decode_attention, rms_norm, Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs,
-    Probe, Queue, RmsNormArgs,
+    Queue, RmsNormArgs,
 };
 
-fn gpu() -> Option<Queue> {
-    static PROBE: OnceLock<Probe> = OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        vt_cpu::register();
-        vt_cuda::register()
-    });
-    match probe {
-        Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
-        other => {
-            println!("SKIP: no CUDA device ({other})");
-            None
-        }
-    }
-}
+mod common;
+use common::gpu;
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f64> {

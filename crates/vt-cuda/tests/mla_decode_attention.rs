@@ -5,34 +5,14 @@
 //! slots past each sequence's length hold NaN. Skips (with a line saying so) without a
 //! CUDA device.
 
-use std::sync::OnceLock;
-
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vt_core::{encode_f64, Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Probe, Queue, Tensor};
+use vt_core::{encode_f64, Buffer, DType, MlaDecodeAttentionArgs, Queue, Tensor};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
 
-/// A queue on CUDA device 0 (the backends registered once per process), or `None` with a
-/// line saying why the test is skipped.
-fn gpu() -> Option<Queue> {
-    static PROBE: OnceLock<Probe> = OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        vt_cpu::register();
-        vt_cuda::register()
-    });
-    match probe {
-        Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
-        other => {
-            println!("SKIP: no CUDA device ({other})");
-            None
-        }
-    }
-}
-
-fn cpu() -> Queue {
-    Queue::new(Device::CPU).unwrap()
-}
+mod common;
+use common::{cpu, gpu, rel_err};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -149,15 +129,6 @@ fn views<'a>(c: &Case, bf: &'a Bufs) -> (Tensor<'a>, Tensor<'a>, Tensor<'a>, Ten
     let cache = bf.cache.view().slice(2, 0, c.d).unwrap();
     let out = bf.out.view().slice(3, 0, c.dv).unwrap();
     (q, cache, out, bf.lse.view())
-}
-
-fn rel_err(got: &[f64], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (g, w) in got.iter().zip(want) {
-        num += (g - w) * (g - w);
-        den += w * w;
-    }
-    (num / den.max(1e-30)).sqrt()
 }
 
 fn tolerance(dt: DType) -> f64 {

@@ -6,29 +6,15 @@
 //! that decode to NaN (code 0x7f). bf16 tolerances: the fast kernels round the dequantized
 //! values to the query dtype before the products. Skips without a CUDA device.
 
-use std::sync::OnceLock;
-
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
-use vt_core::{Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Probe, Queue};
+use vt_core::{Buffer, DType, Device, MlaDecodeAttentionArgs, Queue};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
 
-fn gpu() -> Option<Queue> {
-    static PROBE: OnceLock<Probe> = OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        vt_cpu::register();
-        vt_cuda::register()
-    });
-    match probe {
-        Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
-        other => {
-            println!("SKIP: no CUDA device ({other})");
-            None
-        }
-    }
-}
+mod common;
+use common::{gpu, rel_err};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -143,15 +129,6 @@ fn run(
         },
     };
     Some((queue.read_f64(&out.view()).unwrap(), queue.read_f64(&lse.view()).unwrap(), what))
-}
-
-fn rel_err(got: &[f64], want: &[f64]) -> f64 {
-    let (mut num, mut den) = (0.0, 0.0);
-    for (g, w) in got.iter().zip(want) {
-        num += (g - w) * (g - w);
-        den += w * w;
-    }
-    (num / den.max(1e-30)).sqrt()
 }
 
 /// The case on every fp8 kernel and the given schedules against the CPU reference.

@@ -18,27 +18,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vt_core::{encode_f64, Buffer, DType, Device, DeviceType, PrefillAttentionArgs, Probe, Queue, Tensor};
+use vt_core::{encode_f64, Buffer, DType, PrefillAttentionArgs, Queue, Tensor};
 use vt_cuda::prefill_attention::{prefill_attention_with, Kernel, FAST_DIMS};
 
-fn gpu() -> Option<Queue> {
-    static PROBE: OnceLock<Probe> = OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        vt_cpu::register();
-        vt_cuda::register()
-    });
-    match probe {
-        Probe::Registered { .. } => Some(Queue::new(Device::new(DeviceType::Cuda, 0)).unwrap()),
-        other => {
-            println!("SKIP: no CUDA device ({other})");
-            None
-        }
-    }
-}
-
-fn cpu() -> Queue {
-    Queue::new(Device::CPU).unwrap()
-}
+mod common;
+use common::{cpu, gpu};
 
 /// Seed from VT_SEED (to replay) or the clock (fresh inputs every run), printed.
 fn seed() -> u64 {
