@@ -15,7 +15,10 @@
 //!   tokens (activations quantized per token: both operands fp8) within the activation
 //!   quantization bound, and TP = 2 / 4 (rank slices keeping their scale rows) vs TP = 1.
 //! - With `MLA_TEST_DEVICE=cuda` everything runs on the GPU and is also held to the CPU's fp8
-//!   run within the bf16 tolerance (the issue's "GPU fp8 path vs CPU fp8 reference").
+//!   run (the issue's "GPU fp8 path vs CPU fp8 reference"): within the bf16 tolerance, the
+//!   aligned layer's 16-bit-activation steps within 1e-4 (f32) / 2e-2 (bf16) and its
+//!   quantized-activation prefill within `GPU_ACT_QUANT_TOLERANCE`, a bound derived from that
+//!   prefill's measured sensitivity to small input differences (a CPU test asserts it).
 
 mod common;
 
@@ -44,6 +47,22 @@ const FP8_TOLERANCE: f64 = 0.1;
 /// errors of four quantization points add up and the softmax amplifies the query/key part
 /// (measured 7.5e-2 on the CPU in f32). 0.15 is twice that; a wrong scale or group is O(1).
 const ACT_QUANT_TOLERANCE: f64 = 0.15;
+
+/// GPU fp8 vs CPU fp8 for a step that quantizes its activations. The two do not add up the
+/// same GEMM sums: fp8 tensor cores add a 128-wide K group's products with about 14 bits
+/// (vt-check's MatmulBTFp8 f32 tolerance 5e-4, measured 2.1e-4 on the H200) where the CPU adds
+/// exact f32 products, and in bf16 some intermediate roundings then go the other way. Any such
+/// difference at a projection's output moves a few of the next QuantizeFp8's e4m3 codes across
+/// a rounding boundary (each flip is 1/16..1/8 of one value) and the softmax amplifies the
+/// query/key part, so the output moves far more than its input
+/// (`quantized_activation_prefill_is_this_sensitive_to_input_noise`, on the CPU alone: a
+/// relative 1e-4 noise at the normed q / latent inputs moves this 320-token prefill by 1.4e-2,
+/// 5e-4 (the op tolerance) by 2.2e-2; 1e-6 on the hidden states, 2 flipped codes of 81920, by
+/// 2.4e-3; bf16 one-ulp noise on 30% of the hidden states by 6.8e-2, which moves the 16-bit
+/// schedule by only 9e-3). The H200 measured 1.4e-2 (f32) and 2.2e-2 (bf16). 5e-2 is over
+/// twice the response to the op tolerance and stays below the activation quantization's own
+/// 7.5e-2, so a GPU that skipped the quantization still fails; a wrong scale or group is O(1).
+const GPU_ACT_QUANT_TOLERANCE: f64 = 5e-2;
 
 fn run(
     q: &Queue,
@@ -209,10 +228,10 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
         assert!(v.fp8.w_uk_t.is_some() && v.fp8.w_uv.is_some() && v.w_uk_t.is_none() && v.o_proj.is_none());
         let tol = if dt == DType::F32 { 1e-4 } else { 2e-2 };
         // Decode-sized steps (16-bit activations) match the dequantized weights; a prefill of
-        // 2 x 160 tokens quantizes its activations (both operands fp8).
-        for (t, sch, bound) in [
-            (40, "prefill:8,decode:4,prefill:20,decode:8".to_string(), tol),
-            (160, "prefill:160".to_string(), ACT_QUANT_TOLERANCE),
+        // 2 x 160 tokens quantizes its activations (both operands fp8). `gpu`: GPU vs CPU.
+        for (t, sch, bound, gpu) in [
+            (40, "prefill:8,decode:4,prefill:20,decode:8".to_string(), tol, tol),
+            (160, "prefill:160".to_string(), ACT_QUANT_TOLERANCE, GPU_ACT_QUANT_TOLERANCE),
         ] {
             let s = 2;
             assert!(bound == tol || s * t >= FP8_QUANT_MIN_TOKENS);
@@ -232,10 +251,107 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
                 let sc = MlaWeightStore::from_host(&cpu, &cfg, &w8).unwrap();
                 let c = run(&cpu, &cfg, &sc, &hidden, &pos, &sch, None);
                 let e = rel_frobenius(&a.to_f64(), &c.to_f64());
-                eprintln!("{dt} {sch}: GPU fp8 vs CPU fp8 {e:.3e}");
-                assert!(e <= 2e-2, "{dt} {sch}: GPU vs CPU {e}");
+                eprintln!("{dt} {sch}: GPU fp8 vs CPU fp8 {e:.3e} (bound {gpu:.0e})");
+                assert!(e <= gpu, "{dt} {sch}: GPU vs CPU {e}");
             }
         }
+    }
+}
+
+/// `x` times `1 + eps * u`, u uniform in [-1, 1) (SplitMix64 from `seed`), rounded back to its
+/// dtype (in bf16 an `eps` below half an ulp, 2^-9, changes nothing).
+fn with_noise(x: &HostTensor, eps: f64, seed: u64) -> HostTensor {
+    let mut s = seed;
+    let vals: Vec<f64> = x
+        .to_f64()
+        .into_iter()
+        .map(|v| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+            v * (1.0 + eps * u)
+        })
+        .collect();
+    HostTensor { dtype: x.dtype, shape: x.shape.clone(), bytes: vt_core::encode_f64(x.dtype, &vals) }
+}
+
+/// How many e4m3 codes QuantizeFp8 (1 x 128 groups per token) gives differently for `a`
+/// and `b`, the hidden states as the first projections quantize them.
+fn flipped_codes(a: &HostTensor, b: &HostTensor) -> usize {
+    let codes = |x: &HostTensor| {
+        let v: Vec<f32> = x.to_f64().into_iter().map(|v| v as f32).collect();
+        let mut c = vec![0u8; v.len()];
+        let mut sc = vec![0f32; v.len().div_ceil(128)];
+        for ((row, cr), sr) in v
+            .chunks(ALIGNED.hidden_size as usize)
+            .zip(c.chunks_mut(ALIGNED.hidden_size as usize))
+            .zip(sc.chunks_mut(ALIGNED.hidden_size as usize / 128))
+        {
+            vt_core::fp8_block::quantize_row(row, cr, sr);
+        }
+        c
+    };
+    codes(a).iter().zip(&codes(b)).filter(|(x, y)| x != y).count()
+}
+
+/// The measurement behind [`GPU_ACT_QUANT_TOLERANCE`], on the CPU alone: the aligned layer's
+/// output moves by far more than a small input difference when its activations are quantized
+/// (a few e4m3 codes flip, the softmax amplifies them) and by about that difference when they
+/// are not. If this drifts, re-derive the GPU bound from the new numbers.
+#[test]
+fn quantized_activation_prefill_is_this_sensitive_to_input_noise() {
+    let q = cpu_queue();
+    let s = 2;
+    let setup = |dt: DType, t: i64| {
+        let (cfg, w8, _) = quantized_layer(dt);
+        let hidden = ALIGNED.hidden(s, t, dt, 9);
+        let pos: Vec<i64> = (0..s).flat_map(|i| (0..t).map(move |p| p + 40 * i)).collect();
+        (cfg, w8, hidden, pos)
+    };
+    let decode = "prefill:8,decode:4,prefill:20,decode:8";
+    let prefill = "prefill:160";
+    // Noise on the hidden states, or on the q_a / kv_a layernorm weights (every value of q_c
+    // and the latent moved at the quantized q_b / kv_b inputs): (dtype, schedule, where, eps),
+    // the output's relative change as measured, and the range allowed.
+    struct Noise(DType, &'static str, &'static str, f64, f64, (f64, f64));
+    let cases = [
+        Noise(DType::F32, decode, "hidden", 1e-5, 1.0e-5, (1e-6, 1e-4)),
+        Noise(DType::F32, prefill, "hidden", 1e-6, 2.4e-3, (5e-4, 1e-2)),
+        Noise(DType::F32, prefill, "layernorm", 1e-4, 1.4e-2, (5e-3, GPU_ACT_QUANT_TOLERANCE / 2.0)),
+        Noise(DType::F32, prefill, "layernorm", 5e-4, 2.2e-2, (1e-2, GPU_ACT_QUANT_TOLERANCE / 2.0)),
+        // About one bf16 ulp on 30% of the values.
+        Noise(DType::BF16, decode, "hidden", 4e-3, 9.0e-3, (2e-3, 2e-2)),
+        Noise(DType::BF16, prefill, "hidden", 4e-3, 6.8e-2, (3e-2, ACT_QUANT_TOLERANCE)),
+    ];
+    for Noise(dt, sch, what, eps, measured, (lo, hi)) in cases {
+        let t = if sch == prefill { 160 } else { 40 };
+        assert_eq!(t * s >= FP8_QUANT_MIN_TOKENS, sch == prefill);
+        let (cfg, w8, hidden, pos) = setup(dt, t);
+        let store = MlaWeightStore::from_host(&q, &cfg, &w8).unwrap();
+        let base = run(&q, &cfg, &store, &hidden, &pos, sch, None);
+        let (out, flips) = if what == "hidden" {
+            let noisy = with_noise(&hidden, eps, 1);
+            assert_ne!(noisy.bytes, hidden.bytes);
+            (run(&q, &cfg, &store, &noisy, &pos, sch, None), flipped_codes(&noisy, &hidden))
+        } else {
+            let mut w = w8.clone();
+            for (name, t) in w.tensors.iter_mut() {
+                if name.ends_with("_layernorm") {
+                    *t = with_noise(t, eps, 1);
+                }
+            }
+            let noisy = MlaWeightStore::from_host(&q, &cfg, &w).unwrap();
+            (run(&q, &cfg, &noisy, &hidden, &pos, sch, None), 0)
+        };
+        let e = rel_frobenius(&out.to_f64(), &base.to_f64());
+        eprintln!(
+            "{dt} {sch}: {eps:.0e} noise on the {what} moves the output by {e:.3e} (measured \
+             {measured:.1e}, allowed {lo:.0e}..{hi:.0e}); QuantizeFp8 of the hidden flips {flips} codes"
+        );
+        assert!((lo..=hi).contains(&e), "{dt} {sch} {what} {eps:e}: {e:e} outside {lo:e}..{hi:e}");
     }
 }
 
