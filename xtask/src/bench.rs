@@ -1002,12 +1002,14 @@ mod tests {
     #[test]
     fn the_shape_list_holds_no_peer_times() {
         let v = shapes();
-        assert_eq!(v.len(), 20);
-        let peer_shapes: Vec<_> = v.iter().filter(|s| s.bs == PEER_BLOCK).collect();
+        assert_eq!(v.len(), 25, "16 peer shapes, 4 block-size rows, 5 fp8 cache rows");
+        assert_eq!(v.iter().filter(|s| s.fp8).count(), FP8.len());
+        assert!(v.iter().filter(|s| s.fp8).all(|s| s.bs == PEER_BLOCK && s.s_q == 1));
+        let peer_shapes: Vec<_> = v.iter().filter(|s| s.bs == PEER_BLOCK && !s.fp8).collect();
         assert_eq!(peer_shapes.len(), 16, "14 anchors + two s_q = 2 shapes");
         assert!(peer_shapes.iter().any(|s| (s.h, s.b, s.seqlen, s.s_q) == (16, 128, 4096, 2)));
         assert!(peer_shapes.iter().any(|s| (s.h, s.b, s.seqlen, s.s_q) == (128, 32, 4096, 2)));
-        assert_eq!(v.iter().filter(|s| s.s_q == 1 && s.bs == PEER_BLOCK).count(), 14);
+        assert_eq!(v.iter().filter(|s| s.s_q == 1 && s.bs == PEER_BLOCK && !s.fp8).count(), 14);
     }
 
     #[test]
@@ -1159,5 +1161,25 @@ mod tests {
         let c = chart(&rs, None, BW, 1e15, "test GPU");
         assert_eq!(c.series.len(), 2, "vt and the floor only");
         assert!(c.title.contains("no peer in this call"));
+    }
+
+    #[test]
+    fn fp8_cache_rows_count_656_bytes_a_token_and_are_judged_against_the_bf16_row() {
+        let bf = shape(16, 128, 4096, 64, 1);
+        let f8 = Shape { fp8: true, ..bf };
+        let kv = bf.total_kv() as f64;
+        assert_eq!(bf.bytes() - f8.bytes(), kv * (2.0 * D as f64 - 656.0));
+        assert!(f8.matches("kv8") && !f8.matches("kv16") && bf.matches("kv16") && !bf.matches("kv8"));
+        assert!(only_spec("h16,kv8").is_ok() && only_spec("kv").is_err());
+        assert!(f8.label().ends_with(" fp8"));
+        // fp8 twice as fast as bf16, under FlashMLA's bf16 time: both targets met; the fp8 row
+        // joins none of issue 13's lists.
+        let p = parse_peer(PEER).expect("parses");
+        let rs = vec![row(bf, 200.0, Some(&p)), row(f8, 100.0, Some(&p))];
+        let tg = targets(&rs, true, BW);
+        assert_eq!(find(&tg, "fp8 speed-up over bf16, h16 b128 s4096 bs64 sq1 fp8").ok(), Some(true));
+        let vs_peer = find(&tg, "fp8 / FlashMLA bf16, h16 b128 s4096 bs64 sq1 fp8");
+        assert_eq!(vs_peer.value, rs[1].flash_us.map(|f| 100.0 / f));
+        assert!(!tg.iter().any(|t| t.what.starts_with("vt / FlashMLA") && t.what.ends_with("fp8")));
     }
 }
