@@ -81,6 +81,8 @@ define_ops! {
     MatmulBTFp8 => MatmulBTFp8Args, "`out[M,N] = A[M,K] . W[N,K]^T`, W fp8 e4m3 in 128x128 block scales";
     BatchedMatmulFp8 => BatchedMatmulFp8Args, "`out[G,M,N] = A[G,M,K] . W[G,K,N]`, W fp8 e4m3 in 128x128 block scales";
     QuantizeFp8 => QuantizeFp8Args, "per-token fp8 e4m3 quantization in 1x128 groups";
+    SparseMlaAttention => SparseMlaAttentionArgs, "absorbed MQA attention of each query over its listed cache slots (sparse MLA)";
+    IndexerTopK => IndexerTopKArgs, "lightning-indexer scores over the paged indexer key cache, top-k slots per query";
 }
 
 impl std::fmt::Display for OpId {

@@ -72,6 +72,24 @@ impl<'a> HostView<'a> {
         self.write_at(self.offset_of(idx), v)
     }
 
+    /// Stores an index value at `idx` of an i32/i64 tensor exactly (no f32 rounding; an
+    /// i32 store truncates as `as i32`). Other dtypes store it through [`Self::set`].
+    pub fn set_int(&self, idx: &[usize], v: i64) {
+        let off = self.offset_of(idx);
+        if off < self.lo || off >= self.hi {
+            return;
+        }
+        let p = (self.t.base_addr() as usize + off as usize * self.t.dtype().size_of()) as *mut u8;
+        // SAFETY: as in `write_at`: `p` addresses one element of the live host allocation.
+        unsafe {
+            match self.t.dtype() {
+                DType::I32 => (p as *mut i32).write_unaligned(v as i32),
+                DType::I64 => (p as *mut i64).write_unaligned(v),
+                _ => self.write_at(off, v as f32),
+            }
+        }
+    }
+
     /// Reads `dst.len()` elements along the last dim, starting at `lead` (the indices of
     /// the other dims; the last index starts at 0).
     pub fn read_row(&self, lead: &[usize], dst: &mut [f32]) {

@@ -17,6 +17,7 @@ mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
 mod fused_norm_rope;
 mod gather_mla_cache;
+mod indexer_top_k;
 mod matmul_bt;
 mod matmul_bt_fp8;
 mod merge_attn_states;
@@ -25,6 +26,7 @@ mod prefill_attention;
 mod quantize_fp8;
 mod rms_norm;
 mod rope_from_cache;
+mod sparse_mla_attention;
 
 use std::sync::Arc;
 
@@ -54,6 +56,8 @@ pub fn op_table() -> Vec<OpImpl> {
         OpImpl::MatmulBTFp8(Arc::new(matmul_bt_fp8::run)),
         OpImpl::BatchedMatmulFp8(Arc::new(batched_matmul_fp8::run)),
         OpImpl::QuantizeFp8(Arc::new(quantize_fp8::run)),
+        OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
+        OpImpl::IndexerTopK(Arc::new(indexer_top_k::run)),
     ]
 }
 

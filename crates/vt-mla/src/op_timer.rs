@@ -254,6 +254,16 @@ fn wrap(imp: OpImpl) -> OpImpl {
                 timed(q, Call::Op(OpId::QuantizeFp8), || f(q, a))
             }))
         }
+        OpImpl::SparseMlaAttention(f) => {
+            OpImpl::SparseMlaAttention(Arc::new(move |q: &Queue, a: &vt_core::SparseMlaAttentionArgs<'_>| {
+                timed(q, Call::Op(OpId::SparseMlaAttention), || f(q, a))
+            }))
+        }
+        OpImpl::IndexerTopK(f) => {
+            OpImpl::IndexerTopK(Arc::new(move |q: &Queue, a: &vt_core::IndexerTopKArgs<'_>| {
+                timed(q, Call::Op(OpId::IndexerTopK), || f(q, a))
+            }))
+        }
     }
 }
 

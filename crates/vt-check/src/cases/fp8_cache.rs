@@ -38,7 +38,13 @@ fn latent_values(b: &mut Builder, zero_group: bool) -> Vec<f64> {
 
 /// A pool `[nb, layers, bs, 656]` of fp8 rows viewed as layer `layer` `[nb, bs, 656]`:
 /// poisoned, or rows encoded from random values (every fifth with a zero group).
-fn fp8_cache(b: &mut Builder, nb: i64, bs: i64, (layers, layer): (i64, i64), poison: bool) -> View {
+pub(super) fn fp8_cache(
+    b: &mut Builder,
+    nb: i64,
+    bs: i64,
+    (layers, layer): (i64, i64),
+    poison: bool,
+) -> View {
     let shape = [nb, layers, bs, W];
     let pool = if poison {
         b.poison("fp8 cache pool", Ty::Fp8DsMla, &shape)

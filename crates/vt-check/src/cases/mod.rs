@@ -12,6 +12,7 @@ mod fp8_cache;
 mod fp8_matmul;
 mod matmul;
 mod norm_rope;
+mod sparse_mla;
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -47,6 +48,8 @@ pub fn cases(op: OpId, seed: u64) -> Vec<Case> {
         OpId::MatmulBTFp8 => fp8_matmul::matmul_bt_fp8(&mut c),
         OpId::BatchedMatmulFp8 => fp8_matmul::batched_matmul_fp8(&mut c),
         OpId::QuantizeFp8 => fp8_matmul::quantize_fp8(&mut c),
+        OpId::SparseMlaAttention => sparse_mla::sparse_mla_attention(&mut c),
+        OpId::IndexerTopK => sparse_mla::indexer_top_k(&mut c),
     }
     c.list
 }
