@@ -83,6 +83,7 @@ define_ops! {
     QuantizeFp8 => QuantizeFp8Args, "per-token fp8 e4m3 quantization in 1x128 groups";
     SparseMlaAttention => SparseMlaAttentionArgs, "absorbed MQA attention of each query over its listed cache slots (sparse MLA)";
     IndexerTopK => IndexerTopKArgs, "lightning-indexer scores over the paged indexer key cache, top-k slots per query";
+    CacheIndexerKeys => CacheIndexerKeysArgs, "write indexer key rows into the paged indexer key cache";
 }
 
 impl std::fmt::Display for OpId {

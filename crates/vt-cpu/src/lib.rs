@@ -13,6 +13,7 @@ mod host;
 
 mod batched_matmul;
 mod batched_matmul_fp8;
+mod cache_indexer_keys;
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
 mod fused_norm_rope;
@@ -58,6 +59,7 @@ pub fn op_table() -> Vec<OpImpl> {
         OpImpl::QuantizeFp8(Arc::new(quantize_fp8::run)),
         OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
         OpImpl::IndexerTopK(Arc::new(indexer_top_k::run)),
+        OpImpl::CacheIndexerKeys(Arc::new(cache_indexer_keys::run)),
     ]
 }
 

@@ -1,7 +1,8 @@
 //! DeepSeek-V3.2's sparse MLA ops on the CPU against naive f64 code: SparseMlaAttention
 //! (float and fp8_ds_mla caches, -1 entries, repeated slots, a row with no slot, strided
 //! views) and IndexerTopK (scores, order, ties, padding, causal visibility), plus
-//! malformed arguments for both entry points.
+//! CacheIndexerKeys (rows by slot, padding, a repeated slot), and malformed arguments for
+//! the three entry points.
 
 mod common;
 
@@ -654,4 +655,116 @@ fn indexer_top_k_rejects_malformed_arguments() {
     };
     expect_invalid("out over block_table", indexer_top_k(&q, &aliased), op, "out");
     expect_invalid("scale -1", indexer_top_k(&q, &IndexerTopKArgs { scale: -1.0, ..ok }), op, "scale");
+}
+
+// ---------------------------------------------------------------- CacheIndexerKeys
+
+#[test]
+fn cache_indexer_keys_writes_rows_by_slot() {
+    let q = queue();
+    let mut rng = rng("cache_indexer_keys_writes_rows_by_slot");
+    let (t, di) = (7i64, 24i64);
+    for dt in FLOAT_DTYPES {
+        for bs in [1, 16, 64] {
+            let nb = (t + bs - 1) / bs + 2;
+            let kp = Pool::input(&q, &mut rng, dt, &[t, di], Layout::Padded);
+            let cache = Pool::output(
+                &q,
+                dt,
+                &[nb, bs, di],
+                Layout::Strided { len: (nb + 1) * bs * di, offset: bs * di, strides: vec![bs * di, di, 1] },
+            );
+            let mut slots: Vec<i64> = (0..nb * bs).collect();
+            slots.shuffle(&mut rng);
+            slots.truncate(t as usize);
+            slots[2] = -1;
+            // Token 5 repeats token 4's slot: the last one wins.
+            slots[5] = slots[4];
+            let sm = i64_buf(&q, &slots);
+            cache_indexer_keys(
+                &q,
+                &CacheIndexerKeysArgs { k: kp.view(), cache: cache.view(), slot_mapping: sm.view() },
+            )
+            .unwrap();
+            cache.assert_outside_untouched(&q);
+            kp.assert_unchanged(&q);
+            let (kv, cv) = (kp.values(&q), cache.values(&q));
+            let mut want: Vec<Option<usize>> = vec![None; (nb * bs) as usize];
+            for (ti, &s) in slots.iter().enumerate() {
+                if s >= 0 {
+                    want[s as usize] = Some(ti);
+                }
+            }
+            for (s, w) in want.iter().enumerate() {
+                let row = &cv[s * di as usize..][..di as usize];
+                match w {
+                    Some(ti) => {
+                        assert_eq!(row, &kv[ti * di as usize..][..di as usize], "{dt} bs {bs}: slot {s}")
+                    }
+                    None => assert!(row.iter().all(|v| v.is_nan()), "{dt} bs {bs}: slot {s} was written"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cache_indexer_keys_rejects_malformed_arguments() {
+    let q = queue();
+    let op = OpId::CacheIndexerKeys;
+    let dt = DType::BF16;
+    let k = Buffer::zeros(&q, dt, &[3, 8]).unwrap();
+    let cache = Buffer::nan(&q, dt, &[2, 4, 8]).unwrap();
+    let sm = i64_buf(&q, &[0, -1, 7]);
+    let ok = CacheIndexerKeysArgs { k: k.view(), cache: cache.view(), slot_mapping: sm.view() };
+    cache_indexer_keys(&q, &ok).unwrap();
+    let past = i64_buf(&q, &[0, 8, 1]);
+    expect_invalid(
+        "slot = NB * BS",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { slot_mapping: past.view(), ..ok }),
+        op,
+        "slot_mapping",
+    );
+    let i32s = i32_buf(&q, &[3], &[0, 1, 2]);
+    expect_invalid(
+        "i32 slot_mapping",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { slot_mapping: i32s.view(), ..ok }),
+        op,
+        "slot_mapping",
+    );
+    let short = i64_buf(&q, &[0, 1]);
+    expect_invalid(
+        "slot_mapping length",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { slot_mapping: short.view(), ..ok }),
+        op,
+        "slot_mapping",
+    );
+    let wide = Buffer::nan(&q, dt, &[2, 4, 9]).unwrap();
+    expect_invalid(
+        "cache Di",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { cache: wide.view(), ..ok }),
+        op,
+        "cache",
+    );
+    let k32 = Buffer::zeros(&q, DType::F32, &[3, 8]).unwrap();
+    expect_invalid(
+        "f32 k into a bf16 cache",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { k: k32.view(), ..ok }),
+        op,
+        "k",
+    );
+    let fp8 = Buffer::zeros(&q, DType::Fp8DsMla, &[2, 4, 8]).unwrap();
+    expect_invalid(
+        "fp8 cache",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { cache: fp8.view(), ..ok }),
+        op,
+        "cache",
+    );
+    let alias = cache.view().reshape(&[8, 8]).unwrap().slice(0, 0, 3).unwrap();
+    expect_invalid(
+        "k inside the cache",
+        cache_indexer_keys(&q, &CacheIndexerKeysArgs { k: alias, ..ok }),
+        op,
+        "cache",
+    );
 }

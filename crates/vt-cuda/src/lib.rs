@@ -93,7 +93,7 @@ pub(crate) use launch::{Arg, Launch};
 /// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
 ///
 /// The sparse-MLA ops of DeepSeek-V3.2 (issue 19) have only their CPU reference so far.
-pub const OP_GAPS: &[OpId] = &[OpId::SparseMlaAttention, OpId::IndexerTopK];
+pub const OP_GAPS: &[OpId] = &[OpId::SparseMlaAttention, OpId::IndexerTopK, OpId::CacheIndexerKeys];
 
 /// The ops that are NVRTC-compiled kernels (registered when NVRTC and the CUDA headers are
 /// found).

@@ -136,7 +136,7 @@ pub fn register_with(libs: &Libraries) -> Probe {
 /// Ops the HIP backend does not implement (the coverage test accepts exactly these).
 ///
 /// The sparse-MLA ops of DeepSeek-V3.2 (issue 19) have only their CPU reference so far.
-pub const OP_GAPS: &[OpId] = &[OpId::SparseMlaAttention, OpId::IndexerTopK];
+pub const OP_GAPS: &[OpId] = &[OpId::SparseMlaAttention, OpId::IndexerTopK, OpId::CacheIndexerKeys];
 
 /// The GEMMs: rocBLAS, or the batched_matmul kernel without it (always registered).
 pub fn gemm_ops() -> Vec<OpImpl> {

@@ -264,6 +264,11 @@ fn wrap(imp: OpImpl) -> OpImpl {
                 timed(q, Call::Op(OpId::IndexerTopK), || f(q, a))
             }))
         }
+        OpImpl::CacheIndexerKeys(f) => {
+            OpImpl::CacheIndexerKeys(Arc::new(move |q: &Queue, a: &vt_core::CacheIndexerKeysArgs<'_>| {
+                timed(q, Call::Op(OpId::CacheIndexerKeys), || f(q, a))
+            }))
+        }
     }
 }
 

@@ -50,6 +50,7 @@ pub fn cases(op: OpId, seed: u64) -> Vec<Case> {
         OpId::QuantizeFp8 => fp8_matmul::quantize_fp8(&mut c),
         OpId::SparseMlaAttention => sparse_mla::sparse_mla_attention(&mut c),
         OpId::IndexerTopK => sparse_mla::indexer_top_k(&mut c),
+        OpId::CacheIndexerKeys => sparse_mla::cache_indexer_keys(&mut c),
     }
     c.list
 }

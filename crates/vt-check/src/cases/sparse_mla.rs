@@ -1,5 +1,6 @@
 //! DeepSeek-V3.2's sparse MLA ops: SparseMlaAttention (attention over listed cache slots,
-//! float and fp8_ds_mla caches) and IndexerTopK (the lightning indexer's top-k slots).
+//! float and fp8_ds_mla caches), IndexerTopK (the lightning indexer's top-k slots) and
+//! CacheIndexerKeys (the indexer key cache's writer, compared exactly).
 //!
 //! SparseMlaAttention's index rows mix valid slots in random order with -1 entries and
 //! repeated slots (a repeat counts twice), and one row lists no valid slot (out 0, lse
@@ -12,7 +13,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 
 use super::fp8_cache::fp8_cache;
-use super::{block_table, paged_cache};
+use super::{as_f64, block_table, paged_cache};
 use crate::case::{Builder, Cases, Exec, Ty, View};
 
 const Q_AMP: f64 = 4.5;
@@ -267,4 +268,49 @@ pub(super) fn indexer_top_k(c: &mut Cases) {
     c.add("H 64, Di 128, bs 64, lens [300], 4 queries, topk 2048 (more than visible: -1 padding)", |b| {
         Indexer::new(&[300], &[4], V32, 64, 2048).build(b)
     });
+}
+
+/// Writes `t` tokens' indexer keys (a column slice of a wider `[T, Di + 8]` buffer when
+/// `strided`, the cache then layer 1 of a 2-layer pool) into distinct random slots of a
+/// poisoned cache, `padding` of them -1.
+fn cache_keys(b: &mut Builder, t: i64, di: i64, (nb, bs): (i64, i64), padding: usize, strided: bool) -> Exec {
+    let pad = if strided { 8 } else { 0 };
+    let k = b.uniform("k", &[t, di + pad], -1.0, 1.0).sub(pad / 2, &[t, di], &[di + pad, 1]);
+    let mut slots: Vec<i64> = (0..nb * bs).collect();
+    slots.shuffle(&mut b.rng);
+    slots.truncate(t as usize);
+    let mut order: Vec<usize> = (0..slots.len()).collect();
+    order.shuffle(&mut b.rng);
+    for &i in order.iter().take(padding) {
+        slots[i] = -1;
+    }
+    let pool = if strided { (2, 1) } else { (1, 0) };
+    let cache = paged_cache(b, nb, bs, di, pool, true);
+    let mut mask = vec![false; b.len_of(cache.buf)];
+    for &s in slots.iter().filter(|&&s| s >= 0) {
+        cache.slice(0, s / bs, s / bs + 1).slice(1, s % bs, s % bs + 1).mark(&mut mask);
+    }
+    b.output_mask("cache", cache.buf, mask);
+    let slot_mapping = b.values("slot_mapping", Ty::I64, &[t], as_f64(&slots));
+    Box::new(move |q, bufs| {
+        vt_core::cache_indexer_keys(
+            q,
+            &vt_core::CacheIndexerKeysArgs {
+                k: k.tensor(bufs)?,
+                cache: cache.tensor(bufs)?,
+                slot_mapping: slot_mapping.tensor(bufs)?,
+            },
+        )
+    })
+}
+
+pub(super) fn cache_indexer_keys(c: &mut Cases) {
+    c.add("Di 16, bs 1, T 5 with 1 padding slot", |b| cache_keys(b, 5, 16, (8, 1), 1, false));
+    c.add(
+        "Di 128, bs 16, T 9 with 2 padding slots, k = column slice, cache = layer 1 of a 2-layer pool",
+        |b| cache_keys(b, 9, 128, (4, 16), 2, true),
+    );
+    c.add("Di 128 (DeepSeek-V3.2), bs 64, T 70 over 3 blocks", |b| cache_keys(b, 70, 128, (3, 64), 0, false));
+    c.add("Di 32, bs 16, T 16 filling every slot of one block", |b| cache_keys(b, 16, 32, (1, 16), 0, false));
+    c.add("Di 16, bs 4, T 3 all padding (nothing written)", |b| cache_keys(b, 3, 16, (2, 4), 3, false));
 }

@@ -14,6 +14,7 @@
 
 mod batched_matmul;
 mod batched_matmul_fp8;
+mod cache_indexer_keys;
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
 mod fused_norm_rope;
@@ -31,6 +32,7 @@ mod sparse_mla_attention;
 
 pub use batched_matmul::*;
 pub use batched_matmul_fp8::*;
+pub use cache_indexer_keys::*;
 pub use concat_and_cache_mla::*;
 pub use concat_mla_nope_rope::*;
 pub use fused_norm_rope::*;

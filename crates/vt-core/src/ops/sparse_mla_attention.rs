@@ -32,12 +32,13 @@ pub struct SparseMlaAttentionArgs<'a> {
 /// - `indices` `[T, topk]` i32 (any strides, `topk >= 1`): cache slots
 ///   `block * BS + row`, the form IndexerTopK writes. A negative entry (-1 by convention)
 ///   is no key and is skipped. Entries need not be sorted, and a slot listed twice counts
-///   twice (its key enters the softmax twice, as in FlashMLA's sparse kernels, which do
-///   not deduplicate either). A slot `>= NB * BS` is an error on the CPU; GPU kernels will
-///   skip it like a negative one.
+///   twice (its key enters the softmax twice, as in FlashMLA, whose reference `ref.py`
+///   gathers every listed index). A slot `>= NB * BS` is an error on the CPU; GPU kernels
+///   will skip it like a negative one (FlashMLA masks both too).
 /// - `lse` (optional) `[N, T]` f32, natural log, as PrefillAttention's (any strides, so
-///   `[T, N]` storage passes as its transposed view). A query with no valid index gets
-///   `out = 0` and `lse = -inf`.
+///   FlashMLA's `[T, N]` storage passes as its transposed view). A query with no valid
+///   index gets `out = 0` and `lse = -inf`, as in vt's other attention ops and what
+///   MergeAttnStates expects (FlashMLA reports `+inf` there).
 /// - `scale` finite and > 0 (DeepSeek: `softmax_scale` of the 192-wide q/k head, mscale
 ///   included). `out` and `lse` must not overlap each other or any input.
 ///
