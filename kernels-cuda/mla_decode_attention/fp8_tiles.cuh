@@ -14,28 +14,11 @@ namespace mla {
 constexpr int FP8_ROW = vt::fp8ds::ROW_BYTES;            // 656
 constexpr int FP8_CHUNKS = FP8_ROW / 16;                 // 41 16-byte chunks per row
 constexpr int FP8_HALF_BYTES = HALF * FP8_ROW;           // 20992: one staged half tile
-// The fp8_ds_mla loader: the same threads and tokens as HalfLoader (8 threads per token),
+// The fp8_ds_mla loader: HalfLoader's threads, tokens and row lookup (8 threads per token),
 // copying a token's 656-byte row as 41 16-byte chunks into the staging slot (rows 656 bytes
 // apart). Offsets are bytes (the cache's element is a byte).
-struct Fp8HalfLoader {
-    const unsigned char* cache;
-    int tok, sub, lane, warp;
-
-    __device__ __forceinline__ Fp8HalfLoader(const Params& p, int i) : cache((const unsigned char*)p.cache) {
-        tok = i >> 3;
-        sub = i & 7;
-        lane = i & 31;
-        warp = i >> 5;
-    }
-
-    __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int h) const {
-        const int j = tile * BN + h * HALF + tok;
-        if (tile >= sg.t1 || j >= sg.len) return -1;
-        const int bi = j / p.BS;
-        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -2;
-        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
-    }
+struct Fp8HalfLoader : HalfLoader<unsigned char> {
+    __device__ __forceinline__ Fp8HalfLoader(const Params& p, int i) : HalfLoader<unsigned char>(p, i) {}
 
     // All 256 threads call this (warp-collective ballot). Missing rows are zero-filled:
     // codes and scales 0 decode to 0.
@@ -49,9 +32,7 @@ struct Fp8HalfLoader {
             const int c = sub + 8 * k;
             if (c < FP8_CHUNKS) cp_async16(d + c * 16, src + c * 16, ok);
         }
-        if (sub == 0) valid[h * HALF + tok] = ok ? 1 : 0;
-        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-        if (lane == 0) flags[h * 8 + warp] = bad != 0u ? 1 : 0;
+        publish(valid, flags, h, off);
     }
 };
 

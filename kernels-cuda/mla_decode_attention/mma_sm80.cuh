@@ -41,42 +41,6 @@ template <int MT, int HS_, bool FP8 = false> struct MmaLayout {
     static constexpr int SMEM = END + 1024;
 };
 
-// Issues the cp.async copies of one half tile (32 tokens) from 256 threads: thread i copies
-// token i / 8 of the half, 16-byte chunk i % 8 of each column block (8 threads move a
-// whole 128-byte row segment). Offsets as in Loader (-1 no token, -2 bad block id).
-template <typename T> struct HalfLoader {
-    const T* cache;
-    int tok, sub, lane, warp;
-
-    __device__ __forceinline__ HalfLoader(const Params& p, int i) : cache((const T*)p.cache) {
-        tok = i >> 3;
-        sub = i & 7;
-        lane = i & 31;
-        warp = i >> 5;
-    }
-
-    __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int h) const {
-        const int j = tile * BN + h * HALF + tok;
-        if (tile >= sg.t1 || j >= sg.len) return -1;
-        const int bi = j / p.BS;
-        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -2;
-        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
-    }
-
-    // All 256 threads call this (warp-collective ballot). `valid` and `flags` are the tile's.
-    __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, unsigned char* flags, int h,
-                                          i64 off) const {
-        const bool ok = off >= 0;
-        const T* src = cache + (ok ? off : 0) + sub * 8;
-#pragma unroll
-        for (int k = 0; k < NSUB; ++k) cp_async16(dst + k * HSUB_BYTES + swz(tok, sub), src + k * 64, ok);
-        if (sub == 0) valid[h * HALF + tok] = ok ? 1 : 0;
-        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-        if (lane == 0) flags[h * 8 + warp] = bad != 0u ? 1 : 0;
-    }
-};
-
 // As tile_is_full, with the 16 per-half warp flags of the mma kernels.
 __device__ __forceinline__ bool tile_is_full16(int t, int lim_min, const unsigned char* f) {
     const unsigned long long* w = reinterpret_cast<const unsigned long long*>(f);
