@@ -26,6 +26,8 @@
 //   query rows per CTA, a ring of half tiles (the "s" kernels: a smaller ring).
 // - wgmma_sm90.cuh: mla_decode_wgmma[_tma]_{bf16,f16}: sm_90a wgmma, 64 query rows per
 //   CTA, a consumer and a producer warpgroup; cp.async or TMA loads.
+// - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
+//   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows.
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //
@@ -44,6 +46,7 @@
 #include "mla_decode_attention/tiles.cuh"
 #include "mla_decode_attention/mma_sm80.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
+#include "mla_decode_attention/wgmma_narrow_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -69,6 +72,25 @@ extern "C" __device__ const long long mla_decode_facts[8] = {
               mla::Layout<mla::WGMMA_ROWS>::STAGES)
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)
+
+// The narrow kernels: MT = 16 or 32 query rows per CTA.
+#define MLA_WGMMA_NARROW(S, T, MT)                                                            \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
+        mla_decode_wgmma_n##MT##_##S(const mla::Params p) {                                   \
+        mla::decode_wgmma_narrow<T, MT, false>(p, nullptr);                                   \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_wgmma_n##MT##_tma_##S( \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::decode_wgmma_narrow<T, MT, true>(p, &kv_map);                                    \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_n##MT##_##S, mla::THREADS, MT, mla::NarrowLayout<MT>::SMEM,     \
+              mla::NarrowLayout<MT>::STAGES)                                                  \
+    MLA_FACTS(mla_decode_wgmma_n##MT##_tma_##S, mla::THREADS, MT, mla::NarrowLayout<MT>::SMEM, \
+              mla::NarrowLayout<MT>::STAGES)
+MLA_WGMMA_NARROW(bf16, bf16, 16)
+MLA_WGMMA_NARROW(f16, f16, 16)
+MLA_WGMMA_NARROW(bf16, bf16, 32)
+MLA_WGMMA_NARROW(f16, f16, 32)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

@@ -180,22 +180,14 @@ __device__ __forceinline__ void st_shared_f2(uint32_t addr, float x, float y) {
 // 8 rows on distinct banks.
 constexpr int OSTR = FDV + 8;
 
-// One warpgroup's epilogue, once both are done with the KV stages: stages its accumulators
-// (rows r_lo, r_lo + 8; columns col0 + 8 i + 2 qd (+1)) in the freed KV stages (`stage` as a
-// shared address, `so` as a pointer), then copies its 256 columns of the MT rows out with
-// 16-byte loads and coalesced stores, scaled by 1 / l. `bar` is the warpgroup's own
-// 128-thread barrier; warpgroup 0 (with_lse) also writes lse.
+// Copies columns col0 .. col0 + 255 of the MT output rows staged in shared memory (f32,
+// row stride OSTR) out with 16-byte loads and coalesced stores, scaled by 1 / l (s_fin[r]);
+// wtid: the thread's id in its warpgroup. with_lse: also writes lse (from s_fin: row sums,
+// then row maxima). Shared by the wgmma kernels' epilogues (this header and
+// wgmma_narrow_sm90.cuh).
 template <typename T, int MT>
-__device__ __forceinline__ void stage_and_store(const Params& p, const Segment& sg, int row0, uint32_t stage,
-                                                const float* so, const float (&o)[128], int r_lo, int qd, int col0,
-                                                const float* s_fin, int wtid, int bar, bool with_lse) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi)
-            st_shared_f2(stage + ((r_lo + 8 * hi) * OSTR + col0 + 8 * i + 2 * qd) * 4, o[4 * i + 2 * hi],
-                         o[4 * i + 2 * hi + 1]);
-    bar_sync(bar, 128);
+__device__ __forceinline__ void copy_out(const Params& p, const Segment& sg, int row0, const float* so, int col0,
+                                         const float* s_fin, int wtid, bool with_lse) {
     constexpr int C4 = 256 / 4;  // 16-byte chunks per row half
 #pragma unroll 2
     for (int idx = wtid; idx < MT * C4; idx += 128) {
@@ -223,6 +215,24 @@ __device__ __forceinline__ void stage_and_store(const Params& p, const Segment& 
     }
     // The stages are refilled next through the async proxy (TMA or wgmma reads after cp.async).
     fence_proxy_async();
+}
+
+// One warpgroup's epilogue, once both are done with the KV stages: stages its accumulators
+// (rows r_lo, r_lo + 8; columns col0 + 8 i + 2 qd (+1)) in the freed KV stages (`stage` as a
+// shared address, `so` as a pointer), then copies its 256 columns out (copy_out). `bar` is
+// the warpgroup's own 128-thread barrier; warpgroup 0 (with_lse) also writes lse.
+template <typename T, int MT>
+__device__ __forceinline__ void stage_and_store(const Params& p, const Segment& sg, int row0, uint32_t stage,
+                                                const float* so, const float (&o)[128], int r_lo, int qd, int col0,
+                                                const float* s_fin, int wtid, int bar, bool with_lse) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+            st_shared_f2(stage + ((r_lo + 8 * hi) * OSTR + col0 + 8 * i + 2 * qd) * 4, o[4 * i + 2 * hi],
+                         o[4 * i + 2 * hi + 1]);
+    bar_sync(bar, 128);
+    copy_out<T, MT>(p, sg, row0, so, col0, s_fin, wtid, with_lse);
 }
 
 template <typename T, bool TMA>

@@ -216,7 +216,8 @@ fn samples(dt: DType) -> Result<Samples> {
         add("MergeAttnStates".into(), crate::merge_attn_states::plan(&a)?);
     }
     // MlaDecodeAttention: the generic kernel (any dtype), and on 16-bit dtypes every
-    // tensor-core kernel at 16, 32 and 64 query rows per CTA.
+    // tensor-core kernel at 16, 32 and 64 query rows per CTA (the narrow wgmma kernel at 16
+    // and 32).
     let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448 };
     let (d, dv, bs) = (576, 512, 64);
     let mut kernels = vec![(Kernel::Generic, 2, false)];
@@ -224,7 +225,10 @@ fn samples(dt: DType) -> Result<Samples> {
         for heads in [8, 32, 64] {
             kernels.extend([(Kernel::Mma, heads, false), (Kernel::MmaSmall, heads, false)]);
         }
-        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)])
+        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)]);
+        for heads in [8, 32] {
+            kernels.extend([(Kernel::WgmmaNarrow, heads, false), (Kernel::WgmmaNarrow, heads, true)]);
+        }
     }
     // The generic kernel over an fp8_ds_mla cache (the `generic_fp8` base).
     let mut kernels: Vec<(Kernel, i64, bool, DType)> =

@@ -199,7 +199,7 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
         };
         match mla_decode_attention_with(g, &args, opts) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
-            Err(e) if opts.kernel == Kernel::Wgmma => {
+            Err(e) if matches!(opts.kernel, Kernel::Wgmma | Kernel::WgmmaNarrow) => {
                 println!("wgmma kernel not available here: {e}");
                 return None;
             }
@@ -322,6 +322,27 @@ fn small_ring_kernels_match_reference_for_every_block_size() {
 }
 
 #[test]
+fn narrow_wgmma_kernel_matches_reference_for_every_block_size_and_row_count() {
+    // The transposed wgmma kernel (16 or 32 query rows per CTA, several row blocks beyond
+    // 32), cp.async (BS 1, 16) and TMA loads (BS 64, 128), strided views (pad), a peaked
+    // softmax.
+    let Some(g) = gpu() else { return };
+    for (n, s_q) in [(16, 1), (8, 1), (16, 2), (24, 1), (32, 1), (12, 3), (64, 1)] {
+        for bs in [1, 16, 64, 128] {
+            let mut c = Case::mla(&MIXED, n, bs);
+            c.s_q = s_q;
+            c.pad = if bs == 16 { 64 } else { 0 };
+            c.scale = if bs == 64 { 0.6 } else { c.scale };
+            let x = inputs(&c);
+            let want = reference(&c, &x);
+            let opts = DecodeOptions { kernel: Kernel::WgmmaNarrow, ..Default::default() };
+            let Some(plan) = run_gpu(&g, &c, &x, &want, &opts) else { return };
+            assert!(plan.starts_with("wgmma_n"), "the narrow kernel ran: {plan}");
+        }
+    }
+}
+
+#[test]
 fn every_kernel_and_schedule_computes_the_same_function() {
     let Some(g) = gpu() else { return };
     for (n, s_q) in [(16, 1), (16, 2), (64, 1), (128, 1), (24, 2)] {
@@ -329,7 +350,7 @@ fn every_kernel_and_schedule_computes_the_same_function() {
         c.s_q = s_q;
         let x = inputs(&c);
         let want = reference(&c, &x);
-        for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma] {
+        for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma, Kernel::WgmmaNarrow] {
             for (min_tiles, max_parts) in
                 [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(4), None)]
             {
@@ -394,7 +415,7 @@ fn out_of_range_block_ids_are_skipped() {
     let mut x = inputs(&c);
     x.block_table[2] = -1.0;
     x.block_table[5] = (x.nb + 7) as f64;
-    for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma] {
+    for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma, Kernel::WgmmaNarrow] {
         for max_parts in [Some(1), Some(3)] {
             run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: Some(1), max_parts });
         }

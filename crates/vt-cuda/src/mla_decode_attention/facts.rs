@@ -173,6 +173,12 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
                 (Kernel::Wgmma, heads, true, dt, dt, FAST_D, FAST_DV),
             ]);
         }
+        for heads in [8, 32, 64] {
+            out.extend([
+                (Kernel::WgmmaNarrow, heads, false, dt, dt, FAST_D, FAST_DV),
+                (Kernel::WgmmaNarrow, heads, true, dt, dt, FAST_D, FAST_DV),
+            ]);
+        }
     }
     out
 }
@@ -278,6 +284,9 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            Kernel::WgmmaNarrow => {
+                (wgmma_sm90::narrow_smem(c.plan.rows_per_cta) as i64, wgmma_sm90::STAGES as i64)
+            }
         };
         check(format!("{what}: shared memory (host)"), main.smem as i64, smem);
         if !matches!(kernel, Kernel::Generic | Kernel::Auto) {

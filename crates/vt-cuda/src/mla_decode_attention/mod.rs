@@ -125,6 +125,9 @@ pub enum Kernel {
     /// less shared memory per block than the full ring needs (an A100) gets.
     MmaSmall,
     Wgmma,
+    /// The narrow wgmma kernel (sm_90a): both products transposed so the KV tile's tokens
+    /// fill wgmma's M and 16 or 32 query rows its N (nothing padded to 64 rows).
+    WgmmaNarrow,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -293,7 +296,7 @@ pub(crate) fn choose(
         // Less shared memory per block than the full ring needs (an A100): the small ring.
         Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
         Kernel::Auto => Kernel::Generic,
-        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma if !fast => {
+        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma | Kernel::WgmmaNarrow if !fast => {
             return Err(Error::backend(
                 BACKEND,
                 format!(
@@ -302,7 +305,7 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma if fp8 => {
+        Kernel::Wgmma | Kernel::WgmmaNarrow if fp8 => {
             return Err(Error::backend(
                 BACKEND,
                 format!(
@@ -310,7 +313,7 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma if !info.wgmma => {
+        Kernel::Wgmma | Kernel::WgmmaNarrow if !info.wgmma => {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
         }
         k => k,
@@ -319,6 +322,7 @@ pub(crate) fn choose(
     let no_kernel = |what: &str| Error::backend(BACKEND, format!("{OP}: {what}"));
     let main = match kernel {
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
+        Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?
         }

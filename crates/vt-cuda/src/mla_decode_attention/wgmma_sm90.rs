@@ -68,3 +68,45 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel
         if tma { ("mla_decode_wgmma_tma", "wgmma_tma") } else { ("mla_decode_wgmma", "wgmma") };
     MainKernel { base, name, rows: ROWS as i64, smem: SMEM, threads: THREADS, tma, ctas_per_sm: 1 }
 }
+
+/// Query rows per CTA of the narrow kernel (`mla_decode_wgmma_n{16,32}`,
+/// `kernels-cuda/mla_decode_attention/wgmma_narrow_sm90.cuh`): the fewer of 16 and 32 that
+/// holds `m_total` = s_q * N rows (more take several row blocks of 32).
+pub(super) fn narrow_rows(m_total: i64) -> u32 {
+    if m_total <= 16 {
+        16
+    } else {
+        32
+    }
+}
+
+/// Dynamic shared memory of the narrow kernel with `mt` query rows per CTA
+/// (`mla::NarrowLayout<MT>::SMEM`: Q, the KV stages, P^T, the cross-warp reductions, token and
+/// bad-block flags, schedule, mbarriers, alignment).
+pub(super) const fn narrow_smem(mt: u32) -> u32 {
+    let tile = 9 * 64 * 128;
+    9 * mt * 128
+        + STAGES * tile
+        + mt * 128
+        + 16 * mt * 4
+        + STAGES * 64
+        + STAGES * 8
+        + 40 * 4
+        + STAGES * 8
+        + 1024
+}
+const _: () = assert!(narrow_smem(32) <= super::MAX_SMEM, "the narrow layout fits a Hopper block");
+
+/// The narrow kernel's main launch (both products transposed: the tile's tokens on wgmma's M,
+/// the query rows on N); loads as [`main`].
+pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: bool) -> MainKernel {
+    let tma = tma_ok(&a.cache) && tma_flag;
+    let mt = narrow_rows(m_total);
+    let (base, name) = match (mt, tma) {
+        (16, false) => ("mla_decode_wgmma_n16", "wgmma_n16"),
+        (16, true) => ("mla_decode_wgmma_n16_tma", "wgmma_n16_tma"),
+        (_, false) => ("mla_decode_wgmma_n32", "wgmma_n32"),
+        (_, true) => ("mla_decode_wgmma_n32_tma", "wgmma_n32_tma"),
+    };
+    MainKernel { base, name, rows: mt as i64, smem: narrow_smem(mt), threads: THREADS, tma, ctas_per_sm: 1 }
+}

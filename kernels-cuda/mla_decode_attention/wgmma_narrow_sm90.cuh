@@ -1,0 +1,397 @@
+// MlaDecodeAttention, the narrow wgmma kernel (sm_90a only): mla_decode_wgmma_n{16,32}[_tma]_
+// {bf16,f16} for at most 16 / 32 query rows per sequence (s_q x N: 16 or 32 heads after
+// tensor parallelism, or 16 heads with s_q = 2). D = 576, Dv = 512, KV tiles by cp.async or
+// the TMA exactly as in wgmma_sm90.cuh (same stages, barriers and roles). Planned by
+// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs (`narrow`). Part of
+// mla_decode_attention.cu.
+//
+// Both products run transposed ("swap A and B"), so the tile's 64 tokens sit on wgmma's M
+// and the few query rows on N, and nothing is padded to 64 rows:
+//   S^T = K Q^T    36 wgmma m64nMTk16, A = the K tile (K-major), B = Q (K-major)
+//   O^T += V^T P^T  per 64 output features 4 wgmma m64nMTk16, A = V read MN-major in place
+//                  from the K tile (transposed A), B = P^T in shared memory (K-major)
+// The softmax runs down S^T's columns: a query row's 64 scores are spread over the 4 warps
+// of warpgroup 0 (16 tokens each), so the tile maximum is combined across warps through
+// shared memory (one 128-thread barrier). Warpgroup 0 computes S, the softmax and
+// O^T[0:256]; warpgroup 1 loads and computes O^T[256:512], with the barriers of
+// wgmma_sm90.cuh (K_FULL, P_FULL, P_FREE, V_FREE and the epilogue's).
+#pragma once
+
+#include "mla_decode_attention/wgmma_sm90.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace mla {
+
+// Shared-memory layout of the narrow kernel (byte offsets from a 1024-aligned base): as
+// Layout<MT> with MT query rows, plus the cross-warp column reductions.
+template <int MT> struct NarrowLayout {
+    static constexpr int STAGES = 2;
+    static constexpr int Q_SUB = MT * 128;                     // one column block of Q
+    static constexpr int OFF_Q = 0;
+    static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
+    static constexpr int OFF_P = OFF_KV + STAGES * TILE_BYTES;  // P^T [MT rows x 64 tokens] 16-bit
+    // floats: tile maxima [2 parities][4 warps][MT], rescale factors [MT], final sums and
+    // maxima [2][MT], per-warp row sums [4][MT] (and one spare MT).
+    static constexpr int OFF_RED = OFF_P + MT * 128;
+    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [STAGES][BN]: token row exists
+    static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
+    static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
+    static constexpr int END = OFF_MBAR + STAGES * 8;
+    static constexpr int SMEM = END + 1024;                     // slack to align the base
+};
+
+// wgmma m64n16k16 / m64n32k16 with both operands in shared memory; TA = 1 reads A MN-major.
+#define VT_WGMMA_N16(NAME, TY, TA)                                                                        \
+    __device__ __forceinline__ void NAME(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {         \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                       \
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY " "                           \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, " #TA ", 0;\n}\n"               \
+                     : VT_ACC8(0)                                                                         \
+                     : "l"(da), "l"(db), "r"(scale_d));                                                   \
+    }
+#define VT_WGMMA_N32(NAME, TY, TA)                                                                        \
+    __device__ __forceinline__ void NAME(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {        \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                       \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                           \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, " #TA ", 0;\n}\n" \
+                     : VT_ACC8(0), VT_ACC8(8)                                                             \
+                     : "l"(da), "l"(db), "r"(scale_d));                                                   \
+    }
+VT_WGMMA_N16(wgmma_m64n16k16_bf16, "bf16", 0)
+VT_WGMMA_N16(wgmma_m64n16k16_f16, "f16", 0)
+VT_WGMMA_N16(wgmma_m64n16k16_bf16_ta, "bf16", 1)
+VT_WGMMA_N16(wgmma_m64n16k16_f16_ta, "f16", 1)
+VT_WGMMA_N32(wgmma_m64n32k16_bf16, "bf16", 0)
+VT_WGMMA_N32(wgmma_m64n32k16_f16, "f16", 0)
+VT_WGMMA_N32(wgmma_m64n32k16_bf16_ta, "bf16", 1)
+VT_WGMMA_N32(wgmma_m64n32k16_f16_ta, "f16", 1)
+
+// The narrow products per 16-bit type, overloaded on the accumulator (N = 16: 8 registers,
+// N = 32: 16). qk: S^T (+)= K Q^T; pv: O^T += V^T P^T (A transposed).
+template <typename T> struct WgNarrow;
+template <> struct WgNarrow<bf16> {
+    static __device__ __forceinline__ void qk(float (&d)[8], uint64_t a, uint64_t b, int sc) { wgmma_m64n16k16_bf16(d, a, b, sc); }
+    static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int sc) { wgmma_m64n32k16_bf16(d, a, b, sc); }
+    static __device__ __forceinline__ void pv(float (&d)[8], uint64_t a, uint64_t b) { wgmma_m64n16k16_bf16_ta(d, a, b, 1); }
+    static __device__ __forceinline__ void pv(float (&d)[16], uint64_t a, uint64_t b) { wgmma_m64n32k16_bf16_ta(d, a, b, 1); }
+};
+template <> struct WgNarrow<f16> {
+    static __device__ __forceinline__ void qk(float (&d)[8], uint64_t a, uint64_t b, int sc) { wgmma_m64n16k16_f16(d, a, b, sc); }
+    static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int sc) { wgmma_m64n32k16_f16(d, a, b, sc); }
+    static __device__ __forceinline__ void pv(float (&d)[8], uint64_t a, uint64_t b) { wgmma_m64n16k16_f16_ta(d, a, b, 1); }
+    static __device__ __forceinline__ void pv(float (&d)[16], uint64_t a, uint64_t b) { wgmma_m64n32k16_f16_ta(d, a, b, 1); }
+};
+
+template <typename T> __device__ __forceinline__ unsigned short to_bits(float x);
+template <> __device__ __forceinline__ unsigned short to_bits<bf16>(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+template <> __device__ __forceinline__ unsigned short to_bits<f16>(float x) { return __half_as_ushort(__float2half_rn(x)); }
+
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, unsigned short v) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_f1(uint32_t addr, float x) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
+
+// O^T[mb * 64 .. +64, :] += V^T P^T for the four 64-feature blocks from `mb0` of the tile at
+// kst (4 k steps of 16 tokens each: +2048 B in V, +32 B in P^T).
+template <typename T, int R>
+__device__ __forceinline__ void pv_narrow(float (&o)[4][R], uint64_t dp, uint32_t kst, int mb0) {
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) pin(o[mb]);
+    wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) {
+        const uint64_t dv = gmma_desc(kst + (mb0 + mb) * SUB_BYTES, SUB_BYTES, 1024);
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ++ks) WgNarrow<T>::pv(o[mb], dv + 128 * ks, dp + 2 * ks);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) pin(o[mb]);
+}
+
+// o[mb][4 i + j] holds column (query row) 8 i + 2 qd + (j & 1): scaled by a[2 i + (j & 1)].
+template <int R> __device__ __forceinline__ void rescale_cols(float (&o)[4][R], const float (&a)[R / 2]) {
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[mb][4 * i + j] *= a[2 * i + (j & 1)];
+}
+
+// Stages a warpgroup's O^T accumulators (features mb0 * 64 + 16 warp + g (+8), rows
+// 8 i + 2 qd (+1)) as f32 rows of OSTR in the freed KV stages.
+template <int R>
+__device__ __forceinline__ void stage_narrow(uint32_t stage, const float (&o)[4][R], int mb0, int wwarp, int g,
+                                             int qd) {
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int f = (mb0 + mb) * 64 + wwarp * 16 + g + 8 * (j >> 1);
+                const int r = 8 * i + 2 * qd + (j & 1);
+                st_shared_f1(stage + (r * OSTR + f) * 4, o[mb][4 * i + j]);
+            }
+}
+
+template <typename T, int MT, bool TMA>
+__device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
+    using L = NarrowLayout<MT>;
+    constexpr int R = MT / 2;   // accumulator registers of one m64nMTk16
+    constexpr int NC = MT / 4;  // query rows (columns of S^T) a thread holds
+    static_assert(MT == 16 || MT == 32, "wgmma N = 16 or 32");
+    static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
+    static_assert(MT * OSTR * 4 <= L::STAGES * TILE_BYTES, "O is staged in the KV stages");
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = align1024(smem_raw);
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
+    float* red_max = (float*)(smem + L::OFF_RED);  // [2][4][MT]
+    float* s_alpha = red_max + 8 * MT;              // [MT] rescale factors of the current tile
+    float* s_fin = s_alpha + MT;                    // [2][MT] final row sums and maxima
+    float* red_l = s_fin + 2 * MT;                  // [4][MT]
+    unsigned char* valid = smem + L::OFF_VALID;
+    unsigned char* flags = smem + L::OFF_FLAGS;
+    int* sched = (int*)(smem + L::OFF_SCHED);
+    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
+    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    const uint32_t sBar = base + L::OFF_MBAR;
+    if (TMA && threadIdx.x == 0) {
+        for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
+    }
+    if (TMA) __syncthreads();
+    uint32_t phases = 0;  // bit st: parity of the next completion of stage st's barrier
+    auto tile_wait = [&](int st) {
+        mbar_wait(sBar + 8 * st, (phases >> st) & 1);
+        phases ^= 1u << st;
+    };
+    grid_dep_launch();
+
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, qd = lane & 3;
+    const int row0 = blockIdx.y * MT;
+    const float c = p.scale_log2;
+    const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
+    const uint64_t dq = gmma_desc(sQ, 16, 1024);
+    const uint64_t dp = gmma_desc(sP, 16, 1024);
+    // Column k (0 .. NC-1) of this thread: query row col_of(k) of the CTA.
+    auto col_of = [&](int k) { return 8 * (k >> 1) + 2 * qd + (k & 1); };
+
+    const Part part = find_part(p, sched);
+    int nb = part.b;
+    i64 pre = part.pre;
+    Segment sg;
+    while (next_segment(p, part, nb, pre, sg)) {
+        const int t0 = sg.t0, t1 = sg.t1;
+        float o[4][R];  // O^T for features (wg * 4 + mb) * 64 ..
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+            for (int i = 0; i < R; ++i) o[mb][i] = 0.0f;
+
+        if (wg == 1) {
+            // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
+            // signal, and the load two tiles ahead (as decode_wgmma).
+            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+            i64 off = 0;
+            if (TMA) {
+                if (wtid < 32) {
+                    tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
+                    if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();  // Q
+                fence_proxy_async();
+                bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
+            } else {
+                off = ld.row_of(p, sg, t0);
+                ld.issue(sKV, valid, flags, off);
+                cp_async_commit();
+                off = ld.row_of(p, sg, t0 + 1);
+                if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
+                cp_async_commit();
+                off = ld.row_of(p, sg, t0 + 2);
+                cp_async_wait<1>();
+                fence_proxy_async();
+                bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
+            }
+            bar_arrive(BAR_P_FREE, 256);
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                bar_sync(BAR_P_FULL, 256);
+                if (TMA) tile_wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
+                float a[NC];
+#pragma unroll
+                for (int k = 0; k < NC; ++k) a[k] = s_alpha[col_of(k)];
+                rescale_cols(o, a);
+                pv_narrow<T, R>(o, dp, kst, 4);
+                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
+                if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
+                if (TMA) {
+                    if (t + 2 < t1 && wtid < 32)
+                        tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
+                    continue;
+                }
+                if (t + 1 < t1) {
+                    cp_async_wait<0>();  // tile t + 1, the newest group
+                    fence_proxy_async();
+                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
+                }
+                if (t + 2 < t1) {
+                    ld.issue(kst, valid + st * BN, flags + st * 8, off);
+                    cp_async_commit();
+                    off = ld.row_of(p, sg, t + 3);
+                }
+            }
+            cp_async_wait<0>();
+            bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
+            bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
+            stage_narrow(sKV, o, 4, wwarp, g, qd);
+            bar_sync(BAR_WG1, 128);
+            copy_out<T, MT>(p, sg, row0, so, 256, s_fin, wtid, false);
+            bar_sync(BAR_OUT_READ, 256);  // warpgroup 0 copied its half out: the stages may be reloaded
+        } else {
+            int lim[NC];
+            float m_run[NC], l_run[NC];
+#pragma unroll
+            for (int k = 0; k < NC; ++k) {
+                const int r = row0 + col_of(k);
+                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+                lim[k] = sg.len - p.s_q + s + 1;
+                m_run[k] = vt::neg_inf();
+                l_run[k] = 0.0f;
+            }
+            const int lim_min = sg.len - p.s_q + 1;
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                const unsigned char* vst = valid + st * BN;
+                if (TMA) {
+                    if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
+                    tile_wait(st);
+                } else {
+                    bar_sync(BAR_K_FULL + st, 256);
+                }
+
+                // S^T = K Q^T: s[4 i + j] is token 16 wwarp + g + 8 (j >> 1), row col_of(2 i + (j & 1)).
+                float s[R];
+                const uint64_t dk = gmma_desc(kst, 16, 1024);
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < FD / 16; ++ks) {
+                    // Column block ks / 4, 32 bytes per k step inside it.
+                    const uint64_t ok = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+                    const uint64_t oq = (uint64_t)(((ks >> 2) * L::Q_SUB + (ks & 3) * 32) >> 4);
+                    WgNarrow<T>::qk(s, dk + ok, dq + oq, ks > 0 ? 1 : 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();
+                pin(s);
+                if (TMA && t * BN + BN > sg.len) {
+                    // As decode_wgmma: rows past the sequence's last token came from a real page
+                    // and may hold NaN; zero their V part before either product reads it.
+                    const int first = sg.len - t * BN;
+                    for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
+                        const int r = first + (idx >> 6), cc = idx & 63;
+                        st_shared_v4_zero(kst + (cc >> 3) * SUB_BYTES + swz(r, cc & 7));
+                    }
+                    fence_proxy_async();
+                }
+
+                const bool full = tile_is_full(t, lim_min, flags + st * 8);
+                if (!full) {
+                    const int tok0 = t * BN;
+#pragma unroll
+                    for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const int tk = wwarp * 16 + g + 8 * (j >> 1);
+                            const bool okk = vst[tk] != 0 && tok0 + tk < lim[2 * i + (j & 1)];
+                            s[4 * i + j] = okk ? s[4 * i + j] : vt::neg_inf();
+                        }
+                }
+                // Column maxima over this warp's 16 tokens (the 8 lanes of a quad position),
+                // then over the 4 warps.
+                float* rm = red_max + ((t - t0) & 1) * 4 * MT;
+#pragma unroll
+                for (int k = 0; k < NC; ++k) {
+                    const int i = k >> 1, b = k & 1;
+                    float m = fmaxf(s[4 * i + b], s[4 * i + 2 + b]);
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+                    if (g == 0) rm[wwarp * MT + col_of(k)] = m;
+                }
+                bar_sync(BAR_WG0, 128);
+                float alpha[NC], muse[NC];
+#pragma unroll
+                for (int k = 0; k < NC; ++k) {
+                    const int col = col_of(k);
+                    const float tm = fmaxf(fmaxf(rm[col], rm[MT + col]), fmaxf(rm[2 * MT + col], rm[3 * MT + col]));
+                    const float mn = fmaxf(m_run[k], tm * c);
+                    muse[k] = mn == vt::neg_inf() ? 0.0f : mn;
+                    alpha[k] = exp2f(m_run[k] - muse[k]);
+                    m_run[k] = mn;
+                    l_run[k] *= alpha[k];
+                }
+                unsigned short pk[R];
+#pragma unroll
+                for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int k = 2 * i + (j & 1);
+                        const float pv = exp2f(fmaf(s[4 * i + j], c, -muse[k]));
+                        l_run[k] += pv;
+                        pk[4 * i + j] = to_bits<T>(pv);
+                    }
+                bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1) and its factors
+#pragma unroll
+                for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int tk = wwarp * 16 + g + 8 * (j >> 1);
+                        st_shared_u16(sP + swz(col_of(2 * i + (j & 1)), tk >> 3) + (tk & 7) * 2, pk[4 * i + j]);
+                    }
+                if (wwarp == 0 && g == 0) {
+#pragma unroll
+                    for (int k = 0; k < NC; ++k) s_alpha[col_of(k)] = alpha[k];
+                }
+                fence_proxy_async();      // P^T is read by wgmma (async proxy)
+                bar_sync(BAR_WG0, 128);   // all of P^T written before this warpgroup's wgmma
+                bar_arrive(BAR_P_FULL, 256);
+                rescale_cols(o, alpha);
+                pv_narrow<T, R>(o, dp, kst, 0);
+                if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
+            }
+            // Row sums over the 8 lanes of a quad position and the 4 warps; maxima.
+#pragma unroll
+            for (int k = 0; k < NC; ++k) {
+                float l = l_run[k];
+                l += __shfl_xor_sync(0xffffffffu, l, 4);
+                l += __shfl_xor_sync(0xffffffffu, l, 8);
+                l += __shfl_xor_sync(0xffffffffu, l, 16);
+                if (g == 0) red_l[wwarp * MT + col_of(k)] = l;
+                if (wwarp == 0 && g == 0) s_fin[MT + col_of(k)] = m_run[k];
+            }
+            bar_sync(BAR_WG0, 128);
+            if (wtid < MT) s_fin[wtid] = red_l[wtid] + red_l[MT + wtid] + red_l[2 * MT + wtid] + red_l[3 * MT + wtid];
+            bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
+            bar_sync(BAR_WG1_DONE, 256);
+            stage_narrow(sKV, o, 0, wwarp, g, qd);
+            bar_sync(BAR_WG0, 128);
+            copy_out<T, MT>(p, sg, row0, so, 0, s_fin, wtid, true);
+            bar_arrive(BAR_OUT_READ, 256);
+        }
+    }
+}
+
+}  // namespace mla
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
