@@ -65,6 +65,7 @@ mod queue;
 
 pub mod bench;
 
+mod cache_indexer_keys;
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
 pub mod fp8_matmul;
@@ -76,6 +77,7 @@ pub mod mla_decode_attention;
 pub mod prefill_attention;
 mod rms_norm;
 mod rope_from_cache;
+pub mod sparse_mla_attention;
 #[cfg(test)]
 mod test_util;
 
@@ -92,8 +94,8 @@ pub(crate) use launch::{Arg, Launch};
 
 /// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
 ///
-/// The sparse-MLA ops of DeepSeek-V3.2 (issue 19) have only their CPU reference so far.
-pub const OP_GAPS: &[OpId] = &[OpId::SparseMlaAttention, OpId::IndexerTopK, OpId::CacheIndexerKeys];
+/// IndexerTopK (DeepSeek-V3.2's sparse MLA, issue 19) has only its CPU reference so far.
+pub const OP_GAPS: &[OpId] = &[OpId::IndexerTopK];
 
 /// The ops that are NVRTC-compiled kernels (registered when NVRTC and the CUDA headers are
 /// found).
@@ -111,6 +113,8 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::MatmulBTFp8(Arc::new(fp8_matmul::run_matmul_bt)),
         OpImpl::BatchedMatmulFp8(Arc::new(fp8_matmul::run_batched)),
         OpImpl::QuantizeFp8(Arc::new(fp8_matmul::run_quantize)),
+        OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
+        OpImpl::CacheIndexerKeys(Arc::new(cache_indexer_keys::run)),
     ]
 }
 

@@ -261,6 +261,53 @@ fn samples(dt: DType) -> Result<Samples> {
             decode::launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,
         );
     }
+    // SparseMlaAttention: the generic kernel over float and fp8_ds_mla caches (a cache whose
+    // blocks are not BS rows apart: a layer of a [NB, 2, BS, D] pool), and the decode kernels
+    // over the block-size-1 view of a whole cache (the launches of the view `decode_args` makes).
+    {
+        use crate::sparse_mla_attention::{decode_args, generic_plan, slot_stride};
+        for (cache_dt, w) in [(dt, d), (DType::Fp8DsMla, 656)] {
+            let pooled = f.t(cache_dt, &[nb, 4, w], &[2 * 4 * w, w, 1]);
+            assert_eq!(slot_stride(&pooled), None);
+            for lse in [None, Some(f.t(DType::F32, &[16, 3], &[1, 16]))] {
+                let a = SparseMlaAttentionArgs {
+                    out: f.c(dt, &[3, 16, dv]),
+                    lse,
+                    query: f.c(dt, &[3, 16, d]),
+                    cache: pooled,
+                    indices: f.c(DType::I32, &[3, 64]),
+                    scale: 0.5,
+                };
+                add("SparseMlaAttention (generic)".into(), generic_plan(&a)?);
+            }
+            let kernel = if dt == DType::F32 { Kernel::Generic } else { Kernel::Auto };
+            for heads in [16, 128] {
+                let a = SparseMlaAttentionArgs {
+                    out: f.c(dt, &[3, heads, dv]),
+                    lse: Some(f.c(DType::F32, &[heads, 3])),
+                    query: f.c(dt, &[3, heads, d]),
+                    cache: f.c(cache_dt, &[nb, bs, w]),
+                    indices: f.c(DType::I32, &[3, 2048]),
+                    scale: 0.5,
+                };
+                let stride = slot_stride(&a.cache).expect("a whole cache has the block-size-1 view");
+                let da = decode_args(&a, stride, f.t(DType::I32, &[3], &[0]))?;
+                let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
+                let c = decode::choose(&da, &info, &opts, false)?;
+                add(
+                    format!("SparseMlaAttention (decode {})", c.plan.kernel),
+                    decode::launches(&da, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,
+                );
+            }
+        }
+    }
+    // CacheIndexerKeys: a column slice of a wider projection into a layer of a pool.
+    let a = CacheIndexerKeysArgs {
+        k: f.t(dt, &[t, 128], &[576, 1]),
+        cache: f.t(dt, &[nb, 4, 128], &[2 * 4 * 128, 128, 1]),
+        slot_mapping: f.c(DType::I64, &[t]),
+    };
+    add("CacheIndexerKeys".into(), crate::cache_indexer_keys::plan(&a)?);
     // PrefillAttention: the generic kernel (any dtype); on 16-bit dtypes the mma.sync kernel
     // and the wgmma kernel at every fast head-dim pair (sm_90 planned without a device).
     {

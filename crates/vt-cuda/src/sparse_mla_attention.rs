@@ -1,0 +1,317 @@
+//! SparseMlaAttention on CUDA: DeepSeek-V3.2's sparse MLA (absorbed MQA over the cache slots
+//! each query token's indices row lists).
+//!
+//! Fast path: MlaDecodeAttention's kernels on the sparse problem read as a decode. Query
+//! token t becomes sequence t with one query row per head (`[T, 1, N, D]`), its indices row
+//! its block table, the cache a block-size-1 view (`[NB * BS, 1, W]`: slot s is block s),
+//! every sequence `topk` long (seq_lens is a one-int device buffer holding `i32::MAX`,
+//! read with stride 0: the kernels clamp a length to the block table's `topk * 1` tokens).
+//! The decode kernels gather each token's row by its block id with cp.async, skip block ids
+//! outside `0..NB * BS` (zero-filled and masked: the contract's -1 and past-the-cache
+//! entries), attend a repeated block twice (the contract's repeat), and split the keys over
+//! CTAs with a combine when the (token, head group) pairs do not fill the device. So the
+//! fast kernels are exactly what `mla_decode_attention` picks: on sm_90 the wgmma kernel
+//! (64 heads a CTA) for a 16-bit cache and N > 16, the mma.sync kernels (16/32/64 heads a
+//! CTA) for N <= 16 and for the fp8_ds_mla cache, their generic kernel for f32, other dims
+//! and unaligned views; see `mla_decode_attention/mod.rs` and `docs/perf.md`.
+//!
+//! The view needs a cache whose slots lie one stride apart (block stride = BS * row stride,
+//! or one block, or BS = 1) and `NB * BS` within i32. Other caches (a layer of a
+//! `[NB, layers, BS, D]` pool) take this op's own generic kernel
+//! (`kernels-cuda/sparse_mla_attention.cu`): any dims, strides, dtypes and both cache
+//! kinds, one CTA per (token, head), no split.
+//!
+//! After the first call on a device (which allocates the seq_lens int, and the decode
+//! kernels' partial buffers as MlaDecodeAttention does) a call allocates nothing, reads
+//! nothing back and never waits: it can be captured in a CUDA graph.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
+use vt_core::{
+    Buffer, DType, Error, MlaDecodeAttentionArgs, OpId, Queue, Result, SparseMlaAttentionArgs, Tensor,
+};
+
+use crate::device::BACKEND;
+use crate::mla_decode_attention::{self as decode, mla_decode_attention_with, DecodeOptions};
+use crate::rope_from_cache::int;
+use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
+
+static SRC: KernelSource = kernel_source!("sparse_mla_attention");
+
+const OP: OpId = OpId::SparseMlaAttention;
+/// Threads of the generic kernel (`sparse_mla::WARPS` warps, a listed index each).
+const GEN_THREADS: u32 = 128;
+/// The most dynamic shared memory a block may have on sm_80/sm_90.
+const MAX_SMEM: i64 = 232_448;
+
+/// Which kernel runs the op. The op uses [`Kernel::Auto`]; the others are for tests and
+/// benchmarks ([`sparse_mla_attention_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// The decode kernels when the cache allows the block-size-1 view, else the generic one.
+    Auto,
+    /// This op's generic kernel (any layout).
+    Generic,
+    /// MlaDecodeAttention's kernels over the block-size-1 view, with that op's choice
+    /// forced as given (an error for a cache without the view).
+    Decode(decode::Kernel),
+}
+
+/// Knobs of [`sparse_mla_attention_with`]; `Default` is what the op uses.
+#[derive(Clone, Copy, Debug)]
+pub struct SparseOptions {
+    pub kernel: Kernel,
+    /// The decode kernels' split: fewest 64-key tiles per part, most parts (see
+    /// [`DecodeOptions`]).
+    pub min_tiles: Option<u32>,
+    pub max_parts: Option<u32>,
+}
+
+impl Default for SparseOptions {
+    fn default() -> Self {
+        SparseOptions { kernel: Kernel::Auto, min_tiles: None, max_parts: None }
+    }
+}
+
+/// What one call launched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// `sparse_generic`, or the decode kernel's name (`wgmma`, `mma64_fp8`, ...).
+    pub kernel: &'static str,
+    /// The decode kernels' plan (None for the generic kernel or an empty call).
+    pub decode: Option<decode::Plan>,
+}
+
+/// The op as registered.
+pub(crate) fn run(q: &Queue, a: &SparseMlaAttentionArgs<'_>) -> Result<()> {
+    sparse_mla_attention_with(q, a, &SparseOptions::default()).map(|_| ())
+}
+
+/// The distance between consecutive slots of the cache when every slot `s` lies at
+/// `s * stride` (the block-size-1 view exists), and `NB * BS` fits the decode kernels' i32.
+pub(crate) fn slot_stride(cache: &Tensor<'_>) -> Option<i64> {
+    let (nb, bs) = (cache.dim(0), cache.dim(1));
+    i32::try_from(nb.checked_mul(bs)?).ok()?;
+    if bs == 1 {
+        Some(cache.stride(0))
+    } else if nb == 1 || bs.checked_mul(cache.stride(1)) == Some(cache.stride(0)) {
+        Some(cache.stride(1))
+    } else {
+        None
+    }
+}
+
+/// SparseMlaAttention with explicit kernel choices (the op uses the defaults). The
+/// arguments must have passed `vt_core::sparse_mla_attention`'s validation (this function is
+/// for tests and benchmarks, which build views to the contract). Returns what ran.
+pub fn sparse_mla_attention_with(
+    q: &Queue,
+    a: &SparseMlaAttentionArgs<'_>,
+    opts: &SparseOptions,
+) -> Result<Plan> {
+    let cq = CudaQueue::of(q, OP)?;
+    let (t, n) = (a.query.dim(0), a.query.dim(1));
+    if t == 0 || n == 0 {
+        return Ok(Plan { kernel: "none", decode: None });
+    }
+    let stride = slot_stride(&a.cache);
+    let forced = match (opts.kernel, stride) {
+        (Kernel::Generic, _) | (Kernel::Auto, None) => None,
+        (Kernel::Auto, Some(s)) => Some((decode::Kernel::Auto, s)),
+        (Kernel::Decode(k), Some(s)) => Some((k, s)),
+        (Kernel::Decode(_), None) => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the decode kernels need the cache's slots one stride apart (block stride = \
+                     BS x row stride) and NB x BS within i32; cache shape {:?} strides {:?}",
+                    a.cache.shape(),
+                    a.cache.strides()
+                ),
+            ))
+        }
+    };
+    let Some((kernel, stride)) = forced else {
+        cq.run(OP, &generic_plan(a)?)?;
+        return Ok(Plan { kernel: "sparse_generic", decode: None });
+    };
+    let lens = seq_lens(q, t)?;
+    let d = decode_args(a, stride, lens)?;
+    let o = DecodeOptions { kernel, min_tiles: opts.min_tiles, max_parts: opts.max_parts };
+    let p = mla_decode_attention_with(q, &d, &o)?;
+    Ok(Plan { kernel: p.kernel, decode: Some(p) })
+}
+
+/// One i32 `i32::MAX` per device, never freed: the decode view's seq_lens (read with stride
+/// 0, clamped by the kernels to the block table's length).
+static LENS: LazyLock<Mutex<HashMap<usize, &'static Buffer>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn seq_lens(q: &Queue, t: i64) -> Result<Tensor<'static>> {
+    let ordinal = q.device().ordinal;
+    let mut all =
+        LENS.lock().map_err(|_| Error::op_failed(OP, BACKEND, "a cache lock was poisoned by a panic"))?;
+    let buf = match all.get(&ordinal) {
+        Some(b) => *b,
+        None => {
+            if crate::graph::capturing() {
+                return Err(Error::backend(
+                    BACKEND,
+                    format!("{OP}: the first call on a device allocates; warm up before capturing a graph"),
+                ));
+            }
+            let b: &'static Buffer = Box::leak(Box::new(Buffer::from_slice(q, &[1], &[i32::MAX])?));
+            all.insert(ordinal, b);
+            b
+        }
+    };
+    buf.view().as_strided(0, &[t], &[0])
+}
+
+/// The sparse arguments as MlaDecodeAttention's over the block-size-1 view of the cache
+/// (slots `stride` apart), with `lens` as seq_lens.
+pub(crate) fn decode_args<'a>(
+    a: &SparseMlaAttentionArgs<'a>,
+    stride: i64,
+    lens: Tensor<'a>,
+) -> Result<MlaDecodeAttentionArgs<'a>> {
+    let (t, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
+    let dv = a.out.dim(2);
+    let (nb, bs, w) = (a.cache.dim(0), a.cache.dim(1), a.cache.dim(2));
+    let slots = nb.checked_mul(bs).ok_or_else(|| Error::invalid(OP, "cache", "NB x BS overflows"))?;
+    let as4 =
+        |x: &Tensor<'a>, last: i64| x.as_strided(0, &[t, 1, n, last], &[x.stride(0), 0, x.stride(1), 1]);
+    let lse = match &a.lse {
+        Some(l) => Some(l.as_strided(0, &[t, n, 1], &[l.stride(1), l.stride(0), 0])?),
+        None => None,
+    };
+    Ok(MlaDecodeAttentionArgs {
+        out: as4(&a.out, dv)?,
+        lse,
+        query: as4(&a.query, d)?,
+        cache: a.cache.as_strided(0, &[slots, 1, w], &[stride, stride, 1])?,
+        block_table: a.indices,
+        seq_lens: lens,
+        scale: a.scale,
+    })
+}
+
+/// The generic kernel's launch: `sparse_mla_generic_*` over a float cache,
+/// `sparse_mla_generic_fp8_*` over an fp8_ds_mla one; one CTA per (token, head), grid-stride.
+/// Head dims whose shared memory exceeds a block's are an error.
+pub(crate) fn generic_plan(a: &SparseMlaAttentionArgs<'_>) -> Result<Vec<Launch>> {
+    let (t, n, d) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
+    let dv = a.out.dim(2);
+    let rows = t.checked_mul(n).ok_or_else(|| Error::invalid(OP, "query", "T x N overflows"))?;
+    if rows == 0 {
+        return Ok(vec![]);
+    }
+    let smem = (d + (GEN_THREADS as i64 / 32) * dv) * 4;
+    if smem > MAX_SMEM {
+        return Err(Error::invalid(
+            OP,
+            "query",
+            format!("head dims D = {d}, Dv = {dv} need {smem} bytes of shared memory (at most {MAX_SMEM})"),
+        ));
+    }
+    let (l_addr, l_sh, l_st) =
+        a.lse.map_or((0u64, 0i64, 0i64), |l| (l.data_addr(), l.stride(0), l.stride(1)));
+    let base =
+        if a.cache.dtype() == DType::Fp8DsMla { "sparse_mla_generic_fp8" } else { "sparse_mla_generic" };
+    let args: [Arg; 23] = [
+        a.query.data_addr().into(),
+        a.query.stride(0).into(),
+        a.query.stride(1).into(),
+        a.out.data_addr().into(),
+        a.out.stride(0).into(),
+        a.out.stride(1).into(),
+        l_addr.into(),
+        l_sh.into(),
+        l_st.into(),
+        a.cache.data_addr().into(),
+        a.cache.stride(0).into(),
+        a.cache.stride(1).into(),
+        a.indices.data_addr().into(),
+        a.indices.stride(0).into(),
+        a.indices.stride(1).into(),
+        rows.into(),
+        int(OP, "query", n)?.into(),
+        int(OP, "query", d)?.into(),
+        int(OP, "out", dv)?.into(),
+        int(OP, "indices", a.indices.dim(1))?.into(),
+        a.cache.dim(0).into(),
+        a.cache.dim(1).into(),
+        (a.scale * std::f32::consts::LOG2_E).into(),
+    ];
+    Ok(vec![Launch::new(&SRC, base, a.query.dtype(), (grid_1d(rows), 1, 1), GEN_THREADS, args)
+        .with_smem(smem as u32)])
+}
+
+#[cfg(test)]
+mod tests {
+    use vt_core::{Buffer, DType, Device, Queue, SparseMlaAttentionArgs};
+
+    use super::*;
+
+    /// Without a GPU: the decode view of a sparse call (block-size-1 cache over a layer of a
+    /// pool, indices as block tables, [T, 1, N, D] q / out from strided views, lse stored
+    /// [T, N] passed transposed) run through the CPU's MlaDecodeAttention equals the CPU's
+    /// SparseMlaAttention (on valid, repeated slots: the CPU decode reference rejects the
+    /// negative block ids the GPU kernels skip; seq_lens holds topk, which the GPU's
+    /// i32::MAX is clamped to).
+    #[test]
+    fn the_decode_view_computes_the_sparse_op() -> Result<()> {
+        vt_cpu::register();
+        let q = Queue::new(Device::CPU)?;
+        let (t, n, d, dv, nb, bs, topk) = (3i64, 4i64, 24i64, 16i64, 5i64, 4i64, 7i64);
+        let val = |i: i64| ((i * 2654435761) % 1000) as f64 / 500.0 - 1.0;
+        let qv: Vec<f64> = (0..t * n * (d + 2)).map(val).collect();
+        let pool: Vec<f64> = (0..2 * nb * bs * (d + 3)).map(|i| val(i + 17)).collect();
+        let idx: Vec<f64> = (0..t * topk).map(|i| ((i * 7 + i / 3) % (nb * bs)) as f64).collect();
+        let qb = Buffer::from_f64(&q, DType::F32, &[t, n, d + 2], &qv)?;
+        let cb = Buffer::from_f64(&q, DType::F32, &[2, nb, bs, d + 3], &pool)?;
+        let ib = Buffer::from_f64(&q, DType::I32, &[t, topk], &idx)?;
+        let cache = cb.view().select(0, 1)?.slice(2, 0, d)?;
+        let query = qb.view().slice(2, 1, d + 1)?;
+        let mut results = Vec::new();
+        for via_decode in [false, true] {
+            let ob = Buffer::nan(&q, DType::F32, &[t, n, dv + 5])?;
+            let lb = Buffer::nan(&q, DType::F32, &[t, n])?;
+            let a = SparseMlaAttentionArgs {
+                out: ob.view().slice(2, 0, dv)?,
+                lse: Some(lb.view().transpose(0, 1)?),
+                query,
+                cache,
+                indices: ib.view(),
+                scale: 0.3,
+            };
+            if via_decode {
+                let stride = slot_stride(&a.cache).expect("a pool layer has the view");
+                assert_eq!(stride, d + 3);
+                let lens = Buffer::from_f64(&q, DType::I32, &[1], &[topk as f64])?;
+                let da = decode_args(&a, stride, lens.view().as_strided(0, &[t], &[0])?)?;
+                vt_core::mla_decode_attention(&q, &da)?;
+            } else {
+                vt_core::sparse_mla_attention(&q, &a)?;
+            }
+            results.push((q.read_f64(&ob.view())?, q.read_f64(&lb.view())?));
+        }
+        assert!(results[0].0.iter().zip(&results[1].0).all(|(x, y)| x == y || (x.is_nan() && y.is_nan())));
+        assert_eq!(results[0].1, results[1].1);
+        assert!(results[0].1.iter().all(|v| v.is_finite()));
+        Ok(())
+    }
+
+    #[test]
+    fn slot_stride_needs_slots_one_stride_apart() {
+        vt_cpu::register();
+        let q = Queue::new(Device::CPU).expect("cpu queue");
+        let b = Buffer::nan(&q, DType::BF16, &[4, 2, 8, 64]).expect("buffer");
+        let whole = b.view().select(1, 0).expect("view"); // [4, 8, 64], blocks 2 x 8 rows apart
+        assert_eq!(slot_stride(&whole), None);
+        assert_eq!(slot_stride(&whole.slice(0, 0, 1).expect("one block")), Some(64));
+        assert_eq!(slot_stride(&whole.slice(1, 0, 1).expect("bs 1")), Some(2 * 8 * 64));
+        let flat = b.view().as_strided(0, &[8, 8, 64], &[512, 64, 1]).expect("view");
+        assert_eq!(slot_stride(&flat), Some(64));
+    }
+}

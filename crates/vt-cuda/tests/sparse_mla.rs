@@ -1,0 +1,536 @@
+//! SparseMlaAttention and CacheIndexerKeys on CUDA against the CPU reference (vt-cpu) on the
+//! same fresh random inputs.
+//!
+//! SparseMlaAttention: bf16/f16/f32 caches and the fp8_ds_mla cache, N in {8, 16, 64, 128},
+//! topk in {1, 64, 2048}; index rows with -1 entries, repeated slots, slots past the cache
+//! (the GPU skips them: the reference is run with -1 there) and a row with no valid index
+//! (out 0, lse -inf); block sizes 1 and 64; strided q / out / lse views (lse stored
+//! `[T, N]`, passed transposed), a cache that is a layer of a `[layers, NB, BS, W]` pool
+//! (the decode kernels' block-size-1 view) and one of a `[NB, layers, BS, W]` pool (no such
+//! view: the generic kernel), an unaligned q (the decode kernels' generic kernel); every
+//! kernel forced (this op's generic kernel, each decode kernel, split and unsplit
+//! schedules) besides the op's own choice. Outputs are poisoned with NaN, and every cache row
+//! no index lists holds NaN (fp8: 0x7f codes, scales and rope), so a wrong gather shows.
+//!
+//! Skips (with a line saying so) without a CUDA device. Run on a GPU machine with
+//! `cargo nextest run --release -p vt-cuda --test sparse_mla`.
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
+use vt_core::{encode_f64, Buffer, CacheIndexerKeysArgs, DType, Queue, SparseMlaAttentionArgs};
+use vt_cuda::mla_decode_attention::Kernel as DK;
+use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, Kernel, SparseOptions};
+
+mod common;
+use common::{cpu, gpu, rel_err};
+
+/// Where the cache view lives in its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// A whole `[NB, BS, W]` buffer.
+    Whole,
+    /// Layer 1 of a `[2, NB, BS, W]` pool: slots still one stride apart.
+    PoolLayer,
+    /// Layer 1 of a `[NB, 2, BS, W]` pool: blocks 2 BS rows apart, no block-size-1 view.
+    Interleaved,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    dtype: DType,
+    fp8: bool,
+    t: i64,
+    n: i64,
+    d: i64,
+    dv: i64,
+    topk: i64,
+    nb: i64,
+    bs: i64,
+    layout: Layout,
+    /// q / out rows padded by 8 elements, the cache's by 8 (16 bytes fp8), lse stored [T, N].
+    strided: bool,
+    /// Element offset of q in its buffer (1 breaks 16-byte alignment).
+    q_offset: i64,
+    /// Row 0 lists no valid slot.
+    empty_row: bool,
+    /// A few entries are slots >= NB * BS.
+    past_cache: bool,
+    scale: f32,
+    seed: u64,
+}
+
+impl Case {
+    fn mla(t: i64, n: i64, topk: i64, (nb, bs): (i64, i64)) -> Case {
+        Case {
+            dtype: DType::BF16,
+            fp8: false,
+            t,
+            n,
+            d: 576,
+            dv: 512,
+            topk,
+            nb,
+            bs,
+            layout: Layout::Whole,
+            strided: false,
+            q_offset: 0,
+            empty_row: true,
+            past_cache: true,
+            scale: 0.1,
+            seed: 7,
+        }
+    }
+    fn fp8(self) -> Case {
+        Case { fp8: true, ..self }
+    }
+    fn slots(&self) -> i64 {
+        self.nb * self.bs
+    }
+    /// Elements (bytes for fp8) of a cache row in the op's view, and of its stride.
+    fn row(&self) -> (i64, i64) {
+        let w = if self.fp8 { ROW_BYTES as i64 } else { self.d };
+        let pad = if self.strided {
+            if self.fp8 {
+                16
+            } else {
+                8
+            }
+        } else {
+            0
+        };
+        (w, w + pad)
+    }
+    fn pads(&self) -> (i64, i64) {
+        if self.strided {
+            (8, 8)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
+/// Host inputs: q values, the cache's bytes (whole pool), indices as given to the GPU and
+/// as given to the reference (past-the-cache entries as -1).
+struct Inputs {
+    q: Vec<f64>,
+    cache: Vec<u8>,
+    indices: Vec<f64>,
+    ref_indices: Vec<f64>,
+}
+
+/// Physical row (in units of row strides) of slot s in the pool buffer.
+fn phys_row(c: &Case, s: i64) -> i64 {
+    let (blk, r) = (s / c.bs, s % c.bs);
+    match c.layout {
+        Layout::Whole => blk * c.bs + r,
+        Layout::PoolLayer => (c.nb + blk) * c.bs + r,
+        Layout::Interleaved => (blk * 2 + 1) * c.bs + r,
+    }
+}
+
+fn pool_rows(c: &Case) -> i64 {
+    match c.layout {
+        Layout::Whole => c.slots(),
+        _ => 2 * c.slots(),
+    }
+}
+
+fn inputs(c: &Case) -> Inputs {
+    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let slots = c.slots();
+    let k = c.topk as usize;
+    let mut indices = Vec::with_capacity(c.t as usize * k);
+    let mut ref_indices = Vec::with_capacity(c.t as usize * k);
+    for ti in 0..c.t {
+        if ti == 0 && c.empty_row {
+            indices.extend(std::iter::repeat_n(-1.0, k));
+            ref_indices.extend(std::iter::repeat_n(-1.0, k));
+            continue;
+        }
+        let mut pool: Vec<i64> = (0..slots).collect();
+        pool.shuffle(&mut rng);
+        let mut row: Vec<i64> = (0..k).map(|i| pool[i % pool.len()]).collect();
+        for i in 0..k {
+            let u: f64 = rng.gen();
+            if u < 1.0 / 6.0 && k > 1 {
+                row[i] = -1;
+            } else if u < 1.0 / 6.0 + 0.1 && k > 1 {
+                row[i] = row[rng.gen_range(0..k)];
+            } else if c.past_cache && u > 0.97 {
+                row[i] = slots + rng.gen_range(0..3 * slots.max(1));
+            }
+        }
+        for &s in &row {
+            indices.push(s as f64);
+            ref_indices.push(if s >= slots { -1.0 } else { s as f64 });
+        }
+    }
+    let listed: std::collections::BTreeSet<i64> =
+        ref_indices.iter().filter(|&&s| s >= 0.0).map(|&s| s as i64).collect();
+    let (w, rw) = c.row();
+    let rows = pool_rows(c);
+    let cache = if c.fp8 {
+        // 0x7f: e4m3 NaN codes, NaN scales and rope, on every row no index lists.
+        let mut bytes = vec![0x7fu8; (rows * rw) as usize];
+        for &s in &listed {
+            let mut latent = [0f32; LATENT];
+            for (e, v) in latent.iter_mut().enumerate() {
+                // Groups of different magnitudes (one all zero) so the scales matter.
+                let mag = [1.0f32, 0.05, 0.0, 7.0][(e / 128 + s as usize) % 4];
+                *v = rng.gen_range(-1.0f32..1.0) * mag;
+            }
+            let mut rope = [0f32; ROPE];
+            for v in rope.iter_mut() {
+                *v = rng.gen_range(-1.0f32..1.0);
+            }
+            let mut row = [0u8; ROW_BYTES];
+            encode_row(&latent, &rope, &mut row);
+            let base = (phys_row(c, s) * rw) as usize;
+            bytes[base..base + ROW_BYTES].copy_from_slice(&row);
+        }
+        bytes
+    } else {
+        let mut vals = vec![f64::NAN; (rows * rw) as usize];
+        for &s in &listed {
+            let base = (phys_row(c, s) * rw) as usize;
+            for v in &mut vals[base..base + w as usize] {
+                *v = rng.gen_range(-1.0..1.0);
+            }
+        }
+        encode_f64(c.dtype, &vals)
+    };
+    let (qp, _) = c.pads();
+    let qn = (c.t * c.n * (c.d + qp) + c.q_offset) as usize;
+    let q = (0..qn).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    Inputs { q, cache, indices, ref_indices }
+}
+
+struct Bufs {
+    q: Buffer,
+    cache: Buffer,
+    indices: Buffer,
+    out: Buffer,
+    lse: Buffer,
+}
+
+fn upload(queue: &Queue, c: &Case, x: &Inputs, indices: &[f64]) -> Bufs {
+    let (_, rw) = c.row();
+    let (_, op) = c.pads();
+    let cache_dt = if c.fp8 { DType::Fp8DsMla } else { c.dtype };
+    Bufs {
+        q: Buffer::from_f64(queue, c.dtype, &[x.q.len() as i64], &x.q).unwrap(),
+        cache: Buffer::from_bytes(queue, cache_dt, &[pool_rows(c), rw], &x.cache).unwrap(),
+        indices: Buffer::from_f64(queue, DType::I32, &[c.t, c.topk], indices).unwrap(),
+        out: Buffer::nan(queue, c.dtype, &[c.t, c.n, c.dv + op]).unwrap(),
+        lse: Buffer::nan(queue, DType::F32, &[c.t * c.n]).unwrap(),
+    }
+}
+
+fn args<'a>(c: &Case, b: &'a Bufs) -> SparseMlaAttentionArgs<'a> {
+    let (qp, _) = c.pads();
+    let (w, rw) = c.row();
+    let query =
+        b.q.view().as_strided(c.q_offset, &[c.t, c.n, c.d], &[c.n * (c.d + qp), c.d + qp, 1]).unwrap();
+    let out = b.out.view().slice(2, 0, c.dv).unwrap();
+    let lse = if c.strided {
+        b.lse.view().as_strided(0, &[c.n, c.t], &[1, c.n]).unwrap()
+    } else {
+        b.lse.view().as_strided(0, &[c.n, c.t], &[c.t, 1]).unwrap()
+    };
+    let (nb, bs) = (c.nb, c.bs);
+    let cache = match c.layout {
+        Layout::Whole => b.cache.view().as_strided(0, &[nb, bs, w], &[bs * rw, rw, 1]),
+        Layout::PoolLayer => b.cache.view().as_strided(nb * bs * rw, &[nb, bs, w], &[bs * rw, rw, 1]),
+        Layout::Interleaved => b.cache.view().as_strided(bs * rw, &[nb, bs, w], &[2 * bs * rw, rw, 1]),
+    }
+    .unwrap();
+    SparseMlaAttentionArgs { out, lse: Some(lse), query, cache, indices: b.indices.view(), scale: c.scale }
+}
+
+fn tolerance(c: &Case) -> f64 {
+    match c.dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 if c.fp8 => 1e-2,
+        DType::F16 => 3e-3,
+        _ => 1e-4,
+    }
+}
+
+/// (out, lse [N, T] in logical order) of the CPU reference.
+fn reference(c: &Case, x: &Inputs) -> (Vec<f64>, Vec<f64>) {
+    let q = cpu();
+    let b = upload(&q, c, x, &x.ref_indices);
+    let a = args(c, &b);
+    vt_core::sparse_mla_attention(&q, &a).unwrap();
+    (q.read_f64(&a.out).unwrap(), q.read_f64(&a.lse.unwrap()).unwrap())
+}
+
+/// The kernel choices a case must run under: the op's own (None) and every forced one that
+/// exists for it.
+fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
+    let o = |kernel| Some(SparseOptions { kernel, ..SparseOptions::default() });
+    let mut v = vec![None, o(Kernel::Generic)];
+    if c.layout == Layout::Interleaved {
+        return v;
+    }
+    v.push(o(Kernel::Decode(DK::Generic)));
+    // Split into many short parts and not split at all.
+    v.push(Some(SparseOptions { kernel: Kernel::Auto, min_tiles: Some(1), max_parts: Some(1000) }));
+    v.push(Some(SparseOptions { kernel: Kernel::Auto, min_tiles: Some(1), max_parts: Some(1) }));
+    let fast = c.d == 576 && c.dv == 512 && c.dtype != DType::F32 && c.q_offset == 0;
+    if fast {
+        v.push(o(Kernel::Decode(DK::Mma)));
+        // No small-ring kernel for 64 rows a CTA over an fp8 cache.
+        if !(c.fp8 && c.n > 32) {
+            v.push(o(Kernel::Decode(DK::MmaSmall)));
+        }
+        if !c.fp8 {
+            v.push(o(Kernel::Decode(DK::Wgmma)));
+        }
+    }
+    v
+}
+
+/// Runs the case under every kernel choice and compares with the reference; returns the
+/// kernels that ran.
+fn check(g: &Queue, c: &Case) -> Vec<String> {
+    let x = inputs(c);
+    let (want, want_lse) = reference(c, &x);
+    let mut ran = Vec::new();
+    for opts in kernels(c) {
+        let b = upload(g, c, &x, &x.indices);
+        let a = args(c, &b);
+        let what = match &opts {
+            None => {
+                vt_core::sparse_mla_attention(g, &a).unwrap();
+                "op".to_string()
+            }
+            Some(o) => match sparse_mla_attention_with(g, &a, o) {
+                Ok(p) => match p.decode {
+                    Some(d) => format!("{:?}: {} x{} parts {}", o.kernel, p.kernel, d.row_blocks, d.parts),
+                    None => format!("{:?}: {}", o.kernel, p.kernel),
+                },
+                Err(e) if o.kernel == Kernel::Decode(DK::Wgmma) && e.to_string().contains("no sm_90a") => {
+                    println!("wgmma not on this device: {e}");
+                    continue;
+                }
+                Err(e) => panic!("{o:?}: {e} for {c:?}"),
+            },
+        };
+        let got = g.read_f64(&a.out).unwrap();
+        let got_lse = g.read_f64(&a.lse.unwrap()).unwrap();
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{what}: non-finite output (unwritten or NaN read) for {c:?}"
+        );
+        let e = rel_err(&got, &want);
+        assert!(e < tolerance(c), "{what}: out rel error {e:.3e} for {c:?}");
+        for (i, (gl, w)) in got_lse.iter().zip(&want_lse).enumerate() {
+            let tol = if c.fp8 { 3e-3 } else { 2e-3 };
+            let ok = if w.is_finite() { (gl - w).abs() <= tol * (1.0 + w.abs()) } else { *gl == *w };
+            assert!(ok, "{what}: lse[{i}] = {gl}, reference {w}, for {c:?}");
+        }
+        if c.empty_row {
+            // Row 0 lists no valid slot: out 0 and lse -inf exactly.
+            let row0 = (c.n * c.dv) as usize;
+            assert!(got[..row0].iter().all(|&v| v == 0.0), "{what}: token 0 (no valid slot) out != 0");
+            for h in 0..c.n as usize {
+                assert_eq!(got_lse[h * c.t as usize], f64::NEG_INFINITY, "{what}: token 0 head {h} lse");
+            }
+        }
+        if c.strided {
+            let all = g.read_f64(&b.out.view()).unwrap();
+            let orow = (c.dv + c.pads().1) as usize;
+            assert!(
+                all.chunks(orow).all(|r| r[c.dv as usize..].iter().all(|v| v.is_nan())),
+                "{what}: wrote outside out's view"
+            );
+        }
+        println!(
+            "{what}: out rel error {e:.2e} ({:?}{}, T {}, N {}, topk {}, BS {}, {:?})",
+            c.dtype,
+            if c.fp8 { " fp8 cache" } else { "" },
+            c.t,
+            c.n,
+            c.topk,
+            c.bs,
+            c.layout
+        );
+        ran.push(what);
+    }
+    ran
+}
+
+#[test]
+fn sparse_mla_matches_reference_for_head_counts_and_topk() {
+    let Some(g) = gpu() else { return };
+    for n in [8, 16, 64, 128] {
+        for (topk, nb, bs) in [(1, 40, 1), (64, 3, 64), (2048, 40, 64)] {
+            check(&g, &Case::mla(3, n, topk, (nb, bs)));
+        }
+    }
+}
+
+#[test]
+fn sparse_mla_fp8_cache_matches_reference_for_head_counts_and_topk() {
+    let Some(g) = gpu() else { return };
+    for n in [8, 16, 64, 128] {
+        for (topk, nb, bs) in [(1, 40, 1), (64, 100, 1), (2048, 40, 64)] {
+            check(&g, &Case::mla(3, n, topk, (nb, bs)).fp8());
+        }
+    }
+}
+
+#[test]
+fn sparse_mla_matches_reference_with_block_size_1_and_f16() {
+    let Some(g) = gpu() else { return };
+    for fp8 in [false, true] {
+        let mut c = Case::mla(4, 16, 2048, (3000, 1));
+        c.fp8 = fp8;
+        check(&g, &c);
+        c.dtype = DType::F16;
+        c.n = 64;
+        check(&g, &c);
+    }
+}
+
+#[test]
+fn sparse_mla_matches_reference_with_strided_views_and_pool_layers() {
+    let Some(g) = gpu() else { return };
+    for fp8 in [false, true] {
+        for layout in [Layout::PoolLayer, Layout::Interleaved] {
+            for n in [16, 128] {
+                let mut c = Case::mla(3, n, 512, (12, 64));
+                c.fp8 = fp8;
+                c.layout = layout;
+                c.strided = true;
+                let ran = check(&g, &c);
+                if layout == Layout::Interleaved {
+                    assert!(ran.iter().all(|r| r == "op" || r.contains("sparse_generic")), "{ran:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sparse_mla_matches_reference_for_many_tokens_a_large_batch() {
+    // T x head groups above the SM count (no split) and a peaked softmax.
+    let Some(g) = gpu() else { return };
+    let mut c = Case::mla(200, 64, 256, (64, 64));
+    c.scale = 0.5;
+    check(&g, &c);
+    let mut c = Case::mla(150, 128, 128, (32, 64)).fp8();
+    c.scale = 0.3;
+    check(&g, &c);
+}
+
+#[test]
+fn sparse_mla_generic_kernels_take_any_dims_dtypes_and_unaligned_views() {
+    let Some(g) = gpu() else { return };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for (n, d, dv) in [(4, 80, 64), (3, 33, 7), (16, 576, 512)] {
+            let mut c = Case::mla(5, n, 70, (10, 16));
+            c.dtype = dtype;
+            c.d = d;
+            c.dv = dv;
+            c.scale = 1.0 / (d as f32).sqrt();
+            check(&g, &c);
+        }
+    }
+    // An unaligned q: the decode kernels' generic kernel under Auto.
+    let mut c = Case::mla(3, 64, 300, (8, 64));
+    c.q_offset = 1;
+    let ran = check(&g, &c);
+    assert!(ran.iter().any(|r| r.starts_with("Auto: generic")), "{ran:?}");
+}
+
+#[test]
+fn sparse_mla_picks_the_tensor_core_kernels_for_deepseek_shapes() {
+    let Some(g) = gpu() else { return };
+    let ran = check(&g, &Case::mla(2, 128, 2048, (40, 64)));
+    // The op's own choice is the decode kernels' Auto (its plan is printed by the Auto rows).
+    assert!(ran.iter().any(|r| r.starts_with("Auto: wgmma") || r.starts_with("Auto: mma")), "{ran:?}");
+    let ran = check(&g, &Case::mla(2, 64, 2048, (40, 64)).fp8());
+    assert!(ran.iter().any(|r| r.starts_with("Auto: mma64_fp8")), "{ran:?}");
+}
+
+/// CacheIndexerKeys: bf16/f16/f32, block sizes 1/16/64, a strided k (a column slice of a
+/// wider projection) into layer 1 of a 2-layer pool, padding, repeated and past-the-cache
+/// slots (the GPU skips those; the reference is run with -1 there), compared exactly; every
+/// cache element no token writes must keep its NaN poison.
+#[test]
+fn cache_indexer_keys_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (t, nb, bs) in [(7i64, 9i64, 1i64), (40, 4, 16), (100, 3, 64)] {
+            let di = 128i64;
+            let slots = nb * bs;
+            let mut sm: Vec<i64> = (0..slots).collect();
+            sm.shuffle(&mut rng);
+            let mut sm: Vec<i64> = (0..t as usize).map(|i| sm[i % sm.len()]).collect();
+            sm[0] = -1;
+            sm[1] = slots + 5;
+            let gpu_slots: Vec<f64> = sm.iter().map(|&s| s as f64).collect();
+            // Repeated slots (from t > slots) race on the GPU: keep them out of the comparison.
+            let mut seen = std::collections::HashMap::new();
+            for &s in &sm {
+                *seen.entry(s).or_insert(0) += 1;
+            }
+            let ref_slots: Vec<f64> =
+                sm.iter().map(|&s| if s >= slots || seen[&s] > 1 { -1.0 } else { s as f64 }).collect();
+            let k: Vec<f64> = (0..t * 192).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let run = |q: &Queue, slots_v: &[f64]| -> Vec<f64> {
+                let kb = Buffer::from_f64(q, dtype, &[t, 192], &k).unwrap();
+                let cache = Buffer::nan(q, dtype, &[2, nb, bs, di]).unwrap();
+                let sb = Buffer::from_f64(q, DType::I64, &[t], slots_v).unwrap();
+                let cv = cache.view().select(0, 1).unwrap();
+                let a = CacheIndexerKeysArgs {
+                    k: kb.view().slice(1, 64, 192).unwrap(),
+                    cache: cv,
+                    slot_mapping: sb.view(),
+                };
+                vt_core::cache_indexer_keys(q, &a).unwrap();
+                q.read_f64(&cache.view()).unwrap()
+            };
+            let want = run(&c, &ref_slots);
+            // The GPU also writes the repeated slots: compare only rows the reference left NaN
+            // where a repeated slot lives.
+            let got = run(&g, &gpu_slots);
+            let half = (nb * bs * di) as usize;
+            assert!(got[..half].iter().all(|v| v.is_nan()), "{dtype:?}: layer 0 of the pool written");
+            for s in 0..slots {
+                let r = half + (s * di) as usize..half + ((s + 1) * di) as usize;
+                if seen.get(&s).copied().unwrap_or(0) > 1 {
+                    // One of the tokens' keys, whole.
+                    let row = &got[r];
+                    let ok = sm.iter().enumerate().filter(|(_, &x)| x == s).any(|(ti, _)| {
+                        let src = &k[ti * 192 + 64..ti * 192 + 192];
+                        row.iter().zip(src).all(|(a, b)| (*a as f32) == half_round(dtype, *b))
+                    });
+                    assert!(ok, "{dtype:?}: repeated slot {s} holds no token's whole key");
+                    continue;
+                }
+                let (gr, wr) = (&got[r.clone()], &want[r]);
+                assert!(
+                    gr.iter().zip(wr).all(|(a, b)| a == b || (a.is_nan() && b.is_nan())),
+                    "{dtype:?} T {t} BS {bs}: slot {s} differs"
+                );
+            }
+            println!("CacheIndexerKeys {dtype:?} T {t} NB {nb} BS {bs}: exact");
+        }
+    }
+}
+
+/// `v` rounded to `dtype` as the upload rounds it.
+fn half_round(dtype: DType, v: f64) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f64(v).to_f32(),
+        DType::F16 => half::f16::from_f64(v).to_f32(),
+        _ => v as f32,
+    }
+}
