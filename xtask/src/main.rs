@@ -13,6 +13,8 @@
 //!   a GPU against torch SDPA (see `bench_prefill.rs`).
 //! - `bench gemm [--json FILE] [--m LIST] [--only NAME]`: a DeepSeek-V3 layer's GEMMs, bf16
 //!   beside fp8 block-scaled weights, against this run's floors (see `bench_gemm.rs`).
+//! - `bench sparse [--json FILE] [--peer FILE] [--only SPEC]`: SparseMlaAttention on FlashMLA's
+//!   sparse decode and prefill shapes against FlashMLA (see `bench_sparse.rs`).
 //!
 //! Usage errors (unknown options, bad values) print the usage and exit 2; a run that fails
 //! exits 1.
@@ -20,6 +22,7 @@
 mod bench;
 mod bench_gemm;
 mod bench_prefill;
+mod bench_sparse;
 mod kernels;
 mod kernels_hip;
 mod parity;
@@ -62,6 +65,8 @@ enum BenchCommand {
     Prefill(bench_prefill::Args),
     /// A DeepSeek-V3 layer's GEMMs, bf16 (cuBLAS) beside fp8 block-scaled weights.
     Gemm(bench_gemm::Args),
+    /// SparseMlaAttention (DeepSeek-V3.2) on FlashMLA's sparse decode and prefill shapes.
+    Sparse(bench_sparse::Args),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +78,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Decode(a)) => ("bench decode", bench::run(a)),
         Command::Bench(BenchCommand::Prefill(a)) => ("bench prefill", bench_prefill::run(a)),
         Command::Bench(BenchCommand::Gemm(a)) => ("bench gemm", bench_gemm::run(a)),
+        Command::Bench(BenchCommand::Sparse(a)) => ("bench sparse", bench_sparse::run(a)),
     };
     match result {
         Ok(code) => code,
@@ -107,6 +113,7 @@ mod tests {
             &["bench", "decode", "--help"],
             &["bench", "prefill", "--help"],
             &["bench", "gemm", "--help"],
+            &["bench", "sparse", "--help"],
         ] {
             let e = parse(args).expect_err("--help stops parsing");
             assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{args:?}");
@@ -127,6 +134,7 @@ mod tests {
             &["bench", "decode", "--json"],
             &["bench", "prefill", "--iters=x"],
             &["bench", "gemm", "--m", "0"],
+            &["bench", "sparse", "--only", "dense"],
         ] {
             let e = parse(args).expect_err("a usage error");
             assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
