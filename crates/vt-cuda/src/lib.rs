@@ -71,6 +71,7 @@ mod concat_mla_nope_rope;
 pub mod fp8_matmul;
 mod fused_norm_rope;
 mod gather_mla_cache;
+pub mod indexer_top_k;
 mod matmul;
 mod merge_attn_states;
 pub mod mla_decode_attention;
@@ -94,8 +95,8 @@ pub(crate) use launch::{Arg, Launch};
 
 /// Ops the CUDA backend does not implement (the coverage test accepts exactly these).
 ///
-/// IndexerTopK (DeepSeek-V3.2's sparse MLA, issue 19) has only its CPU reference so far.
-pub const OP_GAPS: &[OpId] = &[OpId::IndexerTopK];
+/// None: every op has a CUDA implementation.
+pub const OP_GAPS: &[OpId] = &[];
 
 /// The ops that are NVRTC-compiled kernels (registered when NVRTC and the CUDA headers are
 /// found).
@@ -113,6 +114,7 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::MatmulBTFp8(Arc::new(fp8_matmul::run_matmul_bt)),
         OpImpl::BatchedMatmulFp8(Arc::new(fp8_matmul::run_batched)),
         OpImpl::QuantizeFp8(Arc::new(fp8_matmul::run_quantize)),
+        OpImpl::IndexerTopK(Arc::new(indexer_top_k::run)),
         OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
         OpImpl::CacheIndexerKeys(Arc::new(cache_indexer_keys::run)),
     ]

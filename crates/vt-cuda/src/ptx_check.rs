@@ -388,6 +388,29 @@ fn samples(dt: DType) -> Result<Samples> {
             );
         }
     }
+    // IndexerTopK: the generic score kernel (every dtype, f32 weights and i64 positions) and,
+    // on 16-bit dtypes, the tensor-core one (weights in the dtype, i32 positions).
+    {
+        use crate::indexer_top_k::{layout, plan, Kernel as IK};
+        let mut kernels = vec![(IK::Generic, DType::F32, DType::I64)];
+        if dt != DType::F32 {
+            kernels.push((IK::Mma, dt, DType::I32));
+        }
+        for (kernel, wdt, pdt) in kernels {
+            let a = IndexerTopKArgs {
+                out: f.t(DType::I32, &[t, 64], &[72, 1]),
+                query: f.c(dt, &[t, 64, 128]),
+                weights: f.c(wdt, &[t, 64]),
+                cache: f.t(dt, &[nb, 4, 128], &[2 * 4 * 128, 128, 1]),
+                block_table: f.c(DType::I32, &[2, 8]),
+                seq_ids: f.c(DType::I32, &[t]),
+                positions: f.c(pdt, &[t]),
+                scale: 0.088,
+            };
+            let l = layout(&a)?;
+            add(format!("IndexerTopK ({kernel:?})"), plan(&a, kernel, 1 << 40, &l)?.1);
+        }
+    }
     Ok(out)
 }
 

@@ -6,8 +6,10 @@
 //! repeated slots (a repeat counts twice), and one row lists no valid slot (out 0, lse
 //! -inf). IndexerTopK's output is i32 slots compared exactly; it starts filled with -7
 //! rather than the all-ones integer poison (-1, a value the op writes as padding), so a
-//! row left unwritten fails. Its ties come from cache rows that repeat one key (equal
-//! scores, bit for bit) and from tokens every head's relu zeroes.
+//! row left unwritten fails. Its inputs are multiples of 1/8 in [-1, 1], so every score is
+//! exact in f32 in any summation order and a GPU's selection (tensor cores included) must
+//! equal the CPU's exactly. Its ties come from that grid, from cache rows that repeat one key
+//! (equal scores, bit for bit) and from tokens every head's relu zeroes.
 
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -189,16 +191,17 @@ impl Indexer {
         let nseq = lens.len() as i64;
         let (nb, mb, table) = block_table(b, &lens, bs, 2);
         let pool = if strided { (2, 1) } else { (1, 0) };
-        let cache = if distinct_keys == 0 {
-            paged_cache(b, nb, bs, di, pool, false)
+        // Values on the 1/8 grid: every score is exact in f32 whatever the summation order,
+        // so a backend's selection (tensor cores included) equals the CPU's exactly.
+        let rows = (nb * pool.0 * bs) as usize;
+        let vals = if distinct_keys == 0 {
+            grid_values(b, rows * di as usize)
         } else {
-            let keys: Vec<Vec<f64>> =
-                (0..distinct_keys).map(|_| (0..di).map(|_| b.rng.gen_range(-1.0..1.0)).collect()).collect();
-            let rows = (nb * pool.0 * bs) as usize;
-            let vals = (0..rows).flat_map(|_| keys[b.rng.gen_range(0..distinct_keys)].clone()).collect();
-            let full = b.values("cache pool", Ty::Float, &[nb, pool.0, bs, di], vals);
-            full.sub(pool.1 * bs * di, &[nb, bs, di], &[pool.0 * bs * di, di, 1])
+            let keys: Vec<Vec<f64>> = (0..distinct_keys).map(|_| grid_values(b, di as usize)).collect();
+            (0..rows).flat_map(|_| keys[b.rng.gen_range(0..distinct_keys)].clone()).collect()
         };
+        let full = b.values("cache pool", Ty::Float, &[nb, pool.0, bs, di], vals);
+        let cache = full.sub(pool.1 * bs * di, &[nb, bs, di], &[pool.0 * bs * di, di, 1]);
         let (mut seq_ids, mut positions) = (Vec::new(), Vec::new());
         for (s, (&len, &nq)) in lens.iter().zip(&queries).enumerate() {
             for i in 0..nq {
@@ -211,9 +214,10 @@ impl Indexer {
         let t = seq_ids.len() as i64;
         let pad = if strided { 4 } else { 0 };
         let qw = di + pad;
-        let query = b.uniform("query", &[t, h, qw], -1.0, 1.0).sub(pad / 2, &[t, h, di], &[h * qw, qw, 1]);
+        let qv = grid_values(b, (t * h * qw) as usize);
+        let query = b.values("query", Ty::Float, &[t, h, qw], qv).sub(pad / 2, &[t, h, di], &[h * qw, qw, 1]);
         let wty = if f32_weights { Ty::F32 } else { Ty::Float };
-        let wv = (0..t * (h + pad)).map(|_| b.rng.gen_range(-1.0..1.0)).collect();
+        let wv = grid_values(b, (t * (h + pad)) as usize);
         let weights = b.values("weights", wty, &[t, h + pad], wv).sub(0, &[t, h], &[h + pad, 1]);
         let ow = topk + pad;
         let out =
@@ -240,6 +244,12 @@ impl Indexer {
             )
         })
     }
+}
+
+/// `n` values k / 8, k uniform in -8..=8: exact in every float dtype, and sums of their
+/// products stay exact in f32 at the indexer's sizes.
+fn grid_values(b: &mut Builder, n: usize) -> Vec<f64> {
+    (0..n).map(|_| b.rng.gen_range(-8..=8) as f64 / 8.0).collect()
 }
 
 pub(super) fn indexer_top_k(c: &mut Cases) {

@@ -1,0 +1,340 @@
+//! IndexerTopK: DeepSeek-V3.2's lightning indexer on CUDA (`kernels-cuda/indexer_top_k.cu`),
+//! in two launches per chunk of query rows:
+//!
+//! 1. scores of every visible token into an f32-key workspace `[rows, cap]` (`cap` = MB·BS,
+//!    the most tokens a query can see): `indexer_scores_mma_{bf16,f16}` on tensor cores
+//!    (mma.sync m16n8k16) when Di is a multiple of 16 and the query and cache rows are
+//!    16-byte aligned, else `indexer_scores_{bf16,f16,f32}` (one thread per token, the CPU
+//!    reference's arithmetic order, so bit-equal scores);
+//! 2. `indexer_select_f32`: one CTA per query, a radix select on the scores' order-preserving
+//!    u32 keys with the contract's tie rule, a bitonic sort of the chosen, slots written
+//!    highest first, -1 past them.
+//!
+//! The workspace belongs to the queue (one per stream, grown on a larger call, so a warmed-up
+//! call allocates nothing); calls with more rows than [`WORKSPACE_BYTES`] holds run in
+//! chunks of rows. No length is read back: every CTA reads its query's position on the
+//! device and exits early past it.
+//!
+//! # Floor (DeepSeek-V3.2: H = 64, Di = 128, bf16; docs/perf.md, Lightning indexer)
+//!
+//! Per query and visible token: 256 bytes of key (read once per query in decode: each
+//! sequence has one query) and 2·H·Di = 16,384 FLOPs (tensor-core work), plus 4 bytes of
+//! score written and read back by the select (≥ 5 passes from L2). Decode at B = 128 and
+//! 64k context: 2.15 GB of keys, 0.51 ms at 4.2 TB/s; 137 GFLOP, 0.14 ms at 990 TFLOP/s:
+//! bandwidth-bound. Prefill of 4096 causal queries over one sequence: 8.4 M (query, token)
+//! pairs, 137 GFLOP (compute-bound, ~0.14 ms dense bf16), keys 1 MB (L2-resident).
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use cudarc::driver::CudaStream;
+use vt_core::{Buffer, DType, Error, IndexerTopKArgs, OpId, Queue, Result, Tensor};
+
+use crate::device::BACKEND;
+use crate::rope_from_cache::int;
+use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
+
+static SRC: KernelSource = kernel_source!("indexer_top_k");
+
+const OP: OpId = OpId::IndexerTopK;
+
+/// Tokens per CTA of both score kernels (`KPC` in the .cu file).
+const KEYS_PER_CTA: i64 = 256;
+/// Key rows per tile of the tensor-core kernel (`KT`).
+const KEY_TILE: i64 = 64;
+/// Elements of padding per shared-memory row of the tensor-core kernel (`PAD`).
+const PAD: i64 = 8;
+const SCORE_THREADS: u32 = 128;
+const SELECT_THREADS: u32 = 512;
+/// The tensor-core kernel's dynamic shared memory stays under what every sm_80+ device
+/// gives a block (99 KB on sm_86/sm_89).
+const MMA_SMEM_MAX: i64 = 101_376;
+/// The score workspace of one call stays under this; a call with more rows runs in chunks.
+pub const WORKSPACE_BYTES: i64 = 256 << 20;
+/// Rows per chunk also stay under the grid's y limit.
+const MAX_CHUNK_ROWS: i64 = 65_535;
+
+/// Which score kernel runs. The op uses [`Kernel::Auto`] (tensor cores where they apply);
+/// the others are for tests and benchmarks ([`indexer_top_k_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Auto,
+    /// One thread per token, bit-equal to the CPU reference's scores.
+    Generic,
+    /// mma.sync m16n8k16; an error where it does not apply (f32, Di % 16 != 0, unaligned rows).
+    Mma,
+}
+
+/// The workspace's geometry for a call: row length (padded `cap`) and rows per chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub cap: i64,
+    pub ld: i64,
+    pub chunk_rows: i64,
+}
+
+pub(crate) fn layout(a: &IndexerTopKArgs<'_>) -> Result<Layout> {
+    let cap = a
+        .block_table
+        .dim(1)
+        .checked_mul(a.cache.dim(1))
+        .ok_or_else(|| Error::invalid(OP, "block_table", "MB * BS overflows"))?;
+    let ld = (cap.max(1) + 3) / 4 * 4;
+    let chunk_rows = (WORKSPACE_BYTES / (ld * 4)).clamp(1, MAX_CHUNK_ROWS).min(a.query.dim(0).max(1));
+    Ok(Layout { cap, ld, chunk_rows })
+}
+
+/// The tensor-core kernel's dynamic shared memory, or `None` where it does not apply.
+fn mma_smem(a: &IndexerTopKArgs<'_>) -> Option<u32> {
+    let (h, di) = (a.query.dim(1), a.query.dim(2));
+    if !matches!(a.query.dtype(), DType::BF16 | DType::F16) || di % 16 != 0 || di == 0 {
+        return None;
+    }
+    // Whole 16-byte rows: addresses and every used stride in 8-element units.
+    let s = |t: &Tensor<'_>, k: usize| if t.dim(k) == 1 { 0 } else { t.stride(k) };
+    let aligned = [a.query.data_addr(), a.cache.data_addr()].iter().all(|x| x % 16 == 0)
+        && [s(&a.query, 0), s(&a.query, 1), s(&a.cache, 0), s(&a.cache, 1)].iter().all(|x| x % 8 == 0);
+    if !aligned {
+        return None;
+    }
+    let hp = (h + 63) / 64 * 64;
+    let rs = di + PAD;
+    let bytes = hp * rs * 2 + 2 * KEY_TILE * rs * 2 + hp * 4 + 2 * KEY_TILE * 4;
+    (bytes <= MMA_SMEM_MAX).then_some(bytes as u32)
+}
+
+pub(crate) fn run(q: &Queue, a: &IndexerTopKArgs<'_>) -> Result<()> {
+    indexer_top_k_with(q, a, Kernel::Auto).map(|_| ())
+}
+
+/// IndexerTopK with an explicit score kernel (the op itself uses [`Kernel::Auto`]). The
+/// arguments must have passed `vt_core::indexer_top_k`'s validation: call that entry point
+/// for the op; this is for tests and benchmarks, which build views to the contract.
+/// Returns the score kernel's name (`"mma"`, `"generic"`, `"none"` for an empty call).
+pub fn indexer_top_k_with(q: &Queue, a: &IndexerTopKArgs<'_>, kernel: Kernel) -> Result<&'static str> {
+    let cq = CudaQueue::of(q, OP)?;
+    if a.query.dim(0) == 0 {
+        return Ok("none");
+    }
+    let l = layout(a)?;
+    let ws = workspace(q, cq, l.chunk_rows * l.ld)?;
+    let (name, launches) = plan(a, kernel, ws, &l)?;
+    cq.run(OP, &launches)?;
+    Ok(name)
+}
+
+/// The launches for workspace address `ws` (at least `chunk_rows * ld` u32): per chunk of
+/// rows, the scores then the selection. Plain data, no device.
+pub(crate) fn plan(
+    a: &IndexerTopKArgs<'_>,
+    kernel: Kernel,
+    ws: u64,
+    l: &Layout,
+) -> Result<(&'static str, Vec<Launch>)> {
+    let (t, h, di) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
+    let (nb, bs) = (a.cache.dim(0), a.cache.dim(1));
+    let topk = a.out.dim(1);
+    let smem = mma_smem(a);
+    let mma = match (kernel, smem) {
+        (Kernel::Generic, _) | (Kernel::Auto, None) => None,
+        (_, Some(s)) => Some(s),
+        (Kernel::Mma, None) => {
+            return Err(Error::invalid(
+                OP,
+                "query",
+                "the tensor-core kernel needs bf16/f16, Di a multiple of 16 and 16-byte aligned query and cache rows",
+            ))
+        }
+    };
+    // Slots are i32: every cache row must have one.
+    int(OP, "cache", nb.checked_mul(bs).unwrap_or(i64::MAX))?;
+    let (h32, di32, nb32, bs32) =
+        (int(OP, "query", h)?, int(OP, "query", di)?, int(OP, "cache", nb)?, int(OP, "cache", bs)?);
+    let nseq = int(OP, "block_table", a.block_table.dim(0))?;
+    let topk32 = int(OP, "out", topk)?;
+    let wf32 = i32::from(a.weights.dtype() == DType::F32);
+    let pos64 = i32::from(a.positions.dtype() == DType::I64);
+    let key_blocks = u32::try_from((l.cap + KEYS_PER_CTA - 1) / KEYS_PER_CTA)
+        .map_err(|_| Error::invalid(OP, "block_table", "MB * BS is too large for the score grid"))?;
+    let mut launches = Vec::new();
+    let mut row0 = 0;
+    while row0 < t {
+        let rows = l.chunk_rows.min(t - row0);
+        let score_args: Vec<Arg> = vec![
+            ws.into(),
+            l.ld.into(),
+            row0.into(),
+            a.query.data_addr().into(),
+            a.query.stride(0).into(),
+            a.query.stride(1).into(),
+            a.weights.data_addr().into(),
+            a.weights.stride(0).into(),
+            a.weights.stride(1).into(),
+            wf32.into(),
+            a.cache.data_addr().into(),
+            a.cache.stride(0).into(),
+            a.cache.stride(1).into(),
+            nb32.into(),
+            bs32.into(),
+            a.block_table.data_addr().into(),
+            a.block_table.stride(0).into(),
+            a.block_table.stride(1).into(),
+            nseq.into(),
+            a.seq_ids.data_addr().into(),
+            a.seq_ids.stride(0).into(),
+            a.positions.data_addr().into(),
+            a.positions.stride(0).into(),
+            pos64.into(),
+            l.cap.into(),
+            h32.into(),
+            di32.into(),
+            a.scale.into(),
+        ];
+        let grid = (key_blocks, rows as u32, 1);
+        launches.push(match mma {
+            Some(s) => {
+                Launch::new(&SRC, "indexer_scores_mma", a.query.dtype(), grid, SCORE_THREADS, score_args)
+                    .with_smem(s)
+            }
+            None => Launch::new(&SRC, "indexer_scores", a.query.dtype(), grid, SCORE_THREADS, score_args),
+        });
+        let select_args: Vec<Arg> = vec![
+            a.out.data_addr().into(),
+            a.out.stride(0).into(),
+            a.out.stride(1).into(),
+            topk32.into(),
+            ws.into(),
+            l.ld.into(),
+            row0.into(),
+            (rows as i32).into(),
+            a.block_table.data_addr().into(),
+            a.block_table.stride(0).into(),
+            a.block_table.stride(1).into(),
+            nseq.into(),
+            bs32.into(),
+            a.seq_ids.data_addr().into(),
+            a.seq_ids.stride(0).into(),
+            a.positions.data_addr().into(),
+            a.positions.stride(0).into(),
+            pos64.into(),
+            l.cap.into(),
+        ];
+        // The selection's kernel has one symbol; `F32` names it (its scores are f32).
+        launches.push(Launch::new(
+            &SRC,
+            "indexer_select",
+            DType::F32,
+            (rows as u32, 1, 1),
+            SELECT_THREADS,
+            select_args,
+        ));
+        row0 += rows;
+    }
+    Ok((if mma.is_some() { "mma" } else { "generic" }, launches))
+}
+
+/// The score workspace of one queue (stream), grown on a larger call.
+struct Workspace {
+    stream: Weak<CudaStream>,
+    buf: Option<Buffer>,
+    /// Buffers outgrown after a graph was captured on the queue: a captured graph may still
+    /// use them, so they live as long as the queue.
+    retired: Vec<Buffer>,
+}
+
+static WORKSPACES: LazyLock<Mutex<HashMap<usize, Workspace>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The address of at least `n` u32 of workspace on this queue.
+fn workspace(q: &Queue, cq: &CudaQueue, n: i64) -> Result<u64> {
+    let mut all = WORKSPACES
+        .lock()
+        .map_err(|_| Error::op_failed(OP, BACKEND, "a cache lock was poisoned by a panic"))?;
+    // Free the workspaces of queues that are gone (not during a capture, which a free fails).
+    if !crate::graph::capturing() {
+        all.retain(|_, w| w.stream.strong_count() > 0);
+    }
+    let key = Arc::as_ptr(&cq.stream) as usize;
+    let w = all.entry(key).or_insert_with(|| Workspace {
+        stream: Arc::downgrade(&cq.stream),
+        buf: None,
+        retired: Vec::new(),
+    });
+    let n = n.max(1);
+    if w.buf.as_ref().is_none_or(|b| b.numel() < n) {
+        match w.buf.take() {
+            Some(old) if cq.has_captured() => w.retired.push(old),
+            old => drop(old),
+        }
+        w.buf = Some(Buffer::uninit(q, DType::I32, &[n])?);
+    }
+    match &w.buf {
+        Some(b) => Ok(b.view().data_addr()),
+        None => Err(Error::backend(BACKEND, format!("{OP}: workspace missing"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::host_view as view;
+
+    fn args<'a>(mem: &'a [u128], dt: DType, (t, h, di): (i64, i64, i64), q_off: i64) -> IndexerTopKArgs<'a> {
+        let (nb, bs, mb, topk) = (64, 64, 32, if t > 100 { 8 } else { 2048 });
+        IndexerTopKArgs {
+            out: view(mem, DType::I32, 0, &[t, topk], &[topk, 1]),
+            query: view(mem, dt, (1 << 20) + q_off, &[t, h, di], &[h * di, di, 1]),
+            weights: view(mem, DType::F32, 1 << 21, &[t, h], &[h, 1]),
+            cache: view(mem, dt, 1 << 22, &[nb, bs, di], &[bs * di, di, 1]),
+            block_table: view(mem, DType::I32, 3 << 22, &[4, mb], &[mb, 1]),
+            seq_ids: view(mem, DType::I32, 7 << 21, &[t], &[1]),
+            positions: view(mem, DType::I64, 1 << 19, &[t], &[1]),
+            scale: 0.088,
+        }
+    }
+
+    #[test]
+    fn deepseek_dims_take_the_tensor_cores() {
+        let mem = vec![0u128; 1 << 22];
+        let a = args(&mem, DType::BF16, (4, 64, 128), 0);
+        // Q 64 x 136, two key tiles of 64 x 136, weights, the head halves' sums.
+        assert_eq!(mma_smem(&a), Some(64 * 136 * 2 + 2 * 64 * 136 * 2 + 64 * 4 + 512));
+        let l = layout(&a).expect("layout");
+        assert_eq!(l, Layout { cap: 2048, ld: 2048, chunk_rows: 4 });
+        let (name, launches) = plan(&a, Kernel::Auto, 1 << 40, &l).expect("plan");
+        assert_eq!(name, "mma");
+        assert_eq!(launches.len(), 2);
+        assert_eq!(launches[0].grid, (8, 4, 1));
+        assert_eq!(launches[0].symbol(), "indexer_scores_mma_bf16");
+        assert_eq!(launches[1].symbol(), "indexer_select_f32");
+    }
+
+    #[test]
+    fn other_shapes_fall_back_and_forcing_the_mma_there_is_an_error() {
+        let mem = vec![0u128; 1 << 22];
+        for a in [
+            args(&mem, DType::F32, (4, 64, 128), 0),
+            args(&mem, DType::BF16, (4, 64, 40), 0),
+            args(&mem, DType::BF16, (4, 64, 128), 1),
+        ] {
+            assert_eq!(mma_smem(&a), None);
+            let l = layout(&a).expect("layout");
+            assert_eq!(plan(&a, Kernel::Auto, 1 << 40, &l).expect("plan").0, "generic");
+            let err = plan(&a, Kernel::Mma, 1 << 40, &l).expect_err("no mma").to_string();
+            assert!(err.contains("IndexerTopK") && err.contains("query"), "{err}");
+        }
+    }
+
+    #[test]
+    fn long_calls_run_in_chunks_of_rows() {
+        let mem = vec![0u128; 1 << 22];
+        let mut a = args(&mem, DType::BF16, (5000, 4, 16), 0);
+        // 2048 blocks of 64: 128k tokens, 512 KiB of scores a row, 512 rows a chunk.
+        a.block_table = view(&mem, DType::I32, 3 << 22, &[4, 2048], &[2048, 1]);
+        let l = layout(&a).expect("layout");
+        assert_eq!((l.cap, l.chunk_rows), (131_072, 512));
+        let (_, launches) = plan(&a, Kernel::Auto, 1 << 40, &l).expect("plan");
+        assert_eq!(launches.len(), 2 * 10);
+        let rows: u32 = launches.iter().filter(|x| x.base == "indexer_select").map(|x| x.grid.0).sum();
+        assert_eq!(rows, 5000);
+    }
+}

@@ -1,0 +1,456 @@
+// IndexerTopK (DeepSeek-V3.2's lightning indexer) in two stages over a chunk of `rows`
+// query tokens t = row0 + r:
+//
+// 1. Scores: ws[r, j] = key(scale * sum_h w[t, h] * relu(q[t, h] . k[j])) for the tokens
+//    j < n(t) = positions[t] + 1 of sequence seq_ids[t], k[j] read from the paged cache by
+//    the block table. `key` is the order-preserving map of the f32 bits to u32 (unsigned
+//    order of keys = f32 total order, -0 made +0 first); key 0 marks a token that cannot be
+//    chosen (its block id is outside the cache). NaN maps to at least 1. Two kernels:
+//    - indexer_scores_mma_{bf16,f16}: tensor cores (mma.sync m16n8k16, f32 accumulation).
+//      One CTA = one query x KPC keys, 4 warps. The query's heads (padded with zero rows to
+//      a multiple of 64) sit in shared memory; key tiles of 64 rows stream in by cp.async,
+//      double-buffered. Warp (mw, nw) computes heads [mw*32, +32) of each 64-head pass
+//      against keys [nw*32, +32) of the tile, applies relu and the head weight, and sums
+//      its heads; the two head halves meet in shared memory. Needs Di % 16 == 0 and 16-byte
+//      aligned rows (the host checks).
+//    - indexer_scores_{bf16,f16,f32}: any dims and strides, one thread per key, products and
+//      sums in the CPU reference's order with round-to-nearest intrinsics (no FMA
+//      contraction), so its scores equal the CPU's bit for bit.
+// 2. Selection, indexer_select_f32 (dtype-independent; the suffix only names it): one CTA
+//    per row. A 4-pass radix select (8 bits a pass, histograms in shared memory) finds the
+//    key K of the m-th best candidate, m = min(SORT_CAP, topk still to write); every
+//    candidate above K is taken, and of those equal to K the lowest positions (an ordered
+//    block scan), which is the contract's tie rule. The m taken (key << 32 | ~j) are sorted
+//    descending by a bitonic sort in shared memory and written as slots. A topk above
+//    SORT_CAP repeats this below the last one written (candidates then compare below it in
+//    (key desc, position asc) order). The rest of the row is -1.
+//
+// Every index read from memory (sequence id, position, block id) is range-checked: an
+// out-of-range sequence or negative position gives an all -1 row, an out-of-range block
+// id a token that is never chosen. Nothing is written outside ws rows < rows and out.
+#include "common.cuh"
+#include "tensor_core.cuh"
+
+namespace {
+
+using u32 = unsigned int;
+using u64 = unsigned long long;
+
+constexpr int KT = 64;        // keys per tile (mma kernel)
+constexpr int NT = 4;         // tiles per CTA
+constexpr int KPC = KT * NT;  // keys per CTA (both score kernels); the host's KEYS_PER_CTA
+constexpr int THREADS = 128;  // score kernels
+constexpr int SEL_THREADS = 512;
+constexpr int SORT_CAP = 4096;  // the host's SORT_CAP
+constexpr int PAD = 8;          // elements of padding per shared row (conflict-free ldmatrix)
+constexpr u32 ALL = 0xffffffffu;  // SelShared::kth when every candidate is taken
+
+__device__ __forceinline__ u32 score_key(float s) {
+    const u32 b = __float_as_uint(s);
+    const u32 k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return k < 1u ? 1u : k;
+}
+
+__device__ __forceinline__ i64 load_pos(const void* pos, i64 s, int is64, i64 t) {
+    return is64 ? static_cast<const long long*>(pos)[t * s] : (i64) static_cast<const int*>(pos)[t * s];
+}
+
+// The visible count n of query t (0: a padding row or an out-of-range sequence), and its
+// sequence b.
+__device__ __forceinline__ i64 visible(const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64,
+                                       i64 t, int nseq, i64 cap, int* b_out) {
+    const int b = seq_ids[t * sid_s];
+    const i64 p = load_pos(pos, pos_s, pos64, t);
+    *b_out = b;
+    if (p < 0 || b < 0 || b >= nseq) return 0;
+    return p + 1 < cap ? p + 1 : cap;
+}
+
+// Block id of token j of sequence b, or -1 when the table entry is outside the cache.
+__device__ __forceinline__ int block_of(const int* bt, i64 bt_sb, i64 bt_sc, int b, i64 j, int bs, int nb) {
+    const int id = bt[(i64)b * bt_sb + (j / bs) * bt_sc];
+    return (id >= 0 && id < nb) ? id : -1;
+}
+
+template <typename T> __device__ __forceinline__ float load_w(const void* w, int wf32, i64 off) {
+    return wf32 ? static_cast<const float*>(w)[off] : vt::to_f32(static_cast<const T*>(w)[off]);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Generic scores: one thread per key, the CPU reference's arithmetic order.
+template <typename T>
+__device__ void indexer_scores(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh,
+                               const void* w, i64 w_st, i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr,
+                               int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc, int nseq, const int* seq_ids,
+                               i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di,
+                               float scale) {
+    const i64 r = blockIdx.y, t = row0 + r;
+    int b;
+    const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
+    const i64 j0 = (i64)blockIdx.x * KPC;
+    if (j0 >= n) return;
+    const T* qt = q + t * q_st;
+    for (i64 j = j0 + threadIdx.x; j < n && j < j0 + KPC; j += blockDim.x) {
+        const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
+        u32 key = 0;
+        if (id >= 0) {
+            const T* k = cache + (i64)id * c_sb + (j % bs) * c_sr;
+            float sum = 0.f;
+            for (int hi = 0; hi < h; ++hi) {
+                const T* qh = qt + hi * q_sh;
+                float dot = 0.f;
+                for (int d = 0; d < di; ++d) dot = __fadd_rn(dot, __fmul_rn(vt::to_f32(qh[d]), vt::to_f32(k[d])));
+                const float wh = load_w<T>(w, wf32, t * w_st + hi * w_sh);
+                sum = __fadd_rn(sum, __fmul_rn(wh, fmaxf(dot, 0.f)));
+            }
+            key = score_key(__fadd_rn(__fmul_rn(scale, sum), 0.f));
+        }
+        ws[r * ws_ld + j] = key;
+    }
+}
+
+#define VT_IDX_SCORES(S, T)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS) indexer_scores_##S(                                  \
+        u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w, i64 w_st, i64 w_sh,       \
+        int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb,      \
+        i64 bt_sc, int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap,    \
+        int h, int di, float scale) {                                                                          \
+        indexer_scores<T>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, bs, \
+                          bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale);       \
+    }
+VT_FOR_EACH_FLOAT(VT_IDX_SCORES)
+
+// ---------------------------------------------------------------------------------------
+// Tensor-core scores. Shared memory (dynamic): Q [hp][di + PAD] T, keys [2][KT][di + PAD] T,
+// weights [hp] f32, the head halves' partial sums [2][KT] f32. hp = h rounded up to 64.
+template <typename T>
+__device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w,
+                                   i64 w_st, i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs,
+                                   const int* bt, i64 bt_sb, i64 bt_sc, int nseq, const int* seq_ids, i64 sid_s,
+                                   const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, float scale) {
+    using namespace vt::tc;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const i64 r = blockIdx.y, t = row0 + r;
+    int b;
+    const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
+    const i64 jc = (i64)blockIdx.x * KPC;
+    if (jc >= n) return;
+    const int hp = (h + 63) / 64 * 64;
+    const int rs = di + PAD;  // shared row stride, elements
+    T* qs = reinterpret_cast<T*>(smem);
+    T* ks = qs + (i64)hp * rs;
+    float* wsm = reinterpret_cast<float*>(ks + 2 * KT * rs);
+    float* red = wsm + hp;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int mw = warp & 1, nw = warp >> 1;
+    const int cpr = di / 8;  // 16-byte chunks per row
+
+    // Query rows (zero rows past h) and weights (0 past h).
+    const T* qt = q + t * q_st;
+    for (int c = tid; c < hp * cpr; c += THREADS) {
+        const int hi = c / cpr, ch = c % cpr;
+        const bool ok = hi < h;
+        cp_async16(smem_u32(qs + hi * rs + ch * 8), ok ? (const void*)(qt + hi * q_sh + ch * 8) : (const void*)qt, ok);
+    }
+    for (int hi = tid; hi < hp; hi += THREADS) wsm[hi] = hi < h ? load_w<T>(w, wf32, t * w_st + hi * w_sh) : 0.f;
+
+    const int ntiles = (int)min((i64)NT, (n - jc + KT - 1) / KT);
+    auto load_tile = [&](int i) {
+        T* dst = ks + (i & 1) * KT * rs;
+        const i64 j0 = jc + (i64)i * KT;
+        for (int c = tid; c < KT * cpr; c += THREADS) {
+            const int row = c / cpr, ch = c % cpr;
+            const i64 j = j0 + row;
+            const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb) : -1;
+            const T* src = id >= 0 ? cache + (i64)id * c_sb + (j % bs) * c_sr + ch * 8 : cache;
+            cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
+        }
+        cp_async_commit();
+    };
+    load_tile(0);
+
+    for (int i = 0; i < ntiles; ++i) {
+        if (i + 1 < ntiles) {
+            load_tile(i + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* kt = ks + (i & 1) * KT * rs;
+        // part[nt][c]: this thread's share of the weighted sum over heads of key
+        // nw*32 + nt*8 + 2*(lane%4) + c.
+        float part[4][2] = {};
+        for (int h0 = 0; h0 < hp; h0 += 64) {
+            float acc[2][4][4] = {};
+            for (int k0 = 0; k0 < di; k0 += 16) {
+                uint32_t a[2][4], bf[2][4];
+#pragma unroll
+                for (int mg = 0; mg < 2; ++mg) {
+                    const int row = h0 + mw * 32 + mg * 16 + (lane & 15);
+                    ldsm_x4(smem_u32(qs + row * rs + k0 + (lane >> 4) * 8), a[mg]);
+                }
+#pragma unroll
+                for (int np = 0; np < 2; ++np) {
+                    const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    ldsm_x4(smem_u32(kt + key * rs + k0 + ((lane >> 3) & 1) * 8), bf[np]);
+                }
+#pragma unroll
+                for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+                    for (int nt = 0; nt < 4; ++nt)
+                        MmaSync<T>::run(acc[mg][nt], a[mg], bf[nt >> 1][(nt & 1) * 2], bf[nt >> 1][(nt & 1) * 2 + 1]);
+            }
+#pragma unroll
+            for (int mg = 0; mg < 2; ++mg) {
+                const int hr = h0 + mw * 32 + mg * 16 + (lane >> 2);
+                const float w0 = wsm[hr], w1 = wsm[hr + 8];
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        part[nt][c] = fmaf(w0, fmaxf(acc[mg][nt][c], 0.f), part[nt][c]);
+                        part[nt][c] = fmaf(w1, fmaxf(acc[mg][nt][2 + c], 0.f), part[nt][c]);
+                    }
+            }
+        }
+        // Sum over the warp's rows (lanes with equal lane % 4 hold the same keys).
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float v = part[nt][c];
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                part[nt][c] = v;
+            }
+        if (lane < 4) {
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) red[mw * KT + nw * 32 + nt * 8 + lane * 2 + c] = part[nt][c];
+        }
+        __syncthreads();
+        if (tid < KT) {
+            const i64 j = jc + (i64)i * KT + tid;
+            if (j < n) {
+                const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
+                const float s = __fadd_rn(red[tid], red[KT + tid]);
+                ws[r * ws_ld + j] = id >= 0 ? score_key(__fadd_rn(__fmul_rn(scale, s), 0.f)) : 0u;
+            }
+        }
+        // The next iteration's load overwrites this stage and `red`.
+        __syncthreads();
+    }
+}
+
+#define VT_IDX_SCORES_MMA(S, T)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS) indexer_scores_mma_##S(                               \
+        u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w, i64 w_st, i64 w_sh,        \
+        int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc,      \
+        int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, \
+        float scale) {                                                                                          \
+        indexer_scores_mma<T>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, bs,  \
+                              bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale);    \
+    }
+VT_IDX_SCORES_MMA(bf16, bf16)
+VT_IDX_SCORES_MMA(f16, f16)
+
+// ---------------------------------------------------------------------------------------
+// Selection.
+namespace {
+
+struct SelShared {
+    u64 items[SORT_CAP];
+    u32 hist[256];
+    u32 scan[SEL_THREADS / 32];
+    u32 count_gt;
+    u32 eq_base;
+    u32 prefix;
+    u32 kth;
+    u32 total;
+};
+
+// Candidate for this round: a valid key strictly below the last one written in
+// (key desc, position asc) order; `first`: no bound yet.
+__device__ __forceinline__ bool candidate(u32 key, i64 j, bool first, u32 bk, i64 bj) {
+    return key != 0u && (first || key < bk || (key == bk && j > bj));
+}
+
+// Bitonic sort of s.items[0 .. m2) descending (m2 a power of two, entries past the
+// selection are 0 and sink).
+__device__ void sort_desc(u64* items, int m2) {
+    for (int k = 2; k <= m2; k <<= 1) {
+        for (int jj = k >> 1; jj > 0; jj >>= 1) {
+            for (int i = threadIdx.x; i < m2; i += blockDim.x) {
+                const int p = i ^ jj;
+                if (p > i) {
+                    const u64 x = items[i], y = items[p];
+                    // Blocks with (i & k) == 0 sort descending, the others ascending.
+                    const bool desc = (i & k) == 0;
+                    if (desc ? x < y : x > y) {
+                        items[i] = y;
+                        items[p] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
+    int* out, i64 o_st, i64 o_sk, int topk, const u32* ws, i64 ws_ld, i64 row0, int rows, const int* bt, i64 bt_sb,
+    i64 bt_sc, int nseq, int bs, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap) {
+    __shared__ SelShared s;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const i64 t = row0 + r;
+        int b;
+        const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
+        const u32* row = ws + (i64)r * ws_ld;
+        int* orow = out + t * o_st;
+        int written = 0;
+        bool first = true;
+        u32 bk = 0;
+        i64 bj = -1;
+        while (written < topk && n > 0) {
+            const int want = min(topk - written, SORT_CAP);
+            // Radix select: after pass d, prefix holds the top bits of the want-th best key
+            // and kth its rank among the candidates sharing them.
+            if (tid == 0) {
+                s.prefix = 0;
+                s.kth = (u32)want;
+            }
+            u32 mask = 0;
+            for (int d = 3; d >= 0; --d) {
+                for (int i = tid; i < 256; i += SEL_THREADS) s.hist[i] = 0;
+                __syncthreads();
+                const u32 prefix = s.prefix;
+                const int sh = d * 8;
+                for (i64 j = tid; j < n; j += SEL_THREADS) {
+                    const u32 key = row[j];
+                    if (candidate(key, j, first, bk, bj) && (key & mask) == prefix) atomicAdd(&s.hist[(key >> sh) & 255u], 1u);
+                }
+                __syncthreads();
+                if (warp == 0) {
+                    // Digits from the top: the digit where the running count reaches kth.
+                    const u32 kth = s.kth;
+                    u32 c[8], sum = 0;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        c[i] = s.hist[255 - (lane * 8 + i)];
+                        sum += c[i];
+                    }
+                    u32 incl = sum;
+#pragma unroll
+                    for (int o = 1; o < 32; o <<= 1) {
+                        const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+                        if (lane >= o) incl += v;
+                    }
+                    const u32 total = __shfl_sync(0xffffffffu, incl, 31);
+                    if (d == 3 && total <= kth) {
+                        // No more candidates than wanted: take them all.
+                        if (lane == 0) {
+                            s.total = total;
+                            s.prefix = 1u;
+                            s.kth = ALL;
+                        }
+                    } else {
+                        // Exactly one lane's digits span rank kth (total >= kth here).
+                        const u32 before = incl - sum;
+                        if (before < kth && kth <= incl) {
+                            u32 run = before;
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) {
+                                if (run < kth && kth <= run + c[i]) {
+                                    s.prefix = prefix | ((u32)(255 - (lane * 8 + i)) << sh);
+                                    s.kth = kth - run;
+                                }
+                                run += c[i];
+                            }
+                        }
+                    }
+                }
+                __syncthreads();
+                if (s.kth == ALL) break;
+                mask |= 255u << sh;
+            }
+            const bool all = s.kth == ALL;
+            const u32 kstar = s.prefix;
+            const u32 total = s.total;
+            const int m = all ? (int)total : want;
+            const u32 need_eq = all ? 0u : s.kth;
+            __syncthreads();
+            if (tid == 0) {
+                s.count_gt = 0;
+                s.eq_base = 0;
+            }
+            __syncthreads();
+            // Collect: everything above K* (any order), the first need_eq equal to K* in
+            // position order, packed as key << 32 | ~j (descending = key desc, j asc).
+            const u32 n_gt = (u32)m - need_eq;
+            for (i64 j0 = 0; j0 < n; j0 += SEL_THREADS) {
+                const i64 j = j0 + tid;
+                u32 key = 0;
+                bool cand = false;
+                if (j < n) {
+                    key = row[j];
+                    cand = candidate(key, j, first, bk, bj);
+                }
+                const u64 item = ((u64)key << 32) | (u64)(~(u32)j);
+                if (cand && (all ? key >= kstar : key > kstar)) {
+                    const u32 at = atomicAdd(&s.count_gt, 1u);
+                    if (at < SORT_CAP) s.items[at] = item;
+                }
+                if (!all) {
+                    const bool eq = cand && key == kstar;
+                    const unsigned bal = __ballot_sync(0xffffffffu, eq);
+                    if (lane == 0) s.scan[warp] = __popc(bal);
+                    __syncthreads();
+                    u32 before = s.eq_base;
+                    for (int wi = 0; wi < warp; ++wi) before += s.scan[wi];
+                    before += __popc(bal & ((1u << lane) - 1u));
+                    if (eq && before < need_eq) s.items[n_gt + before] = item;
+                    __syncthreads();
+                    if (tid == 0) {
+                        u32 add = 0;
+                        for (int wi = 0; wi < SEL_THREADS / 32; ++wi) add += s.scan[wi];
+                        s.eq_base += add;
+                    }
+                    __syncthreads();
+                    if (s.eq_base >= need_eq && s.count_gt >= n_gt) break;
+                    __syncthreads();
+                }
+            }
+            __syncthreads();
+            int m2 = 1;
+            while (m2 < m) m2 <<= 1;
+            for (int i = m + tid; i < m2; i += SEL_THREADS) s.items[i] = 0;
+            __syncthreads();
+            sort_desc(s.items, m2);
+            for (int i = tid; i < m; i += SEL_THREADS) {
+                const u64 it = s.items[i];
+                const i64 j = (i64)(~(u32)(it & 0xffffffffu));
+                const int id = bt[(i64)b * bt_sb + (j / bs) * bt_sc];
+                orow[(i64)(written + i) * o_sk] = id * bs + (int)(j % bs);
+            }
+            if (m > 0) {
+                const u64 last = s.items[m - 1];
+                bk = (u32)(last >> 32);
+                bj = (i64)(~(u32)(last & 0xffffffffu));
+            }
+            written += m;
+            first = false;
+            __syncthreads();
+            if (m < want) break;
+        }
+        for (int i = written + tid; i < topk; i += SEL_THREADS) orow[(i64)i * o_sk] = -1;
+        __syncthreads();
+    }
+}
