@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma kernel: the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
+//! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a measured per-shape limit) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
 //! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code
@@ -16,15 +17,17 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Flag {
     MlaFusedNormRope,
     MlaDecodeTma,
+    SkinnyGemm,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 2] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma];
+    pub const ALL: [Flag; 3] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma, Flag::SkinnyGemm];
 
     pub const fn env_name(self) -> &'static str {
         match self {
             Flag::MlaFusedNormRope => "VT_MLA_FUSED_NORM_ROPE",
             Flag::MlaDecodeTma => "VT_MLA_DECODE_TMA",
+            Flag::SkinnyGemm => "VT_SKINNY_GEMM",
         }
     }
 
@@ -32,6 +35,7 @@ impl Flag {
         match self {
             Flag::MlaFusedNormRope => true,
             Flag::MlaDecodeTma => true,
+            Flag::SkinnyGemm => true,
         }
     }
 
@@ -103,6 +107,11 @@ pub fn mla_fused_norm_rope() -> bool {
 /// `VT_MLA_DECODE_TMA`.
 pub fn mla_decode_tma() -> bool {
     get(Flag::MlaDecodeTma)
+}
+
+/// `VT_SKINNY_GEMM`.
+pub fn skinny_gemm() -> bool {
+    get(Flag::SkinnyGemm)
 }
 
 #[cfg(test)]

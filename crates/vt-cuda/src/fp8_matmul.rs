@@ -18,8 +18,13 @@
 //!   cp.async ring (for sm_89 and sm_100, which have no wgmma). Same layout needs.
 //! - **Generic**: any strides and dtypes, a thread per output (f32 activations, odd views,
 //!   devices without the instructions).
-//! - **Auto** picks Gemv for weight-only, Wgmma (sm_90) or Mma for both-fp8 when the views
-//!   allow, else Generic.
+//! - **Skinny** (weight-only, bf16/f16 activations): the swap-AB kernel of
+//!   [`crate::skinny_gemm`] (a 4-stage cp.async ring of weights and activations, split K
+//!   reduced in the same launch by the last CTA, in split order). Needs K % 16 == 0 and
+//!   16-byte aligned K-contiguous rows.
+//! - **Auto** picks Skinny for weight-only up to the measured M limit
+//!   ([`crate::skinny_gemm::auto_max_m`], `VT_SKINNY_GEMM` on), else Gemv for weight-only,
+//!   Wgmma (sm_90) or Mma for both-fp8 when the views allow, else Generic.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -48,6 +53,9 @@ pub enum Kernel {
     Mma,
     /// Both operands fp8, TMA + wgmma m64n128k32 e4m3 (sm_90a).
     Wgmma,
+    /// Weight-only, the skinny swap-AB kernel of `skinny_gemm.rs` (cp.async ring, split K
+    /// reduced in the same launch); bf16/f16 activations.
+    Skinny,
 }
 
 /// Warps per CTA of the Gemv kernel (`fp8mm::GEMV_WARPS`).
@@ -154,6 +162,30 @@ impl Problem {
             && aligned(&b_rows, self.n)
             && [self.m, self.n, self.k].iter().all(|&v| v <= i32::MAX as i64)
             && self.g <= 65535
+    }
+
+    /// The skinny kernel's view of this problem (weight-only forms).
+    fn skinny(&self) -> crate::skinny_gemm::Problem {
+        // b is [g, k, n] logically; the skinny kernel reads w[g, n, k]; the scales likewise.
+        let w = (self.b.addr, [self.b.s[0], self.b.s[2], self.b.s[1]]);
+        let ws = (self.b_scale.addr, [self.b_scale.s[0], self.b_scale.s[2], self.b_scale.s[1]]);
+        crate::skinny_gemm::Problem {
+            op: self.op,
+            dtype: self.dtype(),
+            out: (self.out.addr, self.out.s),
+            a: (self.a.addr, self.a.s),
+            w,
+            w8: true,
+            ws: Some(ws),
+            g: self.g,
+            m: self.m,
+            n: self.n,
+            k: self.k,
+        }
+    }
+
+    fn skinny_ok(&self) -> bool {
+        self.a_scale.is_none() && self.a.dtype == self.dtype() && self.skinny().unsupported().is_none()
     }
 
     fn gemv_ok(&self) -> bool {
@@ -264,6 +296,7 @@ fn plan_problem(
 ) -> Result<(Kernel, Vec<Launch>, i64)> {
     let sm = dev.sm;
     let chosen = match opts.kernel {
+        Kernel::Auto if p.skinny_ok() && crate::skinny_gemm::auto_takes(&p.skinny()) => Kernel::Skinny,
         Kernel::Auto if p.gemv_ok() => Kernel::Gemv,
         Kernel::Auto if p.wgmma_ok(sm) => Kernel::Wgmma,
         Kernel::Auto if p.mma_ok(sm) => Kernel::Mma,
@@ -289,6 +322,9 @@ fn plan_problem(
         }
         Kernel::Wgmma if !p.wgmma_ok(sm) => {
             return refuse("fp8 activations, sm_90, K % 16 == 0 and 16-byte aligned K-contiguous rows")
+        }
+        Kernel::Skinny if !p.skinny_ok() => {
+            return refuse("bf16/f16 activations, K % 16 == 0 and 16-byte aligned K-contiguous rows")
         }
         _ => {}
     }
@@ -318,6 +354,10 @@ fn plan_problem(
     let mut launches = Vec::new();
     let mut part_elems = 0;
     match chosen {
+        Kernel::Skinny => {
+            // `part` is the skinny kernel's own workspace here (counters + partials).
+            (launches, part_elems) = crate::skinny_gemm::plan(dev.sms, &p.skinny(), opts.splits, part)?;
+        }
         Kernel::Gemv => {
             let tt = gemv_tt(p.m);
             let tb = cdiv(p.m, 8 * tt);
@@ -517,7 +557,11 @@ fn run_problem(q: &Queue, p: &Problem, opts: &Fp8Options) -> Result<Kernel> {
     let dev = Device { sm: cq.sm(), sms: cq.sm_count()? };
     let (mut chosen, mut launches, elems) = plan_problem(dev, p, opts, 0)?;
     if elems > 0 {
-        let part = partials(q, cq, elems)?;
+        let part = if chosen == Kernel::Skinny {
+            crate::skinny_gemm::workspace(q, cq, p.op, elems)?
+        } else {
+            partials(q, cq, elems)?
+        };
         (chosen, launches, _) = plan_problem(dev, p, opts, part)?;
     }
     cq.run(p.op, &launches)?;

@@ -78,6 +78,7 @@ pub mod mla_decode_attention;
 pub mod prefill_attention;
 mod rms_norm;
 mod rope_from_cache;
+pub mod skinny_gemm;
 pub mod sparse_mla_attention;
 #[cfg(test)]
 mod test_util;

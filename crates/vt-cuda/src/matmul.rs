@@ -1,4 +1,6 @@
-//! MatmulBT and BatchedMatmul through `cublasGemmStridedBatchedEx` on the views as they
+//! MatmulBT and BatchedMatmul: decode-shaped bf16/f16 calls on the skinny kernel where its
+//! measured rule takes them (`skinny_gemm.rs`, `VT_SKINNY_GEMM`), the rest through
+//! `cublasGemmStridedBatchedEx` on the views as they
 //! come: f32 compute (`CUBLAS_COMPUTE_32F`, no TF32), transpose flags and leading
 //! dimensions read off the strides, no copies. A view cuBLAS cannot express (neither of a
 //! matrix's last two strides is 1, or a leading dimension that is too small, such as a
@@ -8,6 +10,7 @@ use cudarc::cublas::sys::{cublasOperation_t, cudaDataType};
 use vt_core::{BatchedMatmulArgs, DType, Error, MatmulBTArgs, OpId, Queue, Result, Tensor};
 
 use crate::launch::{BlasGemm, BlasOperand};
+use crate::skinny_gemm::{GemmKernel, GemmOptions};
 use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("batched_matmul");
@@ -180,7 +183,21 @@ pub(crate) fn kernel_sample(x: &BatchedMatmulArgs<'_>) -> Launch {
     fallback(OpId::BatchedMatmul, batched(&x.out), batched(&x.a), batched(&x.b), x.a.dim(0), x.a.dim(2))
 }
 
+/// The registered MatmulBT: the skinny kernel where its measured rule takes the call
+/// (`skinny_gemm.rs`), else cuBLAS.
 pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
+    let auto = GemmOptions { kernel: GemmKernel::Auto, splits: None };
+    crate::skinny_gemm::matmul_bt_with(q, x, &auto).map(|_| ())
+}
+
+/// The registered BatchedMatmul (see [`matmul_bt`]).
+pub(crate) fn batched_matmul(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
+    let auto = GemmOptions { kernel: GemmKernel::Auto, splits: None };
+    crate::skinny_gemm::batched_matmul_with(q, x, &auto).map(|_| ())
+}
+
+/// MatmulBT through cuBLAS (or the strided fallback kernel).
+pub(crate) fn cublas_matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
     let a = Operand { view: &x.a, batch_stride: 0, mat: Mat::of(&x.a, 0, 1) };
     // b is [N, K]; the product reads it as [K, N].
     let b = Operand { view: &x.b, batch_stride: 0, mat: Mat::of(&x.b, 0, 1).t() };
@@ -188,7 +205,8 @@ pub(crate) fn matmul_bt(q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
     gemm(q, OpId::MatmulBT, out, a, b, 1)
 }
 
-pub(crate) fn batched_matmul(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
+/// BatchedMatmul through cuBLAS (or the strided fallback kernel).
+pub(crate) fn cublas_batched_matmul(q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
     let batched = |t| Operand { view: t, batch_stride: t.stride(0), mat: Mat::of(t, 1, 2) };
     gemm(q, OpId::BatchedMatmul, batched(&x.out), batched(&x.a), batched(&x.b), x.a.dim(0))
 }

@@ -388,6 +388,46 @@ fn samples(dt: DType) -> Result<Samples> {
             );
         }
     }
+    // The skinny GEMM (16-bit dtypes): 16-bit weights through MatmulBT / BatchedMatmul and
+    // fp8 weights through MatmulBTFp8 at 1, 9, 17 and 33 tokens (t1, t2, t4, t8), split
+    // and unsplit.
+    if dt != DType::F32 {
+        use crate::fp8_matmul::{plan_matmul_bt, Device, Fp8Options, Kernel as FK};
+        use crate::skinny_gemm::{plan, Problem};
+        let (n, k) = (200, 384);
+        for (m, splits) in [(1, None), (9, Some(3)), (17, Some(1)), (33, None)] {
+            let a = MatmulBTArgs { out: f.c(dt, &[m, n]), a: f.c(dt, &[m, k]), b: f.c(dt, &[n, k]) };
+            add(
+                format!("MatmulBT (skinny M {m})"),
+                plan(132, &Problem::of_matmul_bt(&a), splits, 6 << 40)?.0,
+            );
+            let a = MatmulBTFp8Args {
+                out: f.c(dt, &[m, n]),
+                a: f.c(dt, &[m, k]),
+                a_scale: None,
+                b: f.c(DType::F8E4M3, &[n, k]),
+                b_scale: f.c(DType::F32, &[2, 3]),
+            };
+            let dev = Device { sm: 90, sms: 132 };
+            let l = plan_matmul_bt(dev, &a, &Fp8Options { kernel: FK::Skinny, splits }, 6 << 40)?.1;
+            add(format!("MatmulBTFp8 (Skinny M {m})"), l);
+        }
+        let a = BatchedMatmulArgs {
+            out: f.c(dt, &[4, 2, 128]),
+            a: f.t(dt, &[4, 2, 512], &[512, 4 * 512, 1]),
+            b: f.t(dt, &[4, 512, 128], &[128 * 512, 1, 512]),
+        };
+        add("BatchedMatmul (skinny)".into(), plan(132, &Problem::of_batched(&a), None, 6 << 40)?.0);
+        // N-contiguous per-head weights (the block's 16-bit W_UK_T / W_UV): w16n t1..t8.
+        for m in [1, 9, 17, 33] {
+            let a = BatchedMatmulArgs {
+                out: f.c(dt, &[4, m, 512]),
+                a: f.t(dt, &[4, m, 128], &[128, 4 * 128, 1]),
+                b: f.c(dt, &[4, 128, 512]),
+            };
+            add(format!("BatchedMatmul (skinny N-contiguous M {m})"), plan(132, &Problem::of_batched(&a), None, 6 << 40)?.0);
+        }
+    }
     // IndexerTopK: the generic score kernel (every dtype, f32 weights and i64 positions) and,
     // on 16-bit dtypes, the tensor-core one (weights in the dtype, i32 positions).
     {

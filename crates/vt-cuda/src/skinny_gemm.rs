@@ -1,0 +1,478 @@
+//! The skinny (decode-shaped) GEMM of `kernels-cuda/skinny_gemm.cu`: `out[g] = A[g] . W[g]^T`
+//! for few tokens, with the weight streamed once in the swap-AB form (weight rows on the
+//! MMA's M side, tokens on its N side). It serves
+//!
+//! - MatmulBT and BatchedMatmul with 16-bit weights ([`matmul_bt_with`],
+//!   [`batched_matmul_with`]; the ops call them with [`GemmKernel::Auto`]), beside cuBLAS;
+//! - MatmulBTFp8 / BatchedMatmulFp8 weight-only (e4m3 weights, 128 x 128 f32 block scales,
+//!   16-bit activations) as `fp8_matmul::Kernel::Skinny`.
+//!
+//! Needs: bf16/f16 activations and outputs, K-contiguous activation rows and weight rows
+//! (stride 1 along K; 16-bit weights may instead be N-contiguous, as the block keeps the
+//! absorbed W_UK_T / W_UV, with N % 8 == 0) whose starts are 16-byte aligned, K % 8 == 0
+//! (16-bit weights) or K % 16 == 0 (fp8). Outputs take any strides.
+//!
+//! Plan: a CTA is 64 weight rows x 8 NT tokens (NT = 1, 2, 4, 8: the fewest fragments that
+//! hold min(M, 64) tokens; more tokens are more token blocks, adjacent in the grid so the
+//! second reads the weights from L2) x a range of 128-wide K chunks. K is split over CTAs
+//! when the rows and tokens alone make too few CTAs: the split count minimizes
+//! waves x chunks per CTA over the device's CTA slots (ties to fewer splits). The splits of
+//! a tile are reduced in the same launch by the last CTA to arrive, in split order
+//! (deterministic), through a per-queue workspace of counters (zeroed once; every launch
+//! leaves them zero) and f32 partials.
+//!
+//! [`GemmKernel::Auto`] (the ops) takes the skinny kernel where `VT_SKINNY_GEMM` is on (the
+//! default), the views allow, and M is at most [`auto_max_m`] for the shape (measured on the
+//! H200, see docs/perf.md); else cuBLAS (16-bit) or the fp8 ops' other kernels.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+use cudarc::driver::CudaStream;
+use vt_core::{BatchedMatmulArgs, Buffer, DType, Error, MatmulBTArgs, OpId, Queue, Result, Tensor};
+
+use crate::rope_from_cache::int;
+use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
+
+static SRC: KernelSource = kernel_source!("skinny_gemm");
+
+/// `skinny::THREADS`, `ROWS`, `CHUNK`, `STAGES` of the kernel file.
+const THREADS: i64 = 128;
+const ROWS: i64 = 64;
+const CHUNK: i64 = 128;
+const STAGES: i64 = 4;
+/// Split-K tile counters at the start of the workspace (u32 each); a plan with more tiles
+/// does not split.
+const COUNTERS: i64 = 1 << 16;
+/// Split-K partials are capped at this many bytes.
+const MAX_PARTIAL_BYTES: i64 = 128 << 20;
+
+/// Dynamic shared memory of one CTA: STAGES x (weights + 8 NT activation rows), as
+/// `skinny::stage_bytes` computes it.
+pub(crate) fn smem_bytes(kind: WeightKind, nt: i64) -> i64 {
+    let (astr, pieces) = match kind {
+        WeightKind::W16 => (320, 8),
+        WeightKind::W8 => (272, 4),
+        WeightKind::W16N => (272, 8),
+    };
+    STAGES * (4 * pieces * 32 * 16 + 8 * nt * astr)
+}
+
+/// How the kernel reads the weight (`skinny::W16`, `W8`, `W16N`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WeightKind {
+    /// 16-bit, K-contiguous rows.
+    W16,
+    /// e4m3 codes, K-contiguous rows, with block scales.
+    W8,
+    /// 16-bit, N-contiguous (stride 1 along N: the absorbed W_UK_T / W_UV as the block keeps
+    /// them), fragments by ldmatrix.trans.
+    W16N,
+}
+
+/// Which kernel computes a 16-bit MatmulBT / BatchedMatmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// The measured rule: the skinny kernel at small M where it applies, else cuBLAS.
+    Auto,
+    /// cuBLAS (or the strided fallback kernel for views cuBLAS cannot express).
+    Cublas,
+    /// The skinny swap-AB kernel (an error where the views do not allow it).
+    Skinny,
+}
+
+/// How a 16-bit matmul runs: the kernel and, for the skinny kernel, the K splits (`None`:
+/// chosen from the device's SM count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmOptions {
+    pub kernel: GemmKernel,
+    pub splits: Option<u32>,
+}
+
+/// The largest M for which [`GemmKernel::Auto`] takes the skinny kernel, per shape and
+/// weight type (measured: docs/perf.md, "skinny GEMM").
+pub fn auto_max_m(w8: bool, _n: i64, _k: i64) -> i64 {
+    if w8 {
+        128
+    } else {
+        64
+    }
+}
+
+/// One skinny problem in logical terms: `out[g, m, n] = sum_k a[g, m, k] w[g, n, k]`
+/// (times the block scales for fp8 weights). Strides in elements, `[batch, row, col]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Problem {
+    pub op: OpId,
+    /// The activations' and output's type.
+    pub dtype: DType,
+    pub out: (u64, [i64; 3]),
+    pub a: (u64, [i64; 3]),
+    /// `[g, n, k]`, 16-bit (the activations' type) or e4m3.
+    pub w: (u64, [i64; 3]),
+    pub w8: bool,
+    /// `[g, n / 128, k / 128]` f32 (fp8 weights).
+    pub ws: Option<(u64, [i64; 3])>,
+    pub g: i64,
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+}
+
+impl Problem {
+    pub(crate) fn of_matmul_bt(x: &MatmulBTArgs<'_>) -> Problem {
+        let t = |v: &Tensor<'_>| (v.data_addr(), [0, v.stride(0), v.stride(1)]);
+        Problem {
+            op: OpId::MatmulBT,
+            dtype: x.out.dtype(),
+            out: t(&x.out),
+            a: t(&x.a),
+            w: t(&x.b),
+            w8: false,
+            ws: None,
+            g: 1,
+            m: x.a.dim(0),
+            n: x.b.dim(0),
+            k: x.a.dim(1),
+        }
+    }
+
+    pub(crate) fn of_batched(x: &BatchedMatmulArgs<'_>) -> Problem {
+        let t = |v: &Tensor<'_>| (v.data_addr(), [v.stride(0), v.stride(1), v.stride(2)]);
+        let b = &x.b; // [g, k, n]: the kernel's w[g, n, k]
+        Problem {
+            op: OpId::BatchedMatmul,
+            dtype: x.out.dtype(),
+            out: t(&x.out),
+            a: t(&x.a),
+            w: (b.data_addr(), [b.stride(0), b.stride(2), b.stride(1)]),
+            w8: false,
+            ws: None,
+            g: x.a.dim(0),
+            m: x.a.dim(1),
+            n: x.b.dim(2),
+            k: x.a.dim(2),
+        }
+    }
+
+    /// How the kernel reads the weight (valid where [`Problem::unsupported`] is `None`).
+    pub(crate) fn kind(&self) -> WeightKind {
+        match (self.w8, self.w.1[2] == 1) {
+            (true, _) => WeightKind::W8,
+            (false, true) => WeightKind::W16,
+            (false, false) => WeightKind::W16N,
+        }
+    }
+
+    /// Why the skinny kernel cannot take this problem, or `None` when it can.
+    pub(crate) fn unsupported(&self) -> Option<String> {
+        if !matches!(self.dtype, DType::BF16 | DType::F16) {
+            return Some(format!("bf16/f16 activations (got {})", self.dtype));
+        }
+        let kmod = if self.w8 { 16 } else { 8 };
+        if self.k <= 0 || self.k % kmod != 0 {
+            return Some(format!("K > 0 and a multiple of {kmod} (got {})", self.k));
+        }
+        let es_w = if self.w8 { 1 } else { 2 };
+        // Rows along K unit-stride, every row (and batch entry) start 16-byte aligned.
+        let aligned = |(addr, s): (u64, [i64; 3]), es: i64, rows: i64| {
+            s[2] == 1
+                && addr % 16 == 0
+                && (rows <= 1 || (s[1] * es) % 16 == 0)
+                && (self.g <= 1 || (s[0] * es) % 16 == 0)
+        };
+        if !aligned(self.a, 2, self.m) {
+            return Some("K-contiguous activation rows starting 16-byte aligned".into());
+        }
+        let (wa, ws) = self.w;
+        let n_contiguous = (wa, [ws[0], ws[2], ws[1]]);
+        if !aligned(self.w, es_w, self.n) && (self.w8 || !aligned(n_contiguous, 2, self.k)) {
+            return Some(
+                "K-contiguous (or, 16-bit, N-contiguous) weight rows starting 16-byte aligned".into(),
+            );
+        }
+        if self.kind() == WeightKind::W16N && self.n % 8 != 0 {
+            return Some(format!("N a multiple of 8 for N-contiguous weights (got {})", self.n));
+        }
+        if [self.m, self.n, self.k].iter().any(|&v| v > i32::MAX as i64) {
+            return Some("M, N and K within i32".into());
+        }
+        None
+    }
+}
+
+/// The token fragments (of 8) per CTA: the fewest of 1, 2, 4, 8 that hold min(M, 64).
+fn fragments(m: i64) -> i64 {
+    match m {
+        ..=8 => 1,
+        9..=16 => 2,
+        17..=32 => 4,
+        _ => 8,
+    }
+}
+
+fn cdiv(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
+/// CTAs resident per SM, from the shared memory (227 KB usable on the H100/H200) and a cap.
+fn per_sm(kind: WeightKind, nt: i64) -> i64 {
+    ((227 << 10) / (smem_bytes(kind, nt) + 1024)).clamp(1, 8)
+}
+
+/// K splits for `base` CTAs over `chunks` 128-chunks on `slots` resident CTAs: the count
+/// minimizing waves x (chunks per CTA + 2) (+1 for a split; ties: fewer splits), within `max`.
+fn choose_splits(base: i64, chunks: i64, slots: i64, max: i64) -> i64 {
+    let mut best = (i64::MAX, 1);
+    for s in 1..=max.min(chunks).max(1) {
+        let per = cdiv(chunks, s);
+        let s_eff = cdiv(chunks, per);
+        // A CTA costs about two chunks more than its chunks (filling the ring), a split one
+        // more (the partials' round trip and the reduction).
+        let cost = cdiv(base * s_eff, slots) * (per + 2) + i64::from(s_eff > 1);
+        if cost < best.0 {
+            best = (cost, s_eff);
+        }
+    }
+    best.1
+}
+
+/// The launch of one skinny problem and the workspace it needs (f32 elements, counters
+/// included; 0 when K is not split). `ws` is the workspace's address (0 to learn the size).
+/// Plain data, no device (the PTX check compares it with the kernels' parameter lists).
+pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Result<(Vec<Launch>, i64)> {
+    if let Some(why) = p.unsupported() {
+        return Err(Error::invalid(
+            p.op,
+            "a",
+            format!("the skinny kernel needs {why}; M {}, N {}, K {}", p.m, p.n, p.k),
+        ));
+    }
+    if p.g == 0 || p.m == 0 || p.n == 0 {
+        return Ok((Vec::new(), 0));
+    }
+    let nt = fragments(p.m);
+    let tb = cdiv(p.m, 8 * nt);
+    let rb = cdiv(p.n, ROWS);
+    let chunks = cdiv(p.k, CHUNK);
+    let base = tb * rb * p.g;
+    let tiles = base;
+    let per_tile = THREADS * nt * 4; // f32 partials of one tile and split
+    let cap = if tiles > COUNTERS { 1 } else { (MAX_PARTIAL_BYTES / 4 / (tiles * per_tile)).clamp(1, 64) };
+    let kind = p.kind();
+    let slots = sms.max(1) as i64 * per_sm(kind, nt);
+    let want = match splits {
+        Some(s) => (s.max(1) as i64).min(chunks).min(cap),
+        None => choose_splits(base, chunks, slots, cap),
+    };
+    let cpb = cdiv(chunks, want);
+    let splits = cdiv(chunks, cpb);
+    let z = p.g * splits;
+    if rb > 65535 || z > 65535 || tb > i32::MAX as i64 {
+        return Err(Error::invalid(
+            p.op,
+            "b",
+            format!("N {} / G {} x {splits} K splits exceed the skinny kernel's grid", p.n, p.g),
+        ));
+    }
+    let need = if splits > 1 { COUNTERS + tiles * splits * per_tile } else { 0 };
+    let (part, counters) = if splits > 1 { (ws + 4 * COUNTERS as u64, ws) } else { (0, 0) };
+    let (ws_addr, ws_s) = p.ws.unwrap_or((0, [0; 3]));
+    // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
+    let w_rows = if kind == WeightKind::W16N { p.w.1[2] } else { p.w.1[1] };
+    let args: Vec<Arg> = vec![
+        p.out.0.into(),
+        p.out.1[0].into(),
+        p.out.1[1].into(),
+        p.out.1[2].into(),
+        p.a.0.into(),
+        p.a.1[0].into(),
+        p.a.1[1].into(),
+        p.w.0.into(),
+        p.w.1[0].into(),
+        w_rows.into(),
+        ws_addr.into(),
+        ws_s[0].into(),
+        ws_s[1].into(),
+        ws_s[2].into(),
+        int(p.op, "a", p.m)?.into(),
+        int(p.op, "b", p.n)?.into(),
+        int(p.op, "a", p.k)?.into(),
+        (cpb as i32).into(),
+        (splits as i32).into(),
+        part.into(),
+        counters.into(),
+    ];
+    let base_name = match (kind, nt) {
+        (WeightKind::W16, 1) => "skinny_w16_t1",
+        (WeightKind::W16, 2) => "skinny_w16_t2",
+        (WeightKind::W16, 4) => "skinny_w16_t4",
+        (WeightKind::W16, _) => "skinny_w16_t8",
+        (WeightKind::W8, 1) => "skinny_w8_t1",
+        (WeightKind::W8, 2) => "skinny_w8_t2",
+        (WeightKind::W8, 4) => "skinny_w8_t4",
+        (WeightKind::W8, _) => "skinny_w8_t8",
+        (WeightKind::W16N, 1) => "skinny_w16n_t1",
+        (WeightKind::W16N, 2) => "skinny_w16n_t2",
+        (WeightKind::W16N, 4) => "skinny_w16n_t4",
+        (WeightKind::W16N, _) => "skinny_w16n_t8",
+    };
+    let grid = (tb as u32, rb as u32, z as u32);
+    let l = Launch::new(&SRC, base_name, p.dtype, grid, THREADS as u32, args)
+        .with_smem(smem_bytes(kind, nt) as u32);
+    Ok((vec![l], need))
+}
+
+/// Plans, sizes this queue's workspace when the plan splits K, plans again with its address,
+/// and runs.
+pub(crate) fn run(q: &Queue, p: &Problem, splits: Option<u32>) -> Result<()> {
+    let cq = CudaQueue::of(q, p.op)?;
+    let sms = cq.sm_count()?;
+    let (mut launches, need) = plan(sms, p, splits, 0)?;
+    if need > 0 {
+        let ws = workspace(q, cq, p.op, need)?;
+        launches = plan(sms, p, splits, ws)?.0;
+    }
+    cq.run(p.op, &launches)
+}
+
+/// Whether [`GemmKernel::Auto`] / the fp8 ops' Auto take the skinny kernel for `p`.
+pub(crate) fn auto_takes(p: &Problem) -> bool {
+    vt_core::flags::skinny_gemm() && p.unsupported().is_none() && p.m <= auto_max_m(p.w8, p.n, p.k)
+}
+
+fn run_16(
+    q: &Queue,
+    p: &Problem,
+    opts: &GemmOptions,
+    cublas: impl FnOnce() -> Result<()>,
+) -> Result<GemmKernel> {
+    let chosen = match opts.kernel {
+        GemmKernel::Auto if auto_takes(p) => GemmKernel::Skinny,
+        GemmKernel::Auto => GemmKernel::Cublas,
+        k => k,
+    };
+    match chosen {
+        GemmKernel::Skinny => run(q, p, opts.splits)?,
+        _ => cublas()?,
+    }
+    Ok(chosen)
+}
+
+/// MatmulBT with the kernel chosen by the caller; returns the kernel that ran. For tests and
+/// benchmarks (A/B against cuBLAS): arguments must have passed vt-core's validation (call
+/// the op first).
+pub fn matmul_bt_with(q: &Queue, x: &MatmulBTArgs<'_>, opts: &GemmOptions) -> Result<GemmKernel> {
+    run_16(q, &Problem::of_matmul_bt(x), opts, || crate::matmul::cublas_matmul_bt(q, x))
+}
+
+/// BatchedMatmul with the kernel chosen by the caller (see [`matmul_bt_with`]).
+pub fn batched_matmul_with(q: &Queue, x: &BatchedMatmulArgs<'_>, opts: &GemmOptions) -> Result<GemmKernel> {
+    run_16(q, &Problem::of_batched(x), opts, || crate::matmul::cublas_batched_matmul(q, x))
+}
+
+/// The split-K workspace of one queue (stream): counters then partials, zeroed when
+/// allocated (every launch leaves its counters zero), grown only when a larger call arrives,
+/// so after warm-up a call allocates nothing (CUDA graph capture); a buffer outgrown after a
+/// graph was captured on the queue is kept until the queue goes (the graph may use it).
+struct Workspace {
+    stream: Weak<CudaStream>,
+    buf: Option<Buffer>,
+    retired: Vec<Buffer>,
+}
+
+static WORKSPACES: LazyLock<Mutex<HashMap<usize, Workspace>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+pub(crate) fn workspace(q: &Queue, cq: &CudaQueue, op: OpId, elems: i64) -> Result<u64> {
+    let mut all =
+        WORKSPACES.lock().map_err(|_| Error::op_failed(op, "cuda", "a lock was poisoned by a panic"))?;
+    if !crate::graph::capturing() {
+        all.retain(|_, w| w.stream.strong_count() > 0);
+    }
+    let key = Arc::as_ptr(&cq.stream) as usize;
+    let w = all.entry(key).or_insert_with(|| Workspace {
+        stream: Arc::downgrade(&cq.stream),
+        buf: None,
+        retired: Vec::new(),
+    });
+    if w.buf.as_ref().is_none_or(|b| b.numel() < elems) {
+        match w.buf.take() {
+            Some(old) if cq.has_captured() => w.retired.push(old),
+            old => drop(old),
+        }
+        w.buf = Some(Buffer::zeros(q, DType::F32, &[elems.max(1)])?);
+    }
+    match &w.buf {
+        Some(b) => Ok(b.view().data_addr()),
+        None => Err(Error::op_failed(op, "cuda", "skinny GEMM workspace missing")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vt_core::fp8_block::blocks;
+
+    fn problem(w8: bool, g: i64, m: i64, n: i64, k: i64) -> Problem {
+        Problem {
+            op: OpId::MatmulBT,
+            dtype: DType::BF16,
+            out: (1 << 32, [m * n, n, 1]),
+            a: (2 << 32, [m * k, k, 1]),
+            w: (3 << 32, [n * k, k, 1]),
+            w8,
+            ws: w8.then_some((4 << 32, [blocks(n) * blocks(k), blocks(k), 1])),
+            g,
+            m,
+            n,
+            k,
+        }
+    }
+
+    #[test]
+    fn fragments_follow_m() {
+        assert_eq!([1, 8, 9, 16, 17, 32, 33, 64, 65, 128].map(fragments), [1, 1, 2, 2, 4, 4, 8, 8, 8, 8]);
+    }
+
+    #[test]
+    fn decode_shapes_split_k_to_fill_the_device() {
+        // a_proj 2112 x 7168 bf16 at M = 1 on 132 SMs: 33 row blocks, 56 chunks.
+        let (l, need) = plan(132, &problem(false, 1, 1, 2112, 7168), None, 0).unwrap();
+        let grid = l[0].grid;
+        assert_eq!((grid.0, grid.1), (1, 33));
+        assert!(grid.2 > 4 && need > 0, "{grid:?}");
+        // q_b 24576 x 1536: 384 row blocks already fill the device.
+        let (l, need) = plan(132, &problem(false, 1, 1, 24576, 1536), None, 0).unwrap();
+        assert_eq!((l[0].grid, need), ((1, 384, 1), 0));
+        // 128 tokens: two 64-token blocks.
+        let (l, _) = plan(132, &problem(true, 1, 128, 7168, 16384), None, 0).unwrap();
+        assert_eq!((l[0].grid.0, l[0].grid.1), (2, 112));
+        // Forced splits are clamped to the chunk count.
+        let (l, _) = plan(132, &problem(false, 1, 3, 100, 256), Some(64), 0).unwrap();
+        assert_eq!(l[0].grid.2, 2);
+    }
+
+    #[test]
+    fn splits_minimize_waves_times_depth() {
+        // Two full waves either way: no split.
+        assert_eq!(choose_splits(528, 12, 264, 64), 1);
+        // 1.5 waves: more, shorter CTAs would fill the waves better but pay their start-up.
+        assert_eq!(choose_splits(400, 12, 264, 64), 1);
+        // 33 CTAs on 264 slots over 56 chunks: 8 splits of 7 chunks fill one wave.
+        assert_eq!(choose_splits(33, 56, 264, 64), 8);
+    }
+
+    #[test]
+    fn views_the_kernel_cannot_take_are_named() {
+        let p = problem(false, 1, 4, 64, 100);
+        assert!(p.unsupported().unwrap().contains("multiple of 8"));
+        let mut p = problem(false, 1, 4, 64, 128);
+        p.w.1[2] = 2;
+        assert!(p.unsupported().unwrap().contains("weight"));
+        let mut p = problem(true, 1, 4, 64, 136);
+        assert!(p.unsupported().unwrap().contains("multiple of 16"));
+        p.dtype = DType::F32;
+        assert!(p.unsupported().unwrap().contains("bf16/f16"));
+        assert!(plan(132, &p, None, 0).is_err());
+    }
+}

@@ -1,0 +1,304 @@
+// The skinny (decode-shaped) GEMM: out[g, m, n] = sum_k A[g, m, k] W[g, n, k] for few tokens
+// M (1..128) and a weight streamed once, in the "swap AB" form: the weight's rows are the
+// MMA's M side (16 rows a warp), the tokens its N side (8 a fragment). Host side:
+// crates/vt-cuda/src/skinny_gemm.rs (planning), called by crates/vt-cuda/src/matmul.rs
+// (MatmulBT / BatchedMatmul, 16-bit weights) and crates/vt-cuda/src/fp8_matmul.rs
+// (MatmulBTFp8 / BatchedMatmulFp8 weight-only: e4m3 weights with 128 x 128 f32 block scales).
+//
+// - Weights: K-contiguous rows (16-byte aligned), 16-bit (`w16`) or e4m3 codes (`w8`).
+// - A CTA is 4 warps = 64 weight rows x 8 NT tokens x a range of 128-wide K chunks (its K
+//   split). Each chunk's weights (each lane copies, and later reads back, only its own
+//   16-byte pieces) and the CTA's activations for the chunk go through a STAGES-deep cp.async
+//   ring in shared memory, so that STAGES - 1 chunks of weights are in flight per warp.
+// - K is permuted inside each 32-element (w16) or 64-element (w8) step so that a lane's 16
+//   consecutive weight bytes and its consecutive activations are exactly its mma.sync
+//   m16n8k16 fragments (the same permutation on both operands leaves the sum unchanged).
+// - w8: the codes are converted to the activations' 16-bit type in registers (exact: every
+//   e4m3 value is a bf16 / f16 value), each 128-wide K group's products are summed in fresh
+//   f32 accumulators and then multiplied by the group's scale (the promotion of
+//   fp8_matmul.cu's kernels), so each output is sum_kb s(n, kb) * sum_{k in kb} q(n, k) a(m, k).
+// - Split K: with splits > 1 every CTA of a tile writes its f32 sums to `part` (a slice per
+//   split), then bumps the tile's counter; the last CTA to arrive adds the slices in split
+//   order 0, 1, .. (deterministic: the result does not depend on which CTA is last), writes
+//   `out` and resets the counter to 0 for the next launch. One launch, no second kernel.
+// - Grid: x = token block (fastest, so the CTAs that share a weight tile run together and the
+//   second one reads it from L2), y = 64-row block, z = batch entry * splits + split.
+#include "common.cuh"
+#include "tensor_core.cuh"
+
+namespace skinny {
+
+using namespace vt::tc;
+
+constexpr int WARPS = 4, THREADS = 32 * WARPS, ROWS = 16 * WARPS, CHUNK = 128, STAGES = 4;
+
+// Activation rows in shared memory: 128 elements (256 bytes) + padding chosen so that the
+// 8-lane phases of the 16-byte loads hit distinct banks (w16: consecutive tokens 64 bytes
+// apart mod 128; w8: an odd number of 16-byte units apart; w16n: 4 banks apart, for the
+// 32-bit fragment reads and ldmatrix alike).
+// Weight kinds: W16 K-contiguous 16-bit rows, W8 K-contiguous e4m3 rows, W16N 16-bit
+// N-contiguous (w[g, k, n] with stride 1 along n: the absorbed W_UK_T / W_UV as the block
+// keeps them in 16 bits).
+constexpr int W16 = 0, W8 = 1, W16N = 2;
+template <int KIND> struct Layout {
+    static constexpr int ASTR = KIND == W16 ? 320 : 272;
+    // 16-byte weight pieces per lane per chunk: w16 4 steps x 2 rows; w8 2 steps x 2 rows;
+    // w16n 128 k-rows x 2 halves of 16 bytes per warp.
+    static constexpr int PIECES = KIND == W8 ? 4 : 8;
+    static constexpr int WBYTES = WARPS * PIECES * 32 * 16;
+};
+
+template <int KIND, int NT> __host__ __device__ constexpr int stage_bytes() {
+    return Layout<KIND>::WBYTES + 8 * NT * Layout<KIND>::ASTR;
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Two e4m3 codes (bytes 0, 1 of `w`, or 2, 3 with `hi`) as a packed pair of T, exactly (the
+// conversion of fp8_matmul.cu's Gemv kernel): sign, exponent and mantissa bits placed in T's
+// fields, then multiplied by 2^(T's bias - 7). NaN codes read as +-480.
+template <typename T> __device__ __forceinline__ uint32_t e4m3x2(uint32_t w, bool hi);
+template <> __device__ __forceinline__ uint32_t e4m3x2<bf16>(uint32_t w, bool hi) {
+    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
+    const uint32_t v = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x7b807b80u), "r"(0x80008000u));
+    return r;
+}
+template <> __device__ __forceinline__ uint32_t e4m3x2<f16>(uint32_t w, bool hi) {
+    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
+    const uint32_t v = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x5c005c00u), "r"(0x80008000u));
+    return r;
+}
+
+// Arguments: out[g, m, n] (strides o_b, o_m, o_n), a[g, m, k] (a_b, a_m; k stride 1),
+// w (w_b; w_r the row stride: along n for W16 / W8 rows of K, along k for W16N rows of N;
+// T or e4m3 bytes), ws[g, n / 128, k / 128] (W8 only), `cpb` 128-chunks of K per split,
+// `part` / `counters` the split-K workspace (splits > 1).
+// Requirements (host): K % 8 == 0 (W8: K % 16 == 0; W16N: N % 8 == 0 too); rows and bases
+// 16-byte aligned.
+template <typename T, int KIND, int NT>
+__device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64 a_m, const void* wv, i64 w_b,
+                     i64 w_r, const float* ws, i64 ws_b, i64 ws_n, i64 ws_k, int m, int n, int k, int cpb,
+                     int splits, float* part, unsigned* counters) {
+    using L = Layout<KIND>;
+    constexpr bool W8K = KIND == W8;
+    constexpr int TOK = 8 * NT, SB = stage_bytes<KIND, NT>();
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int s_last;
+    const uint32_t base = smem_u32(smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const i64 batch = blockIdx.z / splits;
+    const int split = blockIdx.z % splits;
+    const int m0 = blockIdx.x * TOK, n0 = blockIdx.y * ROWS + warp * 16;
+    const int chunks = (k + CHUNK - 1) / CHUNK;
+    const int c_lo = split * cpb, c_hi = min(chunks, c_lo + cpb), nck = max(0, c_hi - c_lo);
+    const int es = W8K ? 1 : 2;
+    const unsigned char* w = reinterpret_cast<const unsigned char*>(wv) + batch * w_b * es;
+    const T* ab = a + batch * a_b;
+    // This lane's two weight rows (clamped to a valid row: out-of-range rows copy zeros).
+    const bool r0ok = n0 + g < n, r1ok = n0 + g + 8 < n;
+    const unsigned char* wr0 = w + (i64)min(n0 + g, n - 1) * w_r * es;
+    const unsigned char* wr1 = w + (i64)min(n0 + g + 8, n - 1) * w_r * es;
+    // W16N: this warp's 16 columns n0.. (two halves of 8, each in or out: N % 8 == 0).
+    const unsigned char* wcol = w + (i64)min(n0, n - 1) * 2;
+    const uint32_t wbase = warp * L::PIECES * 32 * 16;
+
+    auto load = [&](int c, int st) {
+        const uint32_t sw = base + st * SB, sa = sw + L::WBYTES + 0;
+        const int kc = c * CHUNK;
+#pragma unroll
+        for (int p = 0; p < L::PIECES; ++p) {
+            if constexpr (KIND == W16N) {
+                // Piece id = 32 p + lane: k-row id / 2 of the chunk, half id % 2 (8 columns),
+                // stored at row * 32 + (half ^ bit 2 of the row) * 16 (conflict-free ldmatrix).
+                const int id = 32 * p + lane, kr = id >> 1, hf = id & 1;
+                const bool ok = n0 + 8 * hf < n && kc + kr < k;
+                const unsigned char* src = wcol + (ok ? (i64)(kc + kr) * w_r * 2 + 16 * hf : 0);
+                cp_async16(sw + wbase + kr * 32 + ((hf ^ ((kr >> 2) & 1)) << 4), src, ok);
+            } else {
+                // w16: piece p = 2 s + h: step s (32 elements), row g + 8 h, elements 32 s + 8 t.
+                // w8: piece p = 2 s + h: step s (64 codes), row g + 8 h, codes 64 s + 16 t.
+                const int s = p >> 1, h = p & 1;
+                const int kk = W8K ? kc + 64 * s + 16 * t : kc + 32 * s + 8 * t;
+                const bool ok = (h ? r1ok : r0ok) && kk < k;
+                const unsigned char* src = (h ? wr1 : wr0) + (ok ? (i64)kk * es : 0);
+                cp_async16(sw + wbase + (p * 32 + lane) * 16, src, ok);
+            }
+        }
+        // Activations: TOK rows x 16 pieces of 8 elements.
+        for (int i = tid; i < TOK * 16; i += THREADS) {
+            const int r = i >> 4, cc = i & 15, tok = m0 + r, kk = kc + 8 * cc;
+            const bool ok = tok < m && kk < k;
+            const T* src = ok ? ab + (i64)tok * a_m + kk : ab;
+            cp_async16(sa + r * L::ASTR + cc * 16, src, ok);
+        }
+    };
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    const float* wsr = W8K && n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n : nullptr;
+
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < nck) load(c_lo + i, i);
+        cp_async_commit();
+    }
+    for (int i = 0; i < nck; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        // The stage refilled here was read in iteration i - 1, which every warp has left.
+        if (i + STAGES - 1 < nck) load(c_lo + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const int st = i % STAGES;
+        const uint32_t sw = base + st * SB + wbase + lane * 16;
+        const uint32_t sa = base + st * SB + L::WBYTES + g * L::ASTR;
+        if constexpr (KIND == W16N) {
+            // A fragments by ldmatrix.trans from the [k][16 n] tile: matrix lane / 8 is
+            // (k half lane / 16, n half (lane / 8) % 2); B fragments by ldmatrix from the
+            // activation rows: matrix lane / 8 covers k 8 (lane / 8) .. of the 32-wide step.
+            const uint32_t wt = base + st * SB + wbase;
+            const uint32_t xa = base + st * SB + L::WBYTES + (lane & 7) * L::ASTR + 16 * (lane >> 3);
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                uint32_t fa[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int kr = 32 * s + 16 * h + 8 * (lane >> 4) + (lane & 7), hf = (lane >> 3) & 1;
+                    ldsm_x4_t(wt + kr * 32 + ((hf ^ ((kr >> 2) & 1)) << 4), fa[h]);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    uint32_t b[4];
+                    ldsm_x4(xa + j * 8 * L::ASTR + 64 * s, b);
+                    MmaSync<T>::run(acc[j], fa[0], b[0], b[1]);
+                    MmaSync<T>::run(acc[j], fa[1], b[2], b[3]);
+                }
+            }
+        } else if constexpr (KIND == W16) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const uint4 w0 = lds128(sw + (2 * s) * 512), w1 = lds128(sw + (2 * s + 1) * 512);
+                const uint32_t f0[4] = {w0.x, w1.x, w0.y, w1.y}, f1[4] = {w0.z, w1.z, w0.w, w1.w};
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const uint4 x = lds128(sa + j * 8 * L::ASTR + 64 * s + 16 * t);
+                    MmaSync<T>::run(acc[j], f0, x.x, x.y);
+                    MmaSync<T>::run(acc[j], f1, x.z, x.w);
+                }
+            }
+        } else {
+            float tmp[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) tmp[j][q] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                const uint4 w0 = lds128(sw + (2 * s) * 512), w1 = lds128(sw + (2 * s + 1) * 512);
+                uint32_t fa[4][4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const uint32_t r0 = word(w0, q), r1 = word(w1, q);
+                    fa[q][0] = e4m3x2<T>(r0, false);
+                    fa[q][1] = e4m3x2<T>(r1, false);
+                    fa[q][2] = e4m3x2<T>(r0, true);
+                    fa[q][3] = e4m3x2<T>(r1, true);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const uint32_t xa = sa + j * 8 * L::ASTR + 128 * s + 32 * t;
+                    const uint4 x0 = lds128(xa), x1 = lds128(xa + 16);
+                    MmaSync<T>::run(tmp[j], fa[0], x0.x, x0.y);
+                    MmaSync<T>::run(tmp[j], fa[1], x0.z, x0.w);
+                    MmaSync<T>::run(tmp[j], fa[2], x1.x, x1.y);
+                    MmaSync<T>::run(tmp[j], fa[3], x1.z, x1.w);
+                }
+            }
+            const float sc = wsr != nullptr ? wsr[(i64)(c_lo + i) * ws_k] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) acc[j][q] = fmaf(tmp[j][q], sc, acc[j][q]);
+        }
+    }
+    cp_async_wait<0>();
+
+    if (splits > 1) {
+        // This CTA's sums, a float4 per (thread, token group), a contiguous slice per split.
+        const i64 tile = ((i64)batch * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        float4* mine = reinterpret_cast<float4*>(part) + (tile * splits + split) * (THREADS * NT) + tid * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mine[j] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            const unsigned old = atomicAdd(counters + tile, 1u);
+            const int last = old == (unsigned)(splits - 1);
+            if (last) counters[tile] = 0;  // every split has arrived: ready for the next launch
+            s_last = last;
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        const float4* all = reinterpret_cast<const float4*>(part) + tile * splits * (THREADS * NT) + tid * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int s = 0; s < splits; ++s) {
+                const float4 v = s == split ? make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3])
+                                            : __ldcg(all + (i64)s * (THREADS * NT) + j);
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
+            acc[j][0] = sum.x;
+            acc[j][1] = sum.y;
+            acc[j][2] = sum.z;
+            acc[j][3] = sum.w;
+        }
+    }
+    if (n0 >= n) return;
+    T* ob = out + batch * o_b;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = n0 + g + 8 * (i >> 1), tok = m0 + 8 * j + 2 * t + (i & 1);
+            if (row < n && tok < m) ob[(i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(acc[j][i]);
+        }
+}
+
+}  // namespace skinny
+
+#define VT_SKINNY(S, T, W, KIND, NT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(skinny::THREADS) skinny_##W##_t##NT##_##S(                      \
+        T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64 a_m, const void* w, i64 w_b, i64 w_r,         \
+        const float* ws, i64 ws_b, i64 ws_n, i64 ws_k, int m, int n, int k, int cpb, int splits, float* part,     \
+        unsigned* counters) {                                                                                    \
+        skinny::gemm<T, KIND, NT>(out, o_b, o_m, o_n, a, a_b, a_m, w, w_b, w_r, ws, ws_b, ws_n, ws_k, m, n, k,    \
+                                  cpb, splits, part, counters);                                                  \
+    }
+#define VT_SKINNY_NT(S, T, W, KIND)                                                                 \
+    VT_SKINNY(S, T, W, KIND, 1) VT_SKINNY(S, T, W, KIND, 2) VT_SKINNY(S, T, W, KIND, 4) VT_SKINNY(S, T, W, KIND, 8)
+VT_SKINNY_NT(bf16, bf16, w16, skinny::W16)
+VT_SKINNY_NT(f16, f16, w16, skinny::W16)
+VT_SKINNY_NT(bf16, bf16, w8, skinny::W8)
+VT_SKINNY_NT(f16, f16, w8, skinny::W8)
+VT_SKINNY_NT(bf16, bf16, w16n, skinny::W16N)
+VT_SKINNY_NT(f16, f16, w16n, skinny::W16N)
