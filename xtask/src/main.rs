@@ -15,12 +15,15 @@
 //!   beside fp8 block-scaled weights, against this run's floors (see `bench_gemm.rs`).
 //! - `bench sparse [--json FILE] [--peer FILE] [--only SPEC]`: SparseMlaAttention on FlashMLA's
 //!   sparse decode and prefill shapes against FlashMLA (see `bench_sparse.rs`).
+//! - `bench indexer [--json FILE] [--only SPEC]`: IndexerTopK (DeepSeek-V3.2's lightning
+//!   indexer) at decode and prefill against this run's floors (see `bench_indexer.rs`).
 //!
 //! Usage errors (unknown options, bad values) print the usage and exit 2; a run that fails
 //! exits 1.
 
 mod bench;
 mod bench_gemm;
+mod bench_indexer;
 mod bench_prefill;
 mod bench_sparse;
 mod kernels;
@@ -67,6 +70,8 @@ enum BenchCommand {
     Gemm(bench_gemm::Args),
     /// SparseMlaAttention (DeepSeek-V3.2) on FlashMLA's sparse decode and prefill shapes.
     Sparse(bench_sparse::Args),
+    /// IndexerTopK (DeepSeek-V3.2's lightning indexer) at decode and prefill, % of floor.
+    Indexer(bench_indexer::Args),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Prefill(a)) => ("bench prefill", bench_prefill::run(a)),
         Command::Bench(BenchCommand::Gemm(a)) => ("bench gemm", bench_gemm::run(a)),
         Command::Bench(BenchCommand::Sparse(a)) => ("bench sparse", bench_sparse::run(a)),
+        Command::Bench(BenchCommand::Indexer(a)) => ("bench indexer", bench_indexer::run(a)),
     };
     match result {
         Ok(code) => code,
@@ -114,6 +120,7 @@ mod tests {
             &["bench", "prefill", "--help"],
             &["bench", "gemm", "--help"],
             &["bench", "sparse", "--help"],
+            &["bench", "indexer", "--help"],
         ] {
             let e = parse(args).expect_err("--help stops parsing");
             assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{args:?}");
@@ -135,6 +142,8 @@ mod tests {
             &["bench", "prefill", "--iters=x"],
             &["bench", "gemm", "--m", "0"],
             &["bench", "sparse", "--only", "dense"],
+            &["bench", "indexer", "--only", "h64"],
+            &["bench", "indexer", "--iters", "0"],
         ] {
             let e = parse(args).expect_err("a usage error");
             assert_eq!(e.exit_code(), 2, "{args:?}: {e}");

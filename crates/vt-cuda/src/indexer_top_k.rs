@@ -123,6 +123,20 @@ pub fn indexer_top_k_with(q: &Queue, a: &IndexerTopKArgs<'_>, kernel: Kernel) ->
     Ok(name)
 }
 
+/// The score launches of [`indexer_top_k_with`] alone (their result stays in the
+/// workspace): for benchmarks, which time the select as the difference. Same arguments.
+pub fn indexer_scores_only(q: &Queue, a: &IndexerTopKArgs<'_>, kernel: Kernel) -> Result<()> {
+    let cq = CudaQueue::of(q, OP)?;
+    if a.query.dim(0) == 0 {
+        return Ok(());
+    }
+    let l = layout(a)?;
+    let ws = workspace(q, cq, l.chunk_rows * l.ld)?;
+    let (_, launches) = plan(a, kernel, ws, &l)?;
+    let scores: Vec<Launch> = launches.into_iter().filter(|x| x.base != "indexer_select").collect();
+    cq.run(OP, &scores)
+}
+
 /// The launches for workspace address `ws` (at least `chunk_rows * ld` u32): per chunk of
 /// rows, the scores then the selection. Plain data, no device.
 pub(crate) fn plan(
