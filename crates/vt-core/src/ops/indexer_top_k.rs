@@ -44,6 +44,16 @@ pub struct IndexerTopKArgs<'a> {
 ///   out-of-range block id or sequence and write -1 where nothing valid remains.
 /// - `out` `[T, topk]` i32, `topk >= 1`, any strides; it must not overlap any input.
 ///
+/// Across backends: the selection is a function of the f32 scores, so it is identical
+/// wherever the scores are. CUDA's tensor-core score kernel (bf16/f16, Di a multiple of 16,
+/// 16-byte aligned rows) sums the products in another order than the CPU (per mma tile, f32
+/// accumulation), so its scores may differ from the CPU's in the last bits and two tokens
+/// whose scores are that close may trade places (in the order, or at the k-th place); where
+/// every partial sum is exact in f32 (e.g. values on a coarse grid such as multiples of 1/8,
+/// what the parity cases use) it selects exactly as the CPU does. CUDA's generic kernel (other
+/// dtypes and dims) sums in the CPU's order and selects identically. With non-finite inputs
+/// the order of NaN scores is unspecified on GPUs (their NaN bits differ from the CPU's).
+///
 /// What the block does around it (transformers' `DeepseekV32Indexer`): `query` is
 /// `wq_b(q_resid)` viewed `[T, 64, 128]` with the half-split (non-interleaved) rope applied
 /// to its first 64 dims; each key is `LayerNorm(wk(x))` (LayerNorm with weight and bias,
