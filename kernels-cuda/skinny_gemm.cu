@@ -152,6 +152,8 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
     const float* wsr = W8K && n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n : nullptr;
+    // W8: the scale of the chunk computed next, loaded one iteration ahead (off the path).
+    float sc_next = wsr != nullptr && nck > 0 ? wsr[(i64)c_lo * ws_k] : 0.0f;
 
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
@@ -165,6 +167,9 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
         if (i + STAGES - 1 < nck) load(c_lo + i + STAGES - 1, (i + STAGES - 1) % STAGES);
         cp_async_commit();
         const int st = i % STAGES;
+        const float sc = sc_next;  // W8 only
+        (void)sc;
+        if (W8K && wsr != nullptr && i + 1 < nck) sc_next = wsr[(i64)(c_lo + i + 1) * ws_k];
         const uint32_t sw = base + st * SB + wbase + lane * 16;
         const uint32_t sa = base + st * SB + L::WBYTES + g * L::ASTR;
         if constexpr (KIND == W16N) {
@@ -229,7 +234,6 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                     MmaSync<T>::run(tmp[j], fa[3], x1.z, x1.w);
                 }
             }
-            const float sc = wsr != nullptr ? wsr[(i64)(c_lo + i) * ws_k] : 0.0f;
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
