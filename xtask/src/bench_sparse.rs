@@ -35,7 +35,8 @@ use std::process::ExitCode;
 
 use vt_core::{Buffer, DType, Device, DeviceType, Queue, SparseMlaAttentionArgs};
 use vt_cuda::bench::{filled_value, median, Bench};
-use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, SparseOptions};
+use vt_cuda::mla_decode_attention::Kernel as DK;
+use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, Kernel, SparseOptions};
 
 use crate::bench::positive;
 use crate::progress::Progress;
@@ -52,6 +53,11 @@ pub struct Args {
     /// Timed runs per shape (median reported).
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = positive)]
     pub iters: usize,
+    /// Also time these kernels per shape, forced (decode kernels `mma`, `mma_small`, `wgmma`,
+    /// `wgmma_narrow`, `generic`; `sparse_generic` = this op's own generic kernel), each beside
+    /// a fresh time of the default so drift does not bias the A/B.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = alt_name)]
+    pub alt: Vec<String>,
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
@@ -59,6 +65,24 @@ pub struct Args {
     /// e.g. `decode,h128,b74`; repeatable.
     #[arg(long, value_name = "SPEC", value_parser = only_spec)]
     pub only: Vec<String>,
+}
+
+fn alt_of(s: &str) -> Option<Kernel> {
+    Some(match s {
+        "mma" => Kernel::Decode(DK::Mma),
+        "mma_small" => Kernel::Decode(DK::MmaSmall),
+        "wgmma" => Kernel::Decode(DK::Wgmma),
+        "wgmma_narrow" => Kernel::Decode(DK::WgmmaNarrow),
+        "generic" => Kernel::Decode(DK::Generic),
+        "sparse_generic" => Kernel::Generic,
+        _ => return None,
+    })
+}
+
+fn alt_name(s: &str) -> Result<String, String> {
+    alt_of(s).map(|_| s.to_string()).ok_or_else(|| {
+        format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, generic, sparse_generic")
+    })
 }
 
 fn only_spec(s: &str) -> Result<String, String> {
@@ -495,7 +519,7 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
 }
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, iters, no_parity, only } = a;
+    let Args { json, peer, iters, alt, no_parity, only } = a;
     let peer = match &peer {
         None => None,
         Some(f) => {
@@ -550,6 +574,20 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             })
             .map_err(e)?;
         let us = median(&mut t);
+        let mut alts = Vec::new();
+        for name in &alt {
+            let Some(kernel) = alt_of(name) else { continue };
+            let o = SparseOptions { kernel, ..SparseOptions::default() };
+            let time = |o: &SparseOptions| -> vt_core::Result<f64> {
+                let mut t =
+                    bench.time_us(2, iters, true, || sparse_mla_attention_with(&q, &a, o).map(|_| ()))?;
+                Ok(median(&mut t))
+            };
+            match time(&o).and_then(|t1| Ok((t1, time(&SparseOptions::default())?))) {
+                Ok((t1, t2)) => alts.push(format!("{name} {t1:.1} us (default again {t2:.1})")),
+                Err(err) => alts.push(format!("{name}: {err}")),
+            }
+        }
         let row = Row {
             shape: s,
             kernel,
@@ -559,6 +597,9 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             flash_us: peer.as_ref().and_then(|p| p.us(&s)),
         };
         bar.println(format_row(&row, bw, gemm));
+        if !alts.is_empty() {
+            bar.println(format!("    forced: {}", alts.join("; ")));
+        }
         bar.inc();
         rows.push(row);
     }
@@ -702,6 +743,8 @@ mod tests {
         assert_eq!(pick("k16384"), 2);
         assert!(only_spec("decode,h64").is_ok());
         assert!(only_spec("x3").is_err());
+        assert!(alt_name("wgmma").is_ok() && alt_name("sparse_generic").is_ok());
+        assert!(alt_name("tma").is_err());
     }
 
     #[test]
