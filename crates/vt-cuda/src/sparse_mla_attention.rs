@@ -161,6 +161,8 @@ fn seq_lens(q: &Queue, t: i64) -> Result<Tensor<'static>> {
                 ));
             }
             let b: &'static Buffer = Box::leak(Box::new(Buffer::from_slice(q, &[1], &[i32::MAX])?));
+            // Other queues of the device use it too: the copy must have landed.
+            q.synchronize()?;
             all.insert(ordinal, b);
             b
         }
