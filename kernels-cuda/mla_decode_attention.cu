@@ -27,7 +27,8 @@
 // - wgmma_sm90.cuh: mla_decode_wgmma[_tma]_{bf16,f16}: sm_90a wgmma, 64 query rows per
 //   CTA, a consumer and a producer warpgroup; cp.async or TMA loads.
 // - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
-//   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows.
+//   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows;
+//   mla_decode_wgmma_n16_fp8_*: the same over an fp8_ds_mla cache.
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //
@@ -91,6 +92,16 @@ MLA_WGMMA_NARROW(bf16, bf16, 16)
 MLA_WGMMA_NARROW(f16, f16, 16)
 MLA_WGMMA_NARROW(bf16, bf16, 32)
 MLA_WGMMA_NARROW(f16, f16, 32)
+// The narrow kernel over an fp8_ds_mla cache (16 query rows per CTA, cp.async loads).
+#define MLA_WGMMA_NARROW_FP8(S, T)                                                            \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
+        mla_decode_wgmma_n16_fp8_##S(const mla::Params p) {                                   \
+        mla::decode_wgmma_narrow<T, 16, false, true>(p, nullptr);                             \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_n16_fp8_##S, mla::THREADS, 16, (mla::NarrowLayout<16, true>::SMEM), \
+              (mla::NarrowLayout<16, true>::STAGES))
+MLA_WGMMA_NARROW_FP8(bf16, bf16)
+MLA_WGMMA_NARROW_FP8(f16, f16)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

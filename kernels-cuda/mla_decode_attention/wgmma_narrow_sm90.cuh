@@ -15,31 +15,119 @@
 // shared memory (one 128-thread barrier). Warpgroup 0 computes S, the softmax and
 // O^T[0:256]; warpgroup 1 loads and computes O^T[256:512], with the barriers of
 // wgmma_sm90.cuh (K_FULL, P_FULL, P_FREE, V_FREE and the epilogue's).
+// mla_decode_wgmma_n16_fp8_{bf16,f16} read an fp8_ds_mla cache: warpgroup 1 stages one
+// tile's raw rows at a time and dequantizes it into a 16-bit KV stage ahead of its use
+// (the products are the 16-bit kernel's).
 #pragma once
 
+#include "mla_decode_attention/fp8_tiles.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mla {
 
 // Shared-memory layout of the narrow kernel (byte offsets from a 1024-aligned base): as
-// Layout<MT> with MT query rows, plus the cross-warp column reductions.
-template <int MT> struct NarrowLayout {
+// Layout<MT> with MT query rows, plus the cross-warp column reductions. With an fp8_ds_mla
+// cache (FP8) the raw 656-byte rows of the next tile are staged after P^T and dequantized
+// into a KV stage; their token flags live in a third entry until then.
+template <int MT, bool FP8 = false> struct NarrowLayout {
     static constexpr int STAGES = 2;
+    static constexpr int FLAG_SETS = STAGES + (FP8 ? 1 : 0);
     static constexpr int Q_SUB = MT * 128;                     // one column block of Q
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
     static constexpr int OFF_P = OFF_KV + STAGES * TILE_BYTES;  // P^T [MT rows x 64 tokens] 16-bit
+    static constexpr int OFF_RAW = OFF_P + MT * 128;            // FP8: u8 [BN][656]
     // floats: tile maxima [2 parities][4 warps][MT], rescale factors [MT], final sums and
     // maxima [2][MT], per-warp row sums [4][MT] (and one spare MT).
-    static constexpr int OFF_RED = OFF_P + MT * 128;
-    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [STAGES][BN]: token row exists
-    static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
-    static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
+    static constexpr int OFF_RED = OFF_RAW + (FP8 ? BN * FP8_ROW : 0);
+    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [FLAG_SETS][BN]: token row exists
+    static constexpr int OFF_FLAGS = OFF_VALID + FLAG_SETS * BN;  // u8 [FLAG_SETS][8]: a warp saw a bad block
+    static constexpr int OFF_SCHED = OFF_FLAGS + FLAG_SETS * 8;   // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
     static constexpr int END = OFF_MBAR + STAGES * 8;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
+
+// The raw rows of one KV tile of an fp8_ds_mla cache from warpgroup 1 (local ids 0..127):
+// Loader's token lookup (2 threads per token), each token's 656 bytes as 41 16-byte chunks
+// (missing rows zero-filled: codes and scales 0 decode to 0).
+struct Fp8TileLoader : Loader<unsigned char, 128> {
+    __device__ __forceinline__ Fp8TileLoader(const Params& p, int i) : Loader<unsigned char, 128>(p, i) {}
+
+    // All 128 threads call this (warp-collective ballot).
+    __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, unsigned char* flags, i64 off) const {
+        const bool ok = off >= 0;
+        const unsigned char* src = cache + (ok ? off : 0);
+        const uint32_t d = dst + tok * FP8_ROW;
+#pragma unroll
+        for (int k = 0; k < (FP8_CHUNKS + 1) / 2; ++k) {
+            const int c = sub + 2 * k;
+            if (c < FP8_CHUNKS) cp_async16(d + c * 16, src + c * 16, ok);
+        }
+        if (sub == 0) valid[tok] = ok ? 1 : 0;
+        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
+        if (lane == 0) flags[warp] = bad != 0u ? 1 : 0;
+    }
+};
+
+// Dequantizes the staged raw tile (64 rows at raw) into the 16-bit KV stage dst (the layout
+// Loader writes) from warpgroup 1: thread (tok = i / 2, half = i % 2) writes chunks
+// 4 half .. 4 half + 3 of every column block of its token (code x its group's scale,
+// rounded once to T; the rope block copied, converted for f16).
+template <typename T>
+__device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) {
+    const int tok = i >> 1, c0 = (i & 1) * 4;
+    const uint32_t row = raw + tok * FP8_ROW;
+    float sc[vt::fp8ds::GROUPS];
+    {
+        uint32_t w[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                     : "r"(row + vt::fp8ds::SCALE_OFFSET));
+#pragma unroll
+        for (int g = 0; g < vt::fp8ds::GROUPS; ++g) sc[g] = __uint_as_float(w[g]);
+    }
+#pragma unroll
+    for (int k = 0; k < NSUB - 1; ++k) {
+        const float s = sc[k >> 1];  // 128 values per scale: two column blocks
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t w[4];  // 16 codes: features 64 k + 8 (c0 + 2 h) ..
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                         : "r"(row + 64 * k + 8 * (c0 + 2 * h)));
+#pragma unroll
+            for (int cc = 0; cc < 2; ++cc) {
+                uint32_t out[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const uint32_t two = (w[2 * cc + (q >> 1)] >> (16 * (q & 1))) & 0xffffu;
+                    const float2 v = e4m3x2_to_f2(two);
+                    out[q] = pack2<T>(__fmul_rn(v.x, s), __fmul_rn(v.y, s));
+                }
+                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + k * SUB_BYTES + swz(tok, c0 + 2 * h + cc)),
+                             "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
+                             : "memory");
+            }
+        }
+    }
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+        uint32_t r[4];  // 8 rope values, bf16 in the row
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(row + vt::fp8ds::ROPE_OFFSET + 16 * (c0 + cc)));
+        if constexpr (!Same<T, bf16>::value) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                r[q] = pack2<T>(__uint_as_float(r[q] << 16), __uint_as_float(r[q] & 0xffff0000u));
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + (NSUB - 1) * SUB_BYTES + swz(tok, c0 + cc)),
+                     "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
+    }
+}
 
 // wgmma m64n16k16 / m64n32k16 with both operands in shared memory; TA = 1 reads A MN-major.
 #define VT_WGMMA_N16(NAME, TY, TA)                                                                        \
@@ -140,9 +228,10 @@ __device__ __forceinline__ void stage_narrow(uint32_t stage, const float (&o)[4]
             }
 }
 
-template <typename T, int MT, bool TMA>
+template <typename T, int MT, bool TMA, bool FP8 = false>
 __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
-    using L = NarrowLayout<MT>;
+    using L = NarrowLayout<MT, FP8>;
+    static_assert(!(TMA && FP8), "fp8_ds_mla rows are loaded by cp.async");
     constexpr int R = MT / 2;   // accumulator registers of one m64nMTk16
     constexpr int NC = MT / 4;  // query rows (columns of S^T) a thread holds
     static_assert(MT == 16 || MT == 32, "wgmma N = 16 or 32");
@@ -160,7 +249,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     unsigned char* flags = smem + L::OFF_FLAGS;
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
-    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
+    if (threadIdx.x < L::FLAG_SETS * 8) flags[threadIdx.x] = 0;
     const uint32_t sBar = base + L::OFF_MBAR;
     if (TMA && threadIdx.x == 0) {
         for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
@@ -196,7 +285,62 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
 #pragma unroll
             for (int i = 0; i < R; ++i) o[mb][i] = 0.0f;
 
-        if (wg == 1) {
+        if (FP8 && wg == 1) {
+            // Producer over an fp8_ds_mla cache: the raw rows of one tile at a time are staged
+            // by cp.async, and before PV(t) tile t + 1 is dequantized into the stage tile
+            // t - 1 left (once warpgroup 0 is done with it), so the dequantization overlaps
+            // warpgroup 0's S and softmax of tile t; then the raw rows of t + 2 are loaded.
+            const Fp8TileLoader fl(p, wtid);
+            const uint32_t sRaw = base + L::OFF_RAW;
+            unsigned char* vraw = valid + 2 * BN;  // the staged tile's token flags
+            unsigned char* fraw = flags + 16;
+            auto stage_tile = [&](int st) {  // the staged raw tile into KV stage st
+                cp_async_wait<0>();
+                bar_sync(BAR_WG1, 128);  // every thread's copies (and flags) landed
+                dequant_tile<T>(sRaw, sKV + st * TILE_BYTES, wtid);
+                if (wtid < BN) valid[st * BN + wtid] = vraw[wtid];
+                if (wtid < 8) flags[st * 8 + wtid] = fraw[wtid];
+                bar_sync(BAR_WG1, 128);  // the raw rows are read before they are refilled
+            };
+            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+            fl.issue(sRaw, vraw, fraw, fl.row_of(p, sg, t0));
+            cp_async_commit();
+            i64 off = fl.row_of(p, sg, t0 + 1);
+            stage_tile(0);
+            if (t0 + 1 < t1) fl.issue(sRaw, vraw, fraw, off);
+            cp_async_commit();
+            off = fl.row_of(p, sg, t0 + 2);
+            fence_proxy_async();          // Q and the stage are read by wgmma (async proxy)
+            bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
+            bar_arrive(BAR_P_FREE, 256);
+            for (int t = t0; t < t1; ++t) {
+                const int st = (t - t0) & 1;
+                const uint32_t kst = sKV + st * TILE_BYTES;
+                if (t + 1 < t1) {
+                    if (t > t0) bar_sync(BAR_V_FREE + (st ^ 1), 256);  // warpgroup 0 is done with tile t - 1
+                    stage_tile(st ^ 1);
+                    if (t + 2 < t1) fl.issue(sRaw, vraw, fraw, off);
+                    cp_async_commit();
+                    off = fl.row_of(p, sg, t + 3);
+                    fence_proxy_async();
+                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
+                }
+                bar_sync(BAR_P_FULL, 256);
+                float a[NC];
+#pragma unroll
+                for (int k = 0; k < NC; ++k) a[k] = s_alpha[col_of(k)];
+                rescale_cols(o, a);
+                pv_narrow<T, R>(o, dp, kst, 4);
+                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
+            }
+            cp_async_wait<0>();
+            bar_arrive(BAR_WG1_DONE, 256);
+            bar_sync(BAR_WG0_DONE, 256);
+            stage_narrow(sKV, o, 4, wwarp, g, qd);
+            bar_sync(BAR_WG1, 128);
+            copy_out<T, MT>(p, sg, row0, so, 256, s_fin, wtid, false);
+            bar_sync(BAR_OUT_READ, 256);
+        } else if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
             // signal, and the load two tiles ahead (as decode_wgmma).
             load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);

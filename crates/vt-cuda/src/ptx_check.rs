@@ -241,6 +241,7 @@ fn samples(dt: DType) -> Result<Samples> {
             if heads <= 32 {
                 kernels.push((Kernel::MmaSmall, heads, false, DType::Fp8DsMla));
             }
+            kernels.push((Kernel::WgmmaNarrow, heads, false, DType::Fp8DsMla));
         }
     }
     for (kernel, heads, tma, cache_dt) in kernels {

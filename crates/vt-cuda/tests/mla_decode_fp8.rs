@@ -121,7 +121,7 @@ fn run(
         }
         Some(o) => match mla_decode_attention_with(queue, &args, o) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
-            Err(e) if o.kernel == Kernel::MmaSmall => {
+            Err(e) if matches!(o.kernel, Kernel::MmaSmall | Kernel::WgmmaNarrow) => {
                 println!("{o:?}: {e}");
                 return None;
             }
@@ -153,7 +153,7 @@ fn check(g: &Queue, c: &Case, kernels: &[Kernel], schedules: &[(Option<u32>, Opt
 }
 
 const MIXED: [i32; 8] = [1, 17, 64, 65, 300, 1000, 0, 130];
-const ALL: [Kernel; 4] = [Kernel::Auto, Kernel::Mma, Kernel::MmaSmall, Kernel::Generic];
+const ALL: [Kernel; 5] = [Kernel::Auto, Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Generic];
 const SCHEDULES: [(Option<u32>, Option<u32>); 4] =
     [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(3), None)];
 
@@ -205,7 +205,7 @@ fn fp8_decode_skips_out_of_range_block_ids() {
     ref_x.seq_lens = vec![96.0, 40.0];
     let cpu = Queue::new(Device::CPU).unwrap();
     let (want, _, _) = run(&cpu, &ref_c, &ref_x, None).unwrap();
-    for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::Generic] {
+    for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Generic] {
         for max_parts in [Some(1), Some(3)] {
             let opts = DecodeOptions { kernel, min_tiles: Some(1), max_parts };
             let Some((got, _, what)) = run(&g, &c, &bad, Some(&opts)) else { continue };

@@ -179,6 +179,9 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
                 (Kernel::WgmmaNarrow, heads, true, dt, dt, FAST_D, FAST_DV),
             ]);
         }
+        for heads in [8, 16, 32] {
+            out.push((Kernel::WgmmaNarrow, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+        }
     }
     out
 }
@@ -284,6 +287,9 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
+                (wgmma_sm90::narrow_fp8_smem() as i64, wgmma_sm90::STAGES as i64)
+            }
             Kernel::WgmmaNarrow => {
                 (wgmma_sm90::narrow_smem(c.plan.rows_per_cta) as i64, wgmma_sm90::STAGES as i64)
             }

@@ -11,10 +11,13 @@
 //!    and writes empty sequences (out = 0, lse = -inf).
 //!
 //! Kernel choice (bf16/f16 with D = 576, Dv = 512 and 16-byte aligned rows): on sm_90 the
-//! wgmma kernel (64 query rows per CTA) when the query rows per sequence (s_q * N) exceed
-//! 16, else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32
-//! or 64 rows per CTA).
-//! f32, other head dims, unaligned views and fp8_ds_mla caches take the generic kernel.
+//! narrow wgmma kernel (16 or 32 rows per CTA, products transposed) when the query rows per
+//! sequence (s_q * N) are at most 32 and the cache is read through the TMA (block sizes that
+//! are multiples of 64), else the wgmma kernel (64 query rows per CTA) when they exceed 16,
+//! else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32 or
+//! 64 rows per CTA).
+//! f32, other head dims and unaligned views take the generic kernel; an fp8_ds_mla cache
+//! takes the mma.sync kernels (the narrow wgmma kernel reads it too, when forced).
 //!
 //! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
 //! argument block and the two launches). Each kernel family plans its main launch in its own
@@ -290,7 +293,20 @@ pub(crate) fn choose(
     let fp8 = a.cache.dtype() == DType::Fp8DsMla;
     let kernel = match opts.kernel {
         Kernel::Auto if !fast => Kernel::Generic,
-        // The wgmma kernels read 16-bit caches only.
+        // At most 32 query rows over a 16-bit cache the TMA loads: the narrow wgmma kernel
+        // (H200, same call as FlashMLA: 0.87x the mma16 kernel's time at 16 heads, b 128,
+        // s 4096, 0.96x the 64-row wgmma kernel's at 32 heads; with cp.async loads, block
+        // sizes 1 and 16, it was 1.40x / 1.03x the mma16 kernel's: docs/perf.md).
+        Kernel::Auto
+            if !fp8
+                && info.wgmma
+                && m_total <= 32
+                && wgmma_sm90::narrow(a, m_total, tma_flag).tma
+                && fits(wgmma_sm90::narrow_smem(32)) =>
+        {
+            Kernel::WgmmaNarrow
+        }
+        // The 64-row wgmma kernels read 16-bit caches only.
         Kernel::Auto if !fp8 && info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
         Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
         // Less shared memory per block than the full ring needs (an A100): the small ring.
@@ -305,11 +321,12 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma | Kernel::WgmmaNarrow if fp8 => {
+        Kernel::Wgmma if fp8 => {
             return Err(Error::backend(
                 BACKEND,
                 format!(
-                    "{OP}: the wgmma kernels read 16-bit caches; an fp8_ds_mla cache takes the mma kernels"
+                    "{OP}: the 64-row wgmma kernels read 16-bit caches; an fp8_ds_mla cache takes the mma \
+                     or the narrow wgmma kernels"
                 ),
             ))
         }

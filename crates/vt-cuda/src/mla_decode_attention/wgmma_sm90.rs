@@ -3,7 +3,7 @@
 //! two 72 KB KV stages loaded by cp.async or, when the block size is a multiple of 64 and
 //! `VT_MLA_DECODE_TMA` is on, by the tensor memory accelerator (`mla_decode_wgmma_tma`).
 
-use vt_core::{MlaDecodeAttentionArgs, Tensor};
+use vt_core::{DType, MlaDecodeAttentionArgs, Tensor};
 
 use super::{MainKernel, THREADS, TILE_TOKENS};
 use crate::launch::TensorMapSpec;
@@ -97,9 +97,40 @@ pub(super) const fn narrow_smem(mt: u32) -> u32 {
 }
 const _: () = assert!(narrow_smem(32) <= super::MAX_SMEM, "the narrow layout fits a Hopper block");
 
+/// Dynamic shared memory of the narrow kernel over an fp8_ds_mla cache (16 query rows:
+/// `mla::NarrowLayout<16, true>::SMEM`: as [`narrow_smem`] plus one tile of raw 656-byte
+/// rows and a third set of token flags).
+pub(super) const fn narrow_fp8_smem() -> u32 {
+    let tile = 9 * 64 * 128;
+    let mt = 16;
+    9 * mt * 128
+        + STAGES * tile
+        + mt * 128
+        + 64 * 656
+        + 16 * mt * 4
+        + (STAGES + 1) * 64
+        + (STAGES + 1) * 8
+        + 40 * 4
+        + STAGES * 8
+        + 1024
+}
+const _: () = assert!(narrow_fp8_smem() <= super::MAX_SMEM, "the narrow fp8 layout fits a Hopper block");
+
 /// The narrow kernel's main launch (both products transposed: the tile's tokens on wgmma's M,
-/// the query rows on N); loads as [`main`].
+/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: 16 rows per CTA,
+/// cp.async loads of the raw rows, dequantized in shared memory.
 pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: bool) -> MainKernel {
+    if a.cache.dtype() == DType::Fp8DsMla {
+        return MainKernel {
+            base: "mla_decode_wgmma_n16_fp8",
+            name: "wgmma_n16_fp8",
+            rows: 16,
+            smem: narrow_fp8_smem(),
+            threads: THREADS,
+            tma: false,
+            ctas_per_sm: 1,
+        };
+    }
     let tma = tma_ok(&a.cache) && tma_flag;
     let mt = narrow_rows(m_total);
     let (base, name) = match (mt, tma) {
