@@ -161,6 +161,46 @@ CASES = [
                "fp8_ds_mla cache holds); q_proj branch; V2-style YaRN (mscale 0.707/0.707) in the "
                "rope_parameters form; rope_interleave true; nope != v; f32.",
     ),
+    # DeepSeek-V3.2 (issue 19): transformers' DeepseekV32Attention, whose lightning indexer
+    # picks index_topk of the causally visible tokens per query; T > index_topk, so the
+    # selection matters for most queries. The hidden states are drawn token by token and a
+    # token is redrawn until its query's k-th and (k+1)-th indexer scores are at least
+    # `min_gap` (relative to the query's largest |score|) apart, so the selection is the
+    # same in any precision the block computes in (`v32_gaps`, printed).
+    dict(
+        name="v32_sparse_f32",
+        seed=1101,
+        dtype="float32",
+        hidden=64, heads=4, q_lora=48, kv_lora=32, nope=16, rope_dim=8, v=16,
+        S=2, T=40, starts=[0, 300],
+        rope_theta=10000.0,
+        rope=dict(factor=40.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1,
+                  mscale=1.0, mscale_all_dim=1.0),
+        max_position_embeddings=2560,
+        rope_form="legacy", rope_type_key="type",
+        rope_interleave="absent",
+        v32=dict(index_n_heads=4, index_head_dim=16, index_topk=12, min_gap=0.03),
+        covers="DeepSeek-V3.2 sparse attention: index_topk 12 of up to 40 visible tokens; indexer "
+               "with 4 heads of 16 (neox rope on its first 8 dims, LayerNorm k_norm with bias); "
+               "V3.2's rope (YaRN factor 40, mscale 1/1, interleaved main rope); f32.",
+    ),
+    dict(
+        name="v32_sparse_mscale_bf16",
+        seed=1102,
+        dtype="bfloat16",
+        hidden=64, heads=4, q_lora=32, kv_lora=48, nope=16, rope_dim=16, v=24,
+        S=2, T=36, starts=[100, 700],
+        rope_theta=10000.0,
+        rope=dict(factor=16.0, original_max_position_embeddings=64, beta_fast=32, beta_slow=1,
+                  mscale=0.707, mscale_all_dim=1.0),
+        max_position_embeddings=1024,
+        rope_form="parameters", rope_type_key="rope_type",
+        rope_interleave="absent",
+        v32=dict(index_n_heads=6, index_head_dim=24, index_topk=8, min_gap=0.05),
+        covers="DeepSeek-V3.2 sparse attention in bf16: index_topk 8 of up to 36 visible tokens; "
+               "indexer 6 heads of 24 (rope on its first 16 dims); mscale 0.707 != mscale_all_dim 1.0, "
+               "so the rotation mscale scales the indexer's rope dims too; rope_parameters form; v > nope.",
+    ),
 ]
 
 
@@ -169,8 +209,9 @@ CASES = [
 # ----------------------------------------------------------------------------------------------
 def config_json(c: dict) -> dict:
     cfg = OrderedDict()
-    cfg["architectures"] = ["DeepseekV3ForCausalLM"]
-    cfg["model_type"] = "deepseek_v3"
+    v32 = c.get("v32")
+    cfg["architectures"] = ["DeepseekV32ForCausalLM" if v32 else "DeepseekV3ForCausalLM"]
+    cfg["model_type"] = "deepseek_v32" if v32 else "deepseek_v3"
     cfg["vocab_size"] = 1024
     cfg["hidden_size"] = c["hidden"]
     cfg["intermediate_size"] = 2 * c["hidden"]
@@ -214,6 +255,9 @@ def config_json(c: dict) -> dict:
         cfg["rope_parameters"] = rp
     if c["rope_interleave"] != "absent":
         cfg["rope_interleave"] = bool(c["rope_interleave"])
+    if v32:
+        for k in ("index_n_heads", "index_head_dim", "index_topk"):
+            cfg[k] = v32[k]
     cfg["attention_bias"] = False
     cfg["attention_dropout"] = 0.0
     cfg["tie_word_embeddings"] = False
@@ -251,6 +295,14 @@ def make_arrays(c: dict):
     w["kv_a_layernorm.weight"] = norm_w(L)
     w["kv_b_proj.weight"] = lin(N * (P + V), L)
     w["o_proj.weight"] = lin(H, N * V)
+    v32 = c.get("v32")
+    if v32:
+        Hi, Di = v32["index_n_heads"], v32["index_head_dim"]
+        w["indexer.wq_b.weight"] = lin(Hi * Di, c["q_lora"])
+        w["indexer.wk.weight"] = lin(Di, H)
+        w["indexer.k_norm.weight"] = norm_w(Di)
+        w["indexer.k_norm.bias"] = rng.uniform(-0.3, 0.3, size=(Di,)).astype(np.float32)
+        w["indexer.weights_proj.weight"] = lin(Hi, H)
 
     S, T = c["S"], c["T"]
     hidden = rng.standard_normal((S, T, H)).astype(np.float32)
@@ -457,6 +509,143 @@ def seed_block_forward(cfg_json, w, hidden, positions, dtype=np.float64, bf16_st
 
 
 # ----------------------------------------------------------------------------------------------
+# DeepSeek-V3.2: the indexer and the sparse block in float64 numpy (transformers' semantics:
+# DeepseekV32Indexer + DeepseekV32Attention with the top-k mask), for the gap check and as an
+# independent cross-check of transformers' output.
+# ----------------------------------------------------------------------------------------------
+def _layernorm(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def v32_index_scores(cfg_json, W, x, positions, rows=None):
+    """Indexer scores [len(rows), T] of one sequence x [T, H] (float64), -inf where not causally
+    visible: sum_h w[t,h] * relu(q[t,h] . k[j] * Di^-0.5), w = weights_proj(x) * Hi^-0.5, q =
+    wq_b(q_a_layernorm(q_a_proj(x))) and k = k_norm(wk(x)) with the neox rope on their first R
+    dims (the cos/sin of the main attention, rotation mscale included)."""
+    T = x.shape[0]
+    rows = np.arange(T) if rows is None else np.asarray(rows)
+    Hi, Di, R = cfg_json["index_n_heads"], cfg_json["index_head_dim"], cfg_json["qk_rope_head_dim"]
+    p = seed_rope_params(cfg_json)
+    cache = seed_cos_sin_cache(p, R, int(positions.max()) + 1)
+    cs = cache[positions]
+    cos, sin = cs[..., : R // 2], cs[..., R // 2:]
+    qc = _rmsnorm(x[rows] @ W["q_a_proj.weight"].T, W["q_a_layernorm.weight"], 1e-6)
+    q = (qc @ W["indexer.wq_b.weight"].T).reshape(len(rows), Hi, Di)
+    q[..., :R] = _rope_inplace(q[..., :R], cos[rows][:, None, :], sin[rows][:, None, :], neox=True)
+    k = _layernorm(x @ W["indexer.wk.weight"].T, W["indexer.k_norm.weight"], W["indexer.k_norm.bias"], 1e-6)
+    k[..., :R] = _rope_inplace(k[..., :R], cos, sin, neox=True)
+    w = (x[rows] @ W["indexer.weights_proj.weight"].T) * Hi ** -0.5
+    sc = np.maximum(np.einsum("thd,jd->thj", q, k) * Di ** -0.5, 0.0)
+    sc = np.einsum("th,thj->tj", w, sc)
+    visible = np.arange(T)[None, :] <= rows[:, None]
+    return np.where(visible, sc, -np.inf)
+
+
+def v32_gap(scores_row, topk):
+    """(k-th - (k+1)-th score) / max |visible score| of one query; inf when it sees <= topk."""
+    v = np.sort(scores_row[np.isfinite(scores_row)])[::-1]
+    if len(v) <= topk:
+        return math.inf
+    return float((v[topk - 1] - v[topk]) / max(np.abs(v).max(), 1e-30))
+
+
+def v32_draw_hidden(c, cfg_json, W, hidden, positions):
+    """Redraws hidden[s, t] (token by token: query t's scores depend on tokens 0..t only) until
+    every query's gap is >= min_gap. W are the stored (rounded) weights as float64, `hidden` is
+    modified in place; bf16 cases judge the bf16-rounded values. Returns the gaps [S, T]."""
+    v32 = c["v32"]
+    rng = np.random.default_rng(c["seed"] + 7919)
+    bf16 = c["dtype"] == "bfloat16"
+    rnd = (lambda a: _round_bf16(a).astype(np.float64)) if bf16 else (lambda a: a.astype(np.float64))
+    S, T, H = hidden.shape
+    gaps = np.full((S, T), math.inf)
+    for s in range(S):
+        for t in range(T):
+            for attempt in range(1000):
+                x = rnd(hidden[s, : t + 1])
+                row = v32_index_scores(cfg_json, W, x, positions[s, : t + 1], rows=[t])[0]
+                g = v32_gap(row, v32["index_topk"])
+                if g >= v32["min_gap"]:
+                    gaps[s, t] = g
+                    break
+                hidden[s, t] = rng.standard_normal(H).astype(np.float32)
+            else:
+                sys.exit(f"{c['name']}: no hidden state for token {t} of sequence {s} gives a gap >= {v32['min_gap']}")
+    return gaps
+
+
+def v32_block_forward(cfg_json, W, hidden, positions):
+    """The V3.2 block in float64: the V3 MLA block with each query attending only to its top-k
+    indexer tokens (all visible ones when fewer). Returns (out [S,T,H], selected [S][T] sets)."""
+    H, N = cfg_json["hidden_size"], cfg_json["num_attention_heads"]
+    L, P, R, V = (cfg_json["kv_lora_rank"], cfg_json["qk_nope_head_dim"],
+                  cfg_json["qk_rope_head_dim"], cfg_json["v_head_dim"])
+    topk = cfg_json["index_topk"]
+    p = seed_rope_params(cfg_json)
+    cache = seed_cos_sin_cache(p, R, int(positions.max()) + 1)
+    scale = seed_attention_scale(p, P + R)
+    S, T, _ = hidden.shape
+    out = np.zeros((S, T, H))
+    selected = []
+    for s in range(S):
+        x = hidden[s].astype(np.float64)
+        cs = cache[positions[s]]
+        cos, sin = cs[..., : R // 2], cs[..., R // 2:]
+        qc = _rmsnorm(x @ W["q_a_proj.weight"].T, W["q_a_layernorm.weight"], 1e-6)
+        q = (qc @ W["q_b_proj.weight"].T).reshape(T, N, P + R)
+        q[..., P:] = _rope_inplace(q[..., P:], cos[:, None, :], sin[:, None, :], neox=False)
+        kv = x @ W["kv_a_proj_with_mqa.weight"].T
+        kv_c = _rmsnorm(kv[:, :L], W["kv_a_layernorm.weight"], 1e-6)
+        k_pe = _rope_inplace(kv[:, L:], cos, sin, neox=False)
+        kvb = (kv_c @ W["kv_b_proj.weight"].T).reshape(T, N, P + V)
+        kf = np.concatenate([kvb[..., :P], np.broadcast_to(k_pe[:, None, :], (T, N, R))], -1)
+        sc = np.einsum("qnd,knd->nqk", q, kf) * scale
+        idx = v32_index_scores(cfg_json, W, x, positions[s])
+        sel = []
+        keep = np.zeros((T, T), dtype=bool)
+        for t in range(T):
+            order = np.argsort(-idx[t, : t + 1], kind="stable")[:topk]
+            keep[t, order] = True
+            sel.append(set(int(j) for j in order))
+        selected.append(sel)
+        sc = np.where(keep[None], sc, -np.inf)
+        sc = sc - sc.max(-1, keepdims=True)
+        pr = np.exp(sc)
+        pr = pr / pr.sum(-1, keepdims=True)
+        o = np.einsum("nqk,knd->qnd", pr, kvb[..., P:]).reshape(T, N * V)
+        out[s] = o @ W["o_proj.weight"].T
+    return out, selected
+
+
+def v32_hf_forward(config, weights_f32, hidden_f32, positions):
+    """DeepseekV32Attention (eager) in float32 on CPU over a full causal mask per sequence.
+    Returns (out, the indexer's top-k index sets [S][T], attn)."""
+    import torch
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    torch.manual_seed(0)
+    attn = m.DeepseekV32Attention(config, layer_idx=0).float().eval()
+    rotary = m.DeepseekV32RotaryEmbedding(config)
+    sd = {k: torch.from_numpy(v.copy()) for k, v in weights_f32.items()}
+    attn.load_state_dict(sd, strict=True)
+    x = torch.from_numpy(hidden_f32.copy())
+    pos = torch.from_numpy(positions.copy())
+    S, T, _ = x.shape
+    mask = torch.zeros(S, 1, T, T, dtype=torch.float32)
+    upper = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    mask = mask.masked_fill(upper, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        cos, sin = rotary(x, pos)
+        out = attn(hidden_states=x, position_embeddings=(cos, sin), attention_mask=mask, position_ids=pos)[0]
+        q_resid = attn.q_a_layernorm(attn.q_a_proj(x))
+        idx = attn.indexer(x, q_resid, (cos, sin), mask[:, 0], pos).numpy()
+    sets = [[set(int(j) for j in idx[s, t] if j <= t) for t in range(T)] for s in range(S)]
+    return out.numpy(), sets, attn
+
+
+# ----------------------------------------------------------------------------------------------
 # Cross-checks
 # ----------------------------------------------------------------------------------------------
 def check_case(c, cfg_json, config, attn, rotary, cos_hf, sin_hf, weights_f32, hidden_f32,
@@ -596,6 +785,10 @@ def main():
         # Stored tensors in the case dtype; the reference runs in f32 on exactly those values.
         w_store = {PREFIX + k: torch.from_numpy(v).to(tdt).contiguous() for k, v in weights.items()}
         w_f32 = {k: w_store[PREFIX + k].float().numpy() for k in weights}
+        v32 = c.get("v32")
+        if v32:
+            w64 = {k: v.astype(np.float64) for k, v in w_f32.items()}
+            gaps = v32_draw_hidden(c, cfg_json, w64, hidden, positions)
         h_store = torch.from_numpy(hidden).to(tdt).contiguous()
         h_f32 = h_store.float().numpy()
 
@@ -604,8 +797,34 @@ def main():
         with open(os.path.join(case_dir, "config.json"), "w") as fh:
             json.dump(cfg_json, fh, indent=2)
             fh.write("\n")
-        config = load_hf_config(case_dir, c)
-        out, attn, rotary, cos_hf, sin_hf = hf_forward(config, w_f32, h_f32, positions)
+        if v32:
+            from transformers import DeepseekV32Config
+
+            config = DeepseekV32Config.from_pretrained(case_dir)
+            config._attn_implementation = "eager"
+            assert (config.index_n_heads, config.index_head_dim, config.index_topk) == \
+                (v32["index_n_heads"], v32["index_head_dim"], v32["index_topk"]), config
+            assert config.q_lora_rank == c["q_lora"] and config.head_dim == c["rope_dim"], config
+            out, hf_sets, attn = v32_hf_forward(config, w_f32, h_f32, positions)
+            # The selection transformers makes is the one the float64 model makes, and the
+            # float64 block equals transformers' output up to f32 noise.
+            ref64, np_sets = v32_block_forward(cfg_json, w64, h_f32.astype(np.float64), positions)
+            sets_equal = hf_sets == np_sets
+            d64 = float(np.abs(out - ref64).max())
+            # Dense attention over every visible token, to show that the selection matters.
+            dense_cfg = dict(cfg_json, index_topk=c["T"])
+            dense64, _ = v32_block_forward(dense_cfg, w64, h_f32.astype(np.float64), positions)
+            selecting = int(sum(1 for s_ in range(c["S"]) for t in range(c["T"]) if t + 1 > v32["index_topk"]))
+            print(f"   v32: indexer selection transformers == float64 model: {sets_equal}; "
+                  f"out max abs diff hf(f32) vs float64 block {d64:.3g}; "
+                  f"min gap (k-th - (k+1)-th) / max|score| over the {selecting} selecting queries "
+                  f"{np.min(gaps):.4f} (bound {v32['min_gap']}); dense attention instead of sparse "
+                  f"changes out by max abs {np.abs(out - dense64).max():.3g}")
+            if not sets_equal or d64 > 1e-3 * max(1.0, float(np.abs(ref64).max())):
+                failures.append(c["name"])
+        else:
+            config = load_hf_config(case_dir, c)
+            out, attn, rotary, cos_hf, sin_hf = hf_forward(config, w_f32, h_f32, positions)
         assert np.isfinite(out).all()
         if not args.check_only:
             save(os.path.join(case_dir, "weights.safetensors"), w_store)
@@ -616,9 +835,13 @@ def main():
         print(f"\n== {c['name']}: dtype={c['dtype']} H={c['hidden']} N={c['heads']} q_lora={c['q_lora']} "
               f"L={c['kv_lora']} P={c['nope']} R={c['rope_dim']} V={c['v']} S={c['S']} T={c['T']} "
               f"starts={c['starts']} interleave={expected_interleave(c)} max|out|={np.abs(out).max():.4f}")
-        summary.append(dict(name=c["name"], dtype=c["dtype"], S=c["S"], T=c["T"], starts=c["starts"],
-                            rope_interleave=expected_interleave(c), covers=c["covers"]))
-        if do_check:
+        entry = dict(name=c["name"], dtype=c["dtype"], S=c["S"], T=c["T"], starts=c["starts"],
+                     rope_interleave=expected_interleave(c), covers=c["covers"])
+        if v32:
+            entry["index_topk"] = v32["index_topk"]
+            entry["min_index_gap"] = round(float(np.min(gaps)), 4)
+        summary.append(entry)
+        if do_check and not v32:
             res = check_case(c, cfg_json, config, attn, rotary, cos_hf, sin_hf, w_f32, h_f32, positions, out)
             for k, v in res.items():
                 print(f"   {k}: {v}")
@@ -642,6 +865,8 @@ def main():
                            cases=summary), fh, indent=2)
             fh.write("\n")
 
+    if failures and not do_check:
+        sys.exit(f"V3.2 consistency check FAILED for: {failures}")
     if do_check:
         d_layout, d_dot = check_interleave_layout()
         print("\n== interleaved rotation layout (transformers apply_rotary_pos_emb_interleave)")

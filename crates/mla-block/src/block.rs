@@ -18,11 +18,12 @@
 //! 6. `o_proj`.
 
 use vt_core::{
-    concat_and_cache_mla, concat_mla_nope_rope, flags, fp8_ds_mla, fused_norm_rope, gather_mla_cache,
-    merge_attn_states, mla_decode_attention, op_registered, prefill_attention, rms_norm, rope_from_cache,
+    cache_indexer_keys, concat_and_cache_mla, concat_mla_nope_rope, flags, fp8_ds_mla, fused_norm_rope,
+    gather_mla_cache, indexer_top_k, layer_norm, merge_attn_states, mla_decode_attention, op_registered,
+    prefill_attention, rms_norm, rope_from_cache, sparse_mla_attention, CacheIndexerKeysArgs,
     ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType, Device, Error, FusedNormRopeArgs,
-    GatherMlaCacheArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs, OpId, PrefillAttentionArgs, Queue,
-    Result, RmsNormArgs, RopeFromCacheArgs, Tensor,
+    GatherMlaCacheArgs, IndexerTopKArgs, LayerNormArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs, OpId,
+    PrefillAttentionArgs, Queue, Result, RmsNormArgs, RopeFromCacheArgs, SparseMlaAttentionArgs, Tensor,
 };
 
 use crate::dims::MlaBlockDims;
@@ -59,9 +60,21 @@ pub const REQUIRED_OPS: [OpId; 10] = [
     OpId::MergeAttnStates,
 ];
 
+/// The ops a DeepSeek-V3.2 (sparse) block issues besides [`REQUIRED_OPS`]' projections,
+/// norms, rope, cache write and concat (it never runs PrefillAttention, GatherMlaCache,
+/// MergeAttnStates or MlaDecodeAttention: every token takes the sparse absorbed form).
+pub const SPARSE_OPS: [OpId; 4] =
+    [OpId::LayerNorm, OpId::CacheIndexerKeys, OpId::IndexerTopK, OpId::SparseMlaAttention];
+
 /// The [`REQUIRED_OPS`] not registered on `device` (empty: the block can run there).
 pub fn missing_ops(device: vt_core::DeviceType) -> Vec<OpId> {
     REQUIRED_OPS.iter().copied().filter(|&op| !op_registered(op, device)).collect()
+}
+
+/// The [`SPARSE_OPS`] not registered on `device` (empty: a DeepSeek-V3.2 block can run there,
+/// given [`missing_ops`] is empty too).
+pub fn missing_sparse_ops(device: vt_core::DeviceType) -> Vec<OpId> {
+    SPARSE_OPS.iter().copied().filter(|&op| !op_registered(op, device)).collect()
 }
 
 fn req<'a>(t: Option<Tensor<'a>>, name: &'static str) -> Result<Tensor<'a>> {
@@ -157,8 +170,27 @@ impl<'w> MlaBlock<'w> {
             return Err(Error::invalid(OP, "out", format!("has {} rows for {t} tokens", out.dim(0))));
         }
         // The cache is the activation dtype with rows of L+R, or fp8_ds_mla rows of 656
-        // bytes (L = 512, R = 64 only: the format's split).
+        // bytes (L = 512, R = 64 only: the format's split). A V3.2 block's rows hold the
+        // indexer key beside the latent: L+R+Di in the activation dtype.
         let fp8 = kv_cache.dtype() == DType::Fp8DsMla;
+        if let Some(ix) = d.indexer {
+            if kv_cache.rank() != 3 || kv_cache.dtype() != dt || kv_cache.dim(2) != d.cache_row_dim() {
+                return Err(Error::invalid(
+                    OP,
+                    "kv_cache",
+                    format!(
+                        "is {} {:?}; a DeepSeek-V3.2 block's cache is {dt} [num_blocks, block_size, L+R+Di = \
+                         {l}+{r}+{}] (the latent row, then the indexer key; fp8_ds_mla rows cannot hold the \
+                         indexer key yet)",
+                        kv_cache.dtype(),
+                        kv_cache.shape(),
+                        ix.head_dim
+                    ),
+                ));
+            }
+            meta.check(t, kv_cache.dim(0), kv_cache.dim(1), self.max_position())?;
+            return Ok(t);
+        }
         let cache_ok = kv_cache.rank() == 3
             && if fp8 {
                 l == fp8_ds_mla::LATENT as i64
@@ -244,7 +276,19 @@ impl<'w> MlaBlock<'w> {
         }
         let i32_floor = lim.max_seqs * (lim.max_blocks_per_seq + 1) + lim.max_seqs + 1;
         need.push((Slot::MetaI32, DType::I32, meta.i32_len() as i64, i32_floor));
-        if tp > 0 {
+        if let Some(ix) = d.indexer {
+            // Every token in the absorbed form (no materialized prefill), plus the indexer.
+            let (hi, di, k) = (ix.n_heads, ix.head_dim, ix.topk);
+            need.push((Slot::QlNope, dt, n * t * l, n * tmax * l));
+            need.push((Slot::MqaQ, dt, t * n * (l + r), tmax * n * (l + r)));
+            need.push((Slot::MqaOut, dt, t * n * l, tmax * n * l));
+            need.push((Slot::IdxQ, dt, t * hi * di, tmax * hi * di));
+            need.push((Slot::IdxK, dt, t * di, tmax * di));
+            need.push((Slot::IdxW, dt, t * hi, tmax * hi));
+            need.push((Slot::IdxTopk, DType::I32, t * k, tmax * k));
+            need.push((Slot::MetaIdx, DType::I32, 2 * t, 2 * tmax));
+        }
+        if tp > 0 && d.indexer.is_none() {
             need.push((Slot::KvNope, dt, tp * n * (p + v), tmax * n * (p + v)));
             need.push((Slot::Key, dt, tp * n * dqk, tmax * n * dqk));
             if !meta.chunks.is_empty() {
@@ -263,7 +307,7 @@ impl<'w> MlaBlock<'w> {
                 need.push((Slot::CtxKey, dt, wc * n * dqk, wmax * n * dqk));
             }
         }
-        if dn > 0 {
+        if dn > 0 && d.indexer.is_none() {
             need.push((Slot::QlNope, dt, n * dn * l, n * tmax * l));
             need.push((Slot::MqaQ, dt, dn * n * (l + r), tmax * n * (l + r)));
             need.push((Slot::MqaOut, dt, dn * n * l, tmax * n * l));
@@ -293,6 +337,13 @@ impl<'w> MlaBlock<'w> {
             st.extend_from_slice(&x.to_le_bytes());
         }
         ws.commit_staging(q, Slot::MetaI32)?;
+        if d.indexer.is_some() {
+            let st = ws.staging();
+            for x in indexer_rows(meta).iter().chain(&indexer_positions(meta)) {
+                st.extend_from_slice(&x.to_le_bytes());
+            }
+            ws.commit_staging(q, Slot::MetaIdx)?;
+        }
         ws.prepared = Some(step_key(meta, fused));
         Ok(())
     }
@@ -478,12 +529,38 @@ impl<'w> MlaBlock<'w> {
         }
 
         // ---- 3. the cache write, before attention reads the cache ----
+        // A V3.2 cache row is [latent L+R | indexer key Di]: the latent part as its own view.
+        let latent_cache = if d.is_sparse() {
+            kv_cache.as_strided(
+                0,
+                &[kv_cache.dim(0), kv_cache.dim(1), l + r],
+                &[kv_cache.stride(0), kv_cache.stride(1), 1],
+            )?
+        } else {
+            *kv_cache
+        };
         concat_and_cache_mla(
             q,
-            &ConcatAndCacheMlaArgs { kv_c: kv_c_normed, k_pe, cache: *kv_cache, slot_mapping },
+            &ConcatAndCacheMlaArgs { kv_c: kv_c_normed, k_pe, cache: latent_cache, slot_mapping },
         )?;
 
         let attn = ws.view(Slot::Attn, 0, &[t, n, v])?;
+
+        // ---- DeepSeek-V3.2: the indexer picks each token's keys, every token attends sparsely ----
+        if d.is_sparse() {
+            if !decode.is_plain() {
+                return Err(Error::invalid(
+                    OP,
+                    "decode",
+                    "decode context parallelism does not run DeepSeek-V3.2's sparse attention yet",
+                ));
+            }
+            let idx =
+                SparseStep { kv_cache, latent_cache, positions, slot_mapping, dec_bt, pre_bt, q_raw, attn };
+            self.sparse_attention(q, ws, hidden, meta, &idx)?;
+            let attn_flat = attn.as_strided(0, &[t, n * v], &[n * v, 1])?;
+            return fp8::linear(q, ws, *out, attn_flat, Weight::pick(f8.o_proj, w.o_proj, "o_proj")?);
+        }
 
         // ---- 4. prefill: materialized MHA over the tail `[D, T)` ----
         if tp > 0 {
@@ -622,6 +699,132 @@ impl<'w> MlaBlock<'w> {
         fp8::linear(q, ws, *out, attn_flat, Weight::pick(f8.o_proj, w.o_proj, "o_proj")?)
     }
 
+    /// DeepSeek-V3.2's indexer and sparse attention for every token of the step (after the
+    /// latent cache write), into `attn` `[T, N, V]`:
+    /// 1. `q_idx = wq_b(q_c normed)` `[T, Hi, Di]`, `k_idx = LayerNorm(wk(x))` `[T, Di]`,
+    ///    `w = weights_proj(x)` `[T, Hi]`; the half-split (neox) rope on the first R dims of
+    ///    `q_idx` and `k_idx` with the main attention's cos/sin (rotation mscale included),
+    ///    as transformers' `DeepseekV32Indexer`.
+    /// 2. `CacheIndexerKeys`: the keys into the indexer part of the cache rows, by the same
+    ///    slots as the latents (so IndexerTopK's slots address the latent cache).
+    /// 3. `IndexerTopK` with `scale = Di^-0.5 * Hi^-0.5` (transformers multiplies `w` by
+    ///    `Hi^-0.5` and the dot products by `Di^-0.5`; both are positive scalars of the whole
+    ///    score, so folding them into one changes no ordering), once over the decode tokens
+    ///    (decode block table) and once over the prefill tokens (prefill block table), each
+    ///    token seeing positions `0..=` its own in its sequence.
+    /// 4. The absorbed query `[q_nope . W_UK | q_pe]` `[T, N, L+R]`, `SparseMlaAttention`
+    ///    over the selected latent slots, `. W_UV` into `attn`.
+    fn sparse_attention(
+        &self,
+        q: &Queue,
+        ws: &MlaWorkspace,
+        hidden: &Tensor<'_>,
+        meta: &MlaBatchMetadata,
+        st: &SparseStep<'_, '_>,
+    ) -> Result<()> {
+        let d = self.dims;
+        let Some(ix) = d.indexer else { return Err(Error::backend(OP, "sparse_attention on a dense block")) };
+        let w = &self.w;
+        let f8 = &w.fp8;
+        let (n, ql) = (d.num_heads, d.q_lora_rank);
+        let (l, p, r) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim);
+        let dqk = d.qk_head_dim();
+        let (hi, di, k) = (ix.n_heads, ix.head_dim, ix.topk);
+        let t = meta.num_tokens();
+        let dn = meta.num_decode_tokens;
+        let cache_rs = req(w.rope_cos_sin_cache, "rope_cos_sin_cache")?;
+        let iw = &w.indexer;
+
+        // ---- 1. indexer query, key, head weights and their rope ----
+        let q_c = ws.view(Slot::QC, 0, &[t, ql])?;
+        let idx_q = ws.view(Slot::IdxQ, 0, &[t, hi * di])?;
+        let idx_k = ws.view(Slot::IdxK, 0, &[t, di])?;
+        let idx_w = ws.view(Slot::IdxW, 0, &[t, hi])?;
+        fp8::linear(q, ws, idx_q, q_c, Weight::pick(None, iw.wq_b, "indexer.wq_b")?)?;
+        fp8::linear(q, ws, idx_k, *hidden, Weight::pick(None, iw.wk, "indexer.wk")?)?;
+        fp8::linear(q, ws, idx_w, *hidden, Weight::pick(None, iw.weights_proj, "indexer.weights_proj")?)?;
+        layer_norm(
+            q,
+            &LayerNormArgs {
+                out: idx_k,
+                x: idx_k,
+                weight: req(iw.k_norm, "indexer.k_norm")?,
+                bias: req(iw.k_norm_bias, "indexer.k_norm.bias")?,
+                eps: INDEXER_K_NORM_EPS,
+            },
+        )?;
+        rope_from_cache(
+            q,
+            &RopeFromCacheArgs {
+                query: idx_q.as_strided(0, &[t, hi, r], &[hi * di, di, 1])?,
+                key: Some(idx_k.as_strided(0, &[t, 1, r], &[di, di, 1])?),
+                positions: st.positions,
+                cos_sin_cache: cache_rs,
+                is_neox: true,
+            },
+        )?;
+
+        // ---- 2. the keys beside the latents ----
+        let kv = st.kv_cache;
+        let index_cache =
+            kv.as_strided(l + r, &[kv.dim(0), kv.dim(1), di], &[kv.stride(0), kv.stride(1), 1])?;
+        cache_indexer_keys(
+            q,
+            &CacheIndexerKeysArgs { k: idx_k, cache: index_cache, slot_mapping: st.slot_mapping },
+        )?;
+
+        // ---- 3. top-k slots per token, decode and prefill tokens against their own tables ----
+        let topk = ws.view(Slot::IdxTopk, 0, &[t, k])?;
+        let rows = ws.view(Slot::MetaIdx, 0, &[t])?;
+        let cpos = ws.view(Slot::MetaIdx, t, &[t])?;
+        let scale = ((di as f64).powf(-0.5) * (hi as f64).powf(-0.5)) as f32;
+        let idx_q3 = idx_q.as_strided(0, &[t, hi, di], &[hi * di, di, 1])?;
+        for (range, table) in [(0..dn, st.dec_bt), (dn..t, st.pre_bt)] {
+            if range.is_empty() {
+                continue;
+            }
+            let (a, b) = (range.start, range.end);
+            indexer_top_k(
+                q,
+                &IndexerTopKArgs {
+                    out: topk.slice(0, a, b)?,
+                    query: idx_q3.slice(0, a, b)?,
+                    weights: idx_w.slice(0, a, b)?,
+                    cache: index_cache,
+                    block_table: table,
+                    seq_ids: rows.slice(0, a, b)?,
+                    positions: cpos.slice(0, a, b)?,
+                    scale,
+                },
+            )?;
+        }
+
+        // ---- 4. absorbed sparse attention for every token ----
+        let q_nope = st.q_raw.as_strided(0, &[n, t, p], &[dqk, n * dqk, 1])?;
+        let ql_nope = ws.view(Slot::QlNope, 0, &[n, t, l])?;
+        fp8::bmm(q, ql_nope, q_nope, Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?)?;
+        let mqa_q = ws.view(Slot::MqaQ, 0, &[t, n, l + r])?;
+        let ql_tn = ql_nope.as_strided(0, &[t, n, l], &[l, t * l, 1])?;
+        let q_pe = st.q_raw.as_strided(p, &[t, n, r], &[n * dqk, dqk, 1])?;
+        concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_tn, rope: q_pe })?;
+        let mqa_out = ws.view(Slot::MqaOut, 0, &[t, n, l])?;
+        sparse_mla_attention(
+            q,
+            &SparseMlaAttentionArgs {
+                out: mqa_out,
+                lse: None,
+                query: mqa_q,
+                cache: st.latent_cache,
+                indices: topk,
+                scale: d.scale,
+            },
+        )?;
+        let v = d.v_head_dim;
+        let x = mqa_out.as_strided(0, &[n, t, l], &[l, n * l, 1])?;
+        let v_out = st.attn.as_strided(0, &[n, t, v], &[v, n * v, 1])?;
+        fp8::bmm(q, v_out, x, Weight::pick(f8.w_uv, w.w_uv, "w_uv")?)
+    }
+
     /// Splits an up-projection `kv_nope` [rows, N*(P+V)] into the key
     /// `[k_nope | k_pe broadcast over heads]` (written to `key_slot`) and a value view.
     fn up_projected_kv<'a>(
@@ -648,6 +851,12 @@ impl<'w> MlaBlock<'w> {
 /// (`tp::dcp`) attends over the rank's share of the cache and merges the ranks' partials.
 pub trait DecodeAttention: Sync {
     fn attend(&self, q: &Queue, args: &MlaDecodeAttentionArgs<'_>) -> Result<()>;
+
+    /// Whether this is the plain op over the whole cache (a DeepSeek-V3.2 block's sparse
+    /// attention runs only then).
+    fn is_plain(&self) -> bool {
+        false
+    }
 }
 
 /// The plain op on the block's queue.
@@ -657,6 +866,47 @@ impl DecodeAttention for PlainDecode {
     fn attend(&self, q: &Queue, args: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
         mla_decode_attention(q, args)
     }
+
+    fn is_plain(&self) -> bool {
+        true
+    }
+}
+
+/// transformers' `DeepseekV32Indexer.k_norm = nn.LayerNorm(head_dim, eps=1e-6)`: not the
+/// config's `rms_norm_eps`.
+const INDEXER_K_NORM_EPS: f32 = 1e-6;
+
+/// What [`MlaBlock::launch_with`] hands the sparse path: the step's cache views and
+/// metadata views, and the raw query and attention output scratch.
+struct SparseStep<'c, 'w> {
+    kv_cache: &'c Tensor<'c>,
+    latent_cache: Tensor<'c>,
+    positions: Tensor<'w>,
+    slot_mapping: Tensor<'w>,
+    dec_bt: Tensor<'w>,
+    pre_bt: Tensor<'w>,
+    q_raw: Tensor<'w>,
+    attn: Tensor<'w>,
+}
+
+/// Each token's row in the block table IndexerTopK reads for it: decode token b is row b
+/// of the decode table, a prefill token its sequence's row of the prefill table.
+fn indexer_rows(meta: &MlaBatchMetadata) -> Vec<i32> {
+    let mut rows: Vec<i32> = (0..meta.num_decode_tokens as i32).collect();
+    for (b, w) in meta.prefill_cu_seqlens_q.windows(2).enumerate() {
+        rows.extend(std::iter::repeat_n(b as i32, (w[1] - w[0]).max(0) as usize));
+    }
+    rows
+}
+
+/// Each token's position in its own sequence (its cache row, not its rope position): what
+/// IndexerTopK's causal limit is. A decode padding row (length 0) gets -1: it sees nothing.
+fn indexer_positions(meta: &MlaBatchMetadata) -> Vec<i32> {
+    let mut pos: Vec<i32> = meta.decode_seq_lens.iter().map(|&l| l - 1).collect();
+    for (w, &ctx) in meta.prefill_cu_seqlens_q.windows(2).zip(&meta.prefill_context_lens) {
+        pos.extend((0..(w[1] - w[0]).max(0)).map(|i| ctx + i));
+    }
+    pos
 }
 
 fn step_key(meta: &MlaBatchMetadata, fused: bool) -> StepKey {

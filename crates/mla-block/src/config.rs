@@ -10,13 +10,20 @@
 //! `q_lora_rank: null` (or absent, or 0) selects the q_proj branch. Anything the block
 //! cannot reproduce (another rope type, attention bias, quantized weights) is an error that
 //! names the field and its value.
+//!
+//! DeepSeek-V3.2 (`model_type: deepseek_v32`): `index_n_heads`, `index_head_dim` and
+//! `index_topk` (all required) give the block its lightning indexer
+//! ([`crate::IndexerDims`]); transformers' `DeepseekV32Attention` always rotates the main
+//! attention's rope interleaved and needs `q_lora_rank`, so `rope_interleave: false` and
+//! `q_lora_rank: null` are errors there. The index fields on any other model type are an
+//! error too (they would be ignored).
 
 use std::path::Path;
 
 use serde_json::{Map, Value};
 use vt_core::{Error, Result};
 
-use crate::dims::MlaBlockDims;
+use crate::dims::{IndexerDims, MlaBlockDims};
 use crate::rope::{YarnRopeParams, YarnScaling};
 
 const CTX: &str = "config.json";
@@ -91,6 +98,14 @@ impl MlaConfig {
                 return Err(field_err("rope_interleave", format!("must be true or false, got {other}")))
             }
         };
+        let v32 = c.get("model_type").and_then(Value::as_str) == Some("deepseek_v32");
+        if v32 && is_neox {
+            return Err(field_err(
+                "rope_interleave",
+                "false is not what DeepSeek-V3.2 does: transformers' DeepseekV32Attention always rotates the \
+                 main attention's rope interleaved (only its indexer uses the half-split rope)",
+            ));
+        }
         let rope = parse_rope(c, max_pos, is_neox)?;
         // Derived values (cos/sin cache, attention scale) must be finite: name the field.
         // Dims the block rejects anyway (odd or huge) are left to MlaBlockDims::new.
@@ -111,6 +126,16 @@ impl MlaConfig {
             &rope,
         )
         .map_err(dims_err)?;
+        let dims = if v32 {
+            let indexer = IndexerDims {
+                n_heads: req_int(c, "index_n_heads")?,
+                head_dim: req_int(c, "index_head_dim")?,
+                topk: req_int(c, "index_topk")?,
+            };
+            dims.with_indexer(indexer).map_err(dims_err)?
+        } else {
+            dims
+        };
         Ok(MlaConfig { dims, rope, max_position_embeddings: max_pos, fp8_weight_block })
     }
 }
@@ -147,8 +172,8 @@ fn rope_field(c: &Map<String, Value>, field: &str) -> String {
     }
 }
 
-/// DeepSeek-V3.2's sparse attention (DSA): a lightning indexer picks `index_topk` cached
-/// tokens per query; the block attends densely, so such a config is refused.
+/// DeepSeek-V3.2's sparse attention (DSA) fields: read for `model_type: deepseek_v32`,
+/// refused on any other model type (whose attention would ignore them).
 const SPARSE_INDEXER_KEYS: [&str; 3] = ["index_topk", "index_n_heads", "index_head_dim"];
 
 /// `quantization_config`: absent or null, or DeepSeek's fp8 form with 128x128 weight blocks
@@ -224,10 +249,15 @@ fn parse_quantization(c: &Map<String, Value>) -> Result<Option<[i64; 2]>> {
 }
 
 fn reject_unsupported(c: &Map<String, Value>) -> Result<()> {
-    if let Some(key) = SPARSE_INDEXER_KEYS.iter().find(|k| c.get(**k).is_some_and(|v| !v.is_null())) {
+    let v32 = c.get("model_type").and_then(Value::as_str) == Some("deepseek_v32");
+    if let Some(key) = SPARSE_INDEXER_KEYS.iter().find(|k| !v32 && c.get(**k).is_some_and(|v| !v.is_null())) {
         return Err(field_err(
             key,
-            "DeepSeek-V3.2's sparse attention indexer (index_n_heads, index_head_dim, index_topk) is not supported; the block attends to every cached token",
+            format!(
+                "DeepSeek-V3.2's sparse attention indexer (index_n_heads, index_head_dim, index_topk) runs for \
+                 model_type \"deepseek_v32\" only; this config's model_type is {}",
+                c.get("model_type").map_or("absent".to_string(), |v| v.to_string())
+            ),
         ));
     }
     if c.get("attention_bias").and_then(Value::as_bool) == Some(true) {

@@ -32,6 +32,21 @@ pub struct MlaBlockDims {
     /// Softmax scale; set by [`MlaBlockDims::new`] (`qk_head_dim^-0.5`, times `mscale^2`
     /// under YaRN).
     pub scale: f32,
+    /// DeepSeek-V3.2's lightning indexer (config `index_n_heads`, `index_head_dim`,
+    /// `index_topk`): `Some` makes the block sparse ([`MlaBlockDims::with_indexer`]).
+    pub indexer: Option<IndexerDims>,
+}
+
+/// The lightning indexer of a DeepSeek-V3.2 layer (transformers' `DeepseekV32Indexer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexerDims {
+    /// Hi (config `index_n_heads`, 64 in V3.2).
+    pub n_heads: i64,
+    /// Di (config `index_head_dim`, 128): the width of an indexer query head and of a key,
+    /// whose first `qk_rope_head_dim` dims are rotated (neox).
+    pub head_dim: i64,
+    /// k (config `index_topk`, 2048): the tokens each query attends to.
+    pub topk: i64,
 }
 
 impl MlaBlockDims {
@@ -58,6 +73,7 @@ impl MlaBlockDims {
             v_head_dim,
             rms_norm_eps,
             scale: 0.0,
+            indexer: None,
         };
         d.validate_sizes()?;
         d.scale = mla_attention_scale(&d, rope);
@@ -71,10 +87,34 @@ impl MlaBlockDims {
         self.qk_nope_head_dim.saturating_add(self.qk_rope_head_dim)
     }
 
-    /// L + R: the width of one latent cache row and of the absorbed decode query
+    /// L + R: the width of one latent row `[kv_c_normed | k_pe]` and of the absorbed query
     /// (saturating, as [`MlaBlockDims::qk_head_dim`]).
-    pub const fn cache_row_dim(&self) -> i64 {
+    pub const fn latent_row_dim(&self) -> i64 {
         self.kv_lora_rank.saturating_add(self.qk_rope_head_dim)
+    }
+
+    /// The elements of one token's row in the block's paged cache: the latent row L + R, and
+    /// for a DeepSeek-V3.2 block its indexer key beside it (L + R + Di: the
+    /// [`crate::PagedKvCache`] row the sparse block splits into its latent and key views).
+    pub const fn cache_row_dim(&self) -> i64 {
+        match self.indexer {
+            Some(ix) => self.latent_row_dim().saturating_add(ix.head_dim),
+            None => self.latent_row_dim(),
+        }
+    }
+
+    /// These dims with DeepSeek-V3.2's indexer, validated: every indexer dim > 0, the
+    /// indexer head at least the rope dim wide (its first R dims are rotated), and the
+    /// q_lora branch (the indexer's query reads `q_a_layernorm`'s output).
+    pub fn with_indexer(mut self, indexer: IndexerDims) -> Result<MlaBlockDims> {
+        self.indexer = Some(indexer);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Whether the block runs DeepSeek-V3.2's sparse attention.
+    pub const fn is_sparse(&self) -> bool {
+        self.indexer.is_some()
     }
 
     /// Every size derived from the dims fits: each weight's byte size in f32 (the widest
@@ -124,6 +164,48 @@ impl MlaBlockDims {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    fn validate_indexer(&self, ix: &IndexerDims) -> Result<()> {
+        for (name, v) in
+            [("index_n_heads", ix.n_heads), ("index_head_dim", ix.head_dim), ("index_topk", ix.topk)]
+        {
+            if v <= 0 {
+                return Err(Error::invalid(OP, name, format!("must be > 0, got {v}")));
+            }
+        }
+        if ix.head_dim < self.qk_rope_head_dim {
+            return Err(Error::invalid(
+                OP,
+                "index_head_dim",
+                format!(
+                    "{} is narrower than qk_rope_head_dim {} (the indexer rotates its first qk_rope_head_dim dims)",
+                    ix.head_dim, self.qk_rope_head_dim
+                ),
+            ));
+        }
+        if !self.has_q_lora() {
+            return Err(Error::invalid(
+                OP,
+                "q_lora_rank",
+                "DeepSeek-V3.2's indexer reads q_a_layernorm's output: q_lora_rank must be set",
+            ));
+        }
+        let sizes = [
+            ix.n_heads
+                .checked_mul(ix.head_dim)
+                .and_then(|x| x.checked_mul(self.q_lora_rank.max(self.hidden_size))),
+            self.latent_row_dim().checked_add(ix.head_dim),
+            ix.topk.checked_mul(4),
+        ];
+        if sizes.iter().any(Option::is_none) {
+            return Err(Error::invalid(
+                OP,
+                "index_n_heads",
+                format!("the indexer's sizes overflow i64 ({ix:?})"),
+            ));
         }
         Ok(())
     }
@@ -182,6 +264,9 @@ impl MlaBlockDims {
                 "rms_norm_eps",
                 format!("must be finite and > 0, got {}", self.rms_norm_eps),
             ));
+        }
+        if let Some(ix) = self.indexer {
+            self.validate_indexer(&ix)?;
         }
         if !(self.scale.is_finite() && self.scale > 0.0) {
             return Err(Error::invalid(

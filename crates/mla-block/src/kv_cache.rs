@@ -9,6 +9,12 @@
 //! and `GatherMlaCache` / `MlaDecodeAttention` read. Running out of blocks is an error
 //! that leaves the cache unchanged.
 //!
+//! A DeepSeek-V3.2 block's rows hold its indexer key beside the latent:
+//! `[kv_c_normed (L) | k_pe (R) | indexer key (Di)]`, `row_dim` = L+R+Di
+//! ([`crate::MlaBlockDims::cache_row_dim`]), one block table and slot mapping for both
+//! (CacheIndexerKeys writes the keys at the latents' slots, so IndexerTopK's slots address
+//! the latents).
+//!
 //! A cache is in the activation dtype (rows of L+R elements) or, for L = 512 and R = 64,
 //! [`DType::Fp8DsMla`] (rows of 656 bytes: e4m3 latents, per-128 f32 scales, bf16 rope;
 //! [`KvCacheDtype`]); `row_dim` stays the logical L+R either way.

@@ -33,11 +33,11 @@ pub mod tp;
 mod weights;
 mod workspace;
 
-pub use block::{missing_ops, DecodeAttention, MlaBlock, REQUIRED_OPS};
+pub use block::{missing_ops, missing_sparse_ops, DecodeAttention, MlaBlock, REQUIRED_OPS, SPARSE_OPS};
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use decode_graphs::{DecodeGraphConfig, DecodeGraphs, StepMode};
-pub use dims::MlaBlockDims;
+pub use dims::{IndexerDims, MlaBlockDims};
 pub use fp8::{Fp8BlockWeights, Fp8Matrix, WeightsDtype};
 pub use kv_cache::{row_bytes, BlockAllocator, KvCacheDtype, LayeredKvCache, PagedKvCache, SeqId};
 pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};
@@ -50,7 +50,7 @@ pub use safetensors_header::{
 };
 pub use weights::{
     absorb_bytes, absorb_kv_b_proj, decode_f64, dequantize_fp8, hf_weight_shapes, AbsorbedKvBProj,
-    HostTensor, HostWeights, MlaBlockWeights, MlaWeightStore,
+    HostTensor, HostWeights, IndexerWeights, MlaBlockWeights, MlaWeightStore,
 };
 pub use workspace::{MlaLimits, MlaWorkspace};
 

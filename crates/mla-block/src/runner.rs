@@ -452,6 +452,14 @@ impl RowPlan {
         let bs = opts.block_size;
         let blocks_per_seq = t / bs + i64::from(t % bs != 0);
         let row_dim = block.dims().cache_row_dim();
+        if block.dims().is_sparse() && cache_dt == DType::Fp8DsMla {
+            return Err(Error::invalid(
+                "PagedKvCache",
+                "kv_cache_dtype",
+                "a DeepSeek-V3.2 block keeps its indexer keys beside the latents in the activation dtype; \
+                 fp8_ds_mla rows cannot hold them yet (use auto or bf16)",
+            ));
+        }
         let num_blocks = s.saturating_mul(blocks_per_seq).max(1);
         // The cache is sized by the block size: name it, with the bytes, when it cannot be had.
         // Sized by the cache dtype's row bytes (656 per token for fp8_ds_mla).

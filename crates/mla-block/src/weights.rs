@@ -43,6 +43,46 @@ pub struct MlaBlockWeights<'a> {
     /// Weights kept in fp8 (issue 17, [`crate::fp8`]): each one set replaces its float field
     /// above (q_a / kv_a replace the fused A-projection's rows), which may then be `None`.
     pub fp8: Fp8BlockWeights<'a>,
+    /// DeepSeek-V3.2's lightning indexer (required when the dims have one).
+    pub indexer: IndexerWeights<'a>,
+}
+
+/// The indexer's weights (`self_attn.indexer.*` in the checkpoint), in the compute dtype.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IndexerWeights<'a> {
+    /// `indexer.wq_b` `[Hi*Di, Q]`: the indexer query from `q_a_layernorm`'s output.
+    pub wq_b: Option<Tensor<'a>>,
+    /// `indexer.wk` `[Di, H]`: the indexer key.
+    pub wk: Option<Tensor<'a>>,
+    /// `indexer.k_norm` weight `[Di]` (a LayerNorm, eps 1e-6).
+    pub k_norm: Option<Tensor<'a>>,
+    /// `indexer.k_norm` bias `[Di]`.
+    pub k_norm_bias: Option<Tensor<'a>>,
+    /// `indexer.weights_proj` `[Hi, H]`: the per-head weights of the scores.
+    pub weights_proj: Option<Tensor<'a>>,
+}
+
+/// The indexer's checkpoint names (as [`hf_weight_shapes`] lists them) and shapes.
+fn indexer_shapes(dims: &MlaBlockDims) -> Vec<(&'static str, Vec<i64>)> {
+    let Some(ix) = dims.indexer else { return Vec::new() };
+    let (h, q) = (dims.hidden_size, dims.q_lora_rank);
+    vec![
+        ("indexer.wq_b", vec![ix.n_heads * ix.head_dim, q]),
+        ("indexer.wk", vec![ix.head_dim, h]),
+        ("indexer.k_norm", vec![ix.head_dim]),
+        ("indexer.k_norm.bias", vec![ix.head_dim]),
+        ("indexer.weights_proj", vec![ix.n_heads, h]),
+    ]
+}
+
+/// The checkpoint tensor of weight `name`: `{prefix}{name}.weight`, or `{prefix}{name}` for
+/// a bias (`indexer.k_norm.bias`).
+pub(crate) fn tensor_name(prefix: &str, name: &str) -> String {
+    if name.ends_with(".bias") {
+        format!("{prefix}{name}")
+    } else {
+        format!("{prefix}{name}.weight")
+    }
 }
 
 const OP: &str = "MlaBlockWeights";
@@ -93,6 +133,11 @@ impl<'a> MlaBlockWeights<'a> {
         either("w_uk_t", f8.w_uk_t, self.w_uk_t, vec![n, p, l])?;
         either("w_uv", f8.w_uv, self.w_uv, vec![n, l, v])?;
         either("o_proj", f8.o_proj, self.o_proj, vec![h, n * v])?;
+        let ix = &self.indexer;
+        let fields = [ix.wq_b, ix.wk, ix.k_norm, ix.k_norm_bias, ix.weights_proj];
+        for ((name, shape), t) in indexer_shapes(dims).into_iter().zip(fields) {
+            either(name, None, t, shape)?;
+        }
         for (name, t, shape) in want {
             let Some(t) = t else {
                 return Err(Error::invalid(
@@ -314,7 +359,9 @@ pub struct HostWeights {
     pub tensors: Vec<(&'static str, HostTensor)>,
 }
 
-/// The Hugging Face weight names the branch needs, with their expected shapes.
+/// The Hugging Face weight names the branch needs, with their expected shapes (a
+/// DeepSeek-V3.2 block's indexer included: `indexer.wq_b`, ..., `indexer.k_norm.bias`, the
+/// one name that is a bias rather than a `.weight`).
 pub fn hf_weight_shapes(dims: &MlaBlockDims) -> Vec<(&'static str, Vec<i64>)> {
     let (h, n, q) = (dims.hidden_size, dims.num_heads, dims.q_lora_rank);
     let (l, p, r, v) = (dims.kv_lora_rank, dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim);
@@ -331,6 +378,7 @@ pub fn hf_weight_shapes(dims: &MlaBlockDims) -> Vec<(&'static str, Vec<i64>)> {
     w.push(("kv_a_layernorm", vec![l]));
     w.push(("kv_b_proj", vec![n * (p + v), l]));
     w.push(("o_proj", vec![h, n * v]));
+    w.extend(indexer_shapes(dims));
     w
 }
 
@@ -518,7 +566,7 @@ fn layer_sources<'a>(
     let branch = if dims.has_q_lora() { "q_lora_rank set" } else { "q_lora_rank null" };
     let mut out = Vec::new();
     for (name, shape) in hf_weight_shapes(dims) {
-        let full = format!("{prefix}{name}.weight");
+        let full = tensor_name(prefix, name);
         let src = get(&full).map_err(|e| match e {
             Error::Other { context, msg } if msg.starts_with("missing tensor") => {
                 Error::Other { context, msg: format!("{msg} (needed by the block with {branch})") }
@@ -616,7 +664,7 @@ impl MlaWeightStore {
         let h = dims.hidden_size;
         if dims.has_q_lora() {
             let (qa, kva) = (src("q_a_proj")?, src("kv_a_proj_with_mqa")?);
-            let rows = dims.q_lora_rank + dims.cache_row_dim();
+            let rows = dims.q_lora_rank + dims.latent_row_dim();
             let fused = new_buf(&[rows, h])?;
             fill(&fused, 0, qa)?;
             fill(&fused, dims.q_lora_rank, kva)?;
@@ -669,10 +717,12 @@ impl MlaWeightStore {
         bufs.push(("kv_b_proj", kvb));
         bufs.push(("w_uk_t", uk));
         bufs.push(("w_uv", uv));
-        let s = src("o_proj")?;
-        let b = new_buf(s.shape())?;
-        fill(&b, 0, s)?;
-        bufs.push(("o_proj", b));
+        for name in ["o_proj"].into_iter().chain(indexer_shapes(&dims).into_iter().map(|(n, _)| n)) {
+            let s = src(name)?;
+            let b = new_buf(s.shape())?;
+            fill(&b, 0, s)?;
+            bufs.push((name, b));
+        }
         let cache =
             cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
         bufs.push(("rope_cos_sin_cache", cache));
@@ -734,7 +784,7 @@ impl MlaWeightStore {
                 let kva = w.float("kv_a_proj_with_mqa")?;
                 let mut bytes = qa.bytes.clone();
                 bytes.extend_from_slice(&kva.bytes);
-                let rows = dims.q_lora_rank + dims.cache_row_dim();
+                let rows = dims.q_lora_rank + dims.latent_row_dim();
                 bufs.push((
                     "fused_qkv_a_proj",
                     Buffer::from_bytes(queue, dtype, &[rows, dims.hidden_size], &bytes)?,
@@ -771,6 +821,11 @@ impl MlaWeightStore {
             bufs.push(("w_uv", Buffer::from_bytes(queue, dtype, &[n, l, v], &uv)?));
         }
         bufs.extend(weight("o_proj")?);
+        // The indexer's weights in the compute dtype (fp8 ones dequantized: the block
+        // multiplies them with the float ops).
+        for (name, _) in indexer_shapes(&dims) {
+            bufs.push((name, w.float(name)?.to_buffer(queue)?));
+        }
         bufs.push(("rope_cos_sin_cache", cache));
         Ok(MlaWeightStore { dims, dtype, bufs })
     }
@@ -879,6 +934,13 @@ impl MlaWeightStore {
             o_proj: self.view("o_proj"),
             rope_cos_sin_cache: self.view("rope_cos_sin_cache"),
             fp8: self.fp8_views(),
+            indexer: IndexerWeights {
+                wq_b: self.view("indexer.wq_b"),
+                wk: self.view("indexer.wk"),
+                k_norm: self.view("indexer.k_norm"),
+                k_norm_bias: self.view("indexer.k_norm.bias"),
+                weights_proj: self.view("indexer.weights_proj"),
+            },
         }
     }
 }

@@ -55,6 +55,14 @@ pub(crate) enum Slot {
     QlNope,
     MqaQ,
     MqaOut,
+    /// DeepSeek-V3.2's indexer: its query `[T, Hi*Di]`, key `[T, Di]`, head weights
+    /// `[T, Hi]`, the selected slots `[T, topk]` (i32) and its metadata `[2T]` (i32: each
+    /// token's sequence row in its block table, then its position in its sequence).
+    IdxQ,
+    IdxK,
+    IdxW,
+    IdxTopk,
+    MetaIdx,
     /// Quantized activations (fp8 codes) and their per-token scales, for fp8 weights at
     /// prefill sizes (`crate::fp8::linear`).
     Fp8Act,

@@ -55,6 +55,19 @@ fn dcp_matches_dcp1_on_every_golden() {
         let case = TpCase::from_golden_dir(&e.path()).expect("golden");
         let t = case.t();
         let half = t / 2;
+        if case.cfg.dims.is_sparse() {
+            // DeepSeek-V3.2's sparse attention does not run under DCP yet: refused by name.
+            vt_backends::init();
+            let group = TpGroup::open_with_dcp(DeviceType::Cpu, 2, 2, Transport::Host).expect("group");
+            let model = TpModel::load(&group, &case.cfg, &case.weights).expect("load");
+            let blocks = model.blocks(None).expect("blocks");
+            let sch: Schedule = format!("prefill:{half},decode:{}", t - half).parse().expect("schedule");
+            let opts = RunOptions { block_size: 4, chunk_workspace_tokens: None };
+            let e = run_schedule_dcp(&group, &blocks, &case.hidden, &case.positions, &sch, &opts)
+                .expect_err("DCP of a sparse block");
+            assert!(e.to_string().contains("decode context parallelism"), "{e}");
+            continue;
+        }
         check(&case, 2, 2, &format!("prefill:{half},decode:{}", t - half));
         n += 1;
     }

@@ -1,4 +1,5 @@
-//! The block against transformers' `DeepseekV3Attention` (tests/golden, see its README):
+//! The block against transformers' `DeepseekV3Attention` and `DeepseekV32Attention`
+//! (tests/golden, see its README):
 //! every golden under every kind of schedule and block sizes 1, 16 and 64, on the CPU
 //! backend. Tolerances (relative Frobenius error vs `expected`): f32 1e-4, bf16 2e-2.
 
@@ -93,6 +94,44 @@ fn golden_v2lite_noyarn_bf16_matches_transformers_under_every_schedule() {
 #[test]
 fn golden_qlora_yarn_mscale_f32_matches_transformers_under_every_schedule() {
     check_case("qlora_yarn_mscale_f32");
+}
+
+/// DeepSeek-V3.2 (transformers' `DeepseekV32Attention`, issue 19): the indexer's top-k
+/// selection and the sparse absorbed attention of every token, prefill included, under every
+/// schedule (the indexer keys and latents are written as the tokens arrive, so chunked
+/// prefill and decode select over what is cached, as a whole-sequence prefill does).
+#[test]
+fn golden_v32_sparse_f32_matches_transformers_under_every_schedule() {
+    check_case("v32_sparse_f32");
+}
+
+#[test]
+fn golden_v32_sparse_mscale_bf16_matches_transformers_under_every_schedule() {
+    check_case("v32_sparse_mscale_bf16");
+}
+
+/// The V3.2 goldens pin the selection: the same block with a top-k of T (every visible
+/// token: dense attention) misses transformers' output by far more than the tolerance.
+#[test]
+fn v32_goldens_need_the_selection() {
+    let q = test_queue();
+    for name in ["v32_sparse_f32", "v32_sparse_mscale_bf16"] {
+        let Some(dir) = golden_case(name) else { return };
+        let mut case = Case::load(&dir);
+        let mut ix = case.cfg.dims.indexer.expect("a V3.2 golden has an indexer");
+        assert!(case.t() > ix.topk, "{name}: T must exceed index_topk for the selection to matter");
+        ix.topk = case.t();
+        case.cfg.dims = case.cfg.dims.with_indexer(ix).unwrap();
+        let store = case.store(&q);
+        let block = case.block(&store, None);
+        let err =
+            case.rel_err(&case.run(&q, &block, &format!("prefill:{}", case.t()), &RunOptions::default()).0);
+        eprintln!("{name} with top-k = T (dense): rel err {err:.3e}");
+        assert!(
+            err > 20.0 * case.tolerance(),
+            "{name}: dense attention is within {err:.3e} of the sparse golden"
+        );
+    }
 }
 
 /// The fused kv path (one merged A-projection GEMM + FusedNormRope) and the split path
@@ -261,4 +300,46 @@ fn f16_run_of_an_f32_golden_is_within_the_half_precision_tolerance() {
     let err = case.rel_err(&out);
     eprintln!("qlora_yarn_interleave_f32 as f16: rel err {err:.3e}");
     assert!(err <= 2e-2, "{err:.3e}");
+}
+
+/// A context no longer than index_topk: every query selects every visible token, so the
+/// V3.2 block (indexer + SparseMlaAttention for every token) equals the dense block on the
+/// same weights (its indexer dropped: materialized prefill attention, MlaDecodeAttention for
+/// decode), under a prefill and a prefill + decode schedule, within 1e-5 (f32) / 2e-2 (bf16)
+/// relative Frobenius error (the two forms round differently).
+#[test]
+fn v32_block_equals_the_dense_block_when_the_context_is_shorter_than_top_k() {
+    let q = test_queue();
+    for name in ["v32_sparse_f32", "v32_sparse_mscale_bf16"] {
+        let Some(dir) = golden_case(name) else { return };
+        let mut case = Case::load(&dir);
+        let k = case.cfg.dims.indexer.expect("a V3.2 golden has an indexer").topk;
+        // The first k tokens of each sequence.
+        let (s, t, h) = (case.s(), case.t(), case.cfg.dims.hidden_size);
+        let row = (h as usize) * case.dtype().size_of();
+        let mut bytes = Vec::new();
+        let mut positions = Vec::new();
+        for si in 0..s as usize {
+            let at = si * t as usize;
+            bytes.extend_from_slice(&case.hidden.bytes[at * row..(at + k as usize) * row]);
+            positions.extend_from_slice(&case.positions[at..at + k as usize]);
+        }
+        case.hidden = mla_block::HostTensor { dtype: case.dtype(), shape: vec![s, k, h], bytes };
+        case.positions = positions;
+        let store = case.store(&q);
+        let sparse = case.block(&store, None);
+        let mut dense_cfg = case.cfg;
+        dense_cfg.dims.indexer = None;
+        let dense_store = mla_block::MlaWeightStore::from_host(&q, &dense_cfg, &case.weights).unwrap();
+        let dense = mla_block::MlaBlock::new(dense_cfg.dims, dense_store.views(), false).unwrap();
+        let tol = if case.dtype() == vt_core::DType::F32 { 1e-5 } else { 2e-2 };
+        for schedule in [format!("prefill:{k}"), format!("prefill:3,decode:{}", k - 3)] {
+            let opts = RunOptions { block_size: 4, chunk_workspace_tokens: None };
+            let (a, _) = case.run(&q, &sparse, &schedule, &opts);
+            let (b, _) = case.run(&q, &dense, &schedule, &opts);
+            let diff = common::rel_frobenius(&a.to_f64(), &b.to_f64());
+            eprintln!("{name}: first {k} tokens, {schedule}: sparse vs dense rel err {diff:.3e}");
+            assert!(diff <= tol, "{name} {schedule}: sparse vs dense {diff:.3e} > {tol:e}");
+        }
+    }
 }

@@ -28,7 +28,7 @@ const fn v3_like(file: &'static str, heads: i64, max_pos: i64, theta: f64, yarn:
 const V2_YARN: [f64; 6] = [40.0, 4096.0, 32.0, 1.0, 0.707, 0.707];
 const V3_YARN: [f64; 6] = [40.0, 4096.0, 32.0, 1.0, 1.0, 1.0];
 
-const PARSED: [Want; 7] = [
+const PARSED: [Want; 8] = [
     Want {
         file: "deepseek-v2-lite.json",
         dims: [2048, 16, 0, 512, 128, 64, 128],
@@ -61,13 +61,12 @@ const PARSED: [Want; 7] = [
     v3_like("deepseek-r1.json", 128, 163840, 10000.0, V3_YARN),
     v3_like("deepseek-v3.1.json", 128, 163840, 10000.0, V3_YARN),
     v3_like("kimi-k2-instruct.json", 64, 131072, 50000.0, [32.0, 4096.0, 1.0, 1.0, 1.0, 1.0]),
+    // Its indexer is checked in `deepseek_v32_parses_its_indexer`.
+    v3_like("deepseek-v3.2-exp.json", 128, 163840, 10000.0, V3_YARN),
 ];
 
 /// (file, words the refusal must contain).
-const REFUSED: [(&str, &[&str]); 2] = [
-    ("deepseek-v3.2-exp.json", &["index_topk", "sparse attention indexer"]),
-    ("minicpm3-4b.json", &["rope_scaling.rope_type", "longrope"]),
-];
+const REFUSED: [(&str, &[&str]); 1] = [("minicpm3-4b.json", &["rope_scaling.rope_type", "longrope"])];
 
 fn fixture(file: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/configs").join(file);
@@ -119,6 +118,36 @@ fn released_configs_of_features_the_block_lacks_are_refused_by_name() {
         for w in words {
             assert!(e.contains(w), "{file}: `{e}` does not mention `{w}`");
         }
+    }
+}
+
+/// DeepSeek-V3.2-Exp's indexer (64 heads of 128, top 2048), its cache row (latent 576 +
+/// indexer key 128), and the refusals around it: the index fields on another model type,
+/// V3.2 without q_lora, with a non-interleaved main rope, or with an indexer head narrower
+/// than the rope dim.
+#[test]
+fn deepseek_v32_parses_its_indexer() {
+    let text = fixture("deepseek-v3.2-exp.json");
+    let c = MlaConfig::from_json_str(&text).unwrap();
+    let ix = c.dims.indexer.expect("deepseek_v32 has an indexer");
+    assert_eq!((ix.n_heads, ix.head_dim, ix.topk), (64, 128, 2048));
+    assert!(c.dims.is_sparse());
+    assert_eq!((c.dims.latent_row_dim(), c.dims.cache_row_dim()), (576, 704));
+    let base: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = base.clone();
+        f(&mut v);
+        MlaConfig::from_json_str(&v.to_string()).expect_err("must be refused").to_string()
+    };
+    let cases: [(&str, String); 5] = [
+        ("model_type", edit(&|v| v["model_type"] = "deepseek_v3".into())),
+        ("q_lora_rank", edit(&|v| v["q_lora_rank"] = serde_json::Value::Null)),
+        ("rope_interleave", edit(&|v| v["rope_interleave"] = false.into())),
+        ("index_head_dim", edit(&|v| v["index_head_dim"] = 32.into())),
+        ("index_topk", edit(&|v| drop(v.as_object_mut().unwrap().remove("index_topk")))),
+    ];
+    for (word, e) in cases {
+        assert!(e.contains(word), "`{e}` does not name `{word}`");
     }
 }
 

@@ -189,6 +189,18 @@ fn tp_matches_tp1_on_every_golden() {
     }
 }
 
+/// DeepSeek-V3.2's sparse goldens at TP 2 and 4: each rank runs the replicated indexer
+/// (same selection everywhere) and its heads' sparse attention.
+#[test]
+fn tp_matches_tp1_on_the_v32_sparse_goldens() {
+    for name in ["v32_sparse_f32", "v32_sparse_mscale_bf16"] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = TpCase::from_golden_dir(&dir).unwrap();
+        assert!(case.cfg.dims.is_sparse());
+        check_tp_case(&case, &[2, 4]);
+    }
+}
+
 /// DeepSeek-V3's proportions at a CPU-friendly size (16 heads): TP 2, 4, 8 and 16 (one
 /// head per rank) in bf16 and f32, the q_lora and the q_proj branch.
 #[test]

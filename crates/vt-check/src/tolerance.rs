@@ -41,6 +41,7 @@ pub const TOLERANCES: &[(OpId, [f64; 3])] = &[
     (OpId::SparseMlaAttention, [2e-2, 3e-3, 1e-4]),
     (OpId::IndexerTopK, [0.0, 0.0, 0.0]),
     (OpId::CacheIndexerKeys, [0.0, 0.0, 0.0]),
+    (OpId::LayerNorm, [2e-2, 3e-3, 1e-5]),
 ];
 
 /// The tolerance of `op` in `dtype` from [`TOLERANCES`]; `None` for a dtype no op

@@ -84,6 +84,7 @@ define_ops! {
     SparseMlaAttention => SparseMlaAttentionArgs, "absorbed MQA attention of each query over its listed cache slots (sparse MLA)";
     IndexerTopK => IndexerTopKArgs, "lightning-indexer scores over the paged indexer key cache, top-k slots per query";
     CacheIndexerKeys => CacheIndexerKeysArgs, "write indexer key rows into the paged indexer key cache";
+    LayerNorm => LayerNormArgs, "out = (x - mean) / sqrt(var + eps) * w + b";
 }
 
 impl std::fmt::Display for OpId {

@@ -19,6 +19,7 @@ mod concat_mla_nope_rope;
 mod fused_norm_rope;
 mod gather_mla_cache;
 mod indexer_top_k;
+mod layer_norm;
 mod matmul_bt;
 mod matmul_bt_fp8;
 mod merge_attn_states;
@@ -60,6 +61,7 @@ pub fn op_table() -> Vec<OpImpl> {
         OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
         OpImpl::IndexerTopK(Arc::new(indexer_top_k::run)),
         OpImpl::CacheIndexerKeys(Arc::new(cache_indexer_keys::run)),
+        OpImpl::LayerNorm(Arc::new(layer_norm::run)),
     ]
 }
 

@@ -315,6 +315,78 @@ fn rms_norm_rejects_malformed_arguments() {
 }
 
 #[test]
+fn layer_norm_rejects_malformed_arguments() {
+    let q = queue();
+    let op = OpId::LayerNorm;
+    let x = zeros(&q, F, &[3, 8]);
+    let (w, b) = (zeros(&q, F, &[8]), zeros(&q, F, &[8]));
+    let out = nan_out(&q, F, &[3, 8]);
+    let (xv, wv, bv, ov) = (x.view(), w.view(), b.view(), out.view());
+    let a = LayerNormArgs { out: ov, x: xv, weight: wv, bias: bv, eps: 1e-6 };
+    let big = Pool::output(&q, F, &[4, 8], Layout::Contiguous);
+    let bigv = big.view();
+    invalid_cases!(
+        &q,
+        op,
+        &[&out, &big],
+        [
+            ("x of rank 3", layer_norm(&q, &LayerNormArgs { x: zeros(&q, F, &[1, 3, 8]).view(), ..a }), "x"),
+            (
+                "weight length mismatch",
+                layer_norm(&q, &LayerNormArgs { weight: zeros(&q, F, &[7]).view(), ..a }),
+                "weight"
+            ),
+            (
+                "bias length mismatch",
+                layer_norm(&q, &LayerNormArgs { bias: zeros(&q, F, &[9]).view(), ..a }),
+                "bias"
+            ),
+            (
+                "bias of another dtype",
+                layer_norm(&q, &LayerNormArgs { bias: zeros(&q, DType::F16, &[8]).view(), ..a }),
+                "bias"
+            ),
+            (
+                "out shape mismatch",
+                layer_norm(&q, &LayerNormArgs { out: ov.slice(0, 0, 2).unwrap(), ..a }),
+                "out"
+            ),
+            ("x on another device", layer_norm(&q, &LayerNormArgs { x: on_cuda(&xv), ..a }), "x"),
+            (
+                "bias not unit-strided",
+                layer_norm(
+                    &q,
+                    &LayerNormArgs { bias: zeros(&q, F, &[8, 2]).view().select(1, 0).unwrap(), ..a }
+                ),
+                "bias"
+            ),
+            (
+                "out partly overlapping x",
+                layer_norm(
+                    &q,
+                    &LayerNormArgs {
+                        out: bigv.slice(0, 1, 4).unwrap(),
+                        x: bigv.slice(0, 0, 3).unwrap(),
+                        ..a
+                    }
+                ),
+                "out"
+            ),
+            ("eps = 0", layer_norm(&q, &LayerNormArgs { eps: 0.0, ..a }), "eps"),
+            ("eps = NaN", layer_norm(&q, &LayerNormArgs { eps: f32::NAN, ..a }), "eps"),
+        ]
+    );
+    // out overlapping the bias
+    let ww = Pool::output(&q, F, &[4, 8], Layout::Contiguous);
+    let r = layer_norm(
+        &q,
+        &LayerNormArgs { out: ww.view().slice(0, 0, 3).unwrap(), bias: ww.view().select(0, 2).unwrap(), ..a },
+    );
+    expect_invalid("out overlapping bias", r, op, "out", &q, &[&ww]);
+    layer_norm(&q, &a).unwrap();
+}
+
+#[test]
 fn rope_from_cache_rejects_malformed_arguments() {
     let q = queue();
     let op = OpId::RopeFromCache;

@@ -157,6 +157,46 @@ fn rms_norm_matches_reference_on_row_strided_views() {
     }
 }
 
+// ---------------------------------------------------------------- LayerNorm
+
+fn layer_norm_reference(x: &[f64], w: &[f64], b: &[f64], d: usize, eps: f64) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let mean = row.iter().sum::<f64>() / d as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        out.extend(row.iter().zip(w).zip(b).map(|((v, w), b)| (v - mean) * inv * w + b));
+    }
+    out
+}
+
+/// Row-strided views, in place and out of place, inputs offset by +3 (so a LayerNorm that
+/// forgot to center, or dropped the bias, is far off).
+#[test]
+fn layer_norm_matches_reference_on_row_strided_views_and_in_place() {
+    let q = queue();
+    let mut rng = rng("layer_norm_matches_reference_on_row_strided_views_and_in_place");
+    let (t, d, eps) = (5i64, 48i64, 1e-6f32);
+    for dt in FLOAT_DTYPES {
+        // Rows of d inside rows of d + 3, at element 1; values in [2, 4).
+        let len = 1 + t * (d + 3);
+        let vals: Vec<f64> = (0..len).map(|_| rng.gen_range(2.0..4.0)).collect();
+        let x = Pool::with_values(&q, dt, &[t, d], len, 1, vec![d + 3, 1], &vals);
+        let w = Pool::input(&q, &mut rng, dt, &[d], Layout::Contiguous);
+        let b = Pool::input(&q, &mut rng, dt, &[d], Layout::Contiguous);
+        let out = Pool::output(&q, dt, &[t, d], Layout::Padded);
+        let args = LayerNormArgs { out: out.view(), x: x.view(), weight: w.view(), bias: b.view(), eps };
+        layer_norm(&q, &args).unwrap();
+        let want = layer_norm_reference(&x.values(&q), &w.values(&q), &b.values(&q), d as usize, eps as f64);
+        assert_close(&format!("LayerNorm {dt}"), &out.values(&q), &want, tol(dt));
+        out.assert_outside_untouched(&q);
+        x.assert_unchanged(&q);
+        // In place gives the same bits.
+        layer_norm(&q, &LayerNormArgs { out: x.view(), x: x.view(), ..args }).unwrap();
+        assert_eq!(x.values(&q), out.values(&q), "LayerNorm {dt}: in place differs");
+    }
+}
+
 #[test]
 fn rms_norm_in_place_equals_out_of_place() {
     let q = queue();

@@ -72,6 +72,7 @@ pub mod fp8_matmul;
 mod fused_norm_rope;
 mod gather_mla_cache;
 pub mod indexer_top_k;
+mod layer_norm;
 mod matmul;
 mod merge_attn_states;
 pub mod mla_decode_attention;
@@ -118,6 +119,7 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::IndexerTopK(Arc::new(indexer_top_k::run)),
         OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
         OpImpl::CacheIndexerKeys(Arc::new(cache_indexer_keys::run)),
+        OpImpl::LayerNorm(Arc::new(layer_norm::run)),
     ]
 }
 

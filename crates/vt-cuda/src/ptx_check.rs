@@ -144,6 +144,16 @@ fn samples(dt: DType) -> Result<Samples> {
         "RmsNorm".into(),
         crate::rms_norm::plan(&RmsNormArgs { out: x, x, weight: f.c(dt, &[l]), eps: 1e-6 })?,
     );
+    add(
+        "LayerNorm".into(),
+        crate::layer_norm::plan(&LayerNormArgs {
+            out: x,
+            x,
+            weight: f.c(dt, &[l]),
+            bias: f.c(dt, &[l]),
+            eps: 1e-6,
+        })?,
+    );
     let (positions, cos_sin) = (f.c(DType::I64, &[t]), f.c(DType::F32, &[32, r]));
     for k in [None, Some(f.t(dt, &[t, 1, r], &[l + r, l + r, 1]))] {
         let q = f.t(dt, &[t, n, r], &[n * (l + r), l + r, 1]);

@@ -548,3 +548,49 @@ fn half_round(dtype: DType, v: f64) -> f32 {
         _ => v as f32,
     }
 }
+
+/// After a warm-up call, the op (decode-kernel path with a split and the combine, fp8 and
+/// bf16 caches, and the generic kernel) captures into a CUDA graph whose replay writes the
+/// direct call's bytes; new indices in the same buffer are picked up by the replay.
+#[test]
+fn sparse_mla_captures_into_a_cuda_graph() {
+    let Some(g) = gpu() else { return };
+    if !g.supports_capture() {
+        println!("SKIP: the queue cannot capture");
+        return;
+    }
+    let mut cases = vec![Case::mla(3, 128, 2048, (40, 64)), Case::mla(2, 16, 300, (12, 64)).fp8()];
+    let mut c = Case::mla(3, 16, 64, (12, 16));
+    c.layout = Layout::Interleaved;
+    cases.push(c);
+    for c in &cases {
+        let x = inputs(c);
+        let b = upload(&g, c, &x, &x.indices);
+        let a = args(c, &b);
+        vt_core::sparse_mla_attention(&g, &a).unwrap(); // warm-up: modules, workspaces
+        let want = b.out.to_bytes(&g).unwrap();
+        b.out.fill_pattern(&g, c.dtype.nan_bytes()).unwrap();
+        let graph = g.capture(|| vt_core::sparse_mla_attention(&g, &a)).unwrap();
+        assert!(g.read_f64(&a.out).unwrap().iter().all(|v| v.is_nan()), "capturing ran nothing");
+        graph.launch().unwrap();
+        assert_eq!(b.out.to_bytes(&g).unwrap(), want, "replay = direct call for {c:?}");
+        // Other indices (every row reversed) in the same buffer: the replay reads them.
+        let mut rev = x.indices.clone();
+        for row in rev.chunks_mut(c.topk as usize) {
+            row.reverse();
+        }
+        b.indices.write_bytes(&g, &encode_f64(DType::I32, &rev)).unwrap();
+        graph.launch().unwrap();
+        let replayed = b.out.to_bytes(&g).unwrap();
+        vt_core::sparse_mla_attention(&g, &a).unwrap();
+        assert_eq!(replayed, b.out.to_bytes(&g).unwrap(), "replay with new indices for {c:?}");
+        println!(
+            "graph capture ok ({:?}{}, N {}, topk {}, {:?})",
+            c.dtype,
+            if c.fp8 { " fp8" } else { "" },
+            c.n,
+            c.topk,
+            c.layout
+        );
+    }
+}

@@ -34,6 +34,7 @@ kernel_files!(
     "fp8_matmul.hip",
     "fused_norm_rope.hip",
     "gather_mla_cache.hip",
+    "layer_norm.hip",
     "merge_attn_states.hip",
     "mla_decode_attention.hip",
     "prefill_attention.hip",

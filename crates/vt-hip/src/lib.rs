@@ -32,6 +32,7 @@ mod concat_mla_nope_rope;
 mod fp8_matmul;
 mod fused_norm_rope;
 mod gather_mla_cache;
+mod layer_norm;
 mod matmul_bt;
 mod merge_attn_states;
 mod mla_decode_attention;
@@ -158,6 +159,7 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::MatmulBTFp8(Arc::new(fp8_matmul::run_matmul_bt)),
         OpImpl::BatchedMatmulFp8(Arc::new(fp8_matmul::run_batched)),
         OpImpl::QuantizeFp8(Arc::new(fp8_matmul::run_quantize)),
+        OpImpl::LayerNorm(Arc::new(layer_norm::run)),
     ]
 }
 

@@ -263,6 +263,19 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
             crate::rms_norm::plan(&RmsNormArgs { out: x, x, weight: f.c(dt, &[l])?, eps: 1e-6 })
         })(),
     );
+    add(
+        OpId::LayerNorm,
+        (|| {
+            let x = f.t(dt, &[t, l], &[l + r, 1])?;
+            crate::layer_norm::plan(&LayerNormArgs {
+                out: x,
+                x,
+                weight: f.c(dt, &[l])?,
+                bias: f.c(dt, &[l])?,
+                eps: 1e-6,
+            })
+        })(),
+    );
     let positions = f.c(DType::I64, &[t])?;
     let cos_sin = f.c(DType::F32, &[32, r])?;
     add(

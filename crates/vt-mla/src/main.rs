@@ -23,8 +23,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use mla_block::runner::{positions_or_default, run_schedule_with_cache, RunOptions, Schedule};
 use mla_block::{
-    layer_prefix, missing_ops, Checkpoint, HostTensor, MlaBlock, MlaConfig, MlaWeightStore,
-    DEFAULT_LAYER_PREFIX,
+    layer_prefix, missing_ops, missing_sparse_ops, Checkpoint, HostTensor, MlaBlock, MlaConfig,
+    MlaWeightStore, DEFAULT_LAYER_PREFIX,
 };
 use mla_block::{KvCacheDtype, WeightsDtype};
 use safetensors::Dtype as StDtype;
@@ -272,6 +272,18 @@ fn run(a: &RunArgs) -> Result<()> {
         (_, k) => k?,
     };
     let cfg = MlaConfig::from_file(&a.config)?;
+    if cfg.dims.is_sparse() {
+        let missing = missing_sparse_ops(kind);
+        if !missing.is_empty() {
+            return Err(Error::NoDevice {
+                device: kind.to_string(),
+                msg: format!(
+                    "its backend does not register {} (needed by DeepSeek-V3.2's sparse attention)",
+                    names(&missing)
+                ),
+            });
+        }
+    }
     let ctx = a.input.display().to_string();
     let bytes =
         std::fs::read(&a.input).map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
@@ -396,7 +408,11 @@ fn run(a: &RunArgs) -> Result<()> {
     output::write_atomically(&a.output, |f| std::io::Write::write_all(f, &bytes))?;
     eprintln!(
         "vt-mla: {} on {kind}{ranks}: S={s} T={t} {} schedule {schedule}, block size {}, {} cache, {} weights, {} path: {} forwards, {} context chunks -> {}",
-        if cfg.dims.has_q_lora() { "q_lora" } else { "q_proj" },
+        match cfg.dims.indexer {
+            Some(ix) => format!("DeepSeek-V3.2 sparse (index_topk {})", ix.topk),
+            None if cfg.dims.has_q_lora() => "q_lora".to_string(),
+            None => "q_proj".to_string(),
+        },
         out.dtype,
         a.block_size,
         a.kv_cache_dtype.name(),
@@ -439,6 +455,12 @@ fn info() -> Result<()> {
             println!("    MLA block: runs here ({path} norm+rope paths)");
         } else {
             println!("    MLA block: cannot run here (lacks {})", names(&block_missing));
+        }
+        let sparse_missing = missing_sparse_ops(*kind);
+        if block_missing.is_empty() && sparse_missing.is_empty() {
+            println!("    DeepSeek-V3.2 sparse block (indexer + SparseMlaAttention): runs here");
+        } else if block_missing.is_empty() {
+            println!("    DeepSeek-V3.2 sparse block: cannot run here (lacks {})", names(&sparse_missing));
         }
     }
     println!("best device: {}", vt_backends::best_device());

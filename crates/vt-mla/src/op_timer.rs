@@ -269,6 +269,11 @@ fn wrap(imp: OpImpl) -> OpImpl {
                 timed(q, Call::Op(OpId::CacheIndexerKeys), || f(q, a))
             }))
         }
+        OpImpl::LayerNorm(f) => {
+            OpImpl::LayerNorm(Arc::new(move |q: &Queue, a: &vt_core::LayerNormArgs<'_>| {
+                timed(q, Call::Op(OpId::LayerNorm), || f(q, a))
+            }))
+        }
     }
 }
 

@@ -31,6 +31,40 @@ fn run_reproduces_the_goldens_in_the_input_dtype() {
     }
 }
 
+/// DeepSeek-V3.2 (issue 19): `vt-mla run` on the sparse goldens (indexer + sparse attention
+/// for every token) under a prefill + decode schedule, and an fp8_ds_mla cache refused by
+/// name (the indexer keys live beside the latents in the activation dtype).
+#[test]
+fn run_reproduces_the_v32_sparse_goldens() {
+    for (name, schedule, bs) in [
+        ("v32_sparse_f32", "prefill:13,decode:7,prefill:20", "4"),
+        ("v32_sparse_mscale_bf16", "prefill:1,decode:35", "16"),
+    ] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        let out_path = tmp(&format!("{name}.safetensors"));
+        let o =
+            vt_mla_run(&dir, &out_path, &["--backend", "cpu", "--schedule", schedule, "--block-size", bs]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{name}: {stderr}");
+        assert!(stderr.contains("DeepSeek-V3.2 sparse (index_topk"), "{stderr}");
+        let err = case.rel_err(&read_out(&out_path));
+        eprintln!("vt-mla run {name} --schedule {schedule}: rel err {err:.3e}\n{stderr}");
+        assert!(err <= case.tolerance(), "{name}: {err:.3e}");
+    }
+    let Some(dir) = golden_case("v32_sparse_mscale_bf16") else { return };
+    let o = vt_mla_run(
+        &dir,
+        &tmp("v32_fp8.safetensors"),
+        &["--backend", "cpu", "--kv-cache-dtype", "fp8_ds_mla"],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("kv_cache_dtype") && stderr.contains("indexer"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn run_defaults_positions_to_0_through_t_and_honours_layer_prefix() {
     let (_, host) = synthetic(false, DType::F32);
@@ -173,6 +207,7 @@ fn info_lists_backends_devices_and_registered_ops() {
     assert!(text.contains("VT_MLA_FUSED_NORM_ROPE="));
     assert!(text.contains("MLA block: runs here (fused and split norm+rope paths)"), "{text}");
     assert!(text.contains("--backend auto runs the MLA block on:"), "{text}");
+    assert!(text.contains("DeepSeek-V3.2 sparse block (indexer + SparseMlaAttention): runs here"), "{text}");
 }
 
 /// `vt-mla run` on the published layouts (issue 14): a sharded directory, its index file

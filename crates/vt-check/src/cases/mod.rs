@@ -51,6 +51,7 @@ pub fn cases(op: OpId, seed: u64) -> Vec<Case> {
         OpId::SparseMlaAttention => sparse_mla::sparse_mla_attention(&mut c),
         OpId::IndexerTopK => sparse_mla::indexer_top_k(&mut c),
         OpId::CacheIndexerKeys => sparse_mla::cache_indexer_keys(&mut c),
+        OpId::LayerNorm => norm_rope::layer_norm(&mut c),
     }
     c.list
 }

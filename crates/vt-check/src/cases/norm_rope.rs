@@ -1,4 +1,4 @@
-//! RmsNorm, RopeFromCache and FusedNormRope.
+//! RmsNorm, LayerNorm, RopeFromCache and FusedNormRope.
 
 use super::rotary_inputs;
 use crate::case::{Builder, Cases, Exec, Ty};
@@ -164,5 +164,63 @@ pub(super) fn fused_norm_rope(c: &mut Cases) {
     });
     c.add("L 512, R 64, neox, contiguous kv, T 1", |b| {
         NormRope { t: 1, l: 512, r: 64, lead: 0, neox: true, strided_out: false }.build(b)
+    });
+}
+
+/// `out = LayerNorm(x)` (weight and bias), laid out as [`RmsNorm`]'s cases; `x` is drawn
+/// in `[lo, hi]`, so a case with a large offset tells a missing centering apart.
+struct LayerNorm {
+    t: i64,
+    d: i64,
+    x: (i64, i64),
+    out: Option<(i64, i64)>,
+    range: (f64, f64),
+}
+
+impl LayerNorm {
+    fn build(self, b: &mut Builder) -> Exec {
+        let LayerNorm { t, d, x: (x_ld, x_off), out, range: (lo, hi) } = self;
+        let x = b.uniform("x", &[t, x_ld], lo, hi).sub(x_off, &[t, d], &[x_ld, 1]);
+        let weight = b.uniform("weight", &[d], 0.5, 1.5);
+        let bias = b.uniform("bias", &[d], -0.5, 0.5);
+        let out = match out {
+            Some((ld, off)) => b.poison("out", Ty::Float, &[t, ld]).sub(off, &[t, d], &[ld, 1]),
+            None => x.clone(),
+        };
+        b.output("out", &out);
+        Box::new(move |q, bufs| {
+            vt_core::layer_norm(
+                q,
+                &vt_core::LayerNormArgs {
+                    out: out.tensor(bufs)?,
+                    x: x.tensor(bufs)?,
+                    weight: weight.tensor(bufs)?,
+                    bias: bias.tensor(bufs)?,
+                    eps: EPS,
+                },
+            )
+        })
+    }
+}
+
+pub(super) fn layer_norm(c: &mut Cases) {
+    c.add("contiguous T 5, D 128 (DeepSeek-V3.2's k_norm)", |b| {
+        LayerNorm { t: 5, d: 128, x: (128, 0), out: Some((128, 0)), range: (-1.0, 1.0) }.build(b)
+    });
+    c.add(
+        "in place (out = x), T 7, D 128 inside rows of 128 + 64 (k beside the weights_proj columns)",
+        |b| LayerNorm { t: 7, d: 128, x: (192, 0), out: None, range: (-1.0, 1.0) }.build(b),
+    );
+    c.add("offset inputs in [2, 4] (the mean dominates), D 128 at column 8 of rows of 200", |b| {
+        LayerNorm { t: 4, d: 128, x: (200, 8), out: Some((136, 4)), range: (2.0, 4.0) }.build(b)
+    });
+    c.add("odd width D 100 at column 3 of rows of 104, T 3", |b| {
+        LayerNorm { t: 3, d: 100, x: (104, 3), out: Some((100, 0)), range: (-1.0, 1.0) }.build(b)
+    });
+    c.add("D 1000 (several elements a thread), T 2", |b| {
+        LayerNorm { t: 2, d: 1000, x: (1000, 0), out: Some((1000, 0)), range: (-1.0, 1.0) }.build(b)
+    });
+    c.add("no tokens: T 0, D 128", |b| {
+        LayerNorm { t: 0, d: 128, x: (128, 0), out: Some((128, 0)), range: (-1.0, 1.0) }.build(b)
     });
 }
