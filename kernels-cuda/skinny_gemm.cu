@@ -10,6 +10,7 @@
 //   split). Each chunk's weights (each lane copies, and later reads back, only its own
 //   16-byte pieces) and the CTA's activations for the chunk go through a STAGES-deep cp.async
 //   ring in shared memory, so that STAGES - 1 chunks of weights are in flight per warp.
+//   A CTA of c < STAGES chunks touches only stages 0..c-1: the host allocates those only.
 // - K is permuted inside each 32-element (w16) or 64-element (w8) step so that a lane's 16
 //   consecutive weight bytes and its consecutive activations are exactly its mma.sync
 //   m16n8k16 fragments (the same permutation on both operands leaves the sum unchanged).

@@ -47,15 +47,16 @@ const COUNTERS: i64 = 1 << 16;
 /// Split-K partials are capped at this many bytes.
 const MAX_PARTIAL_BYTES: i64 = 128 << 20;
 
-/// Dynamic shared memory of one CTA: STAGES x (weights + 8 NT activation rows), as
-/// `skinny::stage_bytes` computes it.
-pub(crate) fn smem_bytes(kind: WeightKind, nt: i64) -> i64 {
+/// Dynamic shared memory of a CTA that runs `chunks` K chunks: min(chunks, STAGES) stages of
+/// (weights + 8 NT activation rows), as `skinny::stage_bytes` counts them (a CTA of fewer
+/// chunks than STAGES touches only its first stages).
+pub(crate) fn smem_for(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
     let (astr, pieces) = match kind {
         WeightKind::W16 => (320, 8),
         WeightKind::W8 => (272, 4),
         WeightKind::W16N => (272, 8),
     };
-    STAGES * (4 * pieces * 32 * 16 + 8 * nt * astr)
+    chunks.clamp(1, STAGES) * (4 * pieces * 32 * 16 + 8 * nt * astr)
 }
 
 /// How the kernel reads the weight (`skinny::W16`, `W8`, `W16N`).
@@ -216,8 +217,8 @@ fn cdiv(a: i64, b: i64) -> i64 {
 }
 
 /// CTAs resident per SM, from the shared memory (227 KB usable on the H100/H200) and a cap.
-fn per_sm(kind: WeightKind, nt: i64) -> i64 {
-    ((227 << 10) / (smem_bytes(kind, nt) + 1024)).clamp(1, 8)
+fn per_sm(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
+    ((227 << 10) / (smem_for(kind, nt, chunks) + 1024)).clamp(1, 8)
 }
 
 /// K splits for `base` CTAs over `chunks` 128-chunks on `slots` resident CTAs: the count
@@ -260,7 +261,8 @@ pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Resul
     let per_tile = THREADS * nt * 4; // f32 partials of one tile and split
     let cap = if tiles > COUNTERS { 1 } else { (MAX_PARTIAL_BYTES / 4 / (tiles * per_tile)).clamp(1, 64) };
     let kind = p.kind();
-    let slots = sms.max(1) as i64 * per_sm(kind, nt);
+    // Slots as for a CTA of all the chunks (short-K problems get more CTAs an SM).
+    let slots = sms.max(1) as i64 * per_sm(kind, nt, chunks);
     let want = match splits {
         Some(s) => (s.max(1) as i64).min(chunks).min(cap),
         None => choose_splits(base, chunks, slots, cap),
@@ -319,7 +321,7 @@ pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Resul
     };
     let grid = (tb as u32, rb as u32, z as u32);
     let l = Launch::new(&SRC, base_name, p.dtype, grid, THREADS as u32, args)
-        .with_smem(smem_bytes(kind, nt) as u32);
+        .with_smem(smem_for(kind, nt, cpb) as u32);
     Ok((vec![l], need))
 }
 
