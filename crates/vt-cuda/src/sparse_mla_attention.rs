@@ -21,9 +21,11 @@
 //! (`kernels-cuda/sparse_mla_attention.cu`): any dims, strides, dtypes and both cache
 //! kinds, one CTA per (token, head), no split.
 //!
-//! After the first call on a device (which allocates the seq_lens int, and the decode
-//! kernels' partial buffers as MlaDecodeAttention does) a call allocates nothing, reads
-//! nothing back and never waits: it can be captured in a CUDA graph.
+//! Tokens are run [`ROWS_PER_CALL`] / N at a time (the decode kernels' partial buffers grow
+//! with the token count). After the first call on a device (which allocates the seq_lens
+//! int, and the decode kernels' partial buffers as MlaDecodeAttention does) a call of no
+//! more tokens allocates nothing, reads nothing back and never waits: it can be captured in
+//! a CUDA graph.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
@@ -66,13 +68,22 @@ pub struct SparseOptions {
     /// [`DecodeOptions`]).
     pub min_tiles: Option<u32>,
     pub max_parts: Option<u32>,
+    /// Query tokens per decode-kernel call; `None`: [`ROWS_PER_CALL`] / N.
+    pub tokens_per_call: Option<u32>,
 }
 
 impl Default for SparseOptions {
     fn default() -> Self {
-        SparseOptions { kernel: Kernel::Auto, min_tiles: None, max_parts: None }
+        SparseOptions { kernel: Kernel::Auto, min_tiles: None, max_parts: None, tokens_per_call: None }
     }
 }
+
+/// Query rows (tokens x heads) per decode-kernel call. Those kernels' partial buffers hold
+/// `(parts + T) x N x Dv` f32 (one slot per part and per sequence, here per token), so a
+/// long prefill runs as several calls over consecutive tokens: 2^17 rows (1024 tokens at
+/// N = 128) keep the buffers near 270 MB where one call over 4096 tokens would take 1.1 GB.
+/// Each call still fills the device (1024 tokens x 2 head groups x topk / 64 tiles).
+pub const ROWS_PER_CALL: i64 = 1 << 17;
 
 /// What one call launched.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,11 +147,25 @@ pub fn sparse_mla_attention_with(
         cq.run(OP, &generic_plan(a)?)?;
         return Ok(Plan { kernel: "sparse_generic", decode: None });
     };
-    let lens = seq_lens(q, t)?;
-    let d = decode_args(a, stride, lens)?;
     let o = DecodeOptions { kernel, min_tiles: opts.min_tiles, max_parts: opts.max_parts };
-    let p = mla_decode_attention_with(q, &d, &o)?;
-    Ok(Plan { kernel: p.kernel, decode: Some(p) })
+    let per = opts.tokens_per_call.map_or((ROWS_PER_CALL / n).max(1), |c| i64::from(c.max(1)));
+    let mut plan = None;
+    let mut t0 = 0;
+    while t0 < t {
+        let t1 = (t0 + per).min(t);
+        let chunk = SparseMlaAttentionArgs {
+            out: a.out.slice(0, t0, t1)?,
+            lse: a.lse.map(|l| l.slice(1, t0, t1)).transpose()?,
+            query: a.query.slice(0, t0, t1)?,
+            cache: a.cache,
+            indices: a.indices.slice(0, t0, t1)?,
+            scale: a.scale,
+        };
+        let d = decode_args(&chunk, stride, seq_lens(q, t1 - t0)?)?;
+        plan = Some(mla_decode_attention_with(q, &d, &o)?);
+        t0 = t1;
+    }
+    Ok(Plan { kernel: plan.as_ref().map_or("none", |p| p.kernel), decode: plan })
 }
 
 /// One i32 `i32::MAX` per device, never freed: the decode view's seq_lens (read with stride

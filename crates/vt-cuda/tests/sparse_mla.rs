@@ -277,8 +277,12 @@ fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
     }
     v.push(o(Kernel::Decode(DK::Generic)));
     // Split into many short parts and not split at all.
-    v.push(Some(SparseOptions { kernel: Kernel::Auto, min_tiles: Some(1), max_parts: Some(1000) }));
-    v.push(Some(SparseOptions { kernel: Kernel::Auto, min_tiles: Some(1), max_parts: Some(1) }));
+    let d = SparseOptions::default();
+    v.push(Some(SparseOptions { min_tiles: Some(1), max_parts: Some(1000), ..d }));
+    v.push(Some(SparseOptions { min_tiles: Some(1), max_parts: Some(1), ..d }));
+    // Tokens in several decode-kernel calls (7 at a time: chunk boundaries inside rows of
+    // every kind).
+    v.push(Some(SparseOptions { tokens_per_call: Some(7), ..d }));
     let fast = c.d == 576 && c.dv == 512 && c.dtype != DType::F32 && c.q_offset == 0;
     if fast {
         v.push(o(Kernel::Decode(DK::Mma)));
@@ -311,10 +315,16 @@ fn check(g: &Queue, c: &Case) -> Vec<String> {
                 "op".to_string()
             }
             Some(o) => match sparse_mla_attention_with(g, &a, o) {
-                Ok(p) => match p.decode {
-                    Some(d) => format!("{:?}: {} x{} parts {}", o.kernel, p.kernel, d.row_blocks, d.parts),
-                    None => format!("{:?}: {}", o.kernel, p.kernel),
-                },
+                Ok(p) => {
+                    let k = match o.tokens_per_call {
+                        Some(c) => format!("{:?} ({c} tokens a call)", o.kernel),
+                        None => format!("{:?}", o.kernel),
+                    };
+                    match p.decode {
+                        Some(d) => format!("{k}: {} x{} parts {}", p.kernel, d.row_blocks, d.parts),
+                        None => format!("{k}: {}", p.kernel),
+                    }
+                }
                 Err(e)
                     if matches!(o.kernel, Kernel::Decode(DK::Wgmma | DK::WgmmaNarrow))
                         && e.to_string().contains("no sm_90a") =>
