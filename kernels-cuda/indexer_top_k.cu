@@ -7,9 +7,9 @@
 //    order of keys = f32 total order, -0 made +0 first); key 0 marks a token that cannot be
 //    chosen (its block id is outside the cache). NaN maps to at least 1. Two kernels:
 //    - indexer_scores_mma_{bf16,f16}: tensor cores (mma.sync m16n8k16, f32 accumulation).
-//      One CTA = one query x KPC keys, 4 warps. The query's heads (padded with zero rows to
-//      a multiple of 64) sit in shared memory; key tiles of 64 rows stream in by cp.async,
-//      double-buffered. Warp (mw, nw) computes heads [mw*32, +32) of each 64-head pass
+//      One CTA = one query x nt tiles of 64 keys (nt from the host), 4 warps. The query's
+//      heads (padded with zero rows to a multiple of 64) sit in shared memory; key tiles
+//      stream in by cp.async, STAGES in flight. Warp (mw, nw) computes heads [mw*32, +32) of each 64-head pass
 //      against keys [nw*32, +32) of the tile, applies relu and the head weight, and sums
 //      its heads; the two head halves meet in shared memory. Needs Di % 16 == 0 and 16-byte
 //      aligned rows (the host checks).
@@ -17,10 +17,11 @@
 //      sums in the CPU reference's order with round-to-nearest intrinsics (no FMA
 //      contraction), so its scores equal the CPU's bit for bit.
 // 2. Selection, indexer_select_f32 (dtype-independent; the suffix only names it): one CTA
-//    per row. A 4-pass radix select (8 bits a pass, histograms in shared memory) finds the
+//    of 1024 threads per row, the row's keys copied to shared memory when they fit
+//    (row_cap), else read from the workspace, 16 keys a thread at a time. A 4-pass radix select (8 bits a pass, histograms in shared memory) finds the
 //    key K of the m-th best candidate, m = min(SORT_CAP, topk still to write); every
 //    candidate above K is taken, and of those equal to K the lowest positions (an ordered
-//    block scan), which is the contract's tie rule. The m taken (key << 32 | ~j) are sorted
+//    block scan over runs of 16 consecutive keys), which is the contract's tie rule. The m taken (key << 32 | ~j) are sorted
 //    descending by a bitonic sort in shared memory and written as slots. A topk above
 //    SORT_CAP repeats this below the last one written (candidates then compare below it in
 //    (key desc, position asc) order). The rest of the row is -1.
@@ -36,12 +37,12 @@ namespace {
 using u32 = unsigned int;
 using u64 = unsigned long long;
 
-constexpr int KT = 64;        // keys per tile (mma kernel)
-constexpr int NT = 4;         // tiles per CTA
-constexpr int KPC = KT * NT;  // keys per CTA (both score kernels); the host's KEYS_PER_CTA
+constexpr int KT = 64;        // keys per tile; a score CTA takes nt tiles (host-chosen)
+constexpr int STAGES = 3;     // key tiles in flight (mma kernel)
 constexpr int THREADS = 128;  // score kernels
-constexpr int SEL_THREADS = 512;
-constexpr int SORT_CAP = 4096;  // the host's SORT_CAP
+constexpr int SEL_THREADS = 1024;
+constexpr int SORT_CAP = 4096;  // items per select round (the host counts them in SELECT_STATIC_SMEM)
+constexpr int PER_THREAD = 16;  // consecutive keys a select thread takes per tile
 constexpr int PAD = 8;          // elements of padding per shared row (conflict-free ldmatrix)
 constexpr u32 ALL = 0xffffffffu;  // SelShared::kth when every candidate is taken
 
@@ -85,14 +86,15 @@ __device__ void indexer_scores(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_s
                                const void* w, i64 w_st, i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr,
                                int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc, int nseq, const int* seq_ids,
                                i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di,
-                               float scale) {
+                               float scale, int nt) {
     const i64 r = blockIdx.y, t = row0 + r;
     int b;
     const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
-    const i64 j0 = (i64)blockIdx.x * KPC;
+    const i64 kpc = (i64)nt * KT;
+    const i64 j0 = (i64)blockIdx.x * kpc;
     if (j0 >= n) return;
     const T* qt = q + t * q_st;
-    for (i64 j = j0 + threadIdx.x; j < n && j < j0 + KPC; j += blockDim.x) {
+    for (i64 j = j0 + threadIdx.x; j < n && j < j0 + kpc; j += blockDim.x) {
         const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
         u32 key = 0;
         if (id >= 0) {
@@ -116,9 +118,9 @@ __device__ void indexer_scores(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_s
         u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w, i64 w_st, i64 w_sh,       \
         int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb,      \
         i64 bt_sc, int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap,    \
-        int h, int di, float scale) {                                                                          \
+        int h, int di, float scale, int nt) {                                                                  \
         indexer_scores<T>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, bs, \
-                          bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale);       \
+                          bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale, nt);   \
     }
 VT_FOR_EACH_FLOAT(VT_IDX_SCORES)
 
@@ -129,19 +131,20 @@ template <typename T>
 __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w,
                                    i64 w_st, i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs,
                                    const int* bt, i64 bt_sb, i64 bt_sc, int nseq, const int* seq_ids, i64 sid_s,
-                                   const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, float scale) {
+                                   const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, float scale,
+                                   int nt) {
     using namespace vt::tc;
     extern __shared__ __align__(16) unsigned char smem[];
     const i64 r = blockIdx.y, t = row0 + r;
     int b;
     const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
-    const i64 jc = (i64)blockIdx.x * KPC;
+    const i64 jc = (i64)blockIdx.x * nt * KT;
     if (jc >= n) return;
     const int hp = (h + 63) / 64 * 64;
     const int rs = di + PAD;  // shared row stride, elements
     T* qs = reinterpret_cast<T*>(smem);
     T* ks = qs + (i64)hp * rs;
-    float* wsm = reinterpret_cast<float*>(ks + 2 * KT * rs);
+    float* wsm = reinterpret_cast<float*>(ks + STAGES * KT * rs);
     float* red = wsm + hp;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mw = warp & 1, nw = warp >> 1;
@@ -156,30 +159,31 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
     }
     for (int hi = tid; hi < hp; hi += THREADS) wsm[hi] = hi < h ? load_w<T>(w, wf32, t * w_st + hi * w_sh) : 0.f;
 
-    const int ntiles = (int)min((i64)NT, (n - jc + KT - 1) / KT);
+    const int ntiles = (int)min((i64)nt, (n - jc + KT - 1) / KT);
+    // Tile i goes to stage i % STAGES; one commit group per tile (an empty group past the
+    // last), so "all but the newest STAGES - 1 groups done" means tile i has landed.
     auto load_tile = [&](int i) {
-        T* dst = ks + (i & 1) * KT * rs;
-        const i64 j0 = jc + (i64)i * KT;
-        for (int c = tid; c < KT * cpr; c += THREADS) {
-            const int row = c / cpr, ch = c % cpr;
-            const i64 j = j0 + row;
-            const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb) : -1;
-            const T* src = id >= 0 ? cache + (i64)id * c_sb + (j % bs) * c_sr + ch * 8 : cache;
-            cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
+        if (i < ntiles) {
+            T* dst = ks + (i % STAGES) * KT * rs;
+            const i64 j0 = jc + (i64)i * KT;
+            for (int c = tid; c < KT * cpr; c += THREADS) {
+                const int row = c / cpr, ch = c % cpr;
+                const i64 j = j0 + row;
+                const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb) : -1;
+                const T* src = id >= 0 ? cache + (i64)id * c_sb + (j % bs) * c_sr + ch * 8 : cache;
+                cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
+            }
         }
         cp_async_commit();
     };
-    load_tile(0);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) load_tile(i);
 
     for (int i = 0; i < ntiles; ++i) {
-        if (i + 1 < ntiles) {
-            load_tile(i + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        load_tile(i + STAGES - 1);
+        cp_async_wait<STAGES - 1>();
         __syncthreads();
-        const T* kt = ks + (i & 1) * KT * rs;
+        const T* kt = ks + (i % STAGES) * KT * rs;
         // part[nt][c]: this thread's share of the weighted sum over heads of key
         // nw*32 + nt*8 + 2*(lane%4) + c.
         float part[4][2] = {};
@@ -242,7 +246,7 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
                 ws[r * ws_ld + j] = id >= 0 ? score_key(__fadd_rn(__fmul_rn(scale, s), 0.f)) : 0u;
             }
         }
-        // The next iteration's load overwrites this stage and `red`.
+        // The next iteration's load overwrites the oldest stage, and `red`.
         __syncthreads();
     }
 }
@@ -252,15 +256,17 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
         u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w, i64 w_st, i64 w_sh,        \
         int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc,      \
         int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, \
-        float scale) {                                                                                          \
+        float scale, int nt) {                                                                                  \
         indexer_scores_mma<T>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, bs,  \
-                              bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale);    \
+                              bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale, nt); \
     }
 VT_IDX_SCORES_MMA(bf16, bf16)
 VT_IDX_SCORES_MMA(f16, f16)
 
 // ---------------------------------------------------------------------------------------
-// Selection.
+// Selection. The row's keys are read from shared memory when they fit (`row_cap` keys of
+// dynamic shared memory; one global pass copies them), else from the workspace; both through
+// a generic pointer, 16 bytes at a time.
 namespace {
 
 struct SelShared {
@@ -280,7 +286,7 @@ __device__ __forceinline__ bool candidate(u32 key, i64 j, bool first, u32 bk, i6
     return key != 0u && (first || key < bk || (key == bk && j > bj));
 }
 
-// Bitonic sort of s.items[0 .. m2) descending (m2 a power of two, entries past the
+// Bitonic sort of items[0 .. m2) descending (m2 a power of two; entries past the
 // selection are 0 and sink).
 __device__ void sort_desc(u64* items, int m2) {
     for (int k = 2; k <= m2; k <<= 1) {
@@ -302,18 +308,46 @@ __device__ void sort_desc(u64* items, int m2) {
     }
 }
 
+// Keys jb .. jb + PER_THREAD of `keys` (0 past n): four 16-byte loads when whole.
+__device__ __forceinline__ void load_run(const u32* keys, i64 jb, i64 n, u32 (&k)[PER_THREAD]) {
+    if (jb + PER_THREAD <= n) {
+        const uint4* v = reinterpret_cast<const uint4*>(keys + jb);
+#pragma unroll
+        for (int u = 0; u < PER_THREAD / 4; ++u) {
+            const uint4 x = v[u];
+            k[4 * u] = x.x;
+            k[4 * u + 1] = x.y;
+            k[4 * u + 2] = x.z;
+            k[4 * u + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < PER_THREAD; ++e) k[e] = jb + e < n ? keys[jb + e] : 0u;
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
     int* out, i64 o_st, i64 o_sk, int topk, const u32* ws, i64 ws_ld, i64 row0, int rows, const int* bt, i64 bt_sb,
-    i64 bt_sc, int nseq, int bs, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap) {
+    i64 bt_sc, int nseq, int bs, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap,
+    int row_cap) {
     __shared__ SelShared s;
+    extern __shared__ __align__(16) u32 srow[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr i64 TILE = (i64)PER_THREAD * SEL_THREADS;
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         const i64 t = row0 + r;
         int b;
         const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
-        const u32* row = ws + (i64)r * ws_ld;
+        const u32* keys = ws + (i64)r * ws_ld;  // 16-byte aligned: ws_ld % 4 == 0
+        if (n > 0 && n <= row_cap) {
+            const uint4* src = reinterpret_cast<const uint4*>(keys);
+            uint4* dst = reinterpret_cast<uint4*>(srow);
+            for (i64 v = tid; v < (n + 3) / 4; v += SEL_THREADS) dst[v] = src[v];
+            __syncthreads();
+            keys = srow;
+        }
         int* orow = out + t * o_st;
         int written = 0;
         bool first = true;
@@ -333,9 +367,14 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
                 __syncthreads();
                 const u32 prefix = s.prefix;
                 const int sh = d * 8;
-                for (i64 j = tid; j < n; j += SEL_THREADS) {
-                    const u32 key = row[j];
-                    if (candidate(key, j, first, bk, bj) && (key & mask) == prefix) atomicAdd(&s.hist[(key >> sh) & 255u], 1u);
+                for (i64 jb = (i64)tid * PER_THREAD; jb < n; jb += TILE) {
+                    u32 k[PER_THREAD];
+                    load_run(keys, jb, n, k);
+#pragma unroll
+                    for (int e = 0; e < PER_THREAD; ++e) {
+                        if (candidate(k[e], jb + e, first, bk, bj) && (k[e] & mask) == prefix)
+                            atomicAdd(&s.hist[(k[e] >> sh) & 255u], 1u);
+                    }
                 }
                 __syncthreads();
                 if (warp == 0) {
@@ -393,40 +432,59 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
             }
             __syncthreads();
             // Collect: everything above K* (any order), the first need_eq equal to K* in
-            // position order, packed as key << 32 | ~j (descending = key desc, j asc).
+            // position order (each thread a run of PER_THREAD consecutive keys, runs in
+            // thread order, a block scan of their counts), packed as key << 32 | ~j
+            // (descending = key desc, j asc).
             const u32 n_gt = (u32)m - need_eq;
-            for (i64 j0 = 0; j0 < n; j0 += SEL_THREADS) {
-                const i64 j = j0 + tid;
-                u32 key = 0;
-                bool cand = false;
-                if (j < n) {
-                    key = row[j];
-                    cand = candidate(key, j, first, bk, bj);
-                }
-                const u64 item = ((u64)key << 32) | (u64)(~(u32)j);
-                if (cand && (all ? key >= kstar : key > kstar)) {
-                    const u32 at = atomicAdd(&s.count_gt, 1u);
-                    if (at < SORT_CAP) s.items[at] = item;
-                }
-                if (!all) {
-                    const bool eq = cand && key == kstar;
-                    const unsigned bal = __ballot_sync(0xffffffffu, eq);
-                    if (lane == 0) s.scan[warp] = __popc(bal);
-                    __syncthreads();
-                    u32 before = s.eq_base;
-                    for (int wi = 0; wi < warp; ++wi) before += s.scan[wi];
-                    before += __popc(bal & ((1u << lane) - 1u));
-                    if (eq && before < need_eq) s.items[n_gt + before] = item;
-                    __syncthreads();
-                    if (tid == 0) {
-                        u32 add = 0;
-                        for (int wi = 0; wi < SEL_THREADS / 32; ++wi) add += s.scan[wi];
-                        s.eq_base += add;
+            for (i64 j0 = 0; j0 < n; j0 += TILE) {
+                const i64 jb = j0 + (i64)tid * PER_THREAD;
+                u32 k[PER_THREAD];
+                load_run(keys, jb, n, k);
+                u32 eqmask = 0;
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e) {
+                    if (!candidate(k[e], jb + e, first, bk, bj)) continue;
+                    if (all ? k[e] >= kstar : k[e] > kstar) {
+                        const u32 at = atomicAdd(&s.count_gt, 1u);
+                        if (at < SORT_CAP) s.items[at] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
+                    } else if (k[e] == kstar) {
+                        eqmask |= 1u << e;
                     }
-                    __syncthreads();
-                    if (s.eq_base >= need_eq && s.count_gt >= n_gt) break;
-                    __syncthreads();
                 }
+                if (all) continue;
+                // Exclusive scan of the equal counts over the block, in thread order.
+                const u32 cnt = __popc(eqmask);
+                u32 incl = cnt;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += v;
+                }
+                if (lane == 31) s.scan[warp] = incl;
+                __syncthreads();
+                if (warp == 0) {
+                    const u32 wv = lane < SEL_THREADS / 32 ? s.scan[lane] : 0u;
+                    u32 wi = wv;
+#pragma unroll
+                    for (int o = 1; o < 32; o <<= 1) {
+                        const u32 v = __shfl_up_sync(0xffffffffu, wi, o);
+                        if (lane >= o) wi += v;
+                    }
+                    if (lane < SEL_THREADS / 32) s.scan[lane] = wi - wv;  // exclusive
+                    if (lane == 31) s.total = wi;                         // this tile's count
+                }
+                __syncthreads();
+                u32 before = s.eq_base + s.scan[warp] + incl - cnt;
+                for (u32 mk = eqmask; mk != 0u && before < need_eq; mk &= mk - 1u, ++before) {
+                    const int e = __ffs(mk) - 1;
+                    s.items[n_gt + before] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
+                }
+                __syncthreads();
+                if (tid == 0) s.eq_base += s.total;
+                __syncthreads();
+                const bool done = s.eq_base >= need_eq && s.count_gt >= n_gt;
+                __syncthreads();
+                if (done) break;
             }
             __syncthreads();
             int m2 = 1;

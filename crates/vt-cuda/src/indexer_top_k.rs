@@ -6,9 +6,13 @@
 //!    (mma.sync m16n8k16) when Di is a multiple of 16 and the query and cache rows are
 //!    16-byte aligned, else `indexer_scores_{bf16,f16,f32}` (one thread per token, the CPU
 //!    reference's arithmetic order, so bit-equal scores);
-//! 2. `indexer_select_f32`: one CTA per query, a radix select on the scores' order-preserving
-//!    u32 keys with the contract's tie rule, a bitonic sort of the chosen, slots written
-//!    highest first, -1 past them.
+//! 2. `indexer_select_f32`: one CTA per query (its row of keys in shared memory when it fits
+//!    beside the CTA's 36 KB, 48,896 keys on an H100/H200), a radix select on the scores'
+//!    order-preserving u32 keys with the contract's tie rule, a bitonic sort of the chosen,
+//!    slots written highest first, -1 past them.
+//!
+//! A score CTA takes up to 16 tiles of 64 tokens (fewer when the call has few tiles, so that
+//! a batch of one still fills the device); the tensor-core kernel keeps 3 tiles in flight.
 //!
 //! The workspace belongs to the queue (one per stream, grown on a larger call, so a warmed-up
 //! call allocates nothing); calls with more rows than [`WORKSPACE_BYTES`] holds run in
@@ -38,14 +42,24 @@ static SRC: KernelSource = kernel_source!("indexer_top_k");
 
 const OP: OpId = OpId::IndexerTopK;
 
-/// Tokens per CTA of both score kernels (`KPC` in the .cu file).
-const KEYS_PER_CTA: i64 = 256;
-/// Key rows per tile of the tensor-core kernel (`KT`).
+/// Tokens per tile of the score kernels (`KT` in the .cu file); a CTA takes `nt` tiles.
 const KEY_TILE: i64 = 64;
+/// Key tiles in flight in the tensor-core kernel (`STAGES`).
+const STAGES: i64 = 3;
+/// Most tiles per score CTA.
+const MAX_TILES_PER_CTA: i64 = 16;
+/// Key tiles of a call per score CTA below which CTAs get fewer tiles (more CTAs).
+const TILES_PER_CTA_DIVISOR: i64 = 1024;
+/// Static shared memory of the select kernel (`SelShared`: 4096 u64 items, 256 bins,
+/// counters), rounded up, and a margin; the rest of the opt-in limit holds a row's keys.
+const SELECT_STATIC_SMEM: i64 = 36 * 1024;
 /// Elements of padding per shared-memory row of the tensor-core kernel (`PAD`).
 const PAD: i64 = 8;
 const SCORE_THREADS: u32 = 128;
-const SELECT_THREADS: u32 = 512;
+const SELECT_THREADS: u32 = 1024;
+/// A per-block shared-memory limit every sm_80+ device allows (sm_86/sm_89: 99 KB).
+#[cfg(test)]
+pub(crate) const DEFAULT_SMEM_OPTIN: u32 = 101_376;
 /// The tensor-core kernel's dynamic shared memory stays under what every sm_80+ device
 /// gives a block (99 KB on sm_86/sm_89).
 const MMA_SMEM_MAX: i64 = 101_376;
@@ -99,7 +113,7 @@ fn mma_smem(a: &IndexerTopKArgs<'_>) -> Option<u32> {
     }
     let hp = (h + 63) / 64 * 64;
     let rs = di + PAD;
-    let bytes = hp * rs * 2 + 2 * KEY_TILE * rs * 2 + hp * 4 + 2 * KEY_TILE * 4;
+    let bytes = hp * rs * 2 + STAGES * KEY_TILE * rs * 2 + hp * 4 + 2 * KEY_TILE * 4;
     (bytes <= MMA_SMEM_MAX).then_some(bytes as u32)
 }
 
@@ -118,7 +132,7 @@ pub fn indexer_top_k_with(q: &Queue, a: &IndexerTopKArgs<'_>, kernel: Kernel) ->
     }
     let l = layout(a)?;
     let ws = workspace(q, cq, l.chunk_rows * l.ld)?;
-    let (name, launches) = plan(a, kernel, ws, &l)?;
+    let (name, launches) = plan(a, kernel, ws, &l, cq.smem_optin()?)?;
     cq.run(OP, &launches)?;
     Ok(name)
 }
@@ -132,18 +146,34 @@ pub fn indexer_scores_only(q: &Queue, a: &IndexerTopKArgs<'_>, kernel: Kernel) -
     }
     let l = layout(a)?;
     let ws = workspace(q, cq, l.chunk_rows * l.ld)?;
-    let (_, launches) = plan(a, kernel, ws, &l)?;
+    let (_, launches) = plan(a, kernel, ws, &l, cq.smem_optin()?)?;
     let scores: Vec<Launch> = launches.into_iter().filter(|x| x.base != "indexer_select").collect();
     cq.run(OP, &scores)
 }
 
+/// Tiles per score CTA: up to 16, fewer when the call has few tiles (so that short calls
+/// still spread over the device).
+fn tiles_per_cta(rows: i64, cap: i64) -> i64 {
+    let tiles = rows.saturating_mul((cap + KEY_TILE - 1) / KEY_TILE);
+    (tiles / TILES_PER_CTA_DIVISOR).clamp(1, MAX_TILES_PER_CTA)
+}
+
+/// Keys of a row the select holds in shared memory (a multiple of 4; longer rows are read
+/// from the workspace), given the device's opt-in shared-memory limit.
+fn select_row_cap(l: &Layout, smem_optin: u32) -> i64 {
+    let room = (smem_optin as i64 - SELECT_STATIC_SMEM).max(0) / 4 / 4 * 4;
+    room.min(l.ld)
+}
+
 /// The launches for workspace address `ws` (at least `chunk_rows * ld` u32): per chunk of
-/// rows, the scores then the selection. Plain data, no device.
+/// rows, the scores then the selection. `smem_optin`: the device's per-block shared-memory
+/// limit. Plain data, no device.
 pub(crate) fn plan(
     a: &IndexerTopKArgs<'_>,
     kernel: Kernel,
     ws: u64,
     l: &Layout,
+    smem_optin: u32,
 ) -> Result<(&'static str, Vec<Launch>)> {
     let (t, h, di) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let (nb, bs) = (a.cache.dim(0), a.cache.dim(1));
@@ -168,7 +198,10 @@ pub(crate) fn plan(
     let topk32 = int(OP, "out", topk)?;
     let wf32 = i32::from(a.weights.dtype() == DType::F32);
     let pos64 = i32::from(a.positions.dtype() == DType::I64);
-    let key_blocks = u32::try_from((l.cap + KEYS_PER_CTA - 1) / KEYS_PER_CTA)
+    let nt = tiles_per_cta(l.chunk_rows.min(t), l.cap);
+    let keys_per_cta = nt * KEY_TILE;
+    let row_cap = select_row_cap(l, smem_optin);
+    let key_blocks = u32::try_from((l.cap + keys_per_cta - 1) / keys_per_cta)
         .map_err(|_| Error::invalid(OP, "block_table", "MB * BS is too large for the score grid"))?;
     let mut launches = Vec::new();
     let mut row0 = 0;
@@ -203,6 +236,7 @@ pub(crate) fn plan(
             h32.into(),
             di32.into(),
             a.scale.into(),
+            (nt as i32).into(),
         ];
         let grid = (key_blocks, rows as u32, 1);
         launches.push(match mma {
@@ -232,16 +266,13 @@ pub(crate) fn plan(
             a.positions.stride(0).into(),
             pos64.into(),
             l.cap.into(),
+            (row_cap as i32).into(),
         ];
         // The selection's kernel has one symbol; `F32` names it (its scores are f32).
-        launches.push(Launch::new(
-            &SRC,
-            "indexer_select",
-            DType::F32,
-            (rows as u32, 1, 1),
-            SELECT_THREADS,
-            select_args,
-        ));
+        launches.push(
+            Launch::new(&SRC, "indexer_select", DType::F32, (rows as u32, 1, 1), SELECT_THREADS, select_args)
+                .with_smem((row_cap * 4) as u32),
+        );
         row0 += rows;
     }
     Ok((if mma.is_some() { "mma" } else { "generic" }, launches))
@@ -310,14 +341,17 @@ mod tests {
     fn deepseek_dims_take_the_tensor_cores() {
         let mem = vec![0u128; 1 << 22];
         let a = args(&mem, DType::BF16, (4, 64, 128), 0);
-        // Q 64 x 136, two key tiles of 64 x 136, weights, the head halves' sums.
-        assert_eq!(mma_smem(&a), Some(64 * 136 * 2 + 2 * 64 * 136 * 2 + 64 * 4 + 512));
+        // Q 64 x 136, three key tiles of 64 x 136, weights, the head halves' sums.
+        assert_eq!(mma_smem(&a), Some(64 * 136 * 2 + 3 * 64 * 136 * 2 + 64 * 4 + 512));
         let l = layout(&a).expect("layout");
         assert_eq!(l, Layout { cap: 2048, ld: 2048, chunk_rows: 4 });
-        let (name, launches) = plan(&a, Kernel::Auto, 1 << 40, &l).expect("plan");
+        let (name, launches) = plan(&a, Kernel::Auto, 1 << 40, &l, 232_448).expect("plan");
         assert_eq!(name, "mma");
         assert_eq!(launches.len(), 2);
-        assert_eq!(launches[0].grid, (8, 4, 1));
+        // 4 rows x 32 tiles: one tile a CTA.
+        assert_eq!(launches[0].grid, (32, 4, 1));
+        // The whole 2048-key row fits the select's shared memory.
+        assert_eq!(launches[1].smem, 2048 * 4);
         assert_eq!(launches[0].symbol(), "indexer_scores_mma_bf16");
         assert_eq!(launches[1].symbol(), "indexer_select_f32");
     }
@@ -332,8 +366,8 @@ mod tests {
         ] {
             assert_eq!(mma_smem(&a), None);
             let l = layout(&a).expect("layout");
-            assert_eq!(plan(&a, Kernel::Auto, 1 << 40, &l).expect("plan").0, "generic");
-            let err = plan(&a, Kernel::Mma, 1 << 40, &l).expect_err("no mma").to_string();
+            assert_eq!(plan(&a, Kernel::Auto, 1 << 40, &l, DEFAULT_SMEM_OPTIN).expect("plan").0, "generic");
+            let err = plan(&a, Kernel::Mma, 1 << 40, &l, DEFAULT_SMEM_OPTIN).expect_err("no mma").to_string();
             assert!(err.contains("IndexerTopK") && err.contains("query"), "{err}");
         }
     }
@@ -346,9 +380,22 @@ mod tests {
         a.block_table = view(&mem, DType::I32, 3 << 22, &[4, 2048], &[2048, 1]);
         let l = layout(&a).expect("layout");
         assert_eq!((l.cap, l.chunk_rows), (131_072, 512));
-        let (_, launches) = plan(&a, Kernel::Auto, 1 << 40, &l).expect("plan");
+        let (_, launches) = plan(&a, Kernel::Auto, 1 << 40, &l, 232_448).expect("plan");
         assert_eq!(launches.len(), 2 * 10);
         let rows: u32 = launches.iter().filter(|x| x.base == "indexer_select").map(|x| x.grid.0).sum();
         assert_eq!(rows, 5000);
+        // 16 tiles (1024 keys) a score CTA; select rows of 128k keys beyond the 48,896 that
+        // fit in shared memory are read from the workspace.
+        assert_eq!(launches[0].grid, (128, 512, 1));
+        assert_eq!(launches[1].smem, 48_896 * 4);
+    }
+
+    #[test]
+    fn short_calls_get_more_score_ctas() {
+        // Decode at b 1: 1024 tiles of 64 keys at 64k context, one a CTA; b 128: 16 a CTA.
+        assert_eq!(tiles_per_cta(1, 65_536), 1);
+        assert_eq!(tiles_per_cta(32, 32_768), 16);
+        assert_eq!(tiles_per_cta(4, 32_768), 2);
+        assert_eq!(tiles_per_cta(128, 65_536), 16);
     }
 }

@@ -459,7 +459,7 @@ fn samples(dt: DType) -> Result<Samples> {
                 scale: 0.088,
             };
             let l = layout(&a)?;
-            add(format!("IndexerTopK ({kernel:?})"), plan(&a, kernel, 1 << 40, &l)?.1);
+            add(format!("IndexerTopK ({kernel:?})"), plan(&a, kernel, 1 << 40, &l, 232_448)?.1);
         }
     }
     Ok(out)
