@@ -26,6 +26,7 @@ const SPEC: RandomLayerSpec = RandomLayerSpec {
     qk_rope_head_dim: 64,
     v_head_dim: 32,
     max_position_embeddings: 4096,
+    indexer: None,
 };
 
 const BOUND: f64 = 6e-2;

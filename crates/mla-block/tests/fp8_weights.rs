@@ -178,6 +178,7 @@ const ALIGNED: RandomLayerSpec = RandomLayerSpec {
     qk_rope_head_dim: 64,
     v_head_dim: 128,
     max_position_embeddings: 4096,
+    indexer: None,
 };
 
 /// The layer's weights block-quantized as DeepSeek's checkpoints are (amax / 448 per

@@ -521,7 +521,9 @@ pub fn run(a: &PrefillBenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>
     let kind = pick(a.backend)?;
     let (layer_name, spec) = match a.layer {
         LayerArg::V3 => ("v3", RandomLayerSpec::DEEPSEEK_V3),
+        LayerArg::V32 => ("v32", RandomLayerSpec::DEEPSEEK_V32),
         LayerArg::Small => ("small", RandomLayerSpec::SMALL),
+        LayerArg::SmallV32 => ("small-v32", RandomLayerSpec::SMALL_V32),
     };
     let dtype = match a.dtype {
         DTypeArg::Bf16 => DType::BF16,

@@ -303,9 +303,10 @@ pub fn rows_json(device: &str, rows: &[GemmRow], bw: Option<f64>) -> serde_json:
 /// `vt-mla bench-gemm`.
 pub fn command(a: &GemmBenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> Result<()> {
     let kind = pick(a.backend)?;
+    // V3.2's main GEMMs are V3's (its indexer's are not listed here).
     let spec = match a.layer {
-        LayerArg::V3 => RandomLayerSpec::DEEPSEEK_V3,
-        LayerArg::Small => RandomLayerSpec::SMALL,
+        LayerArg::V3 | LayerArg::V32 => RandomLayerSpec::DEEPSEEK_V3,
+        LayerArg::Small | LayerArg::SmallV32 => RandomLayerSpec::SMALL,
     };
     let dt = match a.dtype {
         DTypeArg::Bf16 => DType::BF16,
@@ -320,7 +321,8 @@ pub fn command(a: &GemmBenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType
         "vt-mla bench-gemm: the decode step's GEMMs ({} layer, {dt}) on {kind}:0 ({device}), M = {:?}, median of {}",
         match a.layer {
             LayerArg::V3 => "DeepSeek-V3",
-            LayerArg::Small => "small",
+            LayerArg::V32 => "DeepSeek-V3.2 (V3's GEMMs, the indexer's left out)",
+            LayerArg::Small | LayerArg::SmallV32 => "small",
         },
         a.m,
         a.iters

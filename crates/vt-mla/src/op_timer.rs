@@ -64,7 +64,15 @@ pub fn label(d: &MlaBlockDims, call: Call, seen: usize) -> String {
             if (rows, k) == (n * (p + v), l) {
                 return ctx("kv_b_proj");
             }
-            match named.iter().find(|((a, b), _)| (*a, *b) == (rows, k) && *a > 0) {
+            // DeepSeek-V3.2's indexer projections (after the block's own, which win a tie).
+            let indexer = d.indexer.map_or(Vec::new(), |ix| {
+                vec![
+                    ((ix.n_heads * ix.head_dim, ql), "indexer.wq_b"),
+                    ((ix.head_dim, h), "indexer.wk"),
+                    ((ix.n_heads, h), "indexer.weights_proj"),
+                ]
+            });
+            match named.iter().chain(&indexer).find(|((a, b), _)| (*a, *b) == (rows, k) && *a > 0) {
                 Some((_, name)) => name.to_string(),
                 None => format!("MatmulBT [{rows}, {k}]"),
             }

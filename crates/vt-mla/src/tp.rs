@@ -40,8 +40,13 @@ impl From<TransportArg> for Transport {
 pub enum LayerArg {
     /// DeepSeek-V3's attention layer sizes.
     V3,
+    /// DeepSeek-V3.2's: V3's plus the lightning indexer (64 x 128 heads, top 2048); every
+    /// token takes the sparse path.
+    V32,
     /// A small layer (for quick checks).
     Small,
+    /// The small layer with an indexer (4 x 32 heads, top 16).
+    SmallV32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -198,7 +203,9 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
     };
     let (layer_name, spec) = match a.layer {
         LayerArg::V3 => ("v3", RandomLayerSpec::DEEPSEEK_V3),
+        LayerArg::V32 => ("v32", RandomLayerSpec::DEEPSEEK_V32),
         LayerArg::Small => ("small", RandomLayerSpec::SMALL),
+        LayerArg::SmallV32 => ("small-v32", RandomLayerSpec::SMALL_V32),
     };
     let dtype = match a.dtype {
         DTypeArg::Bf16 => DType::BF16,

@@ -65,6 +65,20 @@ fn run_reproduces_the_v32_sparse_goldens() {
     );
 }
 
+/// `vt-mla bench --layer small-v32`: the decode step of a random DeepSeek-V3.2-shaped layer
+/// (indexer + sparse attention) at TP 1 and 2 on the CPU, past its top-k (context 40 > 16).
+#[test]
+fn bench_times_a_v32_layer() {
+    let o = vt_mla()
+        .args(["bench", "--backend", "cpu", "--layer", "small-v32", "--tp", "1,2", "--dtype", "f32"])
+        .args(["--batch", "2", "--context", "40", "--steps", "1", "--rounds", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains("random small-v32 MLA layer") && stdout.contains("2 ranks"), "{stdout}");
+}
+
 #[test]
 fn run_defaults_positions_to_0_through_t_and_honours_layer_prefix() {
     let (_, host) = synthetic(false, DType::F32);

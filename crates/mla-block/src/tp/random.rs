@@ -58,6 +58,8 @@ pub struct RandomLayerSpec {
     pub v_head_dim: i64,
     /// Rows of the cos/sin cache.
     pub max_position_embeddings: i64,
+    /// DeepSeek-V3.2's indexer (`model_type: deepseek_v32`): `None` for a dense layer.
+    pub indexer: Option<crate::IndexerDims>,
 }
 
 impl RandomLayerSpec {
@@ -72,6 +74,7 @@ impl RandomLayerSpec {
         qk_rope_head_dim: 64,
         v_head_dim: 128,
         max_position_embeddings: 163840,
+        indexer: None,
     };
 
     /// DeepSeek-V3's proportions scaled down for CPU tests: 16 heads (so tp 2, 4, 8 and 16
@@ -85,6 +88,7 @@ impl RandomLayerSpec {
         qk_rope_head_dim: 16,
         v_head_dim: 32,
         max_position_embeddings: 4096,
+        indexer: None,
     };
 
     /// A small layer with DeepSeek-V3's latent and rope widths (kv_lora 512, rope 64), the
@@ -99,13 +103,28 @@ impl RandomLayerSpec {
         qk_rope_head_dim: 64,
         v_head_dim: 16,
         max_position_embeddings: 4096,
+        indexer: None,
     };
 
-    /// `v3`, `small`, `small-fp8`.
+    /// DeepSeek-V3.2: V3's attention plus its lightning indexer (64 heads of 128, top 2048).
+    pub const DEEPSEEK_V32: RandomLayerSpec = RandomLayerSpec {
+        indexer: Some(crate::IndexerDims { n_heads: 64, head_dim: 128, topk: 2048 }),
+        ..RandomLayerSpec::DEEPSEEK_V3
+    };
+
+    /// [`RandomLayerSpec::SMALL`] with an indexer of 4 heads of 32 and top 16, for CPU tests.
+    pub const SMALL_V32: RandomLayerSpec = RandomLayerSpec {
+        indexer: Some(crate::IndexerDims { n_heads: 4, head_dim: 32, topk: 16 }),
+        ..RandomLayerSpec::SMALL
+    };
+
+    /// `v3`, `v32`, `small`, `small-v32`, `small-fp8`.
     pub fn by_name(name: &str) -> Option<RandomLayerSpec> {
         match name {
             "v3" | "deepseek-v3" => Some(RandomLayerSpec::DEEPSEEK_V3),
+            "v32" | "deepseek-v3.2" => Some(RandomLayerSpec::DEEPSEEK_V32),
             "small" => Some(RandomLayerSpec::SMALL),
+            "small-v32" => Some(RandomLayerSpec::SMALL_V32),
             "small-fp8" => Some(RandomLayerSpec::SMALL_FP8),
             _ => None,
         }
@@ -114,8 +133,14 @@ impl RandomLayerSpec {
     /// The Hugging Face `config.json` of this layer.
     pub fn config_json(&self) -> String {
         let q = if self.q_lora_rank > 0 { self.q_lora_rank.to_string() } else { "null".into() };
+        let v32 = self.indexer.map_or(String::new(), |ix| {
+            format!(
+                r#""model_type": "deepseek_v32", "index_n_heads": {}, "index_head_dim": {}, "index_topk": {},"#,
+                ix.n_heads, ix.head_dim, ix.topk
+            )
+        });
         format!(
-            r#"{{"hidden_size": {}, "num_attention_heads": {}, "q_lora_rank": {q}, "kv_lora_rank": {},
+            r#"{{{v32} "hidden_size": {}, "num_attention_heads": {}, "q_lora_rank": {q}, "kv_lora_rank": {},
                 "qk_nope_head_dim": {}, "qk_rope_head_dim": {}, "v_head_dim": {}, "rms_norm_eps": 1e-6,
                 "max_position_embeddings": {}, "rope_theta": 10000,
                 "rope_scaling": {{"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
