@@ -62,6 +62,28 @@ fn the_fp8_sized_small_layer_pads_bit_for_bit_too() {
     }
 }
 
+/// A DeepSeek-V3.2-shaped layer (indexer + sparse attention, top 16): padded decode steps
+/// (padding rows select nothing) equal the plain step bit for bit while sequences join and
+/// leave, through two layers on one cache of [latent | indexer key] rows (prompts up to 12
+/// tokens and 16 decode steps: contexts pass the top-k).
+#[test]
+fn a_v32_sparse_layer_pads_bit_for_bit_too() {
+    let q = common::cpu_queue();
+    let s = Serving {
+        spec: RandomLayerSpec::SMALL_V32,
+        layers: 2,
+        decode_steps: 10,
+        ..Serving::small(DType::F32)
+    };
+    let served = serve(&q, &s);
+    assert!(served.steps.iter().any(|r| r.rows < r.bucket), "no padded step");
+    for r in &served.steps {
+        assert_eq!(r.graph, r.unpadded, "step {}", r.step);
+        assert_eq!(r.graph, r.padded_eager, "step {}", r.step);
+        assert!(serving::to_f64(DType::F32, &r.graph).iter().all(|v| v.is_finite()), "step {}", r.step);
+    }
+}
+
 fn arg_of(e: &Error) -> &'static str {
     match e {
         Error::InvalidArgument { arg, .. } => arg,
