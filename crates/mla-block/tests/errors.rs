@@ -423,3 +423,80 @@ fn a_schedule_that_does_not_sum_to_t_is_an_error() {
     }
     assert_eq!("prefill:16, decode:8".parse::<Schedule>().unwrap().to_string(), "prefill:16,decode:8");
 }
+
+// ---------------------------------------------------------------- DeepSeek-V3.2
+
+/// The indexer's dims, weights and cache are checked by name: a zero or too narrow indexer
+/// dim, the q_proj branch, each missing indexer weight, a wrong-shaped one, and a cache whose
+/// rows lack the indexer key (or are fp8_ds_mla).
+#[test]
+fn v32_indexer_dims_weights_and_cache_errors_are_named() {
+    use mla_block::tp::RandomLayerSpec;
+    use mla_block::IndexerDims;
+    let ix = IndexerDims { n_heads: 2, head_dim: 8, topk: 4 };
+    for (bad, name) in [
+        (IndexerDims { n_heads: 0, ..ix }, "index_n_heads"),
+        (IndexerDims { head_dim: 0, ..ix }, "index_head_dim"),
+        (IndexerDims { topk: 0, ..ix }, "index_topk"),
+        (IndexerDims { head_dim: 2, ..ix }, "index_head_dim"),
+    ] {
+        assert_err(dims().with_indexer(bad), &["MlaBlockDims", name]);
+    }
+    let q_proj = MlaBlockDims::new(16, 2, 0, 8, 4, 4, 4, 1e-6, &YarnRopeParams::plain(1e4)).unwrap();
+    assert_err(q_proj.with_indexer(ix), &["q_lora_rank"]);
+
+    let q = cpu_queue();
+    let (cfg, w) = RandomLayerSpec::SMALL_V32.layer(DType::F32, 3).unwrap();
+    for name in
+        ["indexer.wq_b", "indexer.wk", "indexer.k_norm", "indexer.k_norm.bias", "indexer.weights_proj"]
+    {
+        let mut missing = w.clone();
+        missing.tensors.retain(|(n, _)| *n != name);
+        assert_err(MlaWeightStore::from_host(&q, &cfg, &missing), &[name, "missing"]);
+        let mut misshaped = w.clone();
+        for (n, t) in misshaped.tensors.iter_mut() {
+            if *n == name {
+                let len = t.shape[0] + 1;
+                t.shape[0] = len;
+                t.bytes = vec![0; (t.numel() as usize) * 4];
+            }
+        }
+        assert_err(MlaWeightStore::from_host(&q, &cfg, &misshaped), &[name]);
+    }
+    // A block whose views lack an indexer weight (a store built for the dense dims).
+    let mut dense_cfg = cfg;
+    dense_cfg.dims.indexer = None;
+    let dense_store = MlaWeightStore::from_host(&q, &dense_cfg, &w).unwrap();
+    assert_err(MlaBlock::new(cfg.dims, dense_store.views(), false), &["indexer.wq_b", "not set"]);
+
+    // The cache: rows of L+R only (no indexer key), and an fp8_ds_mla cache.
+    let store = MlaWeightStore::from_host(&q, &cfg, &w).unwrap();
+    let block = MlaBlock::new(cfg.dims, store.views(), false).unwrap();
+    let mut cache = PagedKvCache::new(&q, DType::F32, 4, 4, cfg.dims.latent_row_dim()).unwrap();
+    let id = cache.add_sequence();
+    let mut meta = MlaBatchMetadata::default();
+    meta.plan(&mut cache, &[StepSeq { seq: id, positions: &[0, 1], decode: false }], 16).unwrap();
+    let x = Buffer::from_f64(&q, DType::F32, &[2, 128], &vec![0.5; 256]).unwrap();
+    let y = Buffer::nan(&q, DType::F32, &[2, 128]).unwrap();
+    let mut ws = MlaWorkspace::new(MlaLimits::default()).unwrap();
+    assert_err(
+        block.forward(&q, &mut ws, &x.view(), &meta, &cache.view(), &y.view()),
+        &["kv_cache", "L+R+Di", "indexer key"],
+    );
+    let hidden = HostTensor {
+        dtype: DType::F32,
+        shape: vec![1, 2, 128],
+        bytes: vt_core::encode_f64(DType::F32, &[0.5; 256]),
+    };
+    let r = mla_block::runner::run_schedule_with_cache(
+        &q,
+        &block,
+        &hidden,
+        &[0, 1],
+        &Schedule::all_at_once(2),
+        &RunOptions::default(),
+        mla_block::KvCacheDtype::Fp8DsMla,
+        &|_, _| {},
+    );
+    assert_err(r, &["kv_cache_dtype", "indexer"]);
+}
