@@ -6,7 +6,8 @@
 //    the block table. `key` is the order-preserving map of the f32 bits to u32 (unsigned
 //    order of keys = f32 total order, -0 made +0 first); key 0 marks a token that cannot be
 //    chosen (its block id is outside the cache). NaN maps to at least 1. Two kernels:
-//    - indexer_scores_mma_{bf16,f16}: tensor cores (mma.sync m16n8k16, f32 accumulation).
+//    - indexer_scores_mma_{bf16,f16}: tensor cores (mma.sync m16n8k16, f32 accumulation);
+//      indexer_scores_mma128_*: the same with H <= 64, Di = 128 and Q's fragments in registers.
 //      One CTA = one query x nt tiles of 64 keys (nt from the host), 4 warps. The query's
 //      heads (padded with zero rows to a multiple of 64) sit in shared memory; key tiles
 //      stream in by cp.async, STAGES in flight. Warp (mw, nw) computes heads [mw*32, +32) of each 64-head pass
@@ -125,9 +126,12 @@ __device__ void indexer_scores(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_s
 VT_FOR_EACH_FLOAT(VT_IDX_SCORES)
 
 // ---------------------------------------------------------------------------------------
-// Tensor-core scores. Shared memory (dynamic): Q [hp][di + PAD] T, keys [2][KT][di + PAD] T,
-// weights [hp] f32, the head halves' partial sums [2][KT] f32. hp = h rounded up to 64.
-template <typename T>
+// Tensor-core scores. Shared memory (dynamic): Q [hp][di + PAD] T, keys [STAGES][KT][di + PAD]
+// T, weights [hp] f32, the head halves' partial sums [2][KT] f32. hp = h rounded up to 64.
+// DQ = 0: any hp and di (Q's fragments loaded from shared memory for every tile); DQ = 128:
+// hp = 64 and di = 128 (DeepSeek), each warp's Q fragments (32 heads x 128) held in registers
+// for all its tiles, halving the shared-memory operand traffic per mma.
+template <typename T, int DQ>
 __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w,
                                    i64 w_st, i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs,
                                    const int* bt, i64 bt_sb, i64 bt_sc, int nseq, const int* seq_ids, i64 sid_s,
@@ -178,64 +182,98 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
     };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) load_tile(i);
+    // Q's A fragments (DQ > 0): [32 heads / 16][DQ / 16] x4, loaded with the first tile.
+    uint32_t aq[2][DQ > 0 ? DQ / 16 : 1][4];
 
     for (int i = 0; i < ntiles; ++i) {
         load_tile(i + STAGES - 1);
         cp_async_wait<STAGES - 1>();
         __syncthreads();
         const T* kt = ks + (i % STAGES) * KT * rs;
-        // part[nt][c]: this thread's share of the weighted sum over heads of key
-        // nw*32 + nt*8 + 2*(lane%4) + c.
+        // part[ni][c]: this thread's share of the weighted sum over heads of key
+        // nw*32 + ni*8 + 2*(lane%4) + c.
         float part[4][2] = {};
-        for (int h0 = 0; h0 < hp; h0 += 64) {
-            float acc[2][4][4] = {};
-            for (int k0 = 0; k0 < di; k0 += 16) {
-                uint32_t a[2][4], bf[2][4];
-#pragma unroll
-                for (int mg = 0; mg < 2; ++mg) {
-                    const int row = h0 + mw * 32 + mg * 16 + (lane & 15);
-                    ldsm_x4(smem_u32(qs + row * rs + k0 + (lane >> 4) * 8), a[mg]);
-                }
-#pragma unroll
-                for (int np = 0; np < 2; ++np) {
-                    const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    ldsm_x4(smem_u32(kt + key * rs + k0 + ((lane >> 3) & 1) * 8), bf[np]);
-                }
-#pragma unroll
-                for (int mg = 0; mg < 2; ++mg)
-#pragma unroll
-                    for (int nt = 0; nt < 4; ++nt)
-                        MmaSync<T>::run(acc[mg][nt], a[mg], bf[nt >> 1][(nt & 1) * 2], bf[nt >> 1][(nt & 1) * 2 + 1]);
-            }
+        // relu, head weight and the sum over this thread's rows of one 64-head pass.
+        auto weigh = [&](int h0, const float (&acc)[2][4][4]) {
 #pragma unroll
             for (int mg = 0; mg < 2; ++mg) {
                 const int hr = h0 + mw * 32 + mg * 16 + (lane >> 2);
                 const float w0 = wsm[hr], w1 = wsm[hr + 8];
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt)
+                for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        part[nt][c] = fmaf(w0, fmaxf(acc[mg][nt][c], 0.f), part[nt][c]);
-                        part[nt][c] = fmaf(w1, fmaxf(acc[mg][nt][2 + c], 0.f), part[nt][c]);
+                        part[ni][c] = fmaf(w0, fmaxf(acc[mg][ni][c], 0.f), part[ni][c]);
+                        part[ni][c] = fmaf(w1, fmaxf(acc[mg][ni][2 + c], 0.f), part[ni][c]);
                     }
+            }
+        };
+        // B fragments of k-step k0 for this warp's 32 keys (2 x 16 keys).
+        auto load_b = [&](int k0, uint32_t (&bf)[2][4]) {
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+                const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                ldsm_x4(smem_u32(kt + key * rs + k0 + ((lane >> 3) & 1) * 8), bf[np]);
+            }
+        };
+        if constexpr (DQ > 0) {
+            if (i == 0) {
+#pragma unroll
+                for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+                    for (int ks = 0; ks < DQ / 16; ++ks) {
+                        const int row = mw * 32 + mg * 16 + (lane & 15);
+                        ldsm_x4(smem_u32(qs + row * rs + ks * 16 + (lane >> 4) * 8), aq[mg][ks]);
+                    }
+            }
+            float acc[2][4][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < DQ / 16; ++ks) {
+                uint32_t bf[2][4];
+                load_b(ks * 16, bf);
+#pragma unroll
+                for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ++ni)
+                        MmaSync<T>::run(acc[mg][ni], aq[mg][ks], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
+            }
+            weigh(0, acc);
+        } else {
+            for (int h0 = 0; h0 < hp; h0 += 64) {
+                float acc[2][4][4] = {};
+                for (int k0 = 0; k0 < di; k0 += 16) {
+                    uint32_t a[2][4], bf[2][4];
+#pragma unroll
+                    for (int mg = 0; mg < 2; ++mg) {
+                        const int row = h0 + mw * 32 + mg * 16 + (lane & 15);
+                        ldsm_x4(smem_u32(qs + row * rs + k0 + (lane >> 4) * 8), a[mg]);
+                    }
+                    load_b(k0, bf);
+#pragma unroll
+                    for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+                        for (int ni = 0; ni < 4; ++ni)
+                            MmaSync<T>::run(acc[mg][ni], a[mg], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
+                }
+                weigh(h0, acc);
             }
         }
         // Sum over the warp's rows (lanes with equal lane % 4 hold the same keys).
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                float v = part[nt][c];
+                float v = part[ni][c];
                 v += __shfl_xor_sync(0xffffffffu, v, 4);
                 v += __shfl_xor_sync(0xffffffffu, v, 8);
                 v += __shfl_xor_sync(0xffffffffu, v, 16);
-                part[nt][c] = v;
+                part[ni][c] = v;
             }
         if (lane < 4) {
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-                for (int c = 0; c < 2; ++c) red[mw * KT + nw * 32 + nt * 8 + lane * 2 + c] = part[nt][c];
+                for (int c = 0; c < 2; ++c) red[mw * KT + nw * 32 + ni * 8 + lane * 2 + c] = part[ni][c];
         }
         __syncthreads();
         if (tid < KT) {
@@ -257,8 +295,17 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
         int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc,      \
         int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, \
         float scale, int nt) {                                                                                  \
-        indexer_scores_mma<T>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, bs,  \
-                              bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale, nt); \
+        indexer_scores_mma<T, 0>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, bs, \
+                                 bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di, scale, nt); \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS) indexer_scores_mma128_##S(                            \
+        u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_st, i64 q_sh, const void* w, i64 w_st, i64 w_sh,        \
+        int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc,      \
+        int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap, int h, int di, \
+        float scale, int nt) {                                                                                  \
+        indexer_scores_mma<T, 128>(ws, ws_ld, row0, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb,  \
+                                   bs, bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, di,   \
+                                   scale, nt);                                                                  \
     }
 VT_IDX_SCORES_MMA(bf16, bf16)
 VT_IDX_SCORES_MMA(f16, f16)
@@ -475,9 +522,14 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
                 }
                 __syncthreads();
                 u32 before = s.eq_base + s.scan[warp] + incl - cnt;
-                for (u32 mk = eqmask; mk != 0u && before < need_eq; mk &= mk - 1u, ++before) {
-                    const int e = __ffs(mk) - 1;
-                    s.items[n_gt + before] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
+                // (Unrolled with a bit test: k[] indexed by a run-time value would live in
+                // local memory.)
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e) {
+                    if ((eqmask >> e) & 1u) {
+                        if (before < need_eq) s.items[n_gt + before] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
+                        ++before;
+                    }
                 }
                 __syncthreads();
                 if (tid == 0) s.eq_base += s.total;

@@ -239,11 +239,10 @@ pub(crate) fn plan(
             (nt as i32).into(),
         ];
         let grid = (key_blocks, rows as u32, 1);
+        // Q's fragments in registers at DeepSeek's dims (one 64-head pass, Di 128).
+        let base = if h <= 64 && di == 128 { "indexer_scores_mma128" } else { "indexer_scores_mma" };
         launches.push(match mma {
-            Some(s) => {
-                Launch::new(&SRC, "indexer_scores_mma", a.query.dtype(), grid, SCORE_THREADS, score_args)
-                    .with_smem(s)
-            }
+            Some(s) => Launch::new(&SRC, base, a.query.dtype(), grid, SCORE_THREADS, score_args).with_smem(s),
             None => Launch::new(&SRC, "indexer_scores", a.query.dtype(), grid, SCORE_THREADS, score_args),
         });
         let select_args: Vec<Arg> = vec![
@@ -352,7 +351,7 @@ mod tests {
         assert_eq!(launches[0].grid, (32, 4, 1));
         // The whole 2048-key row fits the select's shared memory.
         assert_eq!(launches[1].smem, 2048 * 4);
-        assert_eq!(launches[0].symbol(), "indexer_scores_mma_bf16");
+        assert_eq!(launches[0].symbol(), "indexer_scores_mma128_bf16");
         assert_eq!(launches[1].symbol(), "indexer_select_f32");
     }
 
