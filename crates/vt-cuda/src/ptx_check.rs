@@ -462,7 +462,10 @@ fn samples(dt: DType) -> Result<Samples> {
                 scale: 0.088,
             };
             let l = layout(&a)?;
-            add(format!("IndexerTopK ({kernel:?}, H {h}, Di {di})"), plan(&a, kernel, 1 << 40, &l, 232_448)?.1);
+            add(
+                format!("IndexerTopK ({kernel:?}, H {h}, Di {di})"),
+                plan(&a, kernel, 1 << 40, &l, 232_448)?.1,
+            );
         }
     }
     Ok(out)
