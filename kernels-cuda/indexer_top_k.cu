@@ -414,13 +414,19 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
                 __syncthreads();
                 const u32 prefix = s.prefix;
                 const int sh = d * 8;
-                for (i64 jb = (i64)tid * PER_THREAD; jb < n; jb += TILE) {
+                // Warp-aggregated counts: scores crowd into few bins (a pass's digit is often
+                // the same for most keys), and same-address shared atomics serialize.
+                for (i64 j0 = 0; j0 < n; j0 += TILE) {
+                    const i64 jb = j0 + (i64)tid * PER_THREAD;
                     u32 k[PER_THREAD];
                     load_run(keys, jb, n, k);
 #pragma unroll
                     for (int e = 0; e < PER_THREAD; ++e) {
-                        if (candidate(k[e], jb + e, first, bk, bj) && (k[e] & mask) == prefix)
-                            atomicAdd(&s.hist[(k[e] >> sh) & 255u], 1u);
+                        const bool c = candidate(k[e], jb + e, first, bk, bj) && (k[e] & mask) == prefix;
+                        if (__ballot_sync(0xffffffffu, c) == 0u) continue;
+                        const u32 bin = c ? (k[e] >> sh) & 255u : 256u;
+                        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                        if (c && lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
                     }
                 }
                 __syncthreads();
@@ -490,13 +496,18 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
                 u32 eqmask = 0;
 #pragma unroll
                 for (int e = 0; e < PER_THREAD; ++e) {
-                    if (!candidate(k[e], jb + e, first, bk, bj)) continue;
-                    if (all ? k[e] >= kstar : k[e] > kstar) {
-                        const u32 at = atomicAdd(&s.count_gt, 1u);
-                        if (at < SORT_CAP) s.items[at] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
-                    } else if (k[e] == kstar) {
-                        eqmask |= 1u << e;
-                    }
+                    const bool c = candidate(k[e], jb + e, first, bk, bj);
+                    const bool gt = c && (all ? k[e] >= kstar : k[e] > kstar);
+                    if (c && !gt && k[e] == kstar) eqmask |= 1u << e;
+                    // One counter update per warp (slots in lane order).
+                    const unsigned bg = __ballot_sync(0xffffffffu, gt);
+                    if (bg == 0u) continue;
+                    const int leader = __ffs(bg) - 1;
+                    u32 base = 0;
+                    if (lane == leader) base = atomicAdd(&s.count_gt, (u32)__popc(bg));
+                    base = __shfl_sync(0xffffffffu, base, leader);
+                    const u32 at = base + (u32)__popc(bg & ((1u << lane) - 1u));
+                    if (gt && at < SORT_CAP) s.items[at] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
                 }
                 if (all) continue;
                 // Exclusive scan of the equal counts over the block, in thread order.
