@@ -459,3 +459,36 @@ fn malformed_arguments_are_errors() {
         assert!(e.contains("IndexerTopK") && e.contains(field), "{field}: {e}");
     }
 }
+
+/// After a first call (modules loaded, workspace sized), the op captures into a CUDA graph
+/// (no allocation, no host sync) and the replay selects what an eager call does, also after
+/// new inputs are written into the same buffers; a later, larger call grows the workspace
+/// without invalidating the graph.
+#[test]
+fn a_captured_call_replays_the_eager_selection() {
+    let Some(g) = gpu() else { return };
+    let c = Case { shuffle: false, ..Case::new(&[3000, 700], &[4, 2], V32, 64, 512) };
+    let x = inputs(&c);
+    let b = upload(&g, &c, &x);
+    let a = args(&c, &x, &b);
+    vt_core::indexer_top_k(&g, &a).unwrap();
+    let want = b.out.to_bytes(&g).unwrap();
+    b.out.fill_pattern(&g, &(GARBAGE as i32).to_le_bytes()).unwrap();
+    let graph = g.capture(|| vt_core::indexer_top_k(&g, &a)).unwrap();
+    graph.launch().unwrap();
+    assert_eq!(b.out.to_bytes(&g).unwrap(), want, "replay differs from the eager call");
+    // New queries in the same buffer: the replay follows them.
+    let x2 = inputs(&Case { seed: 9, ..c.clone() });
+    b.q.write_bytes(&g, &vt_core::encode_f64(c.dtype, &x2.q)).unwrap();
+    graph.launch().unwrap();
+    let replayed = b.out.to_bytes(&g).unwrap();
+    vt_core::indexer_top_k(&g, &a).unwrap();
+    assert_eq!(replayed, b.out.to_bytes(&g).unwrap(), "replay after new inputs differs");
+    // A larger call grows the workspace; the graph keeps its own (retired, not freed).
+    let big = Case { shuffle: false, ..Case::decode(&[40_000, 9000], V32, 64, 64) };
+    let xb = inputs(&big);
+    let bb = upload(&g, &big, &xb);
+    vt_core::indexer_top_k(&g, &args(&big, &xb, &bb)).unwrap();
+    graph.launch().unwrap();
+    assert_eq!(b.out.to_bytes(&g).unwrap(), replayed, "replay after the workspace grew differs");
+}
