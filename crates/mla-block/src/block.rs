@@ -43,6 +43,8 @@ pub struct MlaBlock<'w> {
     device: Device,
     is_neox: bool,
     fused_override: Option<bool>,
+    /// Tokens of a V3.2 step's sparse attention at a time ([`SPARSE_ROWS`] by default).
+    sparse_rows: i64,
 }
 
 /// The ops every forward issues (`FusedNormRope` is optional: without it the split path
@@ -107,7 +109,15 @@ impl<'w> MlaBlock<'w> {
             return Err(Error::invalid(OP, "o_proj", format!("dtype {dtype} is not bf16/f16/f32")));
         }
         weights.check(&dims, dtype, device)?;
-        Ok(MlaBlock { dims, w: weights, dtype, device, is_neox, fused_override: None })
+        Ok(MlaBlock {
+            dims,
+            w: weights,
+            dtype,
+            device,
+            is_neox,
+            fused_override: None,
+            sparse_rows: SPARSE_ROWS,
+        })
     }
 
     pub fn dims(&self) -> &MlaBlockDims {
@@ -129,6 +139,17 @@ impl<'w> MlaBlock<'w> {
     /// is taken only where `FusedNormRope` is registered.
     pub fn set_fused_norm_rope(&mut self, value: Option<bool>) {
         self.fused_override = value;
+    }
+
+    /// Runs a DeepSeek-V3.2 step's absorbed sparse attention `rows` tokens at a time
+    /// (default [`SPARSE_ROWS`]; tests take small values to run many chunks). Errors unless
+    /// `rows > 0`.
+    pub fn set_sparse_rows(&mut self, rows: i64) -> Result<()> {
+        if rows <= 0 {
+            return Err(Error::invalid(OP, "sparse_rows", format!("must be > 0, got {rows}")));
+        }
+        self.sparse_rows = rows;
+        Ok(())
     }
 
     /// Whether the next forward takes the fused path.
@@ -279,9 +300,11 @@ impl<'w> MlaBlock<'w> {
         if let Some(ix) = d.indexer {
             // Every token in the absorbed form (no materialized prefill), plus the indexer.
             let (hi, di, k) = (ix.n_heads, ix.head_dim, ix.topk);
-            need.push((Slot::QlNope, dt, n * t * l, n * tmax * l));
-            need.push((Slot::MqaQ, dt, t * n * (l + r), tmax * n * (l + r)));
-            need.push((Slot::MqaOut, dt, t * n * l, tmax * n * l));
+            // The absorbed query and output for at most SPARSE_ROWS tokens at a time.
+            let (c, cmax) = (t.min(self.sparse_rows), tmax.min(self.sparse_rows));
+            need.push((Slot::QlNope, dt, n * c * l, n * cmax * l));
+            need.push((Slot::MqaQ, dt, c * n * (l + r), cmax * n * (l + r)));
+            need.push((Slot::MqaOut, dt, c * n * l, cmax * n * l));
             need.push((Slot::IdxQ, dt, t * hi * di, tmax * hi * di));
             need.push((Slot::IdxK, dt, t * di, tmax * di));
             need.push((Slot::IdxW, dt, t * hi, tmax * hi));
@@ -713,7 +736,8 @@ impl<'w> MlaBlock<'w> {
     ///    (decode block table) and once over the prefill tokens (prefill block table), each
     ///    token seeing positions `0..=` its own in its sequence.
     /// 4. The absorbed query `[q_nope . W_UK | q_pe]` `[T, N, L+R]`, `SparseMlaAttention`
-    ///    over the selected latent slots, `. W_UV` into `attn`.
+    ///    over the selected latent slots, `. W_UV` into `attn`, [`SPARSE_ROWS`] tokens at a
+    ///    time.
     fn sparse_attention(
         &self,
         q: &Queue,
@@ -799,30 +823,38 @@ impl<'w> MlaBlock<'w> {
             )?;
         }
 
-        // ---- 4. absorbed sparse attention for every token ----
-        let q_nope = st.q_raw.as_strided(0, &[n, t, p], &[dqk, n * dqk, 1])?;
-        let ql_nope = ws.view(Slot::QlNope, 0, &[n, t, l])?;
-        fp8::bmm(q, ql_nope, q_nope, Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?)?;
-        let mqa_q = ws.view(Slot::MqaQ, 0, &[t, n, l + r])?;
-        let ql_tn = ql_nope.as_strided(0, &[t, n, l], &[l, t * l, 1])?;
-        let q_pe = st.q_raw.as_strided(p, &[t, n, r], &[n * dqk, dqk, 1])?;
-        concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_tn, rope: q_pe })?;
-        let mqa_out = ws.view(Slot::MqaOut, 0, &[t, n, l])?;
-        sparse_mla_attention(
-            q,
-            &SparseMlaAttentionArgs {
-                out: mqa_out,
-                lse: None,
-                query: mqa_q,
-                cache: st.latent_cache,
-                indices: topk,
-                scale: d.scale,
-            },
-        )?;
+        // ---- 4. absorbed sparse attention for every token, `sparse_rows` tokens at a time ----
         let v = d.v_head_dim;
-        let x = mqa_out.as_strided(0, &[n, t, l], &[l, n * l, 1])?;
-        let v_out = st.attn.as_strided(0, &[n, t, v], &[v, n * v, 1])?;
-        fp8::bmm(q, v_out, x, Weight::pick(f8.w_uv, w.w_uv, "w_uv")?)
+        let (w_uk_t, w_uv) =
+            (Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?, Weight::pick(f8.w_uv, w.w_uv, "w_uv")?);
+        let mut c0 = 0;
+        while c0 < t {
+            let rows = (t - c0).min(self.sparse_rows);
+            let q_nope = st.q_raw.as_strided(c0 * n * dqk, &[n, rows, p], &[dqk, n * dqk, 1])?;
+            let ql_nope = ws.view(Slot::QlNope, 0, &[n, rows, l])?;
+            fp8::bmm(q, ql_nope, q_nope, w_uk_t)?;
+            let mqa_q = ws.view(Slot::MqaQ, 0, &[rows, n, l + r])?;
+            let ql_tn = ql_nope.as_strided(0, &[rows, n, l], &[l, rows * l, 1])?;
+            let q_pe = st.q_raw.as_strided(c0 * n * dqk + p, &[rows, n, r], &[n * dqk, dqk, 1])?;
+            concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_tn, rope: q_pe })?;
+            let mqa_out = ws.view(Slot::MqaOut, 0, &[rows, n, l])?;
+            sparse_mla_attention(
+                q,
+                &SparseMlaAttentionArgs {
+                    out: mqa_out,
+                    lse: None,
+                    query: mqa_q,
+                    cache: st.latent_cache,
+                    indices: topk.slice(0, c0, c0 + rows)?,
+                    scale: d.scale,
+                },
+            )?;
+            let x = mqa_out.as_strided(0, &[n, rows, l], &[l, n * l, 1])?;
+            let v_out = st.attn.as_strided(c0 * n * v, &[n, rows, v], &[v, n * v, 1])?;
+            fp8::bmm(q, v_out, x, w_uv)?;
+            c0 += rows;
+        }
+        Ok(())
     }
 
     /// Splits an up-projection `kv_nope` [rows, N*(P+V)] into the key
@@ -871,6 +903,12 @@ impl DecodeAttention for PlainDecode {
         true
     }
 }
+
+/// Tokens whose absorbed query `[rows, N, L+R]` and output a V3.2 step computes at once: a
+/// long prefill runs its sparse attention in chunks of this many tokens, so the scratch
+/// stays bounded (DeepSeek's N = 128: 0.6 GB per bf16 tensor) and no tensor reaches 2^31
+/// elements. Decode steps and short prefills are one chunk.
+pub const SPARSE_ROWS: i64 = 4096;
 
 /// transformers' `DeepseekV32Indexer.k_norm = nn.LayerNorm(head_dim, eps=1e-6)`: not the
 /// config's `rms_norm_eps`.

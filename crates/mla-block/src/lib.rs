@@ -33,7 +33,9 @@ pub mod tp;
 mod weights;
 mod workspace;
 
-pub use block::{missing_ops, missing_sparse_ops, DecodeAttention, MlaBlock, REQUIRED_OPS, SPARSE_OPS};
+pub use block::{
+    missing_ops, missing_sparse_ops, DecodeAttention, MlaBlock, REQUIRED_OPS, SPARSE_OPS, SPARSE_ROWS,
+};
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use decode_graphs::{DecodeGraphConfig, DecodeGraphs, StepMode};

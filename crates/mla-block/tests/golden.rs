@@ -110,6 +110,35 @@ fn golden_v32_sparse_mscale_bf16_matches_transformers_under_every_schedule() {
     check_case("v32_sparse_mscale_bf16");
 }
 
+/// A long V3.2 prefill runs its absorbed sparse attention in chunks of tokens: with chunks of
+/// 7 (and 1) tokens the goldens still match transformers under every schedule, with the same
+/// bits as one chunk on the CPU.
+#[test]
+fn v32_sparse_attention_in_token_chunks_matches_the_goldens() {
+    let q = test_queue();
+    for name in ["v32_sparse_f32", "v32_sparse_mscale_bf16"] {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        let store = case.store(&q);
+        let whole = case.block(&store, None);
+        for rows in [7, 1] {
+            let mut chunked = case.block(&store, None);
+            chunked.set_sparse_rows(rows).unwrap();
+            for (schedule, block_size, ws) in schedules(case.t()) {
+                let opts = RunOptions { block_size, chunk_workspace_tokens: ws };
+                let (a, _) = case.run(&q, &chunked, &schedule, &opts);
+                let err = case.rel_err(&a);
+                assert!(err <= case.tolerance(), "{name} rows {rows} {schedule}: {err:.3e}");
+                if q.device().kind == DeviceType::Cpu {
+                    let (b, _) = case.run(&q, &whole, &schedule, &opts);
+                    assert!(a.bytes == b.bytes, "{name} rows {rows} {schedule}: chunked differs from whole");
+                }
+            }
+        }
+        assert!(whole.clone().set_sparse_rows(0).is_err());
+    }
+}
+
 /// The V3.2 goldens pin the selection: the same block with a top-k of T (every visible
 /// token: dense attention) misses transformers' output by far more than the tolerance.
 #[test]
