@@ -311,6 +311,177 @@ VT_IDX_SCORES_MMA(bf16, bf16)
 VT_IDX_SCORES_MMA(f16, f16)
 
 // ---------------------------------------------------------------------------------------
+// Tensor-core scores, two queries a CTA (H <= 64, Di = 128; the host takes it when the call
+// has at least two queries per sequence on average, i.e. prefill): queries t0 = row0 + 2y and
+// t1 = t0 + 1, warp group g (4 warps, mma128's mapping) computing query t_g. When both belong
+// to one sequence every key tile is loaded once for both (half the L2 traffic of one query a
+// CTA); otherwise the CTA walks query 0's tiles, then query 1's, the other group idle.
+// Shared memory: Q [2][64][136], keys [STAGES][64][136], weights [2][64] f32, sums [2][2][64].
+template <typename T>
+__device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, const T* q, i64 q_st, i64 q_sh,
+                                    const void* w, i64 w_st, i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr,
+                                    int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc, int nseq,
+                                    const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap,
+                                    int h, float scale, int nt) {
+    using namespace vt::tc;
+    constexpr int DI = 128, HP = 64, RS = DI + PAD, CPR = DI / 8, NTH = 2 * THREADS;
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* qs = reinterpret_cast<T*>(smem);
+    T* ks = qs + 2 * HP * RS;
+    float* wsm = reinterpret_cast<float*>(ks + STAGES * KT * RS);
+    float* red = wsm + 2 * HP;
+    const int tid = threadIdx.x, lane = tid & 31, g = tid / THREADS, gt = tid % THREADS;
+    const int w4 = gt >> 5, mw = w4 & 1, nw = w4 >> 1;
+    const i64 r0 = 2 * (i64)blockIdx.y;
+    // (Scalars, not arrays: an array indexed by the group would live in local memory.)
+    int b0 = -1, b1 = -1;
+    const i64 n0 = visible(seq_ids, sid_s, pos, pos_s, pos64, row0 + r0, nseq, cap, &b0);
+    const i64 n1 = r0 + 1 < rows ? visible(seq_ids, sid_s, pos, pos_s, pos64, row0 + r0 + 1, nseq, cap, &b1) : 0;
+    const i64 ng = g ? n1 : n0;
+    const i64 jc = (i64)blockIdx.x * nt * KT;
+    auto tiles_of = [&](i64 lim) { return jc < lim ? (int)min((i64)nt, (lim - jc + KT - 1) / KT) : 0; };
+    const bool shared = n0 == 0 || n1 == 0 || b0 == b1;
+    const i64 nmax = max(n0, n1);
+    const int nt0 = tiles_of(n0);
+    const int ntiles = shared ? tiles_of(nmax) : nt0 + tiles_of(n1);
+    if (ntiles == 0) return;
+    // Tile v: its query (-1: both), sequence, first token and token limit.
+    auto tile = [&](int v, int& who, int& b, i64& j0, i64& lim) {
+        if (shared) {
+            who = -1;
+            b = n0 > 0 ? b0 : b1;
+            j0 = jc + (i64)v * KT;
+            lim = nmax;
+        } else {
+            who = v < nt0 ? 0 : 1;
+            b = who ? b1 : b0;
+            j0 = jc + (i64)(v < nt0 ? v : v - nt0) * KT;
+            lim = who ? n1 : n0;
+        }
+    };
+
+    // Both queries' heads (zero rows past h, or for a missing query) and weights.
+    for (int c = tid; c < 2 * HP * CPR; c += NTH) {
+        const int qi = c / (HP * CPR), hi = (c / CPR) % HP, ch = c % CPR;
+        const bool ok = hi < h && (qi ? n1 : n0) > 0;
+        const T* src = ok ? q + (row0 + r0 + qi) * q_st + hi * q_sh + ch * 8 : q;
+        cp_async16(smem_u32(qs + (qi * HP + hi) * RS + ch * 8), src, ok);
+    }
+    for (int c = tid; c < 2 * HP; c += NTH) {
+        const int qi = c / HP, hi = c % HP;
+        wsm[c] = hi < h && (qi ? n1 : n0) > 0 ? load_w<T>(w, wf32, (row0 + r0 + qi) * w_st + hi * w_sh) : 0.f;
+    }
+    auto load_tile = [&](int v) {
+        if (v < ntiles) {
+            int who, b;
+            i64 j0, lim;
+            tile(v, who, b, j0, lim);
+            T* dst = ks + (v % STAGES) * KT * RS;
+            for (int c = tid; c < KT * CPR; c += NTH) {
+                const int row = c / CPR, ch = c % CPR;
+                const i64 j = j0 + row;
+                const int id = j < lim ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb) : -1;
+                const T* src = id >= 0 ? cache + (i64)id * c_sb + (j % bs) * c_sr + ch * 8 : cache;
+                cp_async16(smem_u32(dst + row * RS + ch * 8), src, id >= 0);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) load_tile(i);
+    uint32_t aq[2][DI / 16][4];
+
+    for (int v = 0; v < ntiles; ++v) {
+        load_tile(v + STAGES - 1);
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        if (v == 0) {
+#pragma unroll
+            for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+                for (int kk = 0; kk < DI / 16; ++kk) {
+                    const int row = g * HP + mw * 32 + mg * 16 + (lane & 15);
+                    ldsm_x4(smem_u32(qs + row * RS + kk * 16 + (lane >> 4) * 8), aq[mg][kk]);
+                }
+        }
+        int who, b;
+        i64 j0, lim;
+        tile(v, who, b, j0, lim);
+        const bool active = who < 0 || who == g;
+        if (active) {
+            const T* kt = ks + (v % STAGES) * KT * RS;
+            float acc[2][4][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < DI / 16; ++kk) {
+                uint32_t bf[2][4];
+#pragma unroll
+                for (int np = 0; np < 2; ++np) {
+                    const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                    ldsm_x4(smem_u32(kt + key * RS + kk * 16 + ((lane >> 3) & 1) * 8), bf[np]);
+                }
+#pragma unroll
+                for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ++ni)
+                        MmaSync<T>::run(acc[mg][ni], aq[mg][kk], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
+            }
+            float part[4][2] = {};
+#pragma unroll
+            for (int mg = 0; mg < 2; ++mg) {
+                const int hr = g * HP + mw * 32 + mg * 16 + (lane >> 2);
+                const float w0 = wsm[hr], w1 = wsm[hr + 8];
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        part[ni][c] = fmaf(w0, fmaxf(acc[mg][ni][c], 0.f), part[ni][c]);
+                        part[ni][c] = fmaf(w1, fmaxf(acc[mg][ni][2 + c], 0.f), part[ni][c]);
+                    }
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float x = part[ni][c];
+                    x += __shfl_xor_sync(0xffffffffu, x, 4);
+                    x += __shfl_xor_sync(0xffffffffu, x, 8);
+                    x += __shfl_xor_sync(0xffffffffu, x, 16);
+                    part[ni][c] = x;
+                }
+            if (lane < 4) {
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        red[(g * 2 + mw) * KT + nw * 32 + ni * 8 + lane * 2 + c] = part[ni][c];
+            }
+        }
+        __syncthreads();
+        if (active && gt < KT) {
+            const i64 j = j0 + gt;
+            if (j < ng) {
+                const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
+                const float sc = __fadd_rn(red[(g * 2) * KT + gt], red[(g * 2 + 1) * KT + gt]);
+                ws[(r0 + g) * ws_ld + j] = id >= 0 ? score_key(__fadd_rn(__fmul_rn(scale, sc), 0.f)) : 0u;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+#define VT_IDX_SCORES_PAIR(S, T)                                                                                \
+    extern "C" __global__ void __launch_bounds__(2 * THREADS) indexer_scores_pair_##S(                          \
+        u32* ws, i64 ws_ld, i64 row0, int rows, const T* q, i64 q_st, i64 q_sh, const void* w, i64 w_st,        \
+        i64 w_sh, int wf32, const T* cache, i64 c_sb, i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb,       \
+        i64 bt_sc, int nseq, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap,     \
+        int h, int di, float scale, int nt) {                                                                   \
+        indexer_scores_pair<T>(ws, ws_ld, row0, rows, q, q_st, q_sh, w, w_st, w_sh, wf32, cache, c_sb, c_sr, nb, \
+                               bs, bt, bt_sb, bt_sc, nseq, seq_ids, sid_s, pos, pos_s, pos64, cap, h, scale, nt); \
+    }
+VT_IDX_SCORES_PAIR(bf16, bf16)
+VT_IDX_SCORES_PAIR(f16, f16)
+
+// ---------------------------------------------------------------------------------------
 // Selection. The row's keys are read from shared memory when they fit (`row_cap` keys of
 // dynamic shared memory; one global pass copies them), else from the workspace; both through
 // a generic pointer, 16 bytes at a time.

@@ -63,6 +63,9 @@ pub(crate) const DEFAULT_SMEM_OPTIN: u32 = 101_376;
 /// The tensor-core kernel's dynamic shared memory stays under what every sm_80+ device
 /// gives a block (99 KB on sm_86/sm_89).
 const MMA_SMEM_MAX: i64 = 101_376;
+/// Dynamic shared memory of the two-queries-a-CTA kernel: Q [2][64][136] and 3 key tiles
+/// [64][136] (bf16/f16), weights [2][64] and the head halves' sums [2][2][64] (f32).
+const PAIR_SMEM: u32 = 2 * 64 * 136 * 2 + 3 * 64 * 136 * 2 + 2 * 64 * 4 + 4 * 64 * 4;
 /// The score workspace of one call stays under this; a call with more rows runs in chunks.
 pub const WORKSPACE_BYTES: i64 = 256 << 20;
 /// Rows per chunk also stay under the grid's y limit.
@@ -198,6 +201,9 @@ pub(crate) fn plan(
     let topk32 = int(OP, "out", topk)?;
     let wf32 = i32::from(a.weights.dtype() == DType::F32);
     let pos64 = i32::from(a.positions.dtype() == DType::I64);
+    // Two queries a CTA (keys loaded once for both when they share a sequence) at DeepSeek's
+    // dims when the call averages two or more queries a sequence (prefill); decode keeps one.
+    let pair = mma.is_some() && h <= 64 && di == 128 && t >= 2 * a.block_table.dim(0);
     let nt = tiles_per_cta(l.chunk_rows.min(t), l.cap);
     let keys_per_cta = nt * KEY_TILE;
     let row_cap = select_row_cap(l, smem_optin);
@@ -239,11 +245,23 @@ pub(crate) fn plan(
             (nt as i32).into(),
         ];
         let grid = (key_blocks, rows as u32, 1);
-        // Q's fragments in registers at DeepSeek's dims (one 64-head pass, Di 128).
-        let base = if h <= 64 && di == 128 { "indexer_scores_mma128" } else { "indexer_scores_mma" };
-        launches.push(match mma {
-            Some(s) => Launch::new(&SRC, base, a.query.dtype(), grid, SCORE_THREADS, score_args).with_smem(s),
-            None => Launch::new(&SRC, "indexer_scores", a.query.dtype(), grid, SCORE_THREADS, score_args),
+        launches.push(match (mma, pair) {
+            (Some(_), true) => {
+                // Two queries a CTA: the kernel also takes the chunk's row count.
+                let mut args = score_args;
+                args.insert(3, (rows as i32).into());
+                let grid = (key_blocks, ((rows + 1) / 2) as u32, 1);
+                Launch::new(&SRC, "indexer_scores_pair", a.query.dtype(), grid, 2 * SCORE_THREADS, args)
+                    .with_smem(PAIR_SMEM)
+            }
+            (Some(s), false) => {
+                // Q's fragments in registers at DeepSeek's dims (one 64-head pass, Di 128).
+                let base = if h <= 64 && di == 128 { "indexer_scores_mma128" } else { "indexer_scores_mma" };
+                Launch::new(&SRC, base, a.query.dtype(), grid, SCORE_THREADS, score_args).with_smem(s)
+            }
+            (None, _) => {
+                Launch::new(&SRC, "indexer_scores", a.query.dtype(), grid, SCORE_THREADS, score_args)
+            }
         });
         let select_args: Vec<Arg> = vec![
             a.out.data_addr().into(),
@@ -274,7 +292,12 @@ pub(crate) fn plan(
         );
         row0 += rows;
     }
-    Ok((if mma.is_some() { "mma" } else { "generic" }, launches))
+    let name = match (mma, pair) {
+        (Some(_), true) => "mma pairs",
+        (Some(_), false) => "mma",
+        (None, _) => "generic",
+    };
+    Ok((name, launches))
 }
 
 /// The score workspace of one queue (stream), grown on a larger call.
@@ -387,6 +410,22 @@ mod tests {
         // fit in shared memory are read from the workspace.
         assert_eq!(launches[0].grid, (128, 512, 1));
         assert_eq!(launches[1].smem, 48_896 * 4);
+    }
+
+    #[test]
+    fn prefill_takes_two_queries_a_cta() {
+        let mem = vec![0u128; 1 << 22];
+        // 9 queries over block_table's 4 sequences: >= 2 a sequence.
+        let a = args(&mem, DType::BF16, (9, 64, 128), 0);
+        let l = layout(&a).expect("layout");
+        let (name, launches) = plan(&a, Kernel::Auto, 1 << 40, &l, 232_448).expect("plan");
+        assert_eq!(name, "mma pairs");
+        assert_eq!(launches[0].symbol(), "indexer_scores_pair_bf16");
+        assert_eq!((launches[0].grid.1, launches[0].block, launches[0].smem), (5, 256, PAIR_SMEM));
+        assert_eq!(launches[0].args.len(), launches[1].args.len() + 10);
+        // 7 queries: one a CTA.
+        let a = args(&mem, DType::BF16, (7, 64, 128), 0);
+        assert_eq!(plan(&a, Kernel::Auto, 1 << 40, &l, 232_448).expect("plan").0, "mma");
     }
 
     #[test]

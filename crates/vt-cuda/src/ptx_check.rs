@@ -443,27 +443,29 @@ fn samples(dt: DType) -> Result<Samples> {
     // on 16-bit dtypes, the tensor-core one (weights in the dtype, i32 positions).
     {
         use crate::indexer_top_k::{layout, plan, Kernel as IK};
-        // (kernel, weights dtype, positions dtype, heads, Di): Di 128 with <= 64 heads takes
-        // the Q-in-registers tensor-core kernel, Di 64 the general one.
-        let mut kernels = vec![(IK::Generic, DType::F32, DType::I64, 64, 128)];
+        // (kernel, weights dtype, positions dtype, heads, Di, sequences): Di 128 with <= 64
+        // heads takes the Q-in-registers tensor-core kernel (two queries a CTA with one
+        // sequence for the 3 queries), Di 64 the general one.
+        let mut kernels = vec![(IK::Generic, DType::F32, DType::I64, 64, 128, 2)];
         if dt != DType::F32 {
-            kernels.push((IK::Mma, dt, DType::I32, 64, 128));
-            kernels.push((IK::Mma, DType::F32, DType::I32, 80, 64));
+            kernels.push((IK::Mma, dt, DType::I32, 64, 128, 2));
+            kernels.push((IK::Mma, dt, DType::I32, 64, 128, 1));
+            kernels.push((IK::Mma, DType::F32, DType::I32, 80, 64, 2));
         }
-        for (kernel, wdt, pdt, h, di) in kernels {
+        for (kernel, wdt, pdt, h, di, seqs) in kernels {
             let a = IndexerTopKArgs {
                 out: f.t(DType::I32, &[t, 64], &[72, 1]),
                 query: f.c(dt, &[t, h, di]),
                 weights: f.c(wdt, &[t, h]),
                 cache: f.t(dt, &[nb, 4, di], &[2 * 4 * di, di, 1]),
-                block_table: f.c(DType::I32, &[2, 8]),
+                block_table: f.c(DType::I32, &[seqs, 8]),
                 seq_ids: f.c(DType::I32, &[t]),
                 positions: f.c(pdt, &[t]),
                 scale: 0.088,
             };
             let l = layout(&a)?;
             add(
-                format!("IndexerTopK ({kernel:?}, H {h}, Di {di})"),
+                format!("IndexerTopK ({kernel:?}, H {h}, Di {di}, {seqs} sequences)"),
                 plan(&a, kernel, 1 << 40, &l, 232_448)?.1,
             );
         }
