@@ -28,7 +28,7 @@
 //   CTA, a consumer and a producer warpgroup; cp.async or TMA loads.
 // - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
 //   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows;
-//   mla_decode_wgmma_n16_fp8_*: the same over an fp8_ds_mla cache.
+//   mla_decode_wgmma_n{16,32}_fp8_*: the same over an fp8_ds_mla cache.
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //
@@ -92,16 +92,18 @@ MLA_WGMMA_NARROW(bf16, bf16, 16)
 MLA_WGMMA_NARROW(f16, f16, 16)
 MLA_WGMMA_NARROW(bf16, bf16, 32)
 MLA_WGMMA_NARROW(f16, f16, 32)
-// The narrow kernel over an fp8_ds_mla cache (16 query rows per CTA, cp.async loads).
-#define MLA_WGMMA_NARROW_FP8(S, T)                                                            \
+// The narrow kernel over an fp8_ds_mla cache (16 or 32 query rows per CTA, cp.async loads).
+#define MLA_WGMMA_NARROW_FP8(S, T, MT)                                                        \
     extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
-        mla_decode_wgmma_n16_fp8_##S(const mla::Params p) {                                   \
-        mla::decode_wgmma_narrow<T, 16, false, true>(p, nullptr);                             \
+        mla_decode_wgmma_n##MT##_fp8_##S(const mla::Params p) {                               \
+        mla::decode_wgmma_narrow_fp8<T, MT>(p);                                               \
     }                                                                                         \
-    MLA_FACTS(mla_decode_wgmma_n16_fp8_##S, mla::THREADS, 16, (mla::NarrowLayout<16, true>::SMEM), \
-              (mla::NarrowLayout<16, true>::STAGES))
-MLA_WGMMA_NARROW_FP8(bf16, bf16)
-MLA_WGMMA_NARROW_FP8(f16, f16)
+    MLA_FACTS(mla_decode_wgmma_n##MT##_fp8_##S, mla::THREADS, MT, mla::NarrowFp8Layout<MT>::SMEM, \
+              mla::NarrowFp8Layout<MT>::RAWS)
+MLA_WGMMA_NARROW_FP8(bf16, bf16, 16)
+MLA_WGMMA_NARROW_FP8(f16, f16, 16)
+MLA_WGMMA_NARROW_FP8(bf16, bf16, 32)
+MLA_WGMMA_NARROW_FP8(f16, f16, 32)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

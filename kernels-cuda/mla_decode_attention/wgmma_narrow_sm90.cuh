@@ -15,9 +15,9 @@
 // shared memory (one 128-thread barrier). Warpgroup 0 computes S, the softmax and
 // O^T[0:256]; warpgroup 1 loads and computes O^T[256:512], with the barriers of
 // wgmma_sm90.cuh (K_FULL, P_FULL, P_FREE, V_FREE and the epilogue's).
-// mla_decode_wgmma_n16_fp8_{bf16,f16} read an fp8_ds_mla cache: warpgroup 1 stages one
-// tile's raw rows at a time and dequantizes it into a 16-bit KV stage ahead of its use
-// (the products are the 16-bit kernel's).
+// mla_decode_wgmma_n{16,32}_fp8_{bf16,f16} read an fp8_ds_mla cache (decode_wgmma_narrow_fp8:
+// raw rows loaded 3 / 2 tiles ahead, dequantized by both warpgroups into one 16-bit stage;
+// the products and the softmax are the 16-bit kernel's).
 #pragma once
 
 #include "mla_decode_attention/fp8_tiles.cuh"
@@ -27,57 +27,77 @@
 namespace mla {
 
 // Shared-memory layout of the narrow kernel (byte offsets from a 1024-aligned base): as
-// Layout<MT> with MT query rows, plus the cross-warp column reductions. With an fp8_ds_mla
-// cache (FP8) the raw 656-byte rows of the next tile are staged after P^T and dequantized
-// into a KV stage; their token flags live in a third entry until then.
-template <int MT, bool FP8 = false> struct NarrowLayout {
+// Layout<MT> with MT query rows, plus the cross-warp column reductions.
+template <int MT> struct NarrowLayout {
     static constexpr int STAGES = 2;
-    static constexpr int FLAG_SETS = STAGES + (FP8 ? 1 : 0);
     static constexpr int Q_SUB = MT * 128;                     // one column block of Q
     static constexpr int OFF_Q = 0;
     static constexpr int OFF_KV = NSUB * Q_SUB;                 // 1024-aligned (MT % 8 == 0)
     static constexpr int OFF_P = OFF_KV + STAGES * TILE_BYTES;  // P^T [MT rows x 64 tokens] 16-bit
-    static constexpr int OFF_RAW = OFF_P + MT * 128;            // FP8: u8 [BN][656]
     // floats: tile maxima [2 parities][4 warps][MT], rescale factors [MT], final sums and
     // maxima [2][MT], per-warp row sums [4][MT] (and one spare MT).
-    static constexpr int OFF_RED = OFF_RAW + (FP8 ? BN * FP8_ROW : 0);
-    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [FLAG_SETS][BN]: token row exists
-    static constexpr int OFF_FLAGS = OFF_VALID + FLAG_SETS * BN;  // u8 [FLAG_SETS][8]: a warp saw a bad block
-    static constexpr int OFF_SCHED = OFF_FLAGS + FLAG_SETS * 8;   // int [40]
+    static constexpr int OFF_RED = OFF_P + MT * 128;
+    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [STAGES][BN]: token row exists
+    static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
+    static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
     static constexpr int END = OFF_MBAR + STAGES * 8;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
 
-// The raw rows of one KV tile of an fp8_ds_mla cache from warpgroup 1 (local ids 0..127):
-// Loader's token lookup (2 threads per token), each token's 656 bytes as 41 16-byte chunks
-// (missing rows zero-filled: codes and scales 0 decode to 0).
-struct Fp8TileLoader : Loader<unsigned char, 128> {
-    __device__ __forceinline__ Fp8TileLoader(const Params& p, int i) : Loader<unsigned char, 128>(p, i) {}
+// Shared-memory layout of the narrow kernel over an fp8_ds_mla cache: Q, ONE 16-bit KV stage
+// (the tile being computed, dequantized), P^T, a ring of RAWS tiles of raw 656-byte rows
+// (three at 16 rows, two at 32: what fits beside Q), the reductions, token flags per raw
+// tile and of the stage.
+template <int MT> struct NarrowFp8Layout {
+    static constexpr int RAWS = MT == 16 ? 3 : 2;
+    static constexpr int FLAG_SETS = RAWS + 1;                  // the raw tiles', then the stage's
+    static constexpr int Q_SUB = MT * 128;
+    static constexpr int OFF_Q = 0;
+    static constexpr int OFF_KV = NSUB * Q_SUB;
+    static constexpr int OFF_P = OFF_KV + TILE_BYTES;
+    static constexpr int OFF_RAW = OFF_P + MT * 128;            // u8 [RAWS][BN][656]
+    static constexpr int OFF_RED = OFF_RAW + RAWS * BN * FP8_ROW;
+    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [FLAG_SETS][BN]
+    static constexpr int OFF_FLAGS = OFF_VALID + FLAG_SETS * BN;  // u8 [FLAG_SETS][8]
+    static constexpr int OFF_SCHED = OFF_FLAGS + FLAG_SETS * 8;   // int [40]
+    static constexpr int END = OFF_SCHED + 40 * 4;
+    static constexpr int SMEM = END + 1024;
+};
 
-    // All 128 threads call this (warp-collective ballot).
+// The raw rows of one KV tile of an fp8_ds_mla cache from NTHR threads: Loader's token
+// lookup (NTHR / 64 threads per token), each token's 656 bytes as 41 16-byte chunks
+// (missing rows zero-filled: codes and scales 0 decode to 0).
+template <int NTHR> struct Fp8TileLoader : Loader<unsigned char, NTHR> {
+    using Base = Loader<unsigned char, NTHR>;
+    static constexpr int TPT = Base::TPT;
+    __device__ __forceinline__ Fp8TileLoader(const Params& p, int i) : Base(p, i) {}
+
+    // All NTHR threads call this (warp-collective ballot).
     __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, unsigned char* flags, i64 off) const {
         const bool ok = off >= 0;
-        const unsigned char* src = cache + (ok ? off : 0);
-        const uint32_t d = dst + tok * FP8_ROW;
+        const unsigned char* src = this->cache + (ok ? off : 0);
+        const uint32_t d = dst + this->tok * FP8_ROW;
 #pragma unroll
-        for (int k = 0; k < (FP8_CHUNKS + 1) / 2; ++k) {
-            const int c = sub + 2 * k;
+        for (int k = 0; k < (FP8_CHUNKS + TPT - 1) / TPT; ++k) {
+            const int c = this->sub + TPT * k;
             if (c < FP8_CHUNKS) cp_async16(d + c * 16, src + c * 16, ok);
         }
-        if (sub == 0) valid[tok] = ok ? 1 : 0;
+        if (this->sub == 0) valid[this->tok] = ok ? 1 : 0;
         const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-        if (lane == 0) flags[warp] = bad != 0u ? 1 : 0;
+        if (this->lane == 0) flags[this->warp] = bad != 0u ? 1 : 0;
     }
 };
 
-// Dequantizes the staged raw tile (64 rows at raw) into the 16-bit KV stage dst (the layout
-// Loader writes) from warpgroup 1: thread (tok = i / 2, half = i % 2) writes chunks
-// 4 half .. 4 half + 3 of every column block of its token (code x its group's scale,
+// Dequantizes a staged raw tile (64 rows at raw) into the 16-bit KV stage dst (the layout
+// Loader writes) from NTHR threads: thread (tok = i / TPT, part = i % TPT) writes CPT =
+// 8 / TPT consecutive chunks of every column block of its token (code x its group's scale,
 // rounded once to T; the rope block copied, converted for f16).
-template <typename T>
+template <typename T, int NTHR>
 __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) {
-    const int tok = i >> 1, c0 = (i & 1) * 4;
+    constexpr int TPT = NTHR / BN, CPT = 8 / TPT;
+    static_assert(CPT % 2 == 0, "16 codes (two chunks) per shared load");
+    const int tok = i / TPT, c0 = (i % TPT) * CPT;
     const uint32_t row = raw + tok * FP8_ROW;
     float sc[vt::fp8ds::GROUPS];
     {
@@ -92,7 +112,7 @@ __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) 
     for (int k = 0; k < NSUB - 1; ++k) {
         const float s = sc[k >> 1];  // 128 values per scale: two column blocks
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < CPT / 2; ++h) {
             uint32_t w[4];  // 16 codes: features 64 k + 8 (c0 + 2 h) ..
             asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                          : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
@@ -113,7 +133,7 @@ __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) 
         }
     }
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) {
+    for (int cc = 0; cc < CPT; ++cc) {
         uint32_t r[4];  // 8 rope values, bf16 in the row
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -228,12 +248,155 @@ __device__ __forceinline__ void stage_narrow(uint32_t stage, const float (&o)[4]
             }
 }
 
-template <typename T, int MT, bool TMA, bool FP8 = false>
+// The query rows (columns of S^T) a thread of warpgroup 0 holds, with their running
+// softmax state: column k is query row 8 (k / 2) + 2 qd + (k % 2) of the CTA.
+template <int MT> struct NarrowRows {
+    static constexpr int NC = MT / 4;
+    int lim[NC];  // tokens visible to the row: sg.len - s_q + s + 1
+    float m_run[NC], l_run[NC];
+
+    __device__ __forceinline__ static int col(int k, int qd) { return 8 * (k >> 1) + 2 * qd + (k & 1); }
+
+    __device__ __forceinline__ NarrowRows(const Params& p, const Segment& sg, int row0, int qd) {
+#pragma unroll
+        for (int k = 0; k < NC; ++k) {
+            const int r = row0 + col(k, qd);
+            const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+            lim[k] = sg.len - p.s_q + s + 1;
+            m_run[k] = vt::neg_inf();
+            l_run[k] = 0.0f;
+        }
+    }
+};
+
+// Warpgroup 0's part of tile t before the products: S^T = K Q^T over the tile at kst, the
+// mask (only boundary tiles: token flags vst / fl), column maxima over the 4 warps (rm: a
+// [4][MT] buffer alternating by tile parity), the rescale factors (alpha, and s_alpha for
+// warpgroup 1) and P^T into shared memory. WAIT_P_FREE: warpgroup 1 may still read the
+// previous P^T and factors (it syncs BAR_P_FREE first). With TMA, rows past the sequence are
+// zeroed in the tile before the products (they came from a real page).
+template <typename T, int MT, bool TMA, bool WAIT_P_FREE>
+__device__ __forceinline__ void narrow_softmax(const Params& p, const Segment& sg, int t, uint32_t kst,
+                                               uint64_t dq, uint32_t sP, const unsigned char* vst,
+                                               const unsigned char* fl, float* rm, float* s_alpha,
+                                               NarrowRows<MT>& rows, float (&alpha)[MT / 4], int wtid) {
+    constexpr int R = MT / 2, NC = MT / 4, Q_SUB = MT * 128;
+    const int wwarp = wtid >> 5, lane = wtid & 31, g = lane >> 2, qd = lane & 3;
+    const float c = p.scale_log2;
+    // s[4 i + j] is token 16 wwarp + g + 8 (j >> 1), column 2 i + (j & 1).
+    float s[R];
+    const uint64_t dk = gmma_desc(kst, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < FD / 16; ++ks) {
+        // Column block ks / 4, 32 bytes per k step inside it.
+        const uint64_t ok = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+        const uint64_t oq = (uint64_t)(((ks >> 2) * Q_SUB + (ks & 3) * 32) >> 4);
+        WgNarrow<T>::qk(s, dk + ok, dq + oq, ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(s);
+    if (TMA && t * BN + BN > sg.len) {
+        // As decode_wgmma: rows past the sequence's last token came from a real page and may
+        // hold NaN; zero their V part before either product reads it.
+        const int first = sg.len - t * BN;
+        for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
+            const int r = first + (idx >> 6), cc = idx & 63;
+            st_shared_v4_zero(kst + (cc >> 3) * SUB_BYTES + swz(r, cc & 7));
+        }
+        fence_proxy_async();
+    }
+    if (!tile_is_full(t, sg.len - p.s_q + 1, fl)) {
+        const int tok0 = t * BN;
+#pragma unroll
+        for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int tk = wwarp * 16 + g + 8 * (j >> 1);
+                const bool okk = vst[tk] != 0 && tok0 + tk < rows.lim[2 * i + (j & 1)];
+                s[4 * i + j] = okk ? s[4 * i + j] : vt::neg_inf();
+            }
+    }
+    // Column maxima over this warp's 16 tokens (the 8 lanes of a quad position), then over
+    // the 4 warps.
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+        const int i = k >> 1, b = k & 1;
+        float m = fmaxf(s[4 * i + b], s[4 * i + 2 + b]);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        if (g == 0) rm[wwarp * MT + NarrowRows<MT>::col(k, qd)] = m;
+    }
+    bar_sync(BAR_WG0, 128);
+    float muse[NC];
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+        const int col = NarrowRows<MT>::col(k, qd);
+        const float tm = fmaxf(fmaxf(rm[col], rm[MT + col]), fmaxf(rm[2 * MT + col], rm[3 * MT + col]));
+        const float mn = fmaxf(rows.m_run[k], tm * c);
+        muse[k] = mn == vt::neg_inf() ? 0.0f : mn;
+        alpha[k] = exp2f(rows.m_run[k] - muse[k]);
+        rows.m_run[k] = mn;
+        rows.l_run[k] *= alpha[k];
+    }
+    unsigned short pk[R];
+#pragma unroll
+    for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int k = 2 * i + (j & 1);
+            const float pv = exp2f(fmaf(s[4 * i + j], c, -muse[k]));
+            rows.l_run[k] += pv;
+            pk[4 * i + j] = to_bits<T>(pv);
+        }
+    if (WAIT_P_FREE) bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1) and its factors
+#pragma unroll
+    for (int i = 0; i < R / 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tk = wwarp * 16 + g + 8 * (j >> 1);
+            st_shared_u16(sP + swz(NarrowRows<MT>::col(2 * i + (j & 1), qd), tk >> 3) + (tk & 7) * 2, pk[4 * i + j]);
+        }
+    if (wwarp == 0 && g == 0) {
+#pragma unroll
+        for (int k = 0; k < NC; ++k) s_alpha[NarrowRows<MT>::col(k, qd)] = alpha[k];
+    }
+    fence_proxy_async();     // P^T is read by wgmma (async proxy)
+    bar_sync(BAR_WG0, 128);  // all of P^T written before this warpgroup's wgmma
+}
+
+// Warpgroup 0's row sums (over the 8 lanes of a quad position and the 4 warps, through
+// red_l [4][MT]) and maxima into s_fin [2][MT], after the last tile of a segment.
+template <int MT>
+__device__ __forceinline__ void narrow_row_sums(const NarrowRows<MT>& rows, float* red_l, float* s_fin, int wtid) {
+    const int wwarp = wtid >> 5, g = (wtid & 31) >> 2, qd = wtid & 3;
+#pragma unroll
+    for (int k = 0; k < MT / 4; ++k) {
+        float l = rows.l_run[k];
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        if (g == 0) red_l[wwarp * MT + NarrowRows<MT>::col(k, qd)] = l;
+        if (wwarp == 0 && g == 0) s_fin[MT + NarrowRows<MT>::col(k, qd)] = rows.m_run[k];
+    }
+    bar_sync(BAR_WG0, 128);
+    if (wtid < MT) s_fin[wtid] = red_l[wtid] + red_l[MT + wtid] + red_l[2 * MT + wtid] + red_l[3 * MT + wtid];
+}
+
+// Warpgroup 1's rescale of its O^T by the factors warpgroup 0 published for this tile.
+template <int MT> __device__ __forceinline__ void rescale_from(float (&o)[4][MT / 2], const float* s_alpha, int qd) {
+    float a[MT / 4];
+#pragma unroll
+    for (int k = 0; k < MT / 4; ++k) a[k] = s_alpha[NarrowRows<MT>::col(k, qd)];
+    rescale_cols(o, a);
+}
+
+template <typename T, int MT, bool TMA>
 __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
-    using L = NarrowLayout<MT, FP8>;
-    static_assert(!(TMA && FP8), "fp8_ds_mla rows are loaded by cp.async");
+    using L = NarrowLayout<MT>;
     constexpr int R = MT / 2;   // accumulator registers of one m64nMTk16
-    constexpr int NC = MT / 4;  // query rows (columns of S^T) a thread holds
     static_assert(MT == 16 || MT == 32, "wgmma N = 16 or 32");
     static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
     static_assert(MT * OSTR * 4 <= L::STAGES * TILE_BYTES, "O is staged in the KV stages");
@@ -249,7 +412,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     unsigned char* flags = smem + L::OFF_FLAGS;
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
-    if (threadIdx.x < L::FLAG_SETS * 8) flags[threadIdx.x] = 0;
+    if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
     const uint32_t sBar = base + L::OFF_MBAR;
     if (TMA && threadIdx.x == 0) {
         for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
@@ -266,12 +429,9 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
-    const float c = p.scale_log2;
     const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
     const uint64_t dq = gmma_desc(sQ, 16, 1024);
     const uint64_t dp = gmma_desc(sP, 16, 1024);
-    // Column k (0 .. NC-1) of this thread: query row col_of(k) of the CTA.
-    auto col_of = [&](int k) { return 8 * (k >> 1) + 2 * qd + (k & 1); };
 
     const Part part = find_part(p, sched);
     int nb = part.b;
@@ -285,62 +445,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
 #pragma unroll
             for (int i = 0; i < R; ++i) o[mb][i] = 0.0f;
 
-        if (FP8 && wg == 1) {
-            // Producer over an fp8_ds_mla cache: the raw rows of one tile at a time are staged
-            // by cp.async, and before PV(t) tile t + 1 is dequantized into the stage tile
-            // t - 1 left (once warpgroup 0 is done with it), so the dequantization overlaps
-            // warpgroup 0's S and softmax of tile t; then the raw rows of t + 2 are loaded.
-            const Fp8TileLoader fl(p, wtid);
-            const uint32_t sRaw = base + L::OFF_RAW;
-            unsigned char* vraw = valid + 2 * BN;  // the staged tile's token flags
-            unsigned char* fraw = flags + 16;
-            auto stage_tile = [&](int st) {  // the staged raw tile into KV stage st
-                cp_async_wait<0>();
-                bar_sync(BAR_WG1, 128);  // every thread's copies (and flags) landed
-                dequant_tile<T>(sRaw, sKV + st * TILE_BYTES, wtid);
-                if (wtid < BN) valid[st * BN + wtid] = vraw[wtid];
-                if (wtid < 8) flags[st * 8 + wtid] = fraw[wtid];
-                bar_sync(BAR_WG1, 128);  // the raw rows are read before they are refilled
-            };
-            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
-            fl.issue(sRaw, vraw, fraw, fl.row_of(p, sg, t0));
-            cp_async_commit();
-            i64 off = fl.row_of(p, sg, t0 + 1);
-            stage_tile(0);
-            if (t0 + 1 < t1) fl.issue(sRaw, vraw, fraw, off);
-            cp_async_commit();
-            off = fl.row_of(p, sg, t0 + 2);
-            fence_proxy_async();          // Q and the stage are read by wgmma (async proxy)
-            bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
-            bar_arrive(BAR_P_FREE, 256);
-            for (int t = t0; t < t1; ++t) {
-                const int st = (t - t0) & 1;
-                const uint32_t kst = sKV + st * TILE_BYTES;
-                if (t + 1 < t1) {
-                    if (t > t0) bar_sync(BAR_V_FREE + (st ^ 1), 256);  // warpgroup 0 is done with tile t - 1
-                    stage_tile(st ^ 1);
-                    if (t + 2 < t1) fl.issue(sRaw, vraw, fraw, off);
-                    cp_async_commit();
-                    off = fl.row_of(p, sg, t + 3);
-                    fence_proxy_async();
-                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
-                }
-                bar_sync(BAR_P_FULL, 256);
-                float a[NC];
-#pragma unroll
-                for (int k = 0; k < NC; ++k) a[k] = s_alpha[col_of(k)];
-                rescale_cols(o, a);
-                pv_narrow<T, R>(o, dp, kst, 4);
-                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
-            }
-            cp_async_wait<0>();
-            bar_arrive(BAR_WG1_DONE, 256);
-            bar_sync(BAR_WG0_DONE, 256);
-            stage_narrow(sKV, o, 4, wwarp, g, qd);
-            bar_sync(BAR_WG1, 128);
-            copy_out<T, MT>(p, sg, row0, so, 256, s_fin, wtid, false);
-            bar_sync(BAR_OUT_READ, 256);
-        } else if (wg == 1) {
+        if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
             // signal, and the load two tiles ahead (as decode_wgmma).
             load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
@@ -372,10 +477,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 bar_sync(BAR_P_FULL, 256);
                 if (TMA) tile_wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
-                float a[NC];
-#pragma unroll
-                for (int k = 0; k < NC; ++k) a[k] = s_alpha[col_of(k)];
-                rescale_cols(o, a);
+                rescale_from<MT>(o, s_alpha, qd);
                 pv_narrow<T, R>(o, dp, kst, 4);
                 if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
@@ -403,130 +505,25 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
             copy_out<T, MT>(p, sg, row0, so, 256, s_fin, wtid, false);
             bar_sync(BAR_OUT_READ, 256);  // warpgroup 0 copied its half out: the stages may be reloaded
         } else {
-            int lim[NC];
-            float m_run[NC], l_run[NC];
-#pragma unroll
-            for (int k = 0; k < NC; ++k) {
-                const int r = row0 + col_of(k);
-                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
-                lim[k] = sg.len - p.s_q + s + 1;
-                m_run[k] = vt::neg_inf();
-                l_run[k] = 0.0f;
-            }
-            const int lim_min = sg.len - p.s_q + 1;
+            NarrowRows<MT> rows(p, sg, row0, qd);
             for (int t = t0; t < t1; ++t) {
                 const int st = (t - t0) & 1;
                 const uint32_t kst = sKV + st * TILE_BYTES;
-                const unsigned char* vst = valid + st * BN;
                 if (TMA) {
                     if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
                     tile_wait(st);
                 } else {
                     bar_sync(BAR_K_FULL + st, 256);
                 }
-
-                // S^T = K Q^T: s[4 i + j] is token 16 wwarp + g + 8 (j >> 1), row col_of(2 i + (j & 1)).
-                float s[R];
-                const uint64_t dk = gmma_desc(kst, 16, 1024);
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < FD / 16; ++ks) {
-                    // Column block ks / 4, 32 bytes per k step inside it.
-                    const uint64_t ok = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-                    const uint64_t oq = (uint64_t)(((ks >> 2) * L::Q_SUB + (ks & 3) * 32) >> 4);
-                    WgNarrow<T>::qk(s, dk + ok, dq + oq, ks > 0 ? 1 : 0);
-                }
-                wgmma_commit();
-                wgmma_wait<0>();
-                pin(s);
-                if (TMA && t * BN + BN > sg.len) {
-                    // As decode_wgmma: rows past the sequence's last token came from a real page
-                    // and may hold NaN; zero their V part before either product reads it.
-                    const int first = sg.len - t * BN;
-                    for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
-                        const int r = first + (idx >> 6), cc = idx & 63;
-                        st_shared_v4_zero(kst + (cc >> 3) * SUB_BYTES + swz(r, cc & 7));
-                    }
-                    fence_proxy_async();
-                }
-
-                const bool full = tile_is_full(t, lim_min, flags + st * 8);
-                if (!full) {
-                    const int tok0 = t * BN;
-#pragma unroll
-                    for (int i = 0; i < R / 4; ++i)
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const int tk = wwarp * 16 + g + 8 * (j >> 1);
-                            const bool okk = vst[tk] != 0 && tok0 + tk < lim[2 * i + (j & 1)];
-                            s[4 * i + j] = okk ? s[4 * i + j] : vt::neg_inf();
-                        }
-                }
-                // Column maxima over this warp's 16 tokens (the 8 lanes of a quad position),
-                // then over the 4 warps.
-                float* rm = red_max + ((t - t0) & 1) * 4 * MT;
-#pragma unroll
-                for (int k = 0; k < NC; ++k) {
-                    const int i = k >> 1, b = k & 1;
-                    float m = fmaxf(s[4 * i + b], s[4 * i + 2 + b]);
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-                    if (g == 0) rm[wwarp * MT + col_of(k)] = m;
-                }
-                bar_sync(BAR_WG0, 128);
-                float alpha[NC], muse[NC];
-#pragma unroll
-                for (int k = 0; k < NC; ++k) {
-                    const int col = col_of(k);
-                    const float tm = fmaxf(fmaxf(rm[col], rm[MT + col]), fmaxf(rm[2 * MT + col], rm[3 * MT + col]));
-                    const float mn = fmaxf(m_run[k], tm * c);
-                    muse[k] = mn == vt::neg_inf() ? 0.0f : mn;
-                    alpha[k] = exp2f(m_run[k] - muse[k]);
-                    m_run[k] = mn;
-                    l_run[k] *= alpha[k];
-                }
-                unsigned short pk[R];
-#pragma unroll
-                for (int i = 0; i < R / 4; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int k = 2 * i + (j & 1);
-                        const float pv = exp2f(fmaf(s[4 * i + j], c, -muse[k]));
-                        l_run[k] += pv;
-                        pk[4 * i + j] = to_bits<T>(pv);
-                    }
-                bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1) and its factors
-#pragma unroll
-                for (int i = 0; i < R / 4; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const int tk = wwarp * 16 + g + 8 * (j >> 1);
-                        st_shared_u16(sP + swz(col_of(2 * i + (j & 1)), tk >> 3) + (tk & 7) * 2, pk[4 * i + j]);
-                    }
-                if (wwarp == 0 && g == 0) {
-#pragma unroll
-                    for (int k = 0; k < NC; ++k) s_alpha[col_of(k)] = alpha[k];
-                }
-                fence_proxy_async();      // P^T is read by wgmma (async proxy)
-                bar_sync(BAR_WG0, 128);   // all of P^T written before this warpgroup's wgmma
+                float alpha[MT / 4];
+                narrow_softmax<T, MT, TMA, true>(p, sg, t, kst, dq, sP, valid + st * BN, flags + st * 8,
+                                                 red_max + ((t - t0) & 1) * 4 * MT, s_alpha, rows, alpha, wtid);
                 bar_arrive(BAR_P_FULL, 256);
                 rescale_cols(o, alpha);
                 pv_narrow<T, R>(o, dp, kst, 0);
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
-            // Row sums over the 8 lanes of a quad position and the 4 warps; maxima.
-#pragma unroll
-            for (int k = 0; k < NC; ++k) {
-                float l = l_run[k];
-                l += __shfl_xor_sync(0xffffffffu, l, 4);
-                l += __shfl_xor_sync(0xffffffffu, l, 8);
-                l += __shfl_xor_sync(0xffffffffu, l, 16);
-                if (g == 0) red_l[wwarp * MT + col_of(k)] = l;
-                if (wwarp == 0 && g == 0) s_fin[MT + col_of(k)] = m_run[k];
-            }
-            bar_sync(BAR_WG0, 128);
-            if (wtid < MT) s_fin[wtid] = red_l[wtid] + red_l[MT + wtid] + red_l[2 * MT + wtid] + red_l[3 * MT + wtid];
+            narrow_row_sums<MT>(rows, red_l, s_fin, wtid);
             bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
             bar_sync(BAR_WG1_DONE, 256);
             stage_narrow(sKV, o, 0, wwarp, g, qd);
@@ -534,6 +531,99 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
             copy_out<T, MT>(p, sg, row0, so, 0, s_fin, wtid, true);
             bar_arrive(BAR_OUT_READ, 256);
         }
+    }
+}
+
+// The narrow kernel over an fp8_ds_mla cache. All 256 threads load the raw rows of RAWS
+// tiles ahead (cp.async) and, per tile, dequantize it into the one 16-bit stage once both
+// warpgroups' products of the previous tile are done; then warpgroup 0 computes S and the
+// softmax and both compute their halves of O^T as in decode_wgmma_narrow. The
+// dequantization does not overlap the products (one stage), but the loads run RAWS tiles
+// ahead of it.
+template <typename T, int MT>
+__device__ void decode_wgmma_narrow_fp8(const Params& p) {
+    using L = NarrowFp8Layout<MT>;
+    constexpr int R = MT / 2, RAWS = L::RAWS;
+    static_assert(MT == 16 || MT == 32, "wgmma N = 16 or 32");
+    static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
+    static_assert(MT * OSTR * 4 <= TILE_BYTES, "O is staged in the KV stage");
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = align1024(smem_raw);
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P, sRaw = base + L::OFF_RAW;
+    float* red_max = (float*)(smem + L::OFF_RED);  // [2][4][MT]
+    float* s_alpha = red_max + 8 * MT;
+    float* s_fin = s_alpha + MT;
+    float* red_l = s_fin + 2 * MT;
+    unsigned char* valid = smem + L::OFF_VALID;  // [RAWS + 1][BN]: the raw tiles', the stage's
+    unsigned char* flags = smem + L::OFF_FLAGS;  // [RAWS + 1][8]
+    int* sched = (int*)(smem + L::OFF_SCHED);
+    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);
+    unsigned char* vst = valid + RAWS * BN;
+    unsigned char* fst = flags + RAWS * 8;
+    grid_dep_launch();
+
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, qd = lane & 3;
+    const int row0 = blockIdx.y * MT;
+    const Fp8TileLoader<THREADS> fl(p, threadIdx.x);
+    const uint64_t dq = gmma_desc(sQ, 16, 1024);
+    const uint64_t dp = gmma_desc(sP, 16, 1024);
+    auto raw = [&](int u) { return sRaw + (u % RAWS) * (BN * FP8_ROW); };
+
+    const Part part = find_part(p, sched);
+    int nb = part.b;
+    i64 pre = part.pre;
+    Segment sg;
+    while (next_segment(p, part, nb, pre, sg)) {
+        const int t0 = sg.t0, t1 = sg.t1;
+        float o[4][R];  // O^T for features (wg * 4 + mb) * 64 ..
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+            for (int i = 0; i < R; ++i) o[mb][i] = 0.0f;
+        // Q and the first RAWS tiles, a cp.async group each (Q joins the first).
+        load_q<T, MT, THREADS>(p, sg.b, row0, sQ, threadIdx.x);
+#pragma unroll
+        for (int u = 0; u < RAWS; ++u) {
+            if (t0 + u < t1) fl.issue(raw(u), valid + u * BN, flags + u * 8, fl.row_of(p, sg, t0 + u));
+            cp_async_commit();
+        }
+        i64 off = fl.row_of(p, sg, t0 + RAWS);
+        NarrowRows<MT> rows(p, sg, row0, qd);
+        for (int t = t0; t < t1; ++t) {
+            const int u = t - t0, ru = u % RAWS;
+            cp_async_wait<RAWS - 1>();  // tile t's rows (groups committed: RAWS + u)
+            __syncthreads();             // visible to all; both halves of PV(t - 1) are done
+            dequant_tile<T, THREADS>(raw(u), sKV, threadIdx.x);
+            if (threadIdx.x < BN) vst[threadIdx.x] = valid[ru * BN + threadIdx.x];
+            if (threadIdx.x < 8) fst[threadIdx.x] = flags[ru * 8 + threadIdx.x];
+            fence_proxy_async();  // the stage is read by wgmma (async proxy)
+            __syncthreads();      // the stage is whole; raw tile u is consumed
+            if (t + RAWS < t1) fl.issue(raw(u), valid + ru * BN, flags + ru * 8, off);
+            cp_async_commit();
+            off = fl.row_of(p, sg, t + RAWS + 1);
+            if (wg == 0) {
+                float alpha[MT / 4];
+                narrow_softmax<T, MT, false, false>(p, sg, t, sKV, dq, sP, vst, fst, red_max + (u & 1) * 4 * MT,
+                                                    s_alpha, rows, alpha, wtid);
+                bar_arrive(BAR_P_FULL, 256);
+                rescale_cols(o, alpha);
+                pv_narrow<T, R>(o, dp, sKV, 0);
+            } else {
+                bar_sync(BAR_P_FULL, 256);
+                rescale_from<MT>(o, s_alpha, qd);
+                pv_narrow<T, R>(o, dp, sKV, 4);
+            }
+        }
+        cp_async_wait<0>();
+        if (wg == 0) narrow_row_sums<MT>(rows, red_l, s_fin, wtid);
+        __syncthreads();  // both products done (the stage is free); row sums in s_fin
+        stage_narrow(sKV, o, 4 * wg, wwarp, g, qd);
+        __syncthreads();
+        copy_out<T, MT>(p, sg, row0, so, 256 * wg, s_fin, wtid, wg == 0);
+        __syncthreads();  // the stage is copied out before the next segment's tiles
     }
 }
 

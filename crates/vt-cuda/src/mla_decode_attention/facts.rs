@@ -288,7 +288,8 @@ fn host_planning_facts_match_the_kernel_headers() {
             }
             Kernel::Wgmma => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
-                (wgmma_sm90::narrow_fp8_smem() as i64, wgmma_sm90::STAGES as i64)
+                let mt = c.plan.rows_per_cta;
+                (wgmma_sm90::narrow_fp8_smem(mt) as i64, wgmma_sm90::narrow_fp8_raws(mt) as i64)
             }
             Kernel::WgmmaNarrow => {
                 (wgmma_sm90::narrow_smem(c.plan.rows_per_cta) as i64, wgmma_sm90::STAGES as i64)

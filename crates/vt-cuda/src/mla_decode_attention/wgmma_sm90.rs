@@ -97,42 +97,57 @@ pub(super) const fn narrow_smem(mt: u32) -> u32 {
 }
 const _: () = assert!(narrow_smem(32) <= super::MAX_SMEM, "the narrow layout fits a Hopper block");
 
-/// Dynamic shared memory of the narrow kernel over an fp8_ds_mla cache (16 query rows:
-/// `mla::NarrowLayout<16, true>::SMEM`: as [`narrow_smem`] plus one tile of raw 656-byte
-/// rows and a third set of token flags).
-pub(super) const fn narrow_fp8_smem() -> u32 {
+/// Tiles of raw 656-byte rows the narrow kernel over an fp8_ds_mla cache loads ahead
+/// (`mla::NarrowFp8Layout<MT>::RAWS`): three at 16 rows per CTA, two at 32.
+pub(super) const fn narrow_fp8_raws(mt: u32) -> u32 {
+    if mt == 16 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Dynamic shared memory of the narrow kernel over an fp8_ds_mla cache with `mt` query rows
+/// (`mla::NarrowFp8Layout<MT>::SMEM`: Q, one 16-bit KV stage, P^T, the raw tiles, the
+/// reductions, token flags of each raw tile and of the stage, schedule, alignment).
+pub(super) const fn narrow_fp8_smem(mt: u32) -> u32 {
     let tile = 9 * 64 * 128;
-    let mt = 16;
+    let raws = narrow_fp8_raws(mt);
     9 * mt * 128
-        + STAGES * tile
+        + tile
         + mt * 128
-        + 64 * 656
+        + raws * 64 * 656
         + 16 * mt * 4
-        + (STAGES + 1) * 64
-        + (STAGES + 1) * 8
+        + (raws + 1) * 64
+        + (raws + 1) * 8
         + 40 * 4
-        + STAGES * 8
         + 1024
 }
-const _: () = assert!(narrow_fp8_smem() <= super::MAX_SMEM, "the narrow fp8 layout fits a Hopper block");
+const _: () = assert!(narrow_fp8_smem(16) <= super::MAX_SMEM && narrow_fp8_smem(32) <= super::MAX_SMEM);
 
 /// The narrow kernel's main launch (both products transposed: the tile's tokens on wgmma's M,
-/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: 16 rows per CTA,
-/// cp.async loads of the raw rows, dequantized in shared memory.
+/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: cp.async loads of the
+/// raw rows 3 / 2 tiles ahead, dequantized into one 16-bit stage.
 pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: bool) -> MainKernel {
+    let mt = narrow_rows(m_total);
     if a.cache.dtype() == DType::Fp8DsMla {
+        let (base, name) = if mt == 16 {
+            ("mla_decode_wgmma_n16_fp8", "wgmma_n16_fp8")
+        } else {
+            ("mla_decode_wgmma_n32_fp8", "wgmma_n32_fp8")
+        };
+        let smem = narrow_fp8_smem(mt);
         return MainKernel {
-            base: "mla_decode_wgmma_n16_fp8",
-            name: "wgmma_n16_fp8",
-            rows: 16,
-            smem: narrow_fp8_smem(),
+            base,
+            name,
+            rows: mt as i64,
+            smem,
             threads: THREADS,
             tma: false,
             ctas_per_sm: 1,
         };
     }
     let tma = tma_ok(&a.cache) && tma_flag;
-    let mt = narrow_rows(m_total);
     let (base, name) = match (mt, tma) {
         (16, false) => ("mla_decode_wgmma_n16", "wgmma_n16"),
         (16, true) => ("mla_decode_wgmma_n16_tma", "wgmma_n16_tma"),
