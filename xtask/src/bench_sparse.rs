@@ -25,8 +25,11 @@
 //!   "s_kv", "topk", "us", "tflops", "gbps"}]}` (prefill rows have b = 1). Rows match by
 //!   (kind, h_q, b, s_q, s_kv, topk); FlashMLA's time and vt / FlashMLA come only from that
 //!   file, else print `-` (no peer in this call).
-//! - `--only decode`, `--only prefill,s32768`, `--only h64,b74` (keys decode, prefill, hN,
-//!   bN, sN = s_kv, kN = topk; every key of one SPEC must match; repeatable).
+//! - `--kv16`: the decode shapes again over a bf16 cache of block size 64 (rows `decode16`,
+//!   no peer: FlashMLA's sparse decode reads the fp8 cache only), for what the cache format
+//!   costs on each kernel.
+//! - `--only decode`, `--only prefill,s32768`, `--only h64,b74` (keys decode, decode16,
+//!   prefill, hN, bN, sN = s_kv, kN = topk; every key of one SPEC must match; repeatable).
 //! - Target (issue 19): vt / FlashMLA <= 1.00 on every row with a peer figure.
 
 use std::fmt::Write as _;
@@ -61,7 +64,10 @@ pub struct Args {
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
-    /// Keep shapes matching every key given (decode, prefill, hN, bN, sN = s_kv, kN = topk),
+    /// Also run the decode shapes over a bf16 cache (rows `decode16`; no peer).
+    #[arg(long)]
+    pub kv16: bool,
+    /// Keep shapes matching every key given (decode, decode16, prefill, hN, bN, sN = s_kv, kN = topk),
     /// e.g. `decode,h128,b74`; repeatable.
     #[arg(long, value_name = "SPEC", value_parser = only_spec)]
     pub only: Vec<String>,
@@ -87,13 +93,15 @@ fn alt_name(s: &str) -> Result<String, String> {
 
 fn only_spec(s: &str) -> Result<String, String> {
     for kv in s.split(',') {
-        if kv == "decode" || kv == "prefill" {
+        if kv == "decode" || kv == "decode16" || kv == "prefill" {
             continue;
         }
         let i = kv.find(|c: char| c.is_ascii_digit()).unwrap_or(kv.len());
         let (k, v) = kv.split_at(i);
         if !matches!(k, "h" | "b" | "s" | "k") || v.parse::<i64>().is_err() {
-            return Err(format!("`{kv}` is not one of decode, prefill, hN, bN, sN (s_kv), kN (topk)"));
+            return Err(format!(
+                "`{kv}` is not one of decode, decode16, prefill, hN, bN, sN (s_kv), kN (topk)"
+            ));
         }
     }
     Ok(s.to_string())
@@ -110,6 +118,9 @@ const DECODE_BS: i64 = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Decode,
+    /// The decode shapes over a bf16 cache (block size 64; `--kv16`): no peer (FlashMLA's
+    /// sparse decode reads the fp8 cache only), for what the cache format costs.
+    Decode16,
     Prefill,
 }
 
@@ -117,6 +128,7 @@ impl Kind {
     fn name(self) -> &'static str {
         match self {
             Kind::Decode => "decode",
+            Kind::Decode16 => "decode16",
             Kind::Prefill => "prefill",
         }
     }
@@ -145,13 +157,13 @@ impl Shape {
     fn bytes(&self, kv_rows: i64) -> f64 {
         let kv = match self.kind {
             Kind::Decode => kv_rows as f64 * ROW8 as f64,
-            Kind::Prefill => kv_rows as f64 * (2 * D) as f64,
+            Kind::Decode16 | Kind::Prefill => kv_rows as f64 * (2 * D) as f64,
         };
         kv + 2.0 * (self.tokens() * self.h) as f64 * (D + DV) as f64
     }
     fn matches(&self, spec: &str) -> bool {
         spec.split(',').all(|kv| {
-            if kv == "decode" || kv == "prefill" {
+            if kv == "decode" || kv == "decode16" || kv == "prefill" {
                 return kv == self.kind.name();
             }
             let (k, v) = kv.split_at(kv.find(|c: char| c.is_ascii_digit()).unwrap_or(kv.len()));
@@ -169,6 +181,9 @@ impl Shape {
         match self.kind {
             Kind::Decode => {
                 format!("decode h{} b{} sq{} s{} k{} fp8", self.h, self.b, self.s_q, self.s_kv, self.topk)
+            }
+            Kind::Decode16 => {
+                format!("decode h{} b{} sq{} s{} k{} bf16", self.h, self.b, self.s_q, self.s_kv, self.topk)
             }
             Kind::Prefill => format!("prefill h{} sq{} s{} k{} bf16", self.h, self.s_q, self.s_kv, self.topk),
         }
@@ -357,7 +372,7 @@ fn make_inputs(
     bench.fill(&qb.view(), Q_SEED, 1.0)?;
     let pos = distinct_rows(t, s.s_kv, s.topk, 0x5eed ^ (s.s_kv as u64) << 8 ^ s.b as u64);
     let (idx, cache, bytes) = match s.kind {
-        Kind::Decode => {
+        Kind::Decode | Kind::Decode16 => {
             // Sequence i's blocks: a random permutation of all b * s_kv / 64 blocks.
             let per_seq = s.s_kv / DECODE_BS;
             let nb = s.b * per_seq;
@@ -376,6 +391,11 @@ fn make_inputs(
                 })
                 .collect();
             let need = nb * DECODE_BS;
+            if s.kind == Kind::Decode16 {
+                let cache = Buffer::uninit(q, DType::BF16, &[nb, DECODE_BS, D])?;
+                bench.fill(&cache.view(), KV_SEED, 0.1)?;
+                return finish(q, s, qb, idx, Some(cache), None);
+            }
             if fp8.as_ref().is_none_or(|(b, _)| (b.len() as i64) < need * ROW8) {
                 let rows = shapes().iter().filter(|x| x.kind == Kind::Decode).map(|x| x.b * x.s_kv).max();
                 let bytes = std::sync::Arc::new(fp8_cache_bytes(rows.unwrap_or(need).max(need)));
@@ -392,8 +412,20 @@ fn make_inputs(
             (pos, Some(cache), None)
         }
     };
+    finish(q, s, qb, idx, cache, bytes)
+}
+
+fn finish(
+    q: &Queue,
+    s: &Shape,
+    qb: Buffer,
+    idx: Vec<i32>,
+    cache: Option<Buffer>,
+    bytes: Option<std::sync::Arc<Vec<u8>>>,
+) -> vt_core::Result<Inputs> {
+    let t = s.tokens();
     let kv_rows = match s.kind {
-        Kind::Decode => {
+        Kind::Decode | Kind::Decode16 => {
             let mut u = idx.clone();
             u.sort_unstable();
             u.dedup();
@@ -428,7 +460,7 @@ fn args<'a>(
     let cache = match (s.kind, fp8) {
         (Kind::Decode, Some((_, buf))) => buf.view().slice(0, 0, s.b * s.s_kv / DECODE_BS)?,
         (Kind::Decode, None) => return Err(vt_core::Error::backend("bench", "no fp8 cache")),
-        (Kind::Prefill, _) => x.cache.view(),
+        (Kind::Decode16 | Kind::Prefill, _) => x.cache.view(),
     };
     Ok(SparseMlaAttentionArgs {
         out: x.out.view(),
@@ -519,7 +551,7 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
 }
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, iters, alt, no_parity, only } = a;
+    let Args { json, peer, iters, alt, no_parity, kv16, only } = a;
     let peer = match &peer {
         None => None,
         Some(f) => {
@@ -549,8 +581,13 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         None => println!("peer: none (no --peer FILE): FlashMLA columns print -, no peer in this call"),
     }
     let scale = 1.0 / (D as f32).sqrt();
+    let mut all = shapes();
+    if kv16 {
+        let dec: Vec<Shape> = all.iter().filter(|s| s.kind == Kind::Decode).copied().collect();
+        all.extend(dec.into_iter().map(|s| Shape { kind: Kind::Decode16, ..s }));
+    }
     let todo: Vec<Shape> =
-        shapes().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
+        all.into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
     let bar = Progress::new(todo.len() as u64, "bench sparse");
     let mut fp8 = None;
     let mut rows = Vec::new();
@@ -741,6 +778,7 @@ mod tests {
         assert_eq!(pick("prefill,s32768"), 1);
         assert_eq!(pick("decode,h64,b74"), 1);
         assert_eq!(pick("k16384"), 2);
+        assert_eq!(pick("decode16"), 0, "bf16-cache decode rows only with --kv16");
         assert!(only_spec("decode,h64").is_ok());
         assert!(only_spec("x3").is_err());
         assert!(alt_name("wgmma").is_ok() && alt_name("sparse_generic").is_ok());
