@@ -9,7 +9,8 @@
 // - A CTA is 4 warps = 64 weight rows x 8 NT tokens x a range of 128-wide K chunks (its K
 //   split). Each chunk's weights (each lane copies, and later reads back, only its own
 //   16-byte pieces) and the CTA's activations for the chunk go through a STAGES-deep cp.async
-//   ring in shared memory, so that STAGES - 1 chunks of weights are in flight per warp.
+//   ring in shared memory (4, or 3 at 64 tokens a CTA), so that STAGES - 1 chunks of weights
+//   are in flight per warp.
 //   A CTA of c < STAGES chunks touches only stages 0..c-1: the host allocates those only.
 // - K is permuted inside each 32-element (w16) or 64-element (w8) step so that a lane's 16
 //   consecutive weight bytes and its consecutive activations are exactly its mma.sync
@@ -31,7 +32,9 @@ namespace skinny {
 
 using namespace vt::tc;
 
-constexpr int WARPS = 4, THREADS = 32 * WARPS, ROWS = 16 * WARPS, CHUNK = 128, STAGES = 4;
+constexpr int WARPS = 4, THREADS = 32 * WARPS, ROWS = 16 * WARPS, CHUNK = 128;
+// Ring depth: 4 stages, 3 for 64 tokens (so that two CTAs fit an SM).
+template <int NT> __host__ __device__ constexpr int stages_of() { return NT >= 8 ? 3 : 4; }
 
 // Activation rows in shared memory: 128 elements (256 bytes) + padding chosen so that the
 // 8-lane phases of the 16-byte loads hit distinct banks (w16: consecutive tokens 64 bytes
@@ -94,7 +97,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                      int splits, float* part, unsigned* counters) {
     using L = Layout<KIND>;
     constexpr bool W8K = KIND == W8;
-    constexpr int TOK = 8 * NT, SB = stage_bytes<KIND, NT>();
+    constexpr int TOK = 8 * NT, SB = stage_bytes<KIND, NT>(), STAGES = stages_of<NT>();
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_last;
     const uint32_t base = smem_u32(smem);
@@ -173,38 +176,57 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
         if (W8K && wsr != nullptr && i + 1 < nck) sc_next = wsr[(i64)(c_lo + i + 1) * ws_k];
         const uint32_t sw = base + st * SB + wbase + lane * 16;
         const uint32_t sa = base + st * SB + L::WBYTES + g * L::ASTR;
+        // Each step's fragments are read (all of them, back to back) one step ahead of its
+        // MMAs, so the shared-memory latency overlaps the previous step's MMAs (the loads and
+        // MMAs are volatile asm: they issue in this order).
         if constexpr (KIND == W16N) {
             // A fragments by ldmatrix.trans from the [k][16 n] tile: matrix lane / 8 is
             // (k half lane / 16, n half (lane / 8) % 2); B fragments by ldmatrix from the
             // activation rows: matrix lane / 8 covers k 8 (lane / 8) .. of the 32-wide step.
             const uint32_t wt = base + st * SB + wbase;
             const uint32_t xa = base + st * SB + L::WBYTES + (lane & 7) * L::ASTR + 16 * (lane >> 3);
+            uint32_t fa[2][2][4], fb[2][NT][4];
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                uint32_t fa[2][4];
+            for (int s = 0; s <= 4; ++s) {
+                if (s < 4) {
+                    const int bf = s & 1;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int kr = 32 * s + 16 * h + 8 * (lane >> 4) + (lane & 7), hf = (lane >> 3) & 1;
-                    ldsm_x4_t(wt + kr * 32 + ((hf ^ ((kr >> 2) & 1)) << 4), fa[h]);
+                    for (int h = 0; h < 2; ++h) {
+                        const int kr = 32 * s + 16 * h + 8 * (lane >> 4) + (lane & 7), hf = (lane >> 3) & 1;
+                        ldsm_x4_t(wt + kr * 32 + ((hf ^ ((kr >> 2) & 1)) << 4), fa[bf][h]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) ldsm_x4(xa + j * 8 * L::ASTR + 64 * s, fb[bf][j]);
                 }
+                if (s > 0) {
+                    const int bf = (s - 1) & 1;
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    uint32_t b[4];
-                    ldsm_x4(xa + j * 8 * L::ASTR + 64 * s, b);
-                    MmaSync<T>::run(acc[j], fa[0], b[0], b[1]);
-                    MmaSync<T>::run(acc[j], fa[1], b[2], b[3]);
+                    for (int j = 0; j < NT; ++j) {
+                        MmaSync<T>::run(acc[j], fa[bf][0], fb[bf][j][0], fb[bf][j][1]);
+                        MmaSync<T>::run(acc[j], fa[bf][1], fb[bf][j][2], fb[bf][j][3]);
+                    }
                 }
             }
         } else if constexpr (KIND == W16) {
+            uint4 w0[2], w1[2], x[2][NT];
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                const uint4 w0 = lds128(sw + (2 * s) * 512), w1 = lds128(sw + (2 * s + 1) * 512);
-                const uint32_t f0[4] = {w0.x, w1.x, w0.y, w1.y}, f1[4] = {w0.z, w1.z, w0.w, w1.w};
+            for (int s = 0; s <= 4; ++s) {
+                if (s < 4) {
+                    const int bf = s & 1;
+                    w0[bf] = lds128(sw + (2 * s) * 512);
+                    w1[bf] = lds128(sw + (2 * s + 1) * 512);
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const uint4 x = lds128(sa + j * 8 * L::ASTR + 64 * s + 16 * t);
-                    MmaSync<T>::run(acc[j], f0, x.x, x.y);
-                    MmaSync<T>::run(acc[j], f1, x.z, x.w);
+                    for (int j = 0; j < NT; ++j) x[bf][j] = lds128(sa + j * 8 * L::ASTR + 64 * s + 16 * t);
+                }
+                if (s > 0) {
+                    const int bf = (s - 1) & 1;
+                    const uint32_t f0[4] = {w0[bf].x, w1[bf].x, w0[bf].y, w1[bf].y};
+                    const uint32_t f1[4] = {w0[bf].z, w1[bf].z, w0[bf].w, w1[bf].w};
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        MmaSync<T>::run(acc[j], f0, x[bf][j].x, x[bf][j].y);
+                        MmaSync<T>::run(acc[j], f1, x[bf][j].z, x[bf][j].w);
+                    }
                 }
             }
         } else {
@@ -213,26 +235,38 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) tmp[j][q] = 0.0f;
+            uint4 w0[2], w1[2], x0[2][NT], x1[2][NT];
 #pragma unroll
-            for (int s = 0; s < 2; ++s) {
-                const uint4 w0 = lds128(sw + (2 * s) * 512), w1 = lds128(sw + (2 * s + 1) * 512);
-                uint32_t fa[4][4];
+            for (int s = 0; s <= 2; ++s) {
+                if (s < 2) {
+                    const int bf = s & 1;
+                    w0[bf] = lds128(sw + (2 * s) * 512);
+                    w1[bf] = lds128(sw + (2 * s + 1) * 512);
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const uint32_t r0 = word(w0, q), r1 = word(w1, q);
-                    fa[q][0] = e4m3x2<T>(r0, false);
-                    fa[q][1] = e4m3x2<T>(r1, false);
-                    fa[q][2] = e4m3x2<T>(r0, true);
-                    fa[q][3] = e4m3x2<T>(r1, true);
+                    for (int j = 0; j < NT; ++j) {
+                        const uint32_t xa = sa + j * 8 * L::ASTR + 128 * s + 32 * t;
+                        x0[bf][j] = lds128(xa);
+                        x1[bf][j] = lds128(xa + 16);
+                    }
                 }
+                if (s > 0) {
+                    const int bf = (s - 1) & 1;
+                    uint32_t fa[4][4];
 #pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const uint32_t xa = sa + j * 8 * L::ASTR + 128 * s + 32 * t;
-                    const uint4 x0 = lds128(xa), x1 = lds128(xa + 16);
-                    MmaSync<T>::run(tmp[j], fa[0], x0.x, x0.y);
-                    MmaSync<T>::run(tmp[j], fa[1], x0.z, x0.w);
-                    MmaSync<T>::run(tmp[j], fa[2], x1.x, x1.y);
-                    MmaSync<T>::run(tmp[j], fa[3], x1.z, x1.w);
+                    for (int q = 0; q < 4; ++q) {
+                        const uint32_t r0 = word(w0[bf], q), r1 = word(w1[bf], q);
+                        fa[q][0] = e4m3x2<T>(r0, false);
+                        fa[q][1] = e4m3x2<T>(r1, false);
+                        fa[q][2] = e4m3x2<T>(r0, true);
+                        fa[q][3] = e4m3x2<T>(r1, true);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        MmaSync<T>::run(tmp[j], fa[0], x0[bf][j].x, x0[bf][j].y);
+                        MmaSync<T>::run(tmp[j], fa[1], x0[bf][j].z, x0[bf][j].w);
+                        MmaSync<T>::run(tmp[j], fa[2], x1[bf][j].x, x1[bf][j].y);
+                        MmaSync<T>::run(tmp[j], fa[3], x1[bf][j].z, x1[bf][j].w);
+                    }
                 }
             }
 #pragma unroll

@@ -20,7 +20,9 @@
 //!   cuBLAS bf16 GEMM 8192^3. floor = max(bytes / copy, FLOPs / peak) with peak = the
 //!   measured bf16 rate for bf16 and twice it for fp8 (the H100/H200 spec ratio of the fp8
 //!   and bf16 tensor rates); the fp8 wgmma kernel's own rate at 8192^3 is printed beside it.
-//! - Timing: CUDA events around each call, the L2 flushed (256 MB written) before each, median
+//! - Timing: CUDA events around each call, the L2 flushed before each by reading 256 MB (so the
+//!   call starts with a clean L2; `--dirty-flush` writes them instead, as runs before 2026-12-01
+//!   18:40 did, which leaves up to 50 MB of dirty lines whose write-back the call pays), median
 //!   of `--iters` (default 30) after warm-up.
 //! - Parity: the skinny bf16 output against cuBLAS's on the GPU (whole output); before timing, the fp8 outputs of three rows (first, middle, last; BMMs: the
 //!   first and last head) are checked against the CPU reference on the same bytes
@@ -66,6 +68,10 @@ pub struct Args {
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
+    /// Flush the L2 by writing 256 MB (the earlier runs' method) instead of reading it: the
+    /// timed call then also pays the write-back of up to 50 MB of dirty lines.
+    #[arg(long)]
+    pub dirty_flush: bool,
 }
 
 /// Tokens at and below this are decode rows; at and above [`PREFILL_M`] prefill rows.
@@ -370,7 +376,7 @@ fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize) -> vt_core::Result<Optio
 }
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
-    let Args { json, iters, m, only, no_parity } = a;
+    let Args { json, iters, m, only, no_parity, dirty_flush } = a;
     let ms: Vec<i64> =
         if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
     let probes = vt_backends::init();
@@ -382,9 +388,12 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     }
     let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())?;
     let e = |e: vt_core::Error| e.to_string();
-    let bench = Bench::new(&q, 256 << 20).map_err(e)?;
+    let bench = Bench::new(&q, 256 << 20).map_err(e)?.with_clean_flush(!dirty_flush);
     let device = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
-    println!("device: {device}");
+    println!(
+        "device: {device}; L2 flushed before each timed call by {}",
+        if dirty_flush { "writing 256 MB (dirty lines left in the L2)" } else { "reading 256 MB (clean L2)" }
+    );
     let copy_bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
     let bf16_peak = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
     let fp8_peak = 2.0 * bf16_peak;

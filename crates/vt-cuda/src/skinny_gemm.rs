@@ -23,7 +23,8 @@
 //!
 //! [`GemmKernel::Auto`] (the ops) takes the skinny kernel where `VT_SKINNY_GEMM` is on (the
 //! default), the views allow, and M is at most [`auto_max_m`] for the shape (measured on the
-//! H200, see docs/perf.md); else cuBLAS (16-bit) or the fp8 ops' other kernels.
+//! H200, see docs/perf.md: for now 16-bit weights stay on cuBLAS, fp8 weight-only takes it at
+//! M <= 128); else cuBLAS (16-bit) or the fp8 ops' other kernels.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -36,27 +37,35 @@ use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("skinny_gemm");
 
-/// `skinny::THREADS`, `ROWS`, `CHUNK`, `STAGES` of the kernel file.
+/// `skinny::THREADS`, `ROWS`, `CHUNK` of the kernel file.
 const THREADS: i64 = 128;
 const ROWS: i64 = 64;
 const CHUNK: i64 = 128;
-const STAGES: i64 = 4;
 /// Split-K tile counters at the start of the workspace (u32 each); a plan with more tiles
 /// does not split.
 const COUNTERS: i64 = 1 << 16;
 /// Split-K partials are capped at this many bytes.
 const MAX_PARTIAL_BYTES: i64 = 128 << 20;
 
-/// Dynamic shared memory of a CTA that runs `chunks` K chunks: min(chunks, STAGES) stages of
+/// The ring's depth for `nt` token fragments (`skinny::stages_of`).
+fn stages(nt: i64) -> i64 {
+    if nt >= 8 {
+        3
+    } else {
+        4
+    }
+}
+
+/// Dynamic shared memory of a CTA that runs `chunks` K chunks: min(chunks, stages) stages of
 /// (weights + 8 NT activation rows), as `skinny::stage_bytes` counts them (a CTA of fewer
-/// chunks than STAGES touches only its first stages).
+/// chunks than the ring's depth touches only its first stages).
 pub(crate) fn smem_for(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
     let (astr, pieces) = match kind {
         WeightKind::W16 => (320, 8),
         WeightKind::W8 => (272, 4),
         WeightKind::W16N => (272, 8),
     };
-    chunks.clamp(1, STAGES) * (4 * pieces * 32 * 16 + 8 * nt * astr)
+    chunks.clamp(1, stages(nt)) * (4 * pieces * 32 * 16 + 8 * nt * astr)
 }
 
 /// How the kernel reads the weight (`skinny::W16`, `W8`, `W16N`).
@@ -90,13 +99,16 @@ pub struct GemmOptions {
     pub splits: Option<u32>,
 }
 
-/// The largest M for which [`GemmKernel::Auto`] takes the skinny kernel, per shape and
-/// weight type (measured: docs/perf.md, "skinny GEMM").
+/// The largest M for which Auto takes the skinny kernel, per shape and weight type
+/// (measured: docs/perf.md, "Decode GEMMs"). 16-bit weights: 0 (cuBLAS) until the kernel wins
+/// a measured shape (the first H200 run had cuBLAS ahead at every one); fp8 weight-only: every
+/// decode M (it beat or tied the Gemv kernel in 10 of the 12 cells measured, losing a_proj
+/// M 64 and q_b M 8 by 13%).
 pub fn auto_max_m(w8: bool, _n: i64, _k: i64) -> i64 {
     if w8 {
         128
     } else {
-        64
+        0
     }
 }
 
