@@ -292,10 +292,10 @@ fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
         }
         if !c.fp8 {
             v.push(o(Kernel::Decode(DK::Wgmma)));
-            if c.n <= 32 {
-                v.push(o(Kernel::Decode(DK::WgmmaNarrow)));
-            }
         }
+        // The narrow wgmma kernels (16 / 32 heads a CTA, several CTAs per token beyond 32),
+        // over both caches: a candidate for the fp8 cache at 64+ heads.
+        v.push(o(Kernel::Decode(DK::WgmmaNarrow)));
     }
     v
 }
