@@ -129,7 +129,7 @@ pub fn sparse_mla_attention_with(
     let stride = slot_stride(&a.cache);
     let forced = match (opts.kernel, stride) {
         (Kernel::Generic, _) | (Kernel::Auto, None) => None,
-        (Kernel::Auto, Some(s)) => Some((decode::Kernel::Auto, s)),
+        (Kernel::Auto, Some(s)) => Some((auto_kernel(a), s)),
         (Kernel::Decode(k), Some(s)) => Some((k, s)),
         (Kernel::Decode(_), None) => {
             return Err(Error::backend(
@@ -162,10 +162,31 @@ pub fn sparse_mla_attention_with(
             scale: a.scale,
         };
         let d = decode_args(&chunk, stride, seq_lens(q, t1 - t0)?)?;
-        plan = Some(mla_decode_attention_with(q, &d, &o)?);
+        plan = Some(match mla_decode_attention_with(q, &d, &o) {
+            // The narrow kernel Auto asked for does not exist here (no sm_90a, unaligned
+            // views): the decode kernels' own choice. Nothing was launched (choose failed).
+            Err(_) if opts.kernel == Kernel::Auto && kernel == decode::Kernel::WgmmaNarrow => {
+                mla_decode_attention_with(q, &d, &DecodeOptions { kernel: decode::Kernel::Auto, ..o })?
+            }
+            r => r?,
+        });
         t0 = t1;
     }
     Ok(Plan { kernel: plan.as_ref().map_or("none", |p| p.kernel), decode: plan })
+}
+
+/// Heads from which an fp8_ds_mla cache takes the narrow wgmma decode kernels (16/32 heads a
+/// CTA) instead of the decode kernels' own choice (the mma.sync fp8 kernels); `None`: never.
+/// Set from `cargo xtask bench sparse --alt wgmma_narrow` on the H200.
+const FP8_NARROW_FROM_HEADS: Option<i64> = None;
+
+/// The decode kernel the op uses on the block-size-1 view: the decode kernels' Auto, except
+/// per [`FP8_NARROW_FROM_HEADS`].
+fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
+    match FP8_NARROW_FROM_HEADS {
+        Some(h) if a.cache.dtype() == DType::Fp8DsMla && a.query.dim(1) >= h => decode::Kernel::WgmmaNarrow,
+        _ => decode::Kernel::Auto,
+    }
 }
 
 /// One i32 `i32::MAX` per device, never freed: the decode view's seq_lens (read with stride
