@@ -44,6 +44,7 @@ constexpr int THREADS = 128;  // score kernels
 constexpr int SEL_THREADS = 1024;
 constexpr int SORT_CAP = 4096;  // items per select round (the host counts them in SELECT_STATIC_SMEM)
 constexpr int PER_THREAD = 16;  // consecutive keys a select thread takes per tile
+constexpr int FILTER_SAMPLE = 2048;  // sampled keys of a row too long for shared memory
 constexpr int PAD = 8;          // elements of padding per shared row (conflict-free ldmatrix)
 constexpr u32 ALL = 0xffffffffu;  // SelShared::kth when every candidate is taken
 
@@ -544,6 +545,112 @@ __device__ __forceinline__ void load_run(const u32* keys, i64 jb, i64 n, u32 (&k
     }
 }
 
+// Exclusive scan of cnt over the block in thread order: this thread's offset; the block's
+// total lands in s.total. Every thread calls it (two __syncthreads); the caller syncs before
+// s.scan or s.total is written again.
+__device__ __forceinline__ u32 block_scan(SelShared& s, u32 cnt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 incl = cnt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) s.scan[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        const u32 wv = lane < SEL_THREADS / 32 ? s.scan[lane] : 0u;
+        u32 wi = wv;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u32 v = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += v;
+        }
+        if (lane < SEL_THREADS / 32) s.scan[lane] = wi - wv;
+        if (lane == 31) s.total = wi;
+    }
+    __syncthreads();
+    return s.scan[warp] + incl - cnt;
+}
+
+// Radix select over the candidates among keys[0 .. n) (index = position order): leaves the
+// want-th best candidate's key in s.prefix and its rank among equal keys in s.kth, or
+// s.kth = ALL and their count in s.total when there are no more than want. Every thread
+// calls it.
+__device__ void radix_kth(SelShared& s, const u32* keys, i64 n, u32 want, bool first, u32 bk, i64 bj) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr i64 TILE = (i64)PER_THREAD * SEL_THREADS;
+    if (tid == 0) {
+        s.prefix = 0;
+        s.kth = want;
+    }
+    u32 mask = 0;
+    for (int d = 3; d >= 0; --d) {
+        for (int i = tid; i < 256; i += SEL_THREADS) s.hist[i] = 0;
+        __syncthreads();
+        const u32 prefix = s.prefix;
+        const int sh = d * 8;
+        // Warp-aggregated counts: scores crowd into few bins (a pass's digit is often the
+        // same for most keys), and same-address shared atomics serialize.
+        for (i64 j0 = 0; j0 < n; j0 += TILE) {
+            const i64 jb = j0 + (i64)tid * PER_THREAD;
+            u32 k[PER_THREAD];
+            load_run(keys, jb, n, k);
+#pragma unroll
+            for (int e = 0; e < PER_THREAD; ++e) {
+                const bool c = candidate(k[e], jb + e, first, bk, bj) && (k[e] & mask) == prefix;
+                if (__ballot_sync(0xffffffffu, c) == 0u) continue;
+                const u32 bin = c ? (k[e] >> sh) & 255u : 256u;
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (c && lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            // Digits from the top: the digit where the running count reaches kth.
+            const u32 kth = s.kth;
+            u32 c[8], sum = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                c[i] = s.hist[255 - (lane * 8 + i)];
+                sum += c[i];
+            }
+            u32 incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const u32 total = __shfl_sync(0xffffffffu, incl, 31);
+            if (d == 3 && total <= kth) {
+                // No more candidates than wanted: take them all.
+                if (lane == 0) {
+                    s.total = total;
+                    s.prefix = 1u;
+                    s.kth = ALL;
+                }
+            } else {
+                // Exactly one lane's digits span rank kth (total >= kth here).
+                const u32 before = incl - sum;
+                if (before < kth && kth <= incl) {
+                    u32 run = before;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        if (run < kth && kth <= run + c[i]) {
+                            s.prefix = prefix | ((u32)(255 - (lane * 8 + i)) << sh);
+                            s.kth = kth - run;
+                        }
+                        run += c[i];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (s.kth == ALL) break;
+        mask |= 255u << sh;
+    }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
@@ -552,98 +659,82 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
     int row_cap) {
     __shared__ SelShared s;
     extern __shared__ __align__(16) u32 srow[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     constexpr i64 TILE = (i64)PER_THREAD * SEL_THREADS;
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
         const i64 t = row0 + r;
         int b;
         const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
         const u32* keys = ws + (i64)r * ws_ld;  // 16-byte aligned: ws_ld % 4 == 0
+        // Entries of `keys` and their positions (nullptr: the index).
+        i64 ne = n;
+        const u32* jmap = nullptr;
         if (n > 0 && n <= row_cap) {
             const uint4* src = reinterpret_cast<const uint4*>(keys);
             uint4* dst = reinterpret_cast<uint4*>(srow);
             for (i64 v = tid; v < (n + 3) / 4; v += SEL_THREADS) dst[v] = src[v];
             __syncthreads();
             keys = srow;
+        } else if (n > row_cap && topk <= SORT_CAP && row_cap >= 2 * FILTER_SAMPLE) {
+            // A row too long for shared memory: a strided sample's r-th best key (r about
+            // 1.5x the sample's share of topk) bounds the top-k from below in the common
+            // case; the keys at or above it go to shared memory in position order (keys,
+            // then positions) and the selection runs on them. When fewer than topk or more
+            // than fit pass, the row is read from the workspace instead. Either way exact:
+            // with at least topk keys >= K, every key the top-k holds (and every key equal
+            // to its last) is >= K.
+            const int capp = row_cap / 2;
+            u32* ck = srow;
+            u32* cj = srow + capp;
+            for (int i = tid; i < FILTER_SAMPLE; i += SEL_THREADS) ck[i] = keys[(i64)i * n / FILTER_SAMPLE];
+            __syncthreads();
+            const i64 rr = (i64)topk * FILTER_SAMPLE * 3 / (2 * n) + 32;
+            radix_kth(s, ck, FILTER_SAMPLE, (u32)min(rr, (i64)FILTER_SAMPLE), true, 0u, -1);
+            const u32 klo = s.kth == ALL ? 1u : s.prefix;
+            __syncthreads();
+            if (tid == 0) s.eq_base = 0;
+            __syncthreads();
+            for (i64 j0 = 0; j0 < n; j0 += TILE) {
+                const i64 jb = j0 + (i64)tid * PER_THREAD;
+                u32 k[PER_THREAD];
+                load_run(keys, jb, n, k);
+                u32 msk = 0;
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e)
+                    if (k[e] >= klo) msk |= 1u << e;  // klo >= 1: key 0 (no token) never passes
+                u32 at = s.eq_base + block_scan(s, __popc(msk));
+#pragma unroll
+                for (int e = 0; e < PER_THREAD; ++e) {
+                    if ((msk >> e) & 1u) {
+                        if (at < (u32)capp) {
+                            ck[at] = k[e];
+                            cj[at] = (u32)(jb + e);
+                        }
+                        ++at;
+                    }
+                }
+                __syncthreads();
+                if (tid == 0) s.eq_base += s.total;
+                __syncthreads();
+            }
+            const u32 c = s.eq_base;
+            __syncthreads();
+            if (c >= (u32)topk && c <= (u32)capp) {
+                keys = ck;
+                jmap = cj;
+                ne = c;
+            }
         }
         int* orow = out + t * o_st;
         int written = 0;
         bool first = true;
         u32 bk = 0;
         i64 bj = -1;
-        while (written < topk && n > 0) {
+        while (written < topk && ne > 0) {
             const int want = min(topk - written, SORT_CAP);
-            // Radix select: after pass d, prefix holds the top bits of the want-th best key
-            // and kth its rank among the candidates sharing them.
-            if (tid == 0) {
-                s.prefix = 0;
-                s.kth = (u32)want;
-            }
-            u32 mask = 0;
-            for (int d = 3; d >= 0; --d) {
-                for (int i = tid; i < 256; i += SEL_THREADS) s.hist[i] = 0;
-                __syncthreads();
-                const u32 prefix = s.prefix;
-                const int sh = d * 8;
-                // Warp-aggregated counts: scores crowd into few bins (a pass's digit is often
-                // the same for most keys), and same-address shared atomics serialize.
-                for (i64 j0 = 0; j0 < n; j0 += TILE) {
-                    const i64 jb = j0 + (i64)tid * PER_THREAD;
-                    u32 k[PER_THREAD];
-                    load_run(keys, jb, n, k);
-#pragma unroll
-                    for (int e = 0; e < PER_THREAD; ++e) {
-                        const bool c = candidate(k[e], jb + e, first, bk, bj) && (k[e] & mask) == prefix;
-                        if (__ballot_sync(0xffffffffu, c) == 0u) continue;
-                        const u32 bin = c ? (k[e] >> sh) & 255u : 256u;
-                        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                        if (c && lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
-                    }
-                }
-                __syncthreads();
-                if (warp == 0) {
-                    // Digits from the top: the digit where the running count reaches kth.
-                    const u32 kth = s.kth;
-                    u32 c[8], sum = 0;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        c[i] = s.hist[255 - (lane * 8 + i)];
-                        sum += c[i];
-                    }
-                    u32 incl = sum;
-#pragma unroll
-                    for (int o = 1; o < 32; o <<= 1) {
-                        const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
-                        if (lane >= o) incl += v;
-                    }
-                    const u32 total = __shfl_sync(0xffffffffu, incl, 31);
-                    if (d == 3 && total <= kth) {
-                        // No more candidates than wanted: take them all.
-                        if (lane == 0) {
-                            s.total = total;
-                            s.prefix = 1u;
-                            s.kth = ALL;
-                        }
-                    } else {
-                        // Exactly one lane's digits span rank kth (total >= kth here).
-                        const u32 before = incl - sum;
-                        if (before < kth && kth <= incl) {
-                            u32 run = before;
-#pragma unroll
-                            for (int i = 0; i < 8; ++i) {
-                                if (run < kth && kth <= run + c[i]) {
-                                    s.prefix = prefix | ((u32)(255 - (lane * 8 + i)) << sh);
-                                    s.kth = kth - run;
-                                }
-                                run += c[i];
-                            }
-                        }
-                    }
-                }
-                __syncthreads();
-                if (s.kth == ALL) break;
-                mask |= 255u << sh;
-            }
+            // (With jmap, one round: topk <= SORT_CAP, so `first` holds and candidate()
+            // never reads the index as a position.)
+            radix_kth(s, keys, ne, (u32)want, first, bk, bj);
             const bool all = s.kth == ALL;
             const u32 kstar = s.prefix;
             const u32 total = s.total;
@@ -656,14 +747,15 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
             }
             __syncthreads();
             // Collect: everything above K* (any order), the first need_eq equal to K* in
-            // position order (each thread a run of PER_THREAD consecutive keys, runs in
+            // position order (each thread a run of PER_THREAD consecutive entries, runs in
             // thread order, a block scan of their counts), packed as key << 32 | ~j
             // (descending = key desc, j asc).
             const u32 n_gt = (u32)m - need_eq;
-            for (i64 j0 = 0; j0 < n; j0 += TILE) {
+            const int lane = tid & 31;
+            for (i64 j0 = 0; j0 < ne; j0 += TILE) {
                 const i64 jb = j0 + (i64)tid * PER_THREAD;
                 u32 k[PER_THREAD];
-                load_run(keys, jb, n, k);
+                load_run(keys, jb, ne, k);
                 u32 eqmask = 0;
 #pragma unroll
                 for (int e = 0; e < PER_THREAD; ++e) {
@@ -678,38 +770,22 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
                     if (lane == leader) base = atomicAdd(&s.count_gt, (u32)__popc(bg));
                     base = __shfl_sync(0xffffffffu, base, leader);
                     const u32 at = base + (u32)__popc(bg & ((1u << lane) - 1u));
-                    if (gt && at < SORT_CAP) s.items[at] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
+                    if (gt && at < SORT_CAP) {
+                        const u32 j = jmap ? jmap[jb + e] : (u32)(jb + e);
+                        s.items[at] = ((u64)k[e] << 32) | (u64)(~j);
+                    }
                 }
                 if (all) continue;
-                // Exclusive scan of the equal counts over the block, in thread order.
-                const u32 cnt = __popc(eqmask);
-                u32 incl = cnt;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const u32 v = __shfl_up_sync(0xffffffffu, incl, o);
-                    if (lane >= o) incl += v;
-                }
-                if (lane == 31) s.scan[warp] = incl;
-                __syncthreads();
-                if (warp == 0) {
-                    const u32 wv = lane < SEL_THREADS / 32 ? s.scan[lane] : 0u;
-                    u32 wi = wv;
-#pragma unroll
-                    for (int o = 1; o < 32; o <<= 1) {
-                        const u32 v = __shfl_up_sync(0xffffffffu, wi, o);
-                        if (lane >= o) wi += v;
-                    }
-                    if (lane < SEL_THREADS / 32) s.scan[lane] = wi - wv;  // exclusive
-                    if (lane == 31) s.total = wi;                         // this tile's count
-                }
-                __syncthreads();
-                u32 before = s.eq_base + s.scan[warp] + incl - cnt;
+                u32 before = s.eq_base + block_scan(s, __popc(eqmask));
                 // (Unrolled with a bit test: k[] indexed by a run-time value would live in
                 // local memory.)
 #pragma unroll
                 for (int e = 0; e < PER_THREAD; ++e) {
                     if ((eqmask >> e) & 1u) {
-                        if (before < need_eq) s.items[n_gt + before] = ((u64)k[e] << 32) | (u64)(~(u32)(jb + e));
+                        if (before < need_eq) {
+                            const u32 j = jmap ? jmap[jb + e] : (u32)(jb + e);
+                            s.items[n_gt + before] = ((u64)k[e] << 32) | (u64)(~j);
+                        }
                         ++before;
                     }
                 }
