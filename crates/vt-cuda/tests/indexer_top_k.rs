@@ -345,12 +345,14 @@ fn decode_deepseek_dims_block_size_64_contexts_to_32k() {
     check(&g, &Case::decode(&[1, 70, 200, 2047, 2048, 2049, 5000, 32768], V32, 64, 2048));
 }
 
-/// Rows longer than the select's shared memory holds (48,896 keys on sm_90) are read from the
-/// workspace: the same selection, ties and rounds included.
+/// Rows longer than the select's shared memory holds (48,896 keys on sm_90): filtered by a
+/// sampled bound into shared memory, or read from the workspace when the filter passes too
+/// many keys (2 distinct keys: half the row ties at the bound) or topk is above 4096 (rounds).
 #[test]
 fn decode_rows_longer_than_the_select_shared_memory() {
     let Some(g) = gpu() else { return };
     check(&g, &Case::decode(&[60_000, 50_001, 70], V32, 64, 2048));
+    check(&g, &Case { distinct_keys: 2, ..Case::decode(&[60_000], V32, 64, 1000) });
     check(&g, &Case { distinct_keys: 4, ..Case::decode(&[52_000], V32, 64, 5000) });
 }
 
