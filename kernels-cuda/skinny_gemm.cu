@@ -235,11 +235,15 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) tmp[j][q] = 0.0f;
-            uint4 w0[2], w1[2], x0[2][NT], x1[2][NT];
+            // Two steps of 64 codes; the fragments double-buffered up to 16 tokens (at 32 and 64
+            // the second buffer would not fit the registers: each step's reads still go back
+            // to back before its MMAs).
+            constexpr int NB = NT <= 2 ? 2 : 1, PD = NB - 1;
+            uint4 w0[NB], w1[NB], x0[NB][NT], x1[NB][NT];
 #pragma unroll
-            for (int s = 0; s <= 2; ++s) {
+            for (int s = 0; s < 2 + PD; ++s) {
                 if (s < 2) {
-                    const int bf = s & 1;
+                    const int bf = s % NB;
                     w0[bf] = lds128(sw + (2 * s) * 512);
                     w1[bf] = lds128(sw + (2 * s + 1) * 512);
 #pragma unroll
@@ -249,8 +253,8 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                         x1[bf][j] = lds128(xa + 16);
                     }
                 }
-                if (s > 0) {
-                    const int bf = (s - 1) & 1;
+                if (s >= PD) {
+                    const int bf = (s - PD) % NB;
                     uint32_t fa[4][4];
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
