@@ -5,27 +5,30 @@
 //    j < n(t) = positions[t] + 1 of sequence seq_ids[t], k[j] read from the paged cache by
 //    the block table. `key` is the order-preserving map of the f32 bits to u32 (unsigned
 //    order of keys = f32 total order, -0 made +0 first); key 0 marks a token that cannot be
-//    chosen (its block id is outside the cache). NaN maps to at least 1. Two kernels:
-//    - indexer_scores_mma_{bf16,f16}: tensor cores (mma.sync m16n8k16, f32 accumulation);
-//      indexer_scores_mma128_*: the same with H <= 64, Di = 128 and Q's fragments in registers.
+//    chosen (its block id is outside the cache). NaN maps to at least 1. Kernels:
+//    - indexer_scores_mma_{bf16,f16}: tensor cores (mma.sync m16n8k16, f32 accumulation).
 //      One CTA = one query x nt tiles of 64 keys (nt from the host), 4 warps. The query's
 //      heads (padded with zero rows to a multiple of 64) sit in shared memory; key tiles
-//      stream in by cp.async, STAGES in flight. Warp (mw, nw) computes heads [mw*32, +32) of each 64-head pass
-//      against keys [nw*32, +32) of the tile, applies relu and the head weight, and sums
-//      its heads; the two head halves meet in shared memory. Needs Di % 16 == 0 and 16-byte
-//      aligned rows (the host checks).
+//      stream in by cp.async, STAGES in flight. Warp (mw, nw) computes heads [mw*32, +32)
+//      of each 64-head pass against keys [nw*32, +32) of the tile, applies relu and the
+//      head weight, and sums its heads; the two head halves meet in shared memory. Needs
+//      Di % 16 == 0 and 16-byte aligned rows (the host checks).
+//    - indexer_scores_mma128_*: the same at H <= 64, Di = 128 with each warp's Q fragments
+//      in registers; indexer_scores_pair_*: two queries a CTA (prefill), below.
 //    - indexer_scores_{bf16,f16,f32}: any dims and strides, one thread per key, products and
 //      sums in the CPU reference's order with round-to-nearest intrinsics (no FMA
 //      contraction), so its scores equal the CPU's bit for bit.
 // 2. Selection, indexer_select_f32 (dtype-independent; the suffix only names it): one CTA
-//    of 1024 threads per row, the row's keys copied to shared memory when they fit
-//    (row_cap), else read from the workspace, 16 keys a thread at a time. A 4-pass radix select (8 bits a pass, histograms in shared memory) finds the
-//    key K of the m-th best candidate, m = min(SORT_CAP, topk still to write); every
-//    candidate above K is taken, and of those equal to K the lowest positions (an ordered
-//    block scan over runs of 16 consecutive keys), which is the contract's tie rule. The m taken (key << 32 | ~j) are sorted
-//    descending by a bitonic sort in shared memory and written as slots. A topk above
-//    SORT_CAP repeats this below the last one written (candidates then compare below it in
-//    (key desc, position asc) order). The rest of the row is -1.
+//    of 1024 threads per row; the row's keys copied to shared memory when they fit
+//    (row_cap), a long row filtered into shared memory by a sampled lower bound, else read
+//    from the workspace; 16 keys a thread at a time. A 4-pass radix select (8 bits a pass,
+//    histograms in shared memory) finds the key K of the m-th best candidate,
+//    m = min(SORT_CAP, topk still to write); every candidate above K is taken, and of those
+//    equal to K the lowest positions (a block scan over runs of 16 consecutive keys), which
+//    is the contract's tie rule. The m taken (key << 32 | ~j) are sorted descending by a
+//    bitonic sort in shared memory and written as slots. A topk above SORT_CAP repeats this
+//    below the last one written (candidates then compare below it in (key desc, position
+//    asc) order). The rest of the row is -1.
 //
 // Every index read from memory (sequence id, position, block id) is range-checked: an
 // out-of-range sequence or negative position gives an all -1 row, an out-of-range block
