@@ -16,6 +16,11 @@
 //! 5. Decode tokens, absorbed MQA: `BatchedMatmul(q_nope, W_UK_T)`, `ConcatMlaNopeRope`,
 //!    `MlaDecodeAttention` over the latent cache, `BatchedMatmul(., W_UV)`.
 //! 6. `o_proj`.
+//!
+//! A DeepSeek-V3.2 block (dims with an indexer) replaces 4-5 for every token: its lightning
+//! indexer (`MatmulBT` x3, `LayerNorm`, `RopeFromCache` neox, `CacheIndexerKeys`,
+//! `IndexerTopK`) picks each token's cache slots and `SparseMlaAttention` attends to them in
+//! the absorbed form (see `MlaBlock::sparse_attention` and docs/mla.md).
 
 use vt_core::{
     cache_indexer_keys, concat_and_cache_mla, concat_mla_nope_rope, flags, fp8_ds_mla, fused_norm_rope,
@@ -238,7 +243,9 @@ impl<'w> MlaBlock<'w> {
     }
 
     /// Runs one step: `out[T, H]` for `hidden[T, H]`, writing the step's latents into
-    /// `kv_cache` `[num_blocks, block_size, L+R]` at `meta.slot_mapping` first.
+    /// `kv_cache` `[num_blocks, block_size, L+R]` at `meta.slot_mapping` first (a
+    /// DeepSeek-V3.2 block's rows are `[latent L+R | indexer key Di]`,
+    /// [`MlaBlockDims::cache_row_dim`], and it writes both).
     ///
     /// Issues work on `q` without waiting for it (no synchronization). Scratch memory and the
     /// metadata's device copy come from `ws`, which allocates only when the step is larger
