@@ -17,7 +17,8 @@
 //! else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32 or
 //! 64 rows per CTA).
 //! f32, other head dims and unaligned views take the generic kernel; an fp8_ds_mla cache
-//! takes the mma.sync kernels (the narrow wgmma kernel reads it too, when forced).
+//! takes the narrow wgmma kernel's fp8 form on sm_90 at most 32 query rows, else the
+//! mma.sync kernels.
 //!
 //! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
 //! argument block and the two launches). Each kernel family plans its main launch in its own
@@ -303,6 +304,19 @@ pub(crate) fn choose(
                 && m_total <= 32
                 && wgmma_sm90::narrow(a, m_total, tma_flag).tma
                 && fits(wgmma_sm90::narrow_smem(32)) =>
+        {
+            Kernel::WgmmaNarrow
+        }
+        // At most 32 query rows over an fp8_ds_mla cache: the narrow kernel's fp8 form
+        // (H200 call 3, same bench: 0.90x the mma16_fp8 kernel's time at h16 b128 s4096,
+        // 0.89x at h16 b64 s16384, 0.82x the mma32_fp8 kernel's at h32 b128 s8192; at 64 and
+        // 128 heads, 16 or 32 rows per CTA re-read the cache per row block: 1.13x / 1.18x the
+        // mma64_fp8 kernel's, so those keep it).
+        Kernel::Auto
+            if fp8
+                && info.wgmma
+                && m_total <= 32
+                && fits(wgmma_sm90::narrow_fp8_smem(wgmma_sm90::narrow_rows(m_total))) =>
         {
             Kernel::WgmmaNarrow
         }
