@@ -56,6 +56,44 @@ __device__ __forceinline__ float2 e4m3x2_to_f2(uint32_t two) {
 #endif
 }
 
+// The four group scales of a staged raw row (at shared address row).
+__device__ __forceinline__ void row_scales(uint32_t row, float (&sc)[vt::fp8ds::GROUPS]) {
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(row + vt::fp8ds::SCALE_OFFSET));
+#pragma unroll
+    for (int g = 0; g < vt::fp8ds::GROUPS; ++g) sc[g] = __uint_as_float(w[g]);
+}
+
+// Eight codes (lo, hi: low byte first) times their scale s, rounded once to T, as the four
+// 32-bit words of one 16-byte chunk of a 16-bit tile row.
+template <typename T>
+__device__ __forceinline__ void codes8(uint32_t lo, uint32_t hi, float s, uint32_t (&out)[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint32_t two = ((q < 2 ? lo : hi) >> (16 * (q & 1))) & 0xffffu;
+        const float2 v = e4m3x2_to_f2(two);
+        out[q] = pack2<T>(__fmul_rn(v.x, s), __fmul_rn(v.y, s));
+    }
+}
+
+// Rope chunk c (8 bf16 values) of a staged raw row, as T.
+template <typename T> __device__ __forceinline__ void rope8(uint32_t row, int c, uint32_t (&r)[4]) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(row + vt::fp8ds::ROPE_OFFSET + 16 * c));
+    if constexpr (!Same<T, bf16>::value) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) r[q] = pack2<T>(__uint_as_float(r[q] << 16), __uint_as_float(r[q] & 0xffff0000u));
+    }
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+}
+
 // Dequantizes one staged half tile (32 raw rows at stg) into the 16-bit half-tile slot dst
 // (the layout HalfLoader writes): thread (tok, sub) writes chunk sub of every column block
 // of token tok: 8 latent values (code x its group's scale, rounded once to T), or in the
@@ -65,42 +103,18 @@ __device__ __forceinline__ void dequant_half(uint32_t stg, uint32_t dst, int i) 
     const int tok = i >> 3, sub = i & 7;
     const uint32_t row = stg + tok * FP8_ROW;
     float sc[vt::fp8ds::GROUPS];
-    {
-        uint32_t w[4];
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                     : "r"(row + vt::fp8ds::SCALE_OFFSET));
-#pragma unroll
-        for (int g = 0; g < vt::fp8ds::GROUPS; ++g) sc[g] = __uint_as_float(w[g]);
-    }
+    row_scales(row, sc);
 #pragma unroll
     for (int k = 0; k < NSUB - 1; ++k) {
         uint32_t lo, hi;  // 8 codes: features 64 k + 8 sub ..
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "r"(row + 64 * k + 8 * sub));
-        const float s = sc[k >> 1];  // 128 values per scale: two column blocks
         uint32_t out[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const uint32_t two = ((q < 2 ? lo : hi) >> (16 * (q & 1))) & 0xffffu;
-            const float2 v = e4m3x2_to_f2(two);
-            out[q] = pack2<T>(__fmul_rn(v.x, s), __fmul_rn(v.y, s));
-        }
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + k * HSUB_BYTES + swz(tok, sub)),
-                     "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
-                     : "memory");
+        codes8<T>(lo, hi, sc[k >> 1], out);  // 128 values per scale: two column blocks
+        st_shared_v4(dst + k * HSUB_BYTES + swz(tok, sub), out);
     }
-    uint32_t r[4];  // 8 rope values, bf16 in the row
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(row + vt::fp8ds::ROPE_OFFSET + 16 * sub));
-    if constexpr (!Same<T, bf16>::value) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-            r[q] = pack2<T>(__uint_as_float(r[q] << 16), __uint_as_float(r[q] & 0xffff0000u));
-    }
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + (NSUB - 1) * HSUB_BYTES + swz(tok, sub)),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
+    uint32_t r[4];
+    rope8<T>(row, sub, r);
+    st_shared_v4(dst + (NSUB - 1) * HSUB_BYTES + swz(tok, sub), r);
 }
 
 }  // namespace mla

@@ -100,17 +100,9 @@ __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) 
     const int tok = i / TPT, c0 = (i % TPT) * CPT;
     const uint32_t row = raw + tok * FP8_ROW;
     float sc[vt::fp8ds::GROUPS];
-    {
-        uint32_t w[4];
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                     : "r"(row + vt::fp8ds::SCALE_OFFSET));
-#pragma unroll
-        for (int g = 0; g < vt::fp8ds::GROUPS; ++g) sc[g] = __uint_as_float(w[g]);
-    }
+    row_scales(row, sc);
 #pragma unroll
     for (int k = 0; k < NSUB - 1; ++k) {
-        const float s = sc[k >> 1];  // 128 values per scale: two column blocks
 #pragma unroll
         for (int h = 0; h < CPT / 2; ++h) {
             uint32_t w[4];  // 16 codes: features 64 k + 8 (c0 + 2 h) ..
@@ -120,32 +112,16 @@ __device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) 
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {
                 uint32_t out[4];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const uint32_t two = (w[2 * cc + (q >> 1)] >> (16 * (q & 1))) & 0xffffu;
-                    const float2 v = e4m3x2_to_f2(two);
-                    out[q] = pack2<T>(__fmul_rn(v.x, s), __fmul_rn(v.y, s));
-                }
-                asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + k * SUB_BYTES + swz(tok, c0 + 2 * h + cc)),
-                             "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
-                             : "memory");
+                codes8<T>(w[2 * cc], w[2 * cc + 1], sc[k >> 1], out);  // 128 values per scale
+                st_shared_v4(dst + k * SUB_BYTES + swz(tok, c0 + 2 * h + cc), out);
             }
         }
     }
 #pragma unroll
     for (int cc = 0; cc < CPT; ++cc) {
-        uint32_t r[4];  // 8 rope values, bf16 in the row
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(row + vt::fp8ds::ROPE_OFFSET + 16 * (c0 + cc)));
-        if constexpr (!Same<T, bf16>::value) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-                r[q] = pack2<T>(__uint_as_float(r[q] << 16), __uint_as_float(r[q] & 0xffff0000u));
-        }
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + (NSUB - 1) * SUB_BYTES + swz(tok, c0 + cc)),
-                     "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                     : "memory");
+        uint32_t r[4];
+        rope8<T>(row, c0 + cc, r);
+        st_shared_v4(dst + (NSUB - 1) * SUB_BYTES + swz(tok, c0 + cc), r);
     }
 }
 
@@ -448,56 +424,11 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
             // signal, and the load two tiles ahead (as decode_wgmma).
-            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
-            i64 off = 0;
-            if (TMA) {
-                if (wtid < 32) {
-                    tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
-                    if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
-                }
-                cp_async_commit();
-                cp_async_wait<0>();  // Q
-                fence_proxy_async();
-                bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
-            } else {
-                off = ld.row_of(p, sg, t0);
-                ld.issue(sKV, valid, flags, off);
-                cp_async_commit();
-                off = ld.row_of(p, sg, t0 + 1);
-                if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
-                cp_async_commit();
-                off = ld.row_of(p, sg, t0 + 2);
-                cp_async_wait<1>();
-                fence_proxy_async();
-                bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
-            }
-            bar_arrive(BAR_P_FREE, 256);
-            for (int t = t0; t < t1; ++t) {
-                const int st = (t - t0) & 1;
-                const uint32_t kst = sKV + st * TILE_BYTES;
-                bar_sync(BAR_P_FULL, 256);
-                if (TMA) tile_wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
-                rescale_from<MT>(o, s_alpha, qd);
-                pv_narrow<T, R>(o, dp, kst, 4);
-                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
-                if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
-                if (TMA) {
-                    if (t + 2 < t1 && wtid < 32)
-                        tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
-                    continue;
-                }
-                if (t + 1 < t1) {
-                    cp_async_wait<0>();  // tile t + 1, the newest group
-                    fence_proxy_async();
-                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
-                }
-                if (t + 2 < t1) {
-                    ld.issue(kst, valid + st * BN, flags + st * 8, off);
-                    cp_async_commit();
-                    off = ld.row_of(p, sg, t + 3);
-                }
-            }
-            cp_async_wait<0>();
+            producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, sBar, phases, kv_map, ld, wtid,
+                                       [&](uint32_t kst) {
+                                           rescale_from<MT>(o, s_alpha, qd);
+                                           pv_narrow<T, R>(o, dp, kst, 4);
+                                       });
             bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
             bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
             stage_narrow(sKV, o, 4, wwarp, g, qd);

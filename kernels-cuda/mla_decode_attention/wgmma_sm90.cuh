@@ -235,6 +235,72 @@ __device__ __forceinline__ void stage_and_store(const Params& p, const Segment& 
     copy_out<T, MT>(p, sg, row0, so, col0, s_fin, wtid, with_lse);
 }
 
+// Warpgroup 1 of the wgmma kernels (decode_wgmma, decode_wgmma_narrow) over one segment:
+// Q (MT rows) and the first two tiles, then per tile: wait for P(t), `products(kst)` (its
+// rescale and its half of the PV products on the stage at kst), signal, and the load two
+// tiles ahead into the stage just freed (TMA: one warp issues the boxes, the tile's mbarrier
+// completes it; cp.async: K_FULL is arrived once the group landed). Returns once this
+// warpgroup's cp.async groups are drained. `phases`: the TMA stages' barrier parities.
+template <typename T, int MT, bool TMA, class Products>
+__device__ __forceinline__ void producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
+                                               uint32_t sKV, unsigned char* valid, unsigned char* flags,
+                                               uint32_t sBar, uint32_t& phases, const TmaMap* kv_map,
+                                               const Loader<T, 128>& ld, int wtid, Products&& products) {
+    const int t0 = sg.t0, t1 = sg.t1;
+    load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+    i64 off = 0;
+    if (TMA) {
+        if (wtid < 32) {
+            tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
+            if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();  // Q
+        fence_proxy_async();
+        bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
+    } else {
+        off = ld.row_of(p, sg, t0);
+        ld.issue(sKV, valid, flags, off);
+        cp_async_commit();
+        off = ld.row_of(p, sg, t0 + 1);
+        if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
+        cp_async_commit();
+        off = ld.row_of(p, sg, t0 + 2);
+        cp_async_wait<1>();
+        fence_proxy_async();
+        bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
+    }
+    bar_arrive(BAR_P_FREE, 256);
+    for (int t = t0; t < t1; ++t) {
+        const int st = (t - t0) & 1;
+        const uint32_t kst = sKV + st * TILE_BYTES;
+        bar_sync(BAR_P_FULL, 256);
+        if (TMA) {  // complete already (warpgroup 0 waited); for this warpgroup's view
+            mbar_wait(sBar + 8 * st, (phases >> st) & 1);
+            phases ^= 1u << st;
+        }
+        products(kst);
+        if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
+        if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
+        if (TMA) {
+            if (t + 2 < t1 && wtid < 32)
+                tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
+            continue;
+        }
+        if (t + 1 < t1) {
+            cp_async_wait<0>();  // tile t + 1, the newest group
+            fence_proxy_async();
+            bar_arrive(BAR_K_FULL + (st ^ 1), 256);
+        }
+        if (t + 2 < t1) {
+            ld.issue(kst, valid + st * BN, flags + st * 8, off);
+            cp_async_commit();
+            off = ld.row_of(p, sg, t + 3);
+        }
+    }
+    cp_async_wait<0>();
+}
+
 template <typename T, bool TMA>
 __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     constexpr int MT = WGMMA_ROWS;
@@ -287,56 +353,11 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
-            load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
-            i64 off = 0;
-            if (TMA) {
-                if (wtid < 32) {
-                    tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
-                    if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
-                }
-                cp_async_commit();
-                cp_async_wait<0>();  // Q
-                fence_proxy_async();
-                bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
-            } else {
-                off = ld.row_of(p, sg, t0);
-                ld.issue(sKV, valid, flags, off);
-                cp_async_commit();
-                off = ld.row_of(p, sg, t0 + 1);
-                if (t0 + 1 < t1) ld.issue(sKV + TILE_BYTES, valid + BN, flags + 8, off);
-                cp_async_commit();
-                off = ld.row_of(p, sg, t0 + 2);
-                cp_async_wait<1>();
-                fence_proxy_async();
-                bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
-            }
-            bar_arrive(BAR_P_FREE, 256);
-            for (int t = t0; t < t1; ++t) {
-                const int st = (t - t0) & 1;
-                const uint32_t kst = sKV + st * TILE_BYTES;
-                bar_sync(BAR_P_FULL, 256);
-                if (TMA) tile_wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
-                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
-                if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
-                if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
-                if (TMA) {
-                    if (t + 2 < t1 && wtid < 32)
-                        tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
-                    continue;
-                }
-                if (t + 1 < t1) {
-                    cp_async_wait<0>();  // tile t + 1, the newest group
-                    fence_proxy_async();
-                    bar_arrive(BAR_K_FULL + (st ^ 1), 256);
-                }
-                if (t + 2 < t1) {
-                    ld.issue(kst, valid + st * BN, flags + st * 8, off);
-                    cp_async_commit();
-                    off = ld.row_of(p, sg, t + 3);
-                }
-            }
-            cp_async_wait<0>();
+            producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, sBar, phases, kv_map, ld, wtid,
+                                       [&](uint32_t kst) {
+                                           rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                                           pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
+                                       });
             bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
             bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
