@@ -163,9 +163,10 @@ pub fn sparse_mla_attention_with(
         };
         let d = decode_args(&chunk, stride, seq_lens(q, t1 - t0)?)?;
         plan = Some(match mla_decode_attention_with(q, &d, &o) {
-            // The narrow kernel Auto asked for does not exist here (no sm_90a, unaligned
-            // views): the decode kernels' own choice. Nothing was launched (choose failed).
-            Err(_) if opts.kernel == Kernel::Auto && kernel == decode::Kernel::WgmmaNarrow => {
+            // The kernel auto_kernel asked for cannot take this call here (unaligned views,
+            // too little shared memory): the decode kernels' own choice. Nothing was launched
+            // (their kernel choice failed before any launch).
+            Err(_) if opts.kernel == Kernel::Auto && kernel != decode::Kernel::Auto => {
                 mla_decode_attention_with(q, &d, &DecodeOptions { kernel: decode::Kernel::Auto, ..o })?
             }
             r => r?,
@@ -175,17 +176,32 @@ pub fn sparse_mla_attention_with(
     Ok(Plan { kernel: plan.as_ref().map_or("none", |p| p.kernel), decode: plan })
 }
 
-/// Heads from which an fp8_ds_mla cache takes the narrow wgmma decode kernels (16/32 heads a
-/// CTA) instead of the decode kernels' own choice (the mma.sync fp8 kernels); `None`: never.
-/// Set from `cargo xtask bench sparse --alt wgmma_narrow` on the H200.
-const FP8_NARROW_FROM_HEADS: Option<i64> = None;
+/// A 16-bit cache whose slots are listed fewer than this many times per call on average
+/// (decode: each row about once, gathered from HBM) takes the mma.sync kernels instead of the
+/// wgmma kernel the decode kernels' Auto picks (their deeper cp.async ring hides the random
+/// HBM gathers better); a prefill re-reading an L2-sized kv keeps wgmma. H200, `bench sparse
+/// --kv16 --alt mma` (docs/perf.md, Sparse MLA): decode at 64 / 128 heads, T 128 - 296, reuse
+/// ~1: mma 0.81 - 0.90x the wgmma time; prefill, reuse 64 - 1024: mma 1.7 - 1.9x.
+const MMA_MAX_REUSE: i64 = 4;
+/// ... from this many query rows (T x N) and 64 heads: at T = 4 (h128 b2 s_q 2) wgmma was
+/// faster (39 against 50 us); nothing was measured between T = 4 and 128.
+const MMA_MIN_ROWS: i64 = 4096;
 
-/// The decode kernel the op uses on the block-size-1 view: the decode kernels' Auto, except
-/// per [`FP8_NARROW_FROM_HEADS`].
+/// The decode kernel the op asks for on the block-size-1 view: the decode kernels' Auto, or
+/// the mma.sync kernels per [`MMA_MAX_REUSE`] (a request that fails there, as on a device whose
+/// blocks cannot hold the full ring, falls back to Auto).
 fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
-    match FP8_NARROW_FROM_HEADS {
-        Some(h) if a.cache.dtype() == DType::Fp8DsMla && a.query.dim(1) >= h => decode::Kernel::WgmmaNarrow,
-        _ => decode::Kernel::Auto,
+    let (t, n, topk) = (a.query.dim(0), a.query.dim(1), a.indices.dim(1));
+    let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1)).max(1);
+    let sixteen = a.cache.dtype() != DType::Fp8DsMla && a.query.dtype() != DType::F32;
+    if sixteen
+        && n >= 64
+        && t.saturating_mul(n) >= MMA_MIN_ROWS
+        && t.saturating_mul(topk) < MMA_MAX_REUSE.saturating_mul(slots)
+    {
+        decode::Kernel::Mma
+    } else {
+        decode::Kernel::Auto
     }
 }
 
