@@ -181,7 +181,7 @@ pub fn sparse_mla_attention_with(
 /// wgmma kernel the decode kernels' Auto picks (their deeper cp.async ring hides the random
 /// HBM gathers better); a prefill re-reading an L2-sized kv keeps wgmma. H200, `bench sparse
 /// --kv16 --alt mma` (docs/perf.md, Sparse MLA): decode at 64 / 128 heads, T 128 - 296, reuse
-/// ~1: mma 0.81 - 0.90x the wgmma time; prefill, reuse 64 - 1024: mma 1.7 - 1.9x.
+/// ~0.1 - 1: mma 0.77 - 0.92x the wgmma time; prefill, reuse 64 - 1024: mma 1.7 - 1.9x.
 const MMA_MAX_REUSE: i64 = 4;
 /// ... from this many query rows (T x N) and 64 heads: at T = 4 (h128 b2 s_q 2) wgmma was
 /// faster (39 against 50 us); nothing was measured between T = 4 and 128.
