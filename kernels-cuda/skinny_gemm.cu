@@ -9,8 +9,8 @@
 // - A CTA is 4 warps = 64 weight rows x 8 NT tokens x a range of 128-wide K chunks (its K
 //   split). Each chunk's weights (each lane copies, and later reads back, only its own
 //   16-byte pieces) and the CTA's activations for the chunk go through a STAGES-deep cp.async
-//   ring in shared memory (4, or 3 at 64 tokens a CTA), so that STAGES - 1 chunks of weights
-//   are in flight per warp.
+//   ring in shared memory (4; 3 at 64 tokens a CTA, 6 for fp8 at up to 16), so that
+//   STAGES - 1 chunks of weights are in flight per warp.
 //   A CTA of c < STAGES chunks touches only stages 0..c-1: the host allocates those only.
 // - K is permuted inside each 32-element (w16) or 64-element (w8) step so that a lane's 16
 //   consecutive weight bytes and its consecutive activations are exactly its mma.sync
@@ -33,8 +33,12 @@ namespace skinny {
 using namespace vt::tc;
 
 constexpr int WARPS = 4, THREADS = 32 * WARPS, ROWS = 16 * WARPS, CHUNK = 128;
-// Ring depth: 4 stages, 3 for 64 tokens (so that two CTAs fit an SM).
-template <int NT> __host__ __device__ constexpr int stages_of() { return NT >= 8 ? 3 : 4; }
+// Ring depth: 4 stages; 3 for 64 tokens (so that two CTAs fit an SM); 6 for fp8 weights at up
+// to 16 tokens (their 2 KB a warp per stage would otherwise keep only 384 bytes of each
+// weight row in flight).
+template <int W8, int NT> __host__ __device__ constexpr int stages_of() {
+    return NT >= 8 ? 3 : (W8 && NT <= 2) ? 6 : 4;
+}
 
 // Activation rows in shared memory: 128 elements (256 bytes) + padding chosen so that the
 // 8-lane phases of the 16-byte loads hit distinct banks (w16: consecutive tokens 64 bytes
@@ -97,7 +101,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                      int splits, float* part, unsigned* counters) {
     using L = Layout<KIND>;
     constexpr bool W8K = KIND == W8;
-    constexpr int TOK = 8 * NT, SB = stage_bytes<KIND, NT>(), STAGES = stages_of<NT>();
+    constexpr int TOK = 8 * NT, SB = stage_bytes<KIND, NT>(), STAGES = stages_of<KIND == W8, NT>();
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_last;
     const uint32_t base = smem_u32(smem);
@@ -150,11 +154,18 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
         }
     };
 
-    float acc[NT][4];
+    // R independent accumulator sets (R x NT = 8 accumulators): consecutive MMAs go to
+    // different accumulators, so the in-order issue never waits on the previous MMA's result
+    // (mma.sync is volatile asm: it issues in program order). W16 / W16N add straight into
+    // them; W8 sums each 128-group in fresh `tmp` sets and adds them, scaled, into acc[0].
+    constexpr int R = NT >= 8 ? 1 : 8 / NT;
+    float acc[R][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.0f;
     const float* wsr = W8K && n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n : nullptr;
     // W8: the scale of the chunk computed next, loaded one iteration ahead (off the path).
     float sc_next = wsr != nullptr && nck > 0 ? wsr[(i64)c_lo * ws_k] : 0.0f;
@@ -201,10 +212,11 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                 if (s > 0) {
                     const int bf = (s - 1) & 1;
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        MmaSync<T>::run(acc[j], fa[bf][0], fb[bf][j][0], fb[bf][j][1]);
-                        MmaSync<T>::run(acc[j], fa[bf][1], fb[bf][j][2], fb[bf][j][3]);
-                    }
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            MmaSync<T>::run(acc[(2 * (s - 1) + h) % R][j], fa[bf][h], fb[bf][j][2 * h],
+                                            fb[bf][j][2 * h + 1]);
                 }
             }
         } else if constexpr (KIND == W16) {
@@ -222,19 +234,21 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                     const int bf = (s - 1) & 1;
                     const uint32_t f0[4] = {w0[bf].x, w1[bf].x, w0[bf].y, w1[bf].y};
                     const uint32_t f1[4] = {w0[bf].z, w1[bf].z, w0[bf].w, w1[bf].w};
+                    const int r0 = (2 * (s - 1)) % R, r1 = (2 * (s - 1) + 1) % R;
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        MmaSync<T>::run(acc[j], f0, x[bf][j].x, x[bf][j].y);
-                        MmaSync<T>::run(acc[j], f1, x[bf][j].z, x[bf][j].w);
-                    }
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(acc[r0][j], f0, x[bf][j].x, x[bf][j].y);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(acc[r1][j], f1, x[bf][j].z, x[bf][j].w);
                 }
             }
         } else {
-            float tmp[NT][4];
+            float tmp[R][NT][4];
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) tmp[j][q] = 0.0f;
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) tmp[r][j][q] = 0.0f;
             // Two steps of 64 codes; the fragments double-buffered up to 16 tokens (at 32 and 64
             // the second buffer would not fit the registers: each step's reads still go back
             // to back before its MMAs).
@@ -264,29 +278,43 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                         fa[q][2] = e4m3x2<T>(r0, true);
                         fa[q][3] = e4m3x2<T>(r1, true);
                     }
+                    const int sb = 4 * (s - PD);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        MmaSync<T>::run(tmp[j], fa[0], x0[bf][j].x, x0[bf][j].y);
-                        MmaSync<T>::run(tmp[j], fa[1], x0[bf][j].z, x0[bf][j].w);
-                        MmaSync<T>::run(tmp[j], fa[2], x1[bf][j].x, x1[bf][j].y);
-                        MmaSync<T>::run(tmp[j], fa[3], x1[bf][j].z, x1[bf][j].w);
-                    }
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[sb % R][j], fa[0], x0[bf][j].x, x0[bf][j].y);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 1) % R][j], fa[1], x0[bf][j].z, x0[bf][j].w);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 2) % R][j], fa[2], x1[bf][j].x, x1[bf][j].y);
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 3) % R][j], fa[3], x1[bf][j].z, x1[bf][j].w);
                 }
             }
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) acc[j][q] = fmaf(tmp[j][q], sc, acc[j][q]);
+                for (int q = 0; q < 4; ++q) {
+                    float sum = tmp[0][j][q];
+#pragma unroll
+                    for (int r = 1; r < R; ++r) sum += tmp[r][j][q];
+                    acc[0][j][q] = fmaf(sum, sc, acc[0][j][q]);
+                }
         }
     }
     cp_async_wait<0>();
+    // The accumulator sets, added in a fixed order (W8 uses set 0 only).
+#pragma unroll
+    for (int r = 1; r < (W8K ? 1 : R); ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[0][j][i] += acc[r][j][i];
 
     if (splits > 1) {
         // This CTA's sums, a float4 per (thread, token group), a contiguous slice per split.
         const i64 tile = ((i64)batch * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
         float4* mine = reinterpret_cast<float4*>(part) + (tile * splits + split) * (THREADS * NT) + tid * NT;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) mine[j] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        for (int j = 0; j < NT; ++j) mine[j] = make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3]);
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -303,17 +331,17 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
         for (int j = 0; j < NT; ++j) {
             float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             for (int s = 0; s < splits; ++s) {
-                const float4 v = s == split ? make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3])
+                const float4 v = s == split ? make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3])
                                             : __ldcg(all + (i64)s * (THREADS * NT) + j);
                 sum.x += v.x;
                 sum.y += v.y;
                 sum.z += v.z;
                 sum.w += v.w;
             }
-            acc[j][0] = sum.x;
-            acc[j][1] = sum.y;
-            acc[j][2] = sum.z;
-            acc[j][3] = sum.w;
+            acc[0][j][0] = sum.x;
+            acc[0][j][1] = sum.y;
+            acc[0][j][2] = sum.z;
+            acc[0][j][3] = sum.w;
         }
     }
     if (n0 >= n) return;
@@ -323,7 +351,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = n0 + g + 8 * (i >> 1), tok = m0 + 8 * j + 2 * t + (i & 1);
-            if (row < n && tok < m) ob[(i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(acc[j][i]);
+            if (row < n && tok < m) ob[(i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(acc[0][j][i]);
         }
 }
 

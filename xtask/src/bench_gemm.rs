@@ -398,6 +398,11 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     let bf16_peak = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
     let fp8_peak = 2.0 * bf16_peak;
     let ours = fp8_rate(&q, &bench, 10).map_err(e)?;
+    // What a call costs under this timing protocol before it moves a byte: a 1-element kernel
+    // between the same events after the same flush (launch, start-up, event resolution).
+    let tiny = Buffer::uninit(&q, DType::F32, &[1]).map_err(e)?;
+    let launch_us = time(&bench, 20, || bench.fill(&tiny.view(), 1, 1.0)).map_err(e)?;
+    println!("timing floor of this protocol (a 1-element kernel, L2 flushed, median): {launch_us:.1} us");
     println!(
         "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s, \
          fp8 peak taken as 2x = {:.0} TFLOP/s (vt's fp8 wgmma kernel at 8192^3: {})",

@@ -47,12 +47,13 @@ const COUNTERS: i64 = 1 << 16;
 /// Split-K partials are capped at this many bytes.
 const MAX_PARTIAL_BYTES: i64 = 128 << 20;
 
-/// The ring's depth for `nt` token fragments (`skinny::stages_of`).
-fn stages(nt: i64) -> i64 {
-    if nt >= 8 {
-        3
-    } else {
-        4
+/// The ring's depth (`skinny::stages_of`): 4; 3 at 8 token fragments; 6 for fp8 weights at
+/// up to 2.
+fn stages(kind: WeightKind, nt: i64) -> i64 {
+    match (kind, nt) {
+        (_, 8..) => 3,
+        (WeightKind::W8, ..=2) => 6,
+        _ => 4,
     }
 }
 
@@ -65,7 +66,7 @@ pub(crate) fn smem_for(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
         WeightKind::W8 => (272, 4),
         WeightKind::W16N => (272, 8),
     };
-    chunks.clamp(1, stages(nt)) * (4 * pieces * 32 * 16 + 8 * nt * astr)
+    chunks.clamp(1, stages(kind, nt)) * (4 * pieces * 32 * 16 + 8 * nt * astr)
 }
 
 /// How the kernel reads the weight (`skinny::W16`, `W8`, `W16N`).
