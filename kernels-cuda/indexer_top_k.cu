@@ -48,6 +48,7 @@ constexpr int SEL_THREADS = 1024;
 constexpr int SORT_CAP = 4096;  // items per select round (the host counts them in SELECT_STATIC_SMEM)
 constexpr int PER_THREAD = 16;  // consecutive keys a select thread takes per tile
 constexpr int FILTER_SAMPLE = 2048;  // sampled keys of a row too long for shared memory
+constexpr int SEL_SHARED_BYTES = 36 * 1024;  // the select's bookkeeping (the host's SELECT_SHARED_BYTES)
 constexpr int PAD = 8;          // elements of padding per shared row (conflict-free ldmatrix)
 constexpr u32 ALL = 0xffffffffu;  // SelShared::kth when every candidate is taken
 
@@ -72,9 +73,14 @@ __device__ __forceinline__ i64 visible(const int* seq_ids, i64 sid_s, const void
     return p + 1 < cap ? p + 1 : cap;
 }
 
-// Block id of token j of sequence b, or -1 when the table entry is outside the cache.
-__device__ __forceinline__ int block_of(const int* bt, i64 bt_sb, i64 bt_sc, int b, i64 j, int bs, int nb) {
-    const int id = bt[(i64)b * bt_sb + (j / bs) * bt_sc];
+// Block id of token j of sequence b, or -1 when the table entry is outside the cache; `off`
+// gets j's row in its block. 32-bit index math (the host checks MB * BS < 2^31): a 64-bit
+// division per key row costs more than the row's mma work.
+__device__ __forceinline__ int block_of(const int* bt, i64 bt_sb, i64 bt_sc, int b, i64 j, int bs, int nb,
+                                        u32* off = nullptr) {
+    const u32 jj = (u32)j, blk = jj / (u32)bs;
+    if (off) *off = jj - blk * (u32)bs;
+    const int id = bt[(i64)b * bt_sb + (i64)blk * bt_sc];
     return (id >= 0 && id < nb) ? id : -1;
 }
 
@@ -100,10 +106,11 @@ __device__ void indexer_scores(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_s
     if (j0 >= n) return;
     const T* qt = q + t * q_st;
     for (i64 j = j0 + threadIdx.x; j < n && j < j0 + kpc; j += blockDim.x) {
-        const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
+        u32 off;
+        const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off);
         u32 key = 0;
         if (id >= 0) {
-            const T* k = cache + (i64)id * c_sb + (j % bs) * c_sr;
+            const T* k = cache + (i64)id * c_sb + (i64)off * c_sr;
             float sum = 0.f;
             for (int hi = 0; hi < h; ++hi) {
                 const T* qh = qt + hi * q_sh;
@@ -156,7 +163,7 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
     float* red = wsm + hp;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mw = warp & 1, nw = warp >> 1;
-    const int cpr = di / 8;  // 16-byte chunks per row
+    const int cpr = DQ > 0 ? DQ / 8 : di / 8;  // 16-byte chunks per row (a constant at DQ > 0)
 
     // Query rows (zero rows past h) and weights (0 past h).
     const T* qt = q + t * q_st;
@@ -177,8 +184,9 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
             for (int c = tid; c < KT * cpr; c += THREADS) {
                 const int row = c / cpr, ch = c % cpr;
                 const i64 j = j0 + row;
-                const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb) : -1;
-                const T* src = id >= 0 ? cache + (i64)id * c_sb + (j % bs) * c_sr + ch * 8 : cache;
+                u32 off = 0;
+                const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off) : -1;
+                const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
                 cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
             }
         }
@@ -384,8 +392,9 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
             for (int c = tid; c < KT * CPR; c += NTH) {
                 const int row = c / CPR, ch = c % CPR;
                 const i64 j = j0 + row;
-                const int id = j < lim ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb) : -1;
-                const T* src = id >= 0 ? cache + (i64)id * c_sb + (j % bs) * c_sr + ch * 8 : cache;
+                u32 off = 0;
+                const int id = j < lim ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off) : -1;
+                const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
                 cp_async16(smem_u32(dst + row * RS + ch * 8), src, id >= 0);
             }
         }
@@ -501,6 +510,7 @@ struct SelShared {
     u32 kth;
     u32 total;
 };
+static_assert(sizeof(SelShared) <= SEL_SHARED_BYTES, "the select's bookkeeping outgrew its shared memory");
 
 // Candidate for this round: a valid key strictly below the last one written in
 // (key desc, position asc) order; `first`: no bound yet.
@@ -593,8 +603,9 @@ __device__ void radix_kth(SelShared& s, const u32* keys, i64 n, u32 want, bool f
         __syncthreads();
         const u32 prefix = s.prefix;
         const int sh = d * 8;
-        // Warp-aggregated counts: scores crowd into few bins (a pass's digit is often the
-        // same for most keys), and same-address shared atomics serialize.
+        // Scores crowd into few bins (a pass's digit is often the same for most keys) and
+        // same-address shared atomics serialize: a warp whose candidates share one bin adds
+        // them with one atomic (vote), other warps per lane.
         for (i64 j0 = 0; j0 < n; j0 += TILE) {
             const i64 jb = j0 + (i64)tid * PER_THREAD;
             u32 k[PER_THREAD];
@@ -602,10 +613,16 @@ __device__ void radix_kth(SelShared& s, const u32* keys, i64 n, u32 want, bool f
 #pragma unroll
             for (int e = 0; e < PER_THREAD; ++e) {
                 const bool c = candidate(k[e], jb + e, first, bk, bj) && (k[e] & mask) == prefix;
-                if (__ballot_sync(0xffffffffu, c) == 0u) continue;
-                const u32 bin = c ? (k[e] >> sh) & 255u : 256u;
-                const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (c && lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
+                const unsigned act = __ballot_sync(0xffffffffu, c);
+                if (act == 0u) continue;
+                const u32 bin = (k[e] >> sh) & 255u;
+                const int leader = __ffs(act) - 1;
+                const u32 lb = __shfl_sync(0xffffffffu, bin, leader);
+                if (__all_sync(0xffffffffu, !c || bin == lb)) {
+                    if (lane == leader) atomicAdd(&s.hist[lb], (u32)__popc(act));
+                } else if (c) {
+                    atomicAdd(&s.hist[bin], 1u);
+                }
             }
         }
         __syncthreads();
@@ -660,8 +677,11 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
     int* out, i64 o_st, i64 o_sk, int topk, const u32* ws, i64 ws_ld, i64 row0, int rows, const int* bt, i64 bt_sb,
     i64 bt_sc, int nseq, int bs, const int* seq_ids, i64 sid_s, const void* pos, i64 pos_s, int pos64, i64 cap,
     int row_cap) {
-    __shared__ SelShared s;
-    extern __shared__ __align__(16) u32 srow[];
+    // All dynamic (the bookkeeping, then row_cap keys): the launch then raises the block's
+    // shared-memory limit whenever the total passes 48 KB.
+    extern __shared__ __align__(16) unsigned char sel_smem[];
+    SelShared& s = *reinterpret_cast<SelShared*>(sel_smem);
+    u32* srow = reinterpret_cast<u32*>(sel_smem + SEL_SHARED_BYTES);
     const int tid = threadIdx.x;
     constexpr i64 TILE = (i64)PER_THREAD * SEL_THREADS;
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -808,8 +828,9 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
             for (int i = tid; i < m; i += SEL_THREADS) {
                 const u64 it = s.items[i];
                 const i64 j = (i64)(~(u32)(it & 0xffffffffu));
-                const int id = bt[(i64)b * bt_sb + (j / bs) * bt_sc];
-                orow[(i64)(written + i) * o_sk] = id * bs + (int)(j % bs);
+                const u32 jj = (u32)j, blk = jj / (u32)bs;
+                const int id = bt[(i64)b * bt_sb + (i64)blk * bt_sc];
+                orow[(i64)(written + i) * o_sk] = id * bs + (int)(jj - blk * (u32)bs);
             }
             if (m > 0) {
                 const u64 last = s.items[m - 1];

@@ -7,7 +7,7 @@
 //!    16-byte aligned, else `indexer_scores_{bf16,f16,f32}` (one thread per token, the CPU
 //!    reference's arithmetic order, so bit-equal scores);
 //! 2. `indexer_select_f32`: one CTA per query (its row of keys in shared memory when it fits
-//!    beside the CTA's 36 KB, 48,896 keys on an H100/H200), a radix select on the scores'
+//!    beside its 36 KB of bookkeeping, 48,896 keys on an H100/H200), a radix select on the scores'
 //!    order-preserving u32 keys with the contract's tie rule, a bitonic sort of the chosen,
 //!    slots written highest first, -1 past them.
 //!
@@ -50,9 +50,10 @@ const STAGES: i64 = 3;
 const MAX_TILES_PER_CTA: i64 = 16;
 /// Key tiles of a call per score CTA below which CTAs get fewer tiles (more CTAs).
 const TILES_PER_CTA_DIVISOR: i64 = 1024;
-/// Static shared memory of the select kernel (`SelShared`: 4096 u64 items, 256 bins,
-/// counters), rounded up, and a margin; the rest of the opt-in limit holds a row's keys.
-const SELECT_STATIC_SMEM: i64 = 36 * 1024;
+/// Shared memory of the select kernel's bookkeeping (`SelShared`: 4096 u64 items, 256 bins,
+/// counters; `SEL_SHARED_BYTES`), before the row's keys; all of it dynamic, so that the launch
+/// raises the block's limit whenever the total passes 48 KB.
+const SELECT_SHARED_BYTES: i64 = 36 * 1024;
 /// Elements of padding per shared-memory row of the tensor-core kernel (`PAD`).
 const PAD: i64 = 8;
 const SCORE_THREADS: u32 = 128;
@@ -164,7 +165,7 @@ fn tiles_per_cta(rows: i64, cap: i64) -> i64 {
 /// Keys of a row the select holds in shared memory (a multiple of 4; longer rows are read
 /// from the workspace), given the device's opt-in shared-memory limit.
 fn select_row_cap(l: &Layout, smem_optin: u32) -> i64 {
-    let room = (smem_optin as i64 - SELECT_STATIC_SMEM).max(0) / 4 / 4 * 4;
+    let room = (smem_optin as i64 - SELECT_SHARED_BYTES).max(0) / 4 / 4 * 4;
     room.min(l.ld)
 }
 
@@ -204,6 +205,8 @@ pub(crate) fn plan(
     // Two queries a CTA (keys loaded once for both when they share a sequence) at DeepSeek's
     // dims when the call averages two or more queries a sequence (prefill); decode keeps one.
     let pair = mma.is_some() && h <= 64 && di == 128 && t >= 2 * a.block_table.dim(0);
+    // The kernels index tokens in 32 bits.
+    int(OP, "block_table", l.cap)?;
     let nt = tiles_per_cta(l.chunk_rows.min(t), l.cap);
     let keys_per_cta = nt * KEY_TILE;
     let row_cap = select_row_cap(l, smem_optin);
@@ -288,7 +291,7 @@ pub(crate) fn plan(
         // The selection's kernel has one symbol; `F32` names it (its scores are f32).
         launches.push(
             Launch::new(&SRC, "indexer_select", DType::F32, (rows as u32, 1, 1), SELECT_THREADS, select_args)
-                .with_smem((row_cap * 4) as u32),
+                .with_smem((SELECT_SHARED_BYTES + row_cap * 4) as u32),
         );
         row0 += rows;
     }
@@ -373,7 +376,7 @@ mod tests {
         // 4 rows x 32 tiles: one tile a CTA.
         assert_eq!(launches[0].grid, (32, 4, 1));
         // The whole 2048-key row fits the select's shared memory.
-        assert_eq!(launches[1].smem, 2048 * 4);
+        assert_eq!(launches[1].smem, 36 * 1024 + 2048 * 4);
         assert_eq!(launches[0].symbol(), "indexer_scores_mma128_bf16");
         assert_eq!(launches[1].symbol(), "indexer_select_f32");
     }
@@ -409,7 +412,7 @@ mod tests {
         // 16 tiles (1024 keys) a score CTA; select rows of 128k keys beyond the 48,896 that
         // fit in shared memory are read from the workspace.
         assert_eq!(launches[0].grid, (128, 512, 1));
-        assert_eq!(launches[1].smem, 48_896 * 4);
+        assert_eq!(launches[1].smem, 36 * 1024 + 48_896 * 4);
     }
 
     #[test]
