@@ -33,7 +33,8 @@ fn run_reproduces_the_goldens_in_the_input_dtype() {
 
 /// DeepSeek-V3.2 (issue 19): `vt-mla run` on the sparse goldens (indexer + sparse attention
 /// for every token) under a prefill + decode schedule, and an fp8_ds_mla cache refused by
-/// name (the indexer keys live beside the latents in the activation dtype).
+/// name (the indexer keys live beside the latents in the activation dtype); `--tp 2` on CPU
+/// ranks (the indexer replicated on each).
 #[test]
 fn run_reproduces_the_v32_sparse_goldens() {
     for (name, schedule, bs) in [
@@ -52,6 +53,15 @@ fn run_reproduces_the_v32_sparse_goldens() {
         eprintln!("vt-mla run {name} --schedule {schedule}: rel err {err:.3e}\n{stderr}");
         assert!(err <= case.tolerance(), "{name}: {err:.3e}");
     }
+    // Tensor parallel: 2 CPU ranks, the indexer replicated on each.
+    let Some(dir) = golden_case("v32_sparse_f32") else { return };
+    let case = Case::load(&dir);
+    let out_path = tmp("v32_tp2.safetensors");
+    let o =
+        vt_mla_run(&dir, &out_path, &["--backend", "cpu", "--tp", "2", "--schedule", "prefill:17,decode:23"]);
+    assert!(o.status.success(), "tp 2: {}", String::from_utf8_lossy(&o.stderr));
+    let err = case.rel_err(&read_out(&out_path));
+    assert!(err <= case.tolerance(), "v32_sparse_f32 --tp 2: {err:.3e}");
     let Some(dir) = golden_case("v32_sparse_mscale_bf16") else { return };
     let o = vt_mla_run(
         &dir,
