@@ -201,6 +201,17 @@ fn split_k_reduces_in_the_same_launch() {
     matmul8(Kernel::Skinny, None, DType::BF16, (128, 520, 16384));
 }
 
+/// One split over many chunks: each kind's ring wraps (4 stages; 3 at 33-64 tokens; 6 for fp8
+/// at up to 16 tokens).
+#[test]
+fn rings_wrap_over_long_k() {
+    for (m, dt) in [(5, DType::BF16), (12, DType::F16), (20, DType::BF16), (40, DType::F16)] {
+        matmul16(GemmKernel::Skinny, Some(1), dt, (m, 136, 2048));
+        matmul8(Kernel::Skinny, Some(1), dt, (m, 136, 2048));
+        bmm16_split(GemmKernel::Skinny, Some(1), dt, 2, m, (136, 2048), true);
+    }
+}
+
 /// The same split launch twice gives the same bits (the splits are added in split order,
 /// whichever CTA arrives last), and again after a call of another shape reused the counters.
 #[test]
@@ -235,10 +246,24 @@ fn split_k_is_deterministic() {
 /// K-contiguous (a view of the second N rows of each head's 2N rows of kv_b_proj-like
 /// storage) or N-contiguous with a padded head stride (as the block keeps W_UK_T / W_UV).
 fn bmm16(kernel: GemmKernel, dt: DType, heads: i64, m: i64, (n, k): (i64, i64), n_contiguous: bool) {
+    bmm16_split(kernel, None, dt, heads, m, (n, k), n_contiguous)
+}
+
+/// [`bmm16`] with the K splits forced.
+fn bmm16_split(
+    kernel: GemmKernel,
+    splits: Option<u32>,
+    dt: DType,
+    heads: i64,
+    m: i64,
+    (n, k): (i64, i64),
+    n_contiguous: bool,
+) {
     let Some(g) = common::gpu() else { return };
     let c = common::cpu();
-    let what =
-        format!("BatchedMatmul {kernel:?} {dt} heads {heads} M {m} N {n} K {k} n-contiguous {n_contiguous}");
+    let what = format!(
+        "BatchedMatmul {kernel:?} splits {splits:?} {dt} heads {heads} M {m} N {n} K {k} n-contiguous {n_contiguous}"
+    );
     let mut r = rng(&what);
     let w = Twin::new(&c, &g, dt, &floats(&mut r, dt, heads * 2 * n * k));
     let a = Twin::new(&c, &g, dt, &floats(&mut r, dt, m * heads * k));
@@ -254,7 +279,7 @@ fn bmm16(kernel: GemmKernel, dt: DType, heads: i64, m: i64, (n, k): (i64, i64), 
     let xg = BatchedMatmulArgs { out: og, a: ag, b: bg };
     batched_matmul(&g, &xg).unwrap();
     out.gpu.fill_pattern(&g, dt.nan_bytes()).unwrap();
-    let ran = batched_matmul_with(&g, &xg, &GemmOptions { kernel, splits: None }).unwrap();
+    let ran = batched_matmul_with(&g, &xg, &GemmOptions { kernel, splits }).unwrap();
     if kernel == GemmKernel::Auto {
         let want = if auto_expects_skinny(false, m, n, k) { GemmKernel::Skinny } else { GemmKernel::Cublas };
         assert_eq!(ran, want, "{what}");
