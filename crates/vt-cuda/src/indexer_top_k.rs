@@ -49,7 +49,7 @@ const STAGES: i64 = 3;
 /// Most tiles per score CTA.
 const MAX_TILES_PER_CTA: i64 = 16;
 /// Key tiles of a call per score CTA below which CTAs get fewer tiles (more CTAs).
-const TILES_PER_CTA_DIVISOR: i64 = 1024;
+const TILES_PER_CTA_DIVISOR: i64 = 256;
 /// Shared memory of the select kernel's bookkeeping (`SelShared`: 4096 u64 items, 256 bins,
 /// counters; `SEL_SHARED_BYTES`), before the row's keys; all of it dynamic, so that the launch
 /// raises the block's limit whenever the total passes 48 KB.
@@ -433,10 +433,12 @@ mod tests {
 
     #[test]
     fn short_calls_get_more_score_ctas() {
-        // Decode at b 1: 1024 tiles of 64 keys at 64k context, one a CTA; b 128: 16 a CTA.
-        assert_eq!(tiles_per_cta(1, 65_536), 1);
+        // Decode at b 1: 1024 tiles of 64 keys at 64k context, 4 a CTA (256 CTAs: the first
+        // bench ran a tile a CTA, prologue-bound); b 128: 16 a CTA.
+        assert_eq!(tiles_per_cta(1, 65_536), 4);
+        assert_eq!(tiles_per_cta(1, 2048), 1);
         assert_eq!(tiles_per_cta(32, 32_768), 16);
-        assert_eq!(tiles_per_cta(4, 32_768), 2);
+        assert_eq!(tiles_per_cta(4, 32_768), 8);
         assert_eq!(tiles_per_cta(128, 65_536), 16);
     }
 }
