@@ -161,6 +161,9 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
     T* ks = qs + (i64)hp * rs;
     float* wsm = reinterpret_cast<float*>(ks + STAGES * KT * rs);
     float* red = wsm + hp;
+    // Per stage and key row: whether its block id was in the cache (set when the row's load is
+    // issued), so the epilogue does not look the block up again.
+    unsigned char* valid = reinterpret_cast<unsigned char*>(red + 2 * KT);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mw = warp & 1, nw = warp >> 1;
     const int cpr = DQ > 0 ? DQ / 8 : di / 8;  // 16-byte chunks per row (a constant at DQ > 0)
@@ -188,6 +191,7 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
                 const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off) : -1;
                 const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
                 cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
+                if (ch == 0) valid[(i % STAGES) * KT + row] = id >= 0;
             }
         }
         cp_async_commit();
@@ -291,9 +295,8 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
         if (tid < KT) {
             const i64 j = jc + (i64)i * KT + tid;
             if (j < n) {
-                const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
                 const float s = __fadd_rn(red[tid], red[KT + tid]);
-                ws[r * ws_ld + j] = id >= 0 ? score_key(__fadd_rn(__fmul_rn(scale, s), 0.f)) : 0u;
+                ws[r * ws_ld + j] = valid[(i % STAGES) * KT + tid] ? score_key(__fadd_rn(__fmul_rn(scale, s), 0.f)) : 0u;
             }
         }
         // The next iteration's load overwrites the oldest stage, and `red`.
@@ -342,6 +345,7 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
     T* ks = qs + 2 * HP * RS;
     float* wsm = reinterpret_cast<float*>(ks + STAGES * KT * RS);
     float* red = wsm + 2 * HP;
+    unsigned char* valid = reinterpret_cast<unsigned char*>(red + 4 * KT);  // as the mma kernel's
     const int tid = threadIdx.x, lane = tid & 31, g = tid / THREADS, gt = tid % THREADS;
     const int w4 = gt >> 5, mw = w4 & 1, nw = w4 >> 1;
     const i64 r0 = 2 * (i64)blockIdx.y;
@@ -396,6 +400,7 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
                 const int id = j < lim ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off) : -1;
                 const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
                 cp_async16(smem_u32(dst + row * RS + ch * 8), src, id >= 0);
+                if (ch == 0) valid[(v % STAGES) * KT + row] = id >= 0;
             }
         }
         cp_async_commit();
@@ -473,9 +478,9 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
         if (active && gt < KT) {
             const i64 j = j0 + gt;
             if (j < ng) {
-                const int id = block_of(bt, bt_sb, bt_sc, b, j, bs, nb);
                 const float sc = __fadd_rn(red[(g * 2) * KT + gt], red[(g * 2 + 1) * KT + gt]);
-                ws[(r0 + g) * ws_ld + j] = id >= 0 ? score_key(__fadd_rn(__fmul_rn(scale, sc), 0.f)) : 0u;
+                ws[(r0 + g) * ws_ld + j] =
+                    valid[(v % STAGES) * KT + gt] ? score_key(__fadd_rn(__fmul_rn(scale, sc), 0.f)) : 0u;
             }
         }
         __syncthreads();

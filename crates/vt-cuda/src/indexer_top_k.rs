@@ -65,8 +65,9 @@ pub(crate) const DEFAULT_SMEM_OPTIN: u32 = 101_376;
 /// gives a block (99 KB on sm_86/sm_89).
 const MMA_SMEM_MAX: i64 = 101_376;
 /// Dynamic shared memory of the two-queries-a-CTA kernel: Q [2][64][136] and 3 key tiles
-/// [64][136] (bf16/f16), weights [2][64] and the head halves' sums [2][2][64] (f32).
-const PAIR_SMEM: u32 = 2 * 64 * 136 * 2 + 3 * 64 * 136 * 2 + 2 * 64 * 4 + 4 * 64 * 4;
+/// [64][136] (bf16/f16), weights [2][64] and the head halves' sums [2][2][64] (f32), a valid
+/// flag per stage and key row.
+const PAIR_SMEM: u32 = 2 * 64 * 136 * 2 + 3 * 64 * 136 * 2 + 2 * 64 * 4 + 4 * 64 * 4 + 3 * 64;
 /// The score workspace of one call stays under this; a call with more rows runs in chunks.
 pub const WORKSPACE_BYTES: i64 = 256 << 20;
 /// Rows per chunk also stay under the grid's y limit.
@@ -117,7 +118,8 @@ fn mma_smem(a: &IndexerTopKArgs<'_>) -> Option<u32> {
     }
     let hp = (h + 63) / 64 * 64;
     let rs = di + PAD;
-    let bytes = hp * rs * 2 + STAGES * KEY_TILE * rs * 2 + hp * 4 + 2 * KEY_TILE * 4;
+    // Q, the key stages, weights, the head halves' sums, a valid flag per stage and row.
+    let bytes = hp * rs * 2 + STAGES * KEY_TILE * rs * 2 + hp * 4 + 2 * KEY_TILE * 4 + STAGES * KEY_TILE;
     (bytes <= MMA_SMEM_MAX).then_some(bytes as u32)
 }
 
@@ -366,8 +368,8 @@ mod tests {
     fn deepseek_dims_take_the_tensor_cores() {
         let mem = vec![0u128; 1 << 22];
         let a = args(&mem, DType::BF16, (4, 64, 128), 0);
-        // Q 64 x 136, three key tiles of 64 x 136, weights, the head halves' sums.
-        assert_eq!(mma_smem(&a), Some(64 * 136 * 2 + 3 * 64 * 136 * 2 + 64 * 4 + 512));
+        // Q 64 x 136, three key tiles of 64 x 136, weights, the head halves' sums, flags.
+        assert_eq!(mma_smem(&a), Some(64 * 136 * 2 + 3 * 64 * 136 * 2 + 64 * 4 + 512 + 3 * 64));
         let l = layout(&a).expect("layout");
         assert_eq!(l, Layout { cap: 2048, ld: 2048, chunk_rows: 4 });
         let (name, launches) = plan(&a, Kernel::Auto, 1 << 40, &l, 232_448).expect("plan");
