@@ -184,11 +184,15 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
         if (i < ntiles) {
             T* dst = ks + (i % STAGES) * KT * rs;
             const i64 j0 = jc + (i64)i * KT;
+            // Tiles start at multiples of 64: with bs a multiple of 64 a tile is one block.
+            u32 off0 = 0;
+            const int id0 = bs % KT == 0 ? block_of(bt, bt_sb, bt_sc, b, j0, bs, nb, &off0) : -1;
             for (int c = tid; c < KT * cpr; c += THREADS) {
                 const int row = c / cpr, ch = c % cpr;
                 const i64 j = j0 + row;
-                u32 off = 0;
-                const int id = j < n ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off) : -1;
+                u32 off = off0 + (u32)row;
+                const int id =
+                    j >= n ? -1 : bs % KT == 0 ? id0 : block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off);
                 const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
                 cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
                 if (ch == 0) valid[(i % STAGES) * KT + row] = id >= 0;
@@ -393,11 +397,15 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
             i64 j0, lim;
             tile(v, who, b, j0, lim);
             T* dst = ks + (v % STAGES) * KT * RS;
+            // Tiles start at multiples of 64: with bs a multiple of 64 a tile is one block.
+            u32 off0 = 0;
+            const int id0 = bs % KT == 0 ? block_of(bt, bt_sb, bt_sc, b, j0, bs, nb, &off0) : -1;
             for (int c = tid; c < KT * CPR; c += NTH) {
                 const int row = c / CPR, ch = c % CPR;
                 const i64 j = j0 + row;
-                u32 off = 0;
-                const int id = j < lim ? block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off) : -1;
+                u32 off = off0 + (u32)row;
+                const int id =
+                    j >= lim ? -1 : bs % KT == 0 ? id0 : block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off);
                 const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
                 cp_async16(smem_u32(dst + row * RS + ch * 8), src, id >= 0);
                 if (ch == 0) valid[(v % STAGES) * KT + row] = id >= 0;
