@@ -436,7 +436,10 @@ fn samples(dt: DType) -> Result<Samples> {
                 a: f.t(dt, &[4, m, 128], &[128, 4 * 128, 1]),
                 b: f.c(dt, &[4, 128, 512]),
             };
-            add(format!("BatchedMatmul (skinny N-contiguous M {m})"), plan(132, &Problem::of_batched(&a), None, 6 << 40)?.0);
+            add(
+                format!("BatchedMatmul (skinny N-contiguous M {m})"),
+                plan(132, &Problem::of_batched(&a), None, 6 << 40)?.0,
+            );
         }
     }
     // IndexerTopK: the generic score kernel (every dtype, f32 weights and i64 positions) and,
