@@ -130,7 +130,8 @@ pub(crate) struct Launch {
     pub dtype: DType,
     pub grid: (u32, u32, u32),
     pub block: u32,
-    /// Dynamic shared memory in bytes (the limit is raised past 48 KiB at launch).
+    /// Dynamic shared memory in bytes (the limit is raised at launch where static plus
+    /// dynamic passes 48 KiB).
     pub smem: u32,
     pub args: Vec<Arg>,
     /// Programmatic dependent launch: the kernel may start before the previous kernel on
@@ -193,12 +194,15 @@ impl CudaQueue {
         Ok(())
     }
 
-    /// The launch's kernel, with its dynamic shared-memory limit raised to `l.smem`
-    /// (checked against the device's opt-in limit first). Raising the limit is not a
-    /// stream operation: allowed between launches and during graph capture.
+    /// The launch's kernel, with its dynamic shared-memory limit raised to `l.smem` where
+    /// the kernel's static plus dynamic shared memory passes the 48 KiB default (checked
+    /// against the device's opt-in limit first). The default bounds the sum, so a kernel
+    /// with static shared memory needs the raise for a dynamic size under 48 KiB too.
+    /// Raising the limit is not a stream operation: allowed between launches and during
+    /// graph capture.
     fn kernel(&self, op: OpId, l: &Launch) -> Result<CudaFunction> {
         let f = self.function(l.src, l.base, l.dtype)?;
-        if l.smem <= 48 * 1024 {
+        if l.smem == 0 {
             return Ok(f);
         }
         let key = f.cu_function() as usize;
@@ -206,23 +210,28 @@ impl CudaQueue {
             .lock()
             .map_err(|_| Error::op_failed(op, BACKEND, "a cache lock was poisoned by a panic"))?;
         if set.get(&key).copied().unwrap_or(0) < l.smem {
-            let max = self.smem_optin()?;
-            if l.smem > max {
-                return Err(Error::op_failed(
-                    op,
-                    BACKEND,
-                    format!(
-                        "{} needs {} bytes of shared memory per block, the device allows {max}",
-                        l.symbol(),
-                        l.smem
-                    ),
-                ));
+            let stat = f.shared_size_bytes().map_err(drv("reading a kernel's static shared memory"))?;
+            let total = l.smem.saturating_add(u32::try_from(stat).unwrap_or(u32::MAX));
+            if total > 48 * 1024 {
+                let max = self.smem_optin()?;
+                if total > max {
+                    return Err(Error::op_failed(
+                        op,
+                        BACKEND,
+                        format!(
+                            "{} needs {total} bytes of shared memory per block ({} dynamic, {stat} static), \
+                             the device allows {max}",
+                            l.symbol(),
+                            l.smem
+                        ),
+                    ));
+                }
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    l.smem as i32,
+                )
+                .map_err(drv("raising the shared-memory limit"))?;
             }
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                l.smem as i32,
-            )
-            .map_err(drv("raising the shared-memory limit"))?;
             set.insert(key, l.smem);
         }
         Ok(f)
