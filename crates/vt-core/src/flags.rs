@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
-//! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a measured per-shape limit) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
+//! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`, 0 for now) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
 //! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code

@@ -22,8 +22,9 @@
 //!   [`crate::skinny_gemm`] (a 4-stage cp.async ring of weights and activations, split K
 //!   reduced in the same launch by the last CTA, in split order). Needs K % 16 == 0 and
 //!   16-byte aligned K-contiguous rows.
-//! - **Auto** picks Skinny for weight-only up to the measured M limit
-//!   ([`crate::skinny_gemm::auto_max_m`], `VT_SKINNY_GEMM` on), else Gemv for weight-only,
+//! - **Auto** picks Skinny for weight-only up to the M limit of
+//!   [`crate::skinny_gemm::auto_max_m`] (`VT_SKINNY_GEMM` on; 0 until the kernel's current
+//!   version has passed its GPU tests), else Gemv for weight-only,
 //!   Wgmma (sm_90) or Mma for both-fp8 when the views allow, else Generic.
 
 use std::collections::HashMap;
