@@ -529,6 +529,36 @@ fn time_call(
     Ok((m, t[t.len() / 10], t[t.len() - 1 - t.len() / 10]))
 }
 
+/// The CUDA queue every bench runs on, once each of `ops` has a CUDA implementation (else
+/// an error naming the op and the backends' probes).
+pub fn cuda_queue(ops: &[vt_core::OpId]) -> Result<Queue, String> {
+    let probes = vt_backends::init();
+    if let Some(op) = ops.iter().find(|&&op| !vt_core::op_registered(op, DeviceType::Cuda)) {
+        let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
+        return Err(format!("no CUDA device with {op} ({})", p.join("; ")));
+    }
+    Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())
+}
+
+/// The name of CUDA device 0, as the backend reports it.
+pub fn device_name() -> String {
+    vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default()
+}
+
+/// This run's ceilings, measured and printed: device copy bandwidth (bytes/s, read + write)
+/// and the cuBLAS bf16 GEMM rate at 8192^3 (FLOP/s).
+pub fn ceilings(bench: &Bench<'_>) -> Result<(f64, f64), String> {
+    let e = |e: vt_core::Error| e.to_string();
+    let copy_bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
+    let gemm = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
+    println!(
+        "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s",
+        copy_bw / 1e9,
+        gemm / 1e12
+    );
+    Ok((copy_bw, gemm))
+}
+
 pub fn run(args_in: Args) -> Result<ExitCode, String> {
     let Args { json, peer, plot, sweep, alt, iters, no_parity, only } = args_in;
     let check = !no_parity;
@@ -540,23 +570,12 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
             Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
         }
     };
-    let probes = vt_backends::init();
-    if !vt_core::op_registered(vt_core::OpId::MlaDecodeAttention, DeviceType::Cuda) {
-        let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
-        return Err(format!("no CUDA device with MlaDecodeAttention ({})", p.join("; ")));
-    }
-    let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())?;
+    let q = cuda_queue(&[vt_core::OpId::MlaDecodeAttention])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
-    let name = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
+    let name = device_name();
     println!("device: {name}");
-    let copy_bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
-    let gemm = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
-    println!(
-        "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s",
-        copy_bw / 1e9,
-        gemm / 1e12
-    );
+    let (copy_bw, gemm) = ceilings(&bench)?;
     match &peer {
         Some(p) => {
             let name = if p.name.is_empty() { "unnamed" } else { &p.name };

@@ -40,14 +40,14 @@ use std::process::ExitCode;
 
 use vt_core::fp8_block::blocks;
 use vt_core::{
-    BatchedMatmulArgs, BatchedMatmulFp8Args, Buffer, DType, Device, DeviceType, MatmulBTArgs,
-    MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Tensor,
+    BatchedMatmulArgs, BatchedMatmulFp8Args, Buffer, DType, Device, MatmulBTArgs, MatmulBTFp8Args, OpId,
+    QuantizeFp8Args, Queue, Tensor,
 };
 use vt_cuda::bench::{median, Bench};
 use vt_cuda::fp8_matmul::{batched_matmul_fp8_with, matmul_bt_fp8_with, Kernel};
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
-use crate::bench::positive;
+use crate::bench::{cuda_queue, device_name, positive};
 use crate::progress::Progress;
 
 /// `cargo xtask bench gemm` options.
@@ -379,17 +379,10 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, iters, m, only, no_parity, dirty_flush } = a;
     let ms: Vec<i64> =
         if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
-    let probes = vt_backends::init();
-    for op in [OpId::MatmulBT, OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8] {
-        if !vt_core::op_registered(op, DeviceType::Cuda) {
-            let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
-            return Err(format!("no CUDA device with {op} ({})", p.join("; ")));
-        }
-    }
-    let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())?;
+    let q = cuda_queue(&[OpId::MatmulBT, OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?.with_clean_flush(!dirty_flush);
-    let device = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
+    let device = device_name();
     println!(
         "device: {device}; L2 flushed before each timed call by {}",
         if dirty_flush { "writing 256 MB (dirty lines left in the L2)" } else { "reading 256 MB (clean L2)" }

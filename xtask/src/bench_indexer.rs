@@ -25,11 +25,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vt_core::{Buffer, DType, Device, DeviceType, IndexerTopKArgs, Queue};
+use vt_core::{Buffer, DType, Device, IndexerTopKArgs, Queue};
 use vt_cuda::bench::{filled_value, median, Bench};
 use vt_cuda::indexer_top_k::{indexer_scores_only, indexer_top_k_with, Kernel};
 
-use crate::bench::positive;
+use crate::bench::{ceilings, cuda_queue, device_name, positive};
 use crate::progress::Progress;
 
 /// `cargo xtask bench indexer` options.
@@ -321,23 +321,12 @@ fn to_json(rows: &[Row], bw: f64, gemm: f64, device: &str) -> String {
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, iters, no_parity, only } = a;
-    let probes = vt_backends::init();
-    if !vt_core::op_registered(vt_core::OpId::IndexerTopK, DeviceType::Cuda) {
-        let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
-        return Err(format!("no CUDA device with IndexerTopK ({})", p.join("; ")));
-    }
-    let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())?;
+    let q = cuda_queue(&[vt_core::OpId::IndexerTopK])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
-    let device = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
+    let device = device_name();
     println!("device: {device}");
-    let bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
-    let gemm = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
-    println!(
-        "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s",
-        bw / 1e9,
-        gemm / 1e12
-    );
+    let (bw, gemm) = ceilings(&bench)?;
     let todo: Vec<Shape> =
         shapes().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
     let bar = Progress::new(todo.len() as u64, "bench indexer");

@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use vt_core::{Buffer, DType, Device, DeviceType, OpId, PrefillAttentionArgs, Queue};
+use vt_core::{Buffer, DType, Device, OpId, PrefillAttentionArgs, Queue};
 use vt_cuda::bench::{filled_value, median, Bench};
 
 use crate::plot::{Chart, Series};
@@ -687,15 +687,10 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     if todo.is_empty() {
         return Err("--only matched no shape".into());
     }
-    let probes = vt_backends::init();
-    if !vt_core::op_registered(OpId::PrefillAttention, DeviceType::Cuda) {
-        let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
-        return Err(format!("no CUDA device with PrefillAttention ({})", p.join("; ")));
-    }
     let e = |e: vt_core::Error| e.to_string();
-    let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(e)?;
+    let q = crate::bench::cuda_queue(&[OpId::PrefillAttention])?;
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
-    let name = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
+    let name = crate::bench::device_name();
     println!("device: {name}");
     let gemm = bench.gemm_bf16_flops(8192, 20).map_err(e)? / 1e12;
     println!("ceiling (this run): cuBLAS bf16 GEMM 8192^3 {gemm:.0} TFLOP/s");

@@ -36,12 +36,12 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vt_core::{Buffer, DType, Device, DeviceType, Queue, SparseMlaAttentionArgs};
+use vt_core::{Buffer, DType, Device, Queue, SparseMlaAttentionArgs};
 use vt_cuda::bench::{filled_value, median, Bench};
 use vt_cuda::mla_decode_attention::Kernel as DK;
 use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, Kernel, SparseOptions};
 
-use crate::bench::positive;
+use crate::bench::{ceilings, cuda_queue, device_name, positive};
 use crate::progress::Progress;
 
 /// `cargo xtask bench sparse` options.
@@ -559,23 +559,12 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
         }
     };
-    let probes = vt_backends::init();
-    if !vt_core::op_registered(vt_core::OpId::SparseMlaAttention, DeviceType::Cuda) {
-        let p: Vec<String> = probes.iter().map(|(d, p)| format!("{d}: {p}")).collect();
-        return Err(format!("no CUDA device with SparseMlaAttention ({})", p.join("; ")));
-    }
-    let q = Queue::new(Device::new(DeviceType::Cuda, 0)).map_err(|e| e.to_string())?;
+    let q = cuda_queue(&[vt_core::OpId::SparseMlaAttention])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
-    let device = vt_core::registry::backend(DeviceType::Cuda).map(|b| b.device_name(0)).unwrap_or_default();
+    let device = device_name();
     println!("device: {device}");
-    let bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
-    let gemm = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
-    println!(
-        "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s",
-        bw / 1e9,
-        gemm / 1e12
-    );
+    let (bw, gemm) = ceilings(&bench)?;
     match &peer {
         Some(p) => println!("peer: {} ({} rows, this call's file)", p.name, p.rows.len()),
         None => println!("peer: none (no --peer FILE): FlashMLA columns print -, no peer in this call"),
