@@ -6,8 +6,11 @@
 //! M = 1, 7, 128 and 4096. QuantizeFp8 must match byte for byte. Each test prints a SKIP
 //! line and passes when no CUDA device is present.
 
+mod common;
+
 use std::sync::OnceLock;
 
+use common::Twin;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
@@ -41,31 +44,6 @@ fn rng(test: &str) -> ChaCha8Rng {
     let seed = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(17u64);
     println!("{test}: seed {seed} (VT_SEED=N to change)");
     ChaCha8Rng::seed_from_u64(seed)
-}
-
-/// The same host bytes on the CPU and on the GPU.
-struct Twin {
-    cpu: Buffer,
-    gpu: Buffer,
-}
-
-impl Twin {
-    fn new(c: &Queue, g: &Queue, dt: DType, bytes: &[u8]) -> Twin {
-        let n = (bytes.len() / dt.size_of()) as i64;
-        Twin {
-            cpu: Buffer::from_bytes(c, dt, &[n], bytes).unwrap(),
-            gpu: Buffer::from_bytes(g, dt, &[n], bytes).unwrap(),
-        }
-    }
-    fn nan(c: &Queue, g: &Queue, dt: DType, n: i64) -> Twin {
-        Twin { cpu: Buffer::nan(c, dt, &[n]).unwrap(), gpu: Buffer::nan(g, dt, &[n]).unwrap() }
-    }
-    fn views(&self, offset: i64, shape: &[i64], strides: &[i64]) -> (Tensor<'_>, Tensor<'_>) {
-        (
-            self.cpu.view().as_strided(offset, shape, strides).unwrap(),
-            self.gpu.view().as_strided(offset, shape, strides).unwrap(),
-        )
-    }
 }
 
 fn codes(rng: &mut ChaCha8Rng, n: i64) -> Vec<u8> {

@@ -10,6 +10,7 @@
 
 mod common;
 
+use common::Twin;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
@@ -22,31 +23,6 @@ const MS: [i64; 21] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 31
 fn rng(test: &str) -> ChaCha8Rng {
     let seed = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(23u64);
     ChaCha8Rng::seed_from_u64(seed ^ test.len() as u64)
-}
-
-/// The same host bytes on the CPU and on the GPU.
-struct Twin {
-    cpu: Buffer,
-    gpu: Buffer,
-}
-
-impl Twin {
-    fn new(c: &Queue, g: &Queue, dt: DType, bytes: &[u8]) -> Twin {
-        let n = (bytes.len() / dt.size_of()) as i64;
-        Twin {
-            cpu: Buffer::from_bytes(c, dt, &[n], bytes).unwrap(),
-            gpu: Buffer::from_bytes(g, dt, &[n], bytes).unwrap(),
-        }
-    }
-    fn nan(c: &Queue, g: &Queue, dt: DType, n: i64) -> Twin {
-        Twin { cpu: Buffer::nan(c, dt, &[n]).unwrap(), gpu: Buffer::nan(g, dt, &[n]).unwrap() }
-    }
-    fn views(&self, offset: i64, shape: &[i64], strides: &[i64]) -> (Tensor<'_>, Tensor<'_>) {
-        (
-            self.cpu.view().as_strided(offset, shape, strides).unwrap(),
-            self.gpu.view().as_strided(offset, shape, strides).unwrap(),
-        )
-    }
 }
 
 fn floats(r: &mut ChaCha8Rng, dt: DType, n: i64) -> Vec<u8> {

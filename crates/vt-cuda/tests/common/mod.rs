@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use vt_core::{Device, DeviceType, Probe, Queue};
+use vt_core::{Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
 
 /// A queue on CUDA device 0 (the CPU and CUDA backends registered once per process), or
 /// `None` with a line saying why the test is skipped.
@@ -36,4 +36,29 @@ pub fn rel_err(got: &[f64], want: &[f64]) -> f64 {
         den += w * w;
     }
     (num / den.max(1e-30)).sqrt()
+}
+
+/// The same host bytes on the CPU and on the GPU.
+pub struct Twin {
+    pub cpu: Buffer,
+    pub gpu: Buffer,
+}
+
+impl Twin {
+    pub fn new(c: &Queue, g: &Queue, dt: DType, bytes: &[u8]) -> Twin {
+        let n = (bytes.len() / dt.size_of()) as i64;
+        Twin {
+            cpu: Buffer::from_bytes(c, dt, &[n], bytes).unwrap(),
+            gpu: Buffer::from_bytes(g, dt, &[n], bytes).unwrap(),
+        }
+    }
+    pub fn nan(c: &Queue, g: &Queue, dt: DType, n: i64) -> Twin {
+        Twin { cpu: Buffer::nan(c, dt, &[n]).unwrap(), gpu: Buffer::nan(g, dt, &[n]).unwrap() }
+    }
+    pub fn views(&self, offset: i64, shape: &[i64], strides: &[i64]) -> (Tensor<'_>, Tensor<'_>) {
+        (
+            self.cpu.view().as_strided(offset, shape, strides).unwrap(),
+            self.gpu.view().as_strided(offset, shape, strides).unwrap(),
+        )
+    }
 }
