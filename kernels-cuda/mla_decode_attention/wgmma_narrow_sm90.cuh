@@ -389,16 +389,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
     if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
-    const uint32_t sBar = base + L::OFF_MBAR;
-    if (TMA && threadIdx.x == 0) {
-        for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
-    }
-    if (TMA) __syncthreads();
-    uint32_t phases = 0;  // bit st: parity of the next completion of stage st's barrier
-    auto tile_wait = [&](int st) {
-        mbar_wait(sBar + 8 * st, (phases >> st) & 1);
-        phases ^= 1u << st;
-    };
+    StageBarriers<L::STAGES, TMA> bars(base + L::OFF_MBAR);
     grid_dep_launch();
 
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
@@ -424,7 +415,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
             // signal, and the load two tiles ahead (as decode_wgmma).
-            producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, sBar, phases, kv_map, ld, wtid,
+            producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
                                        [&](uint32_t kst) {
                                            rescale_from<MT>(o, s_alpha, qd);
                                            pv_narrow<T, R>(o, dp, kst, 4);
@@ -442,7 +433,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
                 const uint32_t kst = sKV + st * TILE_BYTES;
                 if (TMA) {
                     if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
-                    tile_wait(st);
+                    bars.wait(st);
                 } else {
                     bar_sync(BAR_K_FULL + st, 256);
                 }

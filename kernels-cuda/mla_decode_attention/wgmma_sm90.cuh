@@ -235,24 +235,46 @@ __device__ __forceinline__ void stage_and_store(const Params& p, const Segment& 
     copy_out<T, MT>(p, sg, row0, so, col0, s_fin, wtid, with_lse);
 }
 
+// The TMA stages' mbarriers (arrival count 1 each, 8 bytes apart from `bar`), initialized
+// by thread 0 when TMA, and this thread's parity of each stage's next completion (bit st).
+// Shared by the wgmma kernels (decode_wgmma, decode_wgmma_narrow).
+template <int STAGES, bool TMA> struct StageBarriers {
+    uint32_t bar;
+    uint32_t phases = 0;
+
+    // Every thread of the block calls this (a block barrier when TMA).
+    __device__ __forceinline__ explicit StageBarriers(uint32_t b) : bar(b) {
+        if (TMA && threadIdx.x == 0) {
+            for (int s = 0; s < STAGES; ++s) mbar_init(bar + 8 * s, 1);
+        }
+        if (TMA) __syncthreads();
+    }
+    __device__ __forceinline__ uint32_t of(int st) const { return bar + 8 * st; }
+    // Waits for stage st's next completion.
+    __device__ __forceinline__ void wait(int st) {
+        mbar_wait(of(st), (phases >> st) & 1);
+        phases ^= 1u << st;
+    }
+};
+
 // Warpgroup 1 of the wgmma kernels (decode_wgmma, decode_wgmma_narrow) over one segment:
 // Q (MT rows) and the first two tiles, then per tile: wait for P(t), `products(kst)` (its
 // rescale and its half of the PV products on the stage at kst), signal, and the load two
 // tiles ahead into the stage just freed (TMA: one warp issues the boxes, the tile's mbarrier
 // completes it; cp.async: K_FULL is arrived once the group landed). Returns once this
-// warpgroup's cp.async groups are drained. `phases`: the TMA stages' barrier parities.
+// warpgroup's cp.async groups are drained. `bars`: the TMA stages' barriers.
 template <typename T, int MT, bool TMA, class Products>
 __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
                                                uint32_t sKV, unsigned char* valid, unsigned char* flags,
-                                               uint32_t sBar, uint32_t& phases, const TmaMap* kv_map,
+                                               StageBarriers<2, TMA>& bars, const TmaMap* kv_map,
                                                const Loader<T, 128>& ld, int wtid, Products&& products) {
     const int t0 = sg.t0, t1 = sg.t1;
     load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
     i64 off = 0;
     if (TMA) {
         if (wtid < 32) {
-            tma_tile<T>(p, sg, t0, sKV, valid, flags, sBar, kv_map, wtid);
-            if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, sBar + 8, kv_map, wtid);
+            tma_tile<T>(p, sg, t0, sKV, valid, flags, bars.of(0), kv_map, wtid);
+            if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, bars.of(1), kv_map, wtid);
         }
         cp_async_commit();
         cp_async_wait<0>();  // Q
@@ -275,16 +297,13 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
         bar_sync(BAR_P_FULL, 256);
-        if (TMA) {  // complete already (warpgroup 0 waited); for this warpgroup's view
-            mbar_wait(sBar + 8 * st, (phases >> st) & 1);
-            phases ^= 1u << st;
-        }
+        if (TMA) bars.wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
         products(kst);
         if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
         if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
         if (TMA) {
             if (t + 2 < t1 && wtid < 32)
-                tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, sBar + 8 * st, kv_map, wtid);
+                tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, bars.of(st), kv_map, wtid);
             continue;
         }
         if (t + 1 < t1) {
@@ -317,16 +336,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
     if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
-    const uint32_t sBar = base + L::OFF_MBAR;
-    if (TMA && threadIdx.x == 0) {
-        for (int s = 0; s < L::STAGES; ++s) mbar_init(sBar + 8 * s, 1);
-    }
-    if (TMA) __syncthreads();
-    uint32_t phases = 0;  // bit st: parity of the next completion of stage st's barrier
-    auto tile_wait = [&](int st) {
-        mbar_wait(sBar + 8 * st, (phases >> st) & 1);
-        phases ^= 1u << st;
-    };
+    StageBarriers<L::STAGES, TMA> bars(base + L::OFF_MBAR);
     grid_dep_launch();
 
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
@@ -353,7 +363,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
-            producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, sBar, phases, kv_map, ld, wtid,
+            producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
                                        [&](uint32_t kst) {
                                            rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
                                            pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
@@ -378,7 +388,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                 const unsigned char* vst = valid + st * BN;
                 if (TMA) {
                     if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
-                    tile_wait(st);
+                    bars.wait(st);
                 } else {
                     bar_sync(BAR_K_FULL + st, 256);
                 }
