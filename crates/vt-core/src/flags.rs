@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
+//! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto may take cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold; off until the GPU has measured it faster than the Wgmma kernel (an A/B switch) |
 //! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`, 0 for now) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
@@ -18,16 +19,18 @@ pub enum Flag {
     MlaFusedNormRope,
     MlaDecodeTma,
     SkinnyGemm,
+    Fp8Lt,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 3] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma, Flag::SkinnyGemm];
+    pub const ALL: [Flag; 4] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma, Flag::SkinnyGemm, Flag::Fp8Lt];
 
     pub const fn env_name(self) -> &'static str {
         match self {
             Flag::MlaFusedNormRope => "VT_MLA_FUSED_NORM_ROPE",
             Flag::MlaDecodeTma => "VT_MLA_DECODE_TMA",
             Flag::SkinnyGemm => "VT_SKINNY_GEMM",
+            Flag::Fp8Lt => "VT_FP8_LT",
         }
     }
 
@@ -36,6 +39,7 @@ impl Flag {
             Flag::MlaFusedNormRope => true,
             Flag::MlaDecodeTma => true,
             Flag::SkinnyGemm => true,
+            Flag::Fp8Lt => false,
         }
     }
 
@@ -112,6 +116,11 @@ pub fn mla_decode_tma() -> bool {
 /// `VT_SKINNY_GEMM`.
 pub fn skinny_gemm() -> bool {
     get(Flag::SkinnyGemm)
+}
+
+/// `VT_FP8_LT`.
+pub fn fp8_lt() -> bool {
+    get(Flag::Fp8Lt)
 }
 
 #[cfg(test)]

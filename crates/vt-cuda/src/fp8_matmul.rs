@@ -22,10 +22,16 @@
 //!   [`crate::skinny_gemm`] (a 4-stage cp.async ring of weights and activations, split K
 //!   reduced in the same launch by the last CTA, in split order). Needs K % 16 == 0 and
 //!   16-byte aligned K-contiguous rows.
+//! - **Lt** (both operands fp8, MatmulBTFp8 only, sm_90): cuBLASLt's block-scaled fp8 GEMM
+//!   (`crate::cublaslt`; cuBLAS 12.9+: the weights in `BLK128x128_32F`, the activations in
+//!   `VEC128_32F` scales), computed as cuBLAS's "TN" `out^T = W . a^T`. Taken only where the
+//!   views already have the layouts cuBLASLt reads (no copy is ever made; see
+//!   [`Kernel::Lt`]); cuBLASLt's heuristic must also have an algorithm for the shape.
 //! - **Auto** picks Skinny for weight-only up to the M limit of
 //!   [`crate::skinny_gemm::auto_max_m`] (`VT_SKINNY_GEMM` on; 0 until the kernel's current
-//!   version has passed its GPU tests), else Gemv for weight-only,
-//!   Wgmma (sm_90) or Mma for both-fp8 when the views allow, else Generic.
+//!   version has passed its GPU tests), else Gemv for weight-only; for both-fp8, Lt where
+//!   it applies when `VT_FP8_LT` is on (off by default until the GPU has measured it
+//!   faster), else Wgmma (sm_90) or Mma when the views allow, else Generic.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -36,6 +42,7 @@ use vt_core::{
     BatchedMatmulFp8Args, Buffer, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
 };
 
+use crate::cublaslt::LtGemm;
 use crate::launch::TensorMapSpec;
 use crate::rope_from_cache::int;
 use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
@@ -57,6 +64,26 @@ pub enum Kernel {
     /// Weight-only, the skinny swap-AB kernel of `skinny_gemm.rs` (cp.async ring, split K
     /// reduced in the same launch); bf16/f16 activations.
     Skinny,
+    /// Both operands fp8 (MatmulBTFp8, sm_90): cuBLASLt's block-scaled fp8 GEMM.
+    ///
+    /// Its layout rules (cuBLASLt's block-scaled fp8 GEMM on Hopper, as
+    /// torch's `_scaled_mm` checks them for its BlockWise1x128 / BlockWise128x128 modes):
+    ///
+    /// - MatmulBTFp8 with `a_scale` (both operands fp8) on sm_90; `out` bf16, f16 or f32;
+    /// - M >= 1, K > 0 and a multiple of 16, N a multiple of 16;
+    /// - `a` `[M, K]` and `b` `[N, K]` K-contiguous, rows a multiple of 16 bytes apart
+    ///   (cuBLAS's leading dimensions), `out` rows 16-byte multiples apart; `a`, `b`, `out`,
+    ///   `a_scale`, `b_scale` 16-byte aligned;
+    /// - `a_scale` `[M, ceil(K/128)]` stored transposed: stride 1 along M, M along the groups
+    ///   (the `[ceil(K/128), M]` layout DeepGEMM and torch keep; QuantizeFp8 writes any scale
+    ///   strides, so the caller allocates it that way);
+    /// - `b_scale` `[ceil(N/128), ceil(K/128)]` row-major with rows `round_up(ceil(K/128), 4)`
+    ///   apart (a checkpoint's `weight_scale_inv` as it is whenever ceil(K/128) % 4 == 0:
+    ///   every DeepSeek-V3 projection).
+    ///
+    /// Any other view is refused by a forced Lt (an error naming the argument) and left to the
+    /// other kernels by Auto.
+    Lt,
 }
 
 /// Warps per CTA of the Gemv kernel (`fp8mm::GEMV_WARPS`).
@@ -163,6 +190,97 @@ impl Problem {
             && aligned(&b_rows, self.n)
             && [self.m, self.n, self.k].iter().all(|&v| v <= i32::MAX as i64)
             && self.g <= 65535
+    }
+
+    /// The cuBLASLt form of this problem ([`Kernel::Lt`]), or the argument that breaks the
+    /// rules and why.
+    fn lt_plan(&self, sm: u32) -> std::result::Result<LtGemm, (&'static str, String)> {
+        let no = |arg: &'static str, why: String| Err((arg, why));
+        if self.op != OpId::MatmulBTFp8 {
+            return no("a", "MatmulBTFp8 (BatchedMatmulFp8 is not routed to cuBLASLt)".into());
+        }
+        let Some(sc) = self.a_scale else {
+            return no("a_scale", "fp8 activations with their 1 x 128 scales (a_scale given)".into());
+        };
+        if sm != 90 {
+            return no(
+                "a",
+                format!("sm_90 (cuBLASLt's block-scaled fp8 modes are Hopper's); this is sm_{sm}"),
+            );
+        }
+        let (m, n, k) = (self.m, self.n, self.k);
+        if m < 1 || k < 1 || k % 16 != 0 || n % 16 != 0 {
+            return no(
+                "b",
+                format!("M >= 1, K > 0 a multiple of 16, N a multiple of 16; got M {m}, N {n}, K {k}"),
+            );
+        }
+        let es = self.dtype().size_of() as i64;
+        // b is [g, k, n] logically: K-contiguous is stride 1 along k; its rows are along n.
+        let (lda, ldb, ldd) =
+            (self.b.s[2], if m == 1 { k } else { self.a.s[1] }, if m == 1 { n } else { self.out.s[1] });
+        if self.b.s[1] != 1 || lda < k || lda % 16 != 0 {
+            return no(
+                "b",
+                format!("K-contiguous rows 16-byte multiples apart (at least K); got row stride {lda}"),
+            );
+        }
+        if self.a.s[2] != 1 || ldb < k || ldb % 16 != 0 {
+            return no(
+                "a",
+                format!("K-contiguous rows 16-byte multiples apart (at least K); got row stride {ldb}"),
+            );
+        }
+        if self.out.s[2] != 1 || ldd < n || (ldd * es) % 16 != 0 {
+            return no("out", format!("N-contiguous rows 16-byte multiples apart; got row stride {ldd}"));
+        }
+        let (kb, nb) = (blocks(k), blocks(n));
+        // a_scale [m, kb]: stride 1 along m, m along kb.
+        if (m > 1 && sc.s[1] != 1) || (kb > 1 && sc.s[2] != m) {
+            return no(
+                "a_scale",
+                format!(
+                    "the [ceil(K/128), M] layout (strides 1, M = {m}); got strides {}, {}",
+                    sc.s[1], sc.s[2]
+                ),
+            );
+        }
+        // b_scale as [g, kb, nb]: stride 1 along kb, round_up(kb, 4) along nb.
+        let ld_s = (kb + 3) / 4 * 4;
+        if (kb > 1 && self.b_scale.s[1] != 1) || (nb > 1 && self.b_scale.s[2] != ld_s) {
+            return no(
+                "b_scale",
+                format!(
+                    "row-major [ceil(N/128), ceil(K/128)] with rows round_up(ceil(K/128), 4) = {ld_s} apart; got strides {}, {}",
+                    self.b_scale.s[2], self.b_scale.s[1]
+                ),
+            );
+        }
+        for (arg, addr) in [
+            ("a", self.a.addr),
+            ("b", self.b.addr),
+            ("out", self.out.addr),
+            ("a_scale", sc.addr),
+            ("b_scale", self.b_scale.addr),
+        ] {
+            if addr % 16 != 0 {
+                return no(arg, format!("a 16-byte aligned first element; got address {addr:#x}"));
+            }
+        }
+        Ok(LtGemm {
+            m: n as u64,
+            n: m as u64,
+            k: k as u64,
+            a: self.b.addr,
+            lda,
+            b: self.a.addr,
+            ldb,
+            d: self.out.addr,
+            ldd,
+            a_scale: self.b_scale.addr,
+            b_scale: sc.addr,
+            out: self.dtype(),
+        })
     }
 
     /// The skinny kernel's view of this problem (weight-only forms).
@@ -327,6 +445,7 @@ fn plan_problem(
         Kernel::Skinny if !p.skinny_ok() => {
             return refuse("bf16/f16 activations, K % 16 == 0 and 16-byte aligned K-contiguous rows")
         }
+        Kernel::Lt => return Err(lt_not_planned(p.op)),
         _ => {}
     }
     if p.g == 0 || p.m == 0 || p.n == 0 {
@@ -507,6 +626,7 @@ fn plan_problem(
                 launches.push(combine(splits));
             }
         }
+        Kernel::Lt => return Err(lt_not_planned(p.op)),
         Kernel::Generic | Kernel::Auto => {
             let none = V3 { addr: 0, s: [0; 3], dtype: DType::F32 };
             let mut args: Vec<Arg> = Vec::with_capacity(24);
@@ -527,6 +647,11 @@ fn plan_problem(
         }
     }
     Ok((chosen, launches, part_elems))
+}
+
+/// [`Kernel::Lt`] is a cuBLASLt call, not a launch plan.
+fn lt_not_planned(op: OpId) -> Error {
+    Error::invalid(op, "a", "the Lt kernel runs through cuBLASLt and has no launch plan")
 }
 
 /// The plan of a MatmulBTFp8 call (the PTX check's samples).
@@ -556,6 +681,25 @@ pub(crate) fn plan_batched(
 fn run_problem(q: &Queue, p: &Problem, opts: &Fp8Options) -> Result<Kernel> {
     let cq = CudaQueue::of(q, p.op)?;
     let dev = Device { sm: cq.sm(), sms: cq.sm_count()? };
+    match opts.kernel {
+        Kernel::Lt => {
+            let g = p.lt_plan(dev.sm).map_err(|(arg, why)| {
+                Error::invalid(p.op, arg, format!("the Lt kernel (cuBLASLt block-scaled fp8) needs {why}"))
+            })?;
+            crate::cublaslt::matmul(q, cq, p.op, &g)?;
+            return Ok(Kernel::Lt);
+        }
+        // Until the GPU has measured Lt faster, Auto takes it only under VT_FP8_LT.
+        Kernel::Auto if p.a_scale.is_some() && vt_core::flags::fp8_lt() => {
+            if let Ok(g) = p.lt_plan(dev.sm) {
+                if crate::cublaslt::supported(q, cq, p.op, &g)? {
+                    crate::cublaslt::matmul(q, cq, p.op, &g)?;
+                    return Ok(Kernel::Lt);
+                }
+            }
+        }
+        _ => {}
+    }
     let (mut chosen, mut launches, elems) = plan_problem(dev, p, opts, 0)?;
     if elems > 0 {
         let part = if chosen == Kernel::Skinny {

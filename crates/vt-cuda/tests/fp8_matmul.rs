@@ -3,7 +3,8 @@
 //! random per-block scales, NaN-poisoned outputs inside larger buffers (everything outside
 //! must stay NaN), non-contiguous views (row-strided activations and outputs, a tensor-
 //! parallel row slice of a weight with its scale rows), N and K not multiples of 128, and
-//! M = 1, 7, 128 and 4096. QuantizeFp8 must match byte for byte. Each test prints a SKIP
+//! M = 1, 7, 128 and 4096; cuBLASLt (`Kernel::Lt`) in its own layouts, its refusals, Auto
+//! under `VT_FP8_LT`, and a graph replay. QuantizeFp8 must match byte for byte. Each test prints a SKIP
 //! line and passes when no CUDA device is present.
 
 mod common;
@@ -315,4 +316,212 @@ fn quantize_matches_the_cpu_byte_for_byte() {
             println!("{what}: byte-exact");
         }
     }
+}
+
+/// One MatmulBTFp8 problem in the layouts [`Kernel::Lt`] takes (cuBLASLt's block-scaled fp8
+/// GEMM): `a` rows `a_ld` apart with its per-token scales stored transposed (`[KB, M]`),
+/// `b` rows `row0..row0+N` of a weight `[row0 + N + 5, K]` (row0 a multiple of 128) with
+/// the matching scale rows, the scale rows `round_up(KB, 4)` apart, `out` columns from 16
+/// bytes in of rows `N + 16` wide (NaN everywhere else). `kernel` Lt or Auto (with
+/// `VT_FP8_LT` as the caller set it); returns the kernel that ran.
+fn lt_case(kernel: Kernel, dt: DType, (m, n, k): (i64, i64, i64), a_ld: i64, row0: i64) -> Option<Kernel> {
+    let (c, g) = cuda()?;
+    let what = format!(
+        "MatmulBTFp8 {kernel:?} (Lt layouts) {dt} M {m} N {n} K {k} (a ld {a_ld}, b rows from {row0})"
+    );
+    let mut r = rng(&what);
+    let rows = row0 + n + 5;
+    let (kb, nb) = (blocks(k), blocks(n));
+    let ld_s = (kb + 3) / 4 * 4;
+    let w = Twin::new(&c, &g, DType::F8E4M3, &codes(&mut r, rows * k));
+    let ws = Twin::new(&c, &g, DType::F32, &scale_bytes(&mut r, blocks(rows) * ld_s));
+    let a = Twin::new(&c, &g, DType::F8E4M3, &codes(&mut r, m * a_ld));
+    let a_s = Twin::new(&c, &g, DType::F32, &scale_bytes(&mut r, m * kb));
+    let (o_off, o_ld) = (16 / dt.size_of() as i64, n + 16);
+    let out = Twin::nan(&c, &g, dt, o_off + m * o_ld);
+    let (bc, bg) = w.views(row0 * k, &[n, k], &[k, 1]);
+    let (sc_c, sc_g) = ws.views((row0 / 128) * ld_s, &[nb, kb], &[ld_s, 1]);
+    let (ac, ag) = a.views(0, &[m, k], &[a_ld, 1]);
+    let (asc_c, asc_g) = a_s.views(0, &[m, kb], &[1, m]);
+    let (oc, og) = out.views(o_off, &[m, n], &[o_ld, 1]);
+    let args_c = MatmulBTFp8Args { out: oc, a: ac, a_scale: Some(asc_c), b: bc, b_scale: sc_c };
+    let args_g = MatmulBTFp8Args { out: og, a: ag, a_scale: Some(asc_g), b: bg, b_scale: sc_g };
+    matmul_bt_fp8(&c, &args_c).unwrap();
+    matmul_bt_fp8(&g, &args_g).unwrap();
+    // Poison again: the registered op (Auto) ran above; the kernel under test must write it all.
+    g.write_bytes(&out.gpu.view(), &encode_f64(dt, &vec![f64::NAN; (o_off + m * o_ld) as usize])).unwrap();
+    let ran = match matmul_bt_fp8_with(&g, &args_g, kernel) {
+        Ok(k) => k,
+        Err(e) => panic!("{what}: {e}"),
+    };
+    g.synchronize().unwrap();
+    check(&format!("{what} ran {ran:?}"), &c, &g, &out, &oc, tol(dt));
+    Some(ran)
+}
+
+fn lt_skip(g: &Queue) -> bool {
+    if sm(g) != 90 {
+        println!("SKIP: the Lt kernel (cuBLASLt block-scaled fp8) needs sm_90");
+        return true;
+    }
+    false
+}
+
+/// cuBLASLt's block-scaled fp8 GEMM against the CPU reference: M 1 to 4096, the
+/// DeepSeek-V3 projections' K (a_proj 2112 x 7168, q_b's K 1536), N and K not multiples of
+/// 128 (K 400: 4 groups, the last 16 wide; K 1040: 9 groups, scale rows padded to 12),
+/// weight row slices from row 128, activation rows wider than K. (The bench checks rows
+/// of the full-size layer shapes.)
+#[test]
+fn lt_matches_the_cpu() {
+    let Some((_c, g)) = cuda() else { return };
+    if lt_skip(&g) {
+        return;
+    }
+    for (m, n, k, a_ld, row0) in [
+        (1, 2112, 7168, 7168, 0),
+        (7, 272, 400, 416, 128),
+        (128, 1536, 1536, 1536, 0),
+        (130, 144, 1040, 1040, 0),
+        (4096, 272, 400, 400, 0),
+        (64, 2112, 7168, 7168, 0),
+        (300, 1024, 2048, 2064, 128),
+    ] {
+        assert_eq!(lt_case(Kernel::Lt, DType::BF16, (m, n, k), a_ld, row0), Some(Kernel::Lt));
+    }
+}
+
+/// f16 and f32 outputs (cuBLASLt may have no algorithm for them: then the forced call must
+/// fail with an error naming the op, never write garbage).
+#[test]
+fn lt_other_outputs() {
+    let Some((_c, g)) = cuda() else { return };
+    if lt_skip(&g) {
+        return;
+    }
+    for dt in [DType::F16, DType::F32] {
+        assert_eq!(lt_case(Kernel::Lt, dt, (130, 272, 1024), 1024, 0), Some(Kernel::Lt));
+    }
+}
+
+/// Auto takes Lt only under `VT_FP8_LT`, and only where the layouts fit.
+#[test]
+fn auto_takes_lt_only_when_the_flag_is_on() {
+    let Some((_c, g)) = cuda() else { return };
+    if lt_skip(&g) {
+        return;
+    }
+    use vt_core::flags::{set_override, Flag};
+    set_override(Flag::Fp8Lt, Some(false));
+    let off = lt_case(Kernel::Auto, DType::BF16, (256, 512, 1024), 1024, 0);
+    set_override(Flag::Fp8Lt, Some(true));
+    let on = lt_case(Kernel::Auto, DType::BF16, (256, 512, 1024), 1024, 0);
+    // Out of Lt's rules (N 200, the output 6 bytes off alignment): Auto runs another kernel
+    // with the flag on, and matches.
+    matmul_case(Kernel::Auto, DType::BF16, 7, 200, 400, 400, 0, true);
+    set_override(Flag::Fp8Lt, None);
+    assert_eq!(off, Some(Kernel::Wgmma));
+    assert_eq!(on, Some(Kernel::Lt));
+}
+
+/// A forced Lt on views outside its rules is an error naming the op and the argument, and
+/// writes nothing.
+#[test]
+fn forced_lt_refuses_views_outside_its_rules() {
+    let Some((_c, g)) = cuda() else { return };
+    let f8 = DType::F8E4M3;
+    let (m, n, k) = (32i64, 256i64, 512i64);
+    let out = Buffer::nan(&g, DType::BF16, &[m, n + 16]).unwrap();
+    let a = Buffer::zeros(&g, f8, &[m, k]).unwrap();
+    let b = Buffer::zeros(&g, f8, &[n, k]).unwrap();
+    let bs = Buffer::zeros(&g, DType::F32, &[2, 4]).unwrap();
+    let asc = Buffer::zeros(&g, DType::F32, &[4, m]).unwrap();
+    let o = out.view().as_strided(0, &[m, n], &[n + 16, 1]).unwrap();
+    let a_t = asc.view().as_strided(0, &[m, 4], &[1, m]).unwrap();
+    let good = MatmulBTFp8Args { out: o, a: a.view(), a_scale: Some(a_t), b: b.view(), b_scale: bs.view() };
+    let expect = |x: &MatmulBTFp8Args<'_>, arg: &str| {
+        matmul_bt_fp8(&g, x).unwrap();
+        let e = matmul_bt_fp8_with(&g, x, Kernel::Lt).unwrap_err().to_string();
+        println!("forced Lt: {e}");
+        assert!(e.contains("MatmulBTFp8") && e.contains("Lt"), "{e}");
+        if sm(&g) == 90 {
+            assert!(e.contains(&format!("`{arg}`")), "expected argument {arg}: {e}");
+        }
+    };
+    // a_scale row-major [M, KB] (the layout the Wgmma kernel reads; not cuBLASLt's).
+    let asr = Buffer::zeros(&g, DType::F32, &[m, 4]).unwrap();
+    expect(&MatmulBTFp8Args { a_scale: Some(asr.view()), ..good }, "a_scale");
+    // N not a multiple of 16.
+    let o200 = out.view().as_strided(0, &[m, 200], &[n + 16, 1]).unwrap();
+    let b200 = b.view().slice(0, 0, 200).unwrap();
+    expect(&MatmulBTFp8Args { out: o200, b: b200, ..good }, "b");
+    // Weight-only (no a_scale).
+    let a16 = Buffer::zeros(&g, DType::BF16, &[m, k]).unwrap();
+    expect(&MatmulBTFp8Args { a: a16.view(), a_scale: None, ..good }, "a_scale");
+    // Scale rows not round_up(KB, 4) apart: K 640 (5 groups) with rows 5 apart.
+    let a640 = Buffer::zeros(&g, f8, &[m, 640]).unwrap();
+    let b640 = Buffer::zeros(&g, f8, &[n, 640]).unwrap();
+    let bs5 = Buffer::zeros(&g, DType::F32, &[2, 5]).unwrap();
+    let as5 = Buffer::zeros(&g, DType::F32, &[5, m]).unwrap();
+    let x = MatmulBTFp8Args {
+        out: o,
+        a: a640.view(),
+        a_scale: Some(as5.view().as_strided(0, &[m, 5], &[1, m]).unwrap()),
+        b: b640.view(),
+        b_scale: bs5.view(),
+    };
+    expect(&x, "b_scale");
+    // The output 6 bytes off 16-byte alignment.
+    let o3 = out.view().as_strided(3, &[m, n], &[n + 16, 1]).unwrap();
+    expect(&MatmulBTFp8Args { out: o3, ..good }, "out");
+    // Nothing was written by the refused calls (the registered op wrote `out` each time
+    // above; rows past N stay NaN).
+    let v = out.to_f64(&g).unwrap();
+    let w = (n + 16) as usize;
+    assert!((0..m as usize).all(|r| v[r * w + n as usize + 10].is_nan()));
+    // BatchedMatmulFp8 is not routed to cuBLASLt.
+    let o3d = Buffer::nan(&g, DType::BF16, &[1, m, n]).unwrap();
+    let b3 = b.view().as_strided(0, &[1, k, n], &[n * k, 1, k]).unwrap();
+    let bs3 = bs.view().as_strided(0, &[1, 4, 2], &[8, 1, 4]).unwrap();
+    let as3 = asc.view().as_strided(0, &[1, m, 4], &[4 * m, 1, m]).unwrap();
+    let a3 = a.view().as_strided(0, &[1, m, k], &[m * k, k, 1]).unwrap();
+    let xb = BatchedMatmulFp8Args { out: o3d.view(), a: a3, a_scale: Some(as3), b: b3, b_scale: bs3 };
+    batched_matmul_fp8(&g, &xb).unwrap();
+    let e = batched_matmul_fp8_with(&g, &xb, Kernel::Lt).unwrap_err().to_string();
+    assert!(e.contains("BatchedMatmulFp8") && e.contains("Lt"), "{e}");
+}
+
+/// Lt inside a captured CUDA graph (after a warm-up call made the queue's workspace and
+/// chose the algorithm) replays to the same output as the eager call, bit for bit.
+#[test]
+fn lt_replays_in_a_cuda_graph() {
+    let Some((_c, g)) = cuda() else { return };
+    if lt_skip(&g) {
+        return;
+    }
+    let mut r = rng("Lt graph");
+    let (m, n, k) = (64i64, 512i64, 1024i64);
+    let f8 = DType::F8E4M3;
+    let a = Buffer::from_bytes(&g, f8, &[m, k], &codes(&mut r, m * k)).unwrap();
+    let b = Buffer::from_bytes(&g, f8, &[n, k], &codes(&mut r, n * k)).unwrap();
+    let bs = Buffer::from_bytes(&g, DType::F32, &[4, 8], &scale_bytes(&mut r, 32)).unwrap();
+    let asc = Buffer::from_bytes(&g, DType::F32, &[8, m], &scale_bytes(&mut r, 8 * m)).unwrap();
+    let out = Buffer::nan(&g, DType::BF16, &[m, n]).unwrap();
+    let x = MatmulBTFp8Args {
+        out: out.view(),
+        a: a.view(),
+        a_scale: Some(asc.view().as_strided(0, &[m, 8], &[1, m]).unwrap()),
+        b: b.view(),
+        b_scale: bs.view(),
+    };
+    matmul_bt_fp8(&g, &x).unwrap();
+    matmul_bt_fp8_with(&g, &x, Kernel::Lt).unwrap();
+    let eager = out.to_bytes(&g).unwrap();
+    g.write_bytes(&out.view(), &encode_f64(DType::BF16, &vec![f64::NAN; (m * n) as usize])).unwrap();
+    g.synchronize().unwrap();
+    let graph = g.capture(|| matmul_bt_fp8_with(&g, &x, Kernel::Lt).map(|_| ())).unwrap();
+    graph.launch().unwrap();
+    g.synchronize().unwrap();
+    assert_eq!(out.to_bytes(&g).unwrap(), eager, "the replayed Lt call differs from the eager one");
+    println!("Lt graph replay: bit for bit ({} bytes)", eager.len());
 }
