@@ -395,7 +395,22 @@ pub fn command(
     seed: u64,
     tp_note: bool,
     o: &GraphBenchOptions,
+    peer: Option<&std::path::Path>,
 ) -> Result<()> {
+    // The peer's file is read first: a bad file fails before minutes of set-up.
+    let peer = match peer {
+        Some(path) => {
+            let ctx = format!("{CTX} --peer {}", path.display());
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
+            let rows = parse_peer(&text, &ctx)?;
+            let row = rows.into_iter().find(|r| r.b == o.batch && r.ctx == o.context).ok_or_else(|| {
+                Error::other(ctx, format!("has no row for batch {} and context {}", o.batch, o.context))
+            })?;
+            Some(row)
+        }
+        None => None,
+    };
     let q = Queue::new(vt_core::Device::new(kind, 0))?;
     op_timer::install(kind)?;
     let bar = crate::progress::spinner(format!("making and uploading {layers} random {layer_name} layer(s)"));
@@ -440,7 +455,55 @@ pub fn command(
             run(&q, &blocks, o, seed)
         })?;
     print(&r, o);
+    if let Some(p) = &peer {
+        println!(
+            "peer (torch + FlashMLA, tools/peers/block_step.py, same call): eager {:.1} us, graph {:.1} us, its floor {:.1} \
+             us; vt graph / peer graph = {:.2}",
+            p.eager_us,
+            p.graph_us,
+            p.floor_us,
+            r.step_graph_ms * 1e3 / p.graph_us
+        );
+    }
     Ok(())
+}
+
+/// One row of `tools/peers/block_step.py --json`: the torch + FlashMLA decode step (us).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerStep {
+    pub b: i64,
+    pub ctx: i64,
+    pub eager_us: f64,
+    pub graph_us: f64,
+    pub floor_us: f64,
+}
+
+/// Parses `block_step.py`'s JSON: `{"peer": NAME, "rows": [{"b", "ctx", "eager_us", "graph_us",
+/// "floor_us"}, ...]}`; other keys are ignored. `ctx` names the file in errors.
+pub fn parse_peer(text: &str, ctx: &str) -> Result<Vec<PeerStep>> {
+    let bad = |msg: String| Error::other(ctx.to_string(), msg);
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let rows = v.get("rows").and_then(|r| r.as_array()).ok_or_else(|| bad("has no \"rows\" list".into()))?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        let int = |key: &str| {
+            row.get(key).and_then(|x| x.as_i64()).ok_or_else(|| bad(format!("row {i}: no integer \"{key}\"")))
+        };
+        let time = |key: &str| {
+            row.get(key)
+                .and_then(|x| x.as_f64())
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| bad(format!("row {i}: no positive number \"{key}\"")))
+        };
+        out.push(PeerStep {
+            b: int("b")?,
+            ctx: int("ctx")?,
+            eager_us: time("eager_us")?,
+            graph_us: time("graph_us")?,
+            floor_us: time("floor_us")?,
+        });
+    }
+    Ok(out)
 }
 
 /// The report of [`run`].
@@ -517,6 +580,29 @@ pub fn print(r: &GraphBench, o: &GraphBenchOptions) {
 mod tests {
     use super::*;
     use mla_block::tp::RandomLayerSpec;
+
+    #[test]
+    fn the_peer_file_is_parsed_and_bad_rows_are_named() {
+        let ok = r#"{"peer": "torch + FlashMLA decode step", "rows": [
+            {"b": 1, "ctx": 8192, "eager_us": 600.0, "graph_us": 210.5, "floor_us": 90.1}]}"#;
+        let rows = parse_peer(ok, "peer.json").expect("parses");
+        assert_eq!(
+            rows,
+            vec![PeerStep { b: 1, ctx: 8192, eager_us: 600.0, graph_us: 210.5, floor_us: 90.1 }]
+        );
+        for (text, says) in [
+            ("nope", "not JSON"),
+            ("{}", "no \"rows\""),
+            (
+                r#"{"rows": [{"b": 1, "eager_us": 1, "graph_us": 1, "floor_us": 1}]}"#,
+                "row 0: no integer \"ctx\"",
+            ),
+            (r#"{"rows": [{"b": 1, "ctx": 2, "eager_us": 1, "graph_us": -1, "floor_us": 1}]}"#, "graph_us"),
+        ] {
+            let e = parse_peer(text, "peer.json").expect_err(text).to_string();
+            assert!(e.contains("peer.json") && e.contains(says), "{text}: {e}");
+        }
+    }
 
     #[test]
     fn the_step_model_counts_v3_weights_and_cache() {

@@ -107,6 +107,11 @@ pub struct BenchArgs {
     /// With --graph: steps profiled op by op for the breakdown.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = positive_usize, requires = "graph")]
     profile: usize,
+    /// With --graph: the torch + FlashMLA step timed in the same device call
+    /// (`tools/peers/block_step.py --json FILE`); its row for this batch and context is printed
+    /// beside ours with the ratio.
+    #[arg(long, value_name = "FILE", requires = "graph")]
+    peer: Option<std::path::PathBuf>,
 }
 
 /// `--tp N` asked for devices of a backend that is not there: say how many were found.
@@ -237,6 +242,7 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
             seed,
             tp_note,
             &go,
+            a.peer.as_deref(),
         );
     }
     let kind = pick(a.backend).map_err(|e| no_devices(most, a.backend, e))?;
