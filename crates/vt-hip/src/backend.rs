@@ -89,7 +89,12 @@ impl Backend for HipBackend {
 
     fn new_queue(&self, ordinal: usize) -> Result<Arc<dyn QueueImpl>> {
         let stream = Stream::new(self.shared.rt, ordinal)?;
-        Ok(Arc::new(HipQueue { blas: Mutex::new(None), stream, shared: self.shared.clone() }))
+        Ok(Arc::new(HipQueue {
+            blas: Mutex::new(None),
+            scratch: Mutex::new(None),
+            stream,
+            shared: self.shared.clone(),
+        }))
     }
 
     fn alloc(&self, ordinal: usize, bytes: usize) -> Result<u64> {
@@ -102,18 +107,53 @@ impl Backend for HipBackend {
     }
 }
 
-/// A HIP stream with its rocBLAS handle (created on the first GEMM).
+/// A HIP stream with its rocBLAS handle (created on the first GEMM) and its scratch
+/// memory (created on the first op that needs a workspace).
 pub struct HipQueue {
     // Declared before `stream` so the handle is destroyed before its stream.
     blas: Mutex<Option<BlasHandle>>,
+    scratch: Mutex<Option<Scratch>>,
     stream: Stream,
     shared: Arc<Shared>,
+}
+
+/// Device memory a queue keeps for ops' workspaces (IndexerTopK's scores), grown on demand.
+struct Scratch {
+    addr: u64,
+    bytes: usize,
 }
 
 impl HipQueue {
     /// The HIP queue behind a vt-core queue (errors if it is another backend's).
     pub(crate) fn of(op: OpId, q: &Queue) -> Result<&HipQueue> {
         q.downcast::<HipQueue>().ok_or_else(|| Error::op_failed(op, "hip", "the queue is not a HIP queue"))
+    }
+
+    /// Runs `f` with the address of at least `bytes` bytes of this queue's scratch memory,
+    /// held for the call (another thread's op on this queue waits). The memory is kept for
+    /// later calls and grown when a call needs more: the old allocation is freed only after
+    /// the stream has finished the work queued on it, which may still read it.
+    pub(crate) fn with_scratch<R>(
+        &self,
+        op: OpId,
+        bytes: usize,
+        f: impl FnOnce(u64) -> Result<R>,
+    ) -> Result<R> {
+        let mut scratch =
+            self.scratch.lock().map_err(|_| Error::op_failed(op, "hip", "scratch lock poisoned"))?;
+        if scratch.as_ref().is_none_or(|s| s.bytes < bytes) {
+            if let Some(old) = scratch.as_ref() {
+                self.stream.synchronize()?;
+                // SAFETY: `old.addr` came from `malloc` on this device; the stream, the only
+                // user of this queue's scratch, has finished every launch that read it.
+                unsafe { self.shared.rt.free(self.stream.ordinal, old.addr) };
+                *scratch = None;
+            }
+            let addr = self.shared.rt.malloc(self.stream.ordinal, bytes)?;
+            *scratch = Some(Scratch { addr, bytes });
+        }
+        let addr = scratch.as_ref().map(|s| s.addr).ok_or_else(|| err("scratch missing"))?;
+        f(addr)
     }
 
     /// Whether GEMMs can go to rocBLAS.
@@ -154,6 +194,20 @@ impl HipQueue {
         // checked against the compiled kernels' metadata by `selfcheck`); the addresses come
         // from validated views (see `run`). `slots` outlives the call.
         unsafe { self.stream.launch(f, [l.grid, 1, 1], [l.block, 1, 1], l.shared_bytes, &mut params) }
+    }
+}
+
+impl Drop for HipQueue {
+    fn drop(&mut self) {
+        let scratch = self.scratch.get_mut().map(Option::take).unwrap_or_else(|p| p.into_inner().take());
+        if let Some(s) = scratch {
+            if let Err(e) = self.stream.synchronize() {
+                tracing::warn!("HIP queue scratch: stream synchronize failed before free: {e}");
+            }
+            // SAFETY: `s.addr` came from `malloc` on this device; the stream has finished
+            // (or failed) the work queued on it, and the queue is going away.
+            unsafe { self.shared.rt.free(self.stream.ordinal, s.addr) };
+        }
     }
 }
 

@@ -29,17 +29,20 @@ macro_rules! kernel_files {
 
 kernel_files!(
     "batched_matmul.hip",
+    "cache_indexer_keys.hip",
     "concat_and_cache_mla.hip",
     "concat_mla_nope_rope.hip",
     "fp8_matmul.hip",
     "fused_norm_rope.hip",
     "gather_mla_cache.hip",
+    "indexer_top_k.hip",
     "layer_norm.hip",
     "merge_attn_states.hip",
     "mla_decode_attention.hip",
     "prefill_attention.hip",
     "rms_norm.hip",
     "rope_from_cache.hip",
+    "sparse_mla_attention.hip",
 );
 
 /// The headers the kernel files include, served from memory.

@@ -27,11 +27,13 @@ mod codeobject;
 mod gemm;
 
 mod batched_matmul;
+mod cache_indexer_keys;
 mod concat_and_cache_mla;
 mod concat_mla_nope_rope;
 mod fp8_matmul;
 mod fused_norm_rope;
 mod gather_mla_cache;
+mod indexer_top_k;
 mod layer_norm;
 mod matmul_bt;
 mod merge_attn_states;
@@ -39,6 +41,7 @@ mod mla_decode_attention;
 mod prefill_attention;
 mod rms_norm;
 mod rope_from_cache;
+mod sparse_mla_attention;
 
 use std::sync::Arc;
 
@@ -134,10 +137,8 @@ pub fn register_with(libs: &Libraries) -> Probe {
     Probe::Registered { devices: count }
 }
 
-/// Ops the HIP backend does not implement (the coverage test accepts exactly these).
-///
-/// The sparse-MLA ops of DeepSeek-V3.2 (issue 19) have only their CPU reference so far.
-pub const OP_GAPS: &[OpId] = &[OpId::SparseMlaAttention, OpId::IndexerTopK, OpId::CacheIndexerKeys];
+/// Ops the HIP backend does not implement (the coverage test accepts exactly these): none.
+pub const OP_GAPS: &[OpId] = &[];
 
 /// The GEMMs: rocBLAS, or the batched_matmul kernel without it (always registered).
 pub fn gemm_ops() -> Vec<OpImpl> {
@@ -160,6 +161,9 @@ pub fn kernel_ops() -> Vec<OpImpl> {
         OpImpl::BatchedMatmulFp8(Arc::new(fp8_matmul::run_batched)),
         OpImpl::QuantizeFp8(Arc::new(fp8_matmul::run_quantize)),
         OpImpl::LayerNorm(Arc::new(layer_norm::run)),
+        OpImpl::SparseMlaAttention(Arc::new(sparse_mla_attention::run)),
+        OpImpl::IndexerTopK(Arc::new(indexer_top_k::run)),
+        OpImpl::CacheIndexerKeys(Arc::new(cache_indexer_keys::run)),
     ]
 }
 

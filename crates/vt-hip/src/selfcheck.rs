@@ -394,6 +394,61 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
             Ok(steps)
         })(),
     );
+    // DeepSeek-V3.2's sparse ops: the attention over both cache kinds (lse absent and
+    // present, stored [T, N] and passed transposed), the indexer with both weight dtypes and
+    // both position dtypes (a layer of a two-layer key pool), the key cache writer.
+    add(
+        OpId::SparseMlaAttention,
+        (|| {
+            let mut steps = Vec::new();
+            for (fp8, lse) in [(false, None), (true, Some(f.t(DType::F32, &[n, t], &[1, n])?))] {
+                let (d, cache) =
+                    if fp8 { (fl + fr, fp8_cache(&mut f)?) } else { (l + r, f.c(dt, &[nb, bs, l + r])?) };
+                let args = SparseMlaAttentionArgs {
+                    out: f.c(dt, &[t, n, if fp8 { fl } else { l }])?,
+                    lse,
+                    query: f.t(dt, &[t, n, d], &[n * (d + 8), d + 8, 1])?,
+                    cache,
+                    indices: f.t(DType::I32, &[t, 5], &[1, t])?,
+                    scale: 0.5,
+                };
+                steps.extend(crate::sparse_mla_attention::plan(&args)?);
+            }
+            Ok(steps)
+        })(),
+    );
+    add(
+        OpId::IndexerTopK,
+        (|| {
+            let mut steps = Vec::new();
+            for (wdt, pdt) in [(dt, DType::I32), (DType::F32, DType::I64)] {
+                let args = IndexerTopKArgs {
+                    out: f.c(DType::I32, &[t, 4])?,
+                    query: f.t(dt, &[t, n, l], &[n * (l + r), l + r, 1])?,
+                    weights: f.t(wdt, &[t, n], &[1, t])?,
+                    cache: f.t(dt, &[nb, 4, l], &[2 * 4 * l, l, 1])?,
+                    block_table: f.c(DType::I32, &[2, 8])?,
+                    seq_ids: f.c(DType::I32, &[t])?,
+                    positions: f.c(pdt, &[t])?,
+                    scale: 0.25,
+                };
+                let layout = crate::indexer_top_k::layout(&args)?;
+                steps.extend(crate::indexer_top_k::plan(&args, &layout, 1 << 40)?);
+            }
+            Ok(steps)
+        })(),
+    );
+    add(
+        OpId::CacheIndexerKeys,
+        (|| {
+            let args = CacheIndexerKeysArgs {
+                k: f.t(dt, &[t, l], &[l + r, 1])?,
+                cache: f.t(dt, &[nb, 4, l], &[2 * 4 * l, l, 1])?,
+                slot_mapping: f.c(DType::I64, &[t])?,
+            };
+            crate::cache_indexer_keys::plan(&args)
+        })(),
+    );
     add(
         OpId::ConcatMlaNopeRope,
         (|| {
