@@ -1,4 +1,4 @@
-//! `cargo xtask bench gemm [--json FILE] [--iters N] [--only SPEC]... [--m LIST] [--no-parity]`:
+//! `cargo xtask bench gemm [--json FILE] [--peer FILE] [--iters N] [--only SPEC]... [--m LIST] [--no-parity]`:
 //! the GEMMs of a DeepSeek-V3 layer (TP = 1) on the first CUDA device, bf16 (cuBLAS, through
 //! MatmulBT / BatchedMatmul) beside fp8 with 128 x 128 block-scaled weights (MatmulBTFp8 /
 //! BatchedMatmulFp8), against floors from ceilings measured in the same run (issue 17).
@@ -12,7 +12,10 @@
 //!   decode rows), `w8` (weight-only fp8: bf16 activations, the Gemv kernel, forced), `sk8`
 //!   (weight-only fp8 on the skinny kernel, forced; decode rows),
 //!   `w8a8` (both fp8, the Wgmma kernel on sm_90, on activations quantized beforehand),
-//!   `quant` (QuantizeFp8 of the activations, the cost `w8a8` leaves out) and `w8a8+q`.
+//!   `lt` (both fp8 on cuBLASLt's block-scaled GEMM, `Kernel::Lt`, forced, the same operands;
+//!   linear rows only: the absorbed BMMs are not routed to it; `-` where it refuses the views
+//!   or has no algorithm, the reason printed once), `quant` (QuantizeFp8 of the activations,
+//!   the cost `w8a8` leaves out) and `w8a8+q` (the better of `w8a8` and `lt`, plus `quant`).
 //! - Counting: FLOPs = 2 G M N K; bytes = weights (fp8: 1 byte an element plus the f32
 //!   scales; bf16: 2) + activations (2 bytes an element, 1 when quantized, plus scales) +
 //!   outputs (2 bytes), each once.
@@ -24,13 +27,17 @@
 //!   call starts with a clean L2; `--dirty-flush` writes them instead, as runs before 2026-12-01
 //!   18:40 did, which leaves up to 50 MB of dirty lines whose write-back the call pays), median
 //!   of `--iters` (default 30) after warm-up.
+//! - `--peer FILE`: the JSON of `tools/peers/fp8_blockwise_gemm.py --json FILE` (torch's
+//!   `_scaled_mm` with 1 x 128 / 128 x 128 scales and torch's bf16 matmul on the linear
+//!   GEMMs, from the same device call): a second table, vt's `lt` and `w8a8` beside torch's
+//!   fp8 and bf16 times per (GEMM, M) found in both.
 //! - Parity: the skinny bf16 output against cuBLAS's on the GPU (whole output); before timing, the fp8 outputs of three rows (first, middle, last; BMMs: the
 //!   first and last head) are checked against the CPU reference on the same bytes
 //!   (tolerance: vt-check's bf16 row).
 //! - Targets (issue 17, item 2), listed ok / MISS after the table: decode rows (M <= 128),
 //!   fp8 weight-only (the better of `w8`, `w8a8+q`) at >= 85% of the weight-streaming floor
 //!   (fp8 bytes / copy ceiling); prefill rows (M >= 4096), `w8a8` TFLOP/s >= 1.4x the bf16
-//!   cuBLAS TFLOP/s of the same shape in this run; and (issue 18) decode rows in bf16, the better
+//!   cuBLAS TFLOP/s of the same shape in this run (listed for `w8a8` and for `lt`); and (issue 18) decode rows in bf16, the better
 //!   of cuBLAS and the skinny kernel at >= 85% of the bf16 weight-streaming floor. The decode step's total (every decode
 //!   GEMM of one layer) is printed per M for bf16 and fp8.
 
@@ -56,6 +63,10 @@ pub struct Args {
     /// Write the rows (and this run's ceilings) as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// torch's block-scaled fp8 GEMM from the same device call: the JSON of
+    /// tools/peers/fp8_blockwise_gemm.py --json FILE.
+    #[arg(long, value_name = "FILE")]
+    pub peer: Option<PathBuf>,
     /// Timed runs per cell (median reported).
     #[arg(long, value_name = "N", default_value_t = 30, value_parser = positive)]
     pub iters: usize,
@@ -236,6 +247,8 @@ struct Row {
     /// fp8 weight-only on the skinny kernel.
     sk8_us: Option<f64>,
     w8a8_us: Option<f64>,
+    /// Both fp8 on cuBLASLt (`Kernel::Lt`, forced).
+    lt_us: Option<f64>,
     quant_us: Option<f64>,
     w8a8_kernel: String,
     err: f64,
@@ -252,8 +265,13 @@ impl Row {
     /// The best fp8 time with the activations as the op receives them at decode (bf16): the
     /// weight-only kernel or quantize + both-fp8.
     fn best_decode_fp8(&self) -> Option<f64> {
-        let q = self.w8a8_us.zip(self.quant_us).map(|(a, b)| a + b);
+        let q = self.best_w8a8().zip(self.quant_us).map(|(a, b)| a + b);
         [self.w8_us, self.sk8_us, q].into_iter().flatten().reduce(f64::min)
+    }
+
+    /// The better both-fp8 time: the Auto kernel or cuBLASLt.
+    fn best_w8a8(&self) -> Option<f64> {
+        [self.w8a8_us, self.lt_us].into_iter().flatten().reduce(f64::min)
     }
 
     /// The best bf16 time: cuBLAS or the skinny kernel.
@@ -347,26 +365,38 @@ fn parity(
     Ok(vt_check::rel_fro_error(&got, &want))
 }
 
-/// Our wgmma kernel's rate on an 8192^3 both-fp8 product (FLOP per second), for comparison
-/// with the bf16 ceiling; `None` when it cannot run here.
-fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize) -> vt_core::Result<Option<f64>> {
+/// A both-fp8 kernel's rate on an 8192^3 product (FLOP per second), for comparison with the
+/// bf16 ceiling: `Kernel::Auto` (our wgmma kernel on sm_90; activation scales row-major) or
+/// `Kernel::Lt` (cuBLASLt; activation scales stored `[KB, M]`, its layout); `None` when it
+/// cannot run here (Lt's reason printed).
+fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize, which: Kernel) -> vt_core::Result<Option<f64>> {
     let n = 8192i64;
     let a = Buffer::from_bytes(q, DType::F8E4M3, &[n, n], &codes(11, (n * n) as usize))?;
     let b = Buffer::from_bytes(q, DType::F8E4M3, &[n, n], &codes(12, (n * n) as usize))?;
     let sa = Buffer::from_bytes(q, DType::F32, &[n, n / 128], &scales(13, (n * n / 128) as usize))?;
     let sb = Buffer::from_bytes(q, DType::F32, &[n / 128, n / 128], &scales(14, (n * n / 16384) as usize))?;
     let out = Buffer::uninit(q, DType::BF16, &[n, n])?;
+    let sa_view = match which {
+        Kernel::Lt => sa.view().as_strided(0, &[n, n / 128], &[1, n])?,
+        _ => sa.view(),
+    };
     let x = MatmulBTFp8Args {
         out: out.view(),
         a: a.view(),
-        a_scale: Some(sa.view()),
+        a_scale: Some(sa_view),
         b: b.view(),
         b_scale: sb.view(),
     };
     vt_core::matmul_bt_fp8(q, &x)?;
-    let mut kernel = Kernel::Auto;
+    if which == Kernel::Lt {
+        if let Err(er) = matmul_bt_fp8_with(q, &x, Kernel::Lt) {
+            lt_refused("8192^3", n, &er);
+            return Ok(None);
+        }
+    }
+    let mut kernel = which;
     let mut t = bench.time_us(3, iters, false, || {
-        kernel = matmul_bt_fp8_with(q, &x, Kernel::Auto)?;
+        kernel = matmul_bt_fp8_with(q, &x, which)?;
         Ok(())
     })?;
     if kernel == Kernel::Generic {
@@ -376,7 +406,13 @@ fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize) -> vt_core::Result<Optio
 }
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
-    let Args { json, iters, m, only, no_parity, dirty_flush } = a;
+    let Args { json, peer, iters, m, only, no_parity, dirty_flush } = a;
+    let peer = match &peer {
+        Some(f) => Some(parse_peer(
+            &std::fs::read_to_string(f).map_err(|er| format!("reading {}: {er}", f.display()))?,
+        )?),
+        None => None,
+    };
     let ms: Vec<i64> =
         if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
     let q = cuda_queue(&[OpId::MatmulBT, OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8])?;
@@ -390,7 +426,8 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     let copy_bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
     let bf16_peak = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
     let fp8_peak = 2.0 * bf16_peak;
-    let ours = fp8_rate(&q, &bench, 10).map_err(e)?;
+    let ours = fp8_rate(&q, &bench, 10, Kernel::Auto).map_err(e)?;
+    let lt_rate = fp8_rate(&q, &bench, 10, Kernel::Lt).map_err(e)?;
     // What a call costs under this timing protocol before it moves a byte: a 1-element kernel
     // between the same events after the same flush (launch, start-up, event resolution).
     let tiny = Buffer::uninit(&q, DType::F32, &[1]).map_err(e)?;
@@ -398,11 +435,12 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     println!("timing floor of this protocol (a 1-element kernel, L2 flushed, median): {launch_us:.1} us");
     println!(
         "ceilings (this run): device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM 8192^3 {:.0} TFLOP/s, \
-         fp8 peak taken as 2x = {:.0} TFLOP/s (vt's fp8 wgmma kernel at 8192^3: {})",
+         fp8 peak taken as 2x = {:.0} TFLOP/s (vt's fp8 wgmma kernel at 8192^3: {}; cuBLASLt block-scaled fp8 at 8192^3: {})",
         copy_bw / 1e9,
         bf16_peak / 1e12,
         fp8_peak / 1e12,
-        ours.map_or("n/a".to_string(), |r| format!("{:.0} TFLOP/s", r / 1e12))
+        ours.map_or("n/a".to_string(), |r| format!("{:.0} TFLOP/s", r / 1e12)),
+        lt_rate.map_or("n/a".to_string(), |r| format!("{:.0} TFLOP/s ({:.2}x bf16)", r / 1e12, r / bf16_peak))
     );
     let todo: Vec<Gemm> = gemms()
         .into_iter()
@@ -425,8 +463,11 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     drop(bar);
     let tg = targets(&rows, copy_bw);
     print!("{}", summarize(&rows, &tg, copy_bw, bf16_peak, fp8_peak));
+    if let Some(p) = &peer {
+        print!("{}", peer_table(&rows, p));
+    }
     if let Some(f) = json {
-        std::fs::write(&f, to_json(&rows, &tg, copy_bw, bf16_peak, ours, &device))
+        std::fs::write(&f, to_json(&rows, &tg, copy_bw, bf16_peak, (ours, lt_rate), &device))
             .map_err(|er| format!("writing {}: {er}", f.display()))?;
     }
     Ok(if rows.iter().all(|r| r.parity) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -515,6 +556,18 @@ fn cell(
             }
             row.w8a8_us =
                 Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, Kernel::Auto).map(|_| ()))?);
+            // cuBLASLt on the same operands (the activation scales are stored [KB, M], the
+            // weight scales row-major: its layouts for these shapes); refused shapes print why.
+            match matmul_bt_fp8_with(q, &w8a8, Kernel::Lt) {
+                Ok(_) => {
+                    if check {
+                        errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
+                    }
+                    row.lt_us =
+                        Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, Kernel::Lt).map(|_| ()))?);
+                }
+                Err(er) => lt_refused(s.name, m, &er),
+            }
             row.err = errs.into_iter().fold(0.0, f64::max);
         }
         Form::Absorbed => {
@@ -565,6 +618,16 @@ fn cell(
     Ok(row)
 }
 
+/// Prints why cuBLASLt did not run a cell (once per GEMM).
+fn lt_refused(name: &str, m: i64, e: &vt_core::Error) {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if !seen.iter().any(|n| n == name) {
+        seen.push(name.to_string());
+        eprintln!("lt: {name} M {m} not run on cuBLASLt: {e}");
+    }
+}
+
 fn floor_us(bytes: f64, flops: f64, bw: f64, peak: f64) -> f64 {
     (bytes / bw).max(flops / peak) * 1e6
 }
@@ -577,9 +640,9 @@ fn format_row(r: &Row, bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
     let f16 = floor_us(r.bytes_bf16, r.flops, bw, bf16_peak);
     let f8 = floor_us(r.bytes_w8, r.flops, bw, fp8_peak);
     let f8a8 = floor_us(r.bytes_w8a8, r.flops, bw, fp8_peak);
-    let wq = r.w8a8_us.zip(r.quant_us).map(|(a, b)| a + b);
+    let wq = r.best_w8a8().zip(r.quant_us).map(|(a, b)| a + b);
     format!(
-        "{:<9} M {:>5}  bf16 {:>14}  sk16 {:>14}  w8 {:>14}  sk8 {:>14}  w8a8[{}] {:>14}  quant {:>7}  w8a8+q {:>14}  {:>5.0} TFLOP/s bf16, {:>5.0} fp8  parity {} ({:.1e}, sk16 {:.1e})",
+        "{:<9} M {:>5}  bf16 {:>14}  sk16 {:>14}  w8 {:>14}  sk8 {:>14}  w8a8[{}] {:>14}  lt {:>14}  quant {:>7}  w8a8+q {:>14}  {:>5.0} TFLOP/s bf16, {:>5.0} fp8, {:>5.0} lt ({}x bf16)  parity {} ({:.1e}, sk16 {:.1e})",
         r.name,
         r.m,
         cell_str(Some(r.bf16_us), f16),
@@ -588,10 +651,13 @@ fn format_row(r: &Row, bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
         cell_str(r.sk8_us, f8),
         r.w8a8_kernel,
         cell_str(r.w8a8_us, f8a8),
+        cell_str(r.lt_us, f8a8),
         r.quant_us.map_or("-".into(), |u| format!("{u:.1}")),
         cell_str(wq, f8a8),
         r.flops / r.bf16_us / 1e6,
         r.w8a8_us.map_or(0.0, |u| r.flops / u / 1e6),
+        r.lt_us.map_or(0.0, |u| r.flops / u / 1e6),
+        r.lt_us.map_or("-".into(), |u| format!("{:.2}", r.bf16_us / u)),
         if r.parity { "PASS" } else { "FAIL" },
         r.err,
         r.err16
@@ -656,6 +722,14 @@ fn targets(rows: &[Row], bw: f64) -> Vec<Target> {
                     unit: "x",
                 });
             }
+            if let Some(us) = r.lt_us {
+                v.push(Target {
+                    what: format!("fp8 cuBLASLt / bf16 cuBLAS TFLOP/s, {} M {}", r.name, r.m),
+                    value: r.bf16_us / us,
+                    limit: 1.4,
+                    unit: "x",
+                });
+            }
         }
     }
     v
@@ -663,16 +737,16 @@ fn targets(rows: &[Row], bw: f64) -> Vec<Target> {
 
 fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "\n| GEMM | M | bf16 cuBLAS us (% floor) | bf16 skinny us (% floor) | fp8 w8 Gemv us (% floor) | fp8 w8 skinny us (% floor) | fp8 w8a8 us (% floor) | quantize us | w8a8 + quantize us | bf16 TFLOP/s | w8a8 TFLOP/s | parity |");
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "\n| GEMM | M | bf16 cuBLAS us (% floor) | bf16 skinny us (% floor) | fp8 w8 Gemv us (% floor) | fp8 w8 skinny us (% floor) | fp8 w8a8 us (% floor) | fp8 cuBLASLt us (% floor) | quantize us | best w8a8 + quantize us | bf16 TFLOP/s | w8a8 TFLOP/s | cuBLASLt TFLOP/s | cuBLASLt / bf16 | parity |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let f16 = floor_us(r.bytes_bf16, r.flops, bw, bf16_peak);
         let f8 = floor_us(r.bytes_w8, r.flops, bw, fp8_peak);
         let f8a8 = floor_us(r.bytes_w8a8, r.flops, bw, fp8_peak);
-        let wq = r.w8a8_us.zip(r.quant_us).map(|(a, b)| a + b);
+        let wq = r.best_w8a8().zip(r.quant_us).map(|(a, b)| a + b);
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {:.0} | {} | {} ({:.1e}) |",
+            "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} | {} | {} | {} | {} ({:.1e}) |",
             r.name,
             r.m,
             cell_str(Some(r.bf16_us), f16),
@@ -681,10 +755,13 @@ fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64
             cell_str(r.sk8_us, f8),
             cell_str(r.w8a8_us, f8a8),
             r.w8a8_kernel,
+            cell_str(r.lt_us, f8a8),
             r.quant_us.map_or("-".into(), |u| format!("{u:.1}")),
             cell_str(wq, f8a8),
             r.flops / r.bf16_us / 1e6,
             r.w8a8_us.map_or("-".into(), |u| format!("{:.0}", r.flops / u / 1e6)),
+            r.lt_us.map_or("-".into(), |u| format!("{:.0}", r.flops / u / 1e6)),
+            r.lt_us.map_or("-".into(), |u| format!("{:.2}x", r.bf16_us / u)),
             if r.parity { "PASS" } else { "FAIL" },
             r.err.max(r.err16)
         );
@@ -718,21 +795,103 @@ fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64
     o
 }
 
+/// One row of the peer's JSON (tools/peers/fp8_blockwise_gemm.py): torch's times in us.
+#[derive(Clone, Debug, PartialEq)]
+struct PeerRow {
+    gemm: String,
+    m: i64,
+    bf16_us: f64,
+    /// `None` where torch refused the shape (`error` in the file).
+    fp8_us: Option<f64>,
+    error: Option<String>,
+}
+
+/// The peer file: its name and rows.
+#[derive(Clone, Debug, PartialEq)]
+struct Peer {
+    name: String,
+    rows: Vec<PeerRow>,
+}
+
+/// Parses `{"peer": NAME, "rows": [{"gemm", "m", "bf16_ms", "fp8_ms"?, "error"?}]}`.
+fn parse_peer(text: &str) -> Result<Peer, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
+    let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
+    let list = v.get("rows").and_then(|r| r.as_array()).ok_or("peer JSON: no \"rows\" array")?;
+    let mut rows = Vec::with_capacity(list.len());
+    for (i, r) in list.iter().enumerate() {
+        let gemm = r
+            .get("gemm")
+            .and_then(|g| g.as_str())
+            .ok_or_else(|| format!("peer JSON row {i}: no \"gemm\" string"))?
+            .to_string();
+        let m = r
+            .get("m")
+            .and_then(|m| m.as_i64())
+            .filter(|&m| m > 0)
+            .ok_or_else(|| format!("peer JSON row {i}: no positive integer \"m\""))?;
+        let ms = |k: &str| r.get(k).and_then(|x| x.as_f64()).filter(|x| x.is_finite() && *x > 0.0);
+        let bf16 = ms("bf16_ms").ok_or_else(|| format!("peer JSON row {i}: no positive \"bf16_ms\""))?;
+        let error = r.get("error").and_then(|e| e.as_str()).map(str::to_string);
+        rows.push(PeerRow { gemm, m, bf16_us: bf16 * 1e3, fp8_us: ms("fp8_ms").map(|x| x * 1e3), error });
+    }
+    Ok(Peer { name, rows })
+}
+
+/// vt beside the peer on the (GEMM, M) cells both have.
+fn peer_table(rows: &[Row], p: &Peer) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "\npeer: {} (same device call)", p.name);
+    let _ = writeln!(o, "| GEMM | M | vt bf16 cuBLAS us | torch bf16 us | vt w8a8 us | vt cuBLASLt us | torch fp8 blockwise us | vt best fp8 / torch fp8 |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let Some(pr) = p.rows.iter().find(|x| x.gemm == r.name && x.m == r.m) else { continue };
+        let us = |x: Option<f64>| x.map_or("-".to_string(), |u| format!("{u:.1}"));
+        let torch8 = match (pr.fp8_us, &pr.error) {
+            (Some(u), _) => format!("{u:.1}"),
+            (None, Some(e)) => format!("- ({})", e.chars().take(60).collect::<String>()),
+            (None, None) => "-".into(),
+        };
+        let ratio = r.best_w8a8().zip(pr.fp8_us).map_or("-".to_string(), |(a, b)| format!("{:.2}x", b / a));
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            r.name,
+            r.m,
+            r.bf16_us,
+            pr.bf16_us,
+            us(r.w8a8_us),
+            us(r.lt_us),
+            torch8,
+            ratio
+        );
+    }
+    o
+}
+
 fn num(x: Option<f64>) -> String {
     x.map_or("null".into(), |v| format!("{v:.3}"))
 }
 
-fn to_json(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, ours: Option<f64>, device: &str) -> String {
+fn to_json(
+    rows: &[Row],
+    tg: &[Target],
+    bw: f64,
+    bf16_peak: f64,
+    (ours, lt): (Option<f64>, Option<f64>),
+    device: &str,
+) -> String {
     let mut o = format!(
-        "{{\"device\": {device:?}, \"copy_gbps\": {:.1}, \"bf16_tflops\": {:.1}, \"fp8_wgmma_tflops\": {}, \"rows\": [\n",
+        "{{\"device\": {device:?}, \"copy_gbps\": {:.1}, \"bf16_tflops\": {:.1}, \"fp8_wgmma_tflops\": {}, \"fp8_lt_tflops\": {}, \"rows\": [\n",
         bw / 1e9,
         bf16_peak / 1e12,
-        num(ours.map(|r| r / 1e12))
+        num(ours.map(|r| r / 1e12)),
+        num(lt.map(|r| r / 1e12))
     );
     for (i, r) in rows.iter().enumerate() {
         let _ = writeln!(
             o,
-            "  {{\"gemm\": {:?}, \"m\": {}, \"bf16_us\": {:.3}, \"sk16_us\": {}, \"w8_us\": {}, \"sk8_us\": {}, \"w8a8_us\": {}, \"w8a8_kernel\": {:?}, \"quant_us\": {}, \"flops\": {:.0}, \"bytes_bf16\": {:.0}, \"bytes_w8\": {:.0}, \"bytes_w8a8\": {:.0}, \"err\": {:.3e}, \"err16\": {:.3e}, \"parity\": {}}}{}",
+            "  {{\"gemm\": {:?}, \"m\": {}, \"bf16_us\": {:.3}, \"sk16_us\": {}, \"w8_us\": {}, \"sk8_us\": {}, \"w8a8_us\": {}, \"w8a8_kernel\": {:?}, \"lt_us\": {}, \"quant_us\": {}, \"flops\": {:.0}, \"bytes_bf16\": {:.0}, \"bytes_w8\": {:.0}, \"bytes_w8a8\": {:.0}, \"err\": {:.3e}, \"err16\": {:.3e}, \"parity\": {}}}{}",
             r.name,
             r.m,
             r.bf16_us,
@@ -741,6 +900,7 @@ fn to_json(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, ours: Option<f6
             num(r.sk8_us),
             num(r.w8a8_us),
             r.w8a8_kernel,
+            num(r.lt_us),
             num(r.quant_us),
             r.flops,
             r.bytes_bf16,
@@ -790,6 +950,21 @@ mod tests {
         assert!(runs_at(a, 1) && runs_at(a, 4096));
         let kv_b = g.iter().find(|x| x.name == "kv_b").unwrap();
         assert!(!runs_at(kv_b, 8) && runs_at(kv_b, 4096));
+    }
+
+    #[test]
+    fn the_peer_file_parses_and_refuses_bad_rows() {
+        let p = parse_peer(
+            r#"{"peer": "torch x", "rows": [{"gemm": "q_b", "m": 4096, "bf16_ms": 0.4, "fp8_ms": 0.25},
+                {"gemm": "kv_b", "m": 4096, "bf16_ms": 0.2, "error": "no"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.name, "torch x");
+        assert_eq!(p.rows[0].fp8_us, Some(250.0));
+        assert_eq!((p.rows[1].fp8_us, p.rows[1].error.as_deref()), (None, Some("no")));
+        assert!(parse_peer(r#"{"rows": [{"gemm": "q_b", "m": 0, "bf16_ms": 1}]}"#).is_err());
+        assert!(parse_peer(r#"{"rows": [{"gemm": "q_b", "m": 1}]}"#).is_err());
+        assert!(parse_peer("[]").is_err());
     }
 
     #[test]
