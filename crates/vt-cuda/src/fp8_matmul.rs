@@ -815,6 +815,60 @@ pub(crate) fn run_quantize(q: &Queue, x: &QuantizeFp8Args<'_>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::host_view;
+
+    /// The cuBLASLt form of a MatmulBTFp8 call and its refusals, without a GPU: the
+    /// operands swap into cuBLAS's column-major TN form, and each layout rule names the
+    /// argument that breaks it.
+    #[test]
+    fn lt_plan_maps_the_views_and_names_what_breaks_its_rules() {
+        let mem = vec![0u128; 1 << 16];
+        let (f8, f32) = (DType::F8E4M3, DType::F32);
+        let (m, n, k) = (7i64, 272i64, 1040i64);
+        let (kb, nb) = (blocks(k), blocks(n)); // 9, 3: scale rows padded to 12
+        let out = host_view(&mem, DType::BF16, 8, &[m, n], &[n + 16, 1]);
+        let a = host_view(&mem, f8, 0, &[m, k], &[k + 16, 1]);
+        let b = host_view(&mem, f8, 0, &[n, k], &[k, 1]);
+        let bs = host_view(&mem, f32, 0, &[nb, kb], &[12, 1]);
+        let asc = host_view(&mem, f32, 4, &[m, kb], &[1, m]);
+        let x = MatmulBTFp8Args { out, a, a_scale: Some(asc), b, b_scale: bs };
+        let g = Problem::of_matmul_bt(&x).lt_plan(90).unwrap();
+        assert_eq!((g.m, g.n, g.k, g.lda, g.ldb, g.ldd), (272, 7, 1040, 1040, 1056, 288));
+        assert_eq!((g.a, g.b, g.d), (b.data_addr(), a.data_addr(), out.data_addr()));
+        assert_eq!((g.a_scale, g.b_scale, g.out), (bs.data_addr(), asc.data_addr(), DType::BF16));
+        let arg = |x: &MatmulBTFp8Args<'_>, sm: u32| {
+            Problem::of_matmul_bt(x).lt_plan(sm).map(|_| ()).unwrap_err().0
+        };
+        assert_eq!(arg(&x, 89), "a");
+        assert_eq!(arg(&MatmulBTFp8Args { a_scale: None, ..x }, 90), "a_scale");
+        let asr = host_view(&mem, f32, 0, &[m, kb], &[kb, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { a_scale: Some(asr), ..x }, 90), "a_scale");
+        let bs9 = host_view(&mem, f32, 0, &[nb, kb], &[kb, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { b_scale: bs9, ..x }, 90), "b_scale");
+        let o3 = host_view(&mem, DType::BF16, 3, &[m, n], &[n + 16, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { out: o3, ..x }, 90), "out");
+        let o_ld = host_view(&mem, DType::BF16, 8, &[m, n], &[n + 3, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { out: o_ld, ..x }, 90), "out");
+        let a_ld = host_view(&mem, f8, 0, &[m, k], &[k + 8, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { a: a_ld, ..x }, 90), "a");
+        let b_off = host_view(&mem, f8, 8, &[n, k], &[k, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { b: b_off, ..x }, 90), "b");
+        let (o200, b200) = (
+            host_view(&mem, DType::BF16, 8, &[m, 200], &[n + 16, 1]),
+            host_view(&mem, f8, 0, &[200, k], &[k, 1]),
+        );
+        let bs200 = host_view(&mem, f32, 0, &[2, kb], &[12, 1]);
+        assert_eq!(arg(&MatmulBTFp8Args { out: o200, b: b200, b_scale: bs200, ..x }, 90), "b");
+        // M 1: any activation-scale strides (its two layouts coincide), ld = K, N.
+        let (o1, a1) =
+            (host_view(&mem, DType::BF16, 8, &[1, n], &[1, 1]), host_view(&mem, f8, 0, &[1, k], &[3, 1]));
+        let as1 = host_view(&mem, f32, 4, &[1, kb], &[kb, 1]);
+        let g1 =
+            Problem::of_matmul_bt(&MatmulBTFp8Args { out: o1, a: a1, a_scale: Some(as1), b, b_scale: bs })
+                .lt_plan(90)
+                .unwrap();
+        assert_eq!((g1.n, g1.ldb, g1.ldd), (1, k, n));
+    }
 
     #[test]
     fn gemv_tiles_follow_m_and_k() {
