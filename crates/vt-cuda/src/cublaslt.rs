@@ -142,7 +142,7 @@ impl Drop for LtQueue {
 
 static QUEUES: LazyLock<Mutex<HashMap<usize, LtQueue>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
-type Algos = HashMap<Key, Option<sys::cublasLtMatmulAlgo_t>>;
+type Algos = HashMap<Key, std::result::Result<sys::cublasLtMatmulAlgo_t, String>>;
 static ALGOS: LazyLock<Mutex<Algos>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn poisoned(op: OpId) -> Error {
@@ -278,59 +278,66 @@ impl Descs {
     }
 }
 
-/// The heuristic's best algorithm for `g` (`None`: cuBLASLt has none for it), asked once
-/// per key.
+/// The heuristic's best algorithm for `g`, or why there is none (a descriptor cuBLASLt
+/// refuses, no algorithm, too much workspace), asked once per key.
 fn algo(
     op: OpId,
     handle: sys::cublasLtHandle_t,
     key: Key,
     g: &LtGemm,
-) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
+) -> Result<std::result::Result<sys::cublasLtMatmulAlgo_t, String>> {
     if let Some(a) = ALGOS.lock().map_err(|_| poisoned(op))?.get(&key) {
-        return Ok(*a);
+        return Ok(a.clone());
     }
-    let d = Descs::new(op, g)?;
-    let pref = Pref(lt::create_matmul_pref().map_err(lt_err(op, "cublasLtMatmulPreferenceCreate"))?);
+    let found = find(op, handle, key, g);
+    if let Err(why) = &found {
+        tracing::debug!(%op, ?key, %why, "no cuBLASLt block-scaled fp8 algorithm");
+    }
+    ALGOS.lock().map_err(|_| poisoned(op))?.insert(key, found.clone());
+    Ok(found)
+}
+
+/// One heuristic query (`algo` caches it).
+fn find(
+    op: OpId,
+    handle: sys::cublasLtHandle_t,
+    key: Key,
+    g: &LtGemm,
+) -> std::result::Result<sys::cublasLtMatmulAlgo_t, String> {
+    let d = Descs::new(op, g).map_err(|e| e.to_string())?;
+    let pref = Pref(lt::create_matmul_pref().map_err(|e| format!("cublasLtMatmulPreferenceCreate: {e}"))?);
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let ws = WORKSPACE_BYTES as u64;
-    let mut prefs: Vec<(P, u64)> = vec![(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws)];
+    // SAFETY: `pref` is live; cuBLASLt copies 8 bytes from `ws`, a u64 (the attribute's
+    // size_t).
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &ws as *const u64 as *const c_void,
+            8,
+        )
+    }
+    .map_err(|e| format!("cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES): {e}"))?;
     for (attr, a) in [
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]),
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]),
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]),
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]),
     ] {
-        prefs.push((attr, a as u64));
-    }
-    for (attr, v) in prefs {
-        // The workspace size is a u64 (size_t); the alignments are u32.
-        let r = if attr == P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES {
-            // SAFETY: `pref` is live; cuBLASLt copies 8 bytes from `v`, a u64 (size_t).
-            unsafe { lt::set_matmul_pref_attribute(pref.0, attr, &v as *const u64 as *const c_void, 8) }
-        } else {
-            let v32 = v as u32;
-            // SAFETY: as above; the alignment attributes are u32 (4 bytes).
-            unsafe { lt::set_matmul_pref_attribute(pref.0, attr, &v32 as *const u32 as *const c_void, 4) }
-        };
-        r.map_err(|e| {
-            Error::op_failed(op, BACKEND, format!("cublasLtMatmulPreferenceSetAttribute({attr:?}): {e}"))
-        })?;
+        // SAFETY: as above; the alignment attributes are u32 (4 bytes).
+        unsafe { lt::set_matmul_pref_attribute(pref.0, attr, &a as *const u32 as *const c_void, 4) }
+            .map_err(|e| format!("cublasLtMatmulPreferenceSetAttribute({attr:?}): {e}"))?;
     }
     // SAFETY: every descriptor is live (owned by `d` and `pref`) and describes `g`'s
     // matrices; the heuristic only reads them and writes its result.
-    let found = match unsafe { lt::get_matmul_algo_heuristic(handle, d.desc, d.a, d.b, d.d, d.d, pref.0) } {
-        Ok(h) if h.workspaceSize <= WORKSPACE_BYTES => Some(h.algo),
+    match unsafe { lt::get_matmul_algo_heuristic(handle, d.desc, d.a, d.b, d.d, d.d, pref.0) } {
+        Ok(h) if h.workspaceSize <= WORKSPACE_BYTES => Ok(h.algo),
         Ok(h) => {
-            tracing::debug!(%op, ?key, ws = h.workspaceSize, "cuBLASLt's algorithm wants more workspace");
-            None
+            Err(format!("its algorithm wants {} workspace bytes (have {WORKSPACE_BYTES})", h.workspaceSize))
         }
-        Err(e) => {
-            tracing::debug!(%op, ?key, %e, "cuBLASLt has no block-scaled fp8 algorithm");
-            None
-        }
-    };
-    ALGOS.lock().map_err(|_| poisoned(op))?.insert(key, found);
-    Ok(found)
+        Err(e) => Err(format!("cublasLtMatmulAlgoGetHeuristic: {e}")),
+    }
 }
 
 /// A preference descriptor, destroyed on drop.
@@ -344,13 +351,14 @@ impl Drop for Pref {
 }
 
 /// Whether cuBLASLt has an algorithm for `g` on this queue's device (asks the heuristic the
-/// first time; creates the queue's handle and workspace). `false` without libcublasLt.
+/// first time; creates the queue's handle and workspace). `false` without libcublasLt, or
+/// when cuBLASLt refuses the descriptors (an older library without the block-scaled modes).
 pub(crate) fn supported(q: &Queue, cq: &CudaQueue, op: OpId, g: &LtGemm) -> Result<bool> {
     if !present() {
         return Ok(false);
     }
     let key = g.key(Arc::as_ptr(&cq.device.ctx) as usize);
-    with_queue(q, cq, op, |handle, _| Ok(algo(op, handle, key, g)?.is_some()))
+    with_queue(q, cq, op, |handle, _| Ok(algo(op, handle, key, g)?.is_ok()))
 }
 
 /// Enqueues `g` on the queue's stream. `g` comes from validated views (every matrix it
@@ -358,16 +366,16 @@ pub(crate) fn supported(q: &Queue, cq: &CudaQueue, op: OpId, g: &LtGemm) -> Resu
 pub(crate) fn matmul(q: &Queue, cq: &CudaQueue, op: OpId, g: &LtGemm) -> Result<()> {
     let key = g.key(Arc::as_ptr(&cq.device.ctx) as usize);
     with_queue(q, cq, op, |handle, workspace| {
-        let Some(a) = algo(op, handle, key, g)? else {
-            return Err(Error::invalid(
+        let a = algo(op, handle, key, g)?.map_err(|why| {
+            Error::invalid(
                 op,
                 "a",
                 format!(
-                    "cuBLASLt has no block-scaled fp8 algorithm for M {} N {} K {} ({} output) on this device",
+                    "cuBLASLt has no block-scaled fp8 algorithm for M {} N {} K {} ({} output) on this device: {why}",
                     g.n, g.m, g.k, g.out
                 ),
-            ));
-        };
+            )
+        })?;
         let d = Descs::new(op, g)?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         cq.device.ctx.bind_to_thread().map_err(drv("binding the context"))?;
