@@ -3,22 +3,58 @@
 // functions and block size as rms_norm.hip and rope_from_cache.hip, so the result is
 // bit-identical to RmsNorm followed by RopeFromCache on a copy of the rope part (a token
 // whose position is outside the cache gets the unrotated copy).
+//
+// Optional, in the same launch (the HIP twin of kernels-cuda/fused_norm_rope.cu):
+// - the query: for t < q_tokens, q_out[t, h] = RoPE(q_in[t, h]) for q_heads heads (in place
+//   or into a disjoint view); an out-of-range position copies the input.
+// - the cache write: the values stored to latent_out / rope_out also go to
+//   cache[s / bs, s % bs, :] for s = slots[t] (skipped when s < 0 or s / bs >= nb).
+//   kvc == nullptr: no cache write.
 #include "norm_rope.h"
 
 template <typename T>
 __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const T* kv, i64 kv_s, const T* w,
                                 i64 tokens, i64 l, i64 r, const i64* pos, i64 pos_s, const float* cache,
-                                i64 max_pos, float eps, int neox) {
+                                i64 max_pos, float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out,
+                                i64 qo_st, i64 qo_sh, i64 q_heads, i64 q_tokens, T* kvc, i64 c_sb, i64 c_sr,
+                                const i64* slots, i64 slot_s, i64 nb, i64 bs) {
+  const i64 half = r / 2;
   VT_FOR_BLOCKS(t, tokens) {
+    T* crow = nullptr;
+    if (kvc != nullptr) {
+      const i64 s = slots[t * slot_s];
+      if (s >= 0 && s / bs < nb) crow = kvc + (s / bs) * c_sb + (s % bs) * c_sr;
+    }
     const T* row = kv + t * kv_s;
-    vt::rms_norm_row<T>(latent + t * lat_s, row, w, l, eps);
+    vt::rms_norm_row<T>(latent + t * lat_s, row, w, l, eps, crow);
     const T* in = row + l;
     T* out = rope + t * rope_s;
+    T* out2 = crow != nullptr ? crow + l : nullptr;
     const i64 p = pos[t * pos_s];
-    if (p < 0 || p >= max_pos) {
-      for (i64 i = threadIdx.x; i < r; i += blockDim.x) out[i] = in[i];
+    const bool rotate = p >= 0 && p < max_pos;
+    const float* cs = cache + (rotate ? p : 0) * r;
+    if (!rotate) {
+      for (i64 i = threadIdx.x; i < r; i += blockDim.x) {
+        out[i] = in[i];
+        if (out2 != nullptr) out2[i] = in[i];
+      }
     } else {
-      for (i64 i = threadIdx.x; i < r / 2; i += blockDim.x) vt::rope_pair<T>(out, in, cache + p * r, r, i, neox != 0);
+      for (i64 i = threadIdx.x; i < half; i += blockDim.x) vt::rope_pair<T>(out, in, cs, r, i, neox != 0, out2);
+    }
+    if (t < q_tokens) {
+      const T* qi = q_in + t * qi_st;
+      T* qo = q_out + t * qo_st;
+      if (rotate) {
+        for (i64 j = threadIdx.x; j < q_heads * half; j += blockDim.x) {
+          const i64 h = j / half;
+          vt::rope_pair<T>(qo + h * qo_sh, qi + h * qi_sh, cs, r, j % half, neox != 0);
+        }
+      } else if (qo != qi) {
+        for (i64 j = threadIdx.x; j < q_heads * r; j += blockDim.x) {
+          const i64 h = j / r;
+          qo[h * qo_sh + j % r] = qi[h * qi_sh + j % r];
+        }
+      }
     }
   }
 }
@@ -27,8 +63,11 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
   extern "C" __global__ void __launch_bounds__(VT_NORM_THREADS)                                             \
       fused_norm_rope_##S(T* latent, i64 lat_s, T* rope, i64 rope_s, const T* kv, i64 kv_s, const T* w,     \
                           i64 tokens, i64 l, i64 r, const i64* pos, i64 pos_s, const float* cache,          \
-                          i64 max_pos, float eps, int neox) {                                               \
+                          i64 max_pos, float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out,  \
+                          i64 qo_st, i64 qo_sh, i64 q_heads, i64 q_tokens, T* kvc, i64 c_sb, i64 c_sr,      \
+                          const i64* slots, i64 slot_s, i64 nb, i64 bs) {                                   \
     fused_norm_rope<T>(latent, lat_s, rope, rope_s, kv, kv_s, w, tokens, l, r, pos, pos_s, cache, max_pos,  \
-                       eps, neox);                                                                          \
+                       eps, neox, q_in, qi_st, qi_sh, q_out, qo_st, qo_sh, q_heads, q_tokens, kvc, c_sb,    \
+                       c_sr, slots, slot_s, nb, bs);                                                        \
   }
 VT_FOR_EACH_FLOAT(VT_FUSED)

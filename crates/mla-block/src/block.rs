@@ -27,8 +27,9 @@ use vt_core::{
     gather_mla_cache, indexer_top_k, layer_norm, merge_attn_states, mla_decode_attention, op_registered,
     prefill_attention, rms_norm, rope_from_cache, sparse_mla_attention, CacheIndexerKeysArgs,
     ConcatAndCacheMlaArgs, ConcatMlaNopeRopeArgs, DType, Device, Error, FusedNormRopeArgs,
-    GatherMlaCacheArgs, IndexerTopKArgs, LayerNormArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs, OpId,
-    PrefillAttentionArgs, Queue, Result, RmsNormArgs, RopeFromCacheArgs, SparseMlaAttentionArgs, Tensor,
+    GatherMlaCacheArgs, IndexerTopKArgs, LayerNormArgs, MergeAttnStatesArgs, MlaDecodeAttentionArgs,
+    NormRopeCacheWrite, NormRopeQuery, OpId, PrefillAttentionArgs, Queue, Result, RmsNormArgs,
+    RopeFromCacheArgs, SparseMlaAttentionArgs, Tensor,
 };
 
 use crate::dims::MlaBlockDims;
@@ -48,6 +49,9 @@ pub struct MlaBlock<'w> {
     device: Device,
     is_neox: bool,
     fused_override: Option<bool>,
+    /// Per-block overrides of `VT_FUSE_DECODE_QUERY` and `VT_FUSE_CACHE_WRITE`.
+    fuse_query_override: Option<bool>,
+    fuse_cache_override: Option<bool>,
     /// Tokens of a V3.2 step's sparse attention at a time ([`SPARSE_ROWS`] by default).
     sparse_rows: i64,
 }
@@ -121,6 +125,8 @@ impl<'w> MlaBlock<'w> {
             device,
             is_neox,
             fused_override: None,
+            fuse_query_override: None,
+            fuse_cache_override: None,
             sparse_rows: SPARSE_ROWS,
         })
     }
@@ -144,6 +150,41 @@ impl<'w> MlaBlock<'w> {
     /// is taken only where `FusedNormRope` is registered.
     pub fn set_fused_norm_rope(&mut self, value: Option<bool>) {
         self.fused_override = value;
+    }
+
+    /// Forces the fused decode query on (`Some(true)`) or off (`Some(false)`) for this block
+    /// only, or follows `VT_FUSE_DECODE_QUERY` (`None`, the default): the decode tokens' q
+    /// rope rides in the `FusedNormRope` launch, written straight into the decode
+    /// attention's query `[B, N, L+R]`, and the absorbed q_nope BMM writes that query's
+    /// latent columns directly, so a decode-only step runs neither `RopeFromCache` nor the
+    /// query's `ConcatMlaNopeRope`. Taken only on the fused kv path of a dense (not V3.2)
+    /// block. Bit-identical to the split launches on the CPU.
+    pub fn set_fuse_decode_query(&mut self, value: Option<bool>) {
+        self.fuse_query_override = value;
+    }
+
+    /// Forces the fused cache write on or off for this block only, or follows
+    /// `VT_FUSE_CACHE_WRITE` (`None`, the default): the step's `[kv_c_normed | k_pe]` rows go
+    /// into the cache from the `FusedNormRope` launch instead of a `ConcatAndCacheMla`
+    /// launch. Taken only on the fused kv path and over a float cache (an fp8_ds_mla cache is
+    /// still written by `ConcatAndCacheMla`). Bit-identical (the same values stored twice).
+    pub fn set_fuse_cache_write(&mut self, value: Option<bool>) {
+        self.fuse_cache_override = value;
+    }
+
+    /// Whether the next forward takes the fused decode query (see
+    /// [`MlaBlock::set_fuse_decode_query`]); read at every launch, so a flag override
+    /// changes the path of later steps (a captured CUDA graph keeps the path it recorded).
+    pub fn uses_fused_decode_query(&self) -> bool {
+        self.uses_fused_norm_rope()
+            && !self.dims.is_sparse()
+            && self.fuse_query_override.unwrap_or_else(flags::fuse_decode_query)
+    }
+
+    /// Whether the next forward writes the cache from `FusedNormRope` over a float cache
+    /// (see [`MlaBlock::set_fuse_cache_write`]).
+    pub fn uses_fused_cache_write(&self) -> bool {
+        self.uses_fused_norm_rope() && self.fuse_cache_override.unwrap_or_else(flags::fuse_cache_write)
     }
 
     /// Runs a DeepSeek-V3.2 step's absorbed sparse attention `rows` tokens at a time
@@ -515,8 +556,32 @@ impl<'w> MlaBlock<'w> {
         let kv_c_normed = ws.view(Slot::KvCNormed, 0, &[t, l])?;
         let k_pe = ws.view(Slot::KPe, 0, &[t, r])?;
         let q_pe = q_raw.as_strided(p, &[t, n, r], &[n * dqk, dqk, 1])?;
+        // A V3.2 cache row is [latent L+R | indexer key Di]: the latent part as its own view.
+        let latent_cache = if d.is_sparse() {
+            kv_cache.as_strided(
+                0,
+                &[kv_cache.dim(0), kv_cache.dim(1), l + r],
+                &[kv_cache.stride(0), kv_cache.stride(1), 1],
+            )?
+        } else {
+            *kv_cache
+        };
+        // The fusions ride in the FusedNormRope launch (fused kv path only).
+        let fuse_query = kv_merged.is_some() && dn > 0 && self.uses_fused_decode_query();
+        let fuse_cache =
+            kv_merged.is_some() && kv_cache.dtype() != DType::Fp8DsMla && self.uses_fused_cache_write();
+        // The decode attention's query [B, N, L+R] (dense decode tokens only).
+        let mqa_q =
+            if dn > 0 && !d.is_sparse() { Some(ws.view(Slot::MqaQ, 0, &[dn, n, l + r])?) } else { None };
         match (kv_merged, kv_c) {
             (Some(m), _) => {
+                let query = match (fuse_query, mqa_q) {
+                    (true, Some(mq)) => Some(NormRopeQuery {
+                        input: q_pe.slice(0, 0, dn)?,
+                        out: mq.as_strided(l, &[dn, n, r], &[n * (l + r), l + r, 1])?,
+                    }),
+                    _ => None,
+                };
                 fused_norm_rope(
                     q,
                     &FusedNormRopeArgs {
@@ -528,18 +593,25 @@ impl<'w> MlaBlock<'w> {
                         cos_sin_cache: cache_rs,
                         eps: d.rms_norm_eps,
                         is_neox: self.is_neox,
+                        query,
+                        cache_write: fuse_cache
+                            .then_some(NormRopeCacheWrite { cache: latent_cache, slot_mapping }),
                     },
                 )?;
-                rope_from_cache(
-                    q,
-                    &RopeFromCacheArgs {
-                        query: q_pe,
-                        key: None,
-                        positions,
-                        cos_sin_cache: cache_rs,
-                        is_neox: self.is_neox,
-                    },
-                )?;
+                // The prefill tokens' q_pe (all tokens' without the fused query), in place.
+                let first = if query.is_some() { dn } else { 0 };
+                if first < t {
+                    rope_from_cache(
+                        q,
+                        &RopeFromCacheArgs {
+                            query: q_pe.slice(0, first, t)?,
+                            key: None,
+                            positions: positions.slice(0, first, t)?,
+                            cos_sin_cache: cache_rs,
+                            is_neox: self.is_neox,
+                        },
+                    )?;
+                }
             }
             (None, Some(kv_c)) => {
                 rms_norm(q, &RmsNormArgs { out: kv_c_normed, x: kv_c, weight: kv_ln, eps: d.rms_norm_eps })?;
@@ -559,20 +631,12 @@ impl<'w> MlaBlock<'w> {
         }
 
         // ---- 3. the cache write, before attention reads the cache ----
-        // A V3.2 cache row is [latent L+R | indexer key Di]: the latent part as its own view.
-        let latent_cache = if d.is_sparse() {
-            kv_cache.as_strided(
-                0,
-                &[kv_cache.dim(0), kv_cache.dim(1), l + r],
-                &[kv_cache.stride(0), kv_cache.stride(1), 1],
-            )?
-        } else {
-            *kv_cache
-        };
-        concat_and_cache_mla(
-            q,
-            &ConcatAndCacheMlaArgs { kv_c: kv_c_normed, k_pe, cache: latent_cache, slot_mapping },
-        )?;
+        if !fuse_cache {
+            concat_and_cache_mla(
+                q,
+                &ConcatAndCacheMlaArgs { kv_c: kv_c_normed, k_pe, cache: latent_cache, slot_mapping },
+            )?;
+        }
 
         let attn = ws.view(Slot::Attn, 0, &[t, n, v])?;
 
@@ -698,12 +762,20 @@ impl<'w> MlaBlock<'w> {
             let b = dn;
             // q_nope as [N, B, P] (a transposed view, no copy) times W_UK_T [N, P, L].
             let q_nope = q_raw.as_strided(0, &[n, b, p], &[dqk, n * dqk, 1])?;
-            let ql_nope = ws.view(Slot::QlNope, 0, &[n, b, l])?;
-            fp8::bmm(q, ql_nope, q_nope, Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?)?;
-            let mqa_q = ws.view(Slot::MqaQ, 0, &[b, n, l + r])?;
-            let ql_bn = ql_nope.as_strided(0, &[b, n, l], &[l, b * l, 1])?;
-            let q_pe_bn = q_raw.as_strided(p, &[b, n, r], &[n * dqk, dqk, 1])?;
-            concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_bn, rope: q_pe_bn })?;
+            let mqa_q = mqa_q.ok_or_else(|| Error::backend(OP, "no decode query view"))?;
+            let w_uk_t = Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?;
+            if fuse_query {
+                // Straight into the query's latent columns, as [N, B, L] (its rope columns
+                // were written by FusedNormRope).
+                let ql_out = mqa_q.as_strided(0, &[n, b, l], &[l + r, n * (l + r), 1])?;
+                fp8::bmm(q, ql_out, q_nope, w_uk_t)?;
+            } else {
+                let ql_nope = ws.view(Slot::QlNope, 0, &[n, b, l])?;
+                fp8::bmm(q, ql_nope, q_nope, w_uk_t)?;
+                let ql_bn = ql_nope.as_strided(0, &[b, n, l], &[l, b * l, 1])?;
+                let q_pe_bn = q_raw.as_strided(p, &[b, n, r], &[n * dqk, dqk, 1])?;
+                concat_mla_nope_rope(q, &ConcatMlaNopeRopeArgs { out: mqa_q, nope: ql_bn, rope: q_pe_bn })?;
+            }
             let mqa_q4 = mqa_q.as_strided(0, &[b, 1, n, l + r], &[n * (l + r), n * (l + r), l + r, 1])?;
             let mqa_out = ws.view(Slot::MqaOut, 0, &[b, 1, n, l])?;
             decode.attend(

@@ -18,6 +18,18 @@ use vt_core::{Buffer, DType, Device, DeviceType, Queue};
 
 #[test]
 fn a_decode_step_of_the_block_captures_into_a_cuda_graph_and_replays_bit_for_bit() {
+    capture_and_replay_a_decode_step(None);
+}
+
+/// The same with both decode-step fusions on (`VT_FUSE_DECODE_QUERY`, `VT_FUSE_CACHE_WRITE`:
+/// the query rope and the cache write inside FusedNormRope, the absorbed BMM writing the
+/// decode query directly).
+#[test]
+fn a_decode_step_with_the_fusions_on_captures_into_a_cuda_graph_and_replays_bit_for_bit() {
+    capture_and_replay_a_decode_step(Some(true));
+}
+
+fn capture_and_replay_a_decode_step(fuse: Option<bool>) {
     vt_backends::init();
     let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
         eprintln!("SKIP: no CUDA device");
@@ -27,7 +39,15 @@ fn a_decode_step_of_the_block_captures_into_a_cuda_graph_and_replays_bit_for_bit
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
         let store = case.store(&q);
-        let block = case.block(&store, None);
+        let mut block = case.block(&store, None);
+        block.set_fuse_decode_query(fuse);
+        block.set_fuse_cache_write(fuse);
+        if fuse == Some(true) {
+            assert!(
+                block.uses_fused_decode_query() && block.uses_fused_cache_write(),
+                "{name}: fusions not taken"
+            );
+        }
         let (s, t, h) = (case.s(), case.t(), case.hidden.shape[2]);
         let dt = case.dtype();
         let hidden = case.hidden.to_f64();
@@ -271,6 +291,54 @@ fn decode_graphs_replay_v32_sparse_steps() {
             "v32 {dt} heads {} indexer {:?}: {} replayed steps = padded eager bit for bit; vs CPU worst {worst_cpu:.3e}",
             spec.num_heads,
             spec.indexer,
+            gpu.steps.len()
+        );
+    }
+}
+
+/// `DecodeGraphs` with both decode-step fusions on in every block: each replay equals the
+/// same padded step run op by op (bit for bit) and stays within tolerance of the CPU serving
+/// the same schedule and of the GPU with the fusions off (the absorbed BMM then writes a
+/// differently strided output, which cuBLAS may serve with another algorithm).
+#[test]
+fn decode_graphs_replay_with_the_decode_step_fusions_on() {
+    vt_backends::init();
+    let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
+        eprintln!("SKIP: no CUDA device");
+        return;
+    };
+    let cpu = common::cpu_queue();
+    let v3_heads = RandomLayerSpec { num_heads: 128, ..RandomLayerSpec::SMALL_FP8 };
+    for (spec, dt, tol) in [(v3_heads, DType::BF16, 2e-2), (RandomLayerSpec::SMALL, DType::F32, 1e-4)] {
+        let on = Serving { spec, decode_steps: 16, fuse: Some(true), ..Serving::small(dt) };
+        let gpu = serve(&q, &on);
+        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
+        let off = serve(&q, &Serving { fuse: Some(false), ..on.clone() });
+        let host = serve(&cpu, &on);
+        assert_eq!(gpu.steps.len(), host.steps.len());
+        assert_eq!(gpu.steps.len(), off.steps.len());
+        let (mut worst_cpu, mut worst_off, mut same_off) = (0f64, 0f64, 0);
+        for ((g, c), o) in gpu.steps.iter().zip(&host.steps).zip(&off.steps) {
+            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
+            assert_eq!(
+                g.graph, g.padded_eager,
+                "{dt} step {}: fused graph replay differs from the same padded step run op by op",
+                g.step
+            );
+            let got = to_f64(dt, &g.graph);
+            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
+            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
+            let eo = common::rel_frobenius(&got, &to_f64(dt, &o.graph));
+            assert!(ec <= tol, "{dt} step {}: fused graph vs CPU {ec:.3e}", g.step);
+            assert!(eo <= tol, "{dt} step {}: fused vs unfused graph {eo:.3e}", g.step);
+            same_off += usize::from(g.graph == o.graph);
+            worst_cpu = worst_cpu.max(ec);
+            worst_off = worst_off.max(eo);
+        }
+        eprintln!(
+            "{dt} heads {}: {} replayed fused steps = padded eager bit for bit; vs CPU worst {worst_cpu:.3e}; vs \
+             unfused graphs worst {worst_off:.3e}, bit-identical in {same_off}",
+            spec.num_heads,
             gpu.steps.len()
         );
     }

@@ -5,6 +5,8 @@
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
 //! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto may take cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold; off until the GPU has measured it faster than the Wgmma kernel (an A/B switch) |
+//! | `VT_FUSE_DECODE_QUERY` | off | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
+//! | `VT_FUSE_CACHE_WRITE` | off | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
 //! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`, 0 for now) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
@@ -20,10 +22,19 @@ pub enum Flag {
     MlaDecodeTma,
     SkinnyGemm,
     Fp8Lt,
+    FuseDecodeQuery,
+    FuseCacheWrite,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 4] = [Flag::MlaFusedNormRope, Flag::MlaDecodeTma, Flag::SkinnyGemm, Flag::Fp8Lt];
+    pub const ALL: [Flag; 6] = [
+        Flag::MlaFusedNormRope,
+        Flag::MlaDecodeTma,
+        Flag::SkinnyGemm,
+        Flag::Fp8Lt,
+        Flag::FuseDecodeQuery,
+        Flag::FuseCacheWrite,
+    ];
 
     pub const fn env_name(self) -> &'static str {
         match self {
@@ -31,6 +42,8 @@ impl Flag {
             Flag::MlaDecodeTma => "VT_MLA_DECODE_TMA",
             Flag::SkinnyGemm => "VT_SKINNY_GEMM",
             Flag::Fp8Lt => "VT_FP8_LT",
+            Flag::FuseDecodeQuery => "VT_FUSE_DECODE_QUERY",
+            Flag::FuseCacheWrite => "VT_FUSE_CACHE_WRITE",
         }
     }
 
@@ -40,6 +53,9 @@ impl Flag {
             Flag::MlaDecodeTma => true,
             Flag::SkinnyGemm => true,
             Flag::Fp8Lt => false,
+            // Off until measured faster on a GPU (docs/perf.md, "Decode-step fusions").
+            Flag::FuseDecodeQuery => false,
+            Flag::FuseCacheWrite => false,
         }
     }
 
@@ -121,6 +137,16 @@ pub fn skinny_gemm() -> bool {
 /// `VT_FP8_LT`.
 pub fn fp8_lt() -> bool {
     get(Flag::Fp8Lt)
+}
+
+/// `VT_FUSE_DECODE_QUERY`.
+pub fn fuse_decode_query() -> bool {
+    get(Flag::FuseDecodeQuery)
+}
+
+/// `VT_FUSE_CACHE_WRITE`.
+pub fn fuse_cache_write() -> bool {
+    get(Flag::FuseCacheWrite)
 }
 
 #[cfg(test)]

@@ -638,6 +638,8 @@ fn fused_norm_rope_rejects_malformed_arguments() {
                 cos_sin_cache: *c,
                 eps,
                 is_neox: false,
+                query: None,
+                cache_write: None,
             },
         )
     };
@@ -693,6 +695,81 @@ fn fused_norm_rope_rejects_malformed_arguments() {
         ]
     );
     f(&lv, &rv, &kvv, &wv, &pv, &cv, 1e-6).unwrap();
+}
+
+#[test]
+fn fused_norm_rope_rejects_a_malformed_query_or_cache_write() {
+    let q = queue();
+    let op = OpId::FusedNormRope;
+    let (t, l, r, n) = (3i64, 8i64, 4i64, 2i64);
+    let kv = zeros(&q, F, &[t, l + r]);
+    let w = zeros(&q, F, &[l]);
+    let lat = nan_out(&q, F, &[t, l]);
+    let rope = nan_out(&q, F, &[t, r]);
+    let cos_sin = cos_sin_cache(&q, 16, r as usize);
+    let pos = i64_buf(&q, &[0, 3, 15]);
+    let q_in = zeros(&q, F, &[t, n, r]);
+    let q_out = nan_out(&q, F, &[t, n, r]);
+    let kv_cache = nan_out(&q, F, &[2, 4, l + r]);
+    let slots = i64_buf(&q, &[0, -1, 7]);
+    let fp8_cache = Buffer::zeros(&q, DType::Fp8DsMla, &[2, 4, 656]).unwrap();
+    let (qi, qo, kc, sl) = (q_in.view(), q_out.view(), kv_cache.view(), slots.view());
+    let g = |query: Option<NormRopeQuery>, cache_write: Option<NormRopeCacheWrite>| {
+        fused_norm_rope(
+            &q,
+            &FusedNormRopeArgs {
+                latent_out: lat.view(),
+                rope_out: rope.view(),
+                kv: kv.view(),
+                weight: w.view(),
+                positions: pos.view(),
+                cos_sin_cache: cos_sin.view(),
+                eps: 1e-6,
+                is_neox: false,
+                query,
+                cache_write,
+            },
+        )
+    };
+    let query = |input, out| Some(NormRopeQuery { input, out });
+    let cw = |cache, slot_mapping| Some(NormRopeCacheWrite { cache, slot_mapping });
+    let more_tokens = zeros(&q, F, &[t + 1, n, r]);
+    let q_f16 = zeros(&q, DType::F16, &[t, n, r]);
+    let slots_past = i64_buf(&q, &[0, 8, 1]);
+    let slots_f32 = zeros(&q, F, &[t]);
+    let out4 = nan_out(&q, F, &[t + 1, n, r]);
+    invalid_cases!(
+        &q,
+        op,
+        &[&lat, &rope, &q_out, &kv_cache],
+        [
+            ("query of more tokens than kv", g(query(more_tokens.view(), out4.view()), None), "query.input"),
+            (
+                "query rope width",
+                g(query(qi.slice(2, 0, 2).unwrap(), qo.slice(2, 0, 2).unwrap()), None),
+                "query.input"
+            ),
+            ("query out shape", g(query(qi, qo.slice(1, 0, 1).unwrap()), None), "query.out"),
+            (
+                "query out overlapping its input (not the same view)",
+                g(query(qi.slice(0, 1, 3).unwrap(), qi.slice(0, 0, 2).unwrap()), None),
+                "query.out"
+            ),
+            ("query out dtype", g(query(qi, q_f16.view()), None), "query.out"),
+            ("an fp8_ds_mla cache", g(None, cw(fp8_cache.view(), sl)), "cache_write.cache"),
+            ("cache row width", g(None, cw(kc.slice(2, 0, l).unwrap(), sl)), "cache_write.cache"),
+            ("slot past the cache", g(None, cw(kc, slots_past.view())), "cache_write.slot_mapping"),
+            ("slot_mapping dtype", g(None, cw(kc, slots_f32.view())), "cache_write.slot_mapping"),
+            (
+                "cache overlapping the query output",
+                g(query(qi, kc.as_strided(0, &[t, n, r], &[n * r, r, 1]).unwrap()), cw(kc, sl)),
+                "cache_write.cache"
+            ),
+        ]
+    );
+    // In place, out of place and with the cache write: accepted.
+    g(query(qi, qi), cw(kc, sl)).unwrap();
+    g(query(qi.slice(0, 0, 2).unwrap(), qo.slice(0, 0, 2).unwrap()), None).unwrap();
 }
 
 #[test]

@@ -365,6 +365,8 @@ fn fused_norm_rope_matches_reference() {
                     cos_sin_cache: cache.view(),
                     eps,
                     is_neox: neox,
+                    query: None,
+                    cache_write: None,
                 },
             )
             .unwrap();
@@ -425,6 +427,8 @@ fn fused_norm_rope_is_bit_identical_to_rms_norm_then_rope_from_cache() {
                     cos_sin_cache: cache.view(),
                     eps,
                     is_neox: neox,
+                    query: None,
+                    cache_write: None,
                 },
             )
             .unwrap();

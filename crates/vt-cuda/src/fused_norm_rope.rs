@@ -1,6 +1,15 @@
 //! FusedNormRope: RmsNorm of the latent part and RoPE of the rope part of each kv row in one
 //! launch (`kernels-cuda/fused_norm_rope.cu`), bit-identical to the split ops because both
-//! use `kernels-cuda/norm_rope.cuh` with the same block size.
+//! use `kernels-cuda/norm_rope.cuh` with the same block size. The optional query rope and
+//! cache write ride in the same launch (one block per token does all three).
+//!
+//! # Floor
+//!
+//! Bytes per token (16-bit, DeepSeek-V3: L 512, R 64, N 128 query heads): kv row read 1152 B,
+//! latent_out + rope_out written 1152 B; the query adds N·R·2 = 16 KiB read + 16 KiB written;
+//! the cache write 1152 B. A decode step of B = 128 tokens with both: ~4.8 MB, ~1.1 us at the
+//! H200's ~4.2 TB/s copy rate: these launches are latency-bound (a few us each), which is what
+//! folding RopeFromCache(q) and ConcatAndCacheMla into this one saves.
 
 use vt_core::{FusedNormRopeArgs, OpId, Queue, Result};
 
@@ -16,14 +25,43 @@ pub(crate) fn run(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
     CudaQueue::of(q, OP)?.run(OP, &plan(a)?)
 }
 
-/// The kernel skips positions outside the cache.
+/// The kernel skips positions outside the cache (the query copied unrotated) and cache
+/// slots outside 0..NB*BS; it writes only rows t < T of the outputs, query rows t < Tq.
 pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
     let (t, l) = (a.kv.dim(0), a.weight.dim(0));
     let r = a.kv.dim(1) - l;
     if t == 0 {
         return Ok(vec![]);
     }
-    let args: [Arg; 16] = [
+    // No query: null pointers and 0 tokens; no cache write: a null cache.
+    let (qi, qi_st, qi_sh, qo, qo_st, qo_sh, q_heads, q_tokens) = match &a.query {
+        Some(x) => (
+            x.input.data_addr(),
+            x.input.stride(0),
+            x.input.stride(1),
+            x.out.data_addr(),
+            x.out.stride(0),
+            x.out.stride(1),
+            int(OP, "query.input", x.input.dim(1))?,
+            x.input.dim(0),
+        ),
+        None => (0, 0, 0, 0, 0, 0, 0, 0),
+    };
+    // The kernel indexes query elements j < heads * R with an int.
+    int(OP, "query.input", i64::from(q_heads) * r)?;
+    let (kvc, c_sb, c_sr, slots, slot_s, nb, bs) = match &a.cache_write {
+        Some(x) => (
+            x.cache.data_addr(),
+            x.cache.stride(0),
+            x.cache.stride(1),
+            x.slot_mapping.data_addr(),
+            x.slot_mapping.stride(0),
+            x.cache.dim(0),
+            x.cache.dim(1),
+        ),
+        None => (0, 0, 0, 0, 0, 0, 1),
+    };
+    let args: [Arg; 31] = [
         a.latent_out.data_addr().into(),
         a.latent_out.stride(0).into(),
         a.rope_out.data_addr().into(),
@@ -40,6 +78,21 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         t.into(),
         a.eps.into(),
         (a.is_neox as i32).into(),
+        qi.into(),
+        qi_st.into(),
+        qi_sh.into(),
+        qo.into(),
+        qo_st.into(),
+        qo_sh.into(),
+        q_heads.into(),
+        q_tokens.into(),
+        kvc.into(),
+        c_sb.into(),
+        c_sr.into(),
+        slots.into(),
+        slot_s.into(),
+        nb.into(),
+        bs.into(),
     ];
     Ok(vec![Launch::new(&SRC, "fused_norm_rope", a.kv.dtype(), (grid_1d(t), 1, 1), NORM_THREADS, args)])
 }

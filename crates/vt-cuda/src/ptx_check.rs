@@ -170,6 +170,19 @@ fn samples(dt: DType) -> Result<Samples> {
         cos_sin_cache: cos_sin,
         eps: 1e-6,
         is_neox: false,
+        query: None,
+        cache_write: None,
+    };
+    add("FusedNormRope".into(), crate::fused_norm_rope::plan(&a)?);
+    // With the query rope and the cache write (the block's fused decode step).
+    let qv = f.t(dt, &[t, n, r], &[n * (l + r), l + r, 1]);
+    let a = FusedNormRopeArgs {
+        query: Some(vt_core::NormRopeQuery { input: qv, out: qv }),
+        cache_write: Some(vt_core::NormRopeCacheWrite {
+            cache: f.c(dt, &[nb, 4, l + r]),
+            slot_mapping: f.c(DType::I64, &[t]),
+        }),
+        ..a
     };
     add("FusedNormRope".into(), crate::fused_norm_rope::plan(&a)?);
     let a = ConcatAndCacheMlaArgs {

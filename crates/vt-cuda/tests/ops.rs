@@ -129,6 +129,8 @@ fn fused_matches_split_bitwise(dev: Device) {
                     cos_sin_cache: cache.view(),
                     eps: 1e-6,
                     is_neox: neox,
+                    query: None,
+                    cache_write: None,
                 },
             )
             .unwrap();
@@ -255,6 +257,8 @@ impl Step {
                 cos_sin_cache: self.cos_sin.view(),
                 eps: 1e-6,
                 is_neox: false,
+                query: None,
+                cache_write: None,
             },
         )?;
         concat_and_cache_mla(

@@ -309,6 +309,8 @@ fn op_samples(dt: DType) -> Result<Vec<(OpId, Result<Vec<Step>>)>> {
                 cos_sin_cache: cos_sin,
                 eps: 1e-6,
                 is_neox: false,
+                query: None,
+                cache_write: None,
             };
             crate::fused_norm_rope::plan(&args)
         })(),

@@ -442,6 +442,15 @@ pub fn command(
         d.v_head_dim,
         if blocks[0].uses_fused_norm_rope() { "fused" } else { "split" }
     );
+    // The decode-step fusions follow their flags (read from the environment once per
+    // process, so A/B them with one process per setting).
+    let on_off = |b: bool| if b { "on" } else { "off" };
+    println!(
+        "decode-step fusions: VT_FUSE_DECODE_QUERY {} (q rope + absorbed query in FusedNormRope / the BMM), \
+         VT_FUSE_CACHE_WRITE {} (cache write in FusedNormRope)",
+        on_off(blocks[0].uses_fused_decode_query()),
+        on_off(blocks[0].uses_fused_cache_write())
+    );
     if tp_note {
         println!("(--graph times TP = 1 on one device; the --tp list is not used)");
     }

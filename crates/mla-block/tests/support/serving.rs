@@ -38,6 +38,9 @@ pub struct Serving {
     pub use_graphs: bool,
     /// The cache's dtype (`Fp8DsMla`: the 656-byte rows, for L = 512, R = 64 layers).
     pub kv_cache: KvCacheDtype,
+    /// Both decode-step fusions forced on or off in every block (`VT_FUSE_DECODE_QUERY`,
+    /// `VT_FUSE_CACHE_WRITE`; `None`: the flags).
+    pub fuse: Option<bool>,
 }
 
 impl Serving {
@@ -54,6 +57,7 @@ impl Serving {
             seed: 7,
             use_graphs: true,
             kv_cache: KvCacheDtype::Auto,
+            fuse: None,
         }
     }
 
@@ -94,8 +98,15 @@ pub fn serve(q: &Queue, s: &Serving) -> Served {
         })
         .collect();
     let cfg = s.spec.config().unwrap();
-    let blocks: Vec<MlaBlock<'_>> =
-        stores.iter().map(|st| MlaBlock::new(cfg.dims, st.views(), cfg.rope.is_neox).unwrap()).collect();
+    let blocks: Vec<MlaBlock<'_>> = stores
+        .iter()
+        .map(|st| {
+            let mut b = MlaBlock::new(cfg.dims, st.views(), cfg.rope.is_neox).unwrap();
+            b.set_fuse_decode_query(s.fuse);
+            b.set_fuse_cache_write(s.fuse);
+            b
+        })
+        .collect();
     let d = cfg.dims;
     let h = d.hidden_size;
     let max_live = *s.buckets.last().unwrap();

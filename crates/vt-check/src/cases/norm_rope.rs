@@ -1,6 +1,8 @@
 //! RmsNorm, LayerNorm, RopeFromCache and FusedNormRope.
 
-use super::rotary_inputs;
+use rand::seq::SliceRandom;
+
+use super::{as_f64, paged_cache, rotary_inputs};
 use crate::case::{Builder, Cases, Exec, Ty};
 
 const EPS: f32 = 1e-6;
@@ -109,6 +111,8 @@ pub(super) fn rope_from_cache(c: &mut Cases) {
 
 /// FusedNormRope of `kv` = columns `lead..lead+L+R` of rows `lead+L+R` wide (the merged
 /// A-projection output); with `strided_out` the outputs are views into wider rows.
+/// `query`: also rotate the first `tq` tokens' query `[tq, heads, R]`; `cache`: also write
+/// the rows into a paged cache (see [`NormRopeQueryCase`], [`NormRopeCacheCase`]).
 struct NormRope {
     t: i64,
     l: i64,
@@ -116,11 +120,34 @@ struct NormRope {
     lead: i64,
     neox: bool,
     strided_out: bool,
+    query: Option<NormRopeQueryCase>,
+    cache: Option<NormRopeCacheCase>,
+}
+
+/// The optional query of a FusedNormRope case: `tq` tokens of `heads` heads, the rope part
+/// of rows `lead + R` wide (the block's q_raw rows). `in_place`: the output is the input;
+/// else a view into rows `heads * (lat + R)` wide at column `lat` (the block's decode query
+/// `[B, N, L+R]`, its rope columns).
+struct NormRopeQueryCase {
+    tq: i64,
+    heads: i64,
+    lead: i64,
+    in_place: bool,
+    lat: i64,
+}
+
+/// The optional cache write: `nb` blocks of `bs` rows, layer `pool.1` of `pool.0`,
+/// distinct random slots, `padding` of them -1 (as ConcatAndCacheMla's cases).
+struct NormRopeCacheCase {
+    bs: i64,
+    nb: i64,
+    padding: usize,
+    pool: (i64, i64),
 }
 
 impl NormRope {
     fn build(self, b: &mut Builder) -> Exec {
-        let NormRope { t, l, r, lead, neox, strided_out } = self;
+        let NormRope { t, l, r, lead, neox, strided_out, query, cache } = self;
         let w = lead + l + r;
         let kv = b.uniform("kv", &[t, w], -1.0, 1.0).sub(lead, &[t, l + r], &[w, 1]);
         let weight = b.uniform("weight", &[l], 0.5, 1.5);
@@ -133,8 +160,57 @@ impl NormRope {
         };
         b.output("latent_out", &latent);
         b.output("rope_out", &rope);
+        let query = query.map(|c| {
+            let qw = c.lead + r;
+            let input = b.uniform("query.input", &[t, c.heads, qw], -1.0, 1.0).sub(
+                c.lead,
+                &[c.tq, c.heads, r],
+                &[c.heads * qw, qw, 1],
+            );
+            let out = if c.in_place {
+                input.clone()
+            } else {
+                let ow = c.lat + r;
+                b.poison("query.out", Ty::Float, &[c.tq, c.heads, ow]).sub(
+                    c.lat,
+                    &[c.tq, c.heads, r],
+                    &[c.heads * ow, ow, 1],
+                )
+            };
+            b.output("query.out", &out);
+            (input, out)
+        });
+        let cache = cache.map(|c| {
+            let mut slots: Vec<i64> = (0..c.nb * c.bs).collect();
+            slots.shuffle(&mut b.rng);
+            slots.truncate(t as usize);
+            let mut order: Vec<usize> = (0..slots.len()).collect();
+            order.shuffle(&mut b.rng);
+            for &i in order.iter().take(c.padding) {
+                slots[i] = -1;
+            }
+            let kv_cache = paged_cache(b, c.nb, c.bs, l + r, c.pool, true);
+            let mut mask = vec![false; b.len_of(kv_cache.buf)];
+            for &s in slots.iter().filter(|&&s| s >= 0) {
+                kv_cache.slice(0, s / c.bs, s / c.bs + 1).slice(1, s % c.bs, s % c.bs + 1).mark(&mut mask);
+            }
+            b.output_mask("cache_write.cache", kv_cache.buf, mask);
+            let slot_mapping = b.values("cache_write.slot_mapping", Ty::I64, &[t], as_f64(&slots));
+            (kv_cache, slot_mapping)
+        });
         let (positions, cos_sin) = rotary_inputs(b, t, r, 300);
         Box::new(move |q, bufs| {
+            let query = match &query {
+                Some((i, o)) => Some(vt_core::NormRopeQuery { input: i.tensor(bufs)?, out: o.tensor(bufs)? }),
+                None => None,
+            };
+            let cache_write = match &cache {
+                Some((c, s)) => Some(vt_core::NormRopeCacheWrite {
+                    cache: c.tensor(bufs)?,
+                    slot_mapping: s.tensor(bufs)?,
+                }),
+                None => None,
+            };
             vt_core::fused_norm_rope(
                 q,
                 &vt_core::FusedNormRopeArgs {
@@ -146,6 +222,8 @@ impl NormRope {
                     cos_sin_cache: cos_sin.tensor(bufs)?,
                     eps: EPS,
                     is_neox: neox,
+                    query,
+                    cache_write,
                 },
             )
         })
@@ -153,17 +231,50 @@ impl NormRope {
 }
 
 pub(super) fn fused_norm_rope(c: &mut Cases) {
-    c.add("L 512, R 64, neox, kv = cols 1536.. of the merged A-proj rows (stride 2112), T 5", |b| {
-        NormRope { t: 5, l: 512, r: 64, lead: 1536, neox: true, strided_out: false }.build(b)
+    let plain = |t, l, r, lead, neox, strided_out| NormRope {
+        t,
+        l,
+        r,
+        lead,
+        neox,
+        strided_out,
+        query: None,
+        cache: None,
+    };
+    c.add("L 512, R 64, neox, kv = cols 1536.. of the merged A-proj rows (stride 2112), T 5", move |b| {
+        plain(5, 512, 64, 1536, true, false).build(b)
     });
-    c.add("L 512, R 64, GPT-J, same views, T 3", |b| {
-        NormRope { t: 3, l: 512, r: 64, lead: 1536, neox: false, strided_out: false }.build(b)
+    c.add("L 512, R 64, GPT-J, same views, T 3", move |b| plain(3, 512, 64, 1536, false, false).build(b));
+    c.add("L 32, R 16, GPT-J, outputs = views into wider rows, T 7", move |b| {
+        plain(7, 32, 16, 0, false, true).build(b)
     });
-    c.add("L 32, R 16, GPT-J, outputs = views into wider rows, T 7", |b| {
-        NormRope { t: 7, l: 32, r: 16, lead: 0, neox: false, strided_out: true }.build(b)
+    c.add("L 512, R 64, neox, contiguous kv, T 1", move |b| plain(1, 512, 64, 0, true, false).build(b));
+    c.add(
+        "V3 decode step fused: L 512, R 64, GPT-J, T 6; query of the first 4 tokens (16 heads, \
+         q_raw rows 192 wide) into the decode query's rope columns [4, 16, 576]; cache write, bs 16, \
+         1 padding slot, layer 1 of 2",
+        move |b| {
+            NormRope {
+                query: Some(NormRopeQueryCase { tq: 4, heads: 16, lead: 128, in_place: false, lat: 512 }),
+                cache: Some(NormRopeCacheCase { bs: 16, nb: 2, padding: 1, pool: (2, 1) }),
+                ..plain(6, 512, 64, 1536, false, false)
+            }
+            .build(b)
+        },
+    );
+    c.add("neox, L 32, R 16, T 5, query in place for all 5 tokens (3 heads), no cache write", move |b| {
+        NormRope {
+            query: Some(NormRopeQueryCase { tq: 5, heads: 3, lead: 8, in_place: true, lat: 0 }),
+            ..plain(5, 32, 16, 0, true, true)
+        }
+        .build(b)
     });
-    c.add("L 512, R 64, neox, contiguous kv, T 1", |b| {
-        NormRope { t: 1, l: 512, r: 64, lead: 0, neox: true, strided_out: false }.build(b)
+    c.add("GPT-J, L 32, R 16, T 9, cache write only, bs 1, 3 padding slots", move |b| {
+        NormRope {
+            cache: Some(NormRopeCacheCase { bs: 1, nb: 12, padding: 3, pool: (1, 0) }),
+            ..plain(9, 32, 16, 0, false, false)
+        }
+        .build(b)
     });
 }
 
