@@ -8,8 +8,8 @@
 mod common;
 
 use common::{golden_case, test_queue, Case};
-use mla_block::runner::{RunOptions, SeqPart};
-use mla_block::MlaBlock;
+use mla_block::runner::{run_schedule_with_cache, RunOptions, Schedule, SeqPart};
+use mla_block::{KvCacheDtype, MlaBlock};
 use vt_core::{DType, DeviceType};
 
 /// Prefills with and without cached context, decode steps, and decode tokens sharing a
@@ -104,6 +104,66 @@ fn decode_step_fusions_agree_on_the_test_device() {
                 assert!(diff <= tol, "{name}: query {fq} cache {fc}: {diff:.3e} > {tol:e}");
             }
             assert!(golden <= case.tolerance(), "{name}: query {fq} cache {fc}: {golden:.3e}");
+        }
+    }
+}
+
+/// The V3-width goldens (L 512, R 64) over a float and an fp8_ds_mla cache (where the cache
+/// write stays a ConcatAndCacheMla launch) and the DeepSeek-V3.2 goldens (the cache write
+/// fused into the latent part of their rows; the query fusion not taken): every combination
+/// gives the unfused bytes on the device under test when it is the CPU, within the GPU
+/// bound elsewhere.
+#[test]
+fn decode_step_fusions_on_fp8_caches_and_sparse_blocks() {
+    let q = test_queue();
+    let cases = [
+        ("latent512_yarn_bf16", KvCacheDtype::Auto),
+        ("latent512_yarn_bf16", KvCacheDtype::Fp8DsMla),
+        ("latent512_qproj_f32", KvCacheDtype::Fp8DsMla),
+        ("v32_sparse_f32", KvCacheDtype::Auto),
+        ("v32_sparse_mscale_bf16", KvCacheDtype::Auto),
+    ];
+    for (name, cache) in cases {
+        let Some(dir) = golden_case(name) else { return };
+        let case = Case::load(&dir);
+        let store = case.store(&q);
+        let t = case.t();
+        let sch: Schedule = format!("prefill:7,prefill:9,decode:{}", t - 16).parse().unwrap();
+        let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(6) };
+        let run = |b: &MlaBlock<'_>| {
+            run_schedule_with_cache(&q, b, &case.hidden, &case.positions, &sch, &opts, cache, &|_, _| {})
+                .unwrap_or_else(|e| panic!("{name} ({}): {e}", cache.name()))
+                .0
+        };
+        let plain = with_fusions(case.block(&store, Some(true)), false, false);
+        if !plain.uses_fused_norm_rope() {
+            eprintln!("SKIP: FusedNormRope is not registered on {}", q.device());
+            return;
+        }
+        let want = run(&plain);
+        for (fq, fc) in COMBOS {
+            let fused = with_fusions(case.block(&store, Some(true)), fq, fc);
+            if case.cfg.dims.is_sparse() {
+                assert!(!fused.uses_fused_decode_query(), "{name}: a sparse block takes no fused query");
+            }
+            let got = run(&fused);
+            let diff = common::rel_frobenius(&got.to_f64(), &want.to_f64());
+            eprintln!(
+                "{name} ({} cache) on {}: query {fq} cache {fc}: vs unfused {diff:.3e} (bit-identical: {})",
+                cache.name(),
+                q.device(),
+                got.bytes == want.bytes
+            );
+            if q.device().kind == DeviceType::Cpu {
+                assert!(got.bytes == want.bytes, "{name} ({}): query {fq} cache {fc} differ", cache.name());
+            } else {
+                let tol = if case.dtype() == DType::F32 { 1e-5 } else { 1e-2 };
+                assert!(
+                    diff <= tol,
+                    "{name} ({}): query {fq} cache {fc}: {diff:.3e} > {tol:e}",
+                    cache.name()
+                );
+            }
         }
     }
 }
