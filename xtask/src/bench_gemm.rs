@@ -73,8 +73,9 @@ pub struct Args {
     /// Token counts M, comma-separated (default 1,8,32,64,128,4096).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = positive)]
     pub m: Vec<usize>,
-    /// Keep GEMMs whose name contains one of these (a_proj, q_b, kv_b, o_proj, q_absorb, v_up); repeatable.
-    #[arg(long, value_name = "NAME")]
+    /// Keep GEMMs whose name contains one of these (a_proj, q_b, kv_b, o_proj, q_absorb, v_up);
+    /// comma-separated or repeated.
+    #[arg(long, value_name = "NAME", value_delimiter = ',')]
     pub only: Vec<String>,
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]

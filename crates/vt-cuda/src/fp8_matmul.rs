@@ -70,7 +70,9 @@ pub enum Kernel {
     /// torch's `_scaled_mm` checks them for its BlockWise1x128 / BlockWise128x128 modes):
     ///
     /// - MatmulBTFp8 with `a_scale` (both operands fp8) on sm_90; `out` bf16, f16 or f32;
-    /// - M >= 1, K > 0 and a multiple of 16, N a multiple of 16;
+    /// - M a positive multiple of 4 (cuBLASLt 13.0's heuristic has no algorithm for M 1, 7,
+    ///   130 on the H200: measured; torch's `_scaled_mm` blockwise fails there the same way),
+    ///   K > 0 and a multiple of 16, N a multiple of 16;
     /// - `a` `[M, K]` and `b` `[N, K]` K-contiguous, rows a multiple of 16 bytes apart
     ///   (cuBLAS's leading dimensions), `out` rows 16-byte multiples apart; `a`, `b`, `out`,
     ///   `a_scale`, `b_scale` 16-byte aligned;
@@ -209,16 +211,18 @@ impl Problem {
             );
         }
         let (m, n, k) = (self.m, self.n, self.k);
-        if m < 1 || k < 1 || k % 16 != 0 || n % 16 != 0 {
+        if m < 1 || m % 4 != 0 {
             return no(
-                "b",
-                format!("M >= 1, K > 0 a multiple of 16, N a multiple of 16; got M {m}, N {n}, K {k}"),
+                "a",
+                format!("M a positive multiple of 4 (cuBLASLt has no algorithm otherwise); got M {m}"),
             );
+        }
+        if k < 1 || k % 16 != 0 || n % 16 != 0 {
+            return no("b", format!("K > 0 a multiple of 16, N a multiple of 16; got M {m}, N {n}, K {k}"));
         }
         let es = self.dtype().size_of() as i64;
         // b is [g, k, n] logically: K-contiguous is stride 1 along k; its rows are along n.
-        let (lda, ldb, ldd) =
-            (self.b.s[2], if m == 1 { k } else { self.a.s[1] }, if m == 1 { n } else { self.out.s[1] });
+        let (lda, ldb, ldd) = (self.b.s[2], self.a.s[1], self.out.s[1]);
         if self.b.s[1] != 1 || lda < k || lda % 16 != 0 {
             return no(
                 "b",
@@ -236,7 +240,7 @@ impl Problem {
         }
         let (kb, nb) = (blocks(k), blocks(n));
         // a_scale [m, kb]: stride 1 along m, m along kb.
-        if (m > 1 && sc.s[1] != 1) || (kb > 1 && sc.s[2] != m) {
+        if sc.s[1] != 1 || (kb > 1 && sc.s[2] != m) {
             return no(
                 "a_scale",
                 format!(
@@ -824,7 +828,7 @@ mod tests {
     fn lt_plan_maps_the_views_and_names_what_breaks_its_rules() {
         let mem = vec![0u128; 1 << 16];
         let (f8, f32) = (DType::F8E4M3, DType::F32);
-        let (m, n, k) = (7i64, 272i64, 1040i64);
+        let (m, n, k) = (8i64, 272i64, 1040i64);
         let (kb, nb) = (blocks(k), blocks(n)); // 9, 3: scale rows padded to 12
         let out = host_view(&mem, DType::BF16, 8, &[m, n], &[n + 16, 1]);
         let a = host_view(&mem, f8, 0, &[m, k], &[k + 16, 1]);
@@ -833,7 +837,7 @@ mod tests {
         let asc = host_view(&mem, f32, 4, &[m, kb], &[1, m]);
         let x = MatmulBTFp8Args { out, a, a_scale: Some(asc), b, b_scale: bs };
         let g = Problem::of_matmul_bt(&x).lt_plan(90).unwrap();
-        assert_eq!((g.m, g.n, g.k, g.lda, g.ldb, g.ldd), (272, 7, 1040, 1040, 1056, 288));
+        assert_eq!((g.m, g.n, g.k, g.lda, g.ldb, g.ldd), (272, 8, 1040, 1040, 1056, 288));
         assert_eq!((g.a, g.b, g.d), (b.data_addr(), a.data_addr(), out.data_addr()));
         assert_eq!((g.a_scale, g.b_scale, g.out), (bs.data_addr(), asc.data_addr(), DType::BF16));
         let arg = |x: &MatmulBTFp8Args<'_>, sm: u32| {
@@ -859,15 +863,15 @@ mod tests {
         );
         let bs200 = host_view(&mem, f32, 0, &[2, kb], &[12, 1]);
         assert_eq!(arg(&MatmulBTFp8Args { out: o200, b: b200, b_scale: bs200, ..x }, 90), "b");
-        // M 1: any activation-scale strides (its two layouts coincide), ld = K, N.
-        let (o1, a1) =
-            (host_view(&mem, DType::BF16, 8, &[1, n], &[1, 1]), host_view(&mem, f8, 0, &[1, k], &[3, 1]));
-        let as1 = host_view(&mem, f32, 4, &[1, kb], &[kb, 1]);
-        let g1 =
-            Problem::of_matmul_bt(&MatmulBTFp8Args { out: o1, a: a1, a_scale: Some(as1), b, b_scale: bs })
-                .lt_plan(90)
-                .unwrap();
-        assert_eq!((g1.n, g1.ldb, g1.ldd), (1, k, n));
+        // M not a multiple of 4 (1, 7): cuBLASLt has no algorithm.
+        for mm in [1, 7] {
+            let (o1, a1) = (
+                host_view(&mem, DType::BF16, 8, &[mm, n], &[n + 16, 1]),
+                host_view(&mem, f8, 0, &[mm, k], &[k + 16, 1]),
+            );
+            let as1 = host_view(&mem, f32, 4, &[mm, kb], &[1, mm]);
+            assert_eq!(arg(&MatmulBTFp8Args { out: o1, a: a1, a_scale: Some(as1), b, b_scale: bs }, 90), "a");
+        }
     }
 
     #[test]
