@@ -7,7 +7,8 @@
 // Optional, in the same launch (the MLA block's VT_FUSE_DECODE_QUERY / VT_FUSE_CACHE_WRITE):
 // - the query: for t < q_tokens, q_out[t, h] = RoPE(q_in[t, h]) for q_heads heads (q_out is
 //   q_in, in place, or a disjoint view: the decode attention's query); rope_pair as in
-//   rope_from_cache.cu, so the same bits; an out-of-range position copies the input.
+//   rope_from_cache.cu, so the same bits; an out-of-range position copies the input. Done by
+//   the grid's rows y >= 1 (q_chunk heads each), beside the kv rows' blocks (y = 0).
 // - the cache write: the values stored to latent_out / rope_out are also stored to
 //   cache[s / bs, s % bs, :] for s = slots[t] (skipped when s < 0 or s / bs >= nb), as
 //   ConcatAndCacheMla would copy them. kvc == nullptr: no cache write.
@@ -17,9 +18,36 @@ template <typename T>
 __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const T* kv, i64 kv_s, const T* w, int l,
                                 int r, const i64* pos, i64 pos_s, const float* cache, i64 max_pos, i64 tokens,
                                 float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out, i64 qo_st,
-                                i64 qo_sh, int q_heads, i64 q_tokens, T* kvc, i64 c_sb, i64 c_sr, const i64* slots,
-                                i64 slot_s, i64 nb, i64 bs) {
+                                i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, T* kvc, i64 c_sb, i64 c_sr,
+                                const i64* slots, i64 slot_s, i64 nb, i64 bs) {
     const int half = r / 2;
+    if (blockIdx.y > 0) {
+        // The query: blocks (x, y >= 1) rotate heads [(y-1) * q_chunk, y * q_chunk) of tokens
+        // x, x + gridDim.x, ... (< q_tokens); one pair per thread at q_chunk = 256 / (R/2), so
+        // a decode step of few tokens spreads over N / q_chunk blocks instead of one.
+        const int h0 = (int)(blockIdx.y - 1) * q_chunk;
+        const int hn = min(q_chunk, q_heads - h0);
+        for (i64 t = blockIdx.x; t < q_tokens; t += gridDim.x) {
+            const i64 p = pos[t * pos_s];
+            const bool rotate = p >= 0 && p < max_pos;
+            const float* cs = cache + (rotate ? p : 0) * r;
+            const T* qi = q_in + t * qi_st;
+            T* qo = q_out + t * qo_st;
+            if (rotate) {
+                for (int j = threadIdx.x; j < hn * half; j += blockDim.x) {
+                    const i64 h = h0 + j / half;
+                    vt::rope_pair<T>(qo + h * qo_sh, qi + h * qi_sh, cs, r, j % half, neox != 0);
+                }
+            } else if (qo != qi) {
+                for (int j = threadIdx.x; j < hn * r; j += blockDim.x) {
+                    const i64 h = h0 + j / r;
+                    qo[h * qo_sh + j % r] = qi[h * qi_sh + j % r];
+                }
+            }
+        }
+        return;
+    }
+    // The kv rows: blocks (x, 0), one token at a time.
     for (i64 t = blockIdx.x; t < tokens; t += gridDim.x) {
         T* crow = nullptr;
         if (kvc != nullptr) {
@@ -32,30 +60,14 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
         T* out = rope + t * rope_s;
         T* out2 = crow != nullptr ? crow + l : nullptr;
         const i64 p = pos[t * pos_s];
-        const bool rotate = p >= 0 && p < max_pos;
-        const float* cs = cache + (rotate ? p : 0) * r;
-        if (!rotate) {
+        if (p < 0 || p >= max_pos) {
             for (int i = threadIdx.x; i < r; i += blockDim.x) {
                 out[i] = in[i];
                 if (out2 != nullptr) out2[i] = in[i];
             }
         } else {
+            const float* cs = cache + p * r;
             for (int i = threadIdx.x; i < half; i += blockDim.x) vt::rope_pair<T>(out, in, cs, r, i, neox != 0, out2);
-        }
-        if (t < q_tokens) {
-            const T* qi = q_in + t * qi_st;
-            T* qo = q_out + t * qo_st;
-            if (rotate) {
-                for (int j = threadIdx.x; j < q_heads * half; j += blockDim.x) {
-                    const i64 h = j / half;
-                    vt::rope_pair<T>(qo + h * qo_sh, qi + h * qi_sh, cs, r, j % half, neox != 0);
-                }
-            } else if (qo != qi) {
-                for (int j = threadIdx.x; j < q_heads * r; j += blockDim.x) {
-                    const i64 h = j / r;
-                    qo[h * qo_sh + j % r] = qi[h * qi_sh + j % r];
-                }
-            }
         }
     }
 }
@@ -65,10 +77,10 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
         fused_norm_rope_##S(T* latent, i64 lat_s, T* rope, i64 rope_s, const T* kv, i64 kv_s, const T* w,     \
                             int l, int r, const i64* pos, i64 pos_s, const float* cache, i64 max_pos,         \
                             i64 tokens, float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out,   \
-                            i64 qo_st, i64 qo_sh, int q_heads, i64 q_tokens, T* kvc, i64 c_sb, i64 c_sr,      \
-                            const i64* slots, i64 slot_s, i64 nb, i64 bs) {                                   \
+                            i64 qo_st, i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, T* kvc, i64 c_sb,   \
+                            i64 c_sr, const i64* slots, i64 slot_s, i64 nb, i64 bs) {                         \
         fused_norm_rope<T>(latent, lat_s, rope, rope_s, kv, kv_s, w, l, r, pos, pos_s, cache, max_pos, tokens, \
-                           eps, neox, q_in, qi_st, qi_sh, q_out, qo_st, qo_sh, q_heads, q_tokens, kvc, c_sb,  \
-                           c_sr, slots, slot_s, nb, bs);                                                      \
+                           eps, neox, q_in, qi_st, qi_sh, q_out, qo_st, qo_sh, q_heads, q_tokens, q_chunk,    \
+                           kvc, c_sb, c_sr, slots, slot_s, nb, bs);                                           \
     }
 VT_FOR_EACH_FLOAT(VT_FUSED)

@@ -1,7 +1,9 @@
 //! FusedNormRope: RmsNorm of the latent part and RoPE of the rope part of each kv row in one
 //! launch (`kernels-cuda/fused_norm_rope.cu`), bit-identical to the split ops because both
 //! use `kernels-cuda/norm_rope.cuh` with the same block size. The optional query rope and
-//! cache write ride in the same launch (one block per token does all three).
+//! cache write ride in the same launch: grid row 0 has one block per token for the kv row
+//! (and its cache row), rows 1.. rotate the query, `256 / (R/2)` heads a block (one pair per
+//! thread), so a decode step of one token still spreads its 128 heads over 16 blocks.
 //!
 //! # Floor
 //!
@@ -49,6 +51,9 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
     };
     // The kernel indexes query elements j < heads * R with an int.
     int(OP, "query.input", i64::from(q_heads) * r)?;
+    // Query heads per block of the grid's rows y >= 1: one rotated pair per thread.
+    let q_chunk = (NORM_THREADS as i64 / (r / 2).max(1)).max(1);
+    let q_blocks = if q_tokens > 0 { (i64::from(q_heads) + q_chunk - 1) / q_chunk } else { 0 };
     let (kvc, c_sb, c_sr, slots, slot_s, nb, bs) = match &a.cache_write {
         Some(x) => (
             x.cache.data_addr(),
@@ -61,7 +66,7 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         ),
         None => (0, 0, 0, 0, 0, 0, 1),
     };
-    let args: [Arg; 31] = [
+    let args: [Arg; 32] = [
         a.latent_out.data_addr().into(),
         a.latent_out.stride(0).into(),
         a.rope_out.data_addr().into(),
@@ -86,6 +91,7 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         qo_sh.into(),
         q_heads.into(),
         q_tokens.into(),
+        int(OP, "query.input", q_chunk)?.into(),
         kvc.into(),
         c_sb.into(),
         c_sr.into(),
@@ -94,5 +100,9 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         nb.into(),
         bs.into(),
     ];
-    Ok(vec![Launch::new(&SRC, "fused_norm_rope", a.kv.dtype(), (grid_1d(t), 1, 1), NORM_THREADS, args)])
+    // Rows y >= 1 of the grid rotate the query (q_chunk heads a block); row 0 the kv rows.
+    let grid_y = u32::try_from(1 + q_blocks).ok().filter(|&y| y <= 65_535).ok_or_else(|| {
+        vt_core::Error::invalid(OP, "query.input", format!("{q_heads} heads: too many blocks"))
+    })?;
+    Ok(vec![Launch::new(&SRC, "fused_norm_rope", a.kv.dtype(), (grid_1d(t), grid_y, 1), NORM_THREADS, args)])
 }
