@@ -8,7 +8,7 @@
 // - the query: for t < q_tokens, q_out[t, h] = RoPE(q_in[t, h]) for q_heads heads (q_out is
 //   q_in, in place, or a disjoint view: the decode attention's query); rope_pair as in
 //   rope_from_cache.cu, so the same bits; an out-of-range position copies the input. Done by
-//   the grid's rows y >= 1 (q_chunk heads each), beside the kv rows' blocks (y = 0).
+//   the blocks after the kv rows' first kv_blocks (q_chunk heads of one token each).
 // - the cache write: the values stored to latent_out / rope_out are also stored to
 //   cache[s / bs, s % bs, :] for s = slots[t] (skipped when s < 0 or s / bs >= nb), as
 //   ConcatAndCacheMla would copy them. kvc == nullptr: no cache write.
@@ -18,16 +18,18 @@ template <typename T>
 __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const T* kv, i64 kv_s, const T* w, int l,
                                 int r, const i64* pos, i64 pos_s, const float* cache, i64 max_pos, i64 tokens,
                                 float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out, i64 qo_st,
-                                i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, T* kvc, i64 c_sb, i64 c_sr,
-                                const i64* slots, i64 slot_s, i64 nb, i64 bs) {
+                                i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, i64 q_blocks, i64 kv_blocks,
+                                T* kvc, i64 c_sb, i64 c_sr, const i64* slots, i64 slot_s, i64 nb, i64 bs) {
     const int half = r / 2;
-    if (blockIdx.y > 0) {
-        // The query: blocks (x, y >= 1) rotate heads [(y-1) * q_chunk, y * q_chunk) of tokens
-        // x, x + gridDim.x, ... (< q_tokens); one pair per thread at q_chunk = 256 / (R/2), so
-        // a decode step of few tokens spreads over N / q_chunk blocks instead of one.
-        const int h0 = (int)(blockIdx.y - 1) * q_chunk;
-        const int hn = min(q_chunk, q_heads - h0);
-        for (i64 t = blockIdx.x; t < q_tokens; t += gridDim.x) {
+    if (blockIdx.x >= kv_blocks) {
+        // The query: the blocks past the kv rows' take items (token, chunk of q_chunk heads),
+        // q_blocks chunks per token, grid-stride; one pair per thread at q_chunk = 256 / (R/2),
+        // so a decode step of few tokens spreads over N / q_chunk blocks instead of one.
+        const i64 items = q_tokens * q_blocks, stride = (i64)gridDim.x - kv_blocks;
+        for (i64 b = (i64)blockIdx.x - kv_blocks; b < items; b += stride) {
+            const i64 t = b / q_blocks;
+            const int h0 = (int)(b % q_blocks) * q_chunk;
+            const int hn = min(q_chunk, q_heads - h0);
             const i64 p = pos[t * pos_s];
             const bool rotate = p >= 0 && p < max_pos;
             const float* cs = cache + (rotate ? p : 0) * r;
@@ -47,8 +49,8 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
         }
         return;
     }
-    // The kv rows: blocks (x, 0), one token at a time.
-    for (i64 t = blockIdx.x; t < tokens; t += gridDim.x) {
+    // The kv rows: blocks 0..kv_blocks, one token at a time.
+    for (i64 t = blockIdx.x; t < tokens; t += kv_blocks) {
         T* crow = nullptr;
         if (kvc != nullptr) {
             const i64 s = slots[t * slot_s];
@@ -77,10 +79,11 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
         fused_norm_rope_##S(T* latent, i64 lat_s, T* rope, i64 rope_s, const T* kv, i64 kv_s, const T* w,     \
                             int l, int r, const i64* pos, i64 pos_s, const float* cache, i64 max_pos,         \
                             i64 tokens, float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out,   \
-                            i64 qo_st, i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, T* kvc, i64 c_sb,   \
-                            i64 c_sr, const i64* slots, i64 slot_s, i64 nb, i64 bs) {                         \
+                            i64 qo_st, i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, i64 q_blocks,       \
+                            i64 kv_blocks, T* kvc, i64 c_sb, i64 c_sr, const i64* slots, i64 slot_s, i64 nb,  \
+                            i64 bs) {                                                                         \
         fused_norm_rope<T>(latent, lat_s, rope, rope_s, kv, kv_s, w, l, r, pos, pos_s, cache, max_pos, tokens, \
                            eps, neox, q_in, qi_st, qi_sh, q_out, qo_st, qo_sh, q_heads, q_tokens, q_chunk,    \
-                           kvc, c_sb, c_sr, slots, slot_s, nb, bs);                                           \
+                           q_blocks, kv_blocks, kvc, c_sb, c_sr, slots, slot_s, nb, bs);                      \
     }
 VT_FOR_EACH_FLOAT(VT_FUSED)

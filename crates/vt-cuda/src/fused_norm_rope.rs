@@ -1,9 +1,10 @@
 //! FusedNormRope: RmsNorm of the latent part and RoPE of the rope part of each kv row in one
 //! launch (`kernels-cuda/fused_norm_rope.cu`), bit-identical to the split ops because both
 //! use `kernels-cuda/norm_rope.cuh` with the same block size. The optional query rope and
-//! cache write ride in the same launch: grid row 0 has one block per token for the kv row
-//! (and its cache row), rows 1.. rotate the query, `256 / (R/2)` heads a block (one pair per
-//! thread), so a decode step of one token still spreads its 128 heads over 16 blocks.
+//! cache write ride in the same launch: the first blocks take the kv rows (one token a block,
+//! its cache row too), the blocks after them rotate the query, `256 / (R/2)` heads of one
+//! token a block (one pair per thread), so a one-token decode step still spreads its 128
+//! heads over 16 blocks.
 //!
 //! # Floor
 //!
@@ -51,7 +52,7 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
     };
     // The kernel indexes query elements j < heads * R with an int.
     int(OP, "query.input", i64::from(q_heads) * r)?;
-    // Query heads per block of the grid's rows y >= 1: one rotated pair per thread.
+    // Query heads per query block: one rotated pair per thread.
     let q_chunk = (NORM_THREADS as i64 / (r / 2).max(1)).max(1);
     let q_blocks = if q_tokens > 0 { (i64::from(q_heads) + q_chunk - 1) / q_chunk } else { 0 };
     let (kvc, c_sb, c_sr, slots, slot_s, nb, bs) = match &a.cache_write {
@@ -66,7 +67,15 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         ),
         None => (0, 0, 0, 0, 0, 0, 1),
     };
-    let args: [Arg; 32] = [
+    // Blocks 0..kv_blocks take the kv rows; the rest (at most 2^20) the query's (token,
+    // chunk) items, grid-stride.
+    let kv_blocks = grid_1d(t);
+    let q_items = q_tokens.checked_mul(q_blocks).ok_or_else(|| {
+        vt_core::Error::invalid(OP, "query.input", format!("{q_tokens} tokens x {q_blocks} chunks overflow"))
+    })?;
+    let q_grid = if q_items > 0 { grid_1d(q_items) } else { 0 };
+    let grid = (kv_blocks + q_grid, 1, 1);
+    let args: [Arg; 34] = [
         a.latent_out.data_addr().into(),
         a.latent_out.stride(0).into(),
         a.rope_out.data_addr().into(),
@@ -92,6 +101,8 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         q_heads.into(),
         q_tokens.into(),
         int(OP, "query.input", q_chunk)?.into(),
+        q_blocks.into(),
+        i64::from(kv_blocks).into(),
         kvc.into(),
         c_sb.into(),
         c_sr.into(),
@@ -100,9 +111,5 @@ pub(crate) fn plan(a: &FusedNormRopeArgs<'_>) -> Result<Vec<Launch>> {
         nb.into(),
         bs.into(),
     ];
-    // Rows y >= 1 of the grid rotate the query (q_chunk heads a block); row 0 the kv rows.
-    let grid_y = u32::try_from(1 + q_blocks).ok().filter(|&y| y <= 65_535).ok_or_else(|| {
-        vt_core::Error::invalid(OP, "query.input", format!("{q_heads} heads: too many blocks"))
-    })?;
-    Ok(vec![Launch::new(&SRC, "fused_norm_rope", a.kv.dtype(), (grid_1d(t), grid_y, 1), NORM_THREADS, args)])
+    Ok(vec![Launch::new(&SRC, "fused_norm_rope", a.kv.dtype(), grid, NORM_THREADS, args)])
 }
