@@ -313,15 +313,18 @@ template <int STAGES, bool TMA, int BOXES = 1> struct StageBarriers {
 // tiles ahead into the stage just freed (TMA: one warp issues the boxes, the tile's mbarrier
 // completes it; cp.async: K_FULL is arrived once the group landed). Returns once this
 // warpgroup's cp.async groups are drained. `bars`: the TMA stages' barriers.
-template <typename T, int MT, bool TMA, class Bars, class Products>
+// PROLOGUE = false (TMA only): the caller issued Q and the first two tiles (tma_prologue;
+// decode_wgmma's segment overlap does, before storing the previous segment's output).
+template <typename T, int MT, bool TMA, bool PROLOGUE = true, class Bars, class Products>
 __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
                                                uint32_t sKV, unsigned char* valid, unsigned char* flags,
                                                Bars& bars, const TmaMap* kv_map,
                                                const Loader<T, 128>& ld, int wtid, Products&& products) {
+    static_assert(TMA || PROLOGUE, "the cp.async loads carry state from the prologue into the loop");
     const int t0 = sg.t0, t1 = sg.t1;
-    load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+    if (PROLOGUE) load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
     i64 off = 0;
-    if (TMA) {
+    if (PROLOGUE && TMA) {
         if (wtid < 32) {
             const TmaPlan a = tma_plan(p, sg, t0, wtid), b = tma_plan(p, sg, t0 + 1, wtid);
             tma_issue<Bars::kBoxes>(p, sg, t0, a, sKV, valid, flags, bars.of(0), kv_map, wtid);
@@ -333,7 +336,7 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         cp_async_wait<0>();  // Q
         fence_proxy_async();
         bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
-    } else {
+    } else if (PROLOGUE) {
         off = ld.row_of(p, sg, t0);
         ld.issue(sKV, valid, flags, off);
         cp_async_commit();
@@ -345,7 +348,7 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         fence_proxy_async();
         bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
     }
-    bar_arrive(BAR_P_FREE, 256);
+    if (PROLOGUE) bar_arrive(BAR_P_FREE, 256);
     for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
@@ -375,6 +378,53 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
     }
     cp_async_wait<0>();
 }
+
+// Segment overlap (VT_MLA_SEG_OVERLAP, TMA loads): a warpgroup stores its 256 output columns
+// straight from its accumulators (rows r_lo, r_lo + 8; columns col0 + 8 i + 2 qd (+1)), scaled
+// by 1 / l, instead of staging them in the KV stages, so the stages stay free for the next
+// segment's first tiles, which warpgroup 1 issues before these stores.
+template <typename T>
+__device__ __forceinline__ void store_half(const Params& p, const Segment& sg, int row0, const float (&o)[128],
+                                           int r_lo, int qd, int col0, const float (&l)[2]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int row = row0 + r_lo + 8 * hi;
+        if (row >= p.m_total) continue;
+        const float inv = l[hi] > 0.0f ? 1.0f / l[hi] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+            store_pair<T>(p, sg, row, col0 + 8 * i + 2 * qd, o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
+    }
+}
+
+// Warpgroup 1's half of a segment's prologue under the overlap: Q (cp.async) and the first two
+// tiles (TMA) issued; tma_prologue_done then waits for Q and publishes it (K_FULL) with the
+// first P_FREE, as producer_tiles' own prologue does.
+template <typename T, int MT, class Bars>
+__device__ __forceinline__ void tma_prologue_issue(const Params& p, const Segment& sg, int row0, uint32_t sQ,
+                                                   uint32_t sKV, unsigned char* valid, unsigned char* flags,
+                                                   Bars& bars, const TmaMap* kv_map, int wtid) {
+    load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+    cp_async_commit();
+    if (wtid < 32) {
+        const TmaPlan a = tma_plan(p, sg, sg.t0, wtid), b = tma_plan(p, sg, sg.t0 + 1, wtid);
+        tma_issue<Bars::kBoxes>(p, sg, sg.t0, a, sKV, valid, flags, bars.of(0), kv_map, wtid);
+        if (sg.t0 + 1 < sg.t1)
+            tma_issue<Bars::kBoxes>(p, sg, sg.t0 + 1, b, sKV + TILE_BYTES, valid + BN, flags + 8, bars.of(1), kv_map,
+                                    wtid);
+    }
+}
+__device__ __forceinline__ void tma_prologue_done() {
+    cp_async_wait<0>();  // Q
+    fence_proxy_async();
+    bar_arrive(BAR_K_FULL, 256);
+    bar_arrive(BAR_P_FREE, 256);
+}
+
+// Segment overlap for the TMA kernel (see store_half); 0 restores the staged epilogue.
+#ifndef VT_MLA_SEG_OVERLAP
+#define VT_MLA_SEG_OVERLAP 0
+#endif
 
 template <typename T, bool TMA>
 __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
@@ -409,14 +459,40 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     const Part part = find_part(p, sched);
     int nb = part.b;
     i64 pre = part.pre;
+    // OVERLAP: warpgroup 1 issues segment k+1's Q and first tiles as soon as warpgroup 0 is
+    // done with segment k's Q and stages (BAR_WG0_DONE), then both store k straight from
+    // their accumulators while those loads fly.
+    constexpr bool OVERLAP = TMA && VT_MLA_SEG_OVERLAP;
     Segment sg;
-    while (next_segment(p, part, nb, pre, sg)) {
+    bool have = next_segment(p, part, nb, pre, sg);
+    if (OVERLAP && wg == 1 && have) {
+        tma_prologue_issue<T, MT>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, wtid);
+        tma_prologue_done();
+    }
+    while (have) {
         const int t0 = sg.t0, t1 = sg.t1;
         // This warpgroup's output columns: 0..255 (warpgroup 0), 256..511 (warpgroup 1).
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
+        if (wg == 1 && OVERLAP) {
+            producer_tiles<T, MT, TMA, !OVERLAP>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
+                                              [&](uint32_t kst) {
+                                                  rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                                                  pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
+                                              });
+            bar_sync(BAR_WG0_DONE, 256);  // warpgroup 0 is done with Q and the stages; l in s_fin
+            const float l[2] = {s_fin[r_lo], s_fin[r_lo + 8]};
+            Segment nx;
+            const bool more = next_segment(p, part, nb, pre, nx);
+            if (more) tma_prologue_issue<T, MT>(p, nx, row0, sQ, sKV, valid, flags, bars, kv_map, wtid);
+            store_half<T>(p, sg, row0, o, r_lo, qd, 256, l);
+            if (more) tma_prologue_done();
+            sg = nx;
+            have = more;
+            continue;
+        }
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
@@ -544,15 +620,29 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
             // Row sums (a quad per row) and maxima for the copy-out.
+            float lq[2];
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 float l = l_run[hi];
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
                 l += __shfl_xor_sync(0xffffffffu, l, 2);
+                lq[hi] = l;
                 if (qd == 0) {
                     s_fin[r_lo + 8 * hi] = l;
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
+            }
+            if (OVERLAP) {
+                bar_arrive(BAR_WG0_DONE, 256);  // done with Q and the stages; row sums in s_fin
+                store_half<T>(p, sg, row0, o, r_lo, qd, 0, lq);
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {
+                    const int row = row0 + r_lo + 8 * hi;
+                    if (qd == 0 && row < p.m_total)
+                        store_lse<T>(p, sg, row, lq[hi] > 0.0f ? m_run[hi] + log2f(lq[hi]) : vt::neg_inf());
+                }
+                have = next_segment(p, part, nb, pre, sg);
+                continue;
             }
             bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
             bar_sync(BAR_WG1_DONE, 256);
@@ -561,6 +651,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
             bar_arrive(BAR_OUT_READ, 256);
         }
+        have = next_segment(p, part, nb, pre, sg);
     }
 }
 
