@@ -46,94 +46,51 @@ template <int MT> struct Layout {
     static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [STAGES][BN]: token row exists
     static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
     static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
-    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES][NSUB]: TMA column block landed
-    static constexpr int END = OFF_MBAR + STAGES * NSUB * 8;
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
+    static constexpr int END = OFF_MBAR + STAGES * 8;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
 
-// TMA barriers per KV stage of the 64-row kernel: NSUB (one per 64-feature column block, so
-// S = Q K^T starts on the first block to land) or 1 (the whole tile). The layout keeps room
-// for NSUB either way.
-#ifndef VT_MLA_WGMMA_BOXES
-#define VT_MLA_WGMMA_BOXES NSUB
-#endif
-
-// Where warp 0 of warpgroup 1 loads KV tile `tile` of segment sg from, looked up one tile
-// ahead of the issue (the block-table reads are dependent global loads; done before the
-// stage frees, their latency hides behind this warpgroup's P V): per lane the flags of
-// tokens lane and lane + 32, and box `lane`'s page and row (pages past the sequence or with
-// a bad block id read block NB, out of the map: zeros).
-struct TmaPlan {
-    bool ok0, ok1, any_bad;
-    int blk, row;
-};
-
-// Boxes per tile: NSUB column blocks x (BN / R) row boxes, R = min(BS, BN) rows per box.
-__device__ __forceinline__ int tma_boxes(const Params& p) { return (BN / (p.BS < BN ? p.BS : BN)) * NSUB; }
-
-__device__ __forceinline__ void tma_box_src(const Params& p, const Segment& sg, int tile, int idx, int& blk,
-                                            int& row) {
-    const int R = p.BS < BN ? p.BS : BN;
-    const int pb = idx / NSUB;
-    const int j = tile * BN + pb * R;  // first token of the box
-    blk = p.NB;
-    row = 0;
-    if (tile < sg.t1 && j < sg.len) {
-        const int bi = j / p.BS;
-        const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (v >= 0 && v < p.NB) {
-            blk = v;
-            row = j - bi * p.BS;
-        }
-    }
-}
-
-__device__ __forceinline__ TmaPlan tma_plan(const Params& p, const Segment& sg, int tile, int lane) {
-    TmaPlan pl;
-    bool ok[2], bad = false;
+// Warp 0 of warpgroup 1 loads KV tile `tile` of segment sg into the stage at dst through the
+// TMA: every box of the tile is issued (pages past the sequence or with a bad block id read
+// block NB, out of the map: zeros), so the stage's barrier always completes with TILE_BYTES.
+// The token flags (valid, flags) are written first and published by the expect_tx arrival.
+template <typename T>
+__device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int tile, uint32_t dst,
+                                         unsigned char* valid, unsigned char* flags, uint32_t bar,
+                                         const TmaMap* map, int lane) {
+    const int R = p.BS < BN ? p.BS : BN;  // rows per box
+    bool bad = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int j = tile * BN + lane + 32 * h;
-        ok[h] = false;
+        const int tok = lane + 32 * h, j = tile * BN + tok;
+        bool ok = false;
         if (tile < sg.t1 && j < sg.len) {
             const int blk = __ldg(p.block_table + sg.b * p.bt_sb + (j / p.BS) * p.bt_sm);
-            ok[h] = blk >= 0 && blk < p.NB;
-            bad |= !ok[h];
+            ok = blk >= 0 && blk < p.NB;
+            bad |= !ok;
         }
+        valid[tok] = ok ? 1 : 0;
     }
-    pl.ok0 = ok[0];
-    pl.ok1 = ok[1];
-    pl.any_bad = __ballot_sync(0xffffffffu, bad) != 0u;
-    pl.blk = p.NB;
-    pl.row = 0;
-    if (lane < tma_boxes(p)) tma_box_src(p, sg, tile, lane, pl.blk, pl.row);
-    return pl;
-}
-
-// Warp 0 of warpgroup 1 issues KV tile `tile` (planned by tma_plan) into the stage at dst
-// through the TMA: every box of the tile is issued, so the stage's barriers always complete
-// with TILE_BYTES. BOXES = 1: one barrier (bar) for the whole tile; BOXES = NSUB: one per
-// 64-feature column block (bar + 8 cb, SUB_BYTES each), so S = Q K^T can start on the first
-// column block. The token flags (valid, flags) are written first and published by the
-// expect_tx arrivals.
-template <int BOXES>
-__device__ __forceinline__ void tma_issue(const Params& p, const Segment& sg, int tile, const TmaPlan& pl,
-                                          uint32_t dst, unsigned char* valid, unsigned char* flags, uint32_t bar,
-                                          const TmaMap* map, int lane) {
-    static_assert(BOXES == 1 || BOXES == NSUB, "one barrier per tile or per column block");
-    const int R = p.BS < BN ? p.BS : BN;  // rows per box
-    valid[lane] = pl.ok0 ? 1 : 0;
-    valid[lane + 32] = pl.ok1 ? 1 : 0;
-    if (lane == 0) *reinterpret_cast<unsigned long long*>(flags) = pl.any_bad ? 1ull : 0ull;
+    const unsigned any_bad = __ballot_sync(0xffffffffu, bad);
+    if (lane == 0) *reinterpret_cast<unsigned long long*>(flags) = any_bad != 0u ? 1ull : 0ull;
     __syncwarp();
-    if (lane < BOXES) mbar_expect_tx(bar + 8 * lane, TILE_BYTES / BOXES);
+    if (lane == 0) mbar_expect_tx(bar, TILE_BYTES);
     __syncwarp();
-    const int nbox = tma_boxes(p);
+    const int nbox = (BN / R) * NSUB;
     for (int idx = lane; idx < nbox; idx += 32) {
         const int pb = idx / NSUB, cb = idx - pb * NSUB;
-        int blk = pl.blk, row = pl.row;
-        if (idx >= 32) tma_box_src(p, sg, tile, idx, blk, row);  // more boxes than lanes (BS < 64)
-        tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar + 8 * (BOXES == 1 ? 0 : cb));
+        const int j = tile * BN + pb * R;  // first token of the box
+        int blk = p.NB, row = 0;
+        if (tile < sg.t1 && j < sg.len) {
+            const int bi = j / p.BS;
+            const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+            if (v >= 0 && v < p.NB) {
+                blk = v;
+                row = j - bi * p.BS;
+            }
+        }
+        tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
     }
 }
 
@@ -278,32 +235,25 @@ __device__ __forceinline__ void stage_and_store(const Params& p, const Segment& 
     copy_out<T, MT>(p, sg, row0, so, col0, s_fin, wtid, with_lse);
 }
 
-// The TMA stages' mbarriers (arrival count 1 each, BOXES per stage, 8 bytes apart from
-// `bar`), initialized by thread 0 when TMA, and this thread's parity of each stage's next
-// completion (bit st). Shared by the wgmma kernels (decode_wgmma, decode_wgmma_narrow).
-template <int STAGES, bool TMA, int BOXES = 1> struct StageBarriers {
-    static constexpr int kBoxes = BOXES;
+// The TMA stages' mbarriers (arrival count 1 each, 8 bytes apart from `bar`), initialized
+// by thread 0 when TMA, and this thread's parity of each stage's next completion (bit st).
+// Shared by the wgmma kernels (decode_wgmma, decode_wgmma_narrow).
+template <int STAGES, bool TMA> struct StageBarriers {
     uint32_t bar;
     uint32_t phases = 0;
 
     // Every thread of the block calls this (a block barrier when TMA).
     __device__ __forceinline__ explicit StageBarriers(uint32_t b) : bar(b) {
         if (TMA && threadIdx.x == 0) {
-            for (int s = 0; s < STAGES * BOXES; ++s) mbar_init(bar + 8 * s, 1);
+            for (int s = 0; s < STAGES; ++s) mbar_init(bar + 8 * s, 1);
         }
         if (TMA) __syncthreads();
     }
-    // The first barrier of stage st (its column blocks' follow, 8 bytes apart).
-    __device__ __forceinline__ uint32_t of(int st) const { return bar + 8 * BOXES * st; }
-    // Waits for box b of stage st's next completion (the stage's phase bit is kept).
-    __device__ __forceinline__ void wait_box(int st, int b) const { mbar_wait(of(st) + 8 * b, (phases >> st) & 1); }
-    // Every box of stage st was waited for: the next wait is for its next completion.
-    __device__ __forceinline__ void done(int st) { phases ^= 1u << st; }
-    // Waits for stage st's next completion (all of its boxes).
+    __device__ __forceinline__ uint32_t of(int st) const { return bar + 8 * st; }
+    // Waits for stage st's next completion.
     __device__ __forceinline__ void wait(int st) {
-#pragma unroll
-        for (int b = 0; b < BOXES; ++b) wait_box(st, b);
-        done(st);
+        mbar_wait(of(st), (phases >> st) & 1);
+        phases ^= 1u << st;
     }
 };
 
@@ -313,30 +263,24 @@ template <int STAGES, bool TMA, int BOXES = 1> struct StageBarriers {
 // tiles ahead into the stage just freed (TMA: one warp issues the boxes, the tile's mbarrier
 // completes it; cp.async: K_FULL is arrived once the group landed). Returns once this
 // warpgroup's cp.async groups are drained. `bars`: the TMA stages' barriers.
-// PROLOGUE = false (TMA only): the caller issued Q and the first two tiles (tma_prologue;
-// decode_wgmma's segment overlap does, before storing the previous segment's output).
-template <typename T, int MT, bool TMA, bool PROLOGUE = true, class Bars, class Products>
+template <typename T, int MT, bool TMA, class Products>
 __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
                                                uint32_t sKV, unsigned char* valid, unsigned char* flags,
-                                               Bars& bars, const TmaMap* kv_map,
+                                               StageBarriers<2, TMA>& bars, const TmaMap* kv_map,
                                                const Loader<T, 128>& ld, int wtid, Products&& products) {
-    static_assert(TMA || PROLOGUE, "the cp.async loads carry state from the prologue into the loop");
     const int t0 = sg.t0, t1 = sg.t1;
-    if (PROLOGUE) load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
+    load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
     i64 off = 0;
-    if (PROLOGUE && TMA) {
+    if (TMA) {
         if (wtid < 32) {
-            const TmaPlan a = tma_plan(p, sg, t0, wtid), b = tma_plan(p, sg, t0 + 1, wtid);
-            tma_issue<Bars::kBoxes>(p, sg, t0, a, sKV, valid, flags, bars.of(0), kv_map, wtid);
-            if (t0 + 1 < t1)
-                tma_issue<Bars::kBoxes>(p, sg, t0 + 1, b, sKV + TILE_BYTES, valid + BN, flags + 8, bars.of(1),
-                                        kv_map, wtid);
+            tma_tile<T>(p, sg, t0, sKV, valid, flags, bars.of(0), kv_map, wtid);
+            if (t0 + 1 < t1) tma_tile<T>(p, sg, t0 + 1, sKV + TILE_BYTES, valid + BN, flags + 8, bars.of(1), kv_map, wtid);
         }
         cp_async_commit();
         cp_async_wait<0>();  // Q
         fence_proxy_async();
         bar_arrive(BAR_K_FULL, 256);  // Q is in shared memory (the tiles signal their mbarriers)
-    } else if (PROLOGUE) {
+    } else {
         off = ld.row_of(p, sg, t0);
         ld.issue(sKV, valid, flags, off);
         cp_async_commit();
@@ -348,12 +292,10 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         fence_proxy_async();
         bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
     }
-    if (PROLOGUE) bar_arrive(BAR_P_FREE, 256);
+    bar_arrive(BAR_P_FREE, 256);
     for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
-        TmaPlan next{};
-        if (TMA && t + 2 < t1 && wtid < 32) next = tma_plan(p, sg, t + 2, wtid);  // before P(t): see TmaPlan
         bar_sync(BAR_P_FULL, 256);
         if (TMA) bars.wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
         products(kst);
@@ -361,8 +303,7 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
         if (TMA) {
             if (t + 2 < t1 && wtid < 32)
-                tma_issue<Bars::kBoxes>(p, sg, t + 2, next, kst, valid + st * BN, flags + st * 8, bars.of(st),
-                                        kv_map, wtid);
+                tma_tile<T>(p, sg, t + 2, kst, valid + st * BN, flags + st * 8, bars.of(st), kv_map, wtid);
             continue;
         }
         if (t + 1 < t1) {
@@ -378,53 +319,6 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
     }
     cp_async_wait<0>();
 }
-
-// Segment overlap (VT_MLA_SEG_OVERLAP, TMA loads): a warpgroup stores its 256 output columns
-// straight from its accumulators (rows r_lo, r_lo + 8; columns col0 + 8 i + 2 qd (+1)), scaled
-// by 1 / l, instead of staging them in the KV stages, so the stages stay free for the next
-// segment's first tiles, which warpgroup 1 issues before these stores.
-template <typename T>
-__device__ __forceinline__ void store_half(const Params& p, const Segment& sg, int row0, const float (&o)[128],
-                                           int r_lo, int qd, int col0, const float (&l)[2]) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        const int row = row0 + r_lo + 8 * hi;
-        if (row >= p.m_total) continue;
-        const float inv = l[hi] > 0.0f ? 1.0f / l[hi] : 0.0f;
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-            store_pair<T>(p, sg, row, col0 + 8 * i + 2 * qd, o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
-    }
-}
-
-// Warpgroup 1's half of a segment's prologue under the overlap: Q (cp.async) and the first two
-// tiles (TMA) issued; tma_prologue_done then waits for Q and publishes it (K_FULL) with the
-// first P_FREE, as producer_tiles' own prologue does.
-template <typename T, int MT, class Bars>
-__device__ __forceinline__ void tma_prologue_issue(const Params& p, const Segment& sg, int row0, uint32_t sQ,
-                                                   uint32_t sKV, unsigned char* valid, unsigned char* flags,
-                                                   Bars& bars, const TmaMap* kv_map, int wtid) {
-    load_q<T, MT, 128>(p, sg.b, row0, sQ, wtid);
-    cp_async_commit();
-    if (wtid < 32) {
-        const TmaPlan a = tma_plan(p, sg, sg.t0, wtid), b = tma_plan(p, sg, sg.t0 + 1, wtid);
-        tma_issue<Bars::kBoxes>(p, sg, sg.t0, a, sKV, valid, flags, bars.of(0), kv_map, wtid);
-        if (sg.t0 + 1 < sg.t1)
-            tma_issue<Bars::kBoxes>(p, sg, sg.t0 + 1, b, sKV + TILE_BYTES, valid + BN, flags + 8, bars.of(1), kv_map,
-                                    wtid);
-    }
-}
-__device__ __forceinline__ void tma_prologue_done() {
-    cp_async_wait<0>();  // Q
-    fence_proxy_async();
-    bar_arrive(BAR_K_FULL, 256);
-    bar_arrive(BAR_P_FREE, 256);
-}
-
-// Segment overlap for the TMA kernel (see store_half); 0 restores the staged epilogue.
-#ifndef VT_MLA_SEG_OVERLAP
-#define VT_MLA_SEG_OVERLAP 0
-#endif
 
 template <typename T, bool TMA>
 __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
@@ -442,8 +336,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
     if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
-    constexpr int BOXES = VT_MLA_WGMMA_BOXES;
-    StageBarriers<L::STAGES, TMA, BOXES> bars(base + L::OFF_MBAR);
+    StageBarriers<L::STAGES, TMA> bars(base + L::OFF_MBAR);
     grid_dep_launch();
 
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
@@ -459,40 +352,14 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     const Part part = find_part(p, sched);
     int nb = part.b;
     i64 pre = part.pre;
-    // OVERLAP: warpgroup 1 issues segment k+1's Q and first tiles as soon as warpgroup 0 is
-    // done with segment k's Q and stages (BAR_WG0_DONE), then both store k straight from
-    // their accumulators while those loads fly.
-    constexpr bool OVERLAP = TMA && VT_MLA_SEG_OVERLAP;
     Segment sg;
-    bool have = next_segment(p, part, nb, pre, sg);
-    if (OVERLAP && wg == 1 && have) {
-        tma_prologue_issue<T, MT>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, wtid);
-        tma_prologue_done();
-    }
-    while (have) {
+    while (next_segment(p, part, nb, pre, sg)) {
         const int t0 = sg.t0, t1 = sg.t1;
         // This warpgroup's output columns: 0..255 (warpgroup 0), 256..511 (warpgroup 1).
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-        if (wg == 1 && OVERLAP) {
-            producer_tiles<T, MT, TMA, !OVERLAP>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
-                                              [&](uint32_t kst) {
-                                                  rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                                                  pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
-                                              });
-            bar_sync(BAR_WG0_DONE, 256);  // warpgroup 0 is done with Q and the stages; l in s_fin
-            const float l[2] = {s_fin[r_lo], s_fin[r_lo + 8]};
-            Segment nx;
-            const bool more = next_segment(p, part, nb, pre, nx);
-            if (more) tma_prologue_issue<T, MT>(p, nx, row0, sQ, sKV, valid, flags, bars, kv_map, wtid);
-            store_half<T>(p, sg, row0, o, r_lo, qd, 256, l);
-            if (more) tma_prologue_done();
-            sg = nx;
-            have = more;
-            continue;
-        }
         if (wg == 1) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
@@ -521,7 +388,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                 const unsigned char* vst = valid + st * BN;
                 if (TMA) {
                     if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
-                    if (BOXES == 1) bars.wait(st);
+                    bars.wait(st);
                 } else {
                     bar_sync(BAR_K_FULL + st, 256);
                 }
@@ -530,22 +397,14 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                 // slower than this: see docs/perf.md.)
                 float s[32];
                 const uint64_t dk = gmma_desc(kst, 16, 1024);
-                if (TMA && BOXES > 1) bars.wait_box(st, 0);
                 wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < FD / 16; ++ks) {
-                    if (TMA && BOXES > 1 && (ks & 3) == 0 && ks > 0) {
-                        // Column block ks / 4 landed; the fence after the (divergent) wait keeps
-                        // ptxas from serializing the chain (C7520).
-                        bars.wait_box(st, ks >> 2);
-                        wgmma_fence();
-                    }
                     // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
                     const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
                     Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
                 }
                 wgmma_commit();
-                if (TMA && BOXES > 1) bars.done(st);
                 wgmma_wait<0>();
                 pin(s);
                 if (TMA && t * BN + BN > sg.len) {
@@ -620,29 +479,15 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
             // Row sums (a quad per row) and maxima for the copy-out.
-            float lq[2];
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
                 float l = l_run[hi];
                 l += __shfl_xor_sync(0xffffffffu, l, 1);
                 l += __shfl_xor_sync(0xffffffffu, l, 2);
-                lq[hi] = l;
                 if (qd == 0) {
                     s_fin[r_lo + 8 * hi] = l;
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
-            }
-            if (OVERLAP) {
-                bar_arrive(BAR_WG0_DONE, 256);  // done with Q and the stages; row sums in s_fin
-                store_half<T>(p, sg, row0, o, r_lo, qd, 0, lq);
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const int row = row0 + r_lo + 8 * hi;
-                    if (qd == 0 && row < p.m_total)
-                        store_lse<T>(p, sg, row, lq[hi] > 0.0f ? m_run[hi] + log2f(lq[hi]) : vt::neg_inf());
-                }
-                have = next_segment(p, part, nb, pre, sg);
-                continue;
             }
             bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
             bar_sync(BAR_WG1_DONE, 256);
@@ -651,7 +496,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
             bar_arrive(BAR_OUT_READ, 256);
         }
-        have = next_segment(p, part, nb, pre, sg);
     }
 }
 

@@ -24,7 +24,7 @@ pub(super) const fn smem(mt: u32) -> u32 {
         + STAGES * 64
         + STAGES * 8
         + 40 * 4
-        + STAGES * 9 * 8
+        + STAGES * 8
         + 1024
 }
 
