@@ -16,6 +16,17 @@ use mla_block::{MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepMod
 use serving::{serve, to_f64, Serving};
 use vt_core::{Buffer, DType, Device, DeviceType, Queue};
 
+/// One CUDA test of this file at a time: another test's thread may make an implicit device
+/// synchronization (a free, say) while this one records, which can invalidate the capture and
+/// says nothing about the step captured. Call 5 of 2026-12-01 saw
+/// `decode_graphs_replay_v32_sparse_steps` lose its capture ("invalidated before LayerNorm")
+/// with every test of this file in parallel, after passing with two test threads; this is the
+/// suspected cause, not yet confirmed on a GPU.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn a_decode_step_of_the_block_captures_into_a_cuda_graph_and_replays_bit_for_bit() {
     capture_and_replay_a_decode_step(None);
@@ -30,6 +41,7 @@ fn a_decode_step_with_the_fusions_on_captures_into_a_cuda_graph_and_replays_bit_
 }
 
 fn capture_and_replay_a_decode_step(fuse: Option<bool>) {
+    let _gpu = one_at_a_time();
     vt_backends::init();
     let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
         eprintln!("SKIP: no CUDA device");
@@ -191,6 +203,7 @@ fn launch_without_a_matching_prepare_is_an_error_naming_the_workspace() {
 /// schedule.
 #[test]
 fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
+    let _gpu = one_at_a_time();
     vt_backends::init();
     let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
         eprintln!("SKIP: no CUDA device");
@@ -252,6 +265,7 @@ fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
 /// reports its distance to the CPU without a bound: bf16 rounding may flip near-tied picks.
 #[test]
 fn decode_graphs_replay_v32_sparse_steps() {
+    let _gpu = one_at_a_time();
     vt_backends::init();
     let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
         eprintln!("SKIP: no CUDA device");
@@ -302,6 +316,7 @@ fn decode_graphs_replay_v32_sparse_steps() {
 /// differently strided output, which cuBLAS may serve with another algorithm).
 #[test]
 fn decode_graphs_replay_with_the_decode_step_fusions_on() {
+    let _gpu = one_at_a_time();
     vt_backends::init();
     let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
         eprintln!("SKIP: no CUDA device");
