@@ -20,6 +20,21 @@ use vt_cuda::fp8_matmul::{
     batched_matmul_fp8_with, matmul_bt_fp8_with, matmul_bt_fp8_with_options, Fp8Options, Kernel,
 };
 
+/// The CUDA graph test captures on its queue while no other test of this file runs: another
+/// thread's allocation or free (an implicit device synchronization) during the capture would
+/// invalidate it (the H200 call of 21:16 saw `lt_replays_in_a_cuda_graph` fail that way with
+/// every test in parallel, after passing in the call before). Every other test holds the
+/// shared side.
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    GPU_TESTS.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    GPU_TESTS.write().unwrap_or_else(|e| e.into_inner())
+}
+
+static GPU_TESTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn cuda() -> Option<(Queue, Queue)> {
     static PROBE: OnceLock<Probe> = OnceLock::new();
     let probe = PROBE.get_or_init(|| {
@@ -151,6 +166,7 @@ fn matmul_case_split(
 /// 128-groups / K tiles, one split, uneven ones; the planner's choice at decode shapes.
 #[test]
 fn split_k_partials_add_up() {
+    let _gpu = shared();
     for splits in [1, 2, 3, 7, 64] {
         matmul_case_split(Kernel::Gemv, Some(splits), DType::BF16, (7, 264, 1024), 1024, 0, false);
         matmul_case_split(Kernel::Gemv, Some(splits), DType::F16, (33, 136, 400), 400, 128, false);
@@ -165,6 +181,7 @@ fn split_k_partials_add_up() {
 
 #[test]
 fn gemv_decode_rows() {
+    let _gpu = shared();
     for dt in [DType::BF16, DType::F16] {
         matmul_case(Kernel::Gemv, dt, 1, 576, 512, 512, 0, false);
         matmul_case(Kernel::Gemv, dt, 7, 200, 400, 416, 128, false);
@@ -174,6 +191,7 @@ fn gemv_decode_rows() {
 
 #[test]
 fn gemv_many_tokens_and_long_k() {
+    let _gpu = shared();
     matmul_case(Kernel::Gemv, DType::BF16, 128, 264, 1536, 1552, 256, false);
     matmul_case(Kernel::Gemv, DType::BF16, 33, 2112, 7168, 7168, 0, false);
     matmul_case(Kernel::Gemv, DType::F16, 4096, 136, 400, 400, 0, false);
@@ -181,6 +199,7 @@ fn gemv_many_tokens_and_long_k() {
 
 #[test]
 fn mma_both_fp8() {
+    let _gpu = shared();
     for dt in [DType::BF16, DType::F16, DType::F32] {
         matmul_case(Kernel::Mma, dt, 7, 200, 400, 400, 0, true);
         matmul_case(Kernel::Mma, dt, 128, 256, 512, 528, 128, true);
@@ -191,6 +210,7 @@ fn mma_both_fp8() {
 
 #[test]
 fn wgmma_both_fp8() {
+    let _gpu = shared();
     for dt in [DType::BF16, DType::F16, DType::F32] {
         matmul_case(Kernel::Wgmma, dt, 7, 200, 400, 400, 0, true);
         matmul_case(Kernel::Wgmma, dt, 128, 256, 512, 528, 128, true);
@@ -203,6 +223,7 @@ fn wgmma_both_fp8() {
 
 #[test]
 fn generic_and_auto() {
+    let _gpu = shared();
     for dt in [DType::BF16, DType::F32] {
         matmul_case(Kernel::Generic, dt, 7, 70, 200, 203, 0, false);
         matmul_case(Kernel::Generic, dt, 5, 70, 200, 200, 128, true);
@@ -216,6 +237,7 @@ fn generic_and_auto() {
 
 #[test]
 fn forced_kernels_refuse_views_they_cannot_take() {
+    let _gpu = shared();
     let Some((_c, g)) = cuda() else { return };
     let f8 = DType::F8E4M3;
     let (out, a, b, s) = (
@@ -272,6 +294,7 @@ fn bmm_case(kernel: Kernel, dt: DType, heads: i64, m: i64, which: &str) {
 
 #[test]
 fn absorbed_bmm() {
+    let _gpu = shared();
     for dt in [DType::BF16, DType::F16] {
         for m in [1, 7, 128] {
             bmm_case(Kernel::Gemv, dt, 16, m, "w_uv");
@@ -284,6 +307,7 @@ fn absorbed_bmm() {
 
 #[test]
 fn quantize_matches_the_cpu_byte_for_byte() {
+    let _gpu = shared();
     let Some((c, g)) = cuda() else { return };
     for dt in [DType::BF16, DType::F16, DType::F32] {
         for (m, k, ld) in [(1i64, 7168i64, 7168i64), (7, 200, 210), (4096, 512, 512), (3, 384, 384)] {
@@ -374,6 +398,7 @@ fn lt_skip(g: &Queue) -> bool {
 /// of the full-size layer shapes.)
 #[test]
 fn lt_matches_the_cpu() {
+    let _gpu = shared();
     let Some((_c, g)) = cuda() else { return };
     if lt_skip(&g) {
         return;
@@ -405,6 +430,7 @@ fn lt_matches_the_cpu() {
 /// fail with an error naming the op, never write garbage). Both run; failures are listed.
 #[test]
 fn lt_other_outputs() {
+    let _gpu = shared();
     let Some((_c, g)) = cuda() else { return };
     if lt_skip(&g) {
         return;
@@ -419,9 +445,10 @@ fn lt_other_outputs() {
     assert!(failed.is_empty(), "Lt failed for {} outputs", failed.join(", "));
 }
 
-/// Auto takes Lt only under `VT_FP8_LT`, and only where the layouts fit.
+/// Auto takes Lt only under `VT_FP8_LT` (on by default), and only where the layouts fit.
 #[test]
 fn auto_takes_lt_only_when_the_flag_is_on() {
+    let _gpu = shared();
     let Some((_c, g)) = cuda() else { return };
     if lt_skip(&g) {
         return;
@@ -443,6 +470,7 @@ fn auto_takes_lt_only_when_the_flag_is_on() {
 /// writes nothing.
 #[test]
 fn forced_lt_refuses_views_outside_its_rules() {
+    let _gpu = shared();
     let Some((_c, g)) = cuda() else { return };
     let f8 = DType::F8E4M3;
     let (m, n, k) = (32i64, 256i64, 512i64);
@@ -515,6 +543,7 @@ fn forced_lt_refuses_views_outside_its_rules() {
 /// chose the algorithm) replays to the same output as the eager call, bit for bit.
 #[test]
 fn lt_replays_in_a_cuda_graph() {
+    let _gpu = exclusive();
     let Some((_c, g)) = cuda() else { return };
     if lt_skip(&g) {
         return;
