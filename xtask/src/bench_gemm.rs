@@ -11,7 +11,8 @@
 //! - Columns: `bf16` (cuBLAS, forced), `sk16` (bf16 on the skinny swap-AB kernel, forced;
 //!   decode rows), `w8` (weight-only fp8: bf16 activations, the Gemv kernel, forced), `sk8`
 //!   (weight-only fp8 on the skinny kernel, forced; decode rows),
-//!   `w8a8` (both fp8, the Wgmma kernel on sm_90, on activations quantized beforehand),
+//!   `w8a8` (both fp8 on vt's kernel: Wgmma forced on sm_90, where Auto now takes cuBLASLt,
+//!   Auto elsewhere; BMMs: Auto; on activations quantized beforehand),
 //!   `lt` (both fp8 on cuBLASLt's block-scaled GEMM, `Kernel::Lt`, forced, the same operands;
 //!   linear rows only: the absorbed BMMs are not routed to it; `-` where it refuses the views
 //!   or has no algorithm, the reason printed once), `quant` (QuantizeFp8 of the activations,
@@ -550,13 +551,19 @@ fn cell(
                 row.sk8_us =
                     Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8, Kernel::Skinny).map(|_| ()))?);
             }
-            let kernel = matmul_bt_fp8_with(q, &w8a8, Kernel::Auto)?;
+            // Our tensor-core kernel, forced on sm_90 (Auto takes cuBLASLt there now: the `lt`
+            // column below), Auto elsewhere (Mma on sm_89/100).
+            let ours = if q.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90) {
+                Kernel::Wgmma
+            } else {
+                Kernel::Auto
+            };
+            let kernel = matmul_bt_fp8_with(q, &w8a8, ours)?;
             row.w8a8_kernel = format!("{kernel:?}");
             if check {
                 errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
             }
-            row.w8a8_us =
-                Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, Kernel::Auto).map(|_| ()))?);
+            row.w8a8_us = Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, ours).map(|_| ()))?);
             // cuBLASLt on the same operands (the activation scales are stored [KB, M], the
             // weight scales row-major: its layouts for these shapes); refused shapes print why.
             match matmul_bt_fp8_with(q, &w8a8, Kernel::Lt) {
