@@ -96,8 +96,17 @@ pub struct OpCost {
 
 /// The FLOPs and bytes of each op of a prefill forward (the fused norm+rope path) of `t`
 /// new tokens after `context` cached ones, the context gathered `chunk_rows` rows at a time;
-/// `elt` bytes per element. Names as `op_timer::label` gives them.
-pub fn op_costs(d: &MlaBlockDims, t: i64, context: i64, chunk_rows: i64, elt: usize) -> Vec<OpCost> {
+/// `elt` bytes per element. Names as `op_timer::label` gives them. `fused_cache_write`: the
+/// cache write rides in `kv_norm_rope` (`VT_FUSE_CACHE_WRITE`, `MlaBlock::uses_fused_cache_write`):
+/// its row writes count there and there is no `cache_write` launch.
+pub fn op_costs(
+    d: &MlaBlockDims,
+    t: i64,
+    context: i64,
+    chunk_rows: i64,
+    elt: usize,
+    fused_cache_write: bool,
+) -> Vec<OpCost> {
     let f = |x: i64| x as f64;
     let e = elt as f64;
     let (tt, c) = (f(t), f(context));
@@ -119,9 +128,15 @@ pub fn op_costs(d: &MlaBlockDims, t: i64, context: i64, chunk_rows: i64, elt: us
     }
     // positions (i64) and one f32 cos/sin row of R per token.
     let rope_meta = 8.0 * tt + 4.0 * tt * r;
-    push("kv_norm_rope", (0.0, e * 2.0 * tt * (l + r) + l * e + rope_meta));
-    push("rope", (0.0, e * 2.0 * tt * n * r + rope_meta));
-    push("cache_write", (0.0, e * 2.0 * tt * (l + r) + 8.0 * tt));
+    if fused_cache_write {
+        // The cache rows written (and the slots read) by the same launch.
+        push("kv_norm_rope", (0.0, e * 3.0 * tt * (l + r) + l * e + rope_meta + 8.0 * tt));
+        push("rope", (0.0, e * 2.0 * tt * n * r + rope_meta));
+    } else {
+        push("kv_norm_rope", (0.0, e * 2.0 * tt * (l + r) + l * e + rope_meta));
+        push("rope", (0.0, e * 2.0 * tt * n * r + rope_meta));
+        push("cache_write", (0.0, e * 2.0 * tt * (l + r) + 8.0 * tt));
+    }
     push("kv_b_proj", gemm(tt, n * (p + v), l));
     push("concat_k", (0.0, e * (tt * n * p + tt * r + tt * n * (p + r))));
     let pairs = tt * (tt + 1.0) / 2.0;
@@ -605,7 +620,8 @@ pub fn run(a: &PrefillBenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>
         });
         match res {
             Ok(s) => {
-                let costs = op_costs(&d, t, a.context, chunk_tokens, dtype.size_of());
+                let costs =
+                    op_costs(&d, t, a.context, chunk_tokens, dtype.size_of(), block.uses_fused_cache_write());
                 let flops: f64 = costs.iter().map(|c| c.flops).sum();
                 let prow = peer.as_ref().and_then(|p| p.row(t, a.context));
                 println!(
@@ -662,7 +678,7 @@ mod tests {
     #[test]
     fn v3_flops_follow_the_gemm_and_attention_formulas() {
         let d = v3();
-        let c = op_costs(&d, 1024, 0, 1, 2);
+        let c = op_costs(&d, 1024, 0, 1, 2, false);
         let t = 1024.0;
         assert_eq!(cost(&c, "q_a_proj").flops, 2.0 * t * 1536.0 * 7168.0);
         assert_eq!(cost(&c, "kv_a_proj").flops, 2.0 * t * 576.0 * 7168.0);
@@ -681,7 +697,7 @@ mod tests {
     #[test]
     fn context_adds_the_gather_the_context_up_projection_and_the_merges() {
         let d = v3();
-        let c = op_costs(&d, 4096, 16384, 8192, 2);
+        let c = op_costs(&d, 4096, 16384, 8192, 2, false);
         assert_eq!(cost(&c, "attention (ctx)").flops, 2.0 * 4096.0 * 16384.0 * 128.0 * 320.0);
         assert_eq!(cost(&c, "kv_b_proj (ctx)").flops, 2.0 * 16384.0 * 512.0 * 128.0 * 256.0);
         assert_eq!(cost(&c, "gather_ctx").bytes, 2.0 * 2.0 * 16384.0 * 576.0);
@@ -758,7 +774,7 @@ mod tests {
                 OpTime { label: "attention".into(), calls: 1, ms: 1.0 },
             ],
         };
-        let costs = op_costs(&v3(), 1024, 0, 1, 2);
+        let costs = op_costs(&v3(), 1024, 0, 1, 2, false);
         let peer = Peer {
             name: "torch".into(),
             rows: vec![PeerRow {
@@ -815,7 +831,7 @@ mod tests {
         let s = measure(&q, &block, &spec, 24, &o).expect("runs");
         assert!(s.ms > 0.0 && s.min_ms <= s.ms);
         let names: Vec<&str> = s.ops.iter().map(|x| x.label.as_str()).collect();
-        let costs = op_costs(&cfg.dims, 24, 40, 16, 4);
+        let costs = op_costs(&cfg.dims, 24, 40, 16, 4, block.uses_fused_cache_write());
         for c in &costs {
             assert!(names.contains(&c.label.as_str()), "{} not launched: {names:?}", c.label);
         }

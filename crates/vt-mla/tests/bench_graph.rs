@@ -10,8 +10,17 @@ use common::vt_mla;
 
 #[test]
 fn bench_graph_prints_eager_and_graph_steps_and_a_per_op_breakdown() {
+    // The decode-step fusions on (the default) and off: the rows they remove come and go.
+    for fuse in ["1", "0"] {
+        bench_graph_breakdown(fuse);
+    }
+}
+
+fn bench_graph_breakdown(fuse: &str) {
     let backend = std::env::var("MLA_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
     let o = vt_mla()
+        .env("VT_FUSE_DECODE_QUERY", fuse)
+        .env("VT_FUSE_CACHE_WRITE", fuse)
         .args(["bench", "--graph", "--backend", &backend, "--layer", "small", "--tp", "1"])
         .args(["--batch", "3", "--context", "20", "--block-size", "16", "--layers", "2"])
         .args(["--steps", "2", "--rounds", "1", "--warmup", "1", "--iters", "2", "--profile", "2"])
@@ -20,6 +29,7 @@ fn bench_graph_prints_eager_and_graph_steps_and_a_per_op_breakdown() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     eprintln!("{out}");
+    let on_off = if fuse == "1" { "on" } else { "off" };
     for want in [
         "eager",
         "graph/eager",
@@ -29,10 +39,15 @@ fn bench_graph_prints_eager_and_graph_steps_and_a_per_op_breakdown() {
         "sum",
         "launch gaps (step - sum of ops): eager",
         "gap before",
+        &format!("VT_FUSE_DECODE_QUERY {on_off}"),
+        &format!("VT_FUSE_CACHE_WRITE {on_off}"),
     ] {
         assert!(out.contains(want), "missing `{want}` in\n{out}");
     }
-    // Every op of the decode step, once per layer (fused norm+rope path).
+    // Every op of the decode step, once per layer (fused norm+rope path); the fusions remove
+    // the q rope, the cache write and the query concat.
+    let fused_away = ["rope", "cache_write", "concat_q"];
+    let row = |op: &str| out.lines().find(|l| l.trim_start().starts_with(&format!("{op} ")));
     for op in [
         "q_a_proj",
         "kv_a_proj",
@@ -47,7 +62,11 @@ fn bench_graph_prints_eager_and_graph_steps_and_a_per_op_breakdown() {
         "v_up (bmm)",
         "o_proj",
     ] {
-        let line = out.lines().find(|l| l.trim_start().starts_with(&format!("{op} "))).unwrap_or_else(|| {
+        if fuse == "1" && fused_away.contains(&op) {
+            assert!(row(op).is_none(), "`{op}` row with the fusions on in\n{out}");
+            continue;
+        }
+        let line = row(op).unwrap_or_else(|| {
             panic!("no `{op}` row in\n{out}");
         });
         let cols: Vec<&str> = line.split_whitespace().collect();
