@@ -445,7 +445,7 @@ fn lt_other_outputs() {
     assert!(failed.is_empty(), "Lt failed for {} outputs", failed.join(", "));
 }
 
-/// Auto takes Lt only under `VT_FP8_LT` (on by default), and only where the layouts fit.
+/// Auto takes Lt only under `VT_FP8_LT` (off by default), and only where the layouts fit.
 #[test]
 fn auto_takes_lt_only_when_the_flag_is_on() {
     let _gpu = shared();
