@@ -7,6 +7,8 @@
 //! of the same options is vt-check's FusedNormRope parity cases (`tests/ops.rs`,
 //! `matches_reference::FusedNormRope`). Prints SKIP and passes without a CUDA device.
 
+mod common;
+
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -15,17 +17,6 @@ use vt_core::{
     concat_and_cache_mla, fused_norm_rope, rope_from_cache, Buffer, ConcatAndCacheMlaArgs, DType, Device,
     DeviceType, FusedNormRopeArgs, NormRopeCacheWrite, NormRopeQuery, Probe, Queue, RopeFromCacheArgs,
 };
-
-fn seed() -> u64 {
-    let s = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7)
-    });
-    println!("seed {s} (replay with VT_SEED={s})");
-    s
-}
 
 fn cos_sin(max_pos: i64, r: i64) -> Vec<f64> {
     let half = r / 2;
@@ -66,7 +57,7 @@ fn q_pe_view(b: &Buffer, (p, tq, n, r): (i64, i64, i64, i64)) -> vt_core::Tensor
 fn check(dev: Device) {
     let q = Queue::new(dev).unwrap();
     let gpu = dev.kind != DeviceType::Cpu;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed());
+    let mut rng = ChaCha8Rng::seed_from_u64(common::seed());
     // DeepSeek-V3's widths; 29 decode tokens of 37 take the query.
     let (t, tq, n, l, p, r, max_pos, nb, bs) =
         (37i64, 29i64, 128i64, 512i64, 128i64, 64i64, 64i64, 4i64, 16i64);

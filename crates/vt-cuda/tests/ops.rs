@@ -4,6 +4,8 @@
 //! the split path; and a decode step captured into a CUDA graph (no sync, no allocation).
 //! Each test prints a SKIP line and passes when no CUDA device is present.
 
+mod common;
+
 use std::sync::OnceLock;
 
 use rand::{Rng, SeedableRng};
@@ -32,21 +34,9 @@ fn cuda() -> Option<Device> {
     }
 }
 
-/// Seed from VT_SEED (to replay) or the clock (fresh inputs every run), printed.
-fn seed() -> u64 {
-    let s = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7)
-    });
-    println!("seed {s} (replay with VT_SEED={s})");
-    s
-}
-
 fn matches_reference(op: OpId) {
     let Some(dev) = cuda() else { return };
-    let seed = seed();
+    let seed = common::seed();
     for dt in DTYPES {
         let cell = run_cell(op, dev, dt, seed).unwrap();
         println!("{cell}");
@@ -104,7 +94,7 @@ fn fused_norm_rope_is_bit_identical_to_the_split_path_on_the_cpu_too() {
 
 fn fused_matches_split_bitwise(dev: Device) {
     let q = Queue::new(dev).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed());
+    let mut rng = ChaCha8Rng::seed_from_u64(common::seed());
     let (t, l, r, max_pos) = (37, 512, 64, 64);
     for dt in DTYPES {
         for neox in [false, true] {
@@ -370,7 +360,7 @@ impl Step {
 fn a_decode_step_captures_into_a_cuda_graph_and_replays_the_same_results() {
     let Some(dev) = cuda() else { return };
     let q = Queue::new(dev).unwrap();
-    let s = seed();
+    let s = common::seed();
     for dt in DTYPES {
         let mut rng = ChaCha8Rng::seed_from_u64(s);
         let step = Step::new(&q, dt, &mut rng).unwrap();
@@ -397,7 +387,7 @@ fn a_decode_step_captures_into_a_cuda_graph_and_replays_the_same_results() {
 fn the_decode_step_of_the_capture_test_is_valid_on_the_cpu() {
     vt_cpu::register();
     let q = Queue::new(Device::CPU).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed());
+    let mut rng = ChaCha8Rng::seed_from_u64(common::seed());
     for dt in DTYPES {
         let step = Step::new(&q, dt, &mut rng).unwrap();
         step.run(&q).unwrap();

@@ -24,18 +24,6 @@ use vt_cuda::prefill_attention::{prefill_attention_with, Kernel, FAST_DIMS};
 mod common;
 use common::{cpu, gpu};
 
-/// Seed from VT_SEED (to replay) or the clock (fresh inputs every run), printed.
-fn seed() -> u64 {
-    let s = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7)
-    });
-    println!("seed {s} (replay with VT_SEED={s})");
-    s
-}
-
 #[derive(Clone, Debug)]
 struct Case {
     dtype: DType,
@@ -266,7 +254,7 @@ struct Prepared {
 }
 
 fn prepare(cases: Vec<Case>) -> Prepared {
-    let seed = seed();
+    let seed = common::seed();
     let items = cases
         .into_iter()
         .enumerate()

@@ -6,6 +6,18 @@ use std::sync::OnceLock;
 
 use vt_core::{Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
 
+/// Seed from VT_SEED (to replay) or the clock (fresh inputs every run), printed.
+pub fn seed() -> u64 {
+    let s = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7)
+    });
+    println!("seed {s} (replay with VT_SEED={s})");
+    s
+}
+
 /// A queue on CUDA device 0 (the CPU and CUDA backends registered once per process), or
 /// `None` with a line saying why the test is skipped.
 pub fn gpu() -> Option<Queue> {
