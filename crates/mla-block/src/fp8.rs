@@ -18,12 +18,14 @@
 //!   multiply 16-bit activations by the fp8 weight (weight-only: the weight bytes are what a
 //!   decode step streams); larger ones (prefill) quantize the activations per token in
 //!   1 x 128 groups first (QuantizeFp8, into the workspace) and run both operands in fp8 (the
-//!   fp8 tensor rate). A step's numerics so depend on its token count, as in the seeds.
+//!   fp8 tensor rate). A step's numerics so depend on its token count, as in the seeds. The
+//!   scales are stored `[ceil(K/128), tokens]` (per token column-major), the layout
+//!   cuBLASLt's block-scaled GEMM reads, so MatmulBTFp8's Auto may take it (`VT_FP8_LT`).
 //! - Tensor parallelism: a rank's rows (or columns) of an fp8 weight keep their scale rows
 //!   (columns) when the slice starts at a multiple of 128 on every rank; otherwise that
 //!   weight is dequantized for every rank (`tp::shard_weights`).
 
-use vt_core::fp8_block::{blocks, BLOCK};
+use vt_core::fp8_block::{blocks, quantize_weight, BLOCK};
 use vt_core::{
     batched_matmul, batched_matmul_fp8, matmul_bt, matmul_bt_fp8, quantize_fp8, BatchedMatmulArgs,
     BatchedMatmulFp8Args, DType, Error, MatmulBTArgs, MatmulBTFp8Args, QuantizeFp8Args, Queue, Result,
@@ -31,6 +33,7 @@ use vt_core::{
 };
 
 use crate::dims::MlaBlockDims;
+use crate::weights::{HostTensor, HostWeights};
 use crate::workspace::{MlaWorkspace, Slot};
 
 /// How a checkpoint's fp8 weights are held (`vt-mla run --weights-dtype`).
@@ -90,6 +93,54 @@ pub fn scale_name(name: &str) -> Option<&'static str> {
         "o_proj" => "o_proj_scale_inv",
         _ => return None,
     })
+}
+
+/// `w` with every projection that an fp8 checkpoint holds in fp8 ([`scale_name`])
+/// block-quantized as DeepSeek's are: e4m3 codes and one f32 scale per 128 x 128 block
+/// (amax / 448, `vt_core::fp8_block::quantize_weight`) under the checkpoint's scale name; the
+/// other tensors as they are. For benches and tests of fp8 weights without a checkpoint
+/// (random layers); [`crate::MlaWeightStore::from_host`] then keeps them fp8 where the block
+/// can ([`keeps_fp8`]).
+pub fn quantize_host_weights(w: &HostWeights) -> Result<HostWeights> {
+    let mut tensors = Vec::with_capacity(w.tensors.len() + 6);
+    for (name, t) in &w.tensors {
+        let Some(sname) = scale_name(name) else {
+            tensors.push((*name, t.clone()));
+            continue;
+        };
+        let bad = |why: String| Error::invalid("quantize_host_weights", name, why);
+        let [rows, cols] = t.shape[..] else {
+            return Err(bad(format!("is {:?}, not a matrix", t.shape)));
+        };
+        let vals: Vec<f32> = match t.dtype {
+            DType::F32 => {
+                t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            }
+            DType::BF16 => {
+                t.bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            DType::F16 => {
+                t.bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+            }
+            other => return Err(bad(format!("is {other}, not a float weight"))),
+        };
+        let n = usize::try_from(rows)
+            .ok()
+            .zip(usize::try_from(cols).ok())
+            .filter(|&(r, c)| r.checked_mul(c) == Some(vals.len()))
+            .ok_or_else(|| bad(format!("{} values for shape {:?}", vals.len(), t.shape)))?;
+        let (codes, scales) = quantize_weight(&vals, n.0, n.1);
+        tensors.push((*name, HostTensor { dtype: DType::F8E4M3, shape: t.shape.clone(), bytes: codes }));
+        tensors.push((
+            sname,
+            HostTensor {
+                dtype: DType::F32,
+                shape: vec![blocks(rows), blocks(cols)],
+                bytes: scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+            },
+        ));
+    }
+    Ok(HostWeights { dtype: w.dtype, tensors })
 }
 
 /// Whether the checkpoint weight `name` stays fp8 in a block of `dims` (module docs).
@@ -227,7 +278,7 @@ pub(crate) fn linear(
     let (rows, k) = (a.dim(0), a.dim(1));
     if rows >= FP8_QUANT_MIN_TOKENS {
         let qa = ws.view(Slot::Fp8Act, 0, &[rows, k])?;
-        let qs = ws.view(Slot::Fp8ActScale, 0, &[rows, blocks(k)])?;
+        let qs = act_scale_view(ws, rows, k)?;
         quantize_fp8(q, &QuantizeFp8Args { out: qa, scale: qs, x: a })?;
         return matmul_bt_fp8(
             q,
@@ -235,6 +286,16 @@ pub(crate) fn linear(
         );
     }
     matmul_bt_fp8(q, &MatmulBTFp8Args { out, a, a_scale: None, b: m.w, b_scale: m.scale })
+}
+
+/// The per-token scales of `rows` quantized activations of width `k`: `[rows, ceil(k/128)]`
+/// stored transposed (strides `[1, rows]`: token m's group g at `g * rows + m`), the layout
+/// cuBLASLt's block-scaled GEMM reads (`vt_cuda::fp8_matmul::Kernel::Lt`; DeepGEMM and
+/// torch keep it too). QuantizeFp8 and MatmulBTFp8 take any scale strides, so every backend
+/// and kernel reads the same view; where Lt's other rules fail (M not a multiple of 4, odd
+/// widths) the op's Auto runs the other kernels on it as it is (no copy).
+fn act_scale_view<'w>(ws: &'w MlaWorkspace, rows: i64, k: i64) -> Result<Tensor<'w>> {
+    ws.view(Slot::Fp8ActScale, 0, &[blocks(k), rows])?.transpose(0, 1)
 }
 
 /// `out[g] = a[g] . W[g]` for the absorbed per-head weights (decode: weight-only).
@@ -259,6 +320,121 @@ pub(crate) fn ensure_workspace(
     if k == 0 || rows < FP8_QUANT_MIN_TOKENS {
         return Ok(());
     }
-    ws.ensure(q, Slot::Fp8Act, DType::F8E4M3, rows * k, rows * k)?;
-    ws.ensure(q, Slot::Fp8ActScale, DType::F32, rows * blocks(k), rows * blocks(k))
+    let size = |cols: i64| {
+        rows.checked_mul(cols).ok_or_else(|| {
+            Error::invalid(
+                "MlaBlock",
+                "tokens",
+                format!("{rows} tokens x {cols} overflows the fp8 scratch size"),
+            )
+        })
+    };
+    let (codes, scales) = (size(k)?, size(blocks(k))?);
+    ws.ensure(q, Slot::Fp8Act, DType::F8E4M3, codes, codes)?;
+    ws.ensure(q, Slot::Fp8ActScale, DType::F32, scales, scales)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vt_core::fp8_block::quantize_row;
+    use vt_core::{encode_f64, Buffer, Device};
+
+    use crate::workspace::MlaLimits;
+
+    /// A random layer's projections become codes beside their checkpoint-named 128 x 128
+    /// scales, decoding back to within half an e4m3 step; the norms stay as they are.
+    #[test]
+    fn host_weights_quantize_as_fp8_checkpoints_hold_them() {
+        let spec = crate::tp::RandomLayerSpec::SMALL;
+        let (_, w) = spec.layer(DType::BF16, 3).unwrap();
+        let q = quantize_host_weights(&w).unwrap();
+        for (name, t) in &w.tensors {
+            let got = q.get(name).unwrap();
+            let Some(sname) = scale_name(name) else {
+                assert_eq!(got, t, "{name} unchanged");
+                continue;
+            };
+            assert_eq!((got.dtype, &got.shape), (DType::F8E4M3, &t.shape), "{name}");
+            let s = q.get(sname).unwrap();
+            assert_eq!(s.shape, vec![blocks(t.shape[0]), blocks(t.shape[1])], "{sname}");
+            let deq = q.float(name).unwrap().to_f64();
+            let amax = t.to_f64().iter().fold(0f64, |m, v| m.max(v.abs()));
+            for (a, b) in deq.iter().zip(t.to_f64()) {
+                // e4m3 keeps 3 mantissa bits (half a step: 1/16 relative), bf16 rounds again.
+                assert!((a - b).abs() <= b.abs() / 12.0 + amax / 448.0 / 64.0, "{name}: {a} vs {b}");
+            }
+        }
+        assert_eq!(q.tensors.len(), w.tensors.len() + 5, "q_a, q_b, kv_a, kv_b, o_proj: 5 scales");
+    }
+
+    /// A prefill-sized `linear` on the CPU quantizes into the column-major scale layout
+    /// (token m's group g at `g * rows + m`, cuBLASLt's) and multiplies the same numbers as
+    /// row-major scales would: the output is bit for bit MatmulBTFp8 on a row-major copy.
+    /// 130 and 132 tokens: M not a multiple of 4 (Lt refuses it on the GPU) and one that is.
+    #[test]
+    fn prefill_linear_quantizes_into_column_major_scales() {
+        vt_cpu::register();
+        let q = Queue::new(Device::CPU).expect("the CPU backend registers");
+        let (n, k) = (256i64, 300i64);
+        let kb = blocks(k);
+        let mut z = 0x5eed_u64;
+        let mut next = move || {
+            z = z.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (z >> 33) as u32
+        };
+        // Weight codes avoid the NaN codes 0x7f / 0xff.
+        let codes: Vec<u8> = (0..n * k).map(|_| (next() % 0x7f) as u8 | (next() as u8 & 0x80)).collect();
+        let scales: Vec<f64> = (0..blocks(n) * kb).map(|i| 2f64.powi(-8 + i as i32 % 5)).collect();
+        let w = Buffer::from_bytes(&q, DType::F8E4M3, &[n, k], &codes).unwrap();
+        let ws_buf =
+            Buffer::from_bytes(&q, DType::F32, &[blocks(n), kb], &encode_f64(DType::F32, &scales)).unwrap();
+        let m = Fp8Matrix { w: w.view(), scale: ws_buf.view() };
+        let fp8 = Fp8BlockWeights { q_a_proj: Some(m), ..Default::default() };
+        for rows in [130i64, 132] {
+            assert!(rows >= FP8_QUANT_MIN_TOKENS);
+            let vals: Vec<f64> = (0..rows * k)
+                .map(|i| (next() as f64 / u32::MAX as f64 - 0.5) * 2f64.powi((i % k / 128) as i32))
+                .collect();
+            let x = Buffer::from_bytes(&q, DType::BF16, &[rows, k], &encode_f64(DType::BF16, &vals)).unwrap();
+            let out = Buffer::nan(&q, DType::BF16, &[rows, n]).unwrap();
+            let mut ws = MlaWorkspace::new(MlaLimits::default()).unwrap();
+            ensure_workspace(&q, &mut ws, &fp8, rows).unwrap();
+            linear(&q, &ws, out.view(), x.view(), Weight::Fp8(m)).unwrap();
+
+            // The scales in the slot, column-major, as quantize_row gives them per token.
+            let xs = q.read_f64(&x.view()).unwrap();
+            let got = q.read_f64(&ws.view(Slot::Fp8ActScale, 0, &[kb * rows]).unwrap()).unwrap();
+            let mut row_major = vec![0f64; (rows * kb) as usize];
+            let (mut c, mut s) = (vec![0u8; k as usize], vec![0f32; kb as usize]);
+            for t in 0..rows as usize {
+                let r: Vec<f32> = xs[t * k as usize..][..k as usize].iter().map(|&v| v as f32).collect();
+                quantize_row(&r, &mut c, &mut s);
+                for g in 0..kb as usize {
+                    assert_eq!(
+                        got[g * rows as usize + t],
+                        s[g] as f64,
+                        "rows {rows}: scale of token {t}, group {g}"
+                    );
+                    row_major[t * kb as usize + g] = s[g] as f64;
+                }
+            }
+            // The same product with row-major scales (a copy) and the same codes.
+            let qa = ws.view(Slot::Fp8Act, 0, &[rows, k]).unwrap();
+            let sr =
+                Buffer::from_bytes(&q, DType::F32, &[rows, kb], &encode_f64(DType::F32, &row_major)).unwrap();
+            let want = Buffer::nan(&q, DType::BF16, &[rows, n]).unwrap();
+            let args = MatmulBTFp8Args {
+                out: want.view(),
+                a: qa,
+                a_scale: Some(sr.view()),
+                b: m.w,
+                b_scale: m.scale,
+            };
+            matmul_bt_fp8(&q, &args).unwrap();
+            let (o, e) = (q.read_f64(&out.view()).unwrap(), q.read_f64(&want.view()).unwrap());
+            assert!(o.iter().all(|v| v.is_finite()), "rows {rows}: output written");
+            assert_eq!(o, e, "rows {rows}: column-major scales multiply as row-major ones do");
+        }
+    }
 }

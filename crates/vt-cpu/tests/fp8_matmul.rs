@@ -173,6 +173,21 @@ fn quantize_fp8_gives_amax_over_448_scales_and_nearest_even_codes() {
         let sc = Buffer::nan(&q, DType::F32, &[m, 3]).unwrap();
         quantize_fp8(&q, &QuantizeFp8Args { out: out.view(), scale: sc.view(), x: x.view() }).unwrap();
         let (codes, got_s) = (out.to_bytes(&q).unwrap(), sc.to_f64(&q).unwrap());
+        // The scales stored transposed ([ceil(K/128), M], strides [1, M]: cuBLASLt's
+        // layout, what the block's prefill uses) hold the same values, the codes the same.
+        let out_t = Buffer::nan(&q, DType::F8E4M3, &[m, k]).unwrap();
+        let sc_t = Buffer::nan(&q, DType::F32, &[3 * m]).unwrap();
+        let sc_tv = sc_t.view().as_strided(0, &[m, 3], &[1, m]).unwrap();
+        quantize_fp8(&q, &QuantizeFp8Args { out: out_t.view(), scale: sc_tv, x: x.view() }).unwrap();
+        assert_eq!(out_t.to_bytes(&q).unwrap(), codes, "{dt}: codes with transposed scales");
+        let got_t = sc_t.to_f64(&q).unwrap();
+        for (i, grp) in (0..m as usize).flat_map(|i| (0..3usize).map(move |g| (i, g))) {
+            assert_eq!(
+                got_t[grp * m as usize + i],
+                got_s[i * 3 + grp],
+                "{dt}: transposed scale [{i}, {grp}]"
+            );
+        }
         let xv = x.values(&q);
         for i in 0..m as usize {
             for grp in 0..3usize {

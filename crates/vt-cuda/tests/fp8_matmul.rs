@@ -458,12 +458,17 @@ fn auto_takes_lt_only_when_the_flag_is_on() {
     let off = lt_case(Kernel::Auto, DType::BF16, (256, 512, 1024), 1024, 0);
     set_override(Flag::Fp8Lt, Some(true));
     let on = lt_case(Kernel::Auto, DType::BF16, (256, 512, 1024), 1024, 0);
+    // The block's prefill layout (scales [KB, M]) at M 130, not a multiple of 4: Auto runs
+    // Wgmma on the same views (no copy) and matches; at M 132 it takes Lt.
+    let odd = lt_case(Kernel::Auto, DType::BF16, (130, 512, 1024), 1024, 0);
+    let even = lt_case(Kernel::Auto, DType::BF16, (132, 512, 1024), 1024, 0);
     // Out of Lt's rules (N 200, the output 6 bytes off alignment): Auto runs another kernel
     // with the flag on, and matches.
     matmul_case(Kernel::Auto, DType::BF16, 7, 200, 400, 400, 0, true);
     set_override(Flag::Fp8Lt, None);
     assert_eq!(off, Some(Kernel::Wgmma));
     assert_eq!(on, Some(Kernel::Lt));
+    assert_eq!((odd, even), (Some(Kernel::Wgmma), Some(Kernel::Lt)));
 }
 
 /// A forced Lt on views outside its rules is an error naming the op and the argument, and

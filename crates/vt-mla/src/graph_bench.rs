@@ -16,7 +16,12 @@
 //!   what launching op by op costs; graph, what remains between the replayed kernels.
 //! - **Floor** (CUDA): the weights and the KV cache streamed once at the measured
 //!   device-to-device copy bandwidth, or the FLOPs at a measured cuBLAS bf16 GEMM rate,
-//!   whichever is longer (`block_step.py`'s formula with measured ceilings).
+//!   whichever is longer (`block_step.py`'s formula with measured ceilings); printed for
+//!   the weights in the compute dtype and in fp8 (1 byte an element plus the 128 x 128 block
+//!   scales, for the weights `mla_block::fp8` keeps fp8), whichever the layer holds.
+//! - **Weights**: the random layer in `--dtype`, or with `--weights-dtype fp8` its
+//!   projections block-quantized as DeepSeek's fp8 checkpoints hold them
+//!   (`mla_block::fp8::quantize_host_weights`) and multiplied in fp8.
 
 use std::time::Instant;
 
@@ -69,6 +74,8 @@ impl Default for GraphBenchOptions {
 #[derive(Clone, Debug, PartialEq)]
 pub struct GraphBench {
     pub mode: StepMode,
+    /// The blocks' compute dtype.
+    pub dtype: vt_core::DType,
     /// Engine loop, median round per step.
     pub loop_eager_ms: f64,
     pub loop_graph_ms: f64,
@@ -82,8 +89,10 @@ pub struct GraphBench {
     /// The device's gap before each op's launches (same order and names as `ops`), from the
     /// same profiled steps: launches queued back to back.
     pub gaps: Vec<OpTime>,
-    /// (weight bytes, KV bytes, FLOPs) of the step.
+    /// (weight bytes, KV bytes, FLOPs) of the step, the weights in the compute dtype.
     pub model: (f64, f64, f64),
+    /// The step's weight bytes with the weights in fp8 ([`fp8_weight_bytes`]).
+    pub weight_bytes_fp8: f64,
     /// The floor and what it came from, where it could be measured (CUDA).
     pub floor: Option<Floor>,
 }
@@ -92,6 +101,8 @@ pub struct GraphBench {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Floor {
     pub ms: f64,
+    /// The floor with the weights streamed in fp8 ([`fp8_weight_bytes`]).
+    pub ms_fp8: f64,
     pub weight_bytes: f64,
     pub kv_bytes: f64,
     pub flops: f64,
@@ -126,6 +137,37 @@ pub fn step_model(d: &MlaBlockDims, layers: usize, b: i64, ctx: i64, elt: f64) -
     let kv = b * ctx * (l + r) * elt;
     let flops = 2.0 * b * w + 2.0 * b * n * ctx * (l + r + l);
     (layers * w * elt, layers * kv, layers * flops)
+}
+
+/// Weight bytes of one decode step of `layers` layers with fp8 weights: 1 byte an element
+/// plus an f32 scale per 128 x 128 block for each weight the block keeps in fp8
+/// (`mla_block::fp8::keeps_fp8`, `absorbed_keep_fp8`), `elt` bytes an element for the rest.
+pub fn fp8_weight_bytes(d: &MlaBlockDims, layers: usize, elt: f64) -> f64 {
+    use mla_block::fp8::{absorbed_keep_fp8, keeps_fp8};
+    use vt_core::fp8_block::blocks;
+    let (h, n, ql) = (d.hidden_size, d.num_heads, d.q_lora_rank);
+    let (l, p, r, v) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
+    let absorbed = absorbed_keep_fp8(d);
+    // (heads, rows, cols, kept in fp8): q_a (or none), kv_a, q_b (or q_proj), W_UK_T, W_UV, o_proj.
+    let mut w = vec![(1, l + r, h, keeps_fp8("kv_a_proj_with_mqa", d))];
+    if d.has_q_lora() {
+        w.extend([(1, ql, h, true), (1, n * (p + r), ql, true)]);
+    } else {
+        w.push((1, n * (p + r), h, true));
+    }
+    w.extend([(n, p, l, absorbed), (n, l, v, absorbed), (1, h, n * v, true)]);
+    let bytes: f64 = w
+        .into_iter()
+        .map(|(g, rows, cols, fp8)| {
+            let elems = (g * rows * cols) as f64;
+            if fp8 {
+                elems + 4.0 * (g * blocks(rows) * blocks(cols)) as f64
+            } else {
+                elems * elt
+            }
+        })
+        .sum();
+    layers as f64 * bytes
 }
 
 /// `n` values uniform in [-scale, scale) (unit variance at sqrt(3)), as bytes of `dt`.
@@ -280,11 +322,14 @@ pub fn run(q: &Queue, blocks: &[MlaBlock<'_>], o: &GraphBenchOptions, seed: u64)
     let ops = aggregate(&split(|t| t.ms))?;
     let gaps = aggregate(&split(|t| t.gap_ms))?;
     // `pos` tokens cached per sequence at the last prepared step (its new one included).
-    let model = step_model(&d, blocks.len(), o.batch, pos, dt.size_of() as f64);
-    let floor = timer.floor(model)?;
+    let elt = dt.size_of() as f64;
+    let model = step_model(&d, blocks.len(), o.batch, pos, elt);
+    let weight_bytes_fp8 = fp8_weight_bytes(&d, blocks.len(), elt);
+    let floor = timer.floor(model, weight_bytes_fp8)?;
     q.synchronize()?;
     Ok(GraphBench {
         mode,
+        dtype: dt,
         loop_eager_ms: loop_ms[0],
         loop_graph_ms: loop_ms[1],
         step_eager_ms: step_eager,
@@ -293,6 +338,7 @@ pub fn run(q: &Queue, blocks: &[MlaBlock<'_>], o: &GraphBenchOptions, seed: u64)
         ops,
         gaps,
         model,
+        weight_bytes_fp8,
         floor,
     })
 }
@@ -368,17 +414,22 @@ impl<'q> StepTimer<'q> {
         self.q.write_bytes(t, &bytes)
     }
 
-    /// The floor of a step of `(weight bytes, KV bytes, FLOPs)`, where the ceilings can be
-    /// measured.
-    fn floor(&self, (weight_bytes, kv_bytes, flops): (f64, f64, f64)) -> Result<Option<Floor>> {
+    /// The floor of a step of `(weight bytes, KV bytes, FLOPs)`, and with `fp8_weight_bytes`
+    /// instead, where the ceilings can be measured.
+    fn floor(
+        &self,
+        (weight_bytes, kv_bytes, flops): (f64, f64, f64),
+        fp8_weight_bytes: f64,
+    ) -> Result<Option<Floor>> {
         #[cfg(feature = "cuda")]
         if let Some(bench) = &self.cuda {
             let copy_bandwidth = bench.copy_bandwidth(1 << 30, 20)?;
             let gemm_flops = bench.gemm_bf16_flops(8192, 10)?;
-            let ms = ((weight_bytes + kv_bytes) / copy_bandwidth).max(flops / gemm_flops) * 1e3;
-            return Ok(Some(Floor { ms, weight_bytes, kv_bytes, flops, copy_bandwidth, gemm_flops }));
+            let at = |w: f64| ((w + kv_bytes) / copy_bandwidth).max(flops / gemm_flops) * 1e3;
+            let (ms, ms_fp8) = (at(weight_bytes), at(fp8_weight_bytes));
+            return Ok(Some(Floor { ms, ms_fp8, weight_bytes, kv_bytes, flops, copy_bandwidth, gemm_flops }));
         }
-        let _ = (weight_bytes, kv_bytes, flops);
+        let _ = (weight_bytes, kv_bytes, flops, fp8_weight_bytes);
         Ok(None)
     }
 }
@@ -392,7 +443,7 @@ pub fn command(
     spec: mla_block::tp::RandomLayerSpec,
     dtype: vt_core::DType,
     layers: usize,
-    seed: u64,
+    (seed, weights_dtype): (u64, mla_block::WeightsDtype),
     tp_note: bool,
     o: &GraphBenchOptions,
     peer: Option<&std::path::Path>,
@@ -417,7 +468,7 @@ pub fn command(
     let mut stores = Vec::with_capacity(layers);
     let mut cfg = None;
     for i in 0..layers {
-        let (c, w) = spec.layer(dtype, seed.wrapping_add(i as u64))?;
+        let (c, w) = crate::tp::random_layer(&spec, dtype, seed.wrapping_add(i as u64), weights_dtype)?;
         stores.push(mla_block::MlaWeightStore::from_host(&q, &c, &w)?);
         cfg = Some(c);
     }
@@ -430,9 +481,11 @@ pub fn command(
         .map(|s| MlaBlock::new(cfg.dims, s.views(), cfg.rope.is_neox))
         .collect::<Result<Vec<_>>>()?;
     let d = cfg.dims;
+    let fp8_weights = stores[0].fp8_weights();
     println!(
-        "vt-mla bench --graph: decode step of {layers} random {layer_name} MLA layer(s) ({dtype}; hidden {}, {} heads, \
-         q_lora {}, kv_lora {}, rope {}, nope {}, v {}) on {kind}:0, TP = 1, {} norm+rope",
+        "vt-mla bench --graph: decode step of {layers} random {layer_name} MLA layer(s) ({dtype}, {}; hidden {}, {} \
+         heads, q_lora {}, kv_lora {}, rope {}, nope {}, v {}) on {kind}:0, TP = 1, {} norm+rope",
+        crate::tp::weights_label(dtype, fp8_weights),
         d.hidden_size,
         d.num_heads,
         d.q_lora_rank,
@@ -451,6 +504,13 @@ pub fn command(
         on_off(blocks[0].uses_fused_decode_query()),
         on_off(blocks[0].uses_fused_cache_write())
     );
+    if fp8_weights > 0 {
+        println!(
+            "fp8 weights: decode steps multiply 16-bit activations by them (weight-only); the prefills that fill the \
+             cache quantize their activations (both operands fp8; cuBLASLt where VT_FP8_LT is on: {})",
+            on_off(vt_core::flags::fp8_lt())
+        );
+    }
     if tp_note {
         println!("(--graph times TP = 1 on one device; the --tp list is not used)");
     }
@@ -463,7 +523,7 @@ pub fn command(
         crate::progress::stage(format!("filling the cache, capturing, timing (B = {})", o.batch), || {
             run(&q, &blocks, o, seed)
         })?;
-    print(&r, o);
+    print(&r, o, fp8_weights > 0);
     if let Some(p) = &peer {
         println!(
             "peer (torch + FlashMLA, tools/peers/block_step.py, same call): eager {:.1} us, graph {:.1} us, its floor {:.1} \
@@ -515,8 +575,9 @@ pub fn parse_peer(text: &str, ctx: &str) -> Result<Vec<PeerStep>> {
     Ok(out)
 }
 
-/// The report of [`run`].
-pub fn print(r: &GraphBench, o: &GraphBenchOptions) {
+/// The report of [`run`]; `fp8_weights`: whether the layers hold fp8 weights (the floor the
+/// step is measured against).
+pub fn print(r: &GraphBench, o: &GraphBenchOptions, fp8_weights: bool) {
     match &r.mode {
         StepMode::Graph => {}
         StepMode::Eager { why } => println!("no graphs on this device, the graph column runs eagerly: {why}"),
@@ -538,25 +599,43 @@ pub fn print(r: &GraphBench, o: &GraphBenchOptions) {
         r.step_graph_ms / r.step_eager_ms
     );
     let (wb, kvb, fl) = r.model;
+    let held = if fp8_weights { "fp8".to_string() } else { r.dtype.to_string() };
     if r.floor.is_none() {
+        let (this, other) = if fp8_weights {
+            (r.weight_bytes_fp8, format!("{:.1} MB in {}", wb / 1e6, r.dtype))
+        } else {
+            (wb, format!("{:.1} MB in fp8", r.weight_bytes_fp8 / 1e6))
+        };
         println!(
-            "one step moves weights {:.1} MB + KV {:.1} MB and does {:.2} GFLOP (no floor: ceilings are measured on CUDA)",
-            wb / 1e6,
+            "one step moves weights {:.1} MB ({held} weights; {other}) + KV {:.1} MB and does {:.2} GFLOP (no floor: \
+             ceilings are measured on CUDA)",
+            this / 1e6,
             kvb / 1e6,
             fl / 1e9
         );
     }
     if let Some(f) = &r.floor {
         println!(
-            "floor {:.1} us: weights {:.0} MB + KV {:.0} MB at {:.2} TB/s (measured copy), or {:.0} GFLOP at {:.0} TFLOP/s \
-             (measured bf16 GEMM); graph step at {:.0}% of the floor",
+            "floor {:.1} us with {} weights: weights {:.0} MB + KV {:.0} MB at {:.2} TB/s (measured copy), or {:.0} GFLOP \
+             at {:.0} TFLOP/s (measured bf16 GEMM)",
             us(f.ms),
+            r.dtype,
             f.weight_bytes / 1e6,
             f.kv_bytes / 1e6,
             f.copy_bandwidth / 1e12,
             f.flops / 1e9,
-            f.gemm_flops / 1e12,
-            100.0 * f.ms / r.step_graph_ms
+            f.gemm_flops / 1e12
+        );
+        println!(
+            "floor {:.1} us with fp8 weights: weights {:.0} MB (1 byte an element + the 128x128 block scales), the same \
+             KV and FLOPs",
+            us(f.ms_fp8),
+            r.weight_bytes_fp8 / 1e6
+        );
+        let floor = if fp8_weights { f.ms_fp8 } else { f.ms };
+        println!(
+            "graph step at {:.0}% of the {held}-weight floor (this layer holds {held} weights)",
+            100.0 * floor / r.step_graph_ms
         );
     }
     let sum = r.ops_ms();
@@ -624,5 +703,17 @@ mod tests {
         assert_eq!(flops, 2.0 * elems + 2.0 * 128.0 * 8193.0 * 1088.0);
         let (w2, kv2, _) = step_model(&d, 3, 2, 8193, 2.0);
         assert_eq!((w2, kv2), (3.0 * w, 6.0 * kv));
+        // fp8: every weight of V3 stays fp8, 1 byte an element plus its 128 x 128 scales
+        // (kv_a 5 x 56, q_a 12 x 56, q_b 192 x 12, W_UK_T / W_UV 128 x 4 each, o_proj 56 x 128).
+        let scales = 5.0 * 56.0 + 12.0 * 56.0 + 192.0 * 12.0 + 2.0 * 128.0 * 4.0 + 56.0 * 128.0;
+        assert_eq!(fp8_weight_bytes(&d, 1, 2.0), elems + 4.0 * scales);
+        assert_eq!(fp8_weight_bytes(&d, 3, 2.0), 3.0 * (elems + 4.0 * scales));
+        // The small layer: kv_lora 64, nope 32 are not multiples of 128, so kv_a and the
+        // absorbed weights stay 16-bit.
+        let s = RandomLayerSpec::SMALL.config().unwrap().dims;
+        let (kva, absorbed) = (80.0 * 128.0, 2.0 * 16.0 * 32.0 * 64.0);
+        let fp8 = 48.0 * 128.0 + 16.0 * 48.0 * 48.0 + 128.0 * 16.0 * 32.0;
+        let fp8_scales = 1.0 + 6.0 + 4.0;
+        assert_eq!(fp8_weight_bytes(&s, 1, 2.0), 2.0 * (kva + absorbed) + fp8 + 4.0 * fp8_scales);
     }
 }

@@ -9,7 +9,7 @@ use mla_block::tp::{
     bench_decode, device_count, run_schedule_tp_with_cache, DecodeBenchOptions, RandomLayerSpec, TpGroup,
     TpModel, Transport,
 };
-use mla_block::{HostTensor, KvCacheDtype, MlaBlock, MlaConfig, MlaWeightStore};
+use mla_block::{HostTensor, HostWeights, KvCacheDtype, MlaBlock, MlaConfig, MlaWeightStore, WeightsDtype};
 use vt_core::{DType, Device, DeviceType, Error, Queue, Result};
 
 use crate::{positive_i64, positive_usize, progress, BackendArg};
@@ -70,6 +70,12 @@ pub struct BenchArgs {
     layer: LayerArg,
     #[arg(long, value_enum, default_value_t = DTypeArg::Bf16)]
     dtype: DTypeArg,
+    /// The random layer's weights: `fp8` block-quantizes its projections as DeepSeek's fp8
+    /// checkpoints hold them (e4m3 codes, one f32 scale per 128x128 block) and multiplies
+    /// them in fp8 (`vt-mla run --weights-dtype fp8`; any backend); `auto` and `dequantize`
+    /// keep them in --dtype (a random layer is not an fp8 checkpoint).
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = crate::parse_weights_dtype)]
+    weights_dtype: WeightsDtype,
     /// Sequences decoding together.
     #[arg(long, value_name = "N", default_value_t = DecodeBenchOptions::default().batch, value_parser = positive_i64)]
     batch: i64,
@@ -112,6 +118,31 @@ pub struct BenchArgs {
     /// beside ours with the ratio.
     #[arg(long, value_name = "FILE", requires = "graph")]
     peer: Option<std::path::PathBuf>,
+}
+
+/// Random layer `seed` of `spec` in `dtype`; with `weights` [`WeightsDtype::Fp8`] its
+/// projections block-quantized (`mla_block::fp8::quantize_host_weights`), which the weight
+/// store keeps in fp8.
+pub(crate) fn random_layer(
+    spec: &RandomLayerSpec,
+    dtype: DType,
+    seed: u64,
+    weights: WeightsDtype,
+) -> Result<(MlaConfig, HostWeights)> {
+    let (cfg, w) = spec.layer(dtype, seed)?;
+    if weights == WeightsDtype::Fp8 {
+        return Ok((cfg, mla_block::fp8::quantize_host_weights(&w)?));
+    }
+    Ok((cfg, w))
+}
+
+/// How the weights of a store of [`random_layer`] are held, for the headers.
+pub(crate) fn weights_label(dtype: DType, fp8_weights: usize) -> String {
+    if fp8_weights > 0 {
+        format!("{fp8_weights} fp8 weights")
+    } else {
+        format!("{dtype} weights")
+    }
 }
 
 /// `--tp N` asked for devices of a backend that is not there: say how many were found.
@@ -239,7 +270,7 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
             spec,
             dtype,
             a.layers.unwrap_or(1),
-            seed,
+            (seed, a.weights_dtype),
             tp_note,
             &go,
             a.peer.as_deref(),
@@ -249,10 +280,13 @@ pub fn bench(a: &BenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>) -> 
     if let Some(n) = a.layers {
         return bench_layers(a, kind, layer_name, spec, dtype, n, &o);
     }
-    let (cfg, weights) = progress::stage("making the random layer", || spec.layer(dtype, seed))?;
+    let (cfg, weights) =
+        progress::stage("making the random layer", || random_layer(&spec, dtype, seed, a.weights_dtype))?;
+    let held = if weights.tensors.iter().any(|(_, t)| t.dtype == DType::F8E4M3) { "fp8 weights" } else { "" };
     println!(
-        "vt-mla bench: decode step of a random {layer_name} MLA layer ({dtype}; hidden {}, {} heads, q_lora {}, \
+        "vt-mla bench: decode step of a random {layer_name} MLA layer ({dtype}{}{held}; hidden {}, {} heads, q_lora {}, \
          kv_lora {}, rope {}, nope {}, v {}) on {kind}",
+        if held.is_empty() { "" } else { ", " },
         cfg.dims.hidden_size,
         cfg.dims.num_heads,
         cfg.dims.q_lora_rank,
@@ -328,7 +362,7 @@ fn bench_layers(
     let mut cfg = None;
     let bar = progress::spinner(format!("making and uploading {n} random {layer_name} layers"));
     for i in 0..n {
-        let (c, w) = spec.layer(dtype, a.seed.wrapping_add(i as u64))?;
+        let (c, w) = random_layer(&spec, dtype, a.seed.wrapping_add(i as u64), a.weights_dtype)?;
         stores.push(MlaWeightStore::from_host(&q, &c, &w)?);
         cfg = Some(c);
     }
@@ -342,8 +376,9 @@ fn bench_layers(
         .collect::<Result<Vec<_>>>()?;
     let d = cfg.dims;
     println!(
-        "vt-mla bench: decode step of {n} random {layer_name} MLA layers ({dtype}; hidden {}, {} heads, q_lora {}, kv_lora {}, \
-         rope {}, nope {}, v {}) on {kind}:0, {} norm+rope",
+        "vt-mla bench: decode step of {n} random {layer_name} MLA layers ({dtype}, {}; hidden {}, {} heads, q_lora {}, \
+         kv_lora {}, rope {}, nope {}, v {}) on {kind}:0, {} norm+rope",
+        weights_label(dtype, stores[0].fp8_weights()),
         d.hidden_size,
         d.num_heads,
         d.q_lora_rank,

@@ -122,3 +122,36 @@ fn bench_gemm_times_every_decode_gemm_at_each_m() {
         assert!(v["rows"][0]["floor_us"].as_f64().is_some_and(|f| f > 0.0), "{v}");
     }
 }
+
+/// `--weights-dtype fp8`: the random layer's projections block-quantized and kept in fp8
+/// (the small layer: q_a, q_b, kv_b and o_proj; kv_a and the absorbed weights are not
+/// 128-aligned there); 3 x 44 cached tokens make the cache-filling prefill quantize its
+/// activations (132 rows). On CUDA both floors are printed.
+#[test]
+fn bench_graph_runs_fp8_weights() {
+    let backend = std::env::var("MLA_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let o = vt_mla()
+        .args(["bench", "--graph", "--backend", &backend, "--layer", "small", "--tp", "1"])
+        .args(["--weights-dtype", "fp8", "--batch", "3", "--context", "44", "--block-size", "16"])
+        .args(["--steps", "2", "--rounds", "1", "--warmup", "1", "--iters", "2", "--profile", "2"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("{out}");
+    for want in ["4 fp8 weights", "fp8 weights: decode steps multiply 16-bit activations", "one step (events"]
+    {
+        assert!(out.contains(want), "missing `{want}` in\n{out}");
+    }
+    for op in ["q_a_proj", "q_b_proj", "o_proj"] {
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with(&format!("{op} "))),
+            "no `{op}` row in\n{out}"
+        );
+    }
+    if backend == "cuda" {
+        assert!(out.contains("with fp8 weights:") && out.contains("of the fp8-weight floor"), "{out}");
+    } else {
+        assert!(out.contains("(fp8 weights; ") && out.contains("MB in bf16)"), "{out}");
+    }
+}
