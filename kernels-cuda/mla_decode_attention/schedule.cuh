@@ -8,6 +8,12 @@
 //   [p*Q, (p+1)*Q). Each CTA computes this schedule itself from seq_lens (a block-wide
 //   scan; one pass when B <= blockDim), so there is no host sync and no metadata kernel,
 //   and mixed lengths balance.
+// - Whole-sequence mode (find_part with a scratch array, one pass when B <= blockDim): when
+//   the batch is balanced enough that giving every part whole sequences costs no more than
+//   cutting (below), each sequence goes to the part holding its midpoint in the "cost
+//   stream" (tiles + SPLIT_COST per sequence), so nothing is cut and the combine has
+//   nothing to merge. A cut costs a segment start and epilogue (~17 us, ~7 tiles, measured
+//   on the H200) plus its partials' round trip through the combine.
 // - A part that holds a whole sequence writes out and lse directly. A sequence cut over
 //   several parts writes one normalized partial (O / l and its log2-sum-exp) per part into
 //   slot p + b of the partial buffers (unique: p + b grows along the tile stream), and the
@@ -76,7 +82,7 @@ __device__ __forceinline__ int block_scan_incl(int v, int* s, int& total) {
 
 struct Part {
     i64 begin, end;  // global tile range of this part
-    i64 q;           // tiles per part
+    i64 q;           // tiles per part; 0 in whole-sequence mode (no sequence is cut)
     int b;           // first sequence with a tile in the range (B if none)
     i64 pre;         // global index of that sequence's first tile
 };
@@ -96,9 +102,68 @@ __device__ __forceinline__ Part part_bounds(const Params& p, i64 total) {
     return r;
 }
 
+// What a cut costs in whole-sequence mode's choice, in tiles of KV: a segment's start and
+// epilogue measured ~17 us on the H200 (the 64-row kernel, 2.6 us a tile), plus the
+// partials' round trip through the combine.
+constexpr int SPLIT_COST = 8;
+
+// Whole-sequence mode for thread b's sequence (t tiles, the first `start` tiles of the batch
+// before it, t_total in all): returns whether every part gets whole sequences, and if so
+// fills r. Every part's load (tiles + SPLIT_COST per sequence) must be at most what a cut
+// schedule costs a part: the even share plus SPLIT_COST for its first segment, for the
+// combine, and for each sequence boundary it crosses (nonempty / parts on average).
+// loads: >= num_parts ints of shared memory; s: 40 ints (s[33..37] used here).
+__device__ __forceinline__ bool whole_sequences(const Params& p, int* s, int* loads, int b, int t, int start,
+                                                int t_total, Part& r) {
+    const int np = p.num_parts;
+    const int c = t > 0 ? t + SPLIT_COST : 0;
+    int c_total = 0;
+    const int c_start = block_scan_incl(c, s, c_total) - c;
+    for (int i = threadIdx.x; i < np; i += blockDim.x) loads[i] = 0;
+    if (threadIdx.x == 0) {
+        s[33] = p.B;
+        s[34] = -1;
+        s[37] = 0;
+    }
+    __syncthreads();
+    // The part holding the sequence's midpoint (monotonic in b, < np).
+    const int part = c > 0 ? (int)(((2 * (i64)c_start + c) * np) / (2 * (i64)c_total)) : -1;
+    if (c > 0) atomicAdd(&loads[part], c);
+    if (part == (int)blockIdx.x) {
+        atomicMin(&s[33], b);
+        atomicMax(&s[34], b);
+    }
+    __syncthreads();
+    int mx = 0;
+    for (int i = threadIdx.x; i < np; i += blockDim.x) mx = max(mx, loads[i]);
+    if (mx > 0) atomicMax(&s[37], mx);
+    const int nonempty = __syncthreads_count(t > 0);
+    const bool whole = (i64)s[37] * np <= (i64)t_total + (i64)SPLIT_COST * (2 * (i64)np + nonempty);
+    const int first = s[33], last = s[34];
+    if (b == first) s[35] = start;
+    if (b == last) s[36] = start + t;
+    __syncthreads();
+    if (whole) {
+        r.q = 0;
+        if (last >= 0) {
+            r.begin = s[35];
+            r.end = s[36];
+            r.b = first;
+            r.pre = r.begin;
+        } else {
+            r.begin = r.end = t_total;
+            r.b = p.B;
+            r.pre = t_total;
+        }
+    }
+    __syncthreads();
+    return whole;
+}
+
 // The part of this CTA (blockIdx.x). Called by the whole block; every thread gets the same
-// result. `s` is 40 ints of shared memory.
-__device__ Part find_part(const Params& p, int* s) {
+// result. `s` is 40 ints of shared memory; `loads` (nullptr: never) `cap` ints of shared
+// memory for whole-sequence mode, which is tried when B <= blockDim and num_parts <= cap.
+__device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap = 0) {
     if (p.B <= (int)blockDim.x) {
         // One pass: thread b owns sequence b.
         const int b = threadIdx.x;
@@ -107,6 +172,9 @@ __device__ Part find_part(const Params& p, int* s) {
         const int incl = block_scan_incl(t, s, t_total);
         const i64 total = t_total;
         Part r = part_bounds(p, total);
+        if (loads != nullptr && p.num_parts <= cap && p.min_tiles <= 1 &&
+            whole_sequences(p, s, loads, b, t, incl - t, t_total, r))
+            return r;
         if (r.begin >= total) return r;
         const i64 pre = incl - t;
         if (t > 0 && pre <= r.begin && r.begin < pre + t) {
@@ -170,9 +238,9 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.whole = first >= part.begin && pre <= part.end;
         sg.slot = (int)blockIdx.x + cur;
         if (first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
-            const i64 last_part = (pre - 1) / part.q;
+            const int n = part.q > 0 ? (int)((pre - 1) / part.q - blockIdx.x + 1) : 1;
             p.seq_info[2 * cur] = sg.slot;
-            p.seq_info[2 * cur + 1] = (int)(last_part - blockIdx.x + 1);
+            p.seq_info[2 * cur + 1] = n;
         }
         return true;
     }

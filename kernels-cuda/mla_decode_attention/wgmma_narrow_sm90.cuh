@@ -400,7 +400,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     const uint64_t dq = gmma_desc(sQ, 16, 1024);
     const uint64_t dp = gmma_desc(sP, 16, 1024);
 
-    const Part part = find_part(p, sched);
+    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
@@ -425,7 +425,6 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
             stage_narrow(sKV, o, 4, wwarp, g, qd);
             bar_sync(BAR_WG1, 128);
             copy_out<T, MT>(p, sg, row0, so, 256, s_fin, wtid, false);
-            bar_sync(BAR_OUT_READ, 256);  // warpgroup 0 copied its half out: the stages may be reloaded
         } else {
             NarrowRows<MT> rows(p, sg, row0, qd);
             for (int t = t0; t < t1; ++t) {
@@ -451,8 +450,11 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
             stage_narrow(sKV, o, 0, wwarp, g, qd);
             bar_sync(BAR_WG0, 128);
             copy_out<T, MT>(p, sg, row0, so, 0, s_fin, wtid, true);
-            bar_arrive(BAR_OUT_READ, 256);
         }
+        // Both copy-outs done: warpgroup 1 may reload the stages they read (one block barrier
+        // at one place: racecheck flagged an arrive here with cp.async reloads, and synccheck
+        // two bar.syncs in the two branches).
+        __syncthreads();
     }
 }
 
@@ -494,7 +496,7 @@ __device__ void decode_wgmma_narrow_fp8(const Params& p) {
     const uint64_t dp = gmma_desc(sP, 16, 1024);
     auto raw = [&](int u) { return sRaw + (u % RAWS) * (BN * FP8_ROW); };
 
-    const Part part = find_part(p, sched);
+    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;

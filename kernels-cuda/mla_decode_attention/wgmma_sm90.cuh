@@ -97,8 +97,8 @@ __device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int
 // K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
 constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
 // Epilogue (see decode_wgmma): WG1 / WG0 done with the KV stages (and WG0's row sums
-// written), WG1's own staging barrier, WG0's copy-out done (the stages may be reloaded).
-constexpr int BAR_WG0_DONE = 8, BAR_WG1_DONE = 9, BAR_WG1 = 10, BAR_OUT_READ = 11;
+// written), WG1's own staging barrier. (The end of a segment's copy-out is a block barrier.)
+constexpr int BAR_WG0_DONE = 8, BAR_WG1_DONE = 9, BAR_WG1 = 10;
 
 // The wgmma instructions used, one macro per shape (m64n64k16 for S = Q K^T, m64n256k16
 // with B transposed for O += P V), instantiated per 16-bit type: TY is "bf16" or "f16".
@@ -349,7 +349,7 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     const uint64_t dq = gmma_desc(sQ, 16, 1024);
     const uint64_t dp = gmma_desc(sP, 16, 1024);
 
-    const Part part = find_part(p, sched);
+    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
@@ -371,7 +371,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
             bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
             bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
-            bar_sync(BAR_OUT_READ, 256);  // warpgroup 0 copied its half out: the stages may be reloaded
         } else {
             int lim[2];
 #pragma unroll
@@ -494,8 +493,11 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
             // (s_fin, written by each quad's first lane, is ordered before the copy-out by the
             // warpgroup barrier inside.)
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
-            bar_arrive(BAR_OUT_READ, 256);
         }
+        // Both copy-outs done: warpgroup 1 may reload the stages they read (one block barrier
+        // at one place: racecheck flagged an arrive here with cp.async reloads, and synccheck
+        // two bar.syncs in the two branches).
+        __syncthreads();
     }
 }
 

@@ -278,6 +278,54 @@ fn decode_attention_matches_reference_for_a_large_batch() {
     }
 }
 
+/// Equal lengths with B a multiple of the parts take the whole-sequence schedule (every part's
+/// load equals its even share, schedule.cuh), so nothing is cut and the combine only passes
+/// through; empty sequences in between and a near-threshold batch (one long sequence) too.
+#[test]
+fn decode_attention_matches_reference_when_parts_hold_whole_sequences() {
+    let Some(g) = gpu() else { return };
+    let equal: Vec<i32> = vec![333; 12];
+    let mut holes = equal.clone();
+    holes[3] = 0;
+    holes[8] = 0;
+    let mut skewed = equal.clone();
+    skewed[5] = 1400;
+    for lens in [&equal, &holes, &skewed] {
+        for (n, bs) in [(16, 64), (64, 64), (128, 64), (64, 16), (32, 128)] {
+            let c = Case::mla(lens, n, bs);
+            let x = inputs(&c);
+            let want = reference(&c, &x);
+            for max_parts in [Some(12), Some(4), None] {
+                run_gpu(
+                    &g,
+                    &c,
+                    &x,
+                    &want,
+                    &DecodeOptions { kernel: Kernel::Auto, min_tiles: None, max_parts },
+                );
+            }
+        }
+    }
+}
+
+/// The same schedule through each wgmma kernel forced (Auto takes the narrow one at <= 32
+/// rows only), with the TMA (block size 64) and cp.async (16) loads.
+#[test]
+fn every_wgmma_kernel_gives_parts_whole_sequences() {
+    let Some(g) = gpu() else { return };
+    let lens: Vec<i32> = vec![200; 8];
+    for (n, bs) in [(64, 64), (64, 16), (16, 64), (128, 16)] {
+        let c = Case::mla(&lens, n, bs);
+        let x = inputs(&c);
+        let want = reference(&c, &x);
+        for max_parts in [Some(8), Some(4), Some(2)] {
+            for kernel in [Kernel::Wgmma, Kernel::WgmmaNarrow] {
+                run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: None, max_parts });
+            }
+        }
+    }
+}
+
 #[test]
 fn decode_attention_matches_reference_with_two_query_tokens_causal() {
     let Some(g) = gpu() else { return };
