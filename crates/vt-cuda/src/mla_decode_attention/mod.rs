@@ -6,7 +6,9 @@
 //! 1. the main kernel, grid (parts, row blocks): the KV tiles of all sequences are cut into
 //!    `parts` equal ranges, each CTA computing its range from `seq_lens` on the device (no
 //!    host sync, no metadata kernel), and writing either the final output of a sequence it
-//!    holds whole or one normalized partial per sequence it holds a piece of;
+//!    holds whole or one normalized partial per sequence it holds a piece of; the wgmma
+//!    kernels first try giving every part whole sequences when the batch is balanced enough
+//!    (`schedule.cuh`, whole-sequence mode), which needs no partials;
 //! 2. the combine kernel, which merges the partials of cut sequences by their log-sum-exp
 //!    and writes empty sequences (out = 0, lse = -inf).
 //!
