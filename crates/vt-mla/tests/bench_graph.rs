@@ -16,19 +16,31 @@ fn bench_graph_prints_eager_and_graph_steps_and_a_per_op_breakdown() {
     }
 }
 
-fn bench_graph_breakdown(fuse: &str) {
+/// `vt-mla bench --graph` of the small layer on `MLA_TEST_DEVICE` (default the CPU), 3
+/// sequences of `context` tokens, block size 16, two short rounds; `extra` arguments and
+/// `env` added. Asserts it succeeded and returns (backend, stdout).
+fn bench_graph(env: &[(&str, &str)], context: &str, extra: &[&str]) -> (String, String) {
     let backend = std::env::var("MLA_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
     let o = vt_mla()
-        .env("VT_FUSE_DECODE_QUERY", fuse)
-        .env("VT_FUSE_CACHE_WRITE", fuse)
+        .envs(env.iter().copied())
         .args(["bench", "--graph", "--backend", &backend, "--layer", "small", "--tp", "1"])
-        .args(["--batch", "3", "--context", "20", "--block-size", "16", "--layers", "2"])
+        .args(["--batch", "3", "--context", context, "--block-size", "16"])
+        .args(extra)
         .args(["--steps", "2", "--rounds", "1", "--warmup", "1", "--iters", "2", "--profile", "2"])
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     eprintln!("{out}");
+    (backend, out)
+}
+
+fn bench_graph_breakdown(fuse: &str) {
+    let (backend, out) = bench_graph(
+        &[("VT_FUSE_DECODE_QUERY", fuse), ("VT_FUSE_CACHE_WRITE", fuse)],
+        "20",
+        &["--layers", "2"],
+    );
     let on_off = if fuse == "1" { "on" } else { "off" };
     for want in [
         "eager",
@@ -129,16 +141,7 @@ fn bench_gemm_times_every_decode_gemm_at_each_m() {
 /// activations (132 rows). On CUDA both floors are printed.
 #[test]
 fn bench_graph_runs_fp8_weights() {
-    let backend = std::env::var("MLA_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
-    let o = vt_mla()
-        .args(["bench", "--graph", "--backend", &backend, "--layer", "small", "--tp", "1"])
-        .args(["--weights-dtype", "fp8", "--batch", "3", "--context", "44", "--block-size", "16"])
-        .args(["--steps", "2", "--rounds", "1", "--warmup", "1", "--iters", "2", "--profile", "2"])
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    eprintln!("{out}");
+    let (backend, out) = bench_graph(&[], "44", &["--weights-dtype", "fp8"]);
     for want in ["4 fp8 weights", "fp8 weights: decode steps multiply 16-bit activations", "one step (events"]
     {
         assert!(out.contains(want), "missing `{want}` in\n{out}");
