@@ -112,18 +112,11 @@ pub fn quantize_host_weights(w: &HostWeights) -> Result<HostWeights> {
         let [rows, cols] = t.shape[..] else {
             return Err(bad(format!("is {:?}, not a matrix", t.shape)));
         };
-        let vals: Vec<f32> = match t.dtype {
-            DType::F32 => {
-                t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-            }
-            DType::BF16 => {
-                t.bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            DType::F16 => {
-                t.bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
-            }
-            other => return Err(bad(format!("is {other}, not a float weight"))),
-        };
+        if !matches!(t.dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(bad(format!("is {}, not a float weight", t.dtype)));
+        }
+        // (Exact: every f32 / bf16 / f16 value survives f64 and back.)
+        let vals: Vec<f32> = t.to_f64().into_iter().map(|v| v as f32).collect();
         let n = usize::try_from(rows)
             .ok()
             .zip(usize::try_from(cols).ok())
