@@ -420,11 +420,6 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
                                            rescale_from<MT>(o, s_alpha, qd);
                                            pv_narrow<T, R>(o, dp, kst, 4);
                                        });
-            bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
-            bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
-            stage_narrow(sKV, o, 4, wwarp, g, qd);
-            bar_sync(BAR_WG1, 128);
-            copy_out<T, MT>(p, sg, row0, so, 256, s_fin, wtid, false);
         } else {
             NarrowRows<MT> rows(p, sg, row0, qd);
             for (int t = t0; t < t1; ++t) {
@@ -445,15 +440,12 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
                 if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
             }
             narrow_row_sums<MT>(rows, red_l, s_fin, wtid);
-            bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
-            bar_sync(BAR_WG1_DONE, 256);
-            stage_narrow(sKV, o, 0, wwarp, g, qd);
-            bar_sync(BAR_WG0, 128);
-            copy_out<T, MT>(p, sg, row0, so, 0, s_fin, wtid, true);
         }
-        // Both copy-outs done: warpgroup 1 may reload the stages they read (one block barrier
-        // at one place: racecheck flagged an arrive here with cp.async reloads, and synccheck
-        // two bar.syncs in the two branches).
+        // The epilogue between two block barriers, as in decode_wgmma.
+        __syncthreads();
+        stage_narrow(sKV, o, 4 * wg, wwarp, g, qd);
+        bar_sync(wg ? BAR_WG1 : BAR_WG0, 128);
+        copy_out<T, MT>(p, sg, row0, so, 256 * wg, s_fin, wtid, wg == 0);
         __syncthreads();
     }
 }

@@ -96,9 +96,9 @@ __device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int
 
 // K_FULL and V_FREE alternate by tile parity (ids +0 / +1), see below.
 constexpr int BAR_K_FULL = 1, BAR_V_FREE = 3, BAR_P_FULL = 5, BAR_P_FREE = 6, BAR_WG0 = 7;
-// Epilogue (see decode_wgmma): WG1 / WG0 done with the KV stages (and WG0's row sums
-// written), WG1's own staging barrier. (The end of a segment's copy-out is a block barrier.)
-constexpr int BAR_WG0_DONE = 8, BAR_WG1_DONE = 9, BAR_WG1 = 10;
+// Warpgroup 1's own barrier (staging its half of O in the epilogue, which starts and ends
+// with a block barrier: see decode_wgmma).
+constexpr int BAR_WG1 = 10;
 
 // The wgmma instructions used, one macro per shape (m64n64k16 for S = Q K^T, m64n256k16
 // with B transposed for O += P V), instantiated per 16-bit type: TY is "bf16" or "f16".
@@ -368,9 +368,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                                            rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
                                            pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
                                        });
-            bar_arrive(BAR_WG1_DONE, 256);  // this warpgroup's last reads of the KV stages are done
-            bar_sync(BAR_WG0_DONE, 256);    // and warpgroup 0's (its row sums are in s_fin)
-            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
         } else {
             int lim[2];
 #pragma unroll
@@ -488,15 +485,15 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                     s_fin[MT + r_lo + 8 * hi] = m_run[hi];
                 }
             }
-            bar_arrive(BAR_WG0_DONE, 256);  // done with the KV stages; row sums in s_fin
-            bar_sync(BAR_WG1_DONE, 256);
-            // (s_fin, written by each quad's first lane, is ordered before the copy-out by the
-            // warpgroup barrier inside.)
-            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
         }
-        // Both copy-outs done: warpgroup 1 may reload the stages they read (one block barrier
-        // at one place: racecheck flagged an arrive here with cp.async reloads, and synccheck
-        // two bar.syncs in the two branches).
+        // The epilogue sits between two block barriers: both warpgroups are done with the KV
+        // stages (warpgroup 1's cp.async groups drained) and the row sums are in s_fin before
+        // either stages its O there; both copy-outs are done before warpgroup 1 refills the
+        // stages. (Arrive/sync hand-overs here made racecheck report the copy-out's reads
+        // against the next segment's cp.async writes.)
+        __syncthreads();
+        stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256 * wg, s_fin, wtid, wg ? BAR_WG1 : BAR_WG0,
+                               wg == 0);
         __syncthreads();
     }
 }
