@@ -14,7 +14,7 @@
 //! - `W_UK_T` is kept as a per-head transposed copy of the codes (`[N, L, P]`, read as
 //!   `[N, P, L]`: K contiguous, the layout the weight-streaming kernel reads); its scales and
 //!   `W_UV` (rows `P..P+V` of each head, read transposed) are views of `kv_b_proj`'s.
-//! - Activations (`linear`): steps of at most [`FP8_QUANT_MIN_TOKENS`] - 1 tokens (decode)
+//! - Activations (`linear`): steps of fewer than [`FP8_QUANT_MIN_TOKENS`] tokens (decode)
 //!   multiply 16-bit activations by the fp8 weight (weight-only: the weight bytes are what a
 //!   decode step streams); larger ones (prefill) quantize the activations per token in
 //!   1 x 128 groups first (QuantizeFp8, into the workspace) and run both operands in fp8 (the
@@ -80,7 +80,10 @@ impl WeightsDtype {
 }
 
 /// Steps with at least this many tokens quantize their activations (both operands fp8).
-pub const FP8_QUANT_MIN_TOKENS: i64 = 129;
+/// Measured on the H200 (docs/perf.md, "Decode GEMMs"): at 64 tokens quantize + Wgmma beat
+/// the weight-only skinny kernel on q_b (33.8 against 55.6 us) and o_proj (82.3 against
+/// 107.2), tied on the A-projection; at 32 tokens weight-only won (q_b 25.5 against 35.9).
+pub const FP8_QUANT_MIN_TOKENS: i64 = 64;
 
 /// The name of a weight's scale tensor in [`crate::HostWeights`] (the checkpoint's name).
 pub fn scale_name(name: &str) -> Option<&'static str> {

@@ -11,8 +11,8 @@
 //!   projections in fp8; their absorbed weights (and kv_a when kv_lora_rank is not a
 //!   multiple of 128) are dequantized (see `mla_block::fp8`).
 //! - A random layer with DeepSeek's block-aligned widths (every weight fp8, the absorbed
-//!   W_UK_T / W_UV included): fp8 vs dequantized, fused = split, a prefill of >= 129
-//!   tokens (activations quantized per token: both operands fp8) within the activation
+//!   W_UK_T / W_UV included): fp8 vs dequantized, fused = split, a prefill of >= 64 rows
+//!   (`FP8_QUANT_MIN_TOKENS`; activations quantized per token: both operands fp8) within the activation
 //!   quantization bound, and TP = 2 / 4 (rank slices keeping their scale rows) vs TP = 1.
 //! - With `MLA_TEST_DEVICE=cuda` everything runs on the GPU and is also held to the CPU's fp8
 //!   run (the "GPU fp8 path vs CPU fp8 reference"): within the bf16 tolerance, the
@@ -37,9 +37,12 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/checkpoints")
 }
 
-/// fp8 vs transformers on the unquantized weights: tests/checkpoints.rs's bound (weight
-/// quantization error, measured 5.6e-2..7.1e-2 there).
-const FP8_TOLERANCE: f64 = 0.1;
+/// fp8 vs transformers on the unquantized weights: the weight quantization error (measured
+/// 5.6e-2..7.1e-2 in tests/checkpoints.rs) and, for forwards of FP8_QUANT_MIN_TOKENS rows or
+/// more, the activation quantization's (up to 7.5e-2 against the same fp8 weights, see
+/// ACT_QUANT_TOLERANCE), roughly independent: sqrt(7.1^2 + 7.5^2) = 10.3e-2, measured at most
+/// 8.9e-2 (qlora_yarn_mscale_f32, prefill:32). 0.12 keeps a margin; a wrong scale is O(1).
+const FP8_TOLERANCE: f64 = 0.12;
 
 /// A prefill that quantizes its activations (e4m3 per 1x128 group: at most half an e4m3 step,
 /// 2^-4, of each value, about 2.5e-2 RMS) at every projection input (hidden, q_c, the normed
@@ -109,9 +112,18 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
             let b = run(&q, &cfg, &deq, &case.hidden, &case.positions, &sch, None);
             let split = run(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, Some(false));
             let fused = run(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, Some(true));
+            // A forward of FP8_QUANT_MIN_TOKENS rows or more quantizes its activations (the
+            // whole prefill of the larger fixtures); the others are weight-only, which in f32
+            // on the CPU is bit for bit the dequantized weights.
+            let quantized = largest_step_rows(&sch, case.s()) >= FP8_QUANT_MIN_TOKENS;
+            let (bound, gpu_bound) = if quantized {
+                (ACT_QUANT_TOLERANCE, GPU_ACT_QUANT_TOLERANCE.max(case.tolerance()))
+            } else {
+                (case.tolerance(), case.tolerance())
+            };
             if !on_gpu(&q) {
                 assert_eq!(fused.bytes, split.bytes, "{name} {sch}: fused and split differ with fp8 weights");
-                if dt == DType::F32 {
+                if dt == DType::F32 && !quantized {
                     assert_eq!(
                         a.bytes, b.bytes,
                         "{name} {sch}: f32 fp8 weights differ from their dequantization"
@@ -121,7 +133,7 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
             let e_deq = rel_frobenius(&a.to_f64(), &b.to_f64());
             let e_tf = case.rel_err(&a);
             eprintln!("{name} {sch}: fp8 weights vs dequantized {e_deq:.3e}, vs transformers {e_tf:.3e}");
-            assert!(e_deq <= case.tolerance(), "{name} {sch}: {e_deq} vs dequantized");
+            assert!(e_deq <= bound, "{name} {sch}: {e_deq} vs dequantized (bound {bound})");
             assert!(e_tf <= FP8_TOLERANCE, "{name} {sch}: {e_tf} vs transformers");
             worst = worst.max(e_tf);
             if on_gpu(&q) {
@@ -137,7 +149,7 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
                 let c = run(&cpu, &cfg, &store_c, &case.hidden, &case.positions, &sch, None);
                 let e = rel_frobenius(&a.to_f64(), &c.to_f64());
                 eprintln!("{name} {sch}: GPU fp8 vs CPU fp8 {e:.3e}");
-                assert!(e <= case.tolerance(), "{name} {sch}: GPU vs CPU {e}");
+                assert!(e <= gpu_bound, "{name} {sch}: GPU vs CPU {e} (bound {gpu_bound})");
             }
         }
     }
@@ -216,6 +228,13 @@ fn quantized_layer(dtype: DType) -> (MlaConfig, HostWeights, HostWeights) {
     (cfg, HostWeights { dtype, tensors: fp8 }, HostWeights { dtype, tensors: deq })
 }
 
+/// The most rows one forward of `sch` gives a projection over `seqs` sequences: what decides
+/// whether the block quantizes the activations.
+fn largest_step_rows(sch: &str, seqs: i64) -> i64 {
+    let sch: Schedule = sch.parse().expect("schedule");
+    sch.forwards().map(|(tokens, _)| tokens * seqs).max().expect("a forward")
+}
+
 #[test]
 fn an_aligned_layer_runs_every_weight_in_fp8() {
     let q = test_queue();
@@ -239,7 +258,7 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
             (65, "prefill:65".to_string(), ACT_QUANT_TOLERANCE, GPU_ACT_QUANT_TOLERANCE),
         ] {
             let s = 2;
-            assert!(bound == tol || s * t >= FP8_QUANT_MIN_TOKENS);
+            assert_eq!(bound != tol, largest_step_rows(&sch, s) >= FP8_QUANT_MIN_TOKENS, "{sch}");
             let hidden = ALIGNED.hidden(s, t, dt, 9);
             let pos: Vec<i64> = (0..s).flat_map(|i| (0..t).map(move |p| p + 40 * i)).collect();
             let a = run(&q, &cfg, &s8, &hidden, &pos, &sch, None);
@@ -333,7 +352,7 @@ fn quantized_activation_prefill_is_this_sensitive_to_input_noise() {
     ];
     for Noise(dt, sch, what, eps, measured, (lo, hi)) in cases {
         let t = if sch == prefill { 160 } else { 40 };
-        assert_eq!(t * s >= FP8_QUANT_MIN_TOKENS, sch == prefill);
+        assert_eq!(largest_step_rows(sch, s) >= FP8_QUANT_MIN_TOKENS, sch == prefill);
         let (cfg, w8, hidden, pos) = setup(dt, t);
         let store = MlaWeightStore::from_host(&q, &cfg, &w8).unwrap();
         let base = run(&q, &cfg, &store, &hidden, &pos, sch, None);

@@ -7,7 +7,7 @@
 //! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (measured 2.1-2.5x faster than the Wgmma kernel on the H200 at q_b); off until its CUDA-graph capture test passes again on a GPU (it failed once, unexplained); `1` turns it on |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
-//! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`, 0 for now) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
+//! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`: 128 for fp8 weights, 0 for 16-bit ones) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
 //! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code

@@ -28,8 +28,8 @@
 //!   views already have the layouts cuBLASLt reads (no copy is ever made; see
 //!   [`Kernel::Lt`]); cuBLASLt's heuristic must also have an algorithm for the shape.
 //! - **Auto** picks Skinny for weight-only up to the M limit of
-//!   [`crate::skinny_gemm::auto_max_m`] (`VT_SKINNY_GEMM` on; 0 until the kernel's current
-//!   version has passed its GPU tests), else Gemv for weight-only; for both-fp8, Lt where
+//!   [`crate::skinny_gemm::auto_max_m`] (`VT_SKINNY_GEMM` on; M <= 128), else Gemv for
+//!   weight-only; for both-fp8, Lt where
 //!   it applies under `VT_FP8_LT` (off by default: the H200 measured it 2.1-2.5x faster than
 //!   Wgmma at q_b M 128 / 4096 and 1.5x at 8192^3, but its graph-capture test failed once,
 //!   unexplained, and has not passed since), else Wgmma (sm_90) or

@@ -23,9 +23,8 @@
 //!
 //! [`GemmKernel::Auto`] (the ops) takes the skinny kernel where `VT_SKINNY_GEMM` is on (the
 //! default), the views allow, and M is at most [`auto_max_m`] for the shape (measured on the
-//! H200, see docs/perf.md: for now 0 for both; 16-bit weights stay on cuBLAS, fp8 weight-only
-//! on Gemv until v3 has passed its GPU tests); else cuBLAS (16-bit) or the fp8 ops' other
-//! kernels.
+//! H200, see docs/perf.md: 0 for 16-bit weights, which stay on cuBLAS; 128 for fp8
+//! weight-only); else cuBLAS (16-bit) or the fp8 ops' other kernels.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -103,13 +102,15 @@ pub struct GemmOptions {
 
 /// The largest M for which Auto takes the skinny kernel, per shape and weight type
 /// (measured: docs/perf.md, "Decode GEMMs"). 16-bit weights: 0 (cuBLAS), since cuBLAS was
-/// ahead or tied at every measured shape. fp8 weight-only: also 0 for now. v3 beat or tied
-/// the Gemv kernel in 23 of 25 cells of the last H200 bench, but that bench ran without its
-/// CPU check, and v3's GPU tests have not been seen to pass (the output of those calls was
-/// cut). Only v1 passed them, in call 2. Auto keeps the tested Gemv kernel until v3's tests
-/// pass; `Kernel::Skinny` forces it.
-pub fn auto_max_m(_w8: bool, _n: i64, _k: i64) -> i64 {
-    0
+/// ahead or tied at every measured shape. fp8 weight-only: 128 (the kernel's M limit): v3
+/// beat or tied the Gemv kernel in 23 of 25 cells of the H200 bench (q_b M 128: 63.1 against
+/// 224.2 us) and passed its GPU tests (`skinny_gemm` 7/7, `fp8_matmul` 14/14, 2026-12-02).
+pub fn auto_max_m(w8: bool, _n: i64, _k: i64) -> i64 {
+    if w8 {
+        128
+    } else {
+        0
+    }
 }
 
 /// One skinny problem in logical terms: `out[g, m, n] = sum_k a[g, m, k] w[g, n, k]`
