@@ -4,7 +4,9 @@
 //! Per step (T tokens, the first D of them decode tokens):
 //! 1. A-projections and the q branch: q_lora (`q_a_proj` -> `q_a_layernorm` -> `q_b_proj`)
 //!    or q_proj; the kv A-projection either as one merged `[L+R, H]` GEMM (fused path) or as
-//!    two GEMMs for the latent and the rope part (split path).
+//!    two GEMMs for the latent and the rope part (split path). The fused path with 16-bit
+//!    q_lora weights runs q_a and kv_a as one `[Q+L+R, H]` GEMM (the stacked
+//!    `fused_qkv_a_proj`), q_c and the kv row being column slices of its output.
 //! 2. `kv_a_layernorm` on the latent only, RoPE on q's rope slice and the shared k_pe:
 //!    `FusedNormRope` + `RopeFromCache(q)` (fused) or `RmsNorm` + `RopeFromCache(q, k)`.
 //! 3. `ConcatAndCacheMla`: the step's `[kv_c_normed | k_pe]` rows into the paged cache,
@@ -204,6 +206,36 @@ impl<'w> MlaBlock<'w> {
             && op_registered(OpId::FusedNormRope, self.device.kind)
     }
 
+    /// Whether this block's steps run q_a_proj and kv_a_proj_with_mqa as one GEMM (see
+    /// `merges_a_projections`).
+    pub fn uses_merged_a_projection(&self) -> bool {
+        self.merges_a_projections(self.uses_fused_norm_rope())
+    }
+
+    /// Whether a step runs q_a_proj and kv_a_proj_with_mqa as one GEMM on the stacked
+    /// `[Q+L+R, H]` weight (the fused path with 16-bit q_lora weights; fp8 ones keep their
+    /// own scale blocks and run apart): one weight stream and one launch instead of two.
+    fn merges_a_projections(&self, fused: bool) -> bool {
+        let w = &self.w;
+        fused
+            && self.dims.has_q_lora()
+            && w.fused_qkv_a_proj.is_some()
+            && w.fp8.q_a_proj.is_none()
+            && w.fp8.kv_a_proj_with_mqa.is_none()
+    }
+
+    /// The normed q_c `[T, Q]` of a q_lora step: a column slice of the merged A-projection's
+    /// output, or its own slot.
+    fn q_c_view<'s>(&self, ws: &'s MlaWorkspace, t: i64, fused: bool) -> Result<Tensor<'s>> {
+        let d = self.dims;
+        let ql = d.q_lora_rank;
+        if self.merges_a_projections(fused) {
+            ws.view(Slot::KvMerged, 0, &[t, ql + d.kv_lora_rank + d.qk_rope_head_dim])?.slice(1, 0, ql)
+        } else {
+            ws.view(Slot::QC, 0, &[t, ql])
+        }
+    }
+
     /// Checks a step's arguments against the block (host-side only); returns T.
     fn check_step(
         &self,
@@ -335,13 +367,19 @@ impl<'w> MlaBlock<'w> {
             (Slot::Attn, dt, t * n * v, tmax * n * v),
             (Slot::MetaI64, DType::I64, 2 * t, 2 * tmax),
         ];
-        if d.has_q_lora() {
-            need.push((Slot::QC, dt, t * ql, tmax * ql));
-        }
-        if fused {
-            need.push((Slot::KvMerged, dt, t * (l + r), tmax * (l + r)));
+        if self.merges_a_projections(fused) {
+            // One [T, Q+L+R] output: q_c and the kv row are its column slices.
+            let w = ql + l + r;
+            need.push((Slot::KvMerged, dt, t * w, tmax * w));
         } else {
-            need.push((Slot::KvC, dt, t * l, tmax * l));
+            if d.has_q_lora() {
+                need.push((Slot::QC, dt, t * ql, tmax * ql));
+            }
+            if fused {
+                need.push((Slot::KvMerged, dt, t * (l + r), tmax * (l + r)));
+            } else {
+                need.push((Slot::KvC, dt, t * l, tmax * l));
+            }
         }
         let i32_floor = lim.max_seqs * (lim.max_blocks_per_seq + 1) + lim.max_seqs + 1;
         need.push((Slot::MetaI32, DType::I32, meta.i32_len() as i64, i32_floor));
@@ -514,7 +552,19 @@ impl<'w> MlaBlock<'w> {
         let q_raw = ws.view(Slot::QRaw, 0, &[t, n * dqk])?;
         // Each projection is a float view or an fp8 weight (issue 17, `fp8::linear`).
         let f8 = &w.fp8;
-        let (kva, q_norm_w) = if d.has_q_lora() {
+        let merged_w = w.fused_qkv_a_proj.filter(|_| self.merges_a_projections(fused));
+        let (kva, q_norm_w) = if let Some(qkv_w) = merged_w {
+            // The merged A-projection (issue 18): one GEMM against the stacked
+            // [q_a_proj; kv_a_proj_with_mqa] weight; q_c and the kv row are column slices of
+            // its output (the ops below take strided rows).
+            let qkv = ws.view(Slot::KvMerged, 0, &[t, ql + l + r])?;
+            fp8::linear(q, ws, qkv, *hidden, Weight::Float(qkv_w))?;
+            let q_c = self.q_c_view(ws, t, fused)?;
+            (
+                Weight::Float(qkv_w.slice(0, ql, ql + l + r)?),
+                Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)),
+            )
+        } else if d.has_q_lora() {
             let fused_w = w.fused_qkv_a_proj;
             let q_a = Weight::pick(f8.q_a_proj, fused_w.map(|f| f.slice(0, 0, ql)).transpose()?, "q_a_proj")?;
             let kv_a_f = w.kv_a_proj_with_mqa.or(fused_w.map(|f| f.slice(0, ql, ql + l + r)).transpose()?);
@@ -527,7 +577,9 @@ impl<'w> MlaBlock<'w> {
         } else {
             (Weight::pick(f8.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")?, None)
         };
-        let kv_merged = if fused {
+        let kv_merged = if merged_w.is_some() {
+            Some(ws.view(Slot::KvMerged, 0, &[t, ql + l + r])?.slice(1, ql, ql + l + r)?)
+        } else if fused {
             let m = ws.view(Slot::KvMerged, 0, &[t, l + r])?;
             fp8::linear(q, ws, m, *hidden, kva)?;
             Some(m)
@@ -829,7 +881,7 @@ impl<'w> MlaBlock<'w> {
         let Some(ix) = d.indexer else { return Err(Error::backend(OP, "sparse_attention on a dense block")) };
         let w = &self.w;
         let f8 = &w.fp8;
-        let (n, ql) = (d.num_heads, d.q_lora_rank);
+        let n = d.num_heads;
         let (l, p, r) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim);
         let dqk = d.qk_head_dim();
         let (hi, di, k) = (ix.n_heads, ix.head_dim, ix.topk);
@@ -839,7 +891,7 @@ impl<'w> MlaBlock<'w> {
         let iw = &w.indexer;
 
         // ---- 1. indexer query, key, head weights and their rope ----
-        let q_c = ws.view(Slot::QC, 0, &[t, ql])?;
+        let q_c = self.q_c_view(ws, t, self.uses_fused_norm_rope())?;
         let idx_q = ws.view(Slot::IdxQ, 0, &[t, hi * di])?;
         let idx_k = ws.view(Slot::IdxK, 0, &[t, di])?;
         let idx_w = ws.view(Slot::IdxW, 0, &[t, hi])?;

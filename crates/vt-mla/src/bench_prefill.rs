@@ -98,7 +98,8 @@ pub struct OpCost {
 /// new tokens after `context` cached ones, the context gathered `chunk_rows` rows at a time;
 /// `elt` bytes per element. Names as `op_timer::label` gives them. `fused_cache_write`: the
 /// cache write rides in `kv_norm_rope` (`VT_FUSE_CACHE_WRITE`, `MlaBlock::uses_fused_cache_write`):
-/// its row writes count there and there is no `cache_write` launch.
+/// its row writes count there and there is no `cache_write` launch. `merged_a`: q_a_proj and
+/// kv_a_proj run as one GEMM (`MlaBlock::uses_merged_a_projection`).
 pub fn op_costs(
     d: &MlaBlockDims,
     t: i64,
@@ -106,6 +107,7 @@ pub fn op_costs(
     chunk_rows: i64,
     elt: usize,
     fused_cache_write: bool,
+    merged_a: bool,
 ) -> Vec<OpCost> {
     let f = |x: i64| x as f64;
     let e = elt as f64;
@@ -117,7 +119,11 @@ pub fn op_costs(
     let mut push = |label: &str, (flops, bytes): (f64, f64)| {
         out.push(OpCost { label: label.to_string(), flops, bytes });
     };
-    if d.q_lora_rank > 0 {
+    if d.q_lora_rank > 0 && merged_a {
+        push("qkv_a_proj (merged)", gemm(tt, ql + l + r, h));
+        push("rms_norm", (0.0, e * (2.0 * tt * ql + ql)));
+        push("q_b_proj", gemm(tt, n * (p + r), ql));
+    } else if d.q_lora_rank > 0 {
         push("q_a_proj", gemm(tt, ql, h));
         push("kv_a_proj", gemm(tt, l + r, h));
         push("rms_norm", (0.0, e * (2.0 * tt * ql + ql)));
@@ -620,8 +626,15 @@ pub fn run(a: &PrefillBenchArgs, pick: impl Fn(BackendArg) -> Result<DeviceType>
         });
         match res {
             Ok(s) => {
-                let costs =
-                    op_costs(&d, t, a.context, chunk_tokens, dtype.size_of(), block.uses_fused_cache_write());
+                let costs = op_costs(
+                    &d,
+                    t,
+                    a.context,
+                    chunk_tokens,
+                    dtype.size_of(),
+                    block.uses_fused_cache_write(),
+                    block.uses_merged_a_projection(),
+                );
                 let flops: f64 = costs.iter().map(|c| c.flops).sum();
                 let prow = peer.as_ref().and_then(|p| p.row(t, a.context));
                 println!(
@@ -678,7 +691,7 @@ mod tests {
     #[test]
     fn v3_flops_follow_the_gemm_and_attention_formulas() {
         let d = v3();
-        let c = op_costs(&d, 1024, 0, 1, 2, false);
+        let c = op_costs(&d, 1024, 0, 1, 2, false, false);
         let t = 1024.0;
         assert_eq!(cost(&c, "q_a_proj").flops, 2.0 * t * 1536.0 * 7168.0);
         assert_eq!(cost(&c, "kv_a_proj").flops, 2.0 * t * 576.0 * 7168.0);
@@ -697,7 +710,7 @@ mod tests {
     #[test]
     fn context_adds_the_gather_the_context_up_projection_and_the_merges() {
         let d = v3();
-        let c = op_costs(&d, 4096, 16384, 8192, 2, false);
+        let c = op_costs(&d, 4096, 16384, 8192, 2, false, false);
         assert_eq!(cost(&c, "attention (ctx)").flops, 2.0 * 4096.0 * 16384.0 * 128.0 * 320.0);
         assert_eq!(cost(&c, "kv_b_proj (ctx)").flops, 2.0 * 16384.0 * 512.0 * 128.0 * 256.0);
         assert_eq!(cost(&c, "gather_ctx").bytes, 2.0 * 2.0 * 16384.0 * 576.0);
@@ -774,7 +787,7 @@ mod tests {
                 OpTime { label: "attention".into(), calls: 1, ms: 1.0 },
             ],
         };
-        let costs = op_costs(&v3(), 1024, 0, 1, 2, false);
+        let costs = op_costs(&v3(), 1024, 0, 1, 2, false, false);
         let peer = Peer {
             name: "torch".into(),
             rows: vec![PeerRow {
@@ -831,7 +844,15 @@ mod tests {
         let s = measure(&q, &block, &spec, 24, &o).expect("runs");
         assert!(s.ms > 0.0 && s.min_ms <= s.ms);
         let names: Vec<&str> = s.ops.iter().map(|x| x.label.as_str()).collect();
-        let costs = op_costs(&cfg.dims, 24, 40, 16, 4, block.uses_fused_cache_write());
+        let costs = op_costs(
+            &cfg.dims,
+            24,
+            40,
+            16,
+            4,
+            block.uses_fused_cache_write(),
+            block.uses_merged_a_projection(),
+        );
         for c in &costs {
             assert!(names.contains(&c.label.as_str()), "{} not launched: {names:?}", c.label);
         }

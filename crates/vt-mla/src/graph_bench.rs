@@ -505,9 +505,21 @@ pub fn command(
         on_off(blocks[0].uses_fused_cache_write())
     );
     if fp8_weights > 0 {
+        let min = mla_block::fp8::FP8_QUANT_MIN_TOKENS;
+        let step = if o.batch >= min {
+            format!(
+                "decode steps of {} tokens quantize their activations (both operands fp8, from {min} tokens)",
+                o.batch
+            )
+        } else {
+            format!(
+                "decode steps of {} tokens multiply 16-bit activations by them (weight-only, below {min})",
+                o.batch
+            )
+        };
         println!(
-            "fp8 weights: decode steps multiply 16-bit activations by them (weight-only); the prefills that fill the \
-             cache quantize their activations (both operands fp8; cuBLASLt where VT_FP8_LT is on: {})",
+            "fp8 weights: {step}; the prefills that fill the cache quantize their activations (both operands fp8; \
+             cuBLASLt where VT_FP8_LT is on: {})",
             on_off(vt_core::flags::fp8_lt())
         );
     }

@@ -54,6 +54,7 @@ pub fn label(d: &MlaBlockDims, call: Call, seen: usize) -> String {
         Call::Matmul { rows, k } => {
             let named = [
                 ((ql, h), "q_a_proj"),
+                ((ql + l + r, h), "qkv_a_proj (merged)"),
                 ((l + r, h), "kv_a_proj"),
                 ((l, h), "kv_a_proj"),
                 ((r, h), "kv_a_proj"),
@@ -380,6 +381,7 @@ mod tests {
         let d = v3();
         let m = |rows, k| label(&d, Call::Matmul { rows, k }, 0);
         assert_eq!(m(1536, 7168), "q_a_proj");
+        assert_eq!(m(2112, 7168), "qkv_a_proj (merged)");
         assert_eq!(m(576, 7168), "kv_a_proj");
         assert_eq!(m(512, 7168), "kv_a_proj");
         assert_eq!(m(64, 7168), "kv_a_proj");

@@ -56,13 +56,16 @@ fn bench_graph_breakdown(fuse: &str) {
     ] {
         assert!(out.contains(want), "missing `{want}` in\n{out}");
     }
-    // Every op of the decode step, once per layer (fused norm+rope path); the fusions remove
-    // the q rope, the cache write and the query concat.
+    // Every op of the decode step, once per layer (fused norm+rope path: q_a_proj and
+    // kv_a_proj as one merged GEMM); the fusions remove the q rope, the cache write and the
+    // query concat.
     let fused_away = ["rope", "cache_write", "concat_q"];
     let row = |op: &str| out.lines().find(|l| l.trim_start().starts_with(&format!("{op} ")));
+    for op in ["q_a_proj", "kv_a_proj"] {
+        assert!(row(op).is_none(), "`{op}` row beside the merged A-projection in\n{out}");
+    }
     for op in [
-        "q_a_proj",
-        "kv_a_proj",
+        "qkv_a_proj (merged)",
         "rms_norm",
         "q_b_proj",
         "kv_norm_rope",
@@ -142,8 +145,11 @@ fn bench_gemm_times_every_decode_gemm_at_each_m() {
 #[test]
 fn bench_graph_runs_fp8_weights() {
     let (backend, out) = bench_graph(&[], "44", &["--weights-dtype", "fp8"]);
-    for want in ["4 fp8 weights", "fp8 weights: decode steps multiply 16-bit activations", "one step (events"]
-    {
+    for want in [
+        "4 fp8 weights",
+        "fp8 weights: decode steps of 3 tokens multiply 16-bit activations",
+        "one step (events",
+    ] {
         assert!(out.contains(want), "missing `{want}` in\n{out}");
     }
     for op in ["q_a_proj", "q_b_proj", "o_proj"] {
