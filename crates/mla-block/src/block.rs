@@ -213,15 +213,23 @@ impl<'w> MlaBlock<'w> {
     }
 
     /// Whether a step runs q_a_proj and kv_a_proj_with_mqa as one GEMM on the stacked
-    /// `[Q+L+R, H]` weight (the fused path with 16-bit q_lora weights; fp8 ones keep their
-    /// own scale blocks and run apart): one weight stream and one launch instead of two.
+    /// `[Q+L+R, H]` weight: one weight stream and one launch instead of two.
     fn merges_a_projections(&self, fused: bool) -> bool {
+        self.merged_a_weight(fused).is_some()
+    }
+
+    /// The stacked A-projection weight of the fused path: the float `fused_qkv_a_proj` when
+    /// neither part is fp8, or the fp8 stack (`Fp8BlockWeights::fused_qkv_a_proj`).
+    fn merged_a_weight(&self, fused: bool) -> Option<Weight<'w>> {
         let w = &self.w;
-        fused
-            && self.dims.has_q_lora()
-            && w.fused_qkv_a_proj.is_some()
-            && w.fp8.q_a_proj.is_none()
-            && w.fp8.kv_a_proj_with_mqa.is_none()
+        if !fused || !self.dims.has_q_lora() {
+            return None;
+        }
+        if let Some(m) = w.fp8.fused_qkv_a_proj {
+            return Some(Weight::Fp8(m));
+        }
+        let float_only = w.fp8.q_a_proj.is_none() && w.fp8.kv_a_proj_with_mqa.is_none();
+        w.fused_qkv_a_proj.filter(|_| float_only).map(Weight::Float)
     }
 
     /// The normed q_c `[T, Q]` of a q_lora step: a column slice of the merged A-projection's
@@ -552,18 +560,15 @@ impl<'w> MlaBlock<'w> {
         let q_raw = ws.view(Slot::QRaw, 0, &[t, n * dqk])?;
         // Each projection is a float view or an fp8 weight (issue 17, `fp8::linear`).
         let f8 = &w.fp8;
-        let merged_w = w.fused_qkv_a_proj.filter(|_| self.merges_a_projections(fused));
+        let merged_w = self.merged_a_weight(fused);
         let (kva, q_norm_w) = if let Some(qkv_w) = merged_w {
             // The merged A-projection (issue 18): one GEMM against the stacked
             // [q_a_proj; kv_a_proj_with_mqa] weight; q_c and the kv row are column slices of
             // its output (the ops below take strided rows).
             let qkv = ws.view(Slot::KvMerged, 0, &[t, ql + l + r])?;
-            fp8::linear(q, ws, qkv, *hidden, Weight::Float(qkv_w))?;
+            fp8::linear(q, ws, qkv, *hidden, qkv_w)?;
             let q_c = self.q_c_view(ws, t, fused)?;
-            (
-                Weight::Float(qkv_w.slice(0, ql, ql + l + r)?),
-                Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)),
-            )
+            (qkv_w.rows(ql, ql + l + r)?, Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)))
         } else if d.has_q_lora() {
             let fused_w = w.fused_qkv_a_proj;
             let q_a = Weight::pick(f8.q_a_proj, fused_w.map(|f| f.slice(0, 0, ql)).transpose()?, "q_a_proj")?;

@@ -14,6 +14,9 @@
 //! - `W_UK_T` is kept as a per-head transposed copy of the codes (`[N, L, P]`, read as
 //!   `[N, P, L]`: K contiguous, the layout the weight-streaming kernel reads); its scales and
 //!   `W_UV` (rows `P..P+V` of each head, read transposed) are views of `kv_b_proj`'s.
+//! - The A-projections: when both stay fp8 and `q_lora_rank` is a multiple of 128 the store
+//!   stacks them (codes and scale rows) into `fused_qkv_a_proj`, which the fused path
+//!   multiplies in one GEMM, as it does the float stack; q_a / kv_a are its row views.
 //! - Activations (`linear`): steps of fewer than [`FP8_QUANT_MIN_TOKENS`] tokens (decode)
 //!   multiply 16-bit activations by the fp8 weight (weight-only: the weight bytes are what a
 //!   decode step streams); larger ones (prefill) quantize the activations per token in
@@ -181,6 +184,11 @@ impl<'a> Fp8Matrix<'a> {
 /// [`crate::MlaBlockWeights`] (which may then be `None`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Fp8BlockWeights<'a> {
+    /// q_lora branch: `[q_a_proj; kv_a_proj_with_mqa]` stacked, `[Q+L+R, H]` (Q a multiple
+    /// of 128, so kv_a's scale blocks start at row Q). When set, the fused path runs the
+    /// A-projection as one GEMM on it, and `q_a_proj` / `kv_a_proj_with_mqa` must be its
+    /// rows `0..Q` / `Q..Q+L+R` (checked).
+    pub fused_qkv_a_proj: Option<Fp8Matrix<'a>>,
     /// q_lora branch: `[Q, H]`.
     pub q_a_proj: Option<Fp8Matrix<'a>>,
     /// `[L+R, H]`.

@@ -119,6 +119,25 @@ impl<'a> MlaBlockWeights<'a> {
             if let Some(m) = f8.q_a_proj {
                 check_fp8("q_a_proj", &m, &[q, h], device)?;
             }
+            if let Some(m) = f8.fused_qkv_a_proj {
+                // The merged A-projection multiplies it in place of the two: they must be its
+                // rows 0..Q and Q.. (views of the same codes).
+                check_fp8("fp8.fused_qkv_a_proj", &m, &[q + l + r, h], device)?;
+                let row_view = |part: Option<Fp8Matrix<'a>>, a: i64| {
+                    part.is_some_and(|x| {
+                        m.rows(a, a + x.w.dim(0)).is_ok_and(|v| {
+                            v.w.data_addr() == x.w.data_addr() && v.scale.data_addr() == x.scale.data_addr()
+                        })
+                    })
+                };
+                if !row_view(f8.q_a_proj, 0) || !row_view(f8.kv_a_proj_with_mqa, q) {
+                    return Err(Error::invalid(
+                        "MlaBlockWeights",
+                        "fp8.fused_qkv_a_proj",
+                        "needs fp8.q_a_proj and fp8.kv_a_proj_with_mqa set to its rows 0..Q and Q..Q+L+R",
+                    ));
+                }
+            }
             if kv_a_apart {
                 either("kv_a_proj_with_mqa", f8.kv_a_proj_with_mqa, self.kv_a_proj_with_mqa, vec![l + r, h])?;
             }
@@ -775,7 +794,25 @@ impl MlaWeightStore {
         };
         let mut bufs = Vec::new();
         if dims.has_q_lora() {
-            if keep("q_a_proj") {
+            let block = vt_core::fp8_block::BLOCK as i64;
+            if keep("q_a_proj") && keep("kv_a_proj_with_mqa") && dims.q_lora_rank % block == 0 {
+                // Both fp8 and q_lora_rank a whole number of scale blocks: stacked like the
+                // float fused weight, codes and scale rows alike (kv_a's scale blocks then
+                // start at row Q), so the fused path multiplies them in one GEMM; q_a and
+                // kv_a are its row views (`fp8_views`).
+                let mut codes = Vec::new();
+                let mut scales = Vec::new();
+                for name in ["q_a_proj", "kv_a_proj_with_mqa"] {
+                    codes.extend_from_slice(&w.require(name)?.bytes);
+                    scales.extend_from_slice(&w.require(scale_name(name).unwrap_or_default())?.bytes);
+                }
+                let rows = dims.q_lora_rank + dims.latent_row_dim();
+                let (codes_name, scales_name) = fp8_buffer_names("fused_qkv_a_proj");
+                let h = dims.hidden_size;
+                let scale_shape = [vt_core::fp8_block::blocks(rows), vt_core::fp8_block::blocks(h)];
+                bufs.push((codes_name, Buffer::from_bytes(queue, DType::F8E4M3, &[rows, h], &codes)?));
+                bufs.push((scales_name, Buffer::from_bytes(queue, DType::F32, &scale_shape, &scales)?));
+            } else if keep("q_a_proj") {
                 // Held apart: fp8 q_a, and kv_a in fp8 or the compute dtype.
                 bufs.extend(weight("q_a_proj")?);
                 bufs.extend(weight("kv_a_proj_with_mqa")?);
@@ -862,9 +899,15 @@ impl MlaWeightStore {
         MlaWeightStore::from_host(queue, cfg, &host)
     }
 
-    /// How many weights are held in fp8 (0: a dequantized or float store).
+    /// How many weights are held in fp8 (0: a dequantized or float store); the stacked
+    /// `[q_a_proj; kv_a_proj_with_mqa]` counts as the two it holds.
     pub fn fp8_weights(&self) -> usize {
-        self.bufs.iter().filter(|(_, b)| b.dtype() == DType::F8E4M3).count()
+        let stacked = fp8_buffer_names("fused_qkv_a_proj").0;
+        self.bufs
+            .iter()
+            .filter(|(_, b)| b.dtype() == DType::F8E4M3)
+            .map(|(name, _)| if *name == stacked { 2 } else { 1 })
+            .sum()
     }
 
     pub fn dims(&self) -> &MlaBlockDims {
@@ -907,9 +950,13 @@ impl MlaWeightStore {
                 scale: m.scale.as_strided(p / b * lb, &[n, lb, v / b], &[head_rows, 1, lb]).ok()?,
             })
         });
+        let stacked = self.fp8_matrix("fused_qkv_a_proj");
+        let ql = d.q_lora_rank;
+        let rows = |a: i64, b: i64| stacked.and_then(|m| m.rows(a, b).ok());
         Fp8BlockWeights {
-            q_a_proj: self.fp8_matrix("q_a_proj"),
-            kv_a_proj_with_mqa: self.fp8_matrix("kv_a_proj_with_mqa"),
+            fused_qkv_a_proj: stacked,
+            q_a_proj: self.fp8_matrix("q_a_proj").or(rows(0, ql)),
+            kv_a_proj_with_mqa: self.fp8_matrix("kv_a_proj_with_mqa").or(rows(ql, ql + d.latent_row_dim())),
             q_b_proj: self.fp8_matrix("q_b_proj"),
             q_proj: self.fp8_matrix("q_proj"),
             kv_b_proj: kv_b,
@@ -949,6 +996,7 @@ impl MlaWeightStore {
 fn fp8_buffer_names(name: &str) -> (&'static str, &'static str) {
     match name {
         "q_a_proj" => ("q_a_proj#fp8", "q_a_proj#scale"),
+        "fused_qkv_a_proj" => ("fused_qkv_a_proj#fp8", "fused_qkv_a_proj#scale"),
         "q_b_proj" => ("q_b_proj#fp8", "q_b_proj#scale"),
         "q_proj" => ("q_proj#fp8", "q_proj#scale"),
         "kv_a_proj_with_mqa" => ("kv_a_proj_with_mqa#fp8", "kv_a_proj_with_mqa#scale"),
