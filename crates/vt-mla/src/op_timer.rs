@@ -255,7 +255,8 @@ fn wrap(imp: OpImpl) -> OpImpl {
         }
         OpImpl::BatchedMatmulFp8(f) => {
             OpImpl::BatchedMatmulFp8(Arc::new(move |q: &Queue, a: &vt_core::BatchedMatmulFp8Args<'_>| {
-                timed(q, Call::Op(OpId::BatchedMatmul), || f(q, a))
+                // `b` is `[G, K, N]` as for BatchedMatmul: the absorbed weights get their names.
+                timed(q, Call::Bmm { k: a.b.dim(1), n: a.b.dim(2) }, || f(q, a))
             }))
         }
         OpImpl::QuantizeFp8(f) => {
