@@ -31,8 +31,8 @@
 //!   [`crate::skinny_gemm::auto_max_m`] (`VT_SKINNY_GEMM` on; M <= 128), else Gemv for
 //!   weight-only; for both-fp8, Lt where
 //!   it applies under `VT_FP8_LT` (off by default: the H200 measured it 2.1-2.5x faster than
-//!   Wgmma at q_b M 128 / 4096 and 1.5x at 8192^3, but its graph-capture test failed once,
-//!   unexplained, and has not passed since), else Wgmma (sm_90) or
+//!   Wgmma at q_b M 128 / 4096 and 1.5x at 8192^3, and its graph-replay test passes, but
+//!   racecheck reports hazards inside cuBLASLt's own kernels), else Wgmma (sm_90) or
 //!   Mma when the views allow, else Generic.
 
 use std::collections::HashMap;
