@@ -232,13 +232,18 @@ impl<'w> MlaBlock<'w> {
         w.fused_qkv_a_proj.filter(|_| float_only).map(Weight::Float)
     }
 
+    /// The merged A-projection's output `[T, Q+L+R]` (in the KvMerged slot).
+    fn qkv_a_view<'s>(&self, ws: &'s MlaWorkspace, t: i64) -> Result<Tensor<'s>> {
+        let d = self.dims;
+        ws.view(Slot::KvMerged, 0, &[t, d.q_lora_rank + d.latent_row_dim()])
+    }
+
     /// The normed q_c `[T, Q]` of a q_lora step: a column slice of the merged A-projection's
     /// output, or its own slot.
     fn q_c_view<'s>(&self, ws: &'s MlaWorkspace, t: i64, fused: bool) -> Result<Tensor<'s>> {
-        let d = self.dims;
-        let ql = d.q_lora_rank;
+        let ql = self.dims.q_lora_rank;
         if self.merges_a_projections(fused) {
-            ws.view(Slot::KvMerged, 0, &[t, ql + d.kv_lora_rank + d.qk_rope_head_dim])?.slice(1, 0, ql)
+            self.qkv_a_view(ws, t)?.slice(1, 0, ql)
         } else {
             ws.view(Slot::QC, 0, &[t, ql])
         }
@@ -565,7 +570,7 @@ impl<'w> MlaBlock<'w> {
             // The merged A-projection (issue 18): one GEMM against the stacked
             // [q_a_proj; kv_a_proj_with_mqa] weight; q_c and the kv row are column slices of
             // its output (the ops below take strided rows).
-            let qkv = ws.view(Slot::KvMerged, 0, &[t, ql + l + r])?;
+            let qkv = self.qkv_a_view(ws, t)?;
             fp8::linear(q, ws, qkv, *hidden, qkv_w)?;
             let q_c = self.q_c_view(ws, t, fused)?;
             (qkv_w.rows(ql, ql + l + r)?, Some((q_c, req(w.q_a_layernorm, "q_a_layernorm")?)))
@@ -583,7 +588,7 @@ impl<'w> MlaBlock<'w> {
             (Weight::pick(f8.kv_a_proj_with_mqa, w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")?, None)
         };
         let kv_merged = if merged_w.is_some() {
-            Some(ws.view(Slot::KvMerged, 0, &[t, ql + l + r])?.slice(1, ql, ql + l + r)?)
+            Some(self.qkv_a_view(ws, t)?.slice(1, ql, ql + l + r)?)
         } else if fused {
             let m = ws.view(Slot::KvMerged, 0, &[t, l + r])?;
             fp8::linear(q, ws, m, *hidden, kva)?;

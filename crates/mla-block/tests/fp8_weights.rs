@@ -12,8 +12,8 @@
 //!   multiple of 128) are dequantized (see `mla_block::fp8`).
 //! - A random layer with DeepSeek's block-aligned widths (every weight fp8, the absorbed
 //!   W_UK_T / W_UV included): fp8 vs dequantized, fused = split, a prefill of >= 64 rows
-//!   (`FP8_QUANT_MIN_TOKENS`; activations quantized per token: both operands fp8) within the activation
-//!   quantization bound, and TP = 2 / 4 (rank slices keeping their scale rows) vs TP = 1.
+//!   (`FP8_QUANT_MIN_TOKENS`; activations quantized per token: both operands fp8) within
+//!   the activation quantization bound, and TP = 2 / 4 (rank slices keeping their scale rows) vs TP = 1.
 //! - With `MLA_TEST_DEVICE=cuda` everything runs on the GPU and is also held to the CPU's fp8
 //!   run (the "GPU fp8 path vs CPU fp8 reference"): within the bf16 tolerance, the
 //!   aligned layer's 16-bit-activation steps within 1e-4 (f32) / 2e-2 (bf16) and its

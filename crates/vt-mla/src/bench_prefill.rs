@@ -119,13 +119,13 @@ pub fn op_costs(
     let mut push = |label: &str, (flops, bytes): (f64, f64)| {
         out.push(OpCost { label: label.to_string(), flops, bytes });
     };
-    if d.q_lora_rank > 0 && merged_a {
-        push("qkv_a_proj (merged)", gemm(tt, ql + l + r, h));
-        push("rms_norm", (0.0, e * (2.0 * tt * ql + ql)));
-        push("q_b_proj", gemm(tt, n * (p + r), ql));
-    } else if d.q_lora_rank > 0 {
-        push("q_a_proj", gemm(tt, ql, h));
-        push("kv_a_proj", gemm(tt, l + r, h));
+    if d.q_lora_rank > 0 {
+        if merged_a {
+            push("qkv_a_proj (merged)", gemm(tt, ql + l + r, h));
+        } else {
+            push("q_a_proj", gemm(tt, ql, h));
+            push("kv_a_proj", gemm(tt, l + r, h));
+        }
         push("rms_norm", (0.0, e * (2.0 * tt * ql + ql)));
         push("q_b_proj", gemm(tt, n * (p + r), ql));
     } else {
