@@ -282,6 +282,29 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
     }
 }
 
+/// The store stacks the aligned layer's fp8 A-projections; a block whose q_a / kv_a are not
+/// the stack's rows 0..Q / Q.. (so the merged GEMM would multiply other weights than the
+/// split path) is refused, naming the field.
+#[test]
+fn an_fp8_stack_whose_parts_are_not_its_rows_is_rejected() {
+    let q = test_queue();
+    let (cfg, w8, _) = quantized_layer(DType::BF16);
+    let store = MlaWeightStore::from_host(&q, &cfg, &w8).unwrap();
+    let good = store.views();
+    let stack = good.fp8.fused_qkv_a_proj.expect("the aligned layer's A-projections are stacked");
+    let ql = cfg.dims.q_lora_rank;
+    assert!(MlaBlock::new(cfg.dims, good, cfg.rope.is_neox).is_ok());
+    let mut bad = store.views();
+    // The right shape, the wrong rows.
+    bad.fp8.q_a_proj = Some(stack.rows(128, 128 + ql).unwrap());
+    let err = MlaBlock::new(cfg.dims, bad, cfg.rope.is_neox).err().expect("refused").to_string();
+    assert!(err.contains("fp8.fused_qkv_a_proj"), "{err}");
+    let mut bad = store.views();
+    bad.fp8.kv_a_proj_with_mqa = None;
+    let err = MlaBlock::new(cfg.dims, bad, cfg.rope.is_neox).err().expect("refused").to_string();
+    assert!(err.contains("fused_qkv_a_proj"), "{err}");
+}
+
 /// `x` times `1 + eps * u`, u uniform in [-1, 1) (SplitMix64 from `seed`), rounded back to its
 /// dtype (in bf16 an `eps` below half an ulp, 2^-9, changes nothing).
 fn with_noise(x: &HostTensor, eps: f64, seed: u64) -> HostTensor {
