@@ -297,11 +297,13 @@ fn an_fp8_stack_whose_parts_are_not_its_rows_is_rejected() {
     let mut bad = store.views();
     // The right shape, the wrong rows.
     bad.fp8.q_a_proj = Some(stack.rows(128, 128 + ql).unwrap());
-    let err = MlaBlock::new(cfg.dims, bad, cfg.rope.is_neox).err().expect("refused").to_string();
+    let Err(err) = MlaBlock::new(cfg.dims, bad, cfg.rope.is_neox) else { panic!("accepted") };
+    let err = err.to_string();
     assert!(err.contains("fp8.fused_qkv_a_proj"), "{err}");
     let mut bad = store.views();
     bad.fp8.kv_a_proj_with_mqa = None;
-    let err = MlaBlock::new(cfg.dims, bad, cfg.rope.is_neox).err().expect("refused").to_string();
+    let Err(err) = MlaBlock::new(cfg.dims, bad, cfg.rope.is_neox) else { panic!("accepted") };
+    let err = err.to_string();
     assert!(err.contains("fused_qkv_a_proj"), "{err}");
 }
 
