@@ -26,6 +26,8 @@
 //   query rows per CTA, a ring of half tiles (the "s" kernels: a smaller ring).
 // - wgmma_sm90.cuh: mla_decode_wgmma[_tma]_{bf16,f16}: sm_90a wgmma, 64 query rows per
 //   CTA, a consumer and a producer warpgroup; cp.async or TMA loads.
+// - wgmma_fp8_sm90.cuh: mla_decode_wgmma_fp8_{bf16,f16}: the 64-row kernel over an
+//   fp8_ds_mla cache, a third warpgroup dequantizing rows into the 16-bit stages.
 // - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
 //   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows;
 //   mla_decode_wgmma_n{16,32}_fp8_*: the same over an fp8_ds_mla cache.
@@ -48,6 +50,7 @@
 #include "mla_decode_attention/mma_sm80.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_sm90.cuh"
+#include "mla_decode_attention/wgmma_fp8_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -73,6 +76,17 @@ extern "C" __device__ const long long mla_decode_facts[8] = {
               mla::Layout<mla::WGMMA_ROWS>::STAGES)
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)
+// The 64-row kernel over an fp8_ds_mla cache: a third warpgroup dequantizes into the 16-bit
+// stages (384 threads, the 16-bit kernel's layout).
+#define MLA_WGMMA_FP8(S, T)                                                                   \
+    extern "C" __global__ void __launch_bounds__(mla::FP8_WG_THREADS, 1)                      \
+        mla_decode_wgmma_fp8_##S(const mla::Params p) {                                       \
+        mla::decode_wgmma_fp8<T>(p);                                                          \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_fp8_##S, mla::FP8_WG_THREADS, mla::WGMMA_ROWS,                  \
+              mla::Layout<mla::WGMMA_ROWS>::SMEM, mla::Layout<mla::WGMMA_ROWS>::STAGES)
+MLA_WGMMA_FP8(bf16, bf16)
+MLA_WGMMA_FP8(f16, f16)
 
 // The narrow kernels: MT = 16 or 32 query rows per CTA.
 #define MLA_WGMMA_NARROW(S, T, MT)                                                            \

@@ -320,6 +320,138 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
     cp_async_wait<0>();
 }
 
+// Warpgroup 0 of the 64-row wgmma kernels (decode_wgmma, decode_wgmma_fp8) over one segment:
+// per tile, wait for it (TMA: its mbarrier; else the K_FULL arrival of whoever loads it), S =
+// Q K^T, the online softmax, P and the rescale factors for warpgroup 1, O[:, 0:256] += P V,
+// and V_FREE (VFREE_N threads: 256 when warpgroup 1 reloads the stage, 384 when warpgroup 2
+// does after both halves of P V). Ends with the row sums and maxima in s_fin.
+template <typename T, bool TMA, int VFREE_N>
+__device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sKV,
+                                               const unsigned char* valid, const unsigned char* flags,
+                                               StageBarriers<2, TMA>& bars, float (&o)[128], float* s_alpha,
+                                               float* s_fin, uint64_t dq, uint32_t sP, uint64_t dp, int wtid,
+                                               int r_lo, int qd) {
+    constexpr int MT = WGMMA_ROWS;
+    const float c = p.scale_log2;
+    const int t0 = sg.t0, t1 = sg.t1;
+    int lim[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int r = row0 + r_lo + 8 * hi;
+        const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+        lim[hi] = sg.len - p.s_q + s + 1;
+    }
+    const int lim_min = sg.len - p.s_q + 1;
+    float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
+    for (int t = t0; t < t1; ++t) {
+        const int st = (t - t0) & 1;
+        const uint32_t kst = sKV + st * TILE_BYTES;
+        const unsigned char* vst = valid + st * BN;
+        if (TMA) {
+            if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
+            bars.wait(st);
+        } else {
+            bar_sync(BAR_K_FULL + st, 256);
+        }
+
+        // (Three independent accumulator chains with a 128/384 column split measured
+        // slower than this: see docs/perf.md.)
+        float s[32];
+        const uint64_t dk = gmma_desc(kst, 16, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < FD / 16; ++ks) {
+            // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
+            const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+            Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(s);
+        if (TMA && t * BN + BN > sg.len) {
+            // Rows past the sequence's last token came from a real page (the TMA copies
+            // whole boxes) and may hold anything, NaN included: their weights are 0, but
+            // 0 x NaN is not, so zero their V part (columns 0..511) before either product.
+            const int first = sg.len - t * BN;
+            for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
+                const int r = first + (idx >> 6), c = idx & 63;  // c: 16-byte chunk of 64
+                st_shared_v4_zero(kst + (c >> 3) * SUB_BYTES + swz(r, c & 7));
+            }
+            fence_proxy_async();  // before the products read V (ordered by BAR_WG0 / P_FULL)
+        }
+
+        // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
+        const bool full = tile_is_full(t, lim_min, flags + st * 8);
+        float mx[2] = {vt::neg_inf(), vt::neg_inf()};
+        if (full) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+            }
+        } else {
+            const int tok0 = t * BN;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int col = 8 * i + 2 * qd + (j & 1);
+                    const int hi = j >> 1;
+                    const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
+                    s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
+                    mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
+                }
+        }
+        float alpha[2], muse[2];
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+            mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+            const float mn = fmaxf(m_run[hi], mx[hi] * c);
+            muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
+            alpha[hi] = exp2f(m_run[hi] - muse[hi]);
+            m_run[hi] = mn;
+            l_run[hi] *= alpha[hi];
+        }
+        uint32_t pk[16];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const float p0 = exp2f(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
+                const float p1 = exp2f(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
+                l_run[hi] += p0 + p1;
+                pk[2 * i + hi] = pack2<T>(p0, p1);
+            }
+        bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) st_shared_u32(sP + swz(r_lo + 8 * hi, i) + qd * 4, pk[2 * i + hi]);
+        if (qd == 0) {
+            s_alpha[r_lo] = alpha[0];
+            s_alpha[r_lo + 8] = alpha[1];
+        }
+        fence_proxy_async();      // P is read by wgmma (async proxy)
+        bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
+        bar_arrive(BAR_P_FULL, 256);
+        rescale(o, alpha[0], alpha[1]);
+        pv_tile<T, 128>(o, dp, kst);
+        if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, VFREE_N);
+    }
+    // Row sums (a quad per row) and maxima for the copy-out.
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        float l = l_run[hi];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (qd == 0) {
+            s_fin[r_lo + 8 * hi] = l;
+            s_fin[MT + r_lo + 8 * hi] = m_run[hi];
+        }
+    }
+}
+
 template <typename T, bool TMA>
 __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     constexpr int MT = WGMMA_ROWS;
@@ -344,7 +476,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
     const int r_lo = wwarp * 16 + g;  // this thread's accumulator rows: r_lo, r_lo + 8
-    const float c = p.scale_log2;
     const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
     const uint64_t dq = gmma_desc(sQ, 16, 1024);
     const uint64_t dp = gmma_desc(sP, 16, 1024);
@@ -354,7 +485,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     i64 pre = part.pre;
     Segment sg;
     while (next_segment(p, part, nb, pre, sg)) {
-        const int t0 = sg.t0, t1 = sg.t1;
         // This warpgroup's output columns: 0..255 (warpgroup 0), 256..511 (warpgroup 1).
         float o[128];
 #pragma unroll
@@ -369,122 +499,8 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                                            pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
                                        });
         } else {
-            int lim[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int r = row0 + r_lo + 8 * hi;
-                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
-                lim[hi] = sg.len - p.s_q + s + 1;
-            }
-            const int lim_min = sg.len - p.s_q + 1;
-            float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
-            for (int t = t0; t < t1; ++t) {
-                const int st = (t - t0) & 1;
-                const uint32_t kst = sKV + st * TILE_BYTES;
-                const unsigned char* vst = valid + st * BN;
-                if (TMA) {
-                    if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
-                    bars.wait(st);
-                } else {
-                    bar_sync(BAR_K_FULL + st, 256);
-                }
-
-                // (Three independent accumulator chains with a 128/384 column split measured
-                // slower than this: see docs/perf.md.)
-                float s[32];
-                const uint64_t dk = gmma_desc(kst, 16, 1024);
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < FD / 16; ++ks) {
-                    // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
-                    const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-                    Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
-                }
-                wgmma_commit();
-                wgmma_wait<0>();
-                pin(s);
-                if (TMA && t * BN + BN > sg.len) {
-                    // Rows past the sequence's last token came from a real page (the TMA copies
-                    // whole boxes) and may hold anything, NaN included: their weights are 0, but
-                    // 0 x NaN is not, so zero their V part (columns 0..511) before either product.
-                    const int first = sg.len - t * BN;
-                    for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
-                        const int r = first + (idx >> 6), c = idx & 63;  // c: 16-byte chunk of 64
-                        st_shared_v4_zero(kst + (c >> 3) * SUB_BYTES + swz(r, c & 7));
-                    }
-                    fence_proxy_async();  // before the products read V (ordered by BAR_WG0 / P_FULL)
-                }
-
-                // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
-                const bool full = tile_is_full(t, lim_min, flags + st * 8);
-                float mx[2] = {vt::neg_inf(), vt::neg_inf()};
-                if (full) {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-                        mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-                    }
-                } else {
-                    const int tok0 = t * BN;
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const int col = 8 * i + 2 * qd + (j & 1);
-                            const int hi = j >> 1;
-                            const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
-                            s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
-                            mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
-                        }
-                }
-                float alpha[2], muse[2];
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-                    const float mn = fmaxf(m_run[hi], mx[hi] * c);
-                    muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                    alpha[hi] = exp2f(m_run[hi] - muse[hi]);
-                    m_run[hi] = mn;
-                    l_run[hi] *= alpha[hi];
-                }
-                uint32_t pk[16];
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int hi = 0; hi < 2; ++hi) {
-                        const float p0 = exp2f(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
-                        const float p1 = exp2f(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
-                        l_run[hi] += p0 + p1;
-                        pk[2 * i + hi] = pack2<T>(p0, p1);
-                    }
-                bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1)
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int hi = 0; hi < 2; ++hi) st_shared_u32(sP + swz(r_lo + 8 * hi, i) + qd * 4, pk[2 * i + hi]);
-                if (qd == 0) {
-                    s_alpha[r_lo] = alpha[0];
-                    s_alpha[r_lo + 8] = alpha[1];
-                }
-                fence_proxy_async();      // P is read by wgmma (async proxy)
-                bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
-                bar_arrive(BAR_P_FULL, 256);
-                rescale(o, alpha[0], alpha[1]);
-                pv_tile<T, 128>(o, dp, kst);
-                if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, 256);
-            }
-            // Row sums (a quad per row) and maxima for the copy-out.
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                float l = l_run[hi];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
-                if (qd == 0) {
-                    s_fin[r_lo + 8 * hi] = l;
-                    s_fin[MT + r_lo + 8 * hi] = m_run[hi];
-                }
-            }
+            consumer_tiles<T, TMA, 256>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP, dp, wtid,
+                                        r_lo, qd);
         }
         // The epilogue sits between two block barriers: both warpgroups are done with the KV
         // stages (warpgroup 1's cp.async groups drained) and the row sums are in s_fin before

@@ -266,6 +266,7 @@ fn samples(dt: DType) -> Result<Samples> {
             }
             kernels.push((Kernel::WgmmaNarrow, heads, false, DType::Fp8DsMla));
         }
+        kernels.push((Kernel::Wgmma, 64, false, DType::Fp8DsMla));
     }
     for (kernel, heads, tma, cache_dt) in kernels {
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };

@@ -1,6 +1,6 @@
 //! MlaDecodeAttention over an fp8_ds_mla cache on CUDA against the CPU reference on the
 //! same fp8 bytes: every kernel that reads the fp8 cache (the mma.sync kernels with the
-//! full and the small ring, the generic kernel), block sizes 1/16/64, head counts 8..128,
+//! full and the small ring, the narrow and the 64-row wgmma kernels, the generic kernel), block sizes 1/16/64, head counts 8..128,
 //! one to four query tokens, mixed lengths, split and unsplit schedules, strided cache views
 //! and bad block ids. Outputs are poisoned with NaN; cache rows no sequence owns hold bytes
 //! that decode to NaN (code 0x7f). bf16 tolerances: the fast kernels round the dequantized
@@ -121,7 +121,7 @@ fn run(
         }
         Some(o) => match mla_decode_attention_with(queue, &args, o) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
-            Err(e) if matches!(o.kernel, Kernel::MmaSmall | Kernel::WgmmaNarrow) => {
+            Err(e) if matches!(o.kernel, Kernel::MmaSmall | Kernel::WgmmaNarrow | Kernel::Wgmma) => {
                 println!("{o:?}: {e}");
                 return None;
             }
@@ -153,7 +153,8 @@ fn check(g: &Queue, c: &Case, kernels: &[Kernel], schedules: &[(Option<u32>, Opt
 }
 
 const MIXED: [i32; 8] = [1, 17, 64, 65, 300, 1000, 0, 130];
-const ALL: [Kernel; 5] = [Kernel::Auto, Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Generic];
+const ALL: [Kernel; 6] =
+    [Kernel::Auto, Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Wgmma, Kernel::Generic];
 const SCHEDULES: [(Option<u32>, Option<u32>); 4] =
     [(None, None), (Some(1), Some(1)), (Some(1), Some(1000)), (Some(3), None)];
 
@@ -205,7 +206,7 @@ fn fp8_decode_skips_out_of_range_block_ids() {
     ref_x.seq_lens = vec![96.0, 40.0];
     let cpu = Queue::new(Device::CPU).unwrap();
     let (want, _, _) = run(&cpu, &ref_c, &ref_x, None).unwrap();
-    for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Generic] {
+    for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Wgmma, Kernel::Generic] {
         for max_parts in [Some(1), Some(3)] {
             let opts = DecodeOptions { kernel, min_tiles: Some(1), max_parts };
             let Some((got, _, what)) = run(&g, &c, &bad, Some(&opts)) else { continue };
@@ -214,4 +215,24 @@ fn fp8_decode_skips_out_of_range_block_ids() {
             println!("{what}: bad block ids, out rel error {e:.2e}");
         }
     }
+}
+
+/// The 64-row wgmma kernel's fp8 form (a third warpgroup dequantizing into the 16-bit
+/// stages) on its own: block sizes 1/16/64/128, 64 and 128 heads, one and two query tokens,
+/// mixed lengths, split and unsplit schedules (the sanitizer runs over this test).
+#[test]
+fn fp8_decode_on_the_64_row_wgmma_kernel_matches_reference() {
+    let Some(g) = gpu() else { return };
+    for bs in [1, 16, 64, 128] {
+        check(&g, &Case::new(&MIXED, 64, bs), &[Kernel::Wgmma], &SCHEDULES);
+    }
+    for (n, s_q) in [(128, 1), (64, 2), (16, 1)] {
+        let mut c = Case::new(&[3, 700, 64, 129, 2000], n, 64);
+        c.s_q = s_q;
+        check(&g, &c, &[Kernel::Wgmma], &SCHEDULES[..2]);
+    }
+    let mut c = Case::new(&[100, 1500, 3], 64, 16);
+    c.dtype = DType::F16;
+    c.row_pad = 48;
+    check(&g, &c, &[Kernel::Wgmma], &SCHEDULES[..2]);
 }

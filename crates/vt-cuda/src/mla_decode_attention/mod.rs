@@ -19,8 +19,9 @@
 //! else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32 or
 //! 64 rows per CTA).
 //! f32, other head dims and unaligned views take the generic kernel; an fp8_ds_mla cache
-//! takes the narrow wgmma kernel's fp8 form on sm_90 at most 32 query rows, else the
-//! mma.sync kernels.
+//! takes on sm_90 the narrow wgmma kernel's fp8 form at most 32 query rows and the 64-row
+//! wgmma kernel's fp8 form (a third warpgroup dequantizing) above, elsewhere the mma.sync
+//! kernels.
 //!
 //! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
 //! argument block and the two launches). Each kernel family plans its main launch in its own
@@ -322,8 +323,10 @@ pub(crate) fn choose(
         {
             Kernel::WgmmaNarrow
         }
-        // The 64-row wgmma kernels read 16-bit caches only.
-        Kernel::Auto if !fp8 && info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
+        // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
+        // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third
+        // warpgroup: docs/perf.md).
+        Kernel::Auto if info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
         Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
         // Less shared memory per block than the full ring needs (an A100): the small ring.
         Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
@@ -337,15 +340,6 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma if fp8 => {
-            return Err(Error::backend(
-                BACKEND,
-                format!(
-                    "{OP}: the 64-row wgmma kernels read 16-bit caches; an fp8_ds_mla cache takes the mma \
-                     or the narrow wgmma kernels"
-                ),
-            ))
-        }
         Kernel::Wgmma | Kernel::WgmmaNarrow if !info.wgmma => {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
         }
@@ -354,6 +348,7 @@ pub(crate) fn choose(
 
     let no_kernel = |what: &str| Error::backend(BACKEND, format!("{OP}: {what}"));
     let main = match kernel {
+        Kernel::Wgmma if fp8 => wgmma_sm90::fp8(),
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {

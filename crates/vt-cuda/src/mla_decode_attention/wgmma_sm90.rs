@@ -69,6 +69,25 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel
     MainKernel { base, name, rows: ROWS as i64, smem: SMEM, threads: THREADS, tma, ctas_per_sm: 1 }
 }
 
+/// Threads of the 64-row kernel over an fp8_ds_mla cache (`mla::FP8_WG_THREADS`): the two
+/// compute warpgroups and one that dequantizes the rows into the 16-bit stages.
+pub(super) const FP8_THREADS: u32 = 384;
+
+/// The 64-row kernel over an fp8_ds_mla cache (`mla_decode_wgmma_fp8`,
+/// `kernels-cuda/mla_decode_attention/wgmma_fp8_sm90.cuh`): the 16-bit kernel's layout, the
+/// rows read into registers by a third warpgroup, dequantized and stored as 16-bit tiles.
+pub(super) fn fp8() -> MainKernel {
+    MainKernel {
+        base: "mla_decode_wgmma_fp8",
+        name: "wgmma_fp8",
+        rows: ROWS as i64,
+        smem: SMEM,
+        threads: FP8_THREADS,
+        tma: false,
+        ctas_per_sm: 1,
+    }
+}
+
 /// Query rows per CTA of the narrow kernel (`mla_decode_wgmma_n{16,32}`,
 /// `kernels-cuda/mla_decode_attention/wgmma_narrow_sm90.cuh`): the fewer of 16 and 32 that
 /// holds `m_total` = s_q * N rows (more take several row blocks of 32).

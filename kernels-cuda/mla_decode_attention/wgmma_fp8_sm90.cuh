@@ -1,0 +1,274 @@
+// MlaDecodeAttention, the 64-row wgmma kernel over an fp8_ds_mla cache (sm_90a only):
+// mla_decode_wgmma_fp8_{bf16,f16}. Planned by crates/vt-cuda/src/mla_decode_attention/
+// wgmma_sm90.rs (`fp8`). Part of mla_decode_attention.cu.
+//
+// The 16-bit kernel's layout (wgmma_sm90.cuh: Q, two 72 KB 16-bit KV stages, P) and its two
+// compute warpgroups, plus a third that feeds the stages: 384 threads.
+// - Warpgroup 0: consumer_tiles (S = Q K^T, the online softmax, P, O[:, 0:256] += P V).
+// - Warpgroup 1: O[:, 256:512] += P V only.
+// - Warpgroup 2 (dequantizer): Q by cp.async, then per tile the 656-byte rows straight from
+//   global memory into registers (16-byte ld.global.nc, issued before it waits for the stage
+//   to free, so the loads fly while the consumers finish that stage), dequantized and stored
+//   as the 16-bit swizzled tile the 16-bit kernel would have loaded. There is no room for a
+//   raw ring in shared memory beside Q and two 16-bit stages, so the registers are the ring.
+// setmaxnreg moves registers from warpgroups 1 and 2 to warpgroup 0 (FP8_REGS; fewer for any
+// of them spills, ptxas -v).
+//
+// Named barriers: K_FULL[st] (warpgroup 2 arrives once the tile and, for the first, Q are
+// stored; warpgroup 0 syncs), P_FULL / P_FREE as in the 16-bit kernel (warpgroups 0 and 1),
+// V_FREE[st] with 384 threads (warpgroups 0 and 1 arrive after their P V of the tile in that
+// stage, warpgroup 2 syncs before it overwrites it). The epilogue (both compute warpgroups
+// stage O in the KV stages) sits between two block barriers, as in the 16-bit kernel.
+//
+// Dequantization (bf16 queries): a code's bits moved into a bf16 pattern by integer ops
+// (value x 2^-120, exact for every code, subnormals included), then two bf16x2 multiplies:
+// by 2^60 (exact) and by the group's scale x 2^60 rounded to bf16. So a value is rounded
+// twice (the scale, then the product) where the CPU reference rounds e4m3 x scale once: at
+// most ~2 bf16 ulps apart. This avoids the f32 -> bf16 conversions, which run at a quarter
+// of the integer rate and would make the dequantization, not the products, the limit
+// (FlashMLA's analysis, docs/20250929-hopper-fp8-sparse-deep-dive.md there). f16 queries use
+// the exact f32 path of fp8_tiles.cuh (codes8).
+#pragma once
+
+#include "mla_decode_attention/fp8_tiles.cuh"
+#include "mla_decode_attention/wgmma_sm90.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace mla {
+
+constexpr int FP8_WG_THREADS = 384;  // three warpgroups
+// Registers per thread after setmaxnreg, warpgroups 0, 1, 2. The block holds what it was
+// launched with (65536 / 384 rounded down to 8: 168 a thread) and setmaxnreg only moves
+// them: a larger sum leaves warpgroup 0's increase waiting forever (it hung at 512).
+constexpr int FP8_REGS[3] = {208, 160, 136};
+static_assert(FP8_REGS[0] + FP8_REGS[1] + FP8_REGS[2] <= 3 * 168, "setmaxnreg moves, never adds, registers");
+
+// One thread's share of one round (32 tokens) of a tile's raw rows: 16 codes of each of the
+// 8 64-feature blocks, 2 of the 8 rope chunks, the row's 4 scales.
+struct Fp8Raw {
+    uint4 code[8];
+    uint4 rope[2];
+    float4 sc;
+};
+
+__device__ __forceinline__ uint4 ld_nc_v4(const unsigned char* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// Codes b_lo, b_lo + 1 of word w (sel 0: bytes 0, 1; 1: bytes 2, 3) as a bf16x2 of value x
+// 2^-120: the sign to bit 15, exponent and mantissa (7 bits) to bits 10..4 of each half.
+__device__ __forceinline__ uint32_t e4m3x2_bf16_tiny(uint32_t w, int sel) {
+    const uint32_t u = __byte_perm(w, 0, sel ? 0x4342 : 0x4140);  // codes in bits 0..7 of each half
+    const uint32_t s = __byte_perm(w, 0, sel ? 0x3424 : 0x1404);  // codes in bits 8..15
+    return ((u << 4) & 0x07f007f0u) | (s & 0x80008000u);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Eight codes (words lo, hi) x the scale as the four words of one 16-byte chunk of a 16-bit
+// tile row. s2: bf16x2 of scale x 2^60 (bf16), see the header.
+template <typename T>
+__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t s2, uint32_t (&out)[4]) {
+    if constexpr (Same<T, bf16>::value) {
+        constexpr uint32_t P60 = 0x5d805d80u;  // bf16x2 of 2^60
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            out[q] = bf16x2_mul(bf16x2_mul(e4m3x2_bf16_tiny(q < 2 ? lo : hi, q & 1), P60), s2);
+    } else {
+        codes8<T>(lo, hi, s, out);
+    }
+}
+
+// Warpgroup 2's rows: lane (tok, q) of warp w holds token w * 8 + (lane & 7) + 32 round of a
+// tile and its 16-byte column chunks q + 4 k: four lanes read 64 contiguous bytes of a row
+// per load (whole sectors), and the 8 tokens of a store hit 8 distinct swizzled chunks.
+struct Fp8RegLoader {
+    const unsigned char* cache;
+    int warp, lane, q, tok0;
+
+    __device__ __forceinline__ Fp8RegLoader(const Params& p, int wtid)
+        : cache((const unsigned char*)p.cache), warp(wtid >> 5), lane(wtid & 31), q((wtid & 31) >> 3),
+          tok0((wtid >> 5) * 8 + (wtid & 7)) {}
+
+    // The byte offset of this lane's token row of round r of `tile`; -1: no token, -2: its
+    // block id is outside the cache.
+    __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int r) const {
+        const int j = tile * BN + tok0 + 32 * r;
+        if (tile >= sg.t1 || j >= sg.len) return -1;
+        const int bi = j / p.BS;
+        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+        if (blk < 0 || blk >= p.NB) return -2;
+        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+    }
+
+    // Missing rows read as zeros (codes and scales 0 decode to 0).
+    __device__ __forceinline__ void load(i64 off, Fp8Raw& r) const {
+        if (off < 0) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) r.code[k] = make_uint4(0, 0, 0, 0);
+            r.rope[0] = r.rope[1] = make_uint4(0, 0, 0, 0);
+            r.sc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            return;
+        }
+        const unsigned char* row = cache + off;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) r.code[k] = ld_nc_v4(row + 64 * k + 16 * q);
+        const uint4 s = ld_nc_v4(row + vt::fp8ds::SCALE_OFFSET);
+        r.sc = make_float4(__uint_as_float(s.x), __uint_as_float(s.y), __uint_as_float(s.z), __uint_as_float(s.w));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) r.rope[h] = ld_nc_v4(row + vt::fp8ds::ROPE_OFFSET + 16 * (q + 4 * h));
+    }
+
+    // Stores round r of the tile as 16-bit rows into the stage at dst (swizzled column
+    // blocks, the 16-bit kernel's layout) and publishes the tokens' flags.
+    template <typename T>
+    __device__ __forceinline__ void store(uint32_t dst, int r, const Fp8Raw& raw, i64 off, unsigned char* valid,
+                                          unsigned char* flags) const {
+        const int tok = tok0 + 32 * r;
+        const float scs[4] = {raw.sc.x, raw.sc.y, raw.sc.z, raw.sc.w};
+        uint32_t s2[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) s2[g] = pack2<bf16>(scs[g] * 0x1p60f, scs[g] * 0x1p60f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint4 c = raw.code[k];
+            uint32_t out[4];
+            dequant8<T>(c.x, c.y, scs[k >> 1], s2[k >> 1], out);  // features 64 k + 16 q ..
+            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q), out);
+            dequant8<T>(c.z, c.w, scs[k >> 1], s2[k >> 1], out);
+            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q + 1), out);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t rp[4] = {raw.rope[h].x, raw.rope[h].y, raw.rope[h].z, raw.rope[h].w};
+            if constexpr (!Same<T, bf16>::value) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    rp[i] = pack2<T>(__uint_as_float(rp[i] << 16), __uint_as_float(rp[i] & 0xffff0000u));
+            }
+            st_shared_v4(dst + (NSUB - 1) * SUB_BYTES + swz(tok, q + 4 * h), rp);
+        }
+        if (q == 0) valid[tok] = off >= 0 ? 1 : 0;
+        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
+        if (lane == 0) flags[2 * warp + r] = bad != 0u ? 1 : 0;
+    }
+};
+
+// Warpgroup 2 over one segment: Q and the first two tiles, then each later tile into the
+// stage its predecessor-but-one frees (loads issued before the wait).
+template <typename T>
+__device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
+                                                   uint32_t sKV, unsigned char* valid, unsigned char* flags,
+                                                   const Fp8RegLoader& ld, int wtid) {
+    const int t0 = sg.t0, t1 = sg.t1;
+    load_q<T, WGMMA_ROWS, 128>(p, sg.b, row0, sQ, wtid);
+    cp_async_commit();
+    Fp8Raw a, b;
+    for (int k = 0; k < 2 && t0 + k < t1; ++k) {
+        const i64 o0 = ld.row_of(p, sg, t0 + k, 0), o1 = ld.row_of(p, sg, t0 + k, 1);
+        ld.load(o0, a);
+        ld.load(o1, b);
+        const uint32_t dst = sKV + k * TILE_BYTES;
+        ld.store<T>(dst, 0, a, o0, valid + k * BN, flags + k * 8);
+        ld.store<T>(dst, 1, b, o1, valid + k * BN, flags + k * 8);
+        if (k == 0) cp_async_wait<0>();  // Q
+        fence_proxy_async();  // read by wgmma (async proxy)
+        bar_arrive(BAR_K_FULL + k, 256);
+    }
+    for (int t = t0; t + 2 < t1; ++t) {
+        const int st = (t - t0) & 1;
+        const i64 o0 = ld.row_of(p, sg, t + 2, 0), o1 = ld.row_of(p, sg, t + 2, 1);
+        ld.load(o0, a);
+        ld.load(o1, b);
+        bar_sync(BAR_V_FREE + st, FP8_WG_THREADS);  // both halves of P V(t) are done with the stage
+        const uint32_t dst = sKV + st * TILE_BYTES;
+        ld.store<T>(dst, 0, a, o0, valid + st * BN, flags + st * 8);
+        ld.store<T>(dst, 1, b, o1, valid + st * BN, flags + st * 8);
+        fence_proxy_async();
+        bar_arrive(BAR_K_FULL + st, 256);
+    }
+}
+
+template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
+    constexpr int MT = WGMMA_ROWS;
+    using L = Layout<MT>;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = align1024(smem_raw);
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
+    float* s_alpha = (float*)(smem + L::OFF_RED);
+    float* s_fin = s_alpha + MT;
+    unsigned char* valid = smem + L::OFF_VALID;
+    unsigned char* flags = smem + L::OFF_FLAGS;
+    int* sched = (int*)(smem + L::OFF_SCHED);
+    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);
+    grid_dep_launch();
+
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
+    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, qd = lane & 3;
+    const int row0 = blockIdx.y * MT;
+    const int r_lo = wwarp * 16 + g;
+    const uint64_t dq = gmma_desc(sQ, 16, 1024);
+    const uint64_t dp = gmma_desc(sP, 16, 1024);
+
+    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);
+    int nb = part.b;
+    i64 pre = part.pre;
+    Segment sg;
+    // One loop per warpgroup, each after its setmaxnreg (ptxas allocates per region).
+    if (wg == 2) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[2]) : "memory");
+        const Fp8RegLoader ld(p, wtid);
+        while (next_segment(p, part, nb, pre, sg)) {
+            fp8_producer_tiles<T>(p, sg, row0, sQ, sKV, valid, flags, ld, wtid);
+            __syncthreads();  // the compute warpgroups stage O in the KV stages ...
+            __syncthreads();  // ... and have copied it out
+        }
+        return;
+    }
+    if (wg == 1) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[1]) : "memory");
+        while (next_segment(p, part, nb, pre, sg)) {
+            float o[128];
+#pragma unroll
+            for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+            bar_arrive(BAR_P_FREE, 256);
+            for (int t = sg.t0; t < sg.t1; ++t) {
+                const int st = (t - sg.t0) & 1;
+                bar_sync(BAR_P_FULL, 256);  // after warpgroup 0 synced K_FULL: the tile is stored
+                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+                pv_tile<T, 128>(o, dp, sKV + st * TILE_BYTES + 4 * SUB_BYTES);
+                if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
+                if (t + 2 < sg.t1) bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS);
+            }
+            __syncthreads();
+            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
+            __syncthreads();
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[0]) : "memory");
+    StageBarriers<L::STAGES, false> bars(base + L::OFF_MBAR);  // unused: the stages are not TMA-loaded
+    while (next_segment(p, part, nb, pre, sg)) {
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        consumer_tiles<T, false, FP8_WG_THREADS>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP,
+                                                 dp, wtid, r_lo, qd);
+        __syncthreads();
+        stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
+        __syncthreads();
+    }
+}
+
+}  // namespace mla
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
