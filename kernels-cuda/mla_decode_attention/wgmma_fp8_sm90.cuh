@@ -18,16 +18,18 @@
 // stored; warpgroup 0 syncs), P_FULL / P_FREE as in the 16-bit kernel (warpgroups 0 and 1),
 // V_FREE[st] with 384 threads (warpgroups 0 and 1 arrive after their P V of the tile in that
 // stage, warpgroup 2 syncs before it overwrites it). The epilogue (both compute warpgroups
-// stage O in the KV stages) sits between two block barriers, as in the 16-bit kernel.
+// stage O in the KV stages) sits between two barriers of all 384 threads (BAR_EPI), as in
+// the 16-bit kernel.
 //
 // Dequantization (bf16 queries): a code's bits moved into a bf16 pattern by integer ops
-// (value x 2^-120, exact for every code, subnormals included), then two bf16x2 multiplies:
-// by 2^60 (exact) and by the group's scale x 2^60 rounded to bf16. So a value is rounded
-// twice (the scale, then the product) where the CPU reference rounds e4m3 x scale once: at
-// most ~2 bf16 ulps apart. This avoids the f32 -> bf16 conversions, which run at a quarter
-// of the integer rate and would make the dequantization, not the products, the limit
-// (FlashMLA's analysis, docs/20250929-hopper-fp8-sparse-deep-dive.md there). f16 queries use
-// the exact f32 path of fp8_tiles.cuh (codes8).
+// (value x 2^-120, exact for every code, subnormals included), then one bf16x2 multiply by
+// the group's scale x 2^120 rounded to bf16 (two, through 2^60, for a scale >= 2^7). So a
+// value is rounded twice (the scale, then the product) where the CPU reference rounds
+// e4m3 x scale once: at most ~2 bf16 ulps apart (tests: out within 3e-3 relative). This
+// avoids the f32 -> bf16 conversions, which run at a quarter of the integer rate (FlashMLA's
+// analysis, docs/20250929-hopper-fp8-sparse-deep-dive.md there). Codes 0x7f / 0xff (e4m3
+// NaN, which the encoder writes only for a NaN input) decode finite here. f16 queries use the
+// exact f32 path of fp8_tiles.cuh (codes8).
 #pragma once
 
 #include "mla_decode_attention/fp8_tiles.cuh"
@@ -37,6 +39,12 @@
 namespace mla {
 
 constexpr int FP8_WG_THREADS = 384;  // three warpgroups
+// The epilogue's block-wide hand-overs: a named barrier of all 384 threads, synced by each
+// warpgroup from its own loop (__syncthreads from different code sites made racecheck
+// report the copy-out against the next segment's stores; with this barrier it reports
+// none). synccheck still calls a barrier synced from three code sites divergent: see
+// docs/perf.md (a hand-over with one syncing side per barrier is the planned fix).
+constexpr int BAR_EPI = 11;
 // Registers per thread after setmaxnreg, warpgroups 0, 1, 2. The block holds what it was
 // launched with (65536 / 384 rounded down to 8: 168 a thread) and setmaxnreg only moves
 // them: a larger sum leaves warpgroup 0's increase waiting forever (it hung at 512).
@@ -59,12 +67,14 @@ __device__ __forceinline__ uint4 ld_nc_v4(const unsigned char* p) {
     return v;
 }
 
-// Codes b_lo, b_lo + 1 of word w (sel 0: bytes 0, 1; 1: bytes 2, 3) as a bf16x2 of value x
-// 2^-120: the sign to bit 15, exponent and mantissa (7 bits) to bits 10..4 of each half.
-__device__ __forceinline__ uint32_t e4m3x2_bf16_tiny(uint32_t w, int sel) {
-    const uint32_t u = __byte_perm(w, 0, sel ? 0x4342 : 0x4140);  // codes in bits 0..7 of each half
-    const uint32_t s = __byte_perm(w, 0, sel ? 0x3424 : 0x1404);  // codes in bits 8..15
-    return ((u << 4) & 0x07f007f0u) | (s & 0x80008000u);
+// Four codes (word w, low byte first) as two bf16x2 of value x 2^-120, exact for every code
+// (subnormals included; 0x7f / 0xff, e4m3's NaN, come out finite): the sign to bit 15 and
+// the 7 exponent-and-mantissa bits to bits 10..4 of each half. The two halves' bits do not
+// overlap, so the add is an or (one LEA).
+__device__ __forceinline__ void e4m3x4_bf16_tiny(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t m = w & 0x7f7f7f7fu, sg = w & 0x80808080u;
+    lo = (__byte_perm(m, 0, 0x4140) << 4) + __byte_perm(sg, 0, 0x1404);
+    hi = (__byte_perm(m, 0, 0x4342) << 4) + __byte_perm(sg, 0, 0x3424);
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
@@ -73,15 +83,28 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
+// The bf16x2 factors that take value x 2^-120 to value x scale s: with `one`, one multiply by
+// s x 2^120 rounded to bf16 (finite for s < 2^7: every sane cache); else two, by 2^60
+// (exact) and by s x 2^60.
+__device__ __forceinline__ uint32_t bf16_factor_a(float s, bool one) {
+    return one ? pack2<bf16>(s * 0x1p120f, s * 0x1p120f) : 0x5d805d80u;  // bf16x2 of 2^60
+}
+__device__ __forceinline__ uint32_t bf16_factor_b(float s) { return pack2<bf16>(s * 0x1p60f, s * 0x1p60f); }
+
 // Eight codes (words lo, hi) x the scale as the four words of one 16-byte chunk of a 16-bit
-// tile row. s2: bf16x2 of scale x 2^60 (bf16), see the header.
+// tile row. fa, fb: the factors of bf16_factor_a / _b; one (warp-uniform): fb is not needed.
 template <typename T>
-__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t s2, uint32_t (&out)[4]) {
+__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t fa, uint32_t fb, bool one,
+                                         uint32_t (&out)[4]) {
     if constexpr (Same<T, bf16>::value) {
-        constexpr uint32_t P60 = 0x5d805d80u;  // bf16x2 of 2^60
+        e4m3x4_bf16_tiny(lo, out[0], out[1]);
+        e4m3x4_bf16_tiny(hi, out[2], out[3]);
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-            out[q] = bf16x2_mul(bf16x2_mul(e4m3x2_bf16_tiny(q < 2 ? lo : hi, q & 1), P60), s2);
+        for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fa);
+        if (!one) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fb);
+        }
     } else {
         codes8<T>(lo, hi, s, out);
     }
@@ -127,6 +150,24 @@ struct Fp8RegLoader {
         for (int h = 0; h < 2; ++h) r.rope[h] = ld_nc_v4(row + vt::fp8ds::ROPE_OFFSET + 16 * (q + 4 * h));
     }
 
+    // The latent codes of one round as 16-bit chunks (chunks 2q, 2q + 1 of every column
+    // block); one: warp-uniform, every lane's scales take the one-multiply form.
+    template <typename T>
+    __device__ __forceinline__ void store_codes(uint32_t dst, int tok, const Fp8Raw& raw, const float (&scs)[4],
+                                                bool one) const {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint4 c = raw.code[k];
+            const float sc = scs[k >> 1];
+            const uint32_t fa = bf16_factor_a(sc, one), fb = bf16_factor_b(sc);
+            uint32_t out[4];
+            dequant8<T>(c.x, c.y, sc, fa, fb, one, out);  // features 64 k + 16 q ..
+            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q), out);
+            dequant8<T>(c.z, c.w, sc, fa, fb, one, out);
+            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q + 1), out);
+        }
+    }
+
     // Stores round r of the tile as 16-bit rows into the stage at dst (swizzled column
     // blocks, the 16-bit kernel's layout) and publishes the tokens' flags.
     template <typename T>
@@ -134,18 +175,10 @@ struct Fp8RegLoader {
                                           unsigned char* flags) const {
         const int tok = tok0 + 32 * r;
         const float scs[4] = {raw.sc.x, raw.sc.y, raw.sc.z, raw.sc.w};
-        uint32_t s2[4];
-#pragma unroll
-        for (int g = 0; g < 4; ++g) s2[g] = pack2<bf16>(scs[g] * 0x1p60f, scs[g] * 0x1p60f);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const uint4 c = raw.code[k];
-            uint32_t out[4];
-            dequant8<T>(c.x, c.y, scs[k >> 1], s2[k >> 1], out);  // features 64 k + 16 q ..
-            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q), out);
-            dequant8<T>(c.z, c.w, scs[k >> 1], s2[k >> 1], out);
-            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q + 1), out);
-        }
+        // Warp-uniform: the one-multiply form unless a lane holds a scale >= 2^7 (a NaN scale
+        // gives NaN either way).
+        const bool one = fmaxf(fmaxf(scs[0], scs[1]), fmaxf(scs[2], scs[3])) < 0x1p7f;
+        store_codes<T>(dst, tok, raw, scs, __all_sync(0xffffffffu, one));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             uint32_t rp[4] = {raw.rope[h].x, raw.rope[h].y, raw.rope[h].z, raw.rope[h].w};
@@ -230,8 +263,8 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
         const Fp8RegLoader ld(p, wtid);
         while (next_segment(p, part, nb, pre, sg)) {
             fp8_producer_tiles<T>(p, sg, row0, sQ, sKV, valid, flags, ld, wtid);
-            __syncthreads();  // the compute warpgroups stage O in the KV stages ...
-            __syncthreads();  // ... and have copied it out
+            bar_sync(BAR_EPI, FP8_WG_THREADS);  // the compute warpgroups stage O in the KV stages ...
+            bar_sync(BAR_EPI, FP8_WG_THREADS);  // ... and have copied it out
         }
         return;
     }
@@ -250,9 +283,9 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
                 if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < sg.t1) bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS);
             }
-            __syncthreads();
+            bar_sync(BAR_EPI, FP8_WG_THREADS);
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
-            __syncthreads();
+            bar_sync(BAR_EPI, FP8_WG_THREADS);
         }
         return;
     }
@@ -264,9 +297,9 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         consumer_tiles<T, false, FP8_WG_THREADS>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP,
                                                  dp, wtid, r_lo, qd);
-        __syncthreads();
+        bar_sync(BAR_EPI, FP8_WG_THREADS);
         stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
-        __syncthreads();
+        bar_sync(BAR_EPI, FP8_WG_THREADS);
     }
 }
 
