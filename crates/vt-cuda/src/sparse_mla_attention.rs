@@ -188,12 +188,20 @@ const MMA_MAX_REUSE: i64 = 4;
 const MMA_MIN_ROWS: i64 = 4096;
 
 /// The decode kernel the op asks for on the block-size-1 view: the decode kernels' Auto, or
-/// the mma.sync kernels per [`MMA_MAX_REUSE`] (a request that fails there, as on a device whose
-/// blocks cannot hold the full ring, falls back to Auto).
+/// the mma.sync kernels per [`MMA_MAX_REUSE`] and over an fp8_ds_mla cache above 32 heads (a
+/// request that fails there, as on a device whose blocks cannot hold the full ring, falls
+/// back to Auto).
 fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
     let (t, n, topk) = (a.query.dim(0), a.query.dim(1), a.indices.dim(1));
     let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1)).max(1);
     let sixteen = a.cache.dtype() != DType::Fp8DsMla && a.query.dtype() != DType::F32;
+    // Over an fp8_ds_mla cache above 32 heads the decode kernels' Auto now takes the 64-row
+    // wgmma kernel's fp8 form, measured on dense decode only (1.3x the mma64_fp8 kernel's
+    // speed at block size 64); the sparse form keeps the kernel its rows were measured with
+    // (docs/perf.md) until it is measured here.
+    if a.cache.dtype() == DType::Fp8DsMla && a.query.dtype() != DType::F32 && n > 32 {
+        return decode::Kernel::Mma;
+    }
     if sixteen
         && n >= 64
         && t.saturating_mul(n) >= MMA_MIN_ROWS

@@ -156,7 +156,9 @@ impl Default for DecodeOptions {
 /// What one call launched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring) or `wgmma`.
+    /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
+    /// `wgmma_tma`, `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an fp8_ds_mla cache the same
+    /// names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`, `wgmma_fp8`, ...).
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
