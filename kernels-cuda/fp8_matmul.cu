@@ -23,6 +23,7 @@
 // - fp8_gemm_wgmma_{T}: both operands e4m3 on sm_90a: the same tiles and promotion with a
 //   TMA producer warpgroup and two wgmma m64n128k32 consumer warpgroups (namespace wgm).
 #include "common.cuh"
+#include "e4m3.cuh"
 #include "fp8_ds_mla.cuh"
 #include "tensor_core.cuh"
 
@@ -95,26 +96,8 @@ __device__ void generic(T* out, i64 o0, i64 o1, i64 o2, const void* a, i64 a0, i
 
 // ------------------------------------------------------------ the weight-only decode kernel
 
-// Two e4m3 codes (bytes 0, 1 of `w`, or 2, 3 with `hi`) as a packed pair of T, exactly: the
-// code's sign, exponent and mantissa bits are placed in T's fields (the exponent in the low
-// four bits of T's) and the result multiplied by 2^(T's bias - 7). NaN codes read as +-480.
-template <typename T> __device__ __forceinline__ uint32_t e4m3x2(uint32_t w, bool hi);
-template <> __device__ __forceinline__ uint32_t e4m3x2<bf16>(uint32_t w, bool hi) {
-    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);  // bytes -> the high byte of each half
-    const uint32_t v = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
-    uint32_t r;
-    // * 2^120 (bf16 0x7b80), + -0: exact, subnormals kept.
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x7b807b80u), "r"(0x80008000u));
-    return r;
-}
-template <> __device__ __forceinline__ uint32_t e4m3x2<f16>(uint32_t w, bool hi) {
-    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
-    const uint32_t v = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
-    uint32_t r;
-    // * 2^8 (f16 0x5c00), + -0.
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x5c005c00u), "r"(0x80008000u));
-    return r;
-}
+using vt::e4m3x2;  // e4m3.cuh
+using vt::word;
 
 // 16 weight bytes, read once: no L1 allocation.
 __device__ __forceinline__ uint4 ld_stream(const unsigned char* p) {
@@ -123,10 +106,6 @@ __device__ __forceinline__ uint4 ld_stream(const unsigned char* p) {
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 constexpr int GEMV_WARPS = 8;

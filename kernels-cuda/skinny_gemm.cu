@@ -26,6 +26,7 @@
 // - Grid: x = token block (fastest, so the CTAs that share a weight tile run together and the
 //   second one reads it from L2), y = 64-row block, z = batch entry * splits + split.
 #include "common.cuh"
+#include "e4m3.cuh"
 #include "tensor_core.cuh"
 
 namespace skinny {
@@ -66,28 +67,8 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
     return r;
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// Two e4m3 codes (bytes 0, 1 of `w`, or 2, 3 with `hi`) as a packed pair of T, exactly (the
-// conversion of fp8_matmul.cu's Gemv kernel): sign, exponent and mantissa bits placed in T's
-// fields, then multiplied by 2^(T's bias - 7). NaN codes read as +-480.
-template <typename T> __device__ __forceinline__ uint32_t e4m3x2(uint32_t w, bool hi);
-template <> __device__ __forceinline__ uint32_t e4m3x2<bf16>(uint32_t w, bool hi) {
-    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
-    const uint32_t v = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
-    uint32_t r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x7b807b80u), "r"(0x80008000u));
-    return r;
-}
-template <> __device__ __forceinline__ uint32_t e4m3x2<f16>(uint32_t w, bool hi) {
-    const uint32_t x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
-    const uint32_t v = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
-    uint32_t r;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(v), "r"(0x5c005c00u), "r"(0x80008000u));
-    return r;
-}
+using vt::e4m3x2;  // the fp8 weight form (e4m3.cuh)
+using vt::word;
 
 // Arguments: out[g, m, n] (strides o_b, o_m, o_n), a[g, m, k] (a_b, a_m; k stride 1),
 // w (w_b; w_r the row stride: along n for W16 / W8 rows of K, along k for W16N rows of N;

@@ -22,7 +22,8 @@
 // the 16-bit kernel.
 //
 // Dequantization (bf16 queries): a code's bits moved into a bf16 pattern by integer ops
-// (value x 2^-120, exact for every code, subnormals included), then one bf16x2 multiply by
+// (vt::e4m3x2_bits: value x 2^-120, exact for every code, subnormals included; the
+// conversion of the fp8 matmul kernels without its x 2^120), then one bf16x2 multiply by
 // the group's scale x 2^120 rounded to bf16 (two, through 2^60, for a scale >= 2^7). So a
 // value is rounded twice (the scale, then the product) where the CPU reference rounds
 // e4m3 x scale once: at most ~2 bf16 ulps apart (tests: out within 3e-3 relative). This
@@ -32,6 +33,7 @@
 // exact f32 path of fp8_tiles.cuh (codes8).
 #pragma once
 
+#include "e4m3.cuh"
 #include "mla_decode_attention/fp8_tiles.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
 
@@ -67,16 +69,6 @@ __device__ __forceinline__ uint4 ld_nc_v4(const unsigned char* p) {
     return v;
 }
 
-// Four codes (word w, low byte first) as two bf16x2 of value x 2^-120, exact for every code
-// (subnormals included; 0x7f / 0xff, e4m3's NaN, come out finite): the sign to bit 15 and
-// the 7 exponent-and-mantissa bits to bits 10..4 of each half. The two halves' bits do not
-// overlap, so the add is an or (one LEA).
-__device__ __forceinline__ void e4m3x4_bf16_tiny(uint32_t w, uint32_t& lo, uint32_t& hi) {
-    const uint32_t m = w & 0x7f7f7f7fu, sg = w & 0x80808080u;
-    lo = (__byte_perm(m, 0, 0x4140) << 4) + __byte_perm(sg, 0, 0x1404);
-    hi = (__byte_perm(m, 0, 0x4342) << 4) + __byte_perm(sg, 0, 0x3424);
-}
-
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     uint32_t d;
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
@@ -97,8 +89,11 @@ template <typename T>
 __device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t fa, uint32_t fb, bool one,
                                          uint32_t (&out)[4]) {
     if constexpr (Same<T, bf16>::value) {
-        e4m3x4_bf16_tiny(lo, out[0], out[1]);
-        e4m3x4_bf16_tiny(hi, out[2], out[3]);
+        // value x 2^-120 (e4m3.cuh), codes 0-1, 2-3, 4-5, 6-7.
+        out[0] = vt::e4m3x2_bits<bf16>(lo, false);
+        out[1] = vt::e4m3x2_bits<bf16>(lo, true);
+        out[2] = vt::e4m3x2_bits<bf16>(hi, false);
+        out[3] = vt::e4m3x2_bits<bf16>(hi, true);
 #pragma unroll
         for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fa);
         if (!one) {

@@ -46,6 +46,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("norm_rope.cuh"),
     header!("tensor_core.cuh"),
     header!("fp8_ds_mla.cuh"),
+    header!("e4m3.cuh"),
     header!("prefill_attention/params.cuh"),
     header!("prefill_attention/sm80.cuh"),
     header!("prefill_attention/sm90.cuh"),

@@ -1,0 +1,50 @@
+// e4m3 (float8 e4m3fn) codes in registers: the exact conversion the fp8 kernels share
+// (fp8_matmul.cu's weight-only Gemv, skinny_gemm.cu's fp8 weight form, the 64-row decode
+// kernel over an fp8_ds_mla cache in mla_decode_attention/wgmma_fp8_sm90.cuh). Integer ops
+// and one fma instead of cvt: the f32 -> 16-bit conversions run at a quarter of the integer
+// rate on Hopper.
+#pragma once
+
+#include "common.cuh"
+
+namespace vt {
+
+// Two codes (bytes 0, 1 of `w`, or 2, 3 with `hi`) as a packed pair of T holding value x
+// 2^-(T's exponent bias - 7): the code's sign, exponent and mantissa bits placed in T's
+// fields (the exponent in the low four bits of T's). Exact for every code, subnormal codes
+// included (they land on T's subnormals or small normals at the same scale); NaN codes
+// (0x7f, 0xff) come out finite (+-480 once scaled).
+template <typename T> __device__ __forceinline__ unsigned e4m3x2_bits(unsigned w, bool hi);
+template <> __device__ __forceinline__ unsigned e4m3x2_bits<bf16>(unsigned w, bool hi) {
+    const unsigned x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);  // bytes -> the high byte of each half
+    return (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+}
+template <> __device__ __forceinline__ unsigned e4m3x2_bits<f16>(unsigned w, bool hi) {
+    const unsigned x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
+    return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+}
+
+// Two codes as a packed pair of T, exactly: e4m3x2_bits times 2^(bias - 7) (bf16 2^120, f16
+// 2^8), plus -0 (the fma keeps subnormals and the sign of zero).
+template <typename T> __device__ __forceinline__ unsigned e4m3x2(unsigned w, bool hi);
+template <> __device__ __forceinline__ unsigned e4m3x2<bf16>(unsigned w, bool hi) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
+        : "=r"(r)
+        : "r"(e4m3x2_bits<bf16>(w, hi)), "r"(0x7b807b80u), "r"(0x80008000u));
+    return r;
+}
+template <> __device__ __forceinline__ unsigned e4m3x2<f16>(unsigned w, bool hi) {
+    unsigned r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n"
+        : "=r"(r)
+        : "r"(e4m3x2_bits<f16>(w, hi)), "r"(0x5c005c00u), "r"(0x80008000u));
+    return r;
+}
+
+// Word i (0..3) of a 16-byte load.
+__device__ __forceinline__ unsigned word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+}  // namespace vt
