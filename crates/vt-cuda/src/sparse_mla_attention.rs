@@ -374,6 +374,34 @@ mod tests {
         Ok(())
     }
 
+    /// The decode kernel the op asks for: the mma.sync kernels over an fp8_ds_mla cache above
+    /// 32 heads (what its rows were measured with), the decode kernels' Auto at 32 and fewer.
+    #[test]
+    fn auto_kernel_keeps_the_mma_kernels_over_an_fp8_cache_above_32_heads() {
+        let mem = vec![0u128; 1 << 16];
+        let view = |dt: DType, shape: &[i64]| {
+            let s = vt_core::contiguous_strides(shape);
+            crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
+        };
+        for (n, cache_dt, want) in [
+            (64, DType::Fp8DsMla, decode::Kernel::Mma),
+            (128, DType::Fp8DsMla, decode::Kernel::Mma),
+            (32, DType::Fp8DsMla, decode::Kernel::Auto),
+            (128, DType::BF16, decode::Kernel::Auto),
+        ] {
+            let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
+            let a = SparseMlaAttentionArgs {
+                out: view(DType::BF16, &[2, n, 512]),
+                lse: None,
+                query: view(DType::BF16, &[2, n, 576]),
+                cache: view(cache_dt, &[8, 64, w]),
+                indices: view(DType::I32, &[2, 128]),
+                scale: 0.5,
+            };
+            assert_eq!(auto_kernel(&a), want, "{n} heads over {cache_dt:?}");
+        }
+    }
+
     #[test]
     fn slot_stride_needs_slots_one_stride_apart() {
         vt_cpu::register();

@@ -40,6 +40,8 @@
 //! them): capture the largest batch first (mla-block's `DecodeGraphs` does) and nothing is
 //! kept.
 
+#[cfg(test)]
+mod choice_tests;
 mod combine;
 #[cfg(test)]
 mod facts;

@@ -1,0 +1,70 @@
+//! Which kernel `Kernel::Auto` takes, without a GPU: `choose` on views of host memory for the
+//! devices the dispatch distinguishes (an H200: sm_90 with the wgmma kernels and 227 KB of
+//! shared memory per block; an sm_80 with as much; an A100's 163 KB).
+
+use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
+
+use super::{choose, wgmma_sm90, DecodeOptions, DeviceInfo, MAX_SMEM};
+
+const H200: DeviceInfo = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM };
+const SM80_LARGE: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM };
+const A100: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912 };
+
+/// (kernel name, rows per CTA, row blocks, threads) of Auto for `heads` query heads, s_q 1,
+/// a bf16 query and a cache of `cache_dt` with block size `bs`.
+fn auto(info: &DeviceInfo, heads: i64, cache_dt: DType, bs: i64) -> (&'static str, u32, u32, u32) {
+    let mem = vec![0u128; 1 << 16];
+    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
+        let s = contiguous_strides(shape);
+        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
+    };
+    let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
+    let a = MlaDecodeAttentionArgs {
+        out: view(DType::BF16, &[2, 1, heads, 512]),
+        lse: None,
+        query: view(DType::BF16, &[2, 1, heads, 576]),
+        cache: view(cache_dt, &[8, bs, w]),
+        block_table: view(DType::I32, &[2, 4]),
+        seq_lens: view(DType::I32, &[2]),
+        scale: 0.5,
+    };
+    let c = choose(&a, info, &DecodeOptions::default(), true).expect("a plan");
+    (c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks, c.main.threads)
+}
+
+#[test]
+fn auto_over_an_fp8_cache_takes_the_narrow_kernel_up_to_32_rows_and_the_64_row_kernel_above_on_sm90() {
+    for (heads, want) in
+        [(8, "wgmma_n16_fp8"), (16, "wgmma_n16_fp8"), (24, "wgmma_n32_fp8"), (32, "wgmma_n32_fp8")]
+    {
+        assert_eq!(auto(&H200, heads, DType::Fp8DsMla, 64).0, want, "{heads} heads");
+    }
+    for (heads, blocks) in [(64, 1), (128, 2)] {
+        for bs in [1, 16, 64] {
+            let got = auto(&H200, heads, DType::Fp8DsMla, bs);
+            assert_eq!(
+                got,
+                ("wgmma_fp8", 64, blocks, wgmma_sm90::FP8_THREADS),
+                "{heads} heads, block size {bs}"
+            );
+        }
+    }
+}
+
+#[test]
+fn auto_over_an_fp8_cache_without_wgmma_takes_the_mma_kernels() {
+    assert_eq!(auto(&SM80_LARGE, 128, DType::Fp8DsMla, 64).0, "mma64_fp8");
+    assert_eq!(auto(&SM80_LARGE, 16, DType::Fp8DsMla, 64).0, "mma16_fp8");
+    // An A100's shared memory holds the small ring at 16 rows; 64 rows of fp8 have no
+    // small-ring kernel and take the generic kernel.
+    assert_eq!(auto(&A100, 16, DType::Fp8DsMla, 64).0, "mma16s_fp8");
+    assert_eq!(auto(&A100, 128, DType::Fp8DsMla, 64).0, "generic_fp8");
+}
+
+#[test]
+fn auto_over_a_16_bit_cache_keeps_the_wgmma_kernels_on_sm90() {
+    assert_eq!(auto(&H200, 128, DType::BF16, 64), ("wgmma_tma", 64, 2, 256));
+    assert_eq!(auto(&H200, 64, DType::BF16, 16).0, "wgmma");
+    assert_eq!(auto(&H200, 16, DType::BF16, 64).0, "wgmma_n16_tma");
+    assert_eq!(auto(&H200, 16, DType::BF16, 16).0, "mma16");
+}
