@@ -78,15 +78,21 @@ __device__ __forceinline__ void codes8(uint32_t lo, uint32_t hi, float s, uint32
     }
 }
 
+// Four words of bf16 pairs (8 rope values, as the row stores them) converted in place to
+// pairs of T (nothing to do for bf16).
+template <typename T> __device__ __forceinline__ void bf16x8_as(uint32_t (&r)[4]) {
+    if constexpr (!Same<T, bf16>::value) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) r[q] = pack2<T>(__uint_as_float(r[q] << 16), __uint_as_float(r[q] & 0xffff0000u));
+    }
+}
+
 // Rope chunk c (8 bf16 values) of a staged raw row, as T.
 template <typename T> __device__ __forceinline__ void rope8(uint32_t row, int c, uint32_t (&r)[4]) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(row + vt::fp8ds::ROPE_OFFSET + 16 * c));
-    if constexpr (!Same<T, bf16>::value) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) r[q] = pack2<T>(__uint_as_float(r[q] << 16), __uint_as_float(r[q] & 0xffff0000u));
-    }
+    bf16x8_as<T>(r);
 }
 
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {

@@ -18,6 +18,17 @@ __device__ __forceinline__ unsigned char* align1024(unsigned char* ptr) {
     return ptr + ((1024 - (a & 1023)) & 1023);
 }
 
+// The element offset of token j's row (j of sequence sg, in tile `tile` of the segment):
+// -1 when the token does not exist (past the part or the sequence), -2 when its block id is
+// outside the cache. Every loader of the tensor-core kernels looks rows up through this.
+__device__ __forceinline__ i64 token_row(const Params& p, const Segment& sg, int tile, int j) {
+        if (tile >= sg.t1 || j >= sg.len) return -1;
+        const int bi = j / p.BS;
+        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+        if (blk < 0 || blk >= p.NB) return -2;
+        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+}
+
 // Issues the cp.async copies of one KV tile from NTHR threads (local ids 0..NTHR-1): thread
 // i copies token i / TPT, 16-byte chunks (i % TPT) + TPT k. `off` is the element offset of
 // that token's row, -1 when the token does not exist (past the part or the sequence), -2
@@ -37,12 +48,7 @@ template <typename T, int NTHR> struct Loader {
     }
 
     __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile) const {
-        const int j = tile * BN + tok;
-        if (tile >= sg.t1 || j >= sg.len) return -1;
-        const int bi = j / p.BS;
-        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -2;
-        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+        return token_row(p, sg, tile, tile * BN + tok);
     }
 
     // All NTHR threads call this (warp-collective ballot).
@@ -99,12 +105,7 @@ template <typename T> struct HalfLoader {
     }
 
     __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int h) const {
-        const int j = tile * BN + h * HALF + tok;
-        if (tile >= sg.t1 || j >= sg.len) return -1;
-        const int bi = j / p.BS;
-        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -2;
-        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+        return token_row(p, sg, tile, tile * BN + h * HALF + tok);
     }
 
     // All 256 threads call this (warp-collective ballot). `valid` and `flags` are the tile's.

@@ -119,12 +119,7 @@ struct Fp8RegLoader {
     // The byte offset of this lane's token row of round r of `tile`; -1: no token, -2: its
     // block id is outside the cache.
     __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int r) const {
-        const int j = tile * BN + tok0 + 32 * r;
-        if (tile >= sg.t1 || j >= sg.len) return -1;
-        const int bi = j / p.BS;
-        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -2;
-        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+        return token_row(p, sg, tile, tile * BN + tok0 + 32 * r);
     }
 
     // Missing rows read as zeros (codes and scales 0 decode to 0).
@@ -177,11 +172,7 @@ struct Fp8RegLoader {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             uint32_t rp[4] = {raw.rope[h].x, raw.rope[h].y, raw.rope[h].z, raw.rope[h].w};
-            if constexpr (!Same<T, bf16>::value) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    rp[i] = pack2<T>(__uint_as_float(rp[i] << 16), __uint_as_float(rp[i] & 0xffff0000u));
-            }
+            bf16x8_as<T>(rp);
             st_shared_v4(dst + (NSUB - 1) * SUB_BYTES + swz(tok, q + 4 * h), rp);
         }
         if (q == 0) valid[tok] = off >= 0 ? 1 : 0;
