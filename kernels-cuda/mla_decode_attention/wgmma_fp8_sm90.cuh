@@ -83,10 +83,10 @@ __device__ __forceinline__ uint32_t bf16_factor_a(float s, bool one) {
 }
 __device__ __forceinline__ uint32_t bf16_factor_b(float s) { return pack2<bf16>(s * 0x1p60f, s * 0x1p60f); }
 
-// Eight codes (words lo, hi) x the scale as the four words of one 16-byte chunk of a 16-bit
-// tile row. fa, fb: the factors of bf16_factor_a / _b; one (warp-uniform): fb is not needed.
+// Eight codes (words lo, hi) x the scale s as the four words of one 16-byte chunk of a
+// 16-bit tile row. fa: bf16_factor_a(s, one); one (warp-uniform): no second multiply.
 template <typename T>
-__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t fa, uint32_t fb, bool one,
+__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t fa, bool one,
                                          uint32_t (&out)[4]) {
     if constexpr (Same<T, bf16>::value) {
         // value x 2^-120 (e4m3.cuh), codes 0-1, 2-3, 4-5, 6-7.
@@ -97,6 +97,7 @@ __device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint
 #pragma unroll
         for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fa);
         if (!one) {
+            const uint32_t fb = bf16_factor_b(s);
 #pragma unroll
             for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fb);
         }
@@ -149,11 +150,11 @@ struct Fp8RegLoader {
         for (int k = 0; k < 8; ++k) {
             const uint4 c = raw.code[k];
             const float sc = scs[k >> 1];
-            const uint32_t fa = bf16_factor_a(sc, one), fb = bf16_factor_b(sc);
+            const uint32_t fa = bf16_factor_a(sc, one);
             uint32_t out[4];
-            dequant8<T>(c.x, c.y, sc, fa, fb, one, out);  // features 64 k + 16 q ..
+            dequant8<T>(c.x, c.y, sc, fa, one, out);  // features 64 k + 16 q ..
             st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q), out);
-            dequant8<T>(c.z, c.w, sc, fa, fb, one, out);
+            dequant8<T>(c.z, c.w, sc, fa, one, out);
             st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q + 1), out);
         }
     }
