@@ -18,16 +18,17 @@
 // stored; warpgroup 0 syncs), P_FULL / P_FREE as in the 16-bit kernel (warpgroups 0 and 1),
 // V_FREE[st] with 384 threads (warpgroups 0 and 1 arrive after their P V of the tile in that
 // stage, warpgroup 2 syncs before it overwrites it). The epilogue (both compute warpgroups
-// stage O in the KV stages) sits between two barriers of all 384 threads (BAR_EPI), as in
-// the 16-bit kernel.
+// stage O in the KV stages) follows a hand-over between them, and warpgroup 2 refills the
+// stages once both copy-outs are done (BAR_EPI_*).
 //
 // Dequantization (bf16 queries): a code's bits moved into a bf16 pattern by integer ops
 // (vt::e4m3x2_bits: value x 2^-120, exact for every code, subnormals included; the
-// conversion of the fp8 matmul kernels without its x 2^120), then one bf16x2 multiply by
-// the group's scale x 2^120 rounded to bf16 (two, through 2^60, for a scale >= 2^7). So a
-// value is rounded twice (the scale, then the product) where the CPU reference rounds
-// e4m3 x scale once: at most ~2 bf16 ulps apart (tests: out within 3e-3 relative). This
-// avoids the f32 -> bf16 conversions, which run at a quarter of the integer rate (FlashMLA's
+// conversion of the fp8 matmul kernels without its x 2^120), then one bf16x2 multiply and
+// one fma by the group's scale x 2^120 split into two bf16 parts (through 2^60 for a scale
+// >= 2^7), so the value is e4m3 x scale rounded once, as the CPU reference has it, but for
+// the low part's own rounding (2^-18 relative). (One multiply by the scale rounded to bf16
+// scaled each 128-value group by a common error of up to 2^-9: in call 3 of the eighth
+// session the sparse tests' lse came out 0.3% off.) This avoids the f32 -> bf16 conversions, which run at a quarter of the integer rate (FlashMLA's
 // analysis, docs/20250929-hopper-fp8-sparse-deep-dive.md there). Codes 0x7f / 0xff (e4m3
 // NaN, which the encoder writes only for a NaN input) decode finite here. f16 queries use the
 // exact f32 path of fp8_tiles.cuh (codes8).
@@ -41,16 +42,21 @@
 namespace mla {
 
 constexpr int FP8_WG_THREADS = 384;  // three warpgroups
-// The epilogue's block-wide hand-overs: a named barrier of all 384 threads, synced by each
-// warpgroup from its own loop (__syncthreads from different code sites made racecheck
-// report the copy-out against the next segment's stores; with this barrier it reports
-// none). synccheck still calls a barrier synced from three code sites divergent: see
-// docs/perf.md (a hand-over with one syncing side per barrier is the planned fix).
-constexpr int BAR_EPI = 11;
+// The epilogue's hand-overs, each with one waiting side (each warpgroup runs its own loop,
+// and a named barrier synced from several code sites is divergent to synccheck):
+//   BAR_EPI_WG1  warpgroup 1 is done with the stages      WG1 arrives, WG0 syncs (256)
+//   BAR_EPI_WG0  warpgroup 0 too, and s_fin is written     WG0 arrives, WG1 syncs (256)
+//   epi_done     both copy-outs are done                   an mbarrier of 256 arrivals (the
+//                16-bit layout's first TMA stage barrier, unused here) that warpgroup 2
+//                waits on: its arrive releases the copy-outs' reads to warpgroup 2's next
+//                stores (with a named barrier arrived there, racecheck reported them).
+// A barrier's next arrival comes only after the other side has passed its wait (the next
+// segment's tiles need it), so no two generations mix.
+constexpr int BAR_EPI_WG1 = 11, BAR_EPI_WG0 = 12;
 // Registers per thread after setmaxnreg, warpgroups 0, 1, 2. The block holds what it was
 // launched with (65536 / 384 rounded down to 8: 168 a thread) and setmaxnreg only moves
 // them: a larger sum leaves warpgroup 0's increase waiting forever (it hung at 512).
-constexpr int FP8_REGS[3] = {208, 160, 136};
+constexpr int FP8_REGS[3] = {192, 160, 152};
 static_assert(FP8_REGS[0] + FP8_REGS[1] + FP8_REGS[2] <= 3 * 168, "setmaxnreg moves, never adds, registers");
 
 // One thread's share of one round (32 tokens) of a tile's raw rows: 16 codes of each of the
@@ -75,18 +81,33 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-// The bf16x2 factors that take value x 2^-120 to value x scale s: with `one`, one multiply by
-// s x 2^120 rounded to bf16 (finite for s < 2^7: every sane cache); else two, by 2^60
-// (exact) and by s x 2^60.
-__device__ __forceinline__ uint32_t bf16_factor_a(float s, bool one) {
-    return one ? pack2<bf16>(s * 0x1p120f, s * 0x1p120f) : 0x5d805d80u;  // bf16x2 of 2^60
+__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
-__device__ __forceinline__ uint32_t bf16_factor_b(float s) { return pack2<bf16>(s * 0x1p60f, s * 0x1p60f); }
 
-// Eight codes (words lo, hi) x the scale s as the four words of one 16-byte chunk of a
-// 16-bit tile row. fa: bf16_factor_a(s, one); one (warp-uniform): no second multiply.
+// The factor f that takes value x 2^-120 to value x scale s (one: f = s x 2^120, finite for
+// s < 2^7, every sane cache; else the value is first taken x 2^60, exactly, and f = s x
+// 2^60), as a bf16 pair hi + lo: hi = f rounded to bf16, lo = the remainder rounded. A
+// product by hi alone would scale all 128 values of a group by the same rounding error (up
+// to 2^-9: a bias, not noise, which moved the sparse tests' lse by 0.3%).
+struct Bf16Factor {
+    uint32_t hi, lo;  // bf16x2 (both halves equal)
+};
+__device__ __forceinline__ Bf16Factor bf16_factor(float s, bool one) {
+    const float f = one ? s * 0x1p120f : s * 0x1p60f;
+    const uint32_t hi = pack2<bf16>(f, f);
+    const float rest = f - __uint_as_float(hi << 16);  // exact (Sterbenz)
+    return {hi, pack2<bf16>(rest, rest)};
+}
+
+// Eight codes (words lo, hi) x the scale as the four words of one 16-byte chunk of a 16-bit
+// tile row. f: bf16_factor(s, one); one (warp-uniform): no pre-multiply by 2^60. bf16:
+// value x 2^-120 by integer ops, then v x hi + (v x lo) in one fma: the product rounded
+// once but for the tiny (2^-9 relative) v x lo term, as the CPU reference rounds it.
 template <typename T>
-__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint32_t fa, bool one,
+__device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, const Bf16Factor& f, bool one,
                                          uint32_t (&out)[4]) {
     if constexpr (Same<T, bf16>::value) {
         // value x 2^-120 (e4m3.cuh), codes 0-1, 2-3, 4-5, 6-7.
@@ -94,13 +115,12 @@ __device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, uint
         out[1] = vt::e4m3x2_bits<bf16>(lo, true);
         out[2] = vt::e4m3x2_bits<bf16>(hi, false);
         out[3] = vt::e4m3x2_bits<bf16>(hi, true);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fa);
         if (!one) {
-            const uint32_t fb = bf16_factor_b(s);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], fb);
+            for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], 0x5d805d80u);  // x 2^60, exact
         }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) out[q] = bf16x2_fma(out[q], f.hi, bf16x2_mul(out[q], f.lo));
     } else {
         codes8<T>(lo, hi, s, out);
     }
@@ -133,9 +153,11 @@ struct Fp8RegLoader {
             return;
         }
         const unsigned char* row = cache + off;
+        // The scales first: store() uses them first (ncu, eighth session: the first use of
+        // the scales, loaded last, was warpgroup 2's largest stall).
+        const uint4 s = ld_nc_v4(row + vt::fp8ds::SCALE_OFFSET);
 #pragma unroll
         for (int k = 0; k < 8; ++k) r.code[k] = ld_nc_v4(row + 64 * k + 16 * q);
-        const uint4 s = ld_nc_v4(row + vt::fp8ds::SCALE_OFFSET);
         r.sc = make_float4(__uint_as_float(s.x), __uint_as_float(s.y), __uint_as_float(s.z), __uint_as_float(s.w));
 #pragma unroll
         for (int h = 0; h < 2; ++h) r.rope[h] = ld_nc_v4(row + vt::fp8ds::ROPE_OFFSET + 16 * (q + 4 * h));
@@ -150,11 +172,11 @@ struct Fp8RegLoader {
         for (int k = 0; k < 8; ++k) {
             const uint4 c = raw.code[k];
             const float sc = scs[k >> 1];
-            const uint32_t fa = bf16_factor_a(sc, one);
+            const Bf16Factor f = bf16_factor(sc, one);
             uint32_t out[4];
-            dequant8<T>(c.x, c.y, sc, fa, one, out);  // features 64 k + 16 q ..
+            dequant8<T>(c.x, c.y, sc, f, one, out);  // features 64 k + 16 q ..
             st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q), out);
-            dequant8<T>(c.z, c.w, sc, fa, one, out);
+            dequant8<T>(c.z, c.w, sc, f, one, out);
             st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q + 1), out);
         }
     }
@@ -182,8 +204,13 @@ struct Fp8RegLoader {
     }
 };
 
-// Warpgroup 2 over one segment: Q and the first two tiles, then each later tile into the
-// stage its predecessor-but-one frees (loads issued before the wait).
+// Warpgroup 2 over one segment: Q, then the tiles in order, each into the stage its
+// predecessor-but-one frees. Software-pipelined by rounds (32 tokens, 44 registers each):
+// round 0 of the next tile is loaded while round 1 of this one is dequantized, and round 1
+// of the next while this warpgroup waits for the stage and dequantizes round 0, so a round's
+// load latency hides behind the other round's dequantization (two rounds in registers at
+// any time, as before, where the unpipelined loop waited for both loads of a tile before
+// dequantizing it).
 template <typename T>
 __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
                                                    uint32_t sKV, unsigned char* valid, unsigned char* flags,
@@ -192,28 +219,28 @@ __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segmen
     load_q<T, WGMMA_ROWS, 128>(p, sg.b, row0, sQ, wtid);
     cp_async_commit();
     Fp8Raw a, b;
-    for (int k = 0; k < 2 && t0 + k < t1; ++k) {
-        const i64 o0 = ld.row_of(p, sg, t0 + k, 0), o1 = ld.row_of(p, sg, t0 + k, 1);
-        ld.load(o0, a);
-        ld.load(o1, b);
-        const uint32_t dst = sKV + k * TILE_BYTES;
-        ld.store<T>(dst, 0, a, o0, valid + k * BN, flags + k * 8);
-        ld.store<T>(dst, 1, b, o1, valid + k * BN, flags + k * 8);
-        if (k == 0) cp_async_wait<0>();  // Q
-        fence_proxy_async();  // read by wgmma (async proxy)
-        bar_arrive(BAR_K_FULL + k, 256);
-    }
-    for (int t = t0; t + 2 < t1; ++t) {
+    i64 oa = ld.row_of(p, sg, t0, 0), ob = ld.row_of(p, sg, t0, 1);
+    ld.load(oa, a);
+    ld.load(ob, b);
+    for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
-        const i64 o0 = ld.row_of(p, sg, t + 2, 0), o1 = ld.row_of(p, sg, t + 2, 1);
-        ld.load(o0, a);
-        ld.load(o1, b);
-        bar_sync(BAR_V_FREE + st, FP8_WG_THREADS);  // both halves of P V(t) are done with the stage
+        // The first two tiles fill empty stages; later ones wait until both halves of
+        // P V(t - 2) are done with the stage.
+        if (t >= t0 + 2) bar_sync(BAR_V_FREE + st, FP8_WG_THREADS);
         const uint32_t dst = sKV + st * TILE_BYTES;
-        ld.store<T>(dst, 0, a, o0, valid + st * BN, flags + st * 8);
-        ld.store<T>(dst, 1, b, o1, valid + st * BN, flags + st * 8);
-        fence_proxy_async();
+        ld.store<T>(dst, 0, a, oa, valid + st * BN, flags + st * 8);
+        const bool more = t + 1 < t1;
+        const i64 na = more ? ld.row_of(p, sg, t + 1, 0) : -1;
+        if (more) ld.load(na, a);  // round 0 of the next tile in flight ...
+        ld.store<T>(dst, 1, b, ob, valid + st * BN, flags + st * 8);  // ... while round 1 is stored
+        if (t == t0) cp_async_wait<0>();  // Q
+        fence_proxy_async();  // read by wgmma (async proxy)
         bar_arrive(BAR_K_FULL + st, 256);
+        oa = na;
+        if (more) {
+            ob = ld.row_of(p, sg, t + 1, 1);
+            ld.load(ob, b);
+        }
     }
 }
 
@@ -240,6 +267,9 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
     const uint64_t dq = gmma_desc(sQ, 16, 1024);
     const uint64_t dp = gmma_desc(sP, 16, 1024);
 
+    const uint32_t epi_done = base + L::OFF_MBAR;
+    if (threadIdx.x == 0) mbar_init(epi_done, 256);
+    __syncthreads();  // initialized before any arrival
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);
     int nb = part.b;
     i64 pre = part.pre;
@@ -248,10 +278,11 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
     if (wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[2]) : "memory");
         const Fp8RegLoader ld(p, wtid);
+        int phase = 0;
         while (next_segment(p, part, nb, pre, sg)) {
             fp8_producer_tiles<T>(p, sg, row0, sQ, sKV, valid, flags, ld, wtid);
-            bar_sync(BAR_EPI, FP8_WG_THREADS);  // the compute warpgroups stage O in the KV stages ...
-            bar_sync(BAR_EPI, FP8_WG_THREADS);  // ... and have copied it out
+            mbar_wait(epi_done, phase);  // the stages are free for the next segment
+            phase ^= 1;
         }
         return;
     }
@@ -270,23 +301,25 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
                 if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < sg.t1) bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS);
             }
-            bar_sync(BAR_EPI, FP8_WG_THREADS);
+            bar_arrive(BAR_EPI_WG1, 256);
+            bar_sync(BAR_EPI_WG0, 256);
             stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
-            bar_sync(BAR_EPI, FP8_WG_THREADS);
+            mbar_arrive(epi_done);
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[0]) : "memory");
-    StageBarriers<L::STAGES, false> bars(base + L::OFF_MBAR);  // unused: the stages are not TMA-loaded
+    StageBarriers<L::STAGES, false> bars(base + L::OFF_MBAR);  // never waited on (no TMA stages); slot 0 is epi_done
     while (next_segment(p, part, nb, pre, sg)) {
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         consumer_tiles<T, false, FP8_WG_THREADS>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP,
                                                  dp, wtid, r_lo, qd);
-        bar_sync(BAR_EPI, FP8_WG_THREADS);
+        bar_arrive(BAR_EPI_WG0, 256);
+        bar_sync(BAR_EPI_WG1, 256);
         stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
-        bar_sync(BAR_EPI, FP8_WG_THREADS);
+        mbar_arrive(epi_done);
     }
 }
 
