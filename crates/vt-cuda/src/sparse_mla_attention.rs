@@ -188,20 +188,16 @@ const MMA_MAX_REUSE: i64 = 4;
 const MMA_MIN_ROWS: i64 = 4096;
 
 /// The decode kernel the op asks for on the block-size-1 view: the decode kernels' Auto, or
-/// the mma.sync kernels per [`MMA_MAX_REUSE`] and over an fp8_ds_mla cache above 32 heads (a
-/// request that fails there, as on a device whose blocks cannot hold the full ring, falls
-/// back to Auto).
+/// the mma.sync kernels per [`MMA_MAX_REUSE`] for a 16-bit cache (a request that fails there,
+/// as on a device whose blocks cannot hold the full ring, falls back to Auto). Over an
+/// fp8_ds_mla cache Auto's choice stands: above 32 heads on sm_90 the 64-row wgmma kernel's
+/// fp8 form, 0.70 - 0.74x the mma64_fp8 kernel's time on every decode row of `bench sparse`
+/// (H200, session 8 call 1, `--alt wgmma`: h128 b128 715.6 against 990.7 us, h64 b128 387.0
+/// against 529.2, h64 b2 34.8 against 47.6; docs/perf.md).
 fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
     let (t, n, topk) = (a.query.dim(0), a.query.dim(1), a.indices.dim(1));
     let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1)).max(1);
     let sixteen = a.cache.dtype() != DType::Fp8DsMla && a.query.dtype() != DType::F32;
-    // Over an fp8_ds_mla cache above 32 heads the decode kernels' Auto now takes the 64-row
-    // wgmma kernel's fp8 form, measured on dense decode only (1.3x the mma64_fp8 kernel's
-    // speed at block size 64); the sparse form keeps the kernel its rows were measured with
-    // (docs/perf.md) until it is measured here.
-    if a.cache.dtype() == DType::Fp8DsMla && a.query.dtype() != DType::F32 && n > 32 {
-        return decode::Kernel::Mma;
-    }
     if sixteen
         && n >= 64
         && t.saturating_mul(n) >= MMA_MIN_ROWS
@@ -374,28 +370,30 @@ mod tests {
         Ok(())
     }
 
-    /// The decode kernel the op asks for: the mma.sync kernels over an fp8_ds_mla cache above
-    /// 32 heads (what its rows were measured with), the decode kernels' Auto at 32 and fewer.
+    /// The decode kernel the op asks for: the decode kernels' Auto over an fp8_ds_mla cache at
+    /// every head count (their 64-row wgmma kernel above 32 heads) and over a 16-bit cache
+    /// with few rows; the mma.sync kernels for a 16-bit decode gather of many rows.
     #[test]
-    fn auto_kernel_keeps_the_mma_kernels_over_an_fp8_cache_above_32_heads() {
-        let mem = vec![0u128; 1 << 16];
+    fn auto_kernel_leaves_fp8_caches_to_the_decode_kernels_choice() {
+        let mem = vec![0u128; 1 << 20];
         let view = |dt: DType, shape: &[i64]| {
             let s = vt_core::contiguous_strides(shape);
             crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
         };
-        for (n, cache_dt, want) in [
-            (64, DType::Fp8DsMla, decode::Kernel::Mma),
-            (128, DType::Fp8DsMla, decode::Kernel::Mma),
-            (32, DType::Fp8DsMla, decode::Kernel::Auto),
-            (128, DType::BF16, decode::Kernel::Auto),
+        for (n, t, cache_dt, want) in [
+            (64, 2, DType::Fp8DsMla, decode::Kernel::Auto),
+            (128, 64, DType::Fp8DsMla, decode::Kernel::Auto),
+            (32, 2, DType::Fp8DsMla, decode::Kernel::Auto),
+            (128, 2, DType::BF16, decode::Kernel::Auto),
+            (128, 64, DType::BF16, decode::Kernel::Mma),
         ] {
             let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
             let a = SparseMlaAttentionArgs {
-                out: view(DType::BF16, &[2, n, 512]),
+                out: view(DType::BF16, &[t, n, 512]),
                 lse: None,
-                query: view(DType::BF16, &[2, n, 576]),
+                query: view(DType::BF16, &[t, n, 576]),
                 cache: view(cache_dt, &[8, 64, w]),
-                indices: view(DType::I32, &[2, 128]),
+                indices: view(DType::I32, &[t, 16]),
                 scale: 0.5,
             };
             assert_eq!(auto_kernel(&a), want, "{n} heads over {cache_dt:?}");
