@@ -24,15 +24,18 @@ template <> __device__ __forceinline__ unsigned e4m3x2_bits<f16>(unsigned w, boo
     return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
 }
 
+// a x b + c on bf16 pairs, rounded once.
+__device__ __forceinline__ unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
 // Two codes as a packed pair of T, exactly: e4m3x2_bits times 2^(bias - 7) (bf16 2^120, f16
 // 2^8), plus -0 (the fma keeps subnormals and the sign of zero).
 template <typename T> __device__ __forceinline__ unsigned e4m3x2(unsigned w, bool hi);
 template <> __device__ __forceinline__ unsigned e4m3x2<bf16>(unsigned w, bool hi) {
-    unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n"
-        : "=r"(r)
-        : "r"(e4m3x2_bits<bf16>(w, hi)), "r"(0x7b807b80u), "r"(0x80008000u));
-    return r;
+    return bf16x2_fma(e4m3x2_bits<bf16>(w, hi), 0x7b807b80u, 0x80008000u);
 }
 template <> __device__ __forceinline__ unsigned e4m3x2<f16>(unsigned w, bool hi) {
     unsigned r;

@@ -82,12 +82,6 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return d;
 }
 
-__device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 // The factor f that takes value x 2^-120 to value x scale s (one: f = s x 2^120, finite for
 // s < 2^7, every sane cache; else the value is first taken x 2^60, exactly, and f = s x
 // 2^60), as a bf16 pair hi + lo: hi = f rounded to bf16, lo = the remainder rounded. A
@@ -121,7 +115,7 @@ __device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, cons
             for (int q = 0; q < 4; ++q) out[q] = bf16x2_mul(out[q], 0x5d805d80u);  // x 2^60, exact
         }
 #pragma unroll
-        for (int q = 0; q < 4; ++q) out[q] = bf16x2_fma(out[q], f.hi, bf16x2_mul(out[q], f.lo));
+        for (int q = 0; q < 4; ++q) out[q] = vt::bf16x2_fma(out[q], f.hi, bf16x2_mul(out[q], f.lo));
     } else {
         codes8<T>(lo, hi, s, out);
     }
