@@ -7,9 +7,9 @@
 // - Warpgroup 0: consumer_tiles (S = Q K^T, the online softmax, P, O[:, 0:256] += P V).
 // - Warpgroup 1: O[:, 256:512] += P V only.
 // - Warpgroup 2 (dequantizer): Q by cp.async, then per tile the 656-byte rows straight from
-//   global memory into registers (16-byte ld.global.nc, issued before it waits for the stage
-//   to free, so the loads fly while the consumers finish that stage), dequantized and stored
-//   as the 16-bit swizzled tile the 16-bit kernel would have loaded. There is no room for a
+//   global memory into registers (16-byte ld.global.nc, pipelined by 32-token rounds: one
+//   round's loads fly while the other is dequantized or the stage is awaited), dequantized
+//   and stored as the 16-bit swizzled tile the 16-bit kernel would have loaded. No room for a
 //   raw ring in shared memory beside Q and two 16-bit stages, so the registers are the ring.
 // setmaxnreg moves registers from warpgroups 1 and 2 to warpgroup 0 (FP8_REGS).
 //
@@ -26,9 +26,10 @@
 // one fma by the group's scale x 2^120 split into two bf16 parts (through 2^60 for a scale
 // >= 2^7), so the value is e4m3 x scale rounded once, as the CPU reference has it, but for
 // the low part's own rounding (2^-18 relative). (One multiply by the scale rounded to bf16
-// scaled each 128-value group by a common error of up to 2^-9: in call 3 of the eighth
-// session the sparse tests' lse came out 0.3% off.) This avoids the f32 -> bf16 conversions, which run at a quarter of the integer rate (FlashMLA's
-// analysis, docs/20250929-hopper-fp8-sparse-deep-dive.md there). Codes 0x7f / 0xff (e4m3
+// scaled each 128-value group by a common error of up to 2^-9: in the eighth session the
+// sparse tests' lse came out 0.3% off.) This avoids the f32 -> bf16 conversions, which run
+// at a quarter of the integer rate (FlashMLA's analysis,
+// docs/20250929-hopper-fp8-sparse-deep-dive.md there). Codes 0x7f / 0xff (e4m3
 // NaN, which the encoder writes only for a NaN input) decode finite here. f16 queries use the
 // exact f32 path of fp8_tiles.cuh (codes8).
 #pragma once
