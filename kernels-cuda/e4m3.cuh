@@ -15,15 +15,21 @@ namespace vt {
 // included (they land on T's subnormals or small normals at the same scale); NaN codes
 // (0x7f, 0xff) come out finite (+-480 once scaled).
 template <typename T> __device__ __forceinline__ unsigned e4m3x2_bits(unsigned w, bool hi);
+// How: one prmt puts each code in the low byte of its 16-bit half with the code's sign
+// replicated over the high byte (selector nibbles 8-15: "copy the sign"), so that one shift
+// lands the sign on bit 15 and the exponent and mantissa bits on T's fields, and one mask
+// clears the rest (prmt, shift, and: three integer ops a pair; the earlier form spent four).
+__device__ __forceinline__ unsigned e4m3x2_sext(unsigned w, bool hi) {
+    unsigned x;
+    asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(x) : "r"(w), "r"(hi ? 0xb3a2u : 0x9180u));
+    return x;
+}
 template <> __device__ __forceinline__ unsigned e4m3x2_bits<bf16>(unsigned w, bool hi) {
-    const unsigned x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);  // bytes -> the high byte of each half
-    return (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+    return (e4m3x2_sext(w, hi) << 4) & 0x87f087f0u;  // s at 15, eeee mmm at 10..4
 }
 template <> __device__ __forceinline__ unsigned e4m3x2_bits<f16>(unsigned w, bool hi) {
-    const unsigned x = __byte_perm(w, 0, hi ? 0x3424 : 0x1404);
-    return (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+    return (e4m3x2_sext(w, hi) << 7) & 0xbf80bf80u;  // s at 15, eeee mmm at 13..7
 }
-
 // a x b + c on bf16 pairs, rounded once.
 __device__ __forceinline__ unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
     unsigned r;

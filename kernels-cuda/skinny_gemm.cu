@@ -135,6 +135,40 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
         }
     };
 
+    // Chunks wholly inside K (all but a tail chunk) of K-contiguous weights take this path:
+    // no bounds checks, pointers advanced by the chunk (its loads are most of the loop's
+    // integer work otherwise). Weight rows past n read the clamped row n - 1 and token rows
+    // past m are not loaded at all: either only feeds outputs that are never stored (an MMA
+    // output (row, token) reads only that row's weights and that token's activations).
+    // A tail chunk goes through `load`, which zero-fills past K (0 x garbage could be NaN).
+    const int ar = tid >> 4, ac = tid & 15;  // activation piece u: token row ar + 8 u, piece ac
+    const unsigned char* wl0 = wr0 + 16 * t;  // piece 2 s + h: row h, bytes 64 s + 16 t
+    const unsigned char* wl1 = wr1 + 16 * t;
+    const T* al = ab + (i64)min(m0 + ar, m - 1) * a_m + 8 * ac;
+    const i64 a8 = 8 * a_m;
+    unsigned aval = 0;  // bit u: token row ar + 8 u exists
+#pragma unroll
+    for (int u = 0; u < NT; ++u) aval |= (m0 + ar + 8 * u < m ? 1u : 0u) << u;
+    auto load_full = [&](int c, int st) {
+        const uint32_t sw = base + st * SB + wbase + lane * 16;
+        const uint32_t sa = base + st * SB + L::WBYTES + ar * L::ASTR + ac * 16;
+        const i64 kb = (i64)c * CHUNK * es;
+        const unsigned char* p0 = wl0 + kb;
+        const unsigned char* p1 = wl1 + kb;
+#pragma unroll
+        for (int p = 0; p < L::PIECES; ++p) cp_async16(sw + p * 32 * 16, ((p & 1) ? p1 : p0) + 64 * (p >> 1), true);
+        const T* ap = al + (i64)c * CHUNK;
+#pragma unroll
+        for (int u = 0; u < NT; ++u)
+            if ((aval >> u) & 1u) cp_async16(sa + u * 8 * L::ASTR, ap + u * a8, true);
+    };
+    auto load_any = [&](int c, int st) {
+        if (KIND != W16N && (i64)(c + 1) * CHUNK <= k)
+            load_full(c, st);
+        else
+            load(c, st);
+    };
+
     // R independent accumulator sets (R x NT = 8 accumulators): consecutive MMAs go to
     // different accumulators, so the in-order issue never waits on the previous MMA's result
     // (mma.sync is volatile asm: it issues in program order). W16 / W16N add straight into
@@ -149,23 +183,27 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
             for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.0f;
     const float* wsr = W8K && n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n : nullptr;
     // W8: the scale of the chunk computed next, loaded one iteration ahead (off the path).
-    float sc_next = wsr != nullptr && nck > 0 ? wsr[(i64)c_lo * ws_k] : 0.0f;
+    const float* wsp = wsr != nullptr ? wsr + (i64)c_lo * ws_k : nullptr;
+    float sc_next = wsp != nullptr && nck > 0 ? *wsp : 0.0f;
 
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < nck) load(c_lo + i, i);
+        if (i < nck) load_any(c_lo + i, i);
         cp_async_commit();
     }
     for (int i = 0; i < nck; ++i) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         // The stage refilled here was read in iteration i - 1, which every warp has left.
-        if (i + STAGES - 1 < nck) load(c_lo + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+        if (i + STAGES - 1 < nck) load_any(c_lo + i + STAGES - 1, (i + STAGES - 1) % STAGES);
         cp_async_commit();
         const int st = i % STAGES;
         const float sc = sc_next;  // W8 only
         (void)sc;
-        if (W8K && wsr != nullptr && i + 1 < nck) sc_next = wsr[(i64)(c_lo + i + 1) * ws_k];
+        if (W8K && wsp != nullptr && i + 1 < nck) {
+            wsp += ws_k;
+            sc_next = *wsp;
+        }
         const uint32_t sw = base + st * SB + wbase + lane * 16;
         const uint32_t sa = base + st * SB + L::WBYTES + g * L::ASTR;
         // Each step's fragments are read (all of them, back to back) one step ahead of its
@@ -223,9 +261,12 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                 }
             }
         } else {
-            float tmp[R][NT][4];
+            // RW sets of per-group sums (RW x NT = 4 chains of MMAs; ptxas starts each from
+            // zero with RZ as the first MMA's addend, so the zeroing costs nothing).
+            constexpr int RW = NT >= 4 ? 1 : 4 / NT;
+            float tmp[RW][NT][4];
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < RW; ++r)
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -261,13 +302,13 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                     }
                     const int sb = 4 * (s - PD);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[sb % R][j], fa[0], x0[bf][j].x, x0[bf][j].y);
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[sb % RW][j], fa[0], x0[bf][j].x, x0[bf][j].y);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 1) % R][j], fa[1], x0[bf][j].z, x0[bf][j].w);
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 1) % RW][j], fa[1], x0[bf][j].z, x0[bf][j].w);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 2) % R][j], fa[2], x1[bf][j].x, x1[bf][j].y);
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 2) % RW][j], fa[2], x1[bf][j].x, x1[bf][j].y);
 #pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 3) % R][j], fa[3], x1[bf][j].z, x1[bf][j].w);
+                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 3) % RW][j], fa[3], x1[bf][j].z, x1[bf][j].w);
                 }
             }
 #pragma unroll
@@ -276,7 +317,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                 for (int q = 0; q < 4; ++q) {
                     float sum = tmp[0][j][q];
 #pragma unroll
-                    for (int r = 1; r < R; ++r) sum += tmp[r][j][q];
+                    for (int r = 1; r < RW; ++r) sum += tmp[r][j][q];
                     acc[0][j][q] = fmaf(sum, sc, acc[0][j][q]);
                 }
         }
