@@ -19,16 +19,29 @@
 //      sums in the CPU reference's order with round-to-nearest intrinsics (no FMA
 //      contraction), so its scores equal the CPU's bit for bit.
 // 2. Selection, indexer_select_f32 (dtype-independent; the suffix only names it): one CTA
-//    of 1024 threads per row; the row's keys copied to shared memory when they fit
-//    (row_cap), a long row filtered into shared memory by a sampled lower bound, else read
-//    from the workspace; 16 keys a thread at a time. A 4-pass radix select (8 bits a pass,
-//    histograms in shared memory) finds the key K of the m-th best candidate,
-//    m = min(SORT_CAP, topk still to write); every candidate above K is taken, and of those
-//    equal to K the lowest positions (a block scan over runs of 16 consecutive keys), which
-//    is the contract's tie rule. The m taken (key << 32 | ~j) are sorted descending by a
-//    bitonic sort in shared memory and written as slots. A topk above SORT_CAP repeats this
-//    below the last one written (candidates then compare below it in (key desc, position
-//    asc) order). The rest of the row is -1.
+//    of 1024 threads per row, two paths.
+//    - Fast (topk <= SORT_CAP, and a row longer than SORT_CAP keys needs 3 topk <= 2
+//      SORT_CAP): a lower bound L (1: every valid key, for rows of <= SORT_CAP keys; else
+//      from a sample of 1024 chunks of 4 keys, L's sample rank chosen so that about
+//      (topk + SORT_CAP) / 2 keys of the row are >= L) and one pass over the row from the
+//      workspace that moves the keys >= L with their positions into shared memory in
+//      position order (16 consecutive keys a thread, a one-barrier block scan a tile).
+//      When topk <= count <= SORT_CAP (or L = 1 and count <= SORT_CAP) they hold the
+//      answer: a stable LSD radix sort (8-bit digits, descending; equal keys keep position
+//      order, the contract's tie rule; digits equal in every key skipped) and the first topk
+//      are written. Otherwise L moves by the count's ratio to the target (up to 3 passes),
+//      then the general path runs. No same-address atomics, no bitonic stages.
+//    - General (the previous kernel, now for topk above SORT_CAP, ties straddling every
+//      bound tried, or skewed samples): the row's keys copied to shared memory when they fit
+//      (row_cap), a long row filtered into shared memory by a sampled lower bound, else read
+//      from the workspace; 16 keys a thread at a time. A 4-pass radix select (8 bits a pass,
+//      histograms in shared memory) finds the key K of the m-th best candidate,
+//      m = min(SORT_CAP, topk still to write); every candidate above K is taken, and of
+//      those equal to K the lowest positions (a block scan over runs of 16 consecutive
+//      keys), which is the contract's tie rule. The m taken (key << 32 | ~j) are sorted
+//      descending by a bitonic sort in shared memory and written as slots. A topk above
+//      SORT_CAP repeats this below the last one written (candidates then compare below it
+//      in (key desc, position asc) order). The rest of the row is -1.
 //
 // Every index read from memory (sequence id, position, block id) is range-checked: an
 // out-of-range sequence or negative position gives an all -1 row, an out-of-range block
@@ -51,6 +64,11 @@ constexpr int FILTER_SAMPLE = 2048;  // sampled keys of a row too long for share
 constexpr int SEL_SHARED_BYTES = 36 * 1024;  // the select's bookkeeping (the host's SELECT_SHARED_BYTES)
 constexpr int PAD = 8;          // elements of padding per shared row (conflict-free ldmatrix)
 constexpr u32 ALL = 0xffffffffu;  // SelShared::kth when every candidate is taken
+constexpr u32 FULL = 0xffffffffu;  // every lane (warp intrinsics)
+constexpr int SEL_WARPS = SEL_THREADS / 32;
+// The fast select's shared memory (FastShared; the host's FAST_SHARED_BYTES): the dynamic
+// allocation is at least this, and at least the general path's bookkeeping plus row_cap keys.
+constexpr int FAST_SHARED_BYTES = 97 * 1024;
 
 __device__ __forceinline__ u32 score_key(float s) {
     const u32 b = __float_as_uint(s);
@@ -553,12 +571,14 @@ __device__ void sort_desc(u64* items, int m2) {
     }
 }
 
-// Keys jb .. jb + PER_THREAD of `keys` (0 past n): four 16-byte loads when whole.
-__device__ __forceinline__ void load_run(const u32* keys, i64 jb, i64 n, u32 (&k)[PER_THREAD]) {
-    if (jb + PER_THREAD <= n) {
+// Keys jb .. jb + R of `keys` (0 past n): R / 4 16-byte loads when whole. (I: i64, or u32
+// where the caller knows n < 2^31, which saves the 64-bit index math.)
+template <int R, typename I>
+__device__ __forceinline__ void load_run(const u32* keys, I jb, I n, u32 (&k)[R]) {
+    if (jb + R <= n) {
         const uint4* v = reinterpret_cast<const uint4*>(keys + jb);
 #pragma unroll
-        for (int u = 0; u < PER_THREAD / 4; ++u) {
+        for (int u = 0; u < R / 4; ++u) {
             const uint4 x = v[u];
             k[4 * u] = x.x;
             k[4 * u + 1] = x.y;
@@ -567,7 +587,7 @@ __device__ __forceinline__ void load_run(const u32* keys, i64 jb, i64 n, u32 (&k
         }
     } else {
 #pragma unroll
-        for (int e = 0; e < PER_THREAD; ++e) k[e] = jb + e < n ? keys[jb + e] : 0u;
+        for (int e = 0; e < R; ++e) k[e] = jb + e < n ? keys[jb + e] : 0u;
     }
 }
 
@@ -684,6 +704,304 @@ __device__ void radix_kth(SelShared& s, const u32* keys, i64 n, u32 want, bool f
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Fast selection (file comment, 2.): a bound, one ordered pass, a stable sort.
+
+// Counters of the stable sort: per warp, per digit (rows padded by one: the leaders of one
+// warp's distinct digits, and the scan's threads, hit distinct banks).
+constexpr int HIST_LD = 257;
+constexpr int GATHER_RUN = 8;  // consecutive keys a thread takes per tile of the pass
+
+struct FastShared {
+    u32 key[2][SORT_CAP];  // candidates (keys, positions), and the sort's second buffer
+    u32 pos[2][SORT_CAP];
+    u32 hist[SEL_WARPS][HIST_LD];
+    u32 wsum[2][SEL_WARPS];  // per-warp partials of the scans and sums, two alternating sets
+    u32 kor, kand;           // OR and AND of the candidates' keys
+};
+static_assert(sizeof(FastShared) <= FAST_SHARED_BYTES, "the fast select outgrew its shared memory");
+static_assert(SEL_WARPS == 32, "the block scans take one warp total a lane");
+static_assert(SORT_CAP <= 4 * SEL_THREADS, "the sort holds at most 4 items a thread");
+
+// Exclusive scan of v over the block in thread order; `total` gets the block's sum. One
+// __syncthreads: the warp totals go to wsum[ph] and every warp scans all 32 of them, and
+// consecutive calls alternate ph, so a call never overwrites totals another warp may still
+// be reading (those of two calls back were read before the last barrier).
+__device__ __forceinline__ u32 scan_excl(FastShared& f, int& ph, u32 v, u32& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 x = __shfl_up_sync(FULL, incl, o);
+        if (lane >= o) incl += x;
+    }
+    if (lane == 31) f.wsum[ph][warp] = incl;
+    __syncthreads();
+    const u32 w = f.wsum[ph][lane];
+    u32 wi = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 x = __shfl_up_sync(FULL, wi, o);
+        if (lane >= o) wi += x;
+    }
+    total = __shfl_sync(FULL, wi, 31);
+    const u32 before = __shfl_sync(FULL, wi - w, warp);
+    ph ^= 1;
+    return before + incl - v;
+}
+
+// Sum of v over the block (one __syncthreads, wsum[ph] as scan_excl).
+__device__ __forceinline__ u32 block_sum(FastShared& f, int& ph, u32 v) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = __reduce_add_sync(FULL, v);
+    if (lane == 0) f.wsum[ph][warp] = v;
+    __syncthreads();
+    const u32 t = __reduce_add_sync(FULL, f.wsum[ph][lane]);
+    ph ^= 1;
+    return t;
+}
+
+// A key L with lo <= (sample keys >= L) <= hi, or exactly lo of them when ties leave no such
+// L (the lo-th best sample key): the largest L with at least lo, bit by bit from the top,
+// stopping at the first that also has at most hi. 0 when fewer than lo sample keys are valid.
+__device__ u32 sample_bound(FastShared& f, int& ph, const u32 (&smp)[4], u32 lo, u32 hi) {
+    u32 l = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const u32 c = l | (1u << bit);
+        const u32 cnt = block_sum(f, ph, (u32)(smp[0] >= c) + (smp[1] >= c) + (smp[2] >= c) + (smp[3] >= c));
+        if (cnt >= lo) {
+            l = c;
+            if (cnt <= hi) break;
+        }
+    }
+    return l;
+}
+
+// k[e] for a run-time e < 8 (indexing the array by e would put it in local memory).
+__device__ __forceinline__ u32 pick8(const u32 (&k)[8], int e) {
+    const bool b0 = e & 1, b1 = e & 2;
+    const u32 a = b0 ? k[1] : k[0], b = b0 ? k[3] : k[2], c = b0 ? k[5] : k[4], d = b0 ? k[7] : k[6];
+    return (e & 4) ? (b1 ? d : c) : (b1 ? b : a);
+}
+
+// One pass over keys[0 .. n), 0 < n < 2^31, for a bound lo >= 1 (key 0, no token, never
+// passes): the keys above lo with their positions into key[0] / pos[0] and those equal to it
+// into key[1] / pos[1], each in position order (the first SORT_CAP of each). Returns the two
+// counts (also past SORT_CAP); `vary` gets the bits in which the stored keys above lo differ.
+// One barrier a tile of GATHER_RUN keys a thread (a block scan of both counts, 16 bits each);
+// the next tile's loads are in flight meanwhile (8 keys, not 16: 16 + 16 in registers spill).
+// A thread visits only its passing keys (few, past the first tile of a long row).
+__device__ void gather(FastShared& f, int& ph, const u32* keys, u32 n, u32 lo, u32& n_gt, u32& n_eq, u32& vary) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    constexpr u32 TILE = (u32)GATHER_RUN * SEL_THREADS;
+    static_assert(GATHER_RUN == 8 && TILE < 65536, "pick8; a tile's counts are packed in 16 bits");
+    // (kor / kand of a previous call were read after its last barrier, before this one.)
+    __syncthreads();
+    if (tid == 0) {
+        f.kor = 0;
+        f.kand = FULL;
+    }
+    u32 kor = 0, kand = FULL, base_gt = 0, base_eq = 0;
+    u32 k[GATHER_RUN];
+    load_run(keys, (u32)tid * GATHER_RUN, n, k);
+    for (u32 j0 = 0; j0 < n; j0 += TILE) {
+        const u32 jb = j0 + (u32)tid * GATHER_RUN;
+        u32 gt = 0, eq = 0;
+#pragma unroll
+        for (int e = 0; e < GATHER_RUN; ++e) {
+            gt |= (u32)(k[e] > lo) << e;
+            eq |= (u32)(k[e] == lo) << e;
+        }
+        u32 nk[GATHER_RUN];
+        load_run(keys, jb + TILE, n, nk);
+        u32 total;
+        const u32 at = scan_excl(f, ph, (u32)__popc(gt) | (u32)__popc(eq) << 16, total);
+        u32 at_gt = base_gt + (at & 0xffffu), at_eq = base_eq + (at >> 16);
+        for (u32 sel = gt | eq; sel != 0u; sel &= sel - 1u) {
+            const int e = __ffs(sel) - 1;
+            if ((gt >> e) & 1u) {
+                if (at_gt < (u32)SORT_CAP) {
+                    const u32 key = pick8(k, e);
+                    f.key[0][at_gt] = key;
+                    f.pos[0][at_gt] = jb + (u32)e;
+                    kor |= key;
+                    kand &= key;
+                }
+                ++at_gt;
+            } else {
+                if (at_eq < (u32)SORT_CAP) {
+                    f.key[1][at_eq] = lo;
+                    f.pos[1][at_eq] = jb + (u32)e;
+                }
+                ++at_eq;
+            }
+        }
+        base_gt += total & 0xffffu;
+        base_eq += total >> 16;
+#pragma unroll
+        for (int e = 0; e < GATHER_RUN; ++e) k[e] = nk[e];
+    }
+    // (tid 0's initial values are ordered before these by the tile loop's barrier: n > 0.)
+    kor = __reduce_or_sync(FULL, kor);
+    kand = __reduce_and_sync(FULL, kand);
+    if (lane == 0) {
+        atomicOr(&f.kor, kor);
+        atomicAnd(&f.kand, kand);
+    }
+    __syncthreads();
+    n_gt = base_gt;
+    n_eq = base_eq;
+    vary = f.kor ^ f.kand;
+}
+
+// Stable LSD radix sort of the m <= SORT_CAP items key[0] / pos[0] by key, descending: equal
+// keys keep their order (position order). 8-bit digits, those in which no two keys differ
+// (`vary`) skipped. Returns the buffer holding the result. Warp w takes items
+// [w ipt 32, (w + 1) ipt 32) (ipt = ceil(m / 1024) <= 4), slot by slot, lanes in order; an
+// item's rank among its warp's equal digits comes from its peers (8 ballots, no
+// same-address atomics: one counter update per distinct digit), the per-warp counts are
+// scanned in (digit, warp) order, then the items scatter. 4 barriers a pass.
+__device__ int sort_stable_desc(FastShared& f, int& ph, u32 m, u32 vary) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ipt = (int)((m + SEL_THREADS - 1) / SEL_THREADS);
+    const u32 below = (1u << lane) - 1u;
+    int src = 0;
+    for (int sh = 0; sh < 32; sh += 8) {
+        if (((vary >> sh) & 255u) == 0u) continue;
+        u32* hist = f.hist[warp];
+#pragma unroll
+        for (int i = 0; i < 256; i += 32) hist[i + lane] = 0;
+        __syncwarp();
+        // Ranks (the items themselves are read again to scatter: fewer live registers).
+        u32 rk[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if (e < ipt) {
+                const u32 idx = (u32)(warp * ipt + e) * 32u + (u32)lane;
+                const bool v = idx < m;
+                // Ascending digit order = descending key.
+                const u32 d = 255u - (((v ? f.key[src][idx] : 0u) >> sh) & 255u);
+                u32 peers = __ballot_sync(FULL, v);
+#pragma unroll
+                for (int bit = 0; bit < 8; ++bit) {
+                    const bool p = d & (1u << bit);
+                    // The lanes whose bit equals this lane's: the ballot, or its complement.
+                    peers &= __ballot_sync(FULL, p) ^ (p ? 0u : FULL);
+                }
+                const int leader = v ? __ffs(peers) - 1 : lane;
+                u32 old = 0;
+                if (v && lane == leader) old = atomicAdd(&hist[d], (u32)__popc(peers));
+                old = __shfl_sync(FULL, old, leader);
+                rk[e] = old + (u32)__popc(peers & below);
+                // (This slot's counter updates land before the next slot's reads them.)
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+        {
+            // Thread t: digit t / 4, warps (t % 4) * 8 .. + 8; thread order = (digit, warp).
+            const int d = tid >> 2, w0 = (tid & 3) * 8;
+            u32 c[8], sum = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                c[i] = f.hist[w0 + i][d];
+                sum += c[i];
+            }
+            u32 total;
+            u32 at = scan_excl(f, ph, sum, total);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                f.hist[w0 + i][d] = at;
+                at += c[i];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 idx = (u32)(warp * ipt + e) * 32u + (u32)lane;
+            if (e < ipt && idx < m) {
+                const u32 key = f.key[src][idx];
+                const u32 dst = hist[255u - ((key >> sh) & 255u)] + rk[e];
+                f.key[src ^ 1][dst] = key;
+                f.pos[src ^ 1][dst] = f.pos[src][idx];
+            }
+        }
+        __syncthreads();
+        src ^= 1;
+    }
+    return src;
+}
+
+// The fast selection of one row of 0 < n < 2^31 keys (the host checks cap < 2^31), topk <=
+// SORT_CAP: writes orow and returns
+// true, or returns false having written nothing (the bound failed or does not apply; the
+// general path then runs). Not inlined: inlined into the kernel beside the general path,
+// ptxas spills registers at 1024 threads (64 a thread); as a call neither spills.
+__device__ __noinline__ bool select_fast(FastShared& f, int* orow, i64 o_sk, int topk, const u32* keys, i64 n, const int* bt,
+                            i64 bt_sb, i64 bt_sc, int b, int bs) {
+    const int tid = threadIdx.x;
+    int ph = 0;
+    u32 vary = 0, n_gt = 0, n_eq = 0, lo = 1;
+    // The bound holds when the keys above it fit and, with those equal to it, reach topk
+    // (or it is 1: every valid key).
+    auto holds = [&]() { return n_gt <= (u32)SORT_CAP && (n_gt + n_eq >= (u32)topk || lo == 1u); };
+    if (n <= SORT_CAP) {
+        gather(f, ph, keys, (u32)n, lo, n_gt, n_eq, vary);
+    } else {
+        // The bound needs room between topk and SORT_CAP for the sample's error.
+        if (3 * topk > 2 * SORT_CAP) return false;
+        constexpr i64 SAMPLE = 4 * SEL_THREADS;
+        u32 smp[4];
+        {
+            // Chunk t of 4 consecutive keys, evenly spaced (16 bytes: one sector a thread).
+            const i64 q = ((i64)tid * n / SEL_THREADS) & ~(i64)3;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) smp[e] = q + e < n ? keys[q + e] : 0u;
+        }
+        const i64 target = ((i64)topk + SORT_CAP) / 2;
+        // The sample rank whose key about `target` keys of the row reach.
+        i64 rank = max((i64)1, target * SAMPLE / n);
+        bool ok = false;
+        for (int attempt = 0; attempt < 3 && !ok; ++attempt) {
+            lo = 1;
+            if (rank < SAMPLE) {
+                const u32 r = (u32)rank, d = r / 16;
+                lo = max(1u, sample_bound(f, ph, smp, r - d, r + d));
+            }
+            gather(f, ph, keys, (u32)n, lo, n_gt, n_eq, vary);
+            ok = holds();
+            if (!ok) {
+                // Scale the rank by how far the count missed the target.
+                const i64 c = n_gt > (u32)SORT_CAP ? (i64)n_gt : (i64)n_gt + n_eq;
+                rank = min(SAMPLE, max((i64)1, rank * target / max(c, (i64)1)));
+            }
+        }
+        if (!ok) {
+            __syncthreads();  // (the general path reuses this shared memory)
+            return false;
+        }
+    }
+    // Too few above the bound: the first of those equal to it (position order) follow them;
+    // they sort last, in that order.
+    const u32 add = n_gt < (u32)topk ? min(n_eq, (u32)topk - n_gt) : 0u;
+    for (u32 i = tid; i < add; i += SEL_THREADS) {
+        f.key[0][n_gt + i] = f.key[1][i];
+        f.pos[0][n_gt + i] = f.pos[1][i];
+    }
+    const u32 m = n_gt + add;
+    if (add > 0) vary = n_gt > 0 ? vary | (f.key[0][0] ^ lo) : 0u;
+    __syncthreads();
+    const int src = m > 1 ? sort_stable_desc(f, ph, m, vary) : 0;
+    const u32 written = min(m, (u32)topk);
+    for (u32 i = tid; i < written; i += SEL_THREADS) {
+        const u32 jj = f.pos[src][i], blk = jj / (u32)bs;
+        const int id = bt[(i64)b * bt_sb + (i64)blk * bt_sc];
+        orow[(i64)i * o_sk] = id * bs + (int)(jj - blk * (u32)bs);
+    }
+    for (int i = (int)written + tid; i < topk; i += SEL_THREADS) orow[(i64)i * o_sk] = -1;
+    return true;
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
@@ -702,6 +1020,12 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
         int b;
         const i64 n = visible(seq_ids, sid_s, pos, pos_s, pos64, t, nseq, cap, &b);
         const u32* keys = ws + (i64)r * ws_ld;  // 16-byte aligned: ws_ld % 4 == 0
+        int* orow = out + t * o_st;
+        if (n > 0 && topk <= SORT_CAP &&
+            select_fast(*reinterpret_cast<FastShared*>(sel_smem), orow, o_sk, topk, keys, n, bt, bt_sb, bt_sc, b, bs)) {
+            __syncthreads();  // (the next row reuses the shared memory)
+            continue;
+        }
         // Entries of `keys` and their positions (nullptr: the index).
         i64 ne = n;
         const u32* jmap = nullptr;
@@ -761,7 +1085,6 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
                 ne = c;
             }
         }
-        int* orow = out + t * o_st;
         int written = 0;
         bool first = true;
         u32 bk = 0;

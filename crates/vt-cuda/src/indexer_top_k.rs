@@ -6,10 +6,14 @@
 //!    (mma.sync m16n8k16) when Di is a multiple of 16 and the query and cache rows are
 //!    16-byte aligned, else `indexer_scores_{bf16,f16,f32}` (one thread per token, the CPU
 //!    reference's arithmetic order, so bit-equal scores);
-//! 2. `indexer_select_f32`: one CTA per query (its row of keys in shared memory when it fits
-//!    beside its 36 KB of bookkeeping, 48,896 keys on an H100/H200), a radix select on the scores'
-//!    order-preserving u32 keys with the contract's tie rule, a bitonic sort of the chosen,
-//!    slots written highest first, -1 past them.
+//! 2. `indexer_select_f32`: one CTA per query. Fast path (topk <= 4096): a lower bound on
+//!    the scores' order-preserving u32 keys (every valid key for rows of <= 4096 tokens, else
+//!    from a strided sample), one pass moving the keys above it into shared memory in
+//!    position order, a stable radix sort of those (descending; equal scores stay in position
+//!    order, the contract's tie rule), the first topk written as slots, -1 past them. Where
+//!    the bound fails (ties at it, a skewed sample) or topk > 4096: the general path, a radix
+//!    select (its row of keys in shared memory when it fits beside its 36 KB of bookkeeping,
+//!    48,896 keys on an H100/H200) with the same tie rule and a bitonic sort of the chosen.
 //!
 //! A score CTA takes up to 16 tiles of 64 tokens (fewer when the call has few tiles, so that
 //! a batch of one still fills the device); the tensor-core kernel keeps 3 tiles in flight.
@@ -54,6 +58,10 @@ const TILES_PER_CTA_DIVISOR: i64 = 256;
 /// counters; `SEL_SHARED_BYTES`), before the row's keys; all of it dynamic, so that the launch
 /// raises the block's limit whenever the total passes 48 KB.
 const SELECT_SHARED_BYTES: i64 = 36 * 1024;
+/// Shared memory of the select kernel's fast path (`FastShared`: candidates and the sort's
+/// second buffer, 2 x 4096 keys and positions, per-warp digit counters; `FAST_SHARED_BYTES`);
+/// it overlays the bookkeeping and the row, so a launch gets at least this much.
+const FAST_SHARED_BYTES: i64 = 97 * 1024;
 /// Elements of padding per shared-memory row of the tensor-core kernel (`PAD`).
 const PAD: i64 = 8;
 const SCORE_THREADS: u32 = 128;
@@ -212,6 +220,8 @@ pub(crate) fn plan(
     let nt = tiles_per_cta(l.chunk_rows.min(t), l.cap);
     let keys_per_cta = nt * KEY_TILE;
     let row_cap = select_row_cap(l, smem_optin);
+    let select_smem = u32::try_from((SELECT_SHARED_BYTES + row_cap * 4).max(FAST_SHARED_BYTES))
+        .map_err(|_| Error::invalid(OP, "block_table", "the select's shared memory does not fit a u32"))?;
     let key_blocks = u32::try_from((l.cap + keys_per_cta - 1) / keys_per_cta)
         .map_err(|_| Error::invalid(OP, "block_table", "MB * BS is too large for the score grid"))?;
     let mut launches = Vec::new();
@@ -293,7 +303,7 @@ pub(crate) fn plan(
         // The selection's kernel has one symbol; `F32` names it (its scores are f32).
         launches.push(
             Launch::new(&SRC, "indexer_select", DType::F32, (rows as u32, 1, 1), SELECT_THREADS, select_args)
-                .with_smem((SELECT_SHARED_BYTES + row_cap * 4) as u32),
+                .with_smem(select_smem),
         );
         row0 += rows;
     }
@@ -377,8 +387,9 @@ mod tests {
         assert_eq!(launches.len(), 2);
         // 4 rows x 32 tiles: one tile a CTA.
         assert_eq!(launches[0].grid, (32, 4, 1));
-        // The whole 2048-key row fits the select's shared memory.
-        assert_eq!(launches[1].smem, 36 * 1024 + 2048 * 4);
+        // The whole 2048-key row fits the general path's shared memory; the fast path's
+        // buffers are larger.
+        assert_eq!(launches[1].smem, 97 * 1024);
         assert_eq!(launches[0].symbol(), "indexer_scores_mma128_bf16");
         assert_eq!(launches[1].symbol(), "indexer_select_f32");
     }

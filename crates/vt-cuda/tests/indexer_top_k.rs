@@ -345,15 +345,37 @@ fn decode_deepseek_dims_block_size_64_contexts_to_32k() {
     check(&g, &Case::decode(&[1, 70, 200, 2047, 2048, 2049, 5000, 32768], V32, 64, 2048));
 }
 
-/// Rows longer than the select's shared memory holds (48,896 keys on sm_90): filtered by a
-/// sampled bound into shared memory, or read from the workspace when the filter passes too
-/// many keys (2 distinct keys: half the row ties at the bound) or topk is above 4096 (rounds).
+/// Rows longer than the general select's shared memory holds (48,896 keys on sm_90): the fast
+/// select's sampled bound (with 2 distinct keys half the row ties at it: the first positions
+/// of those are taken), or for topk above 4096 the general select in rounds (4 distinct keys),
+/// reading the workspace.
 #[test]
 fn decode_rows_longer_than_the_select_shared_memory() {
     let Some(g) = gpu() else { return };
     check(&g, &Case::decode(&[60_000, 50_001, 70], V32, 64, 2048));
     check(&g, &Case { distinct_keys: 2, ..Case::decode(&[60_000], V32, 64, 1000) });
     check(&g, &Case { distinct_keys: 4, ..Case::decode(&[52_000], V32, 64, 5000) });
+}
+
+/// The select's fast path: rows of up to 4096 keys take every valid key, longer ones a
+/// sampled bound; at the boundary, with every score equal (all of them tie at the bound: the
+/// first positions follow those above it), and with few distinct scores at the bound.
+#[test]
+fn rows_at_the_fast_select_boundary_and_ties_at_its_sampled_bound() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::decode(&[4096, 4097, 4095, 8200], V32, 64, 2048));
+    check(&g, &Case { distinct_keys: 1, ..Case::decode(&[20_000, 4097], V32, 64, 2048) });
+    check(&g, &Case { distinct_keys: 3, ..Case::decode(&[9000, 30_000], V32, 16, 2048) });
+    check(&g, &Case { distinct_keys: 40, grid: false, ..Case::decode(&[12_000], V32, 64, 1500) });
+}
+
+/// topk above 2/3 of 4096 on rows longer than 4096 keys takes the general select (no room
+/// for the sample's error); at most 4096 on shorter rows, the fast one.
+#[test]
+fn topk_near_the_select_capacity() {
+    let Some(g) = gpu() else { return };
+    check(&g, &Case::decode(&[20_000, 4096, 3000], V32, 64, 3000));
+    check(&g, &Case::decode(&[4096, 2000], V32, 64, 4096));
 }
 
 #[test]
