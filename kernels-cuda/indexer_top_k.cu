@@ -102,6 +102,12 @@ __device__ __forceinline__ int block_of(const int* bt, i64 bt_sb, i64 bt_sc, int
     return (id >= 0 && id < nb) ? id : -1;
 }
 
+// The cache slot of position jj (a selected key: its block id was in range when scored).
+__device__ __forceinline__ int slot_of(const int* bt, i64 bt_sb, i64 bt_sc, int b, u32 jj, int bs) {
+    const u32 blk = jj / (u32)bs;
+    return bt[(i64)b * bt_sb + (i64)blk * bt_sc] * bs + (int)(jj - blk * (u32)bs);
+}
+
 template <typename T> __device__ __forceinline__ float load_w(const void* w, int wf32, i64 off) {
     return wf32 ? static_cast<const float*>(w)[off] : vt::to_f32(static_cast<const T*>(w)[off]);
 }
@@ -994,9 +1000,7 @@ __device__ __noinline__ bool select_fast(FastShared& f, int* orow, i64 o_sk, int
     const int src = m > 1 ? sort_stable_desc(f, ph, m, vary) : 0;
     const u32 written = min(m, (u32)topk);
     for (u32 i = tid; i < written; i += SEL_THREADS) {
-        const u32 jj = f.pos[src][i], blk = jj / (u32)bs;
-        const int id = bt[(i64)b * bt_sb + (i64)blk * bt_sc];
-        orow[(i64)i * o_sk] = id * bs + (int)(jj - blk * (u32)bs);
+        orow[(i64)i * o_sk] = slot_of(bt, bt_sb, bt_sc, b, f.pos[src][i], bs);
     }
     for (int i = (int)written + tid; i < topk; i += SEL_THREADS) orow[(i64)i * o_sk] = -1;
     return true;
@@ -1163,10 +1167,7 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS) indexer_select_f32(
             sort_desc(s.items, m2);
             for (int i = tid; i < m; i += SEL_THREADS) {
                 const u64 it = s.items[i];
-                const i64 j = (i64)(~(u32)(it & 0xffffffffu));
-                const u32 jj = (u32)j, blk = jj / (u32)bs;
-                const int id = bt[(i64)b * bt_sb + (i64)blk * bt_sc];
-                orow[(i64)(written + i) * o_sk] = id * bs + (int)(jj - blk * (u32)bs);
+                orow[(i64)(written + i) * o_sk] = slot_of(bt, bt_sb, bt_sc, b, ~(u32)(it & 0xffffffffu), bs);
             }
             if (m > 0) {
                 const u64 last = s.items[m - 1];
