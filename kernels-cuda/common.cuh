@@ -31,6 +31,23 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __f
 // Rounds an f32 to T's precision and back (identity for f32).
 template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f32(from_f32<T>(x)); }
 
+// Programmatic dependent launch (sm_90; crates/vt-cuda/src/launch.rs `Launch::dependent`).
+// grid_dep_launch: this CTA no longer holds back the next kernel on the stream (it may start
+// once every CTA of this grid has called it or exited). grid_dep_wait: waits until the
+// previous kernel on the stream has completed and its writes are visible; a kernel launched
+// dependent must call it, in every CTA, before it reads anything the previous kernels wrote
+// or writes anything they read. Both are no-ops without the launch attribute and before sm_90.
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // Sum over a warp; every lane gets the result. Fixed butterfly order: deterministic.

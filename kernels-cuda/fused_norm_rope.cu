@@ -20,6 +20,7 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
                                 float eps, int neox, const T* q_in, i64 qi_st, i64 qi_sh, T* q_out, i64 qo_st,
                                 i64 qo_sh, int q_heads, i64 q_tokens, int q_chunk, i64 q_blocks, i64 kv_blocks,
                                 T* kvc, i64 c_sb, i64 c_sr, const i64* slots, i64 slot_s, i64 nb, i64 bs) {
+    vt::grid_dep_launch();  // a dependent GEMM after this (VT_PDL) may prefetch its weights
     const int half = r / 2;
     if (blockIdx.x >= kv_blocks) {
         // The query: the blocks past the kv rows' take items (token, chunk of q_chunk heads),

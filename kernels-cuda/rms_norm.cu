@@ -4,6 +4,8 @@
 
 template <typename T>
 __device__ void rms_norm(T* out, i64 out_rs, const T* x, i64 x_rs, const T* w, i64 rows, int d, float eps) {
+    // A dependent GEMM after this (VT_PDL) may start prefetching its weights now.
+    vt::grid_dep_launch();
     for (i64 t = blockIdx.x; t < rows; t += gridDim.x) {
         vt::rms_norm_row<T>(out + t * out_rs, x + t * x_rs, w, d, eps);
     }

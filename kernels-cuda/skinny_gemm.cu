@@ -34,6 +34,8 @@ namespace skinny {
 using namespace vt::tc;
 
 constexpr int WARPS = 4, THREADS = 32 * WARPS, ROWS = 16 * WARPS, CHUNK = 128;
+// What a ring stage load copies.
+constexpr int LOAD_W = 1, LOAD_A = 2;
 // Ring depth: 4 stages; 3 for 64 tokens (so that two CTAs fit an SM); 6 for fp8 weights at up
 // to 16 tokens (their 2 KB a warp per stage would otherwise keep only 384 bytes of each
 // weight row in flight).
@@ -86,6 +88,9 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_last;
     const uint32_t base = smem_u32(smem);
+    // The next kernel on the stream may launch (dependent) once this grid's last CTAs run:
+    // it only prefetches its weights until this grid completes.
+    vt::grid_dep_launch();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const i64 batch = blockIdx.z / splits;
@@ -104,34 +109,39 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
     const unsigned char* wcol = w + (i64)min(n0, n - 1) * 2;
     const uint32_t wbase = warp * L::PIECES * 32 * 16;
 
-    auto load = [&](int c, int st) {
+    // `what`: LOAD_W (the chunk's weights), LOAD_A (its activations) or both.
+    auto load = [&](int c, int st, int what) {
         const uint32_t sw = base + st * SB, sa = sw + L::WBYTES + 0;
         const int kc = c * CHUNK;
+        if (what & LOAD_W) {
 #pragma unroll
-        for (int p = 0; p < L::PIECES; ++p) {
-            if constexpr (KIND == W16N) {
-                // Piece id = 32 p + lane: k-row id / 2 of the chunk, half id % 2 (8 columns),
-                // stored at row * 32 + (half ^ bit 2 of the row) * 16 (conflict-free ldmatrix).
-                const int id = 32 * p + lane, kr = id >> 1, hf = id & 1;
-                const bool ok = n0 + 8 * hf < n && kc + kr < k;
-                const unsigned char* src = wcol + (ok ? (i64)(kc + kr) * w_r * 2 + 16 * hf : 0);
-                cp_async16(sw + wbase + kr * 32 + ((hf ^ ((kr >> 2) & 1)) << 4), src, ok);
-            } else {
-                // w16: piece p = 2 s + h: step s (32 elements), row g + 8 h, elements 32 s + 8 t.
-                // w8: piece p = 2 s + h: step s (64 codes), row g + 8 h, codes 64 s + 16 t.
-                const int s = p >> 1, h = p & 1;
-                const int kk = W8K ? kc + 64 * s + 16 * t : kc + 32 * s + 8 * t;
-                const bool ok = (h ? r1ok : r0ok) && kk < k;
-                const unsigned char* src = (h ? wr1 : wr0) + (ok ? (i64)kk * es : 0);
-                cp_async16(sw + wbase + (p * 32 + lane) * 16, src, ok);
+            for (int p = 0; p < L::PIECES; ++p) {
+                if constexpr (KIND == W16N) {
+                    // Piece id = 32 p + lane: k-row id / 2 of the chunk, half id % 2 (8 columns),
+                    // stored at row * 32 + (half ^ bit 2 of the row) * 16 (conflict-free ldmatrix).
+                    const int id = 32 * p + lane, kr = id >> 1, hf = id & 1;
+                    const bool ok = n0 + 8 * hf < n && kc + kr < k;
+                    const unsigned char* src = wcol + (ok ? (i64)(kc + kr) * w_r * 2 + 16 * hf : 0);
+                    cp_async16(sw + wbase + kr * 32 + ((hf ^ ((kr >> 2) & 1)) << 4), src, ok);
+                } else {
+                    // w16: piece p = 2 s + h: step s (32 elements), row g + 8 h, elements 32 s + 8 t.
+                    // w8: piece p = 2 s + h: step s (64 codes), row g + 8 h, codes 64 s + 16 t.
+                    const int s = p >> 1, h = p & 1;
+                    const int kk = W8K ? kc + 64 * s + 16 * t : kc + 32 * s + 8 * t;
+                    const bool ok = (h ? r1ok : r0ok) && kk < k;
+                    const unsigned char* src = (h ? wr1 : wr0) + (ok ? (i64)kk * es : 0);
+                    cp_async16(sw + wbase + (p * 32 + lane) * 16, src, ok);
+                }
             }
         }
         // Activations: TOK rows x 16 pieces of 8 elements.
-        for (int i = tid; i < TOK * 16; i += THREADS) {
-            const int r = i >> 4, cc = i & 15, tok = m0 + r, kk = kc + 8 * cc;
-            const bool ok = tok < m && kk < k;
-            const T* src = ok ? ab + (i64)tok * a_m + kk : ab;
-            cp_async16(sa + r * L::ASTR + cc * 16, src, ok);
+        if (what & LOAD_A) {
+            for (int i = tid; i < TOK * 16; i += THREADS) {
+                const int r = i >> 4, cc = i & 15, tok = m0 + r, kk = kc + 8 * cc;
+                const bool ok = tok < m && kk < k;
+                const T* src = ok ? ab + (i64)tok * a_m + kk : ab;
+                cp_async16(sa + r * L::ASTR + cc * 16, src, ok);
+            }
         }
     };
 
@@ -149,24 +159,29 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
     unsigned aval = 0;  // bit u: token row ar + 8 u exists
 #pragma unroll
     for (int u = 0; u < NT; ++u) aval |= (m0 + ar + 8 * u < m ? 1u : 0u) << u;
-    auto load_full = [&](int c, int st) {
+    auto load_full = [&](int c, int st, int what) {
         const uint32_t sw = base + st * SB + wbase + lane * 16;
         const uint32_t sa = base + st * SB + L::WBYTES + ar * L::ASTR + ac * 16;
         const i64 kb = (i64)c * CHUNK * es;
         const unsigned char* p0 = wl0 + kb;
         const unsigned char* p1 = wl1 + kb;
+        if (what & LOAD_W) {
 #pragma unroll
-        for (int p = 0; p < L::PIECES; ++p) cp_async16(sw + p * 32 * 16, ((p & 1) ? p1 : p0) + 64 * (p >> 1), true);
+            for (int p = 0; p < L::PIECES; ++p)
+                cp_async16(sw + p * 32 * 16, ((p & 1) ? p1 : p0) + 64 * (p >> 1), true);
+        }
         const T* ap = al + (i64)c * CHUNK;
+        if (what & LOAD_A) {
 #pragma unroll
-        for (int u = 0; u < NT; ++u)
-            if ((aval >> u) & 1u) cp_async16(sa + u * 8 * L::ASTR, ap + u * a8, true);
+            for (int u = 0; u < NT; ++u)
+                if ((aval >> u) & 1u) cp_async16(sa + u * 8 * L::ASTR, ap + u * a8, true);
+        }
     };
-    auto load_any = [&](int c, int st) {
+    auto load_any = [&](int c, int st, int what) {
         if (KIND != W16N && (i64)(c + 1) * CHUNK <= k)
-            load_full(c, st);
+            load_full(c, st, what);
         else
-            load(c, st);
+            load(c, st, what);
     };
 
     // R independent accumulator sets (R x NT = 8 accumulators): consecutive MMAs go to
@@ -186,16 +201,24 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
     const float* wsp = wsr != nullptr ? wsr + (i64)c_lo * ws_k : nullptr;
     float sc_next = wsp != nullptr && nck > 0 ? *wsp : 0.0f;
 
+    // Dependent launch (VT_PDL): the weights (and their scales, above) do not depend on the
+    // previous kernel, so the first stages' weights are requested before waiting for it; the
+    // activations, the partials and the output only after. The first group holds all those
+    // weights and stage 0's activations (iteration 0 waits for them all: a small over-wait).
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i)
+        if (i < nck) load_any(c_lo + i, i, LOAD_W);
+    vt::grid_dep_wait();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < nck) load_any(c_lo + i, i);
+        if (i < nck) load_any(c_lo + i, i, LOAD_A);
         cp_async_commit();
     }
     for (int i = 0; i < nck; ++i) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         // The stage refilled here was read in iteration i - 1, which every warp has left.
-        if (i + STAGES - 1 < nck) load_any(c_lo + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+        if (i + STAGES - 1 < nck) load_any(c_lo + i + STAGES - 1, (i + STAGES - 1) % STAGES, LOAD_W | LOAD_A);
         cp_async_commit();
         const int st = i % STAGES;
         const float sc = sc_next;  // W8 only

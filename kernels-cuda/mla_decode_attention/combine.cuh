@@ -27,6 +27,7 @@ static_assert(COMBINE_COLS == 32 * 4, "a lane accumulates 4 columns");
 template <typename T>
 __device__ void combine(const Params& p) {
     __shared__ float red[COMBINE_WARPS][COMBINE_COLS];
+    grid_dep_launch();  // a dependent GEMM after this (VT_PDL) may prefetch its weights
     grid_dep_wait();
     const int W = p.combine_wpr;
     const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -29,19 +29,10 @@
 
 namespace mla {
 
-// Programmatic dependent launch (sm_90): the main kernels let the combine kernel launch
-// early; the combine waits for the main grid's completion (and memory) before reading.
-// Both are no-ops without the launch attribute and on older architectures.
-__device__ __forceinline__ void grid_dep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+// Programmatic dependent launch: the main kernels let the combine kernel launch early; the
+// combine waits for the main grid's completion (and memory) before reading (common.cuh).
+using vt::grid_dep_launch;
+using vt::grid_dep_wait;
 
 // Tokens of sequence b that exist: seq_lens clamped to [0, MB * BS] (past the block table
 // nothing can be read; the CPU reference rejects such input, the GPU skips it).

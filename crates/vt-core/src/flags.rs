@@ -7,6 +7,8 @@
 //! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (measured 2.1-2.5x faster than the Wgmma kernel on the H200 at q_b); off by default: its graph-replay test passes, but racecheck reports hazards inside cuBLASLt's own kernels; `1` turns it on |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
+//! | `VT_SKINNY_GEMM16` | off | CUDA MatmulBT / BatchedMatmul with 16-bit weights: Auto takes the skinny kernel up to M 128 too (A/B against cuBLAS in a decode step; with it off they stay on cuBLAS, which was ahead or tied at every measured shape alone) |
+//! | `VT_PDL` | off | CUDA skinny GEMM: launched as a programmatic dependent launch on sm_90, so it may start while the previous kernel on the stream runs, requesting its first weight chunks before it waits for that kernel (`griddepcontrol.wait`); the step's small kernels let it start early (`griddepcontrol.launch_dependents`). Needs weights that the kernel right before the GEMM does not write (true of a model's weights in a step) |
 //! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`: 128 for fp8 weights, 0 for 16-bit ones) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
@@ -24,16 +26,20 @@ pub enum Flag {
     Fp8Lt,
     FuseDecodeQuery,
     FuseCacheWrite,
+    SkinnyGemm16,
+    Pdl,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 6] = [
+    pub const ALL: [Flag; 8] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
         Flag::Fp8Lt,
         Flag::FuseDecodeQuery,
         Flag::FuseCacheWrite,
+        Flag::SkinnyGemm16,
+        Flag::Pdl,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -44,6 +50,8 @@ impl Flag {
             Flag::Fp8Lt => "VT_FP8_LT",
             Flag::FuseDecodeQuery => "VT_FUSE_DECODE_QUERY",
             Flag::FuseCacheWrite => "VT_FUSE_CACHE_WRITE",
+            Flag::SkinnyGemm16 => "VT_SKINNY_GEMM16",
+            Flag::Pdl => "VT_PDL",
         }
     }
 
@@ -57,6 +65,9 @@ impl Flag {
             // Measured faster on the H200 at every decode shape (docs/perf.md, "Decode-step fusions").
             Flag::FuseDecodeQuery => true,
             Flag::FuseCacheWrite => true,
+            // Off until a decode step measures them ahead (docs/perf.md, "Dependent launches").
+            Flag::SkinnyGemm16 => false,
+            Flag::Pdl => false,
         }
     }
 
@@ -148,6 +159,16 @@ pub fn fuse_decode_query() -> bool {
 /// `VT_FUSE_CACHE_WRITE`.
 pub fn fuse_cache_write() -> bool {
     get(Flag::FuseCacheWrite)
+}
+
+/// `VT_SKINNY_GEMM16`.
+pub fn skinny_gemm16() -> bool {
+    get(Flag::SkinnyGemm16)
+}
+
+/// `VT_PDL`.
+pub fn pdl() -> bool {
+    get(Flag::Pdl)
 }
 
 #[cfg(test)]

@@ -105,8 +105,9 @@ pub struct GemmOptions {
 /// ahead or tied at every measured shape. fp8 weight-only: 128 (the kernel's M limit): v3
 /// beat or tied the Gemv kernel in 23 of 25 cells of the H200 bench (q_b M 128: 63.1 against
 /// 224.2 us) and passed its GPU tests (`skinny_gemm` 7/7, `fp8_matmul` 14/14, 2026-12-02).
+/// `VT_SKINNY_GEMM16` on: 128 for 16-bit weights too.
 pub fn auto_max_m(w8: bool, _n: i64, _k: i64) -> i64 {
-    if w8 {
+    if w8 || vt_core::flags::skinny_gemm16() {
         128
     } else {
         0
@@ -347,6 +348,10 @@ pub(crate) fn run(q: &Queue, p: &Problem, splits: Option<u32>) -> Result<()> {
     if need > 0 {
         let ws = workspace(q, cq, p.op, need)?;
         launches = plan(sms, p, splits, ws)?.0;
+    }
+    if vt_core::flags::pdl() && cq.sm() >= 90 {
+        // The kernel waits (griddepcontrol.wait) before touching anything but its weights.
+        launches = launches.into_iter().map(Launch::dependent).collect();
     }
     cq.run(p.op, &launches)
 }
