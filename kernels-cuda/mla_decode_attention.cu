@@ -29,8 +29,10 @@
 // - wgmma_fp8_sm90.cuh: mla_decode_wgmma_fp8_{bf16,f16}: the 64-row kernel over an
 //   fp8_ds_mla cache, a third warpgroup dequantizing rows into the 16-bit stages.
 // - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
-//   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows;
-//   mla_decode_wgmma_n{16,32}_fp8_*: the same over an fp8_ds_mla cache.
+//   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows.
+// - wgmma_narrow_fp8_sm90.cuh: mla_decode_wgmma_n{16,32}_fp8_{bf16,f16}: the narrow
+//   products over an fp8_ds_mla cache, the cache operand dequantized into registers from a
+//   ring of raw rows that a producer warp fills by bulk copies.
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //
@@ -51,6 +53,7 @@
 #include "mla_decode_attention/wgmma_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_sm90.cuh"
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
+#include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -106,13 +109,13 @@ MLA_WGMMA_NARROW(bf16, bf16, 16)
 MLA_WGMMA_NARROW(f16, f16, 16)
 MLA_WGMMA_NARROW(bf16, bf16, 32)
 MLA_WGMMA_NARROW(f16, f16, 32)
-// The narrow kernel over an fp8_ds_mla cache (16 or 32 query rows per CTA, cp.async loads).
+// The narrow kernel over an fp8_ds_mla cache (16 or 32 query rows per CTA, a producer warp).
 #define MLA_WGMMA_NARROW_FP8(S, T, MT)                                                        \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)                             \
+    extern "C" __global__ void __launch_bounds__(mla::NF8_THREADS, 1)                         \
         mla_decode_wgmma_n##MT##_fp8_##S(const mla::Params p) {                               \
         mla::decode_wgmma_narrow_fp8<T, MT>(p);                                               \
     }                                                                                         \
-    MLA_FACTS(mla_decode_wgmma_n##MT##_fp8_##S, mla::THREADS, MT, mla::NarrowFp8Layout<MT>::SMEM, \
+    MLA_FACTS(mla_decode_wgmma_n##MT##_fp8_##S, mla::NF8_THREADS, MT, mla::NarrowFp8Layout<MT>::SMEM, \
               mla::NarrowFp8Layout<MT>::RAWS)
 MLA_WGMMA_NARROW_FP8(bf16, bf16, 16)
 MLA_WGMMA_NARROW_FP8(f16, f16, 16)

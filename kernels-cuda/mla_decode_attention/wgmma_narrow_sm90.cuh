@@ -15,12 +15,10 @@
 // shared memory (one 128-thread barrier). Warpgroup 0 computes S, the softmax and
 // O^T[0:256]; warpgroup 1 loads and computes O^T[256:512], with the barriers of
 // wgmma_sm90.cuh (K_FULL, P_FULL, P_FREE, V_FREE and the epilogue's).
-// mla_decode_wgmma_n{16,32}_fp8_{bf16,f16} read an fp8_ds_mla cache (decode_wgmma_narrow_fp8:
-// raw rows loaded 3 / 2 tiles ahead, dequantized by both warpgroups into one 16-bit stage;
-// the products and the softmax are the 16-bit kernel's).
+// The fp8_ds_mla form of this kernel (wgmma_narrow_fp8_sm90.cuh) shares the softmax
+// (narrow_p), the row state and the row sums defined here.
 #pragma once
 
-#include "mla_decode_attention/fp8_tiles.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -44,86 +42,6 @@ template <int MT> struct NarrowLayout {
     static constexpr int END = OFF_MBAR + STAGES * 8;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
-
-// Shared-memory layout of the narrow kernel over an fp8_ds_mla cache: Q, ONE 16-bit KV stage
-// (the tile being computed, dequantized), P^T, a ring of RAWS tiles of raw 656-byte rows
-// (three at 16 rows, two at 32: what fits beside Q), the reductions, token flags per raw
-// tile and of the stage.
-template <int MT> struct NarrowFp8Layout {
-    static constexpr int RAWS = MT == 16 ? 3 : 2;
-    static constexpr int FLAG_SETS = RAWS + 1;                  // the raw tiles', then the stage's
-    static constexpr int Q_SUB = MT * 128;
-    static constexpr int OFF_Q = 0;
-    static constexpr int OFF_KV = NSUB * Q_SUB;
-    static constexpr int OFF_P = OFF_KV + TILE_BYTES;
-    static constexpr int OFF_RAW = OFF_P + MT * 128;            // u8 [RAWS][BN][656]
-    static constexpr int OFF_RED = OFF_RAW + RAWS * BN * FP8_ROW;
-    static constexpr int OFF_VALID = OFF_RED + 16 * MT * 4;     // u8 [FLAG_SETS][BN]
-    static constexpr int OFF_FLAGS = OFF_VALID + FLAG_SETS * BN;  // u8 [FLAG_SETS][8]
-    static constexpr int OFF_SCHED = OFF_FLAGS + FLAG_SETS * 8;   // int [40]
-    static constexpr int END = OFF_SCHED + 40 * 4;
-    static constexpr int SMEM = END + 1024;
-};
-
-// The raw rows of one KV tile of an fp8_ds_mla cache from NTHR threads: Loader's token
-// lookup (NTHR / 64 threads per token), each token's 656 bytes as 41 16-byte chunks
-// (missing rows zero-filled: codes and scales 0 decode to 0).
-template <int NTHR> struct Fp8TileLoader : Loader<unsigned char, NTHR> {
-    using Base = Loader<unsigned char, NTHR>;
-    static constexpr int TPT = Base::TPT;
-    __device__ __forceinline__ Fp8TileLoader(const Params& p, int i) : Base(p, i) {}
-
-    // All NTHR threads call this (warp-collective ballot).
-    __device__ __forceinline__ void issue(uint32_t dst, unsigned char* valid, unsigned char* flags, i64 off) const {
-        const bool ok = off >= 0;
-        const unsigned char* src = this->cache + (ok ? off : 0);
-        const uint32_t d = dst + this->tok * FP8_ROW;
-#pragma unroll
-        for (int k = 0; k < (FP8_CHUNKS + TPT - 1) / TPT; ++k) {
-            const int c = this->sub + TPT * k;
-            if (c < FP8_CHUNKS) cp_async16(d + c * 16, src + c * 16, ok);
-        }
-        if (this->sub == 0) valid[this->tok] = ok ? 1 : 0;
-        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-        if (this->lane == 0) flags[this->warp] = bad != 0u ? 1 : 0;
-    }
-};
-
-// Dequantizes a staged raw tile (64 rows at raw) into the 16-bit KV stage dst (the layout
-// Loader writes) from NTHR threads: thread (tok = i / TPT, part = i % TPT) writes CPT =
-// 8 / TPT consecutive chunks of every column block of its token (code x its group's scale,
-// rounded once to T; the rope block copied, converted for f16).
-template <typename T, int NTHR>
-__device__ __forceinline__ void dequant_tile(uint32_t raw, uint32_t dst, int i) {
-    constexpr int TPT = NTHR / BN, CPT = 8 / TPT;
-    static_assert(CPT % 2 == 0, "16 codes (two chunks) per shared load");
-    const int tok = i / TPT, c0 = (i % TPT) * CPT;
-    const uint32_t row = raw + tok * FP8_ROW;
-    float sc[vt::fp8ds::GROUPS];
-    row_scales(row, sc);
-#pragma unroll
-    for (int k = 0; k < NSUB - 1; ++k) {
-#pragma unroll
-        for (int h = 0; h < CPT / 2; ++h) {
-            uint32_t w[4];  // 16 codes: features 64 k + 8 (c0 + 2 h) ..
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                         : "r"(row + 64 * k + 8 * (c0 + 2 * h)));
-#pragma unroll
-            for (int cc = 0; cc < 2; ++cc) {
-                uint32_t out[4];
-                codes8<T>(w[2 * cc], w[2 * cc + 1], sc[k >> 1], out);  // 128 values per scale
-                st_shared_v4(dst + k * SUB_BYTES + swz(tok, c0 + 2 * h + cc), out);
-            }
-        }
-    }
-#pragma unroll
-    for (int cc = 0; cc < CPT; ++cc) {
-        uint32_t r[4];
-        rope8<T>(row, c0 + cc, r);
-        st_shared_v4(dst + (NSUB - 1) * SUB_BYTES + swz(tok, c0 + cc), r);
-    }
-}
 
 // wgmma m64n16k16 / m64n32k16 with both operands in shared memory; TA = 1 reads A MN-major.
 #define VT_WGMMA_N16(NAME, TY, TA)                                                                        \
@@ -198,9 +116,9 @@ __device__ __forceinline__ void pv_narrow(float (&o)[4][R], uint64_t dp, uint32_
 }
 
 // o[mb][4 i + j] holds column (query row) 8 i + 2 qd + (j & 1): scaled by a[2 i + (j & 1)].
-template <int R> __device__ __forceinline__ void rescale_cols(float (&o)[4][R], const float (&a)[R / 2]) {
+template <int NB, int R> __device__ __forceinline__ void rescale_cols(float (&o)[NB][R], const float (&a)[R / 2]) {
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
+    for (int mb = 0; mb < NB; ++mb)
 #pragma unroll
         for (int i = 0; i < R / 4; ++i)
 #pragma unroll
@@ -245,44 +163,35 @@ template <int MT> struct NarrowRows {
     }
 };
 
-// Warpgroup 0's part of tile t before the products: S^T = K Q^T over the tile at kst, the
-// mask (only boundary tiles: token flags vst / fl), column maxima over the 4 warps (rm: a
-// [4][MT] buffer alternating by tile parity), the rescale factors (alpha, and s_alpha for
-// warpgroup 1) and P^T into shared memory. WAIT_P_FREE: warpgroup 1 may still read the
-// previous P^T and factors (it syncs BAR_P_FREE first). With TMA, rows past the sequence are
-// zeroed in the tile before the products (they came from a real page).
-template <typename T, int MT, bool TMA, bool WAIT_P_FREE>
-__device__ __forceinline__ void narrow_softmax(const Params& p, const Segment& sg, int t, uint32_t kst,
-                                               uint64_t dq, uint32_t sP, const unsigned char* vst,
-                                               const unsigned char* fl, float* rm, float* s_alpha,
-                                               NarrowRows<MT>& rows, float (&alpha)[MT / 4], int wtid) {
-    constexpr int R = MT / 2, NC = MT / 4, Q_SUB = MT * 128;
+// P^T (MT query rows x 64 tokens, 16-bit, swizzled) from warpgroup 0's probabilities pv
+// (S^T's layout), token 16 wwarp + g scaled by fa and token + 8 by fb.
+template <typename T, int MT>
+__device__ __forceinline__ void narrow_store_p(uint32_t sP, const float (&pv)[MT / 2], int wtid, float fa, float fb) {
+    const int wwarp = wtid >> 5, lane = wtid & 31, g = lane >> 2, qd = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MT / 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int tk = wwarp * 16 + g + 8 * (j >> 1);
+            st_shared_u16(sP + swz(NarrowRows<MT>::col(2 * i + (j & 1), qd), tk >> 3) + (tk & 7) * 2,
+                          to_bits<T>(pv[4 * i + j] * (j >> 1 ? fb : fa)));
+        }
+}
+
+// Warpgroup 0's softmax of tile t from its scores s (S^T, s[4 i + j]: token 16 wwarp + g +
+// 8 (j >> 1), column 2 i + (j & 1)): the mask (only boundary tiles: token flags vst / fl), column
+// maxima over the 4 warps (rm: a [4][MT] buffer alternating by tile parity), the rescale
+// factors (alpha, and s_alpha for the warpgroup that holds O) and P^T (through write_p).
+// wait_free() runs before write_p(P) stores P^T (narrow_store_p) and the factors are written
+// (the other warpgroup may still read the previous ones).
+template <typename T, int MT, class WaitFree, class WriteP>
+__device__ __forceinline__ void narrow_p(const Params& p, const Segment& sg, int t, float (&s)[MT / 2],
+                                         const unsigned char* vst, const unsigned char* fl, float* rm, float* s_alpha,
+                                         NarrowRows<MT>& rows, float (&alpha)[MT / 4], int wtid, WaitFree wait_free,
+                                         WriteP write_p) {
+    constexpr int R = MT / 2, NC = MT / 4;
     const int wwarp = wtid >> 5, lane = wtid & 31, g = lane >> 2, qd = lane & 3;
     const float c = p.scale_log2;
-    // s[4 i + j] is token 16 wwarp + g + 8 (j >> 1), column 2 i + (j & 1).
-    float s[R];
-    const uint64_t dk = gmma_desc(kst, 16, 1024);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < FD / 16; ++ks) {
-        // Column block ks / 4, 32 bytes per k step inside it.
-        const uint64_t ok = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-        const uint64_t oq = (uint64_t)(((ks >> 2) * Q_SUB + (ks & 3) * 32) >> 4);
-        WgNarrow<T>::qk(s, dk + ok, dq + oq, ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(s);
-    if (TMA && t * BN + BN > sg.len) {
-        // As decode_wgmma: rows past the sequence's last token came from a real page and may
-        // hold NaN; zero their V part before either product reads it.
-        const int first = sg.len - t * BN;
-        for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
-            const int r = first + (idx >> 6), cc = idx & 63;
-            st_shared_v4_zero(kst + (cc >> 3) * SUB_BYTES + swz(r, cc & 7));
-        }
-        fence_proxy_async();
-    }
     if (!tile_is_full(t, sg.len - p.s_q + 1, fl)) {
         const int tok0 = t * BN;
 #pragma unroll
@@ -317,30 +226,59 @@ __device__ __forceinline__ void narrow_softmax(const Params& p, const Segment& s
         rows.m_run[k] = mn;
         rows.l_run[k] *= alpha[k];
     }
-    unsigned short pk[R];
+    float pv[R];
 #pragma unroll
     for (int i = 0; i < R / 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int k = 2 * i + (j & 1);
-            const float pv = exp2f(fmaf(s[4 * i + j], c, -muse[k]));
-            rows.l_run[k] += pv;
-            pk[4 * i + j] = to_bits<T>(pv);
+            pv[4 * i + j] = exp2f(fmaf(s[4 * i + j], c, -muse[k]));
+            rows.l_run[k] += pv[4 * i + j];
         }
-    if (WAIT_P_FREE) bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1) and its factors
-#pragma unroll
-    for (int i = 0; i < R / 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int tk = wwarp * 16 + g + 8 * (j >> 1);
-            st_shared_u16(sP + swz(NarrowRows<MT>::col(2 * i + (j & 1), qd), tk >> 3) + (tk & 7) * 2, pk[4 * i + j]);
-        }
+    wait_free();  // the other warpgroup is done with the previous P^T
+    write_p(pv);
     if (wwarp == 0 && g == 0) {
 #pragma unroll
         for (int k = 0; k < NC; ++k) s_alpha[NarrowRows<MT>::col(k, qd)] = alpha[k];
     }
     fence_proxy_async();     // P^T is read by wgmma (async proxy)
     bar_sync(BAR_WG0, 128);  // all of P^T written before this warpgroup's wgmma
+}
+
+// Warpgroup 0's part of tile t before the products of the 16-bit kernel: S^T = K Q^T over
+// the tile at kst, then narrow_p. With TMA, rows past the sequence are zeroed in the tile
+// before the products (they came from a real page).
+template <typename T, int MT, bool TMA>
+__device__ __forceinline__ void narrow_softmax(const Params& p, const Segment& sg, int t, uint32_t kst,
+                                               uint64_t dq, uint32_t sP, const unsigned char* vst,
+                                               const unsigned char* fl, float* rm, float* s_alpha,
+                                               NarrowRows<MT>& rows, float (&alpha)[MT / 4], int wtid) {
+    constexpr int R = MT / 2, Q_SUB = MT * 128;
+    float s[R];
+    const uint64_t dk = gmma_desc(kst, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < FD / 16; ++ks) {
+        // Column block ks / 4, 32 bytes per k step inside it.
+        const uint64_t ok = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+        const uint64_t oq = (uint64_t)(((ks >> 2) * Q_SUB + (ks & 3) * 32) >> 4);
+        WgNarrow<T>::qk(s, dk + ok, dq + oq, ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(s);
+    if (TMA && t * BN + BN > sg.len) {
+        // As decode_wgmma: rows past the sequence's last token came from a real page and may
+        // hold NaN; zero their V part before either product reads it.
+        const int first = sg.len - t * BN;
+        for (int idx = wtid; idx < (BN - first) * 64; idx += 128) {
+            const int r = first + (idx >> 6), cc = idx & 63;
+            st_shared_v4_zero(kst + (cc >> 3) * SUB_BYTES + swz(r, cc & 7));
+        }
+        fence_proxy_async();
+    }
+    narrow_p<T, MT>(p, sg, t, s, vst, fl, rm, s_alpha, rows, alpha, wtid, [] { bar_sync(BAR_P_FREE, 256); },
+                    [&](const float(&pv)[R]) { narrow_store_p<T, MT>(sP, pv, wtid, 1.0f, 1.0f); });
 }
 
 // Warpgroup 0's row sums (over the 8 lanes of a quad position and the 4 warps, through
@@ -362,7 +300,7 @@ __device__ __forceinline__ void narrow_row_sums(const NarrowRows<MT>& rows, floa
 }
 
 // Warpgroup 1's rescale of its O^T by the factors warpgroup 0 published for this tile.
-template <int MT> __device__ __forceinline__ void rescale_from(float (&o)[4][MT / 2], const float* s_alpha, int qd) {
+template <int MT, int NB> __device__ __forceinline__ void rescale_from(float (&o)[NB][MT / 2], const float* s_alpha, int qd) {
     float a[MT / 4];
 #pragma unroll
     for (int k = 0; k < MT / 4; ++k) a[k] = s_alpha[NarrowRows<MT>::col(k, qd)];
@@ -432,7 +370,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
                     bar_sync(BAR_K_FULL + st, 256);
                 }
                 float alpha[MT / 4];
-                narrow_softmax<T, MT, TMA, true>(p, sg, t, kst, dq, sP, valid + st * BN, flags + st * 8,
+                narrow_softmax<T, MT, TMA>(p, sg, t, kst, dq, sP, valid + st * BN, flags + st * 8,
                                                  red_max + ((t - t0) & 1) * 4 * MT, s_alpha, rows, alpha, wtid);
                 bar_arrive(BAR_P_FULL, 256);
                 rescale_cols(o, alpha);
@@ -447,99 +385,6 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
         bar_sync(wg ? BAR_WG1 : BAR_WG0, 128);
         copy_out<T, MT>(p, sg, row0, so, 256 * wg, s_fin, wtid, wg == 0);
         __syncthreads();
-    }
-}
-
-// The narrow kernel over an fp8_ds_mla cache. All 256 threads load the raw rows of RAWS
-// tiles ahead (cp.async) and, per tile, dequantize it into the one 16-bit stage once both
-// warpgroups' products of the previous tile are done; then warpgroup 0 computes S and the
-// softmax and both compute their halves of O^T as in decode_wgmma_narrow. The
-// dequantization does not overlap the products (one stage), but the loads run RAWS tiles
-// ahead of it.
-template <typename T, int MT>
-__device__ void decode_wgmma_narrow_fp8(const Params& p) {
-    using L = NarrowFp8Layout<MT>;
-    constexpr int R = MT / 2, RAWS = L::RAWS;
-    static_assert(MT == 16 || MT == 32, "wgmma N = 16 or 32");
-    static_assert(L::SMEM <= 232448, "fits the 227 KB a block may have");
-    static_assert(MT * OSTR * 4 <= TILE_BYTES, "O is staged in the KV stage");
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = align1024(smem_raw);
-    const uint32_t base = smem_u32(smem);
-    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P, sRaw = base + L::OFF_RAW;
-    float* red_max = (float*)(smem + L::OFF_RED);  // [2][4][MT]
-    float* s_alpha = red_max + 8 * MT;
-    float* s_fin = s_alpha + MT;
-    float* red_l = s_fin + 2 * MT;
-    unsigned char* valid = smem + L::OFF_VALID;  // [RAWS + 1][BN]: the raw tiles', the stage's
-    unsigned char* flags = smem + L::OFF_FLAGS;  // [RAWS + 1][8]
-    int* sched = (int*)(smem + L::OFF_SCHED);
-    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);
-    unsigned char* vst = valid + RAWS * BN;
-    unsigned char* fst = flags + RAWS * 8;
-    grid_dep_launch();
-
-    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
-    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, qd = lane & 3;
-    const int row0 = blockIdx.y * MT;
-    const Fp8TileLoader<THREADS> fl(p, threadIdx.x);
-    const uint64_t dq = gmma_desc(sQ, 16, 1024);
-    const uint64_t dp = gmma_desc(sP, 16, 1024);
-    auto raw = [&](int u) { return sRaw + (u % RAWS) * (BN * FP8_ROW); };
-
-    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
-    int nb = part.b;
-    i64 pre = part.pre;
-    Segment sg;
-    while (next_segment(p, part, nb, pre, sg)) {
-        const int t0 = sg.t0, t1 = sg.t1;
-        float o[4][R];  // O^T for features (wg * 4 + mb) * 64 ..
-#pragma unroll
-        for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-            for (int i = 0; i < R; ++i) o[mb][i] = 0.0f;
-        // Q and the first RAWS tiles, a cp.async group each (Q joins the first).
-        load_q<T, MT, THREADS>(p, sg.b, row0, sQ, threadIdx.x);
-#pragma unroll
-        for (int u = 0; u < RAWS; ++u) {
-            if (t0 + u < t1) fl.issue(raw(u), valid + u * BN, flags + u * 8, fl.row_of(p, sg, t0 + u));
-            cp_async_commit();
-        }
-        i64 off = fl.row_of(p, sg, t0 + RAWS);
-        NarrowRows<MT> rows(p, sg, row0, qd);
-        for (int t = t0; t < t1; ++t) {
-            const int u = t - t0, ru = u % RAWS;
-            cp_async_wait<RAWS - 1>();  // tile t's rows (groups committed: RAWS + u)
-            __syncthreads();             // visible to all; both halves of PV(t - 1) are done
-            dequant_tile<T, THREADS>(raw(u), sKV, threadIdx.x);
-            if (threadIdx.x < BN) vst[threadIdx.x] = valid[ru * BN + threadIdx.x];
-            if (threadIdx.x < 8) fst[threadIdx.x] = flags[ru * 8 + threadIdx.x];
-            fence_proxy_async();  // the stage is read by wgmma (async proxy)
-            __syncthreads();      // the stage is whole; raw tile u is consumed
-            if (t + RAWS < t1) fl.issue(raw(u), valid + ru * BN, flags + ru * 8, off);
-            cp_async_commit();
-            off = fl.row_of(p, sg, t + RAWS + 1);
-            if (wg == 0) {
-                float alpha[MT / 4];
-                narrow_softmax<T, MT, false, false>(p, sg, t, sKV, dq, sP, vst, fst, red_max + (u & 1) * 4 * MT,
-                                                    s_alpha, rows, alpha, wtid);
-                bar_arrive(BAR_P_FULL, 256);
-                rescale_cols(o, alpha);
-                pv_narrow<T, R>(o, dp, sKV, 0);
-            } else {
-                bar_sync(BAR_P_FULL, 256);
-                rescale_from<MT>(o, s_alpha, qd);
-                pv_narrow<T, R>(o, dp, sKV, 4);
-            }
-        }
-        cp_async_wait<0>();
-        if (wg == 0) narrow_row_sums<MT>(rows, red_l, s_fin, wtid);
-        __syncthreads();  // both products done (the stage is free); row sums in s_fin
-        stage_narrow(sKV, o, 4 * wg, wwarp, g, qd);
-        __syncthreads();
-        copy_out<T, MT>(p, sg, row0, so, 256 * wg, s_fin, wtid, wg == 0);
-        __syncthreads();  // the stage is copied out before the next segment's tiles
     }
 }
 

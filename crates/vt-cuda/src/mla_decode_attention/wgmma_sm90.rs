@@ -116,37 +116,42 @@ pub(super) const fn narrow_smem(mt: u32) -> u32 {
 }
 const _: () = assert!(narrow_smem(32) <= super::MAX_SMEM, "the narrow layout fits a Hopper block");
 
-/// Tiles of raw 656-byte rows the narrow kernel over an fp8_ds_mla cache loads ahead
-/// (`mla::NarrowFp8Layout<MT>::RAWS`): three at 16 rows per CTA, two at 32.
+/// Tiles of raw 656-byte rows in the ring of the narrow kernel over an fp8_ds_mla cache
+/// (`mla::NarrowFp8Layout<MT>::RAWS`): four at 16 rows per CTA, three at 32.
 pub(super) const fn narrow_fp8_raws(mt: u32) -> u32 {
     if mt == 16 {
-        3
+        4
     } else {
-        2
+        3
     }
 }
 
+/// Threads of the narrow kernel over an fp8_ds_mla cache (`mla::NF8_THREADS`): the softmax
+/// warpgroup, the output warpgroup and a third whose first warp is the producer.
+pub(super) const NARROW_FP8_THREADS: u32 = 384;
+
 /// Dynamic shared memory of the narrow kernel over an fp8_ds_mla cache with `mt` query rows
-/// (`mla::NarrowFp8Layout<MT>::SMEM`: Q, one 16-bit KV stage, P^T, the raw tiles, the
-/// reductions, token flags of each raw tile and of the stage, schedule, alignment).
+/// (`mla::NarrowFp8Layout<MT>::SMEM`: Q, the ring of raw tiles, two buffers of four P^T, the
+/// reductions, token flags per ring slot, schedule, mbarriers (ring full / empty, P^T free),
+/// alignment).
 pub(super) const fn narrow_fp8_smem(mt: u32) -> u32 {
-    let tile = 9 * 64 * 128;
     let raws = narrow_fp8_raws(mt);
     9 * mt * 128
-        + tile
-        + mt * 128
         + raws * 64 * 656
-        + 16 * mt * 4
-        + (raws + 1) * 64
-        + (raws + 1) * 8
+        + 2 * 4 * mt * 128
+        + 18 * mt * 4
+        + raws * 64
+        + raws * 8
         + 40 * 4
+        + (2 * raws + 2) * 8
         + 1024
 }
 const _: () = assert!(narrow_fp8_smem(16) <= super::MAX_SMEM && narrow_fp8_smem(32) <= super::MAX_SMEM);
 
 /// The narrow kernel's main launch (both products transposed: the tile's tokens on wgmma's M,
-/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: cp.async loads of the
-/// raw rows 3 / 2 tiles ahead, dequantized into one 16-bit stage.
+/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: a producer warp's bulk
+/// copies of the raw rows into a ring four tiles deep, the cache operand of both products
+/// dequantized into registers.
 pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: bool) -> MainKernel {
     let mt = narrow_rows(m_total);
     if a.cache.dtype() == DType::Fp8DsMla {
@@ -161,7 +166,7 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
             name,
             rows: mt as i64,
             smem,
-            threads: THREADS,
+            threads: NARROW_FP8_THREADS,
             tma: false,
             ctas_per_sm: 1,
         };
