@@ -109,13 +109,20 @@ MLA_WGMMA_NARROW(bf16, bf16, 16)
 MLA_WGMMA_NARROW(f16, f16, 16)
 MLA_WGMMA_NARROW(bf16, bf16, 32)
 MLA_WGMMA_NARROW(f16, f16, 32)
-// The narrow kernel over an fp8_ds_mla cache (16 or 32 query rows per CTA, a producer warp).
+// The narrow kernel over an fp8_ds_mla cache (16 or 32 query rows per CTA, a producer warp:
+// bulk copies per row, or one TMA box per tile in the _tma form).
 #define MLA_WGMMA_NARROW_FP8(S, T, MT)                                                        \
     extern "C" __global__ void __launch_bounds__(mla::NF8_THREADS, 1)                         \
         mla_decode_wgmma_n##MT##_fp8_##S(const mla::Params p) {                               \
-        mla::decode_wgmma_narrow_fp8<T, MT>(p);                                               \
+        mla::decode_wgmma_narrow_fp8<T, MT, false>(p, nullptr);                               \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(mla::NF8_THREADS, 1) mla_decode_wgmma_n##MT##_fp8_tma_##S( \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::decode_wgmma_narrow_fp8<T, MT, true>(p, &kv_map);                               \
     }                                                                                         \
     MLA_FACTS(mla_decode_wgmma_n##MT##_fp8_##S, mla::NF8_THREADS, MT, mla::NarrowFp8Layout<MT>::SMEM, \
+              mla::NarrowFp8Layout<MT>::RAWS)                                                 \
+    MLA_FACTS(mla_decode_wgmma_n##MT##_fp8_tma_##S, mla::NF8_THREADS, MT, mla::NarrowFp8Layout<MT>::SMEM, \
               mla::NarrowFp8Layout<MT>::RAWS)
 MLA_WGMMA_NARROW_FP8(bf16, bf16, 16)
 MLA_WGMMA_NARROW_FP8(f16, f16, 16)

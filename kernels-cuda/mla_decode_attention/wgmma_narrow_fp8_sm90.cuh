@@ -433,10 +433,13 @@ __device__ __forceinline__ void nf8_store(const Params& p, const Segment& sg, in
 // The producer warp: walks the part's segments and loads every tile's existing rows into
 // the ring (slot u % RAWS of the CTA's u-th tile), each lane two tokens. The rows' offsets
 // (a block-table read each) are looked up two tiles ahead, so that read's latency overlaps
-// the wait for a free slot instead of preceding each tile's copies.
-template <int RAWS>
+// the wait for a free slot instead of preceding each tile's copies. TMA (64 divides BS, so a
+// tile is 64 rows of one block): lane 0 loads the tile as one box of kv_map (a bad block id
+// reads the block one past the last: zeros), else every lane bulk-copies its rows.
+template <int RAWS, bool TMA>
 __device__ __forceinline__ void nf8_produce(const Params& p, const Part& part, uint32_t sRaw, unsigned char* valid,
-                                            unsigned char* flags, uint32_t full, uint32_t empty, int lane) {
+                                            unsigned char* flags, uint32_t full, uint32_t empty, int lane,
+                                            const TmaMap* kv_map) {
     const unsigned char* cache = (const unsigned char*)p.cache;
     int nb = part.b;
     i64 pre = part.pre;
@@ -463,6 +466,20 @@ __device__ __forceinline__ void nf8_produce(const Params& p, const Part& part, u
                 *reinterpret_cast<unsigned long long*>(flags + slot * 8) =
                     (bad0 != 0u ? 1ull : 0ull) | (bad1 != 0u ? 0x100ull : 0ull);
             const uint32_t bar = full + 8 * slot, dst = sRaw + slot * (BN * FP8_ROW);
+            if constexpr (TMA) {
+                // Every lane arrives (its flag stores released), lane 0 expecting the box.
+                if (lane == 0) {
+                    const int bi = t * BN / p.BS;
+                    int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+                    if (blk < 0 || blk >= p.NB) blk = p.NB;
+                    mbar_expect_tx(bar, NF8_LAB == 1 ? 0u : (uint32_t)(BN * FP8_ROW));
+                    if (NF8_LAB != 1) tma_load_3d(dst, kv_map, 0, t * BN - bi * p.BS, blk, bar);
+                } else {
+                    mbar_arrive(bar);
+                }
+                o0 = n0, o1 = n1, n0 = m0, n1 = m1;
+                continue;
+            }
             // Every lane's expectation (and its flag stores, released by the arrival) before
             // any copy can complete on the barrier.
             mbar_expect_tx(bar, NF8_LAB == 1 ? 0u : (uint32_t)((o0 >= 0) + (o1 >= 0)) * FP8_ROW);
@@ -476,8 +493,8 @@ __device__ __forceinline__ void nf8_produce(const Params& p, const Part& part, u
     }
 }
 
-template <typename T, int MT>
-__device__ void decode_wgmma_narrow_fp8(const Params& p) {
+template <typename T, int MT, bool TMA>
+__device__ void decode_wgmma_narrow_fp8(const Params& p, const TmaMap* kv_map) {
     using L = NarrowFp8Layout<MT>;
     constexpr int R = MT / 2, RAWS = L::RAWS;
     static_assert(MT == 16 || MT == 32, "wgmma N = 16 or 32");
@@ -509,7 +526,10 @@ __device__ void decode_wgmma_narrow_fp8(const Params& p) {
     // One loop per warpgroup, each after its setmaxnreg (ptxas allocates per region).
     if (wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(NF8_REGS[2]) : "memory");
-        if (warp == NF8_PRODUCER) nf8_produce<RAWS>(p, part, sRaw, valid, flags, full, empty, lane);
+        if (warp == NF8_PRODUCER) {
+            if (TMA && lane == 0) prefetch_map(kv_map);
+            nf8_produce<RAWS, TMA>(p, part, sRaw, valid, flags, full, empty, lane, kv_map);
+        }
         return;
     }
     const int wwarp = warp & 3, wtid = threadIdx.x & 127;

@@ -3,7 +3,7 @@
 //! | flag | default | effect |
 //! |---|---|---|
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
-//! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator; `0` restores the cp.async loads |
+//! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator (fp8_ds_mla, narrow kernel: one box a tile instead of a bulk copy per row); `0` restores the cp.async loads (per-row bulk copies for fp8_ds_mla) |
 //! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (measured 2.1-2.5x faster than the Wgmma kernel on the H200 at q_b); off by default: its graph-replay test passes, but racecheck reports hazards inside cuBLASLt's own kernels; `1` turns it on |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |

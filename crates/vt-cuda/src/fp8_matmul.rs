@@ -345,6 +345,7 @@ fn fp8_map(
         dims: [k as u64, rows as u64, g.max(1) as u64],
         strides: [row_stride.max(16) as u64, bs as u64],
         boxes: [128, 128, 1],
+        swizzle: true,
     }
 }
 

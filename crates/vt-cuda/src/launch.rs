@@ -426,8 +426,10 @@ impl CudaQueue {
 /// A TMA descriptor to encode at launch (`cuTensorMapEncodeTiled`), as plain data: the
 /// 3-D tiled map of a 16-bit (or fp8) tensor at device address `addr` with `dims` (innermost first),
 /// byte `strides` of dims 1 and 2 (multiples of 16), boxes of `boxes` elements, 128-byte
-/// swizzle, L2 promotion of 256 bytes, no interleave and zero fill out of bounds: what the
-/// sm_90 attention kernels' wgmma descriptors read. `what` names the tensor in errors.
+/// swizzle (what the sm_90 attention kernels' wgmma descriptors read) or none (`swizzle`
+/// false), L2 promotion of 256 bytes, no interleave and zero fill out of bounds. An
+/// fp8_ds_mla cache maps as 4-byte words (a 656-byte row is 164 of them, one box row).
+/// `what` names the tensor in errors.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TensorMapSpec {
     pub what: &'static str,
@@ -436,6 +438,7 @@ pub(crate) struct TensorMapSpec {
     pub dims: [u64; 3],
     pub strides: [u64; 2],
     pub boxes: [u32; 3],
+    pub swizzle: bool,
 }
 
 impl TensorMapSpec {
@@ -453,8 +456,13 @@ impl TensorMapSpec {
             DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
             // fp8 codes move as bytes (the fp8 matmuls' wgmma kernel reads them as e4m3).
             DType::F8E4M3 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            // fp8_ds_mla rows move as 4-byte words (656 bytes exceed a box's 256 elements).
+            DType::Fp8DsMla => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
             other => {
-                return Err(format!("the TMA map of {} takes bf16, f16 or f8e4m3, not {other}", self.what))
+                return Err(format!(
+                    "the TMA map of {} takes bf16, f16, f8e4m3 or fp8_ds_mla, not {other}",
+                    self.what
+                ))
             }
         };
         let elem = [1u32, 1, 1];
@@ -474,7 +482,11 @@ impl TensorMapSpec {
                 self.boxes.as_ptr(),
                 elem.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                if self.swizzle {
+                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+                } else {
+                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+                },
                 sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )

@@ -265,6 +265,7 @@ fn samples(dt: DType) -> Result<Samples> {
                 kernels.push((Kernel::MmaSmall, heads, false, DType::Fp8DsMla));
             }
             kernels.push((Kernel::WgmmaNarrow, heads, false, DType::Fp8DsMla));
+            kernels.push((Kernel::WgmmaNarrow, heads, true, DType::Fp8DsMla));
         }
         kernels.push((Kernel::Wgmma, 64, false, DType::Fp8DsMla));
     }

@@ -34,10 +34,12 @@ fn auto(info: &DeviceInfo, heads: i64, cache_dt: DType, bs: i64) -> (&'static st
 
 #[test]
 fn auto_over_an_fp8_cache_takes_the_narrow_kernel_up_to_32_rows_and_the_64_row_kernel_above_on_sm90() {
+    // Block sizes that 64 divides load a tile as one TMA box (the flag is on here).
     for (heads, want) in
         [(8, "wgmma_n16_fp8"), (16, "wgmma_n16_fp8"), (24, "wgmma_n32_fp8"), (32, "wgmma_n32_fp8")]
     {
-        assert_eq!(auto(&H200, heads, DType::Fp8DsMla, 64).0, want, "{heads} heads");
+        assert_eq!(auto(&H200, heads, DType::Fp8DsMla, 64).0, format!("{want}_tma"), "{heads} heads");
+        assert_eq!(auto(&H200, heads, DType::Fp8DsMla, 16).0, want, "{heads} heads, BS 16");
     }
     for (heads, blocks) in [(64, 1), (128, 2)] {
         for bs in [1, 16, 64] {

@@ -181,6 +181,7 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
         }
         for heads in [8, 16, 32] {
             out.push((Kernel::WgmmaNarrow, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            out.push((Kernel::WgmmaNarrow, heads, true, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
         }
         for heads in [64, 128] {
             out.push((Kernel::Wgmma, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));

@@ -57,6 +57,26 @@ pub(super) fn cache_map(cache: &Tensor<'_>) -> TensorMapSpec {
         dims: [d, bs, nb],
         strides: [row_bytes, blk_bytes],
         boxes: [64, bs.min(TILE_TOKENS as u64) as u32, 1],
+        swizzle: true,
+    }
+}
+
+/// The fp8_ds_mla cache's tensor map for the narrow fp8 kernel: (4-byte word of a row, row in
+/// block, block), boxes of a whole 656-byte row (164 words) x min(BS, 64) rows x 1 block, no
+/// swizzle (the kernel reads the rows as they lie). The caller checked the rows (16-byte
+/// aligned start and strides) and `tma_ok`.
+pub(super) fn fp8_cache_map(cache: &Tensor<'_>) -> TensorMapSpec {
+    let (nb, bs, d) = (cache.dim(0) as u64, cache.dim(1) as u64, cache.dim(2) as u64);
+    let row_bytes = if bs == 1 { d } else { cache.stride(1) as u64 };
+    let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 };
+    TensorMapSpec {
+        what: "cache",
+        dtype: cache.dtype(),
+        addr: cache.data_addr(),
+        dims: [d / 4, bs, nb],
+        strides: [row_bytes, blk_bytes],
+        boxes: [(d / 4) as u32, bs.min(TILE_TOKENS as u64) as u32, 1],
+        swizzle: false,
     }
 }
 
@@ -149,16 +169,20 @@ pub(super) const fn narrow_fp8_smem(mt: u32) -> u32 {
 const _: () = assert!(narrow_fp8_smem(16) <= super::MAX_SMEM && narrow_fp8_smem(32) <= super::MAX_SMEM);
 
 /// The narrow kernel's main launch (both products transposed: the tile's tokens on wgmma's M,
-/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: a producer warp's bulk
-/// copies of the raw rows into a ring four tiles deep, the cache operand of both products
-/// dequantized into registers.
+/// the query rows on N); loads as [`main`]. Over an fp8_ds_mla cache: a producer warp fills a
+/// ring of raw rows (one TMA box a tile where [`tma_ok`] and the flag allow, else a bulk copy
+/// per row), and both products take the cache operand from registers.
 pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: bool) -> MainKernel {
     let mt = narrow_rows(m_total);
     if a.cache.dtype() == DType::Fp8DsMla {
-        let (base, name) = if mt == 16 {
-            ("mla_decode_wgmma_n16_fp8", "wgmma_n16_fp8")
-        } else {
-            ("mla_decode_wgmma_n32_fp8", "wgmma_n32_fp8")
+        // One TMA box a tile (a whole 64-row page piece) where 64 divides BS, else a bulk
+        // copy per row.
+        let tma = tma_ok(&a.cache) && tma_flag;
+        let (base, name) = match (mt, tma) {
+            (16, false) => ("mla_decode_wgmma_n16_fp8", "wgmma_n16_fp8"),
+            (16, true) => ("mla_decode_wgmma_n16_fp8_tma", "wgmma_n16_fp8_tma"),
+            (_, false) => ("mla_decode_wgmma_n32_fp8", "wgmma_n32_fp8"),
+            (_, true) => ("mla_decode_wgmma_n32_fp8_tma", "wgmma_n32_fp8_tma"),
         };
         let smem = narrow_fp8_smem(mt);
         return MainKernel {
@@ -167,7 +191,7 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
             rows: mt as i64,
             smem,
             threads: NARROW_FP8_THREADS,
-            tma: false,
+            tma,
             ctas_per_sm: 1,
         };
     }

@@ -52,6 +52,7 @@ fn tensor_map(t: &Tensor<'_>, what: &'static str) -> Result<TensorMapSpec> {
         dims: [t.dim(2) as u64, t.dim(1) as u64, t.dim(0) as u64],
         strides: [stride_bytes(1), stride_bytes(0)],
         boxes: [64, 1, BN],
+        swizzle: true,
     })
 }
 
