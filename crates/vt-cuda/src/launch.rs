@@ -163,6 +163,17 @@ impl Launch {
         self
     }
 
+    /// [`Launch::dependent`] on a device of compute capability `sm` (major x 10 + minor) that
+    /// runs programmatic dependent launch (`griddepcontrol`: sm_90 and later); an ordinary
+    /// launch elsewhere. The one place that rule lives.
+    pub fn dependent_on(self, sm: u32) -> Launch {
+        if sm >= 90 {
+            self.dependent()
+        } else {
+            self
+        }
+    }
+
     /// The kernel's symbol (`rms_norm_bf16`).
     pub fn symbol(&self) -> String {
         format!("{}_{}", self.base, self.dtype.name())
@@ -498,5 +509,22 @@ impl TensorMapSpec {
             )
         })?;
         Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel_source;
+
+    static SRC: KernelSource = kernel_source!("rms_norm");
+
+    #[test]
+    fn dependent_on_marks_launches_dependent_from_sm_90_only() {
+        let l = || Launch::new(&SRC, "rms_norm", DType::BF16, (1, 1, 1), 32, Vec::<Arg>::new());
+        assert!(!l().dependent_on(80).dependent);
+        assert!(!l().dependent_on(89).dependent);
+        assert!(l().dependent_on(90).dependent);
+        assert!(l().dependent_on(100).dependent);
     }
 }

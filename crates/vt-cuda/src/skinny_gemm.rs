@@ -349,9 +349,9 @@ pub(crate) fn run(q: &Queue, p: &Problem, splits: Option<u32>) -> Result<()> {
         let ws = workspace(q, cq, p.op, need)?;
         launches = plan(sms, p, splits, ws)?.0;
     }
-    if vt_core::flags::pdl() && cq.sm() >= 90 {
+    if vt_core::flags::pdl() {
         // The kernel waits (griddepcontrol.wait) before touching anything but its weights.
-        launches = launches.into_iter().map(Launch::dependent).collect();
+        launches = launches.into_iter().map(|l| l.dependent_on(cq.sm())).collect();
     }
     cq.run(p.op, &launches)
 }

@@ -37,10 +37,5 @@ pub(super) fn launch(
     let rows_per_cta = WARPS / wpr;
     let grid =
         (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + COLS - 1) / COLS) as u32);
-    let combine = Launch::new(&SRC, "mla_decode_combine", dt, grid, THREADS, [Arg::of_struct(*p)]);
-    if info.sm >= 90 {
-        combine.dependent()
-    } else {
-        combine
-    }
+    Launch::new(&SRC, "mla_decode_combine", dt, grid, THREADS, [Arg::of_struct(*p)]).dependent_on(info.sm)
 }
