@@ -19,9 +19,10 @@
 //! else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32 or
 //! 64 rows per CTA).
 //! f32, other head dims and unaligned views take the generic kernel; an fp8_ds_mla cache
-//! takes on sm_90 the narrow wgmma kernel's fp8 form at most 32 query rows and the 64-row
-//! wgmma kernel's fp8 form (a third warpgroup dequantizing) above, elsewhere the mma.sync
-//! kernels.
+//! takes on sm_90 the narrow wgmma kernel's fp8 form at most 32 query rows (a producer warp
+//! fills a ring of raw rows, one TMA box a tile when 64 divides the block size, both products
+//! take the cache operand from registers) and the 64-row wgmma kernel's fp8 form (a third
+//! warpgroup dequantizing) above, elsewhere the mma.sync kernels.
 //!
 //! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
 //! argument block and the two launches). Each kernel family plans its main launch in its own
@@ -315,10 +316,11 @@ pub(crate) fn choose(
             Kernel::WgmmaNarrow
         }
         // At most 32 query rows over an fp8_ds_mla cache: the narrow kernel's fp8 form
-        // (H200 call 3, same bench: 0.90x the mma16_fp8 kernel's time at h16 b128 s4096,
-        // 0.89x at h16 b64 s16384, 0.82x the mma32_fp8 kernel's at h32 b128 s8192; at 64 and
-        // 128 heads, 16 or 32 rows per CTA re-read the cache per row block: 1.13x / 1.18x the
-        // mma64_fp8 kernel's, so those keep it).
+        // (its first version, H200 call 3 of 2026-12-01: 0.90x the mma16_fp8 kernel's time at
+        // h16 b128 s4096, 0.82x the mma32_fp8 kernel's at h32 b128 s8192; the register-operand
+        // form of 2026-12-03 is 0.64x the first at h16 b128 s4096 with the TMA: docs/perf.md;
+        // at 64 and 128 heads, 16 or 32 rows per CTA re-read the cache per row block: 1.13x /
+        // 1.18x the mma64_fp8 kernel's, so those keep it).
         Kernel::Auto
             if fp8
                 && info.wgmma
