@@ -192,62 +192,54 @@ fn fp8_decode_matches_reference_for_long_sequences_f16_and_strided_rows() {
     check(&g, &c, &ALL, &SCHEDULES[..2]);
 }
 
-/// Block ids outside the cache are skipped on every fp8 kernel: the reference is the batch
-/// without those blocks.
-#[test]
-fn fp8_decode_skips_out_of_range_block_ids() {
-    let Some(g) = gpu() else { return };
-    let c = Case::new(&[128, 40], 16, 16);
-    let x = inputs(&c);
-    let mut bad = inputs(&c);
-    bad.block_table[2] = -1.0;
-    bad.block_table[5] = (bad.nb + 7) as f64;
-    let mut ref_c = c.clone();
-    ref_c.lens = vec![96, 40];
-    let mut ref_x = inputs(&c);
-    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| x.block_table[j]).collect();
-    ref_x.block_table[..6].copy_from_slice(&kept);
-    ref_x.seq_lens = vec![96.0, 40.0];
+/// Block ids outside the cache at the given (sequence, block) places (alternately -1 and
+/// NB + 7) on every fp8 kernel, split over one and three parts: the reference is the batch
+/// without those blocks (s_q = 1, so the keys' order does not matter).
+fn check_skips_bad_blocks(g: &Queue, c: &Case, places: &[(usize, usize)]) {
+    let x = inputs(c);
+    let (mb, bs) = (x.mb as usize, c.bs as usize);
+    let mut bad = inputs(c);
+    for (k, &(i, j)) in places.iter().enumerate() {
+        bad.block_table[i * mb + j] = if k % 2 == 0 { -1.0 } else { (bad.nb + 7) as f64 };
+    }
+    let (mut ref_c, mut ref_x) = (c.clone(), inputs(c));
+    for (i, &len) in c.lens.iter().enumerate() {
+        let len = len as usize;
+        let kept: Vec<usize> = (0..len.div_ceil(bs)).filter(|&j| !places.contains(&(i, j))).collect();
+        for (n, &j) in kept.iter().enumerate() {
+            ref_x.block_table[i * mb + n] = x.block_table[i * mb + j];
+        }
+        // Only a sequence's last block may be partial, and it stays last.
+        let tokens: usize = kept.iter().map(|&j| (len - j * bs).min(bs)).sum();
+        ref_c.lens[i] = tokens as i32;
+        ref_x.seq_lens[i] = tokens as f64;
+    }
     let cpu = Queue::new(Device::CPU).unwrap();
     let (want, _, _) = run(&cpu, &ref_c, &ref_x, None).unwrap();
     for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Wgmma, Kernel::Generic] {
         for max_parts in [Some(1), Some(3)] {
             let opts = DecodeOptions { kernel, min_tiles: Some(1), max_parts };
-            let Some((got, _, what)) = run(&g, &c, &bad, Some(&opts)) else { continue };
+            let Some((got, _, what)) = run(g, c, &bad, Some(&opts)) else { continue };
             let e = rel_err(&got, &want);
-            assert!(e < 1e-2, "{what}: out rel error {e:.3e} with bad block ids");
-            println!("{what}: bad block ids, out rel error {e:.2e}");
+            assert!(e < 1e-2, "{what}: out rel error {e:.3e} with bad block ids at BS {bs}");
+            println!("{what}: bad block ids at BS {bs}, out rel error {e:.2e}");
         }
     }
 }
 
-/// Block ids outside the cache at block size 64, where the narrow kernel loads a tile as one
-/// TMA box (a bad id reads zeros; its tokens are masked): the reference is the batch without
-/// those blocks, on every fp8 kernel.
+/// Block ids outside the cache are skipped on every fp8 kernel.
+#[test]
+fn fp8_decode_skips_out_of_range_block_ids() {
+    let Some(g) = gpu() else { return };
+    check_skips_bad_blocks(&g, &Case::new(&[128, 40], 16, 16), &[(0, 2), (0, 5)]);
+}
+
+/// The same at block size 64, where the narrow kernel loads a tile as one TMA box (a bad id
+/// reads zeros; its tokens are masked).
 #[test]
 fn fp8_decode_skips_out_of_range_block_ids_with_block_size_64() {
     let Some(g) = gpu() else { return };
-    let c = Case::new(&[256, 100], 16, 64);
-    let x = inputs(&c);
-    let mut bad = inputs(&c);
-    bad.block_table[1] = -1.0; // sequence 0, tokens 64..127
-    bad.block_table[5] = (bad.nb + 7) as f64; // sequence 1, tokens 64..99
-    let mut ref_c = c.clone();
-    ref_c.lens = vec![192, 64];
-    let mut ref_x = inputs(&c);
-    ref_x.block_table[..3].copy_from_slice(&[x.block_table[0], x.block_table[2], x.block_table[3]]);
-    ref_x.seq_lens = vec![192.0, 64.0];
-    let cpu = Queue::new(Device::CPU).unwrap();
-    let (want, _, _) = run(&cpu, &ref_c, &ref_x, None).unwrap();
-    for kernel in [Kernel::WgmmaNarrow, Kernel::Mma, Kernel::Wgmma, Kernel::Generic] {
-        for max_parts in [Some(1), Some(3)] {
-            let opts = DecodeOptions { kernel, min_tiles: Some(1), max_parts };
-            let Some((got, _, what)) = run(&g, &c, &bad, Some(&opts)) else { continue };
-            let e = rel_err(&got, &want);
-            assert!(e < 1e-2, "{what}: out rel error {e:.3e} with bad block ids at BS 64");
-            println!("{what}: bad block ids at BS 64, out rel error {e:.2e}");
-        }
-    }
+    check_skips_bad_blocks(&g, &Case::new(&[256, 100], 16, 64), &[(0, 1), (1, 1)]);
 }
 
 /// The 64-row wgmma kernel's fp8 form (a third warpgroup dequantizing into the 16-bit
