@@ -70,7 +70,8 @@ static_assert(NF8_REGS[0] + NF8_REGS[1] + NF8_REGS[2] <= 3 * 168, "setmaxnreg mo
 constexpr int NF8_P_FULL = 1, NF8_FIN = 5;
 
 // Shared-memory layout (byte offsets from a 1024-aligned base): Q (permuted k), the ring of
-// raw tiles, two P^T buffers, the reductions, token flags per slot, schedule, mbarriers.
+// raw tiles, two P buffers (each four P'_G^T for bf16, one P^T for f16), the reductions, token
+// flags per slot, schedule, mbarriers.
 template <int MT> struct NarrowFp8Layout {
     static constexpr int RAWS = MT == 16 ? 4 : 3;  // what fits beside Q and the P buffers
     static constexpr int RAW_BYTES = BN * FP8_ROW;              // 41984 = 41 x 1024
