@@ -125,43 +125,18 @@ template <> struct WgRs<f16> {
     static __device__ __forceinline__ void mma(float (&d)[16], const uint32_t (&a)[4], uint64_t b, int sc) { wgmma_rs_m64n32k16_f16(d, a, b, sc); }
 };
 
-// The dequantization factor of a register holding two values whose scales are s0 (low
-// half) and s1 (high half): bf16 as bf16_factor (hi + lo parts; `one`: no 2^60 pre-multiply),
-// f16 the scales themselves.
-struct Fac2 {
-    uint32_t hi, lo;
-    float s0, s1;
-};
-__device__ __forceinline__ Fac2 fac2(float s0, float s1, bool one) {
-    const float f0 = one ? s0 * 0x1p120f : s0 * 0x1p60f, f1 = one ? s1 * 0x1p120f : s1 * 0x1p60f;
-    const uint32_t hi = pack2<bf16>(f0, f1);
-    const float r0 = f0 - __uint_as_float(hi << 16), r1 = f1 - __uint_as_float(hi & 0xffff0000u);  // exact
-    return {hi, pack2<bf16>(r0, r1), s0, s1};
-}
-
-// Codes (bytes 0, 1 of w, or 2, 3 with `high`) times their factor as a packed pair of T.
-template <typename T>
-__device__ __forceinline__ uint32_t dq2(uint32_t w, bool high, const Fac2& f, bool one) {
-    if constexpr (Same<T, bf16>::value) {
-        uint32_t v = vt::e4m3x2_bits<bf16>(w, high);  // value x 2^-120, exact
-        if (!one) v = bf16x2_mul(v, 0x5d805d80u);      // x 2^60, exact
-        return vt::bf16x2_fma(v, f.hi, bf16x2_mul(v, f.lo));
-    } else {
-        // Exact f16 pair by integer ops (NaN codes, in unowned rows, come out finite: x 0 is 0).
-        const uint32_t h = vt::e4m3x2<f16>(w, high);
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h));
-        return pack2<T>(__fmul_rn(v.x, f.s0), __fmul_rn(v.y, f.s1));
-    }
+// f16 queries (no fold, below): codes (bytes 0, 1 of w, or 2, 3 with `high`) times their
+// scales s0 (low half) and s1, each product rounded once to f16. The codes convert exactly by
+// integer ops (NaN codes, in unowned rows, come out finite: x 0 is 0).
+__device__ __forceinline__ uint32_t dq2_f16(uint32_t w, bool high, float s0, float s1) {
+    const uint32_t h = vt::e4m3x2<f16>(w, high);
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    return pack2<f16>(__fmul_rn(v.x, s0), __fmul_rn(v.y, s1));
 }
 
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-__device__ __forceinline__ float lds_f32(uint32_t a) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
     return v;
 }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -218,7 +193,7 @@ __device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uin
 // exact bf16 patterns (value x 2^-120, three integer ops a pair, vt::e4m3x2_bits), S^T is
 // accumulated per 128-feature group and combined with the scales in f32, and P V reads P'_G
 // = P x scale(token, G) x 2^100 per group G (P V's m-blocks are group-major), O coming out x
-// 2^-20. f16 queries dequantize each value (dq2: code x scale rounded once) and use one P^T.
+// 2^-20. f16 queries dequantize each value (dq2_f16: code x scale rounded once) and use one P^T.
 template <typename T> struct Nf8Fold { static constexpr bool value = Same<T, bf16>::value; };
 constexpr float NF8_P_SCALE = 0x1p100f;  // P'_G = P x scale x 2^100 (bf16 range for any scale < 2^27)
 constexpr float NF8_O_SCALE = 0x1p20f;   // 2^120 / 2^100: what the folded O is short of
@@ -241,8 +216,6 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
         sa[k] = va ? __uint_as_float(vt::word(sa4, k)) : 0.0f;
         sb[k] = vb ? __uint_as_float(vt::word(sb4, k)) : 0.0f;
     }
-    const float mx = fmaxf(fmaxf(fmaxf(sa[0], sa[1]), fmaxf(sa[2], sa[3])), fmaxf(fmaxf(sb[0], sb[1]), fmaxf(sb[2], sb[3])));
-    const bool one = FOLD || __all_sync(0xffffffffu, mx < 0x1p7f);
     uint32_t a[2][4][4];
     constexpr int NACC = FOLD ? 5 : 2;  // FOLD: one per group and the rope; else two chains
     float acc[NACC][R];
@@ -255,7 +228,6 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
             const int grp = c >> 1;
             const uint32_t off = 128 * grp + 32 * qd + 16 * (c & 1);
             const uint4 xa = lds128(ra + off), xb = lds128(rb + off);
-            const Fac2 fa = fac2(sa[grp], sa[grp], one), fb = fac2(sb[grp], sb[grp], one);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const uint32_t wa = vt::word(xa, k), wb = vt::word(xb, k);
@@ -267,10 +239,10 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
                     fr[k][2] = vt::e4m3x2_bits<bf16>(wa, true);
                     fr[k][3] = vt::e4m3x2_bits<bf16>(wb, true);
                 } else {
-                    fr[k][0] = dq2<T>(wa, false, fa, one);
-                    fr[k][1] = dq2<T>(wb, false, fb, one);
-                    fr[k][2] = dq2<T>(wa, true, fa, one);
-                    fr[k][3] = dq2<T>(wb, true, fb, one);
+                    fr[k][0] = dq2_f16(wa, false, sa[grp], sa[grp]);
+                    fr[k][1] = dq2_f16(wb, false, sb[grp], sb[grp]);
+                    fr[k][2] = dq2_f16(wa, true, sa[grp], sa[grp]);
+                    fr[k][3] = dq2_f16(wb, true, sb[grp], sb[grp]);
                 }
             }
         } else {
@@ -372,12 +344,12 @@ __device__ __forceinline__ void nf8_pv(float (&o)[8][MT / 2], uint32_t raw, cons
                 fr[m][3] = vt::e4m3x2_bits<bf16>(w23, true);
             } else {
                 const int grp = mb >> 1;
-                const Fac2 f01 = fac2(sc[4 * ks][grp], sc[4 * ks + 1][grp], true);
-                const Fac2 f23 = fac2(sc[4 * ks + 2][grp], sc[4 * ks + 3][grp], true);
-                fr[m][0] = dq2<T>(w01, false, f01, true);
-                fr[m][1] = dq2<T>(w01, true, f01, true);
-                fr[m][2] = dq2<T>(w23, false, f23, true);
-                fr[m][3] = dq2<T>(w23, true, f23, true);
+                const float s0 = sc[4 * ks][grp], s1 = sc[4 * ks + 1][grp];
+                const float s2 = sc[4 * ks + 2][grp], s3 = sc[4 * ks + 3][grp];
+                fr[m][0] = dq2_f16(w01, false, s0, s1);
+                fr[m][1] = dq2_f16(w01, true, s0, s1);
+                fr[m][2] = dq2_f16(w23, false, s2, s3);
+                fr[m][3] = dq2_f16(w23, true, s2, s3);
             }
         }
         wgmma_fence();
