@@ -70,3 +70,17 @@ fn auto_over_a_16_bit_cache_keeps_the_wgmma_kernels_on_sm90() {
     assert_eq!(auto(&H200, 16, DType::BF16, 64).0, "wgmma_n16_tma");
     assert_eq!(auto(&H200, 16, DType::BF16, 16).0, "mma16");
 }
+
+/// The cache's TMA map per cache dtype: 64-feature swizzled boxes of a bf16 cache; whole
+/// 656-byte rows as 164 four-byte words, unswizzled, for an fp8_ds_mla cache (padded rows
+/// keep their byte stride).
+#[test]
+fn cache_map_takes_64_feature_boxes_of_a_bf16_cache_and_whole_rows_of_an_fp8_cache() {
+    let mem = vec![0u128; 1 << 16];
+    let bf16 = crate::test_util::host_view(&mem, DType::BF16, 0, &[8, 64, 576], &[64 * 576, 576, 1]);
+    let m = wgmma_sm90::cache_map(&bf16);
+    assert_eq!((m.dims, m.strides, m.boxes, m.swizzle), ([576, 64, 8], [1152, 73728], [64, 64, 1], true));
+    let fp8 = crate::test_util::host_view(&mem, DType::Fp8DsMla, 0, &[8, 128, 656], &[128 * 704, 704, 1]);
+    let m = wgmma_sm90::cache_map(&fp8);
+    assert_eq!((m.dims, m.strides, m.boxes, m.swizzle), ([164, 128, 8], [704, 90112], [164, 64, 1], false));
+}

@@ -454,12 +454,7 @@ pub(crate) fn launches(
     let mut main_args = vec![Arg::of_struct(p)];
     if c.main.tma {
         // `mla::TmaMap`: the tensor map of the cache, the TMA kernel's second parameter.
-        let map = if a.cache.dtype() == DType::Fp8DsMla {
-            wgmma_sm90::fp8_cache_map(&a.cache)
-        } else {
-            wgmma_sm90::cache_map(&a.cache)
-        };
-        main_args.push(Arg::TensorMaps(vec![map]));
+        main_args.push(Arg::TensorMaps(vec![wgmma_sm90::cache_map(&a.cache)]));
     }
     let main_grid = (c.plan.parts, c.plan.row_blocks, 1);
     let main =

@@ -42,41 +42,28 @@ fn tma_ok(cache: &Tensor<'_>) -> bool {
     bs > 0 && (bs as u64).is_multiple_of(TILE_TOKENS as u64) && cache.dim(0) < i32::MAX as i64
 }
 
-/// The cache's tensor map: (feature, row in block, block), boxes of 64 features x
-/// min(BS, 64) rows x 1 block, 128-byte swizzle (`vt::tc::swz`). The caller checked the rows
-/// (16-byte aligned start, strides multiples of 8 elements) and `tma_ok`.
+/// The cache's tensor map, (element, row in block, block) with boxes of min(BS, 64) rows of
+/// one block. A 16-bit cache: 64-feature boxes, 128-byte swizzle (`vt::tc::swz`), what the
+/// wgmma kernels' descriptors read. An fp8_ds_mla cache (the narrow fp8 kernel): 4-byte words,
+/// a box holding whole 656-byte rows (164 words), no swizzle (the kernel reads rows as they
+/// lie). The caller checked the rows (16-byte aligned start and strides) and `tma_ok`.
 pub(super) fn cache_map(cache: &Tensor<'_>) -> TensorMapSpec {
     let (nb, bs, d) = (cache.dim(0) as u64, cache.dim(1) as u64, cache.dim(2) as u64);
+    let elem = cache.dtype().size_of() as u64;
     // A dim of size 1 may carry any stride; the map wants a positive multiple of 16 bytes.
-    let row_bytes = if bs == 1 { d * 2 } else { cache.stride(1) as u64 * 2 };
-    let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 * 2 };
+    let row_bytes = if bs == 1 { d * elem } else { cache.stride(1) as u64 * elem };
+    let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 * elem };
+    let rows = bs.min(TILE_TOKENS as u64) as u32;
+    let (dims0, box0, swizzle) =
+        if cache.dtype() == DType::Fp8DsMla { (d / 4, (d / 4) as u32, false) } else { (d, 64, true) };
     TensorMapSpec {
         what: "cache",
         dtype: cache.dtype(),
         addr: cache.data_addr(),
-        dims: [d, bs, nb],
+        dims: [dims0, bs, nb],
         strides: [row_bytes, blk_bytes],
-        boxes: [64, bs.min(TILE_TOKENS as u64) as u32, 1],
-        swizzle: true,
-    }
-}
-
-/// The fp8_ds_mla cache's tensor map for the narrow fp8 kernel: (4-byte word of a row, row in
-/// block, block), boxes of a whole 656-byte row (164 words) x min(BS, 64) rows x 1 block, no
-/// swizzle (the kernel reads the rows as they lie). The caller checked the rows (16-byte
-/// aligned start and strides) and `tma_ok`.
-pub(super) fn fp8_cache_map(cache: &Tensor<'_>) -> TensorMapSpec {
-    let (nb, bs, d) = (cache.dim(0) as u64, cache.dim(1) as u64, cache.dim(2) as u64);
-    let row_bytes = if bs == 1 { d } else { cache.stride(1) as u64 };
-    let blk_bytes = if nb == 1 { bs * row_bytes } else { cache.stride(0) as u64 };
-    TensorMapSpec {
-        what: "cache",
-        dtype: cache.dtype(),
-        addr: cache.data_addr(),
-        dims: [d / 4, bs, nb],
-        strides: [row_bytes, blk_bytes],
-        boxes: [(d / 4) as u32, bs.min(TILE_TOKENS as u64) as u32, 1],
-        swizzle: false,
+        boxes: [box0, rows, 1],
+        swizzle,
     }
 }
 
