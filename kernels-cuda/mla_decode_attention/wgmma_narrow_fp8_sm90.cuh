@@ -64,7 +64,7 @@ constexpr int NF8_THREADS = 384;  // two compute warpgroups and the producer's
 constexpr int NF8_PRODUCER = 8;   // the producer's warp index
 // Registers per thread after setmaxnreg, warpgroups 0, 1, 2 (moved, never added: the sum is
 // at most 3 x 168).
-constexpr int NF8_REGS[3] = {184, 232, 88};
+constexpr int NF8_REGS[3] = {200, 232, 72};
 static_assert(NF8_REGS[0] + NF8_REGS[1] + NF8_REGS[2] <= 3 * 168, "setmaxnreg moves, never adds, registers");
 // Named barriers (0: __syncthreads; BAR_WG0 = 7 inside narrow_p / narrow_row_sums).
 constexpr int NF8_P_FULL = 1, NF8_FIN = 5;
@@ -81,9 +81,9 @@ template <int MT> struct NarrowFp8Layout {
     static constexpr int P_BYTES = 4 * Q_SUB;                   // one P buffer: P'_G^T [4][MT x 64] 16-bit
     static constexpr int OFF_P = OFF_RAW + RAWS * RAW_BYTES;     // 1024-aligned: [2] P buffers
     // floats: tile maxima [2][4][MT], rescale factors [2][MT], row sums and maxima [2][2][MT],
-    // per-warp row sums [4][MT].
+    // per-warp row sums [4][MT], Q's row maxima (u32) [MT] and powers of two 2^-e [MT].
     static constexpr int OFF_RED = OFF_P + 2 * P_BYTES;
-    static constexpr int OFF_VALID = OFF_RED + 18 * MT * 4;     // u8 [RAWS][BN]: token row exists
+    static constexpr int OFF_VALID = OFF_RED + 20 * MT * 4;     // u8 [RAWS][BN]: token row exists
     static constexpr int OFF_FLAGS = OFF_VALID + RAWS * BN;     // u8 [RAWS][8]: bad block ids seen
     static constexpr int OFF_SCHED = OFF_FLAGS + RAWS * 8;      // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 FULL [RAWS], EMPTY [RAWS], P_FREE [2]
@@ -153,60 +153,153 @@ template <typename T> __device__ __forceinline__ uint32_t rope2(uint32_t w) {
     }
 }
 
-// Logical position (k step * 16 + in-step index) of physical feature f in S^T's permuted k.
-__device__ __forceinline__ int nf8_kpos(int f) {
-    int ks, x;
-    if (f < 512) {
-        ks = 8 * (f >> 7) + ((f & 31) >> 2);
-        x = (f >> 5) & 3;  // qd
+// S^T's latent part runs on fp8 wgmma (m64n{2 MT}k32 e4m3): A is the tile's codes AS LOADED
+// (no conversion at all), B is each query row in two e4m3 parts, hi = e4m3(q x 2^e) and lo =
+// e4m3(q x 2^e - hi), as columns r and MT + r, so S = (S_hi + S_lo) x 2^-e is q . code to
+// ~2^-8 relative per element (bf16's own rounding of q is 2^-9), absolute 2^-10 x 2^-e below
+// e4m3's normal range: a row's power of two e puts its largest latent value in [128, 256).
+// The rope part (bf16 in the row) runs on 16-bit wgmma with the row's values as A.
+// Byte x of k step 4 G + k' (x < 32) of the latent part: physical feature 128 G + 32 qd + 8 k'
+// + j with x = 4 qd + j for j < 4, 16 + 4 qd + j - 4 else, so that each thread's A fragments of
+// a 128-feature group are 32 contiguous code bytes of each of its two tokens.
+__device__ __forceinline__ int nf8_qbyte(int local) {  // local: feature within its group, 4-aligned
+    const int qd = local >> 5, kp = (local >> 3) & 3, j = local & 7;
+    return 32 * kp + (j < 4 ? 4 * qd + j : 12 + 4 * qd + j);
+}
+// Rope feature 512 + i: k step 32 + ((i & 15) >> 2), in-step index 2 (i >> 4) + (j & 1) + 8 (j >> 1).
+__device__ __forceinline__ int nf8_rope_pos(int i) {
+    const int j = i & 3;
+    return 16 * ((i & 15) >> 2) + 2 * (i >> 4) + (j & 1) + 8 * (j >> 1);
+}
+// The row's power of two: 2^e x amax in [128, 256) (e clamped to +-120; zero, inf and NaN rows
+// take e = 0, so NaN stays NaN).
+__device__ __forceinline__ int nf8_qexp(uint32_t amax_bits) {
+    if (amax_bits == 0u || amax_bits >= 0x7f800000u) return 0;
+    const int e = 7 - ((int)((amax_bits >> 23) & 0xff) - 127);
+    return e < -120 ? -120 : (e > 120 ? 120 : e);
+}
+// Two f32 as an e4m3 pair (x0 in the low byte), round to nearest even, saturating.
+__device__ __forceinline__ uint32_t e4m3x2_of(float x0, float x1) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+__device__ __forceinline__ float2 f2_of_e4m3x2(uint32_t c) {
+    uint32_t h;
+    asm("{\n.reg .b16 c;\ncvt.u16.u32 c, %1;\ncvt.rn.f16x2.e4m3x2 %0, c;\n}\n" : "=r"(h) : "r"(c));
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+// Four values as their hi and lo e4m3 parts (4 bytes each).
+__device__ __forceinline__ void nf8_split4(const float (&x)[4], uint32_t& hi, uint32_t& lo) {
+    const uint32_t h01 = e4m3x2_of(x[0], x[1]), h23 = e4m3x2_of(x[2], x[3]);
+    const float2 b01 = f2_of_e4m3x2(h01), b23 = f2_of_e4m3x2(h23);
+    hi = h01 | (h23 << 16);
+    lo = e4m3x2_of(x[0] - b01.x, x[1] - b01.y) | (e4m3x2_of(x[2] - b23.x, x[3] - b23.y) << 16);
+}
+template <typename T> __device__ __forceinline__ float2 f2_of(uint32_t w) {
+    if constexpr (Same<T, bf16>::value) {
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
     } else {
-        ks = 32 + ((f & 15) >> 2);
-        x = (f - 512) >> 4;
+        return __half22float2(*reinterpret_cast<const __half2*>(&w));
     }
-    const int j = f & 3;
-    return 16 * ks + 2 * x + (j & 1) + 8 * (j >> 1);
 }
 
-// Warpgroup 0 writes the CTA's MT query rows of sequence b into Q in the permuted k order
-// (zero rows past m_total): 4 features (8 bytes) a unit, two 4-byte stores.
+// Warpgroup 0 writes the CTA's MT query rows of sequence b into Q (zero rows past m_total):
+// the latent part as hi / lo e4m3 in four [2 MT x 128 B] column blocks (hi rows 0..MT-1, lo
+// rows MT..2 MT-1), the rope part as T in the ninth block, and s_qinv[r] = 2^-e. Two passes
+// over Q (it is 18-36 KB, read from L2 the second time): the rows' maxima, then the parts.
+// Called between two barriers of warpgroup 0; s_qmax is scratch.
 template <typename T, int MT>
-__device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uint32_t sQ, int wtid) {
-    constexpr int UNITS = FD / 4;
-    for (int idx = wtid; idx < MT * UNITS; idx += 128) {
-        const int r = idx / UNITS, f = (idx - r * UNITS) * 4;
+__device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uint32_t sQ, uint32_t* s_qmax,
+                                           float* s_qinv, int wtid) {
+    constexpr int UNITS = FD / 4, LAT = 512 / 4;
+    auto unit = [&](int r, int f) {
         const int gr = row0 + r;
         uint2 v = make_uint2(0u, 0u);
         if (gr < p.m_total) {
             const int s = gr / p.N, h = gr - s * p.N;
             v = *reinterpret_cast<const uint2*>((const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + f);
         }
+        return v;
+    };
+    if (wtid < MT) s_qmax[wtid] = 0u;
+    bar_sync(BAR_WG0, 128);
+    for (int idx = wtid; idx < MT * LAT; idx += 128) {
+        const int r = idx / LAT, f = (idx - r * LAT) * 4;
+        const uint2 v = unit(r, f);
+        const float2 a = f2_of<T>(v.x), c = f2_of<T>(v.y);
+        const float m = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(c.x), fabsf(c.y)));
+        // A NaN anywhere makes the row's maximum NaN (fmaxf drops NaN operands, so test it).
+        const bool nan = a.x != a.x || a.y != a.y || c.x != c.x || c.y != c.y;
+        atomicMax(s_qmax + r, nan ? 0x7fc00000u : __float_as_uint(m));
+    }
+    bar_sync(BAR_WG0, 128);
+    for (int idx = wtid; idx < MT * UNITS; idx += 128) {
+        const int r = idx / UNITS, f = (idx - r * UNITS) * 4;
+        const uint2 v = unit(r, f);
+        if (f < 512) {
+            const int e = nf8_qexp(s_qmax[r]);
+            const float sc = __uint_as_float((uint32_t)(127 + e) << 23);  // 2^e
+            const float2 a = f2_of<T>(v.x), c = f2_of<T>(v.y);
+            const float x[4] = {a.x * sc, a.y * sc, c.x * sc, c.y * sc};
+            uint32_t hi, lo;
+            nf8_split4(x, hi, lo);
+            const int grp = f >> 7, byte = nf8_qbyte(f & 127);
+            const uint32_t blk = sQ + grp * (2 * MT * 128);
+            st_shared_u32(blk + swz(r, byte >> 4) + (byte & 15), hi);
+            st_shared_u32(blk + swz(MT + r, byte >> 4) + (byte & 15), lo);
+            if (f == 0) s_qinv[r] = __uint_as_float((uint32_t)(127 - e) << 23);
+        } else {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int L = nf8_kpos(f + 2 * half);  // features f + 2 half, + 1: adjacent positions
-            const int blk = L >> 6, e = L & 63;
-            st_shared_u32(sQ + blk * (MT * 128) + swz(r, e >> 3) + (e & 7) * 2, half ? v.y : v.x);
+            for (int half = 0; half < 2; ++half) {
+                const int L = nf8_rope_pos(f - 512 + 2 * half);  // features + 0, + 1: adjacent positions
+                const int blk = 8 + (L >> 6), e = L & 63;
+                st_shared_u32(sQ + blk * (MT * 128) + swz(r, e >> 3) + (e & 7) * 2, half ? v.y : v.x);
+            }
         }
     }
 }
 
-// bf16 queries fold the scales out of the products (FOLD): the cache operand is the codes'
-// exact bf16 patterns (value x 2^-120, three integer ops a pair, vt::e4m3x2_bits), S^T is
-// accumulated per 128-feature group and combined with the scales in f32, and P V reads P'_G
-// = P x scale(token, G) x 2^100 per group G (P V's m-blocks are group-major), O coming out x
-// 2^-20. f16 queries dequantize each value (dq2_f16: code x scale rounded once) and use one P^T.
+// bf16 queries fold the scales out of P V (FOLD): P V reads P'_G = P x scale(token, G) x
+// 2^100 per group G (P V's m-blocks are group-major) against the codes' exact bf16 patterns
+// (value x 2^-120, three integer ops a pair, vt::e4m3x2_bits), O coming out x 2^-20. f16
+// queries dequantize each value of V (dq2_f16: code x scale rounded once) and use one P^T.
+// S^T folds the scales for both (per group, in f32).
 template <typename T> struct Nf8Fold { static constexpr bool value = Same<T, bf16>::value; };
 constexpr float NF8_P_SCALE = 0x1p100f;  // P'_G = P x scale x 2^100 (bf16 range for any scale < 2^27)
 constexpr float NF8_O_SCALE = 0x1p20f;   // 2^120 / 2^100: what the folded O is short of
 
-// Warpgroup 0: S^T = K Q^T over the raw tile at `raw` (token flags vst), A built from the
-// rows of tokens 16 wwarp + g and + 8, in 9 chunks of 4 k steps (two register sets: a chunk's
-// fragments are built while the previous chunk's wgmma run). sa / sb: the two tokens' group
-// scales (0 for tokens that do not exist).
+// wgmma m64n32k32 / m64n64k32 on e4m3, A from four registers (4 codes each), B (K-major) in
+// shared memory.
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+                 : VT_ACC8(0), VT_ACC8(8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+                 : VT_ACC32(0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+
+// Warpgroup 0: S^T = K Q^T over the raw tile at `raw` (token flags vst) for tokens 16 wwarp + g
+// and + 8, in 5 chunks (one per 128-feature group, 4 fp8 k steps, then the rope's 4 16-bit k
+// steps), fragments in two register sets (a chunk's are loaded while the previous chunk's
+// wgmma run) and group sums in two accumulator sets (group G is folded into s, x its tokens'
+// scales, once group G + 1 has been issued). qv[k]: 2^-e of column NarrowRows::col(k, qd).
+// sa / sb: the two tokens' group scales (0 for tokens that do not exist).
 template <typename T, int MT>
 __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float (&sb)[4], uint32_t raw,
-                                       const unsigned char* vst, uint64_t dq, int wwarp, int g, int qd) {
+                                       const unsigned char* vst, uint64_t dq, const float (&qv)[MT / 4], int wwarp,
+                                       int g, int qd) {
     constexpr int Q_SUB = MT * 128, R = MT / 2;
-    constexpr bool FOLD = Nf8Fold<T>::value;
     const int ta = 16 * wwarp + g, tb = ta + 8;
     const uint32_t ra = raw + ta * FP8_ROW, rb = raw + tb * FP8_ROW;
     const uint4 sa4 = lds128(ra + vt::fp8ds::SCALE_OFFSET), sb4 = lds128(rb + vt::fp8ds::SCALE_OFFSET);
@@ -217,33 +310,35 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
         sb[k] = vb ? __uint_as_float(vt::word(sb4, k)) : 0.0f;
     }
     uint32_t a[2][4][4];
-    constexpr int NACC = FOLD ? 5 : 2;  // FOLD: one per group and the rope; else two chains
-    float acc[NACC][R];
+    float acc[2][MT];  // group sums: hi columns [0, R) of this thread, lo columns [R, MT)
+    float rope[R];
+    auto fold = [&](int grp) {
+        float(&ac)[MT] = acc[grp & 1];
+        pin(ac);
 #pragma unroll
-    for (int c = 0; c < 9; ++c) {
+        for (int i = 0; i < R; ++i) {
+            const float sc = (i & 2) ? sb[grp] : sa[grp];  // token ta for (i & 3) < 2, tb else
+            const float v = (ac[i] + ac[i + R]) * sc;
+            s[i] = grp == 0 ? v : s[i] + v;
+        }
+    };
+#pragma unroll
+    for (int c = 0; c < 5; ++c) {
         uint32_t(&fr)[4][4] = a[c & 1];
-        const int ai = FOLD ? (c < 8 ? c >> 1 : 4) : (c & 1);
-        if (c >= 2) wgmma_wait<1>();  // chunk c - 2, which read this register set, is done
-        if (c < 8) {
-            const int grp = c >> 1;
-            const uint32_t off = 128 * grp + 32 * qd + 16 * (c & 1);
-            const uint4 xa = lds128(ra + off), xb = lds128(rb + off);
+        if (c >= 2) {
+            wgmma_wait<1>();  // chunk c - 2 is done: its register set and its group sums
+            fold(c - 2);
+        }
+        if (c < 4) {
+            const uint32_t off = 128 * c + 32 * qd;
+            const uint4 xa0 = lds128(ra + off), xa1 = lds128(ra + off + 16);
+            const uint4 xb0 = lds128(rb + off), xb1 = lds128(rb + off + 16);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const uint32_t wa = vt::word(xa, k), wb = vt::word(xb, k);
-                if (NF8_LAB == 3) {
-                    fr[k][0] = wa, fr[k][1] = wb, fr[k][2] = wa >> 16, fr[k][3] = wb >> 16;
-                } else if (FOLD) {
-                    fr[k][0] = vt::e4m3x2_bits<bf16>(wa, false);
-                    fr[k][1] = vt::e4m3x2_bits<bf16>(wb, false);
-                    fr[k][2] = vt::e4m3x2_bits<bf16>(wa, true);
-                    fr[k][3] = vt::e4m3x2_bits<bf16>(wb, true);
-                } else {
-                    fr[k][0] = dq2_f16(wa, false, sa[grp], sa[grp]);
-                    fr[k][1] = dq2_f16(wb, false, sb[grp], sb[grp]);
-                    fr[k][2] = dq2_f16(wa, true, sa[grp], sa[grp]);
-                    fr[k][3] = dq2_f16(wb, true, sb[grp], sb[grp]);
-                }
+                const uint4& xa = k < 2 ? xa0 : xa1;
+                const uint4& xb = k < 2 ? xb0 : xb1;
+                fr[k][0] = vt::word(xa, 2 * (k & 1)), fr[k][1] = vt::word(xb, 2 * (k & 1));
+                fr[k][2] = vt::word(xa, 2 * (k & 1) + 1), fr[k][3] = vt::word(xb, 2 * (k & 1) + 1);
             }
         } else {
             const uint32_t off = vt::fp8ds::ROPE_OFFSET + 32 * qd;
@@ -262,29 +357,22 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const int ks = 4 * c + k;  // k step: column block ks / 4, 32 bytes a step inside it
-            const uint64_t oq = (uint64_t)(((ks >> 2) * Q_SUB + (ks & 3) * 32) >> 4);
-            const bool first = FOLD ? (c == 8 || (c & 1) == 0) && k == 0 : c < 2 && k == 0;
-            WgRs<T>::mma(acc[ai], fr[k], dq + oq, first ? 0 : 1);
+            if (c < 4) {
+                // Column block c (2 MT rows of 128 bytes), 32 bytes a k step.
+                const uint64_t oq = (uint64_t)((c * 2 * Q_SUB + k * 32) >> 4);
+                wgmma_rs_e4m3(acc[c & 1], fr[k], dq + oq, k == 0 ? 0 : 1);
+            } else {
+                const uint64_t oq = (uint64_t)((8 * Q_SUB + k * 32) >> 4);
+                WgRs<T>::mma(rope, fr[k], dq + oq, k == 0 ? 0 : 1);
+            }
         }
         wgmma_commit();
     }
     wgmma_wait<0>();
+    fold(3);
+    pin(rope);
 #pragma unroll
-    for (int n = 0; n < NACC; ++n) pin(acc[n]);
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        if constexpr (FOLD) {
-            // Token ta for (i & 3) < 2, tb else; the group sums were taken x 2^-120.
-            const float* sc = (i & 2) ? sb : sa;
-            float v = acc[4][i];
-#pragma unroll
-            for (int grp = 0; grp < 4; ++grp) v = fmaf(acc[grp][i] * 0x1p60f, sc[grp] * 0x1p60f, v);
-            s[i] = v;
-        } else {
-            s[i] = acc[0][i] + acc[1][i];
-        }
-    }
+    for (int i = 0; i < R; ++i) s[i] = fmaf(s[i], qv[2 * (i >> 2) + (i & 1)], rope[i]);
 }
 
 // Warpgroup 1: O^T += V^T P^T over the raw tile at `raw` for all 8 m-blocks, B = P^T at sPb
@@ -335,7 +423,7 @@ __device__ __forceinline__ void nf8_pv(float (&o)[8][MT / 2], uint32_t raw, cons
             // Features 2 h, 2 h + 1 of the group's 4 bytes: one feature of two tokens per half.
             const uint32_t sel = h ? 0x7362u : 0x5140u;
             const uint32_t w01 = prmt(x[0][gg], x[1][gg], sel), w23 = prmt(x[2][gg], x[3][gg], sel);
-            if (NF8_LAB == 3) {
+            if (NF8_LAB == 3 || NF8_LAB == 5) {
                 fr[m][0] = w01, fr[m][1] = w01 >> 16, fr[m][2] = w23, fr[m][3] = w23 >> 16;
             } else if (FOLD) {
                 fr[m][0] = vt::e4m3x2_bits<bf16>(w01, false);  // feature 2 h, tokens +0, +1
@@ -480,6 +568,8 @@ __device__ void decode_wgmma_narrow_fp8(const Params& p, const TmaMap* kv_map) {
     float* s_alpha = red_max + 8 * MT;              // [2][MT]
     float* s_fin = s_alpha + 2 * MT;                // [2][2][MT]
     float* red_l = s_fin + 4 * MT;                  // [4][MT]
+    uint32_t* s_qmax = (uint32_t*)(red_l + 4 * MT);  // [MT]
+    float* s_qinv = (float*)(s_qmax + MT);          // [MT]
     unsigned char* valid = smem + L::OFF_VALID;
     unsigned char* flags = smem + L::OFF_FLAGS;
     int* sched = (int*)(smem + L::OFF_SCHED);
@@ -517,21 +607,24 @@ __device__ void decode_wgmma_narrow_fp8(const Params& p, const TmaMap* kv_map) {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NF8_REGS[0]) : "memory");
         while (next_segment(p, part, nb, pre, sg)) {
             bar_sync(BAR_WG0, 128);  // the previous segment's products (all read Q) are done
-            nf8_load_q<T, MT>(p, sg.b, row0, sQ, wtid);
+            nf8_load_q<T, MT>(p, sg.b, row0, sQ, s_qmax, s_qinv, wtid);
             fence_proxy_async();  // Q is read by wgmma (async proxy)
             bar_sync(BAR_WG0, 128);
             NarrowRows<MT> rows(p, sg, row0, qd);
+            float qv[MT / 4];
+#pragma unroll
+            for (int k = 0; k < MT / 4; ++k) qv[k] = s_qinv[NarrowRows<MT>::col(k, qd)];
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u % RAWS, pb = u & 1;
                 mbar_wait(full + 8 * slot, (u / RAWS) & 1);
                 float s[R], sa[4], sb[4];
-                if (NF8_LAB == 2) {
+                if (NF8_LAB == 2 || NF8_LAB == 7) {
 #pragma unroll
                     for (int i = 0; i < R; ++i) s[i] = 0.0f;
 #pragma unroll
                     for (int k = 0; k < 4; ++k) sa[k] = sb[k] = 0.0f;
                 } else {
-                    nf8_qk<T, MT>(s, sa, sb, sRaw + slot * L::RAW_BYTES, valid + slot * BN, dq, wwarp, g, qd);
+                    nf8_qk<T, MT>(s, sa, sb, sRaw + slot * L::RAW_BYTES, valid + slot * BN, dq, qv, wwarp, g, qd);
                 }
                 float alpha[MT / 4];
                 const uint32_t sPb = sP + pb * L::P_BYTES;
@@ -573,7 +666,7 @@ __device__ void decode_wgmma_narrow_fp8(const Params& p, const TmaMap* kv_map) {
                 mbar_wait(full + 8 * slot, (u / RAWS) & 1);
                 bar_sync(NF8_P_FULL + pb, 256);  // P^T(u) and its factors
                 if (t > sg.t0) rescale_from<MT>(o, s_alpha + pb * MT, qd);
-                if (NF8_LAB == 2)
+                if (NF8_LAB == 2 || NF8_LAB == 6)
                     mbar_arrive(empty + 8 * slot);
                 else
                     nf8_pv<T, MT>(o, sRaw + slot * L::RAW_BYTES, valid + slot * BN, sP + pb * L::P_BYTES,

@@ -146,7 +146,7 @@ pub(super) const fn narrow_fp8_smem(mt: u32) -> u32 {
     9 * mt * 128
         + raws * 64 * 656
         + 2 * 4 * mt * 128
-        + 18 * mt * 4
+        + 20 * mt * 4
         + raws * 64
         + raws * 8
         + 40 * 4
