@@ -4,10 +4,11 @@
 // mla_decode_attention.cu.
 //
 // The products of the 16-bit narrow kernel (wgmma_narrow_sm90.cuh), S^T = K Q^T and
-// O^T += V^T P^T, with the A operand (the cache tile) in REGISTERS: each thread dequantizes
-// the codes of its own A fragments straight from the raw 656-byte rows, so nothing 16-bit is
-// ever staged and the raw rows need only one shared-memory ring (4 tiles deep at 16 rows,
-// 3 at 32: 168 / 126 KB).
+// O^T += V^T P^T, with the A operand (the cache tile) in REGISTERS, read by each thread
+// straight from the raw 656-byte rows, so nothing 16-bit is ever staged and the raw rows need
+// only one shared-memory ring (4 tiles deep at 16 rows, 3 at 32: 168 / 126 KB). S^T's latent
+// part is an fp8 product: the codes as loaded are A, each query row split into two e4m3 parts
+// is B (nf8_load_q); O^T converts its codes to 16-bit patterns.
 // 384 threads, three roles (setmaxnreg moves registers to the compute warpgroups: a block of
 // 288 threads is given registers as one of 384, 168 a thread, and O^T alone is 128 at 32 rows):
 // - Warp 8 of warpgroup 2 (producer; warps 9-11 only give up their registers): per tile, one
@@ -15,9 +16,9 @@
 //   slot's FULL mbarrier (32 arrivals with expect_tx); it waits on the slot's EMPTY mbarrier
 //   (the 256 consumer threads arrive) first. It walks the same segments as the consumers and
 //   runs ahead across segment boundaries.
-// - Warpgroup 0: Q per segment (permuted, below), per tile S^T (36 wgmma m64nMTk16, A from
-//   registers), the online softmax (narrow_p) and P^T (bf16: four, one per scale group) into
-//   one of two buffers.
+// - Warpgroup 0: Q per segment (hi / lo e4m3 parts and the rope, permuted, below), per tile
+//   S^T (32 wgmma m64nMTk32 e4m3 and 4 m64nMTk16 for the rope, A from registers), the
+//   online softmax (narrow_p) and P^T (bf16: four, one per scale group) into one of two buffers.
 // - Warpgroup 1: O^T for all 512 features (8 m-blocks of 64), per tile 32 wgmma with A = V^T
 //   from registers, B = P^T; the epilogue from registers (no staging).
 // Hand-overs: P_FULL[u & 1] (named; WG0 arrives, WG1 syncs), P_FREE[u & 1] (an mbarrier of
@@ -29,23 +30,25 @@
 // a named barrier's arrive, nor one lane's arrive after __syncwarp, as ordering them.
 //
 // Fragments (wgmma's A layout: warp w of the warpgroup holds rows 16 w + g, + 8 and k pairs
-// 2 qd, 2 qd + 8 of each 16-deep k step). A k permutation applied to both operands leaves a
-// product unchanged, so:
+// 2 qd, 2 qd + 8 of each 16-deep k step; for e4m3, k quadruples 4 qd, 4 qd + 16 of each
+// 32-deep step). A k permutation applied to both operands leaves a product unchanged, so:
 // - S^T: rows are the tile's tokens in order; k is permuted so that a thread reads 32
-//   contiguous code bytes per token and 128-feature group: physical feature 128 S + 32 qd +
-//   4 k' + j (j < 4) is k step 8 S + k', in-step index 2 qd + (j & 1) + 8 (j >> 1) (rope: 512 +
-//   16 qd + 4 k + j is k step 32 + k, same in-step index). Q is written in that order.
+//   contiguous code bytes per token and 128-feature group: physical feature 128 G + 32 qd +
+//   8 k' + j (j < 8) is e4m3 k step 4 G + k', in-step index 4 qd + j (j < 4) or 12 + 4 qd + j
+//   (nf8_qbyte); rope feature 512 + 16 qd + 4 k + j is 16-bit k step k of the rope, in-step
+//   index 2 qd + (j & 1) + 8 (j >> 1) (nf8_rope_pos). Q is written in that order.
 // - O^T: k (tokens) is in order, so P^T has the 16-bit kernel's layout; rows (features) are
 //   permuted so that every m-block lies in one 128-feature scale group: m-block 2 G + h, row
 //   16 w + g + 8 e is feature 128 G + 32 w + 4 g + 2 h + e (a thread reads 4 code bytes per
 //   token and group). A register packs one feature of two tokens (prmt).
 // Row offsets are 656 = 16 (mod 128) bytes apart, so both read patterns are free of bank
-// conflicts. bf16 queries take the scales out of the products (Nf8Fold, below: exact code
-// patterns as operands, S^T summed per group and scaled in f32, P V against P x scale per
-// group); f16 queries dequantize every value (code x scale rounded once, in f32). Tokens that
+// conflicts. S^T is summed per scale group and scaled in f32 (both query dtypes). In O^T bf16
+// queries take the scales out of the product (Nf8Fold, below: exact code patterns as
+// operands, P V against P x scale per group); f16 queries dequantize every value of V (code
+// x scale rounded once, in f32). Tokens that
 // do not exist get scale 0 (their V reads 0 whatever the slot holds) and are masked in S, so
 // the ring is never zero-filled. Measured and explained in docs/perf.md ("The narrow fp8
-// kernel with register operands").
+// kernel with register operands", "Thirteenth session").
 #pragma once
 
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
@@ -53,8 +56,9 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Lab builds for docs/perf.md (wrong results; a copy of this file with NF8_LAB defined, through
-// VT_CUDA_KERNELS_DIR): 1 the producer copies nothing, 2 no products (S = 0, no P V), 3 no
-// dequantization (the raw words as fragments).
+// VT_CUDA_KERNELS_DIR): 1 the producer copies nothing, 2 no products (S = 0, no P V), 3 and 5 no dequantization in
+// O^T (the raw words as fragments; S^T has none since its fp8 form, 4 was S^T's before it),
+// 6 no O^T products, 7 no S^T products.
 #ifndef NF8_LAB
 #define NF8_LAB 0
 #endif
@@ -153,9 +157,10 @@ template <typename T> __device__ __forceinline__ uint32_t rope2(uint32_t w) {
     }
 }
 
-// S^T's latent part runs on fp8 wgmma (m64n{2 MT}k32 e4m3): A is the tile's codes AS LOADED
+// S^T's latent part runs on fp8 wgmma (m64nMTk32 e4m3): A is the tile's codes AS LOADED
 // (no conversion at all), B is each query row in two e4m3 parts, hi = e4m3(q x 2^e) and lo =
-// e4m3(q x 2^e - hi), as columns r and MT + r, so S = (S_hi + S_lo) x 2^-e is q . code to
+// e4m3(q x 2^e - hi), each k step issued against hi, then lo, into the same accumulators (the
+// A registers read twice), so S = (S_hi + S_lo) x 2^-e is q . code to
 // ~2^-8 relative per element (bf16's own rounding of q is 2^-9), absolute 2^-10 x 2^-e below
 // e4m3's normal range: a row's power of two e puts its largest latent value in [128, 256).
 // The rope part (bf16 in the row) runs on 16-bit wgmma with the row's values as A.
@@ -206,41 +211,45 @@ template <typename T> __device__ __forceinline__ float2 f2_of(uint32_t w) {
 
 // Warpgroup 0 writes the CTA's MT query rows of sequence b into Q (zero rows past m_total):
 // the latent part as hi / lo e4m3 in four [2 MT x 128 B] column blocks (hi rows 0..MT-1, lo
-// rows MT..2 MT-1), the rope part as T in the ninth block, and s_qinv[r] = 2^-e. Two passes
-// over Q (it is 18-36 KB, read from L2 the second time): the rows' maxima, then the parts.
-// Called between two barriers of warpgroup 0; s_qmax is scratch.
+// rows MT..2 MT-1), the rope part as T in the ninth block, and s_qinv[r] = 2^-e. Every load
+// is issued first (MT x 9 / 8 units of 4 values a thread, held in registers), then the rows'
+// maxima (s_qmax, scratch), then the parts. Called between two barriers of warpgroup 0.
 template <typename T, int MT>
 __device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uint32_t sQ, uint32_t* s_qmax,
                                            float* s_qinv, int wtid) {
-    constexpr int UNITS = FD / 4, LAT = 512 / 4;
-    auto unit = [&](int r, int f) {
+    constexpr int UNITS = FD / 4, NU = MT * UNITS / 128;
+    static_assert(MT * UNITS % 128 == 0, "whole units a thread");
+    uint2 v[NU];
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        const int idx = wtid + 128 * u, r = idx / UNITS, f = (idx - r * UNITS) * 4;
         const int gr = row0 + r;
-        uint2 v = make_uint2(0u, 0u);
+        v[u] = make_uint2(0u, 0u);
         if (gr < p.m_total) {
-            const int s = gr / p.N, h = gr - s * p.N;
-            v = *reinterpret_cast<const uint2*>((const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + f);
+            const int sq = gr / p.N, h = gr - sq * p.N;
+            v[u] = *reinterpret_cast<const uint2*>((const T*)p.q + b * p.q_sb + sq * p.q_ss + h * p.q_sh + f);
         }
-        return v;
-    };
+    }
     if (wtid < MT) s_qmax[wtid] = 0u;
     bar_sync(BAR_WG0, 128);
-    for (int idx = wtid; idx < MT * LAT; idx += 128) {
-        const int r = idx / LAT, f = (idx - r * LAT) * 4;
-        const uint2 v = unit(r, f);
-        const float2 a = f2_of<T>(v.x), c = f2_of<T>(v.y);
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        const int idx = wtid + 128 * u, r = idx / UNITS, f = (idx - r * UNITS) * 4;
+        if (f >= 512) continue;
+        const float2 a = f2_of<T>(v[u].x), c = f2_of<T>(v[u].y);
         const float m = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(c.x), fabsf(c.y)));
         // A NaN anywhere makes the row's maximum NaN (fmaxf drops NaN operands, so test it).
         const bool nan = a.x != a.x || a.y != a.y || c.x != c.x || c.y != c.y;
         atomicMax(s_qmax + r, nan ? 0x7fc00000u : __float_as_uint(m));
     }
     bar_sync(BAR_WG0, 128);
-    for (int idx = wtid; idx < MT * UNITS; idx += 128) {
-        const int r = idx / UNITS, f = (idx - r * UNITS) * 4;
-        const uint2 v = unit(r, f);
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+        const int idx = wtid + 128 * u, r = idx / UNITS, f = (idx - r * UNITS) * 4;
         if (f < 512) {
             const int e = nf8_qexp(s_qmax[r]);
             const float sc = __uint_as_float((uint32_t)(127 + e) << 23);  // 2^e
-            const float2 a = f2_of<T>(v.x), c = f2_of<T>(v.y);
+            const float2 a = f2_of<T>(v[u].x), c = f2_of<T>(v[u].y);
             const float x[4] = {a.x * sc, a.y * sc, c.x * sc, c.y * sc};
             uint32_t hi, lo;
             nf8_split4(x, hi, lo);
@@ -254,7 +263,7 @@ __device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uin
             for (int half = 0; half < 2; ++half) {
                 const int L = nf8_rope_pos(f - 512 + 2 * half);  // features + 0, + 1: adjacent positions
                 const int blk = 8 + (L >> 6), e = L & 63;
-                st_shared_u32(sQ + blk * (MT * 128) + swz(r, e >> 3) + (e & 7) * 2, half ? v.y : v.x);
+                st_shared_u32(sQ + blk * (MT * 128) + swz(r, e >> 3) + (e & 7) * 2, half ? v[u].y : v[u].x);
             }
         }
     }
@@ -269,8 +278,15 @@ template <typename T> struct Nf8Fold { static constexpr bool value = Same<T, bf1
 constexpr float NF8_P_SCALE = 0x1p100f;  // P'_G = P x scale x 2^100 (bf16 range for any scale < 2^27)
 constexpr float NF8_O_SCALE = 0x1p20f;   // 2^120 / 2^100: what the folded O is short of
 
-// wgmma m64n32k32 / m64n64k32 on e4m3, A from four registers (4 codes each), B (K-major) in
+// wgmma m64n16k32 / m64n32k32 on e4m3, A from four registers (4 codes each), B (K-major) in
 // shared memory.
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+                 : VT_ACC8(0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
 __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
@@ -279,21 +295,13 @@ __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16], const uint32_t (&a
                  : VT_ACC8(0), VT_ACC8(8)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
 }
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-                 : VT_ACC32(0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
 
 // Warpgroup 0: S^T = K Q^T over the raw tile at `raw` (token flags vst) for tokens 16 wwarp + g
 // and + 8, in 5 chunks (one per 128-feature group, 4 fp8 k steps, then the rope's 4 16-bit k
 // steps), fragments in two register sets (a chunk's are loaded while the previous chunk's
 // wgmma run) and group sums in two accumulator sets (group G is folded into s, x its tokens'
-// scales, once group G + 1 has been issued). qv[k]: 2^-e of column NarrowRows::col(k, qd).
+// scales, once group G + 1 has been issued; 8 wgmma a group: each k step against Q's hi, then
+// its lo part). qv[k]: 2^-e of column NarrowRows::col(k, qd).
 // sa / sb: the two tokens' group scales (0 for tokens that do not exist).
 template <typename T, int MT>
 __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float (&sb)[4], uint32_t raw,
@@ -310,16 +318,15 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
         sb[k] = vb ? __uint_as_float(vt::word(sb4, k)) : 0.0f;
     }
     uint32_t a[2][4][4];
-    float acc[2][MT];  // group sums: hi columns [0, R) of this thread, lo columns [R, MT)
+    float acc[2][R];  // group sums (hi + lo)
     float rope[R];
     auto fold = [&](int grp) {
-        float(&ac)[MT] = acc[grp & 1];
+        float(&ac)[R] = acc[grp & 1];
         pin(ac);
 #pragma unroll
         for (int i = 0; i < R; ++i) {
             const float sc = (i & 2) ? sb[grp] : sa[grp];  // token ta for (i & 3) < 2, tb else
-            const float v = (ac[i] + ac[i + R]) * sc;
-            s[i] = grp == 0 ? v : s[i] + v;
+            s[i] = grp == 0 ? ac[i] * sc : fmaf(ac[i], sc, s[i]);
         }
     };
 #pragma unroll
@@ -358,9 +365,10 @@ __device__ __forceinline__ void nf8_qk(float (&s)[MT / 2], float (&sa)[4], float
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             if (c < 4) {
-                // Column block c (2 MT rows of 128 bytes), 32 bytes a k step.
+                // Column block c: Q_hi's MT rows of 128 bytes, then Q_lo's; 32 bytes a k step.
                 const uint64_t oq = (uint64_t)((c * 2 * Q_SUB + k * 32) >> 4);
                 wgmma_rs_e4m3(acc[c & 1], fr[k], dq + oq, k == 0 ? 0 : 1);
+                wgmma_rs_e4m3(acc[c & 1], fr[k], dq + oq + (Q_SUB >> 4), 1);
             } else {
                 const uint64_t oq = (uint64_t)((8 * Q_SUB + k * 32) >> 4);
                 WgRs<T>::mma(rope, fr[k], dq + oq, k == 0 ? 0 : 1);
@@ -423,7 +431,7 @@ __device__ __forceinline__ void nf8_pv(float (&o)[8][MT / 2], uint32_t raw, cons
             // Features 2 h, 2 h + 1 of the group's 4 bytes: one feature of two tokens per half.
             const uint32_t sel = h ? 0x7362u : 0x5140u;
             const uint32_t w01 = prmt(x[0][gg], x[1][gg], sel), w23 = prmt(x[2][gg], x[3][gg], sel);
-            if (NF8_LAB == 3 || NF8_LAB == 5) {
+            if (NF8_LAB == 3 || NF8_LAB == 5) {  // lab: no dequantization
                 fr[m][0] = w01, fr[m][1] = w01 >> 16, fr[m][2] = w23, fr[m][3] = w23 >> 16;
             } else if (FOLD) {
                 fr[m][0] = vt::e4m3x2_bits<bf16>(w01, false);  // feature 2 h, tokens +0, +1

@@ -85,13 +85,6 @@ template <> struct WgNarrow<f16> {
     static __device__ __forceinline__ void pv(float (&d)[16], uint64_t a, uint64_t b) { wgmma_m64n32k16_f16_ta(d, a, b, 1); }
 };
 
-template <typename T> __device__ __forceinline__ unsigned short to_bits(float x);
-template <> __device__ __forceinline__ unsigned short to_bits<bf16>(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
-template <> __device__ __forceinline__ unsigned short to_bits<f16>(float x) { return __half_as_ushort(__float2half_rn(x)); }
-
-__device__ __forceinline__ void st_shared_u16(uint32_t addr, unsigned short v) {
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
-}
 __device__ __forceinline__ void st_shared_f1(uint32_t addr, float x) {
     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
 }
@@ -164,18 +157,24 @@ template <int MT> struct NarrowRows {
 };
 
 // P^T (MT query rows x 64 tokens, 16-bit, swizzled) from warpgroup 0's probabilities pv
-// (S^T's layout), token 16 wwarp + g scaled by fa and token + 8 by fb.
+// (S^T's layout), token 16 wwarp + g scaled by fa and token + 8 by fb: per 16 columns one
+// stmatrix .x4 .trans (matrix m = 2 n-block + half: this warp's tokens 16 wwarp + 8 half ..
+// + 7 of columns 8 n-block .. + 7; memory row j of matrix m is P^T row 8 n-block + j, chunk
+// 2 wwarp + half of it).
 template <typename T, int MT>
 __device__ __forceinline__ void narrow_store_p(uint32_t sP, const float (&pv)[MT / 2], int wtid, float fa, float fb) {
-    const int wwarp = wtid >> 5, lane = wtid & 31, g = lane >> 2, qd = lane & 3;
+    const int wwarp = wtid >> 5, lane = wtid & 31, lm = lane >> 3, lj = lane & 7;
 #pragma unroll
-    for (int i = 0; i < MT / 8; ++i)
+    for (int x = 0; x < MT / 16; ++x) {
+        uint32_t r[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int tk = wwarp * 16 + g + 8 * (j >> 1);
-            st_shared_u16(sP + swz(NarrowRows<MT>::col(2 * i + (j & 1), qd), tk >> 3) + (tk & 7) * 2,
-                          to_bits<T>(pv[4 * i + j] * (j >> 1 ? fb : fa)));
+        for (int m = 0; m < 4; ++m) {
+            const int i = 2 * x + (m >> 1), h = m & 1;
+            const float f = h ? fb : fa;
+            r[m] = pack2<T>(pv[4 * i + 2 * h] * f, pv[4 * i + 2 * h + 1] * f);
         }
+        stsm_x4_t(sP + swz(8 * (2 * x + (lm >> 1)) + lj, 2 * wwarp + (lm & 1)), r);
+    }
 }
 
 // Warpgroup 0's softmax of tile t from its scores s (S^T, s[4 i + j]: token 16 wwarp + g +
