@@ -21,7 +21,8 @@
 //! f32, other head dims and unaligned views take the generic kernel; an fp8_ds_mla cache
 //! takes on sm_90 the narrow wgmma kernel's fp8 form at most 32 query rows (a producer warp
 //! fills a ring of raw rows, one TMA box a tile when 64 divides the block size, both products
-//! take the cache operand from registers) and the 64-row wgmma kernel's fp8 form (a third
+//! take the cache operand from registers, S^T as an fp8 product against the query split in two
+//! e4m3 parts) and the 64-row wgmma kernel's fp8 form (a third
 //! warpgroup dequantizing) above, elsewhere the mma.sync kernels.
 //!
 //! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
