@@ -194,8 +194,12 @@ __device__ __forceinline__ float2 f2_of_e4m3x2(uint32_t c) {
     asm("{\n.reg .b16 c;\ncvt.u16.u32 c, %1;\ncvt.rn.f16x2.e4m3x2 %0, c;\n}\n" : "=r"(h) : "r"(c));
     return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
-// Four values as their hi and lo e4m3 parts (4 bytes each).
-__device__ __forceinline__ void nf8_split4(const float (&x)[4], uint32_t& hi, uint32_t& lo) {
+// Four values as their hi and lo e4m3 parts (4 bytes each). An infinite value becomes the NaN
+// code (satfinite would make it +-448, a finite and wrong score; the reference's is not finite).
+__device__ __forceinline__ void nf8_split4(const float (&xin)[4], uint32_t& hi, uint32_t& lo) {
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = fabsf(xin[i]) == __int_as_float(0x7f800000) ? __int_as_float(0x7fc00000) : xin[i];
     const uint32_t h01 = e4m3x2_of(x[0], x[1]), h23 = e4m3x2_of(x[2], x[3]);
     const float2 b01 = f2_of_e4m3x2(h01), b23 = f2_of_e4m3x2(h23);
     hi = h01 | (h23 << 16);
