@@ -171,7 +171,8 @@ __device__ __forceinline__ int nf8_qbyte(int local) {  // local: feature within 
     const int qd = local >> 5, kp = (local >> 3) & 3, j = local & 7;
     return 32 * kp + (j < 4 ? 4 * qd + j : 12 + 4 * qd + j);
 }
-// Rope feature 512 + i: k step 32 + ((i & 15) >> 2), in-step index 2 (i >> 4) + (j & 1) + 8 (j >> 1).
+// Rope feature 512 + i: 16-bit k step (i & 15) >> 2 of the rope's block, in-step index
+// 2 (i >> 4) + (j & 1) + 8 (j >> 1), j = i & 3.
 __device__ __forceinline__ int nf8_rope_pos(int i) {
     const int j = i & 3;
     return 16 * ((i & 15) >> 2) + 2 * (i >> 4) + (j & 1) + 8 * (j >> 1);
