@@ -160,9 +160,10 @@ template <typename T> __device__ __forceinline__ uint32_t rope2(uint32_t w) {
 // S^T's latent part runs on fp8 wgmma (m64nMTk32 e4m3): A is the tile's codes AS LOADED
 // (no conversion at all), B is each query row in two e4m3 parts, hi = e4m3(q x 2^e) and lo =
 // e4m3(q x 2^e - hi), each k step issued against hi, then lo, into the same accumulators (the
-// A registers read twice), so S = (S_hi + S_lo) x 2^-e is q . code to
-// ~2^-8 relative per element (bf16's own rounding of q is 2^-9), absolute 2^-10 x 2^-e below
-// e4m3's normal range: a row's power of two e puts its largest latent value in [128, 256).
+// A registers read twice), so S = (S_hi + S_lo) x 2^-e is q . code with q carried EXACTLY
+// for bf16 values within 2^-9 of the row's largest (8 significant bits = hi's 4 + lo's 4),
+// to 2^-10 x 2^-e absolute below; f16 values to 2^-8 relative: a row's power of two e puts its
+// largest latent value in [128, 256) (host check: mla_decode_fp8.rs, query_split_*).
 // The rope part (bf16 in the row) runs on 16-bit wgmma with the row's values as A.
 // Byte x of k step 4 G + k' (x < 32) of the latent part: physical feature 128 G + 32 qd + 8 k'
 // + j with x = 4 qd + j for j < 4, 16 + 4 qd + j - 4 else, so that each thread's A fragments of
