@@ -56,9 +56,9 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Lab builds for docs/perf.md (wrong results; a copy of this file with NF8_LAB defined, through
-// VT_CUDA_KERNELS_DIR): 1 the producer copies nothing, 2 no products (S = 0, no P V), 3 and 5 no dequantization in
-// O^T (the raw words as fragments; S^T has none since its fp8 form, 4 was S^T's before it),
-// 6 no O^T products, 7 no S^T products.
+// VT_CUDA_KERNELS_DIR): 1 the producer copies nothing, 2 no products (S = 0, no P V), 3 and 5
+// no dequantization in O^T (the raw words as fragments; S^T has none since its fp8 form, 4 was
+// S^T's before it), 6 no O^T products, 7 no S^T products.
 #ifndef NF8_LAB
 #define NF8_LAB 0
 #endif
@@ -191,11 +191,6 @@ __device__ __forceinline__ uint32_t e4m3x2_of(float x0, float x1) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
     return r;
 }
-__device__ __forceinline__ float2 f2_of_e4m3x2(uint32_t c) {
-    uint32_t h;
-    asm("{\n.reg .b16 c;\ncvt.u16.u32 c, %1;\ncvt.rn.f16x2.e4m3x2 %0, c;\n}\n" : "=r"(h) : "r"(c));
-    return __half22float2(*reinterpret_cast<const __half2*>(&h));
-}
 // Four values as their hi and lo e4m3 parts (4 bytes each). An infinite value becomes the NaN
 // code (satfinite would make it +-448, a finite and wrong score; the reference's is not finite).
 __device__ __forceinline__ void nf8_split4(const float (&xin)[4], uint32_t& hi, uint32_t& lo) {
@@ -203,7 +198,7 @@ __device__ __forceinline__ void nf8_split4(const float (&xin)[4], uint32_t& hi, 
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = fabsf(xin[i]) == __int_as_float(0x7f800000) ? __int_as_float(0x7fc00000) : xin[i];
     const uint32_t h01 = e4m3x2_of(x[0], x[1]), h23 = e4m3x2_of(x[2], x[3]);
-    const float2 b01 = f2_of_e4m3x2(h01), b23 = f2_of_e4m3x2(h23);
+    const float2 b01 = e4m3x2_to_f2(h01), b23 = e4m3x2_to_f2(h23);  // fp8_tiles.cuh
     hi = h01 | (h23 << 16);
     lo = e4m3x2_of(x[0] - b01.x, x[1] - b01.y) | (e4m3x2_of(x[2] - b23.x, x[3] - b23.y) << 16);
 }
