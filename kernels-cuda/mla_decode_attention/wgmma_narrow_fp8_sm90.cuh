@@ -96,28 +96,33 @@ template <int MT> struct NarrowFp8Layout {
     static_assert(OFF_RAW % 1024 == 0 && OFF_P % 1024 == 0 && OFF_FLAGS % 8 == 0 && OFF_MBAR % 8 == 0, "alignment");
 };
 
-// wgmma m64n16k16 / m64n32k16, A from four registers, B (K-major) in shared memory.
-#define VT_WGMMA_RS_N16(NAME, TY)                                                                         \
+// wgmma m64n16 / m64n32 with A from four registers and B (K-major) in shared memory: SHAPE is
+// the instruction's shape and types, TAIL its immediates after scale-d (16-bit types: scale a,
+// scale b, transpose b; e4m3: no transpose).
+#define VT_WGMMA_RS_N16(NAME, SHAPE, TAIL)                                                                \
     __device__ __forceinline__ void NAME(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) { \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                       \
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY " "                           \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"        \
+                     "wgmma.mma_async.sync.aligned." SHAPE " "                                            \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, " TAIL ";\n}\n"       \
                      : VT_ACC8(0)                                                                         \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));                 \
     }
-#define VT_WGMMA_RS_N32(NAME, TY)                                                                          \
+#define VT_WGMMA_RS_N32(NAME, SHAPE, TAIL)                                                                 \
     __device__ __forceinline__ void NAME(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) { \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                        \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " "                            \
+                     "wgmma.mma_async.sync.aligned." SHAPE " "                                             \
                      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "           \
-                     "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                         \
+                     "{%16, %17, %18, %19}, %20, p, " TAIL ";\n}\n"                                      \
                      : VT_ACC8(0), VT_ACC8(8)                                                              \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));                  \
     }
-VT_WGMMA_RS_N16(wgmma_rs_m64n16k16_bf16, "bf16")
-VT_WGMMA_RS_N16(wgmma_rs_m64n16k16_f16, "f16")
-VT_WGMMA_RS_N32(wgmma_rs_m64n32k16_bf16, "bf16")
-VT_WGMMA_RS_N32(wgmma_rs_m64n32k16_f16, "f16")
+VT_WGMMA_RS_N16(wgmma_rs_m64n16k16_bf16, "m64n16k16.f32.bf16.bf16", "1, 1, 0")
+VT_WGMMA_RS_N16(wgmma_rs_m64n16k16_f16, "m64n16k16.f32.f16.f16", "1, 1, 0")
+VT_WGMMA_RS_N32(wgmma_rs_m64n32k16_bf16, "m64n32k16.f32.bf16.bf16", "1, 1, 0")
+VT_WGMMA_RS_N32(wgmma_rs_m64n32k16_f16, "m64n32k16.f32.f16.f16", "1, 1, 0")
+// S^T's latent part (below): e4m3 x e4m3, 32-deep k steps, 4 codes a register.
+VT_WGMMA_RS_N16(wgmma_rs_e4m3, "m64n16k32.f32.e4m3.e4m3", "1, 1")
+VT_WGMMA_RS_N32(wgmma_rs_e4m3, "m64n32k32.f32.e4m3.e4m3", "1, 1")
 
 template <typename T> struct WgRs;
 template <> struct WgRs<bf16> {
@@ -278,24 +283,6 @@ __device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uin
 template <typename T> struct Nf8Fold { static constexpr bool value = Same<T, bf16>::value; };
 constexpr float NF8_P_SCALE = 0x1p100f;  // P'_G = P x scale x 2^100 (bf16 range for any scale < 2^27)
 constexpr float NF8_O_SCALE = 0x1p20f;   // 2^120 / 2^100: what the folded O is short of
-
-// wgmma m64n16k32 / m64n32k32 on e4m3, A from four registers (4 codes each), B (K-major) in
-// shared memory.
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[8], const uint32_t (&a)[4], uint64_t db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
-                 : VT_ACC8(0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[16], const uint32_t (&a)[4], uint64_t db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-                 "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-                 : VT_ACC8(0), VT_ACC8(8)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
-}
 
 // Warpgroup 0: S^T = K Q^T over the raw tile at `raw` (token flags vst) for tokens 16 wwarp + g
 // and + 8, in 5 chunks (one per 128-feature group, 4 fp8 k steps, then the rope's 4 16-bit k
