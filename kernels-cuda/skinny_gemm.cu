@@ -25,6 +25,8 @@
 //   `out` and resets the counter to 0 for the next launch. One launch, no second kernel.
 // - Grid: x = token block (fastest, so the CTAs that share a weight tile run together and the
 //   second one reads it from L2), y = 64-row block, z = batch entry * splits + split.
+// - sm_90, fp8 weights at up to 32 tokens: `gemm_w8_tma` at the end of the file, the same tile
+//   fed through the TMA by a producer warp (the host chooses: skinny_gemm.rs, `plan`).
 #include "common.cuh"
 #include "e4m3.cuh"
 #include "tensor_core.cuh"
@@ -63,6 +65,15 @@ template <int KIND, int NT> __host__ __device__ constexpr int stage_bytes() {
     return Layout<KIND>::WBYTES + 8 * NT * Layout<KIND>::ASTR;
 }
 
+// A 16-byte weight piece global -> shared, asking the L2 for the whole 256-byte segment: a
+// chunk reads 128 (fp8) or 256 (16-bit) bytes of each weight row, so the row's next bytes are
+// in L2 when the next chunk asks (H200: 16-bit rows 5-11% faster at M <= 8, fp8 within 2%;
+// docs/perf.md "Fourteenth session").
+__device__ __forceinline__ void cp_async16_w(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
     uint4 r;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
@@ -71,6 +82,103 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
 
 using vt::e4m3x2;  // the fp8 weight form (e4m3.cuh)
 using vt::word;
+
+// One 64-code step of the fp8 weight form: the lane's 16 weight bytes of rows g (w0) and g + 8
+// (w1) converted to T pairs (its A fragments) and multiplied by its activations of each token
+// fragment j (x0: k 0..7 of its 16, x1: 8..15), into the RW sets of group sums round robin
+// from set sb (consecutive MMAs to different sets: mma.sync issues in order).
+template <typename T, int NT, int RW>
+__device__ __forceinline__ void w8_step(float (&tmp)[RW][NT][4], const uint4& w0, const uint4& w1, const uint4 (&x0)[NT],
+                                        const uint4 (&x1)[NT], int sb) {
+    uint32_t fa[4][4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const uint32_t r0 = word(w0, q), r1 = word(w1, q);
+        fa[q][0] = e4m3x2<T>(r0, false);
+        fa[q][1] = e4m3x2<T>(r1, false);
+        fa[q][2] = e4m3x2<T>(r0, true);
+        fa[q][3] = e4m3x2<T>(r1, true);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[sb % RW][j], fa[0], x0[j].x, x0[j].y);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 1) % RW][j], fa[1], x0[j].z, x0[j].w);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 2) % RW][j], fa[2], x1[j].x, x1[j].y);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 3) % RW][j], fa[3], x1[j].z, x1[j].w);
+}
+
+// A 128-group's sums (the RW sets added in a fixed order) times its block scale, into acc.
+template <int NT, int RW>
+__device__ __forceinline__ void w8_scale_add(float (&acc)[NT][4], const float (&tmp)[RW][NT][4], float sc) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float sum = tmp[0][j][q];
+#pragma unroll
+            for (int r = 1; r < RW; ++r) sum += tmp[r][j][q];
+            acc[j][q] = fmaf(sum, sc, acc[j][q]);
+        }
+}
+
+// The end of a CTA's tile, for the THREADS threads that hold its sums (acc: token fragment j,
+// rows n0 + g (+ 8), tokens m0 + 8 j + 2 t (+ 1)). Split K: every CTA of the tile writes its f32
+// sums to `part` (a slice per split), then bumps the tile's counter; the last CTA to arrive adds
+// the slices in split order 0, 1, .. (deterministic: the result does not depend on which CTA is
+// last), writes `out` and resets the counter to 0 for the next launch. Its barriers are named
+// (1, THREADS): a kernel's other threads (a producer warp) need not be there.
+template <typename T, int NT>
+__device__ __forceinline__ void finish(float (&acc)[NT][4], T* out, i64 o_b, i64 o_m, i64 o_n, i64 batch, int n0,
+                                       int m0, int n, int m, int split, int splits, float* part, unsigned* counters) {
+    __shared__ int s_last;
+    const int tid = threadIdx.x, g = (tid & 31) >> 2, t = tid & 3;
+    if (splits > 1) {
+        // This CTA's sums, a float4 per (thread, token group), a contiguous slice per split.
+        const i64 tile = ((i64)batch * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        float4* mine = reinterpret_cast<float4*>(part) + (tile * splits + split) * (THREADS * NT) + tid * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mine[j] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        __threadfence();
+        bar_sync(1, THREADS);
+        if (tid == 0) {
+            const unsigned old = atomicAdd(counters + tile, 1u);
+            const int last = old == (unsigned)(splits - 1);
+            if (last) counters[tile] = 0;  // every split has arrived: ready for the next launch
+            s_last = last;
+        }
+        bar_sync(1, THREADS);
+        if (!s_last) return;
+        __threadfence();
+        const float4* all = reinterpret_cast<const float4*>(part) + tile * splits * (THREADS * NT) + tid * NT;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int s = 0; s < splits; ++s) {
+                const float4 v = s == split ? make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3])
+                                            : __ldcg(all + (i64)s * (THREADS * NT) + j);
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
+            }
+            acc[j][0] = sum.x;
+            acc[j][1] = sum.y;
+            acc[j][2] = sum.z;
+            acc[j][3] = sum.w;
+        }
+    }
+    if (n0 >= n) return;
+    T* ob = out + batch * o_b;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = n0 + g + 8 * (i >> 1), tok = m0 + 8 * j + 2 * t + (i & 1);
+            if (row < n && tok < m) ob[(i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(acc[j][i]);
+        }
+}
 
 // Arguments: out[g, m, n] (strides o_b, o_m, o_n), a[g, m, k] (a_b, a_m; k stride 1),
 // w (w_b; w_r the row stride: along n for W16 / W8 rows of K, along k for W16N rows of N;
@@ -86,7 +194,6 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
     constexpr bool W8K = KIND == W8;
     constexpr int TOK = 8 * NT, SB = stage_bytes<KIND, NT>(), STAGES = stages_of<KIND == W8, NT>();
     extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ int s_last;
     const uint32_t base = smem_u32(smem);
     // The next kernel on the stream may launch (dependent) once this grid's last CTAs run:
     // it only prefetches its weights until this grid completes.
@@ -130,7 +237,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                     const int kk = W8K ? kc + 64 * s + 16 * t : kc + 32 * s + 8 * t;
                     const bool ok = (h ? r1ok : r0ok) && kk < k;
                     const unsigned char* src = (h ? wr1 : wr0) + (ok ? (i64)kk * es : 0);
-                    cp_async16(sw + wbase + (p * 32 + lane) * 16, src, ok);
+                    cp_async16_w(sw + wbase + (p * 32 + lane) * 16, src, ok);
                 }
             }
         }
@@ -168,7 +275,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
         if (what & LOAD_W) {
 #pragma unroll
             for (int p = 0; p < L::PIECES; ++p)
-                cp_async16(sw + p * 32 * 16, ((p & 1) ? p1 : p0) + 64 * (p >> 1), true);
+                cp_async16_w(sw + p * 32 * 16, ((p & 1) ? p1 : p0) + 64 * (p >> 1), true);
         }
         const T* ap = al + (i64)c * CHUNK;
         if (what & LOAD_A) {
@@ -314,35 +421,10 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
                 }
                 if (s >= PD) {
                     const int bf = (s - PD) % NB;
-                    uint32_t fa[4][4];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const uint32_t r0 = word(w0[bf], q), r1 = word(w1[bf], q);
-                        fa[q][0] = e4m3x2<T>(r0, false);
-                        fa[q][1] = e4m3x2<T>(r1, false);
-                        fa[q][2] = e4m3x2<T>(r0, true);
-                        fa[q][3] = e4m3x2<T>(r1, true);
-                    }
-                    const int sb = 4 * (s - PD);
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[sb % RW][j], fa[0], x0[bf][j].x, x0[bf][j].y);
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 1) % RW][j], fa[1], x0[bf][j].z, x0[bf][j].w);
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 2) % RW][j], fa[2], x1[bf][j].x, x1[bf][j].y);
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) MmaSync<T>::run(tmp[(sb + 3) % RW][j], fa[3], x1[bf][j].z, x1[bf][j].w);
+                    w8_step<T, NT, RW>(tmp, w0[bf], w1[bf], x0[bf], x1[bf], 4 * (s - PD));
                 }
             }
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float sum = tmp[0][j][q];
-#pragma unroll
-                    for (int r = 1; r < RW; ++r) sum += tmp[r][j][q];
-                    acc[0][j][q] = fmaf(sum, sc, acc[0][j][q]);
-                }
+            w8_scale_add<NT, RW>(acc[0], tmp, sc);
         }
     }
     cp_async_wait<0>();
@@ -354,50 +436,135 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[0][j][i] += acc[r][j][i];
 
-    if (splits > 1) {
-        // This CTA's sums, a float4 per (thread, token group), a contiguous slice per split.
-        const i64 tile = ((i64)batch * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-        float4* mine = reinterpret_cast<float4*>(part) + (tile * splits + split) * (THREADS * NT) + tid * NT;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) mine[j] = make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3]);
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            const unsigned old = atomicAdd(counters + tile, 1u);
-            const int last = old == (unsigned)(splits - 1);
-            if (last) counters[tile] = 0;  // every split has arrived: ready for the next launch
-            s_last = last;
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        const float4* all = reinterpret_cast<const float4*>(part) + tile * splits * (THREADS * NT) + tid * NT;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int s = 0; s < splits; ++s) {
-                const float4 v = s == split ? make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3])
-                                            : __ldcg(all + (i64)s * (THREADS * NT) + j);
-                sum.x += v.x;
-                sum.y += v.y;
-                sum.z += v.z;
-                sum.w += v.w;
-            }
-            acc[0][j][0] = sum.x;
-            acc[0][j][1] = sum.y;
-            acc[0][j][2] = sum.z;
-            acc[0][j][3] = sum.w;
+    finish<T, NT>(acc[0], out, o_b, o_m, o_n, batch, n0, m0, n, m, split, splits, part, counters);
+}
+
+
+// ------------------------------------------------------------ fp8 weights through the TMA (sm_90)
+//
+// The fp8 weight-only form at up to 32 tokens (NT 1, 2, 4) on sm_90: the same tile, fragments and
+// epilogue as `gemm<T, W8, NT>`, but the chunks arrive by the TMA. A fifth warp (one lane) keeps
+// a TMA_STAGES-deep ring of chunks in flight: per chunk one 64-row x 128-byte box of the weight
+// (rows past N and codes past K read as zeros) and two 64-element x 8 NT-token boxes of the
+// activations (tokens past M zeros), all 128-byte swizzled, completing on the stage's `full`
+// mbarrier; the four compute warps read their fragments, then arrive on the stage's `empty`
+// mbarrier (every thread), which the producer waits for before refilling the stage. No block
+// barrier and no per-lane copy address in the loop (the cp.async form waits on both each chunk).
+// Dynamic shared memory (1024-aligned base): up to TMA_STAGES x (8 KB of weights + 2 x 1 KB NT
+// of activations); a CTA of c < TMA_STAGES chunks touches only stages 0..c-1 and the host
+// allocates those only (`tma_smem`), so short-K problems (the absorbed BMMs: one chunk) keep
+// many CTAs an SM. The mbarriers are static.
+struct Maps {
+    TmaMap w;  // [G][N][K] bytes, boxes 128 x 64 x 1
+    TmaMap a;  // [G][M][K] T, boxes 64 x 8 NT x 1
+};
+
+template <int NT> __host__ __device__ constexpr int tma_stages() { return NT == 1 ? 7 : NT == 2 ? 6 : 4; }
+template <int NT> __host__ __device__ constexpr int tma_stage_bytes() { return ROWS * CHUNK + 2 * 8 * NT * 128; }
+template <int NT> __host__ __device__ constexpr int tma_smem(int chunks) {
+    return 1024 + (chunks < tma_stages<NT>() ? chunks : tma_stages<NT>()) * tma_stage_bytes<NT>();
+}
+
+template <typename T, int NT>
+__device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* ws, i64 ws_b, i64 ws_n,
+                            i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int STAGES = tma_stages<NT>(), SB = tma_stage_bytes<NT>(), ABOX = 8 * NT * 128;
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ __align__(8) unsigned long long tma_bars[2 * STAGES];
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    const uint32_t bars = smem_u32(tma_bars);
+    auto full = [&](int st) { return bars + 8 * st; };
+    auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
+    vt::grid_dep_launch();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const i64 batch = blockIdx.z / splits;
+    const int split = blockIdx.z % splits;
+    const int m0 = blockIdx.x * 8 * NT, nb0 = blockIdx.y * ROWS, n0 = nb0 + warp * 16;
+    const int chunks = (k + CHUNK - 1) / CHUNK;
+    const int c_lo = split * cpb, nck = max(0, min(chunks, c_lo + cpb) - c_lo);
+    if (tid == 0) {
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(full(st), 1);         // the producer's expect_tx arrival, then the bytes
+            mbar_init(empty(st), THREADS);  // every compute thread
         }
     }
-    if (n0 >= n) return;
-    T* ob = out + batch * o_b;
+    __syncthreads();
+    if (warp == WARPS) {
+        if (lane != 0) return;
+        prefetch_map(&maps.w);
+        prefetch_map(&maps.a);
+        auto issue = [&](int i, bool w, bool a) {
+            const int st = i % STAGES, kc = (c_lo + i) * CHUNK;
+            const uint32_t sw = base + st * SB;
+            if (w) tma_load_3d(sw, &maps.w, kc, nb0, (int)batch, full(st));
+            if (a) {
+                tma_load_3d(sw + ROWS * CHUNK, &maps.a, kc, m0, (int)batch, full(st));
+                tma_load_3d(sw + ROWS * CHUNK + ABOX, &maps.a, kc + 64, m0, (int)batch, full(st));
+            }
+        };
+        // Dependent launch (VT_PDL): the first stages' weights before waiting for the previous
+        // kernel, their activations after (each stage's barrier expects both from the start).
+        const int first = min(STAGES, nck);
+        for (int i = 0; i < first; ++i) {
+            mbar_expect_tx(full(i), SB);
+            issue(i, true, false);
+        }
+        vt::grid_dep_wait();
+        for (int i = 0; i < first; ++i) issue(i, false, true);
+        for (int i = STAGES; i < nck; ++i) {
+            const int st = i % STAGES;
+            mbar_wait(empty(st), (i / STAGES - 1) & 1);
+            mbar_expect_tx(full(st), SB);
+            issue(i, true, true);
+        }
+        return;
+    }
+    // The compute warps write the output and the split-K workspace: after the previous kernel.
+    vt::grid_dep_wait();
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int RW = 4 / NT;
+    float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = n0 + g + 8 * (i >> 1), tok = m0 + 8 * j + 2 * t + (i & 1);
-            if (row < n && tok < m) ob[(i64)tok * o_m + (i64)row * o_n] = vt::from_f32<T>(acc[0][j][i]);
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+    const float* wsr = n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n + (i64)c_lo * ws_k : nullptr;
+    // Swizzled offsets (16-byte unit u of row r at r * 128 + (u ^ r % 8) * 16; here r % 8 == g):
+    // weight piece 2 s + h is row 16 warp + g + 8 h, unit 4 s + t; activation half s of token
+    // 8 j + g, units 2 t (k 0..7 of the lane's 16) and 2 t + 1.
+    const uint32_t wrow = (warp * 16 + g) * 128, arow = g * 128;
+    for (int i = 0; i < nck; ++i) {
+        const int st = i % STAGES;
+        const float sc = wsr != nullptr ? wsr[(i64)i * ws_k] : 0.0f;
+        mbar_wait(full(st), (i / STAGES) & 1);
+        const uint32_t sw = base + st * SB, sa = sw + ROWS * CHUNK;
+        uint4 w[2][2], x0[2][NT], x1[2][NT];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) w[s][h] = lds128(sw + wrow + h * 8 * 128 + (((4 * s + t) ^ g) << 4));
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const uint32_t ra = sa + s * ABOX + j * 8 * 128 + arow;
+                x0[s][j] = lds128(ra + (((2 * t) ^ g) << 4));
+                x1[s][j] = lds128(ra + (((2 * t + 1) ^ g) << 4));
+            }
         }
+        mbar_arrive(empty(st));
+        float tmp[RW][NT][4];
+#pragma unroll
+        for (int r = 0; r < RW; ++r)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) tmp[r][j][q] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 2; ++s) w8_step<T, NT, RW>(tmp, w[s][0], w[s][1], x0[s], x1[s], 4 * s);
+        w8_scale_add<NT, RW>(acc, tmp, sc);
+    }
+    finish<T, NT>(acc, out, o_b, o_m, o_n, batch, n0, m0, n, m, split, splits, part, counters);
+#endif
 }
 
 }  // namespace skinny
@@ -418,3 +585,18 @@ VT_SKINNY_NT(bf16, bf16, w8, skinny::W8)
 VT_SKINNY_NT(f16, f16, w8, skinny::W8)
 VT_SKINNY_NT(bf16, bf16, w16n, skinny::W16N)
 VT_SKINNY_NT(f16, f16, w16n, skinny::W16N)
+
+// The TMA form: THREADS compute threads + one producer warp.
+#define VT_SKINNY_TMA(S, T, NT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(skinny::THREADS + 32) skinny_w8tma_t##NT##_##S(                 \
+        const __grid_constant__ skinny::Maps maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* ws, i64 ws_b,  \
+        i64 ws_n, i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters) {          \
+        skinny::gemm_w8_tma<T, NT>(maps, out, o_b, o_m, o_n, ws, ws_b, ws_n, ws_k, m, n, k, cpb, splits, part,    \
+                                   counters);                                                                    \
+    }
+VT_SKINNY_TMA(bf16, bf16, 1)
+VT_SKINNY_TMA(bf16, bf16, 2)
+VT_SKINNY_TMA(f16, f16, 1)
+VT_SKINNY_TMA(f16, f16, 2)
+VT_SKINNY_TMA(bf16, bf16, 4)
+VT_SKINNY_TMA(f16, f16, 4)

@@ -9,6 +9,7 @@
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
 //! | `VT_SKINNY_GEMM16` | off | CUDA MatmulBT / BatchedMatmul with 16-bit weights: Auto takes the skinny kernel up to M 128 too (A/B against cuBLAS in a decode step; with it off they stay on cuBLAS, which was ahead or tied at every measured shape alone) |
 //! | `VT_PDL` | off | CUDA skinny GEMM: launched as a programmatic dependent launch on sm_90, so it may start while the previous kernel on the stream runs, requesting its first weight chunks before it waits for that kernel (`griddepcontrol.wait`); the step's small kernels let it start early (`griddepcontrol.launch_dependents`). Needs weights that the kernel right before the GEMM does not write (true of a model's weights in a step) |
+//! | `VT_SKINNY_TMA` | on | CUDA (sm_90) skinny GEMM with fp8 weights at up to 32 tokens and K of 8+ chunks: the weight and activation chunks arrive by the TMA into a 4-7 deep ring fed by a producer warp (`skinny_w8tma_*`); `0` restores the cp.async ring (`skinny_w8_*`) |
 //! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`: 128 for fp8 weights, 0 for 16-bit ones) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
@@ -28,10 +29,11 @@ pub enum Flag {
     FuseCacheWrite,
     SkinnyGemm16,
     Pdl,
+    SkinnyTma,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 8] = [
+    pub const ALL: [Flag; 9] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -40,6 +42,7 @@ impl Flag {
         Flag::FuseCacheWrite,
         Flag::SkinnyGemm16,
         Flag::Pdl,
+        Flag::SkinnyTma,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -52,6 +55,7 @@ impl Flag {
             Flag::FuseCacheWrite => "VT_FUSE_CACHE_WRITE",
             Flag::SkinnyGemm16 => "VT_SKINNY_GEMM16",
             Flag::Pdl => "VT_PDL",
+            Flag::SkinnyTma => "VT_SKINNY_TMA",
         }
     }
 
@@ -68,6 +72,8 @@ impl Flag {
             // Off until a decode step measures them ahead (docs/perf.md, "Dependent launches").
             Flag::SkinnyGemm16 => false,
             Flag::Pdl => false,
+            // Measured on the H200 (docs/perf.md, "Fourteenth session").
+            Flag::SkinnyTma => true,
         }
     }
 
@@ -164,6 +170,11 @@ pub fn fuse_cache_write() -> bool {
 /// `VT_SKINNY_GEMM16`.
 pub fn skinny_gemm16() -> bool {
     get(Flag::SkinnyGemm16)
+}
+
+/// `VT_SKINNY_TMA`.
+pub fn skinny_tma() -> bool {
+    get(Flag::SkinnyTma)
 }
 
 /// `VT_PDL`.

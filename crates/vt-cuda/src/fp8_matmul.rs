@@ -483,7 +483,13 @@ fn plan_problem(
     match chosen {
         Kernel::Skinny => {
             // `part` is the skinny kernel's own workspace here (counters + partials).
-            (launches, part_elems) = crate::skinny_gemm::plan(dev.sms, &p.skinny(), opts.splits, part)?;
+            (launches, part_elems) = crate::skinny_gemm::plan(
+                dev.sms,
+                crate::skinny_gemm::tma_allowed(dev.sm),
+                &p.skinny(),
+                opts.splits,
+                part,
+            )?;
         }
         Kernel::Gemv => {
             let tt = gemv_tt(p.m);

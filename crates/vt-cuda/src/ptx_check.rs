@@ -415,8 +415,8 @@ fn samples(dt: DType) -> Result<Samples> {
         }
     }
     // The skinny GEMM (16-bit dtypes): 16-bit weights through MatmulBT / BatchedMatmul and
-    // fp8 weights through MatmulBTFp8 at 1, 9, 17 and 33 tokens (t1, t2, t4, t8), split
-    // and unsplit.
+    // fp8 weights through MatmulBTFp8 at 1, 9, 17 and 33 tokens (t1, t2, t4, t8; w8tma t1, t2),
+    // split and unsplit.
     if dt != DType::F32 {
         use crate::fp8_matmul::{plan_matmul_bt, Device, Fp8Options, Kernel as FK};
         use crate::skinny_gemm::{plan, Problem};
@@ -425,7 +425,7 @@ fn samples(dt: DType) -> Result<Samples> {
             let a = MatmulBTArgs { out: f.c(dt, &[m, n]), a: f.c(dt, &[m, k]), b: f.c(dt, &[n, k]) };
             add(
                 format!("MatmulBT (skinny M {m})"),
-                plan(132, &Problem::of_matmul_bt(&a), splits, 6 << 40)?.0,
+                plan(132, false, &Problem::of_matmul_bt(&a), splits, 6 << 40)?.0,
             );
             let a = MatmulBTFp8Args {
                 out: f.c(dt, &[m, n]),
@@ -434,16 +434,19 @@ fn samples(dt: DType) -> Result<Samples> {
                 b: f.c(DType::F8E4M3, &[n, k]),
                 b_scale: f.c(DType::F32, &[2, 3]),
             };
-            let dev = Device { sm: 90, sms: 132 };
-            let l = plan_matmul_bt(dev, &a, &Fp8Options { kernel: FK::Skinny, splits }, 6 << 40)?.1;
-            add(format!("MatmulBTFp8 (Skinny M {m})"), l);
+            // sm_90 takes the TMA form at M <= 16 (with VT_SKINNY_TMA on), sm_80 the cp.async one.
+            for sm in [90, 80] {
+                let dev = Device { sm, sms: 132 };
+                let l = plan_matmul_bt(dev, &a, &Fp8Options { kernel: FK::Skinny, splits }, 6 << 40)?.1;
+                add(format!("MatmulBTFp8 (Skinny M {m}, sm_{sm})"), l);
+            }
         }
         let a = BatchedMatmulArgs {
             out: f.c(dt, &[4, 2, 128]),
             a: f.t(dt, &[4, 2, 512], &[512, 4 * 512, 1]),
             b: f.t(dt, &[4, 512, 128], &[128 * 512, 1, 512]),
         };
-        add("BatchedMatmul (skinny)".into(), plan(132, &Problem::of_batched(&a), None, 6 << 40)?.0);
+        add("BatchedMatmul (skinny)".into(), plan(132, false, &Problem::of_batched(&a), None, 6 << 40)?.0);
         // N-contiguous per-head weights (the block's 16-bit W_UK_T / W_UV): w16n t1..t8.
         for m in [1, 9, 17, 33] {
             let a = BatchedMatmulArgs {
@@ -453,7 +456,7 @@ fn samples(dt: DType) -> Result<Samples> {
             };
             add(
                 format!("BatchedMatmul (skinny N-contiguous M {m})"),
-                plan(132, &Problem::of_batched(&a), None, 6 << 40)?.0,
+                plan(132, false, &Problem::of_batched(&a), None, 6 << 40)?.0,
             );
         }
     }

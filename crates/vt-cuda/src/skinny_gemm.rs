@@ -21,6 +21,11 @@
 //! (deterministic), through a per-queue workspace of counters (zeroed once; every launch
 //! leaves them zero) and f32 partials.
 //!
+//! TMA form (sm_90, `VT_SKINNY_TMA`, on by default): fp8 weights at up to 32 tokens whose K
+//! has 8+ chunks run `skinny_w8tma_*`, the same tile fed by a producer warp through 3-D TMA maps
+//! of the weight and the activations (boxes of 64 rows x 128 bytes and 64 elements x 8 NT
+//! tokens, 128-byte swizzle, zeros past N, M and K) into a 4-7 deep mbarrier ring.
+//!
 //! [`GemmKernel::Auto`] (the ops) takes the skinny kernel where `VT_SKINNY_GEMM` is on (the
 //! default), the views allow, and M is at most [`auto_max_m`] for the shape (measured on the
 //! H200, see docs/perf.md: 0 for 16-bit weights, which stay on cuBLAS; 128 for fp8
@@ -32,6 +37,7 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use cudarc::driver::CudaStream;
 use vt_core::{BatchedMatmulArgs, Buffer, DType, Error, MatmulBTArgs, OpId, Queue, Result, Tensor};
 
+use crate::launch::TensorMapSpec;
 use crate::rope_from_cache::int;
 use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
@@ -67,6 +73,38 @@ pub(crate) fn smem_for(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
         WeightKind::W16N => (272, 8),
     };
     chunks.clamp(1, stages(kind, nt)) * (4 * pieces * 32 * 16 + 8 * nt * astr)
+}
+
+/// The TMA form streams a ring where K has at least this many 128-wide chunks (the linear
+/// projections: 12-128); the absorbed BMMs (1 and 4 chunks) measured the same or up to 6%
+/// slower on it (H200, docs/perf.md "Fourteenth session") and keep the cp.async form.
+const TMA_MIN_CHUNKS: i64 = 8;
+
+/// The TMA form's ring depth (`skinny::tma_stages`): 7 stages at 8 tokens, 6 at 16, 4 at 32
+/// (three CTAs an SM).
+fn tma_stages(nt: i64) -> i64 {
+    match nt {
+        1 => 7,
+        2 => 6,
+        _ => 4,
+    }
+}
+
+/// Dynamic shared memory of the TMA form for a CTA of `chunks` K chunks (`skinny::tma_smem`):
+/// 1024 bytes of alignment slack and min(chunks, stages) ring stages (a 64 x 128-byte weight box
+/// and two 64-element x 8 NT-token activation boxes each; the mbarriers are static).
+pub(crate) fn tma_smem(nt: i64, chunks: i64) -> i64 {
+    1024 + chunks.clamp(1, tma_stages(nt)) * (ROWS * CHUNK + 2 * 8 * nt * 128)
+}
+
+/// TMA-form CTAs an SM: by shared memory, and by registers (160 threads of ~64 / 86 / 128 at
+/// NT 1 / 2 / 4: at most 6 / 4 / 3).
+fn tma_per_sm(nt: i64, chunks: i64) -> i64 {
+    per_sm(tma_smem(nt, chunks)).min(match nt {
+        1 => 6,
+        2 => 4,
+        _ => 3,
+    })
 }
 
 /// How the kernel reads the weight (`skinny::W16`, `W8`, `W16N`).
@@ -179,6 +217,17 @@ impl Problem {
         }
     }
 
+    /// The TMA map of the fp8 weight (`skinny::Maps::w`): bytes (K, N, G), boxes of 128 x 64 x 1.
+    fn tma_map_w(&self) -> TensorMapSpec {
+        map_3d("b", DType::F8E4M3, self.w.0, (self.k, self.n, self.g), 1, self.w.1, [128, ROWS as u32, 1])
+    }
+
+    /// The TMA map of the activations (`skinny::Maps::a`): (K, M, G) elements, boxes of
+    /// 64 x 8 NT x 1 (two per 128-wide chunk).
+    fn tma_map_a(&self, nt: i64) -> TensorMapSpec {
+        map_3d("a", self.dtype, self.a.0, (self.k, self.m, self.g), 2, self.a.1, [64, 8 * nt as u32, 1])
+    }
+
     /// Why the skinny kernel cannot take this problem, or `None` when it can.
     pub(crate) fn unsupported(&self) -> Option<String> {
         if !matches!(self.dtype, DType::BF16 | DType::F16) {
@@ -216,6 +265,32 @@ impl Problem {
     }
 }
 
+/// A 128-byte-swizzled 3-D TMA map of a `[g, rows, k]` operand with element strides `s`
+/// (`s[2]` = 1; [`Problem::unsupported`] has checked that the row and batch strides are
+/// 16-byte multiples wherever there is more than one row / batch entry). A single row or batch
+/// entry is never stepped over, so its stride is only given a valid value.
+fn map_3d(
+    what: &'static str,
+    dtype: DType,
+    addr: u64,
+    (k, rows, g): (i64, i64, i64),
+    es: i64,
+    s: [i64; 3],
+    boxes: [u32; 3],
+) -> TensorMapSpec {
+    let row = if rows > 1 { s[1] * es } else { (k * es + 15) / 16 * 16 };
+    let batch = if g > 1 { s[0] * es } else { row * rows.max(1) };
+    TensorMapSpec {
+        what,
+        dtype,
+        addr,
+        dims: [k as u64, rows as u64, g.max(1) as u64],
+        strides: [row as u64, batch as u64],
+        boxes,
+        swizzle: true,
+    }
+}
+
 /// The token fragments (of 8) per CTA: the fewest of 1, 2, 4, 8 that hold min(M, 64).
 fn fragments(m: i64) -> i64 {
     match m {
@@ -231,8 +306,8 @@ fn cdiv(a: i64, b: i64) -> i64 {
 }
 
 /// CTAs resident per SM, from the shared memory (227 KB usable on the H100/H200) and a cap.
-fn per_sm(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
-    ((227 << 10) / (smem_for(kind, nt, chunks) + 1024)).clamp(1, 8)
+fn per_sm(smem: i64) -> i64 {
+    ((227 << 10) / (smem + 1024)).clamp(1, 8)
 }
 
 /// K splits for `base` CTAs over `chunks` 128-chunks on `slots` resident CTAs: the count
@@ -254,8 +329,16 @@ fn choose_splits(base: i64, chunks: i64, slots: i64, max: i64) -> i64 {
 
 /// The launch of one skinny problem and the workspace it needs (f32 elements, counters
 /// included; 0 when K is not split). `ws` is the workspace's address (0 to learn the size).
-/// Plain data, no device (the PTX check compares it with the kernels' parameter lists).
-pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Result<(Vec<Launch>, i64)> {
+/// `tma`: the device and `VT_SKINNY_TMA` allow the TMA form (sm_90), which fp8 weights at up
+/// to 16 tokens then take. Plain data, no device (the PTX check compares it with the kernels'
+/// parameter lists).
+pub(crate) fn plan(
+    sms: u32,
+    tma: bool,
+    p: &Problem,
+    splits: Option<u32>,
+    ws: u64,
+) -> Result<(Vec<Launch>, i64)> {
     if let Some(why) = p.unsupported() {
         return Err(Error::invalid(
             p.op,
@@ -275,8 +358,10 @@ pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Resul
     let per_tile = THREADS * nt * 4; // f32 partials of one tile and split
     let cap = if tiles > COUNTERS { 1 } else { (MAX_PARTIAL_BYTES / 4 / (tiles * per_tile)).clamp(1, 64) };
     let kind = p.kind();
+    let tma = tma && kind == WeightKind::W8 && nt <= 4 && chunks >= TMA_MIN_CHUNKS;
     // Slots as for a CTA of all the chunks (short-K problems get more CTAs an SM).
-    let slots = sms.max(1) as i64 * per_sm(kind, nt, chunks);
+    let slots =
+        sms.max(1) as i64 * if tma { tma_per_sm(nt, chunks) } else { per_sm(smem_for(kind, nt, chunks)) };
     let want = match splits {
         Some(s) => (s.max(1) as i64).min(chunks).min(cap),
         None => choose_splits(base, chunks, slots, cap),
@@ -294,6 +379,35 @@ pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Resul
     let need = if splits > 1 { COUNTERS + tiles * splits * per_tile } else { 0 };
     let (part, counters) = if splits > 1 { (ws + 4 * COUNTERS as u64, ws) } else { (0, 0) };
     let (ws_addr, ws_s) = p.ws.unwrap_or((0, [0; 3]));
+    let grid = (tb as u32, rb as u32, z as u32);
+    if tma {
+        let args: Vec<Arg> = vec![
+            Arg::TensorMaps(vec![p.tma_map_w(), p.tma_map_a(nt)]),
+            p.out.0.into(),
+            p.out.1[0].into(),
+            p.out.1[1].into(),
+            p.out.1[2].into(),
+            ws_addr.into(),
+            ws_s[0].into(),
+            ws_s[1].into(),
+            ws_s[2].into(),
+            int(p.op, "a", p.m)?.into(),
+            int(p.op, "b", p.n)?.into(),
+            int(p.op, "a", p.k)?.into(),
+            (cpb as i32).into(),
+            (splits as i32).into(),
+            part.into(),
+            counters.into(),
+        ];
+        let name = match nt {
+            1 => "skinny_w8tma_t1",
+            2 => "skinny_w8tma_t2",
+            _ => "skinny_w8tma_t4",
+        };
+        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args)
+            .with_smem(tma_smem(nt, cpb) as u32);
+        return Ok((vec![l], need));
+    }
     // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
     let w_rows = if kind == WeightKind::W16N { p.w.1[2] } else { p.w.1[1] };
     let args: Vec<Arg> = vec![
@@ -333,7 +447,6 @@ pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Resul
         (WeightKind::W16N, 4) => "skinny_w16n_t4",
         (WeightKind::W16N, _) => "skinny_w16n_t8",
     };
-    let grid = (tb as u32, rb as u32, z as u32);
     let l = Launch::new(&SRC, base_name, p.dtype, grid, THREADS as u32, args)
         .with_smem(smem_for(kind, nt, cpb) as u32);
     Ok((vec![l], need))
@@ -344,16 +457,23 @@ pub(crate) fn plan(sms: u32, p: &Problem, splits: Option<u32>, ws: u64) -> Resul
 pub(crate) fn run(q: &Queue, p: &Problem, splits: Option<u32>) -> Result<()> {
     let cq = CudaQueue::of(q, p.op)?;
     let sms = cq.sm_count()?;
-    let (mut launches, need) = plan(sms, p, splits, 0)?;
+    let tma = tma_allowed(cq.sm());
+    let (mut launches, need) = plan(sms, tma, p, splits, 0)?;
     if need > 0 {
         let ws = workspace(q, cq, p.op, need)?;
-        launches = plan(sms, p, splits, ws)?.0;
+        launches = plan(sms, tma, p, splits, ws)?.0;
     }
     if vt_core::flags::pdl() {
         // The kernel waits (griddepcontrol.wait) before touching anything but its weights.
         launches = launches.into_iter().map(|l| l.dependent_on(cq.sm())).collect();
     }
     cq.run(p.op, &launches)
+}
+
+/// Whether the TMA form may run on a device of compute capability `sm` (sm_90 and later, with
+/// `VT_SKINNY_TMA` on).
+pub(crate) fn tma_allowed(sm: u32) -> bool {
+    sm >= 90 && vt_core::flags::skinny_tma()
 }
 
 /// Whether [`GemmKernel::Auto`] / the fp8 ops' Auto take the skinny kernel for `p`.
@@ -457,19 +577,66 @@ mod tests {
     #[test]
     fn decode_shapes_split_k_to_fill_the_device() {
         // a_proj 2112 x 7168 bf16 at M = 1 on 132 SMs: 33 row blocks, 56 chunks.
-        let (l, need) = plan(132, &problem(false, 1, 1, 2112, 7168), None, 0).unwrap();
+        let (l, need) = plan(132, false, &problem(false, 1, 1, 2112, 7168), None, 0).unwrap();
         let grid = l[0].grid;
         assert_eq!((grid.0, grid.1), (1, 33));
         assert!(grid.2 > 4 && need > 0, "{grid:?}");
         // q_b 24576 x 1536: 384 row blocks already fill the device.
-        let (l, need) = plan(132, &problem(false, 1, 1, 24576, 1536), None, 0).unwrap();
+        let (l, need) = plan(132, false, &problem(false, 1, 1, 24576, 1536), None, 0).unwrap();
         assert_eq!((l[0].grid, need), ((1, 384, 1), 0));
         // 128 tokens: two 64-token blocks.
-        let (l, _) = plan(132, &problem(true, 1, 128, 7168, 16384), None, 0).unwrap();
+        let (l, _) = plan(132, false, &problem(true, 1, 128, 7168, 16384), None, 0).unwrap();
         assert_eq!((l[0].grid.0, l[0].grid.1), (2, 112));
         // Forced splits are clamped to the chunk count.
-        let (l, _) = plan(132, &problem(false, 1, 3, 100, 256), Some(64), 0).unwrap();
+        let (l, _) = plan(132, false, &problem(false, 1, 3, 100, 256), Some(64), 0).unwrap();
         assert_eq!(l[0].grid.2, 2);
+    }
+
+    #[test]
+    fn fp8_weights_up_to_32_tokens_take_the_tma_form_where_allowed() {
+        for (m, base, nt) in
+            [(1, "skinny_w8tma_t1", 1), (16, "skinny_w8tma_t2", 2), (32, "skinny_w8tma_t4", 4)]
+        {
+            let (l, _) = plan(132, true, &problem(true, 1, m, 7168, 16384), None, 0).unwrap();
+            let cpb = (16384 / 128) / l[0].grid.2 as i64;
+            assert_eq!((l[0].base, l[0].block, l[0].smem), (base, 160, tma_smem(nt, cpb) as u32));
+            // A full ring: three CTAs an SM.
+            assert_eq!(tma_per_sm(nt, 128), 3, "{}", tma_smem(nt, 128));
+        }
+        // A CTA of one chunk (K split 8 ways) allocates one stage: six CTAs an SM.
+        assert_eq!((tma_smem(1, 1), tma_per_sm(1, 1)), (1024 + 10240, 6));
+        let (l, _) = plan(132, true, &problem(true, 1, 1, 64, 1024), Some(8), 0).unwrap();
+        assert_eq!((l[0].base, l[0].smem, l[0].grid.2), ("skinny_w8tma_t1", tma_smem(1, 1) as u32, 8));
+        // The absorbed BMMs' K (128, 512: fewer than 8 chunks) keeps the cp.async form.
+        let (l, _) = plan(132, true, &problem(true, 128, 1, 512, 128), None, 0).unwrap();
+        assert_eq!(l[0].base, "skinny_w8_t1");
+        // 33 tokens, 16-bit weights, or a device / flag that does not allow it: cp.async.
+        assert_eq!(
+            plan(132, true, &problem(true, 1, 33, 7168, 16384), None, 0).unwrap().0[0].base,
+            "skinny_w8_t8"
+        );
+        assert_eq!(
+            plan(132, true, &problem(false, 1, 1, 7168, 16384), None, 0).unwrap().0[0].base,
+            "skinny_w16_t1"
+        );
+        assert_eq!(
+            plan(132, false, &problem(true, 1, 1, 7168, 16384), None, 0).unwrap().0[0].base,
+            "skinny_w8_t1"
+        );
+    }
+
+    #[test]
+    fn tma_maps_give_single_rows_and_batches_a_valid_stride() {
+        // One token of K 720 (bf16: 1440 bytes a row), one batch entry.
+        let p = problem(true, 1, 1, 200, 720);
+        let a = p.tma_map_a(1);
+        assert_eq!((a.dims, a.strides, a.boxes), ([720, 1, 1], [1440, 1440], [64, 8, 1]));
+        let w = p.tma_map_w();
+        assert_eq!((w.dims, w.strides, w.boxes), ([720, 200, 1], [720, 144000], [128, 64, 1]));
+        // Per-head weights: the batch stride is the weight's own.
+        let p = problem(true, 4, 3, 512, 128);
+        assert_eq!(p.tma_map_w().strides, [128, 512 * 128]);
+        assert_eq!(p.tma_map_a(1).strides, [256, 3 * 256]);
     }
 
     #[test]
@@ -493,6 +660,6 @@ mod tests {
         assert!(p.unsupported().unwrap().contains("multiple of 16"));
         p.dtype = DType::F32;
         assert!(p.unsupported().unwrap().contains("bf16/f16"));
-        assert!(plan(132, &p, None, 0).is_err());
+        assert!(plan(132, false, &p, None, 0).is_err());
     }
 }

@@ -160,6 +160,23 @@ fn matmul_bt_fp8_every_m() {
     }
 }
 
+/// The TMA form (sm_90: fp8 weights, up to 32 tokens, K of 8+ chunks; the cp.async form
+/// elsewhere and with VT_SKINNY_TMA=0): a partial last chunk (K 1040 = 8 x 128 + 16) and rows
+/// past N read as zeros through the maps, tokens past M, and forced splits whose CTAs hold
+/// fewer chunks than the ring.
+#[test]
+fn fp8_tma_form_handles_tails_and_short_splits() {
+    for dt in [DType::BF16, DType::F16] {
+        for m in [1, 5, 9, 16, 17, 32] {
+            matmul8(Kernel::Skinny, None, dt, (m, 200, 1040));
+        }
+    }
+    for splits in [2, 3, 9] {
+        matmul8(Kernel::Skinny, Some(splits), DType::BF16, (3, 136, 1040));
+        matmul8(Kernel::Skinny, Some(splits), DType::F16, (30, 72, 1040));
+    }
+}
+
 /// K split over CTAs and reduced by the last CTA to arrive: forced splits (one, uneven,
 /// more than the chunks) and the planner's choice on decode shapes (a_proj's 2112 x 7168,
 /// o_proj's K = 16384 on fewer rows).
