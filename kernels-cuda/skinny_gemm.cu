@@ -83,6 +83,16 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
 using vt::e4m3x2;  // the fp8 weight form (e4m3.cuh)
 using vt::word;
 
+// Zeroes a register array of sums (fully unrolled: the indices stay compile-time).
+template <int A, int B> __device__ __forceinline__ void zero(float (&x)[A][B][4]) {
+#pragma unroll
+    for (int a = 0; a < A; ++a)
+#pragma unroll
+        for (int b = 0; b < B; ++b)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) x[a][b][q] = 0.0f;
+}
+
 // One 64-code step of the fp8 weight form: the lane's 16 weight bytes of rows g (w0) and g + 8
 // (w1) converted to T pairs (its A fragments) and multiplied by its activations of each token
 // fragment j (x0: k 0..7 of its 16, x1: 8..15), into the RW sets of group sums round robin
@@ -297,12 +307,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
     // them; W8 sums each 128-group in fresh `tmp` sets and adds them, scaled, into acc[0].
     constexpr int R = NT >= 8 ? 1 : 8 / NT;
     float acc[R][NT][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.0f;
+    zero(acc);
     const float* wsr = W8K && n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n : nullptr;
     // W8: the scale of the chunk computed next, loaded one iteration ahead (off the path).
     const float* wsp = wsr != nullptr ? wsr + (i64)c_lo * ws_k : nullptr;
@@ -395,12 +400,7 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
             // zero with RZ as the first MMA's addend, so the zeroing costs nothing).
             constexpr int RW = NT >= 4 ? 1 : 4 / NT;
             float tmp[RW][NT][4];
-#pragma unroll
-            for (int r = 0; r < RW; ++r)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) tmp[r][j][q] = 0.0f;
+            zero(tmp);
             // Two steps of 64 codes; the fragments double-buffered up to 16 tokens (at 32 and 64
             // the second buffer would not fit the registers: each step's reads still go back
             // to back before its MMAs).
@@ -524,11 +524,8 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     vt::grid_dep_wait();
     const int g = lane >> 2, t = lane & 3;
     constexpr int RW = 4 / NT;
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+    float acc[1][NT][4];
+    zero(acc);
     const float* wsr = n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n + (i64)c_lo * ws_k : nullptr;
     // Swizzled offsets (16-byte unit u of row r at r * 128 + (u ^ r % 8) * 16; here r % 8 == g):
     // weight piece 2 s + h is row 16 warp + g + 8 h, unit 4 s + t; activation half s of token
@@ -553,17 +550,12 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
         }
         mbar_arrive(empty(st));
         float tmp[RW][NT][4];
-#pragma unroll
-        for (int r = 0; r < RW; ++r)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) tmp[r][j][q] = 0.0f;
+        zero(tmp);
 #pragma unroll
         for (int s = 0; s < 2; ++s) w8_step<T, NT, RW>(tmp, w[s][0], w[s][1], x0[s], x1[s], 4 * s);
-        w8_scale_add<NT, RW>(acc, tmp, sc);
+        w8_scale_add<NT, RW>(acc[0], tmp, sc);
     }
-    finish<T, NT>(acc, out, o_b, o_m, o_n, batch, n0, m0, n, m, split, splits, part, counters);
+    finish<T, NT>(acc[0], out, o_b, o_m, o_n, batch, n0, m0, n, m, split, splits, part, counters);
 #endif
 }
 

@@ -380,47 +380,9 @@ pub(crate) fn plan(
     let (part, counters) = if splits > 1 { (ws + 4 * COUNTERS as u64, ws) } else { (0, 0) };
     let (ws_addr, ws_s) = p.ws.unwrap_or((0, [0; 3]));
     let grid = (tb as u32, rb as u32, z as u32);
-    if tma {
-        let args: Vec<Arg> = vec![
-            Arg::TensorMaps(vec![p.tma_map_w(), p.tma_map_a(nt)]),
-            p.out.0.into(),
-            p.out.1[0].into(),
-            p.out.1[1].into(),
-            p.out.1[2].into(),
-            ws_addr.into(),
-            ws_s[0].into(),
-            ws_s[1].into(),
-            ws_s[2].into(),
-            int(p.op, "a", p.m)?.into(),
-            int(p.op, "b", p.n)?.into(),
-            int(p.op, "a", p.k)?.into(),
-            (cpb as i32).into(),
-            (splits as i32).into(),
-            part.into(),
-            counters.into(),
-        ];
-        let name = match nt {
-            1 => "skinny_w8tma_t1",
-            2 => "skinny_w8tma_t2",
-            _ => "skinny_w8tma_t4",
-        };
-        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args)
-            .with_smem(tma_smem(nt, cpb) as u32);
-        return Ok((vec![l], need));
-    }
-    // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
-    let w_rows = if kind == WeightKind::W16N { p.w.1[2] } else { p.w.1[1] };
-    let args: Vec<Arg> = vec![
-        p.out.0.into(),
-        p.out.1[0].into(),
-        p.out.1[1].into(),
-        p.out.1[2].into(),
-        p.a.0.into(),
-        p.a.1[0].into(),
-        p.a.1[1].into(),
-        p.w.0.into(),
-        p.w.1[0].into(),
-        w_rows.into(),
+    // Both forms: out[g, m, n], then (form's operands), then the scales, sizes and split-K.
+    let out: [Arg; 4] = [p.out.0.into(), p.out.1[0].into(), p.out.1[1].into(), p.out.1[2].into()];
+    let rest: [Arg; 11] = [
         ws_addr.into(),
         ws_s[0].into(),
         ws_s[1].into(),
@@ -433,6 +395,23 @@ pub(crate) fn plan(
         part.into(),
         counters.into(),
     ];
+    if tma {
+        let maps = Arg::TensorMaps(vec![p.tma_map_w(), p.tma_map_a(nt)]);
+        let args: Vec<Arg> = std::iter::once(maps).chain(out).chain(rest).collect();
+        let name = match nt {
+            1 => "skinny_w8tma_t1",
+            2 => "skinny_w8tma_t2",
+            _ => "skinny_w8tma_t4",
+        };
+        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args)
+            .with_smem(tma_smem(nt, cpb) as u32);
+        return Ok((vec![l], need));
+    }
+    // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
+    let w_rows = if kind == WeightKind::W16N { p.w.1[2] } else { p.w.1[1] };
+    let operands: [Arg; 6] =
+        [p.a.0.into(), p.a.1[0].into(), p.a.1[1].into(), p.w.0.into(), p.w.1[0].into(), w_rows.into()];
+    let args: Vec<Arg> = out.into_iter().chain(operands).chain(rest).collect();
     let base_name = match (kind, nt) {
         (WeightKind::W16, 1) => "skinny_w16_t1",
         (WeightKind::W16, 2) => "skinny_w16_t2",
