@@ -217,6 +217,14 @@ impl Problem {
         }
     }
 
+    /// Whether every row and batch step of the activations and the weight moves forward (a
+    /// stride of 0 broadcasts a row: the cp.async form reads such views, a TMA map does not
+    /// take them).
+    fn steps_forward(&self) -> bool {
+        let fwd = |s: [i64; 3], rows: i64| (rows <= 1 || s[1] > 0) && (self.g <= 1 || s[0] > 0);
+        fwd(self.a.1, self.m) && fwd(self.w.1, self.n)
+    }
+
     /// The TMA map of the fp8 weight (`skinny::Maps::w`): bytes (K, N, G), boxes of 128 x 64 x 1.
     fn tma_map_w(&self) -> TensorMapSpec {
         map_3d("b", DType::F8E4M3, self.w.0, (self.k, self.n, self.g), 1, self.w.1, [128, ROWS as u32, 1])
@@ -358,7 +366,7 @@ pub(crate) fn plan(
     let per_tile = THREADS * nt * 4; // f32 partials of one tile and split
     let cap = if tiles > COUNTERS { 1 } else { (MAX_PARTIAL_BYTES / 4 / (tiles * per_tile)).clamp(1, 64) };
     let kind = p.kind();
-    let tma = tma && kind == WeightKind::W8 && nt <= 4 && chunks >= TMA_MIN_CHUNKS;
+    let tma = tma && kind == WeightKind::W8 && nt <= 4 && chunks >= TMA_MIN_CHUNKS && p.steps_forward();
     // Slots as for a CTA of all the chunks (short-K problems get more CTAs an SM).
     let slots =
         sms.max(1) as i64 * if tma { tma_per_sm(nt, chunks) } else { per_sm(smem_for(kind, nt, chunks)) };
@@ -602,6 +610,16 @@ mod tests {
             plan(132, false, &problem(true, 1, 1, 7168, 16384), None, 0).unwrap().0[0].base,
             "skinny_w8_t1"
         );
+    }
+
+    #[test]
+    fn broadcast_rows_keep_the_cp_async_form() {
+        // Every token reads the same activation row (stride 0): no TMA map of it.
+        let mut p = problem(true, 1, 4, 7168, 16384);
+        p.a.1[1] = 0;
+        assert_eq!(plan(132, true, &p, None, 0).unwrap().0[0].base, "skinny_w8_t1");
+        p.a.1[1] = 16384;
+        assert_eq!(plan(132, true, &p, None, 0).unwrap().0[0].base, "skinny_w8tma_t1");
     }
 
     #[test]
