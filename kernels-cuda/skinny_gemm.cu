@@ -74,12 +74,6 @@ __device__ __forceinline__ void cp_async16_w(uint32_t dst, const void* src, bool
                  : "memory");
 }
 
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-    uint4 r;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-    return r;
-}
-
 using vt::e4m3x2;  // the fp8 weight form (e4m3.cuh)
 using vt::word;
 
