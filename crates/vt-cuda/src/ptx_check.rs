@@ -427,14 +427,16 @@ fn samples(dt: DType) -> Result<Samples> {
                 format!("MatmulBT (skinny M {m})"),
                 plan(132, false, &Problem::of_matmul_bt(&a), splits, 6 << 40)?.0,
             );
+            // K of 8 chunks: sm_90 takes the TMA form up to M 32 (with VT_SKINNY_TMA on), sm_80
+            // the cp.async one.
+            let k8 = 1024;
             let a = MatmulBTFp8Args {
                 out: f.c(dt, &[m, n]),
-                a: f.c(dt, &[m, k]),
+                a: f.c(dt, &[m, k8]),
                 a_scale: None,
-                b: f.c(DType::F8E4M3, &[n, k]),
-                b_scale: f.c(DType::F32, &[2, 3]),
+                b: f.c(DType::F8E4M3, &[n, k8]),
+                b_scale: f.c(DType::F32, &[2, 8]),
             };
-            // sm_90 takes the TMA form at M <= 16 (with VT_SKINNY_TMA on), sm_80 the cp.async one.
             for sm in [90, 80] {
                 let dev = Device { sm, sms: 132 };
                 let l = plan_matmul_bt(dev, &a, &Fp8Options { kernel: FK::Skinny, splits }, 6 << 40)?.1;
