@@ -436,18 +436,18 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 
 // ------------------------------------------------------------ fp8 weights through the TMA (sm_90)
 //
-// The fp8 weight-only form at up to 32 tokens (NT 1, 2, 4) on sm_90: the same tile, fragments and
-// epilogue as `gemm<T, W8, NT>`, but the chunks arrive by the TMA. A fifth warp (one lane) keeps
-// a TMA_STAGES-deep ring of chunks in flight: per chunk one 64-row x 128-byte box of the weight
+// The fp8 weight-only form at up to 32 tokens (NT 1, 2, 4) on sm_90, taken by the host where K
+// has 8+ chunks (skinny_gemm.rs, `TMA_MIN_CHUNKS`): the same tile, fragments and epilogue as
+// `gemm<T, W8, NT>`, but the chunks arrive by the TMA. A fifth warp (one lane) keeps a ring of
+// `tma_stages` (7 / 6 / 4) chunks in flight: per chunk one 64-row x 128-byte box of the weight
 // (rows past N and codes past K read as zeros) and two 64-element x 8 NT-token boxes of the
 // activations (tokens past M zeros), all 128-byte swizzled, completing on the stage's `full`
 // mbarrier; the four compute warps read their fragments, then arrive on the stage's `empty`
 // mbarrier (every thread), which the producer waits for before refilling the stage. No block
 // barrier and no per-lane copy address in the loop (the cp.async form waits on both each chunk).
-// Dynamic shared memory (1024-aligned base): up to TMA_STAGES x (8 KB of weights + 2 x 1 KB NT
-// of activations); a CTA of c < TMA_STAGES chunks touches only stages 0..c-1 and the host
-// allocates those only (`tma_smem`), so short-K problems (the absorbed BMMs: one chunk) keep
-// many CTAs an SM. The mbarriers are static.
+// Dynamic shared memory (1024-aligned base): up to `tma_stages` x (8 KB of weights + 2 x 1 KB NT
+// of activations); a CTA of c fewer chunks touches only stages 0..c-1 and the host allocates
+// those only (`tma_smem`), so short K splits keep more CTAs an SM. The mbarriers are static.
 struct Maps {
     TmaMap w;  // [G][N][K] bytes, boxes 128 x 64 x 1
     TmaMap a;  // [G][M][K] T, boxes 64 x 8 NT x 1
