@@ -1,4 +1,4 @@
-//! `cargo xtask bench gemm [--json FILE] [--peer FILE] [--iters N] [--only SPEC]... [--m LIST] [--no-parity]`:
+//! `cargo xtask bench gemm [--json FILE] [--peer FILE] [--iters N] [--only SPEC]... [--m LIST] [--no-parity] [--splits N]`:
 //! the GEMMs of a DeepSeek-V3 layer (TP = 1) on the first CUDA device, bf16 (cuBLAS, through
 //! MatmulBT / BatchedMatmul) beside fp8 with 128 x 128 block-scaled weights (MatmulBTFp8 /
 //! BatchedMatmulFp8), against floors from ceilings measured in the same run (issue 17).
@@ -52,7 +52,10 @@ use vt_core::{
     QuantizeFp8Args, Queue, Tensor,
 };
 use vt_cuda::bench::{median, Bench};
-use vt_cuda::fp8_matmul::{batched_matmul_fp8_with, matmul_bt_fp8_with, Kernel};
+use vt_cuda::fp8_matmul::{
+    batched_matmul_fp8_with, batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options,
+    Fp8Options, Kernel,
+};
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
 use crate::bench::{cuda_queue, device_name, positive};
@@ -81,6 +84,10 @@ pub struct Args {
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
+    /// K splits for the skinny kernel's columns (`sk16`, `sk8`) instead of its planner's
+    /// choice (for sweeps: the planner picks from waves and ring fill).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub splits: Option<u32>,
     /// Flush the L2 by writing 256 MB (the earlier runs' method) instead of reading it: the
     /// timed call then also pays the write-back of up to 50 MB of dirty lines.
     #[arg(long)]
@@ -408,7 +415,7 @@ fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize, which: Kernel) -> vt_cor
 }
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, iters, m, only, no_parity, dirty_flush } = a;
+    let Args { json, peer, iters, m, only, no_parity, dirty_flush, splits } = a;
     let peer = match &peer {
         Some(f) => Some(parse_peer(
             &std::fs::read_to_string(f).map_err(|er| format!("reading {}: {er}", f.display()))?,
@@ -456,7 +463,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         let v = weight_views(s, &w).map_err(e)?;
         for &m in ms.iter().filter(|&&m| runs_at(s, m)) {
             bar.step(format!("{} M {m}", s.name));
-            let row = cell(&q, &bench, s, &w, &v, m, iters, !no_parity).map_err(e)?;
+            let row = cell(&q, &bench, s, &w, &v, m, iters, !no_parity, splits).map_err(e)?;
             bar.println(format_row(&row, copy_bw, bf16_peak, fp8_peak));
             bar.inc();
             rows.push(row);
@@ -490,7 +497,9 @@ fn cell(
     m: i64,
     iters: usize,
     check: bool,
+    splits: Option<u32>,
 ) -> vt_core::Result<Row> {
+    let sk8 = Fp8Options { kernel: Kernel::Skinny, splits };
     let (g, n, k) = (s.g, s.n, s.k);
     let x = Buffer::uninit(q, DType::BF16, &[g * m * k])?;
     bench.fill(&x.view(), 7 + m as u64, 1.0)?;
@@ -525,7 +534,7 @@ fn cell(
             let b16 = MatmulBTArgs { out: o, a: xa, b: v.w16 };
             vt_core::matmul_bt(q, &b16)?;
             let cublas = GemmOptions { kernel: GemmKernel::Cublas, splits: None };
-            let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits: None };
+            let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits };
             row.bf16_us = time(bench, iters, || matmul_bt_with(q, &b16, &cublas).map(|_| ()))?;
             if m <= DECODE_MAX_M {
                 let want = q.read_f64(&o)?;
@@ -544,12 +553,12 @@ fn cell(
             }
             row.w8_us = Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8, Kernel::Gemv).map(|_| ()))?);
             if m <= DECODE_MAX_M {
-                matmul_bt_fp8_with(q, &w8, Kernel::Skinny)?;
+                matmul_bt_fp8_with_options(q, &w8, &sk8)?;
                 if check {
                     errs.push(parity(q, s, w, m, &xa, None, &o)?);
                 }
                 row.sk8_us =
-                    Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8, Kernel::Skinny).map(|_| ()))?);
+                    Some(time(bench, iters, || matmul_bt_fp8_with_options(q, &w8, &sk8).map(|_| ()))?);
             }
             // Our tensor-core kernel, forced on sm_90 (Auto takes cuBLASLt there under
             // VT_FP8_LT=1: the `lt` column below), Auto elsewhere (Mma on sm_89/100).
@@ -582,7 +591,7 @@ fn cell(
             let b16 = BatchedMatmulArgs { out: o, a: xa, b: v.w16 };
             vt_core::batched_matmul(q, &b16)?;
             let cublas = GemmOptions { kernel: GemmKernel::Cublas, splits: None };
-            let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits: None };
+            let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits };
             row.bf16_us = time(bench, iters, || batched_matmul_with(q, &b16, &cublas).map(|_| ()))?;
             // The weights N-contiguous, as the block keeps W_UK_T / W_UV in 16 bits.
             if m <= DECODE_MAX_M {
@@ -603,12 +612,12 @@ fn cell(
             row.w8_us =
                 Some(time(bench, iters, || batched_matmul_fp8_with(q, &w8, Kernel::Gemv).map(|_| ()))?);
             if m <= DECODE_MAX_M {
-                batched_matmul_fp8_with(q, &w8, Kernel::Skinny)?;
+                batched_matmul_fp8_with_options(q, &w8, &sk8)?;
                 if check {
                     errs.push(parity(q, s, w, m, &xa, None, &o)?);
                 }
                 row.sk8_us =
-                    Some(time(bench, iters, || batched_matmul_fp8_with(q, &w8, Kernel::Skinny).map(|_| ()))?);
+                    Some(time(bench, iters, || batched_matmul_fp8_with_options(q, &w8, &sk8).map(|_| ()))?);
             }
             let kernel = batched_matmul_fp8_with(q, &w8a8, Kernel::Auto)?;
             row.w8a8_kernel = format!("{kernel:?}");

@@ -141,6 +141,8 @@ mod tests {
             &["bench", "decode", "--json"],
             &["bench", "prefill", "--iters=x"],
             &["bench", "gemm", "--m", "0"],
+            &["bench", "gemm", "--splits", "0"],
+            &["bench", "gemm", "--splits", "65"],
             &["bench", "sparse", "--only", "dense"],
             &["bench", "indexer", "--only", "h64"],
             &["bench", "indexer", "--iters", "0"],
@@ -162,6 +164,10 @@ mod tests {
                 assert_eq!(a.iters, 7);
                 assert_eq!(a.only, vec!["h128,b1".to_string()]);
             }
+            other => panic!("parsed as {other:?}"),
+        }
+        match parse(&["bench", "gemm", "--splits=3", "--m=1,32"]).expect("parses").command {
+            Command::Bench(BenchCommand::Gemm(a)) => assert_eq!((a.splits, a.m), (Some(3), vec![1, 32])),
             other => panic!("parsed as {other:?}"),
         }
         let cli = parse(&["parity", "--backend=cpu", "--seed=5", "--op=RmsNorm,MatmulBT"]).expect("parses");
