@@ -69,29 +69,40 @@ __device__ void gather_v16(uint4* __restrict__ out, i64 o_s, unsigned rows, cons
 
 }  // namespace
 
+// Workspace row r's cache row: block id and row within the block, or false when r belongs to no
+// sequence or its position's block is past the table or holds an id outside the cache (the row
+// is then skipped). The sequence is the last b with cu[b] <= r (empty ones before it skipped).
+__device__ __forceinline__ bool cache_row_of(i64 r, const int* cu, i64 cu_s, int nseq, const int* starts, i64 st_s,
+                                             const int* bt, i64 bt_sb, i64 bt_sc, i64 mb, i64 nb, i64 bs, i64& id,
+                                             i64& pos) {
+    if ((i64)cu[0] > r) return false;
+    int lo = 0, hi = nseq - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if ((i64)cu[mid * cu_s] <= r) lo = mid; else hi = mid - 1;
+    }
+    const i64 begin = cu[lo * cu_s], end = cu[(lo + 1) * cu_s];
+    if (r < begin || r >= end) return false;
+    const i64 start = starts != nullptr ? (i64)starts[lo * st_s] : 0;
+    if (start < 0) return false;
+    const i64 p = start + (r - begin);
+    const i64 blk = p / bs;
+    if (blk >= mb) return false;
+    id = bt[lo * bt_sb + blk * bt_sc];
+    if (id < 0 || id >= nb) return false;
+    pos = p % bs;
+    return true;
+}
+
 template <typename T>
 __device__ void gather_mla_cache(T* out, i64 o_s, i64 rows, const T* cache, i64 c_sb, i64 c_sr, i64 nb, i64 bs, int d,
                                  const int* bt, i64 bt_sb, i64 bt_sc, i64 mb, const int* cu, i64 cu_s, int nseq,
                                  const int* starts, i64 st_s) {
     if (nseq <= 0) return;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        if ((i64)cu[0] > r) continue;
-        // The last sequence b with cu[b] <= r (empty sequences before it are skipped).
-        int lo = 0, hi = nseq - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if ((i64)cu[mid * cu_s] <= r) lo = mid; else hi = mid - 1;
-        }
-        const i64 begin = cu[lo * cu_s], end = cu[(lo + 1) * cu_s];
-        if (r < begin || r >= end) continue;
-        const i64 start = starts != nullptr ? (i64)starts[lo * st_s] : 0;
-        if (start < 0) continue;
-        const i64 p = start + (r - begin);
-        const i64 blk = p / bs;
-        if (blk >= mb) continue;
-        const i64 id = bt[lo * bt_sb + blk * bt_sc];
-        if (id < 0 || id >= nb) continue;
-        const T* src = cache + id * c_sb + (p % bs) * c_sr;
+        i64 id, pos;
+        if (!cache_row_of(r, cu, cu_s, nseq, starts, st_s, bt, bt_sb, bt_sc, mb, nb, bs, id, pos)) continue;
+        const T* src = cache + id * c_sb + pos * c_sr;
         T* dst = out + r * o_s;
         for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = src[i];
     }
@@ -126,22 +137,9 @@ __device__ void gather_mla_cache_fp8(T* out, i64 o_s, i64 rows, const unsigned c
                                      i64 cu_s, int nseq, const int* starts, i64 st_s) {
     if (nseq <= 0) return;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        if ((i64)cu[0] > r) continue;
-        int lo = 0, hi = nseq - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if ((i64)cu[mid * cu_s] <= r) lo = mid; else hi = mid - 1;
-        }
-        const i64 begin = cu[lo * cu_s], end = cu[(lo + 1) * cu_s];
-        if (r < begin || r >= end) continue;
-        const i64 start = starts != nullptr ? (i64)starts[lo * st_s] : 0;
-        if (start < 0) continue;
-        const i64 p = start + (r - begin);
-        const i64 blk = p / bs;
-        if (blk >= mb) continue;
-        const i64 id = bt[lo * bt_sb + blk * bt_sc];
-        if (id < 0 || id >= nb) continue;
-        const unsigned char* src = cache + id * c_sb + (p % bs) * c_sr;
+        i64 id, pos;
+        if (!cache_row_of(r, cu, cu_s, nseq, starts, st_s, bt, bt_sb, bt_sc, mb, nb, bs, id, pos)) continue;
+        const unsigned char* src = cache + id * c_sb + pos * c_sr;
         T* dst = out + r * o_s;
         for (int i = threadIdx.x; i < vt::fp8ds::DECODED; i += blockDim.x) {
             dst[i] = vt::from_f32<T>(vt::fp8ds::value(src, i));
