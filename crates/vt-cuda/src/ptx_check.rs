@@ -415,7 +415,7 @@ fn samples(dt: DType) -> Result<Samples> {
         }
     }
     // The skinny GEMM (16-bit dtypes): 16-bit weights through MatmulBT / BatchedMatmul and
-    // fp8 weights through MatmulBTFp8 at 1, 9, 17 and 33 tokens (t1, t2, t4, t8; w8tma t1, t2),
+    // fp8 weights through MatmulBTFp8 at 1, 9, 17 and 33 tokens (t1, t2, t4, t8; w8tma t1, t2, t4),
     // split and unsplit.
     if dt != DType::F32 {
         use crate::fp8_matmul::{plan_matmul_bt, Device, Fp8Options, Kernel as FK};

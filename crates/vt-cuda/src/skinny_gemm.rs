@@ -338,7 +338,8 @@ fn choose_splits(base: i64, chunks: i64, slots: i64, max: i64) -> i64 {
 /// The launch of one skinny problem and the workspace it needs (f32 elements, counters
 /// included; 0 when K is not split). `ws` is the workspace's address (0 to learn the size).
 /// `tma`: the device and `VT_SKINNY_TMA` allow the TMA form (sm_90), which fp8 weights at up
-/// to 16 tokens then take. Plain data, no device (the PTX check compares it with the kernels'
+/// to 32 tokens then take where K has `TMA_MIN_CHUNKS` chunks or more and the views step
+/// forward. Plain data, no device (the PTX check compares it with the kernels'
 /// parameter lists).
 pub(crate) fn plan(
     sms: u32,
@@ -610,6 +611,46 @@ mod tests {
             plan(132, false, &problem(true, 1, 1, 7168, 16384), None, 0).unwrap().0[0].base,
             "skinny_w8_t1"
         );
+    }
+
+    /// The shared memory the host allocates (`smem_for`, `tma_smem`) is what the kernel file's
+    /// constexpr functions count, for every form, token fragment count and short ring: checked
+    /// by static_asserts that NVRTC compiles against the kernel source (no GPU; skipped
+    /// without libnvrtc). A mismatch would let a kernel index past its allocation.
+    #[test]
+    fn kernel_facts_match_the_host_plan() {
+        use crate::nvrtc::{self, Target};
+        if !nvrtc::available() || nvrtc::include_dirs().is_err() {
+            println!("SKIP: libnvrtc or the CUDA headers not found");
+            return;
+        }
+        let (code, headers) = crate::kernels::texts(&SRC).expect("kernel text");
+        let mut src = format!("{code}\n");
+        for chunks in 1..=8 {
+            for nt in [1, 2, 4, 8] {
+                for (kind, k) in
+                    [(WeightKind::W16, "W16"), (WeightKind::W8, "W8"), (WeightKind::W16N, "W16N")]
+                {
+                    let w8 = i64::from(kind == WeightKind::W8);
+                    src.push_str(&format!(
+                        "static_assert(({chunks} < skinny::stages_of<{w8}, {nt}>() ? {chunks} : \
+                         skinny::stages_of<{w8}, {nt}>()) * skinny::stage_bytes<skinny::{k}, {nt}>() == {}, \
+                         \"smem_for({k}, {nt}, {chunks})\");\n",
+                        smem_for(kind, nt, chunks)
+                    ));
+                }
+                if nt <= 4 {
+                    src.push_str(&format!(
+                        "static_assert(skinny::tma_smem<{nt}>({chunks}) == {}, \"tma_smem({nt}, {chunks})\");\n",
+                        tma_smem(nt, chunks)
+                    ));
+                }
+            }
+        }
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        if let Err(e) = nvrtc::compile("skinny_gemm_facts.cu", &src, &headers, Target::PtxArchSpecific(90)) {
+            panic!("the host's shared-memory plan differs from skinny_gemm.cu: {e}");
+        }
     }
 
     #[test]
