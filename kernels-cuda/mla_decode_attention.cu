@@ -26,6 +26,9 @@
 //   query rows per CTA, a ring of half tiles (the "s" kernels: a smaller ring).
 // - wgmma_sm90.cuh: mla_decode_wgmma[_tma]_{bf16,f16}: sm_90a wgmma, 64 query rows per
 //   CTA, a consumer and a producer warpgroup; cp.async or TMA loads.
+// - wgmma_seesaw_sm90.cuh: mla_decode_wgmma_ss_{bf16,f16}: the same 64 rows and layout with
+//   FlashMLA's seesaw schedule (both warpgroups compute S for alternate tiles, O split by
+//   columns), TMA loads only.
 // - wgmma_fp8_sm90.cuh: mla_decode_wgmma_fp8_{bf16,f16}: the 64-row kernel over an
 //   fp8_ds_mla cache, a third warpgroup dequantizing rows into the 16-bit stages.
 // - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
@@ -51,6 +54,7 @@
 #include "mla_decode_attention/tiles.cuh"
 #include "mla_decode_attention/mma_sm80.cuh"
 #include "mla_decode_attention/wgmma_sm90.cuh"
+#include "mla_decode_attention/wgmma_seesaw_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_sm90.cuh"
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
@@ -79,6 +83,15 @@ extern "C" __device__ const long long mla_decode_facts[8] = {
               mla::Layout<mla::WGMMA_ROWS>::STAGES)
 MLA_WGMMA(bf16, bf16)
 MLA_WGMMA(f16, f16)
+#define MLA_WGMMA_SS(S, T)                                                                    \
+    extern "C" __global__ void __launch_bounds__(mla::THREADS, 1) mla_decode_wgmma_ss_##S(     \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::decode_wgmma_seesaw<T>(p, &kv_map);                                              \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_ss_##S, mla::THREADS, mla::WGMMA_ROWS, mla::Layout<mla::WGMMA_ROWS>::SMEM, \
+              mla::Layout<mla::WGMMA_ROWS>::STAGES)
+MLA_WGMMA_SS(bf16, bf16)
+MLA_WGMMA_SS(f16, f16)
 // The 64-row kernel over an fp8_ds_mla cache: a third warpgroup dequantizes into the 16-bit
 // stages (384 threads, the 16-bit kernel's layout).
 #define MLA_WGMMA_FP8(S, T)                                                                   \

@@ -46,8 +46,10 @@ template <int MT> struct Layout {
     static constexpr int OFF_VALID = OFF_RED + 2 * RED * 4;     // u8 [STAGES][BN]: token row exists
     static constexpr int OFF_FLAGS = OFF_VALID + STAGES * BN;   // u8 [STAGES][8]: a warp saw a bad block
     static constexpr int OFF_SCHED = OFF_FLAGS + STAGES * 8;    // int [40]
-    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [STAGES]: TMA tile landed
-    static constexpr int END = OFF_MBAR + STAGES * 8;
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;         // u64 [MBARS]: TMA tile landed
+    // decode_wgmma uses one a stage, the seesaw kernel one per box (NSUB) and stage.
+    static constexpr int MBARS = 2 * NSUB;
+    static constexpr int END = OFF_MBAR + MBARS * 8;
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
 

@@ -75,7 +75,7 @@ pub struct Args {
 fn kernel_name(s: &str) -> Result<String, String> {
     kernel_of(s)
         .map(|_| s.to_string())
-        .ok_or_else(|| format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, generic"))
+        .ok_or_else(|| format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_ss, wgmma_narrow, generic"))
 }
 
 fn kernel_of(s: &str) -> Option<Kernel> {
@@ -83,6 +83,7 @@ fn kernel_of(s: &str) -> Option<Kernel> {
         "mma" => Some(Kernel::Mma),
         "mma_small" => Some(Kernel::MmaSmall),
         "wgmma" => Some(Kernel::Wgmma),
+        "wgmma_ss" => Some(Kernel::WgmmaSeesaw),
         "wgmma_narrow" => Some(Kernel::WgmmaNarrow),
         "generic" => Some(Kernel::Generic),
         _ => None,

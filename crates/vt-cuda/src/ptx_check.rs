@@ -248,7 +248,11 @@ fn samples(dt: DType) -> Result<Samples> {
         for heads in [8, 32, 64] {
             kernels.extend([(Kernel::Mma, heads, false), (Kernel::MmaSmall, heads, false)]);
         }
-        kernels.extend([(Kernel::Wgmma, 64, false), (Kernel::Wgmma, 64, true)]);
+        kernels.extend([
+            (Kernel::Wgmma, 64, false),
+            (Kernel::Wgmma, 64, true),
+            (Kernel::WgmmaSeesaw, 64, true),
+        ]);
         for heads in [8, 32] {
             kernels.extend([(Kernel::WgmmaNarrow, heads, false), (Kernel::WgmmaNarrow, heads, true)]);
         }
@@ -281,7 +285,7 @@ fn samples(dt: DType) -> Result<Samples> {
             scale: 0.5,
         };
         let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
-        let c = decode::choose(&a, &info, &opts, tma)?;
+        let c = decode::choose(&a, &info, &opts, tma, true)?;
         add(
             format!("MlaDecodeAttention ({})", c.plan.kernel),
             decode::launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,
@@ -319,7 +323,7 @@ fn samples(dt: DType) -> Result<Samples> {
                 let stride = slot_stride(&a.cache).expect("a whole cache has the block-size-1 view");
                 let da = decode_args(&a, stride, f.t(DType::I32, &[3], &[0]))?;
                 let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
-                let c = decode::choose(&da, &info, &opts, false)?;
+                let c = decode::choose(&da, &info, &opts, false, true)?;
                 add(
                     format!("SparseMlaAttention (decode {})", c.plan.kernel),
                     decode::launches(&da, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,

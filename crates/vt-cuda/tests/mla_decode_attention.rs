@@ -199,7 +199,7 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
         };
         match mla_decode_attention_with(g, &args, opts) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
-            Err(e) if matches!(opts.kernel, Kernel::Wgmma | Kernel::WgmmaNarrow) => {
+            Err(e) if matches!(opts.kernel, Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw) => {
                 println!("wgmma kernel not available here: {e}");
                 return None;
             }
@@ -319,10 +319,69 @@ fn every_wgmma_kernel_gives_parts_whole_sequences() {
         let x = inputs(&c);
         let want = reference(&c, &x);
         for max_parts in [Some(8), Some(4), Some(2)] {
-            for kernel in [Kernel::Wgmma, Kernel::WgmmaNarrow] {
+            for kernel in [Kernel::Wgmma, Kernel::WgmmaNarrow, Kernel::WgmmaSeesaw] {
                 run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: None, max_parts });
             }
         }
+    }
+}
+
+/// The seesaw kernel (TMA loads: block sizes 64 and 128) on segments of one to five tiles
+/// (odd and even counts: warpgroup 1's last pair has no tile), rows past a sequence's last
+/// token in a real page (NaN there), row counts that pad the 64-row block, two causal query
+/// tokens, f16, strided out rows, and the whole-sequence, cut and one-part schedules.
+#[test]
+fn seesaw_kernel_matches_reference_for_odd_and_even_tile_counts() {
+    let Some(g) = gpu() else { return };
+    let lens = [1, 64, 65, 128, 200, 256, 300, 0, 129, 1000];
+    for (n, bs, s_q, dtype, pad) in [
+        (64, 64, 1, DType::BF16, 0),
+        (128, 64, 1, DType::BF16, 8),
+        (40, 128, 1, DType::BF16, 0),
+        (64, 128, 2, DType::BF16, 0),
+        (32, 64, 2, DType::F16, 0),
+        (128, 64, 1, DType::F16, 0),
+    ] {
+        let mut c = Case::mla(&lens, n, bs);
+        c.s_q = s_q;
+        c.dtype = dtype;
+        c.pad = pad;
+        let x = inputs(&c);
+        let want = reference(&c, &x);
+        for (min_tiles, max_parts) in
+            [(None, None), (Some(1), Some(1)), (Some(1), Some(7)), (Some(1), Some(1000))]
+        {
+            let opts = DecodeOptions { kernel: Kernel::WgmmaSeesaw, min_tiles, max_parts };
+            run_gpu(&g, &c, &x, &want, &opts);
+        }
+    }
+}
+
+/// Block ids outside the cache on the seesaw kernel (TMA loads, whole 64-token pages): their
+/// pages take no part, as in `out_of_range_block_ids_are_skipped`.
+#[test]
+fn seesaw_kernel_skips_out_of_range_block_ids() {
+    let Some(g) = gpu() else { return };
+    let mut c = Case::mla(&[512, 100], 64, 64);
+    c.pad = 8;
+    let bad_x = inputs(&c);
+    let mb = bad_x.mb as usize;
+    assert_eq!(mb, 8);
+    // Reference: sequence 0 without its blocks 2 and 5 (tokens 128..192 and 320..384).
+    let mut ref_c = c.clone();
+    ref_c.lens = vec![384, 100];
+    let mut ref_x = inputs(&c);
+    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| bad_x.block_table[j]).collect();
+    ref_x.block_table[..6].copy_from_slice(&kept);
+    ref_x.seq_lens = vec![384.0, 100.0];
+    let want = reference(&ref_c, &ref_x);
+
+    let mut x = inputs(&c);
+    x.block_table[2] = -1.0;
+    x.block_table[5] = (x.nb + 7) as f64;
+    for max_parts in [Some(1), Some(3), None] {
+        let opts = DecodeOptions { kernel: Kernel::WgmmaSeesaw, min_tiles: Some(1), max_parts };
+        run_gpu(&g, &c, &x, &want, &opts);
     }
 }
 

@@ -13,22 +13,34 @@ const A100: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin
 /// (kernel name, rows per CTA, row blocks, threads) of Auto for `heads` query heads, s_q 1,
 /// a bf16 query and a cache of `cache_dt` with block size `bs`.
 fn auto(info: &DeviceInfo, heads: i64, cache_dt: DType, bs: i64) -> (&'static str, u32, u32, u32) {
-    let mem = vec![0u128; 1 << 16];
+    auto_with(info, heads, cache_dt, bs, 2, true)
+}
+
+/// [`auto`] with `b` sequences and the `VT_MLA_SEESAW` flag given.
+fn auto_with(
+    info: &DeviceInfo,
+    heads: i64,
+    cache_dt: DType,
+    bs: i64,
+    b: i64,
+    seesaw: bool,
+) -> (&'static str, u32, u32, u32) {
+    let mem = vec![0u128; 1 << 21];
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
         let s = contiguous_strides(shape);
         crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
     };
     let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
     let a = MlaDecodeAttentionArgs {
-        out: view(DType::BF16, &[2, 1, heads, 512]),
+        out: view(DType::BF16, &[b, 1, heads, 512]),
         lse: None,
-        query: view(DType::BF16, &[2, 1, heads, 576]),
+        query: view(DType::BF16, &[b, 1, heads, 576]),
         cache: view(cache_dt, &[8, bs, w]),
-        block_table: view(DType::I32, &[2, 4]),
-        seq_lens: view(DType::I32, &[2]),
+        block_table: view(DType::I32, &[b, 4]),
+        seq_lens: view(DType::I32, &[b]),
         scale: 0.5,
     };
-    let c = choose(&a, info, &DecodeOptions::default(), true).expect("a plan");
+    let c = choose(&a, info, &DecodeOptions::default(), true, seesaw).expect("a plan");
     (c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks, c.main.threads)
 }
 
@@ -66,6 +78,16 @@ fn auto_over_an_fp8_cache_without_wgmma_takes_the_mma_kernels() {
 #[test]
 fn auto_over_a_16_bit_cache_keeps_the_wgmma_kernels_on_sm90() {
     assert_eq!(auto(&H200, 128, DType::BF16, 64), ("wgmma_tma", 64, 2, 256));
+    // Two or more row blocks of a batch of 64+ through the TMA: the seesaw form, unless its
+    // flag is off; one row block, smaller batches and cp.async loads keep the one-consumer
+    // kernel.
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 64, true), ("wgmma_ss", 64, 2, 256));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 128, 128, true), ("wgmma_ss", 64, 2, 256));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 128, false), ("wgmma_tma", 64, 2, 256));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 63, true), ("wgmma_tma", 64, 2, 256));
+    assert_eq!(auto_with(&H200, 64, DType::BF16, 64, 128, true), ("wgmma_tma", 64, 1, 256));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 16, 128, true), ("wgmma", 64, 2, 256));
+    assert_eq!(auto_with(&H200, 128, DType::Fp8DsMla, 64, 128, true).0, "wgmma_fp8");
     assert_eq!(auto(&H200, 64, DType::BF16, 16).0, "wgmma");
     assert_eq!(auto(&H200, 16, DType::BF16, 64).0, "wgmma_n16_tma");
     assert_eq!(auto(&H200, 16, DType::BF16, 16).0, "mma16");

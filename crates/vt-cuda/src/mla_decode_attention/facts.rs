@@ -171,6 +171,7 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
             out.extend([
                 (Kernel::Wgmma, heads, false, dt, dt, FAST_D, FAST_DV),
                 (Kernel::Wgmma, heads, true, dt, dt, FAST_D, FAST_DV),
+                (Kernel::WgmmaSeesaw, heads, true, dt, dt, FAST_D, FAST_DV),
             ]);
         }
         for heads in [8, 32, 64] {
@@ -255,8 +256,8 @@ fn host_planning_facts_match_the_kernel_headers() {
             seq_lens: view(DType::I32, &[b]),
             scale: 0.5,
         };
-        let c =
-            choose(&a, &info, &DecodeOptions { kernel, ..DecodeOptions::default() }, tma).expect("a plan");
+        let c = choose(&a, &info, &DecodeOptions { kernel, ..DecodeOptions::default() }, tma, true)
+            .expect("a plan");
         let ls = launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40)).expect("launches");
         let m_total = heads;
         let (main, comb) = (&ls[0], &ls[1]);
@@ -290,7 +291,7 @@ fn host_planning_facts_match_the_kernel_headers() {
                     (mma_sm80::smem(mt, mma_sm80::slots(mt, small)) as i64, mma_sm80::slots(mt, small) as i64)
                 }
             }
-            Kernel::Wgmma => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            Kernel::Wgmma | Kernel::WgmmaSeesaw => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
                 let mt = c.plan.rows_per_cta;
                 (wgmma_sm90::narrow_fp8_smem(mt) as i64, wgmma_sm90::narrow_fp8_raws(mt) as i64)

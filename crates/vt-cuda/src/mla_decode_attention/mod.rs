@@ -139,6 +139,10 @@ pub enum Kernel {
     /// The narrow wgmma kernel (sm_90a): both products transposed so the KV tile's tokens
     /// fill wgmma's M and 16 or 32 query rows its N (nothing padded to 64 rows).
     WgmmaNarrow,
+    /// The 64-row wgmma kernel with FlashMLA's seesaw schedule (sm_90a, a 16-bit cache whose
+    /// block size is a multiple of 64, TMA loads): both warpgroups compute S, for alternate
+    /// tiles, and each holds half of O's columns.
+    WgmmaSeesaw,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -161,7 +165,7 @@ impl Default for DecodeOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
-    /// `wgmma_tma`, `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an fp8_ds_mla cache the same
+    /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an fp8_ds_mla cache the same
     /// names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`, `wgmma_fp8`, ...).
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
@@ -254,7 +258,7 @@ pub fn mla_decode_attention_with(
     }
     let info = device_info(cq, q.device().ordinal)?;
     let tma = vt_core::flags::mla_decode_tma();
-    let c = choose(a, &info, opts, tma)?;
+    let c = choose(a, &info, opts, tma, vt_core::flags::mla_seesaw())?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
     cq.run(OP, &launches(a, &c, &info, ws)?)?;
     Ok(c.plan)
@@ -289,12 +293,13 @@ pub(crate) struct Choice {
 
 /// The kernel, its shared memory and the number of parts for a call with `b > 0` sequences
 /// and `s_q * N > 0` query rows on a device described by `info`; `tma_flag`: the
-/// `VT_MLA_DECODE_TMA` flag.
+/// `VT_MLA_DECODE_TMA` flag; `seesaw_flag`: `VT_MLA_SEESAW` (Auto only).
 pub(crate) fn choose(
     a: &MlaDecodeAttentionArgs<'_>,
     info: &DeviceInfo,
     opts: &DecodeOptions,
     tma_flag: bool,
+    seesaw_flag: bool,
 ) -> Result<Choice> {
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
@@ -333,12 +338,30 @@ pub(crate) fn choose(
         // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
         // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third
         // warpgroup: docs/perf.md).
+        // With VT_MLA_SEESAW on (off by default: racecheck), over a 16-bit cache read through
+        // the TMA, with two or more row blocks and a full batch: the seesaw form of it (H200,
+        // same calls: 3-6% faster at 128 heads and B 64 / 128 in its fastest form, 4% slower at
+        // 128 heads B 32 and 0-10% slower at 64 heads, where one row block is memory-bound and
+        // the seesaw's later loads cost; docs/perf.md, "Fifteenth session").
+        Kernel::Auto
+            if !fp8
+                && info.wgmma
+                && m_total > wgmma_sm90::ROWS as i64
+                && b >= wgmma_sm90::SEESAW_MIN_BATCH
+                && fits(wgmma_sm90::SMEM)
+                && seesaw_flag
+                && wgmma_sm90::seesaw_ok(a, tma_flag) =>
+        {
+            Kernel::WgmmaSeesaw
+        }
         Kernel::Auto if info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
         Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
         // Less shared memory per block than the full ring needs (an A100): the small ring.
         Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
         Kernel::Auto => Kernel::Generic,
-        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma | Kernel::WgmmaNarrow if !fast => {
+        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw
+            if !fast =>
+        {
             return Err(Error::backend(
                 BACKEND,
                 format!(
@@ -347,8 +370,17 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma | Kernel::WgmmaNarrow if !info.wgmma => {
+        Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw if !info.wgmma => {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
+        }
+        Kernel::WgmmaSeesaw if fp8 || !wgmma_sm90::seesaw_ok(a, tma_flag) => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the seesaw kernel needs a 16-bit cache read through the TMA (block size a \
+                     multiple of 64, VT_MLA_DECODE_TMA on)"
+                ),
+            ))
         }
         k => k,
     };
@@ -357,6 +389,7 @@ pub(crate) fn choose(
     let main = match kernel {
         Kernel::Wgmma if fp8 => wgmma_sm90::fp8(),
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
+        Kernel::WgmmaSeesaw => wgmma_sm90::seesaw(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?

@@ -12,6 +12,9 @@ use crate::launch::TensorMapSpec;
 pub(super) const ROWS: u32 = 64;
 /// Whole KV tiles in shared memory (`mla::Layout<MT>::STAGES`).
 pub(super) const STAGES: u32 = 2;
+/// mbarriers of the layout (`mla::Layout<MT>::MBARS`): one per 64-column box and stage (the
+/// seesaw kernel).
+const MBARS: u32 = 2 * 9;
 
 /// Dynamic shared memory with `mt` query rows per CTA (`mla::Layout<MT>::SMEM`: Q, the KV
 /// stages, P, reductions, token and bad-block flags, schedule, mbarriers, alignment).
@@ -24,7 +27,7 @@ pub(super) const fn smem(mt: u32) -> u32 {
         + STAGES * 64
         + STAGES * 8
         + 40 * 4
-        + STAGES * 8
+        + MBARS * 8
         + 1024
 }
 
@@ -74,6 +77,28 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel
     let (base, name) =
         if tma { ("mla_decode_wgmma_tma", "wgmma_tma") } else { ("mla_decode_wgmma", "wgmma") };
     MainKernel { base, name, rows: ROWS as i64, smem: SMEM, threads: THREADS, tma, ctas_per_sm: 1 }
+}
+
+/// Fewest sequences for which Auto takes the seesaw kernel (with more than 64 query rows).
+pub(super) const SEESAW_MIN_BATCH: i64 = 64;
+
+/// Whether the seesaw kernel takes this call: a 16-bit cache read through the TMA.
+pub(super) fn seesaw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
+    tma_flag && a.cache.dtype() != DType::Fp8DsMla && tma_ok(&a.cache)
+}
+
+/// The seesaw form of the 64-row kernel (`mla_decode_wgmma_ss`, TMA loads only): the same
+/// rows, threads and layout as [`main`].
+pub(super) fn seesaw() -> MainKernel {
+    MainKernel {
+        base: "mla_decode_wgmma_ss",
+        name: "wgmma_ss",
+        rows: ROWS as i64,
+        smem: SMEM,
+        threads: THREADS,
+        tma: true,
+        ctas_per_sm: 1,
+    }
 }
 
 /// Threads of the 64-row kernel over an fp8_ds_mla cache (`mla::FP8_WG_THREADS`): the two
