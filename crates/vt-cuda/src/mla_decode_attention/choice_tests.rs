@@ -25,12 +25,14 @@ fn auto_with(
     b: i64,
     seesaw: bool,
 ) -> (&'static str, u32, u32, u32) {
-    let mem = vec![0u128; 1 << 21];
+    let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
+    // Room for the largest view (the query, or the cache) as 16-bit elements.
+    let elems = (b * heads * 576).max(8 * bs * w) as usize;
+    let mem = vec![0u128; elems / 8 + 1];
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
         let s = contiguous_strides(shape);
         crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
     };
-    let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
     let a = MlaDecodeAttentionArgs {
         out: view(DType::BF16, &[b, 1, heads, 512]),
         lse: None,

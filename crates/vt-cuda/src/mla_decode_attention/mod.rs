@@ -165,8 +165,9 @@ impl Default for DecodeOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
-    /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an fp8_ds_mla cache the same
-    /// names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`, `wgmma_fp8`, ...).
+    /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an
+    /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
+    /// `wgmma_fp8`, ...).
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -335,17 +336,13 @@ pub(crate) fn choose(
         {
             Kernel::WgmmaNarrow
         }
-        // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
-        // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third
-        // warpgroup: docs/perf.md).
         // With VT_MLA_SEESAW on (off by default: racecheck), over a 16-bit cache read through
-        // the TMA, with two or more row blocks and a full batch: the seesaw form of it (H200,
-        // same calls: 3-6% faster at 128 heads and B 64 / 128 in its fastest form, 4% slower at
-        // 128 heads B 32 and 0-10% slower at 64 heads, where one row block is memory-bound and
-        // the seesaw's later loads cost; docs/perf.md, "Fifteenth session").
+        // the TMA, with two or more row blocks and a full batch: the 64-row kernel's seesaw form
+        // (H200, same calls: 3-6% faster at 128 heads and B 64 / 128 in its fastest form, 4%
+        // slower at 128 heads B 32 and 0-10% slower at 64 heads, where one row block is
+        // memory-bound and the seesaw's later loads cost; docs/perf.md, "Fifteenth session").
         Kernel::Auto
-            if !fp8
-                && info.wgmma
+            if info.wgmma
                 && m_total > wgmma_sm90::ROWS as i64
                 && b >= wgmma_sm90::SEESAW_MIN_BATCH
                 && fits(wgmma_sm90::SMEM)
@@ -354,6 +351,9 @@ pub(crate) fn choose(
         {
             Kernel::WgmmaSeesaw
         }
+        // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
+        // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third
+        // warpgroup: docs/perf.md).
         Kernel::Auto if info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
         Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
         // Less shared memory per block than the full ring needs (an A100): the small ring.
@@ -373,7 +373,7 @@ pub(crate) fn choose(
         Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw if !info.wgmma => {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
         }
-        Kernel::WgmmaSeesaw if fp8 || !wgmma_sm90::seesaw_ok(a, tma_flag) => {
+        Kernel::WgmmaSeesaw if !wgmma_sm90::seesaw_ok(a, tma_flag) => {
             return Err(Error::backend(
                 BACKEND,
                 format!(
