@@ -59,6 +59,14 @@ __device__ __forceinline__ void stsm_x4_t(uint32_t addr, const uint32_t (&r)[4])
                  "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
+// Four 8x8 16-bit matrices from mma / wgmma accumulator fragments (register m: this lane's
+// pair of matrix m, row lane / 4, columns 2 (lane % 4), + 1), stored as they are: lanes
+// 8 m .. 8 m + 7 give the addresses of matrix m's 16-byte rows.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -185,6 +193,27 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t saddr, uint32_t lbo, uint
     d |= (uint64_t)1 << 62;
     return d;
 }
+// The same descriptor kept as its two words, so that a k step's offset is one 32-bit add on
+// the low word (the 14-bit address field cannot carry into the high word: shared memory ends
+// below 256 KB). Built from a uniform address, both words stay in uniform registers and the
+// high word is a constant: no 64-bit adds and no moves into uniform registers between wgmma.
+struct GmmaDesc {
+    uint32_t lo, hi;
+    __device__ __forceinline__ GmmaDesc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+        : lo(((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16)), hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
+    // The same layout `units` 16-byte units further.
+    __device__ __forceinline__ GmmaDesc plus16(uint32_t units) const {
+        GmmaDesc d = *this;
+        d.lo += units;
+        return d;
+    }
+    // The descriptor of the matrix `off16` 16-byte units further.
+    __device__ __forceinline__ uint64_t at(uint32_t off16) const {
+        uint64_t d;
+        asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo + off16), "r"(hi));
+        return d;
+    }
+};
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {

@@ -237,7 +237,7 @@ __device__ void decode_mma(const Params& p) {
                 for (int w = 0; w < WC; ++w) tm = fmaxf(tm, red_max[w * MT + wr * 16 + g + 8 * hi]);
                 const float mn = fmaxf(m_run[hi], tm * c);
                 muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                alpha[hi] = exp2f(m_run[hi] - muse[hi]);
+                alpha[hi] = ex2(m_run[hi] - muse[hi]);
                 m_run[hi] = mn;
                 l_run[hi] *= alpha[hi];
             }
@@ -245,8 +245,8 @@ __device__ void decode_mma(const Params& p) {
             for (int nt = 0; nt < NTQ; ++nt)
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {
-                    const float p0 = exp2f(fmaf(sacc[nt][2 * hi], c, -muse[hi]));
-                    const float p1 = exp2f(fmaf(sacc[nt][2 * hi + 1], c, -muse[hi]));
+                    const float p0 = ex2(fmaf(sacc[nt][2 * hi], c, -muse[hi]));
+                    const float p1 = ex2(fmaf(sacc[nt][2 * hi + 1], c, -muse[hi]));
                     l_run[hi] += p0 + p1;
                     const int r = wr * 16 + g + 8 * hi;
                     const int col = wc * TN + nt * 8 + 2 * qd;

@@ -260,8 +260,7 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
     const int g = lane >> 2, qd = lane & 3;
     const int row0 = blockIdx.y * MT;
     const int r_lo = wwarp * 16 + g;
-    const uint64_t dq = gmma_desc(sQ, 16, 1024);
-    const uint64_t dp = gmma_desc(sP, 16, 1024);
+    const GmmaDesc dq(sQ, 16, 1024), dp(sP, 16, 1024);
 
     const uint32_t epi_done = base + L::OFF_MBAR;
     if (threadIdx.x == 0) mbar_init(epi_done, 256);
@@ -289,11 +288,13 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
 #pragma unroll
             for (int i = 0; i < 128; ++i) o[i] = 0.0f;
             bar_arrive(BAR_P_FREE, 256);
-            for (int t = sg.t0; t < sg.t1; ++t) {
+            const GmmaDesc dv_hi(sKV + 4 * SUB_BYTES, SUB_BYTES, 1024);
+            uint32_t k16 = 0;  // loop-carried, so that the descriptor stays uniform (producer_tiles)
+            for (int t = sg.t0; t < sg.t1; ++t, k16 ^= TILE_BYTES >> 4) {
                 const int st = (t - sg.t0) & 1;
                 bar_sync(BAR_P_FULL, 256);  // after warpgroup 0 synced K_FULL: the tile is stored
                 rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T, 128>(o, dp, sKV + st * TILE_BYTES + 4 * SUB_BYTES);
+                pv_tile<T, 128>(o, dp, dv_hi.plus16(k16));
                 if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < sg.t1) bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS);
             }

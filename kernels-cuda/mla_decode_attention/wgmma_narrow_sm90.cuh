@@ -221,7 +221,7 @@ __device__ __forceinline__ void narrow_p(const Params& p, const Segment& sg, int
         const float tm = fmaxf(fmaxf(rm[col], rm[MT + col]), fmaxf(rm[2 * MT + col], rm[3 * MT + col]));
         const float mn = fmaxf(rows.m_run[k], tm * c);
         muse[k] = mn == vt::neg_inf() ? 0.0f : mn;
-        alpha[k] = exp2f(rows.m_run[k] - muse[k]);
+        alpha[k] = ex2(rows.m_run[k] - muse[k]);
         rows.m_run[k] = mn;
         rows.l_run[k] *= alpha[k];
     }
@@ -231,7 +231,7 @@ __device__ __forceinline__ void narrow_p(const Params& p, const Segment& sg, int
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int k = 2 * i + (j & 1);
-            pv[4 * i + j] = exp2f(fmaf(s[4 * i + j], c, -muse[k]));
+            pv[4 * i + j] = ex2(fmaf(s[4 * i + j], c, -muse[k]));
             rows.l_run[k] += pv[4 * i + j];
         }
     wait_free();  // the other warpgroup is done with the previous P^T
@@ -353,7 +353,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
             // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
             // signal, and the load two tiles ahead (as decode_wgmma).
             producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
-                                       [&](uint32_t kst) {
+                                       [&](uint32_t kst, uint32_t) {
                                            rescale_from<MT>(o, s_alpha, qd);
                                            pv_narrow<T, R>(o, dp, kst, 4);
                                        });

@@ -149,38 +149,25 @@ __device__ __forceinline__ void tma_half(const Params& p, const Segment& sg, int
     }
 }
 
-// The value, opaque to the compiler: the descriptors built from it are then computed where
-// they are used. (Every stage address of a warpgroup is loop-invariant here, and ptxas hoisted
-// all 72 of S's 64-bit descriptors out of the tile loop and spilled them.)
-__device__ __forceinline__ uint32_t ss_opaque(uint32_t v) {
-    asm volatile("mov.b32 %0, %0;\n" : "+r"(v));
-    return v;
-}
-__device__ __forceinline__ uint64_t ss_opaque(uint64_t v) {
-    asm volatile("mov.b64 %0, %0;\n" : "+l"(v));
-    return v;
-}
-
 // S += Q K^T over column blocks [CB0, CB1) of stage st at kst, each box once it landed (box 8
 // takes Q's rope part from registers, rq8), one commit group; the first k step overwrites S
 // when fresh. (A wgmma.fence after each wait: without it ptxas serializes the wgmma, C7520.)
 template <typename T, int CB0, int CB1>
-__device__ __forceinline__ void qk_boxes(float (&s)[32], uint64_t dq, uint32_t kst, const uint32_t (&rq8)[4][4],
+__device__ __forceinline__ void qk_boxes(float (&s)[32], const GmmaDesc& dq, uint32_t kst, const uint32_t (&rq8)[4][4],
                                          bool fresh, BoxBarriers& bb, int st) {
-    const uint64_t dk = gmma_desc(ss_opaque(kst), 16, 1024);
-    dq = ss_opaque(dq);
+    const GmmaDesc dk(kst, 16, 1024);
 #pragma unroll
     for (int cb = CB0; cb < CB1; ++cb) {
         bb.wait(st, cb);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-            const uint64_t o16 = (uint64_t)((cb * SUB_BYTES + kk * 32) >> 4);
+            const uint32_t o16 = (uint32_t)((cb * SUB_BYTES + kk * 32) >> 4);
             const int sc = (fresh && cb == CB0 && kk == 0) ? 0 : 1;
             if (cb == NSUB - 1) {
-                SsRs<T>::qk(s, rq8[kk], dk + o16, sc);
+                SsRs<T>::qk(s, rq8[kk], dk.at(o16), sc);
             } else {
-                Wg<T>::qk(s, dq + o16, dk + o16, sc);
+                Wg<T>::qk(s, dq.at(o16), dk.at(o16), sc);
             }
         }
     }
@@ -198,24 +185,23 @@ template <int CB0, int CB1> __device__ __forceinline__ void ss_wait_boxes(BoxBar
 // from registers (pk[2 i + hi]: row r_lo + 8 hi, tokens 8 i + 2 q (+1)); one commit group.
 template <typename T>
 __device__ __forceinline__ void pv_local(float (&o)[128], const uint32_t (&pk)[16], uint32_t v_base) {
-    const uint64_t dv = gmma_desc(ss_opaque(v_base), SUB_BYTES, 1024);
+    const GmmaDesc dv(v_base, SUB_BYTES, 1024);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) {
         const uint32_t a[4] = {pk[4 * ks], pk[4 * ks + 1], pk[4 * ks + 2], pk[4 * ks + 3]};
-        SsRs<T>::pv(o, a, dv + 128 * ks);
+        SsRs<T>::pv(o, a, dv.at(128 * ks));
     }
     wgmma_commit();
 }
 
 // O[:, half] += P V with P from shared memory (dp: its descriptor); one commit group.
 template <typename T>
-__device__ __forceinline__ void pv_remote(float (&o)[128], uint64_t dp, uint32_t v_base) {
-    const uint64_t dv = gmma_desc(ss_opaque(v_base), SUB_BYTES, 1024);
-    dp = ss_opaque(dp);
+__device__ __forceinline__ void pv_remote(float (&o)[128], const GmmaDesc& dp, uint32_t v_base) {
+    const GmmaDesc dv(v_base, SUB_BYTES, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp + 2 * ks, dv + 128 * ks);
+    for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp.at(2 * ks), dv.at(128 * ks));
     wgmma_commit();
 }
 
@@ -262,21 +248,13 @@ __device__ __forceinline__ void ss_exp(float (&s)[32], uint32_t (&pk)[16], float
     for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-            const float p0 = exp2f(fmaf(s[4 * i + 2 * hi], c, -base[hi]));
-            const float p1 = exp2f(fmaf(s[4 * i + 2 * hi + 1], c, -base[hi]));
+            const float p0 = ex2(fmaf(s[4 * i + 2 * hi], c, -base[hi]));
+            const float p1 = ex2(fmaf(s[4 * i + 2 * hi + 1], c, -base[hi]));
             s[4 * i + 2 * hi] = p0;
             s[4 * i + 2 * hi + 1] = p1;
             l[hi] += p0 + p1;
             pk[2 * i + hi] = pack2<T>(p0, p1);
         }
-}
-
-// Writes P (pk) into the swizzled [64 x 64] tile at sp (the A operand of pv_remote).
-__device__ __forceinline__ void ss_store_p(uint32_t sp, const uint32_t (&pk)[16], int r_lo, int qd) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) st_shared_u32(sp + swz(r_lo + 8 * hi, i) + qd * 4, pk[2 * i + hi]);
 }
 
 // Rows of tile t past the sequence's last token came from a real page (the TMA copies whole
@@ -326,10 +304,12 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
     const int row0 = blockIdx.y * MT;
     const int r_lo = wwarp * 16 + g;  // this thread's accumulator rows: r_lo, r_lo + 8
     const bool issuer = wwarp == 0;   // warp 0 of each warpgroup issues its TMA halves
-    const uint64_t dq = gmma_desc(sQ, 16, 1024);
+    const GmmaDesc dq(sQ, 16, 1024);
     const float c = p.scale_log2;
     const uint32_t st0 = sKV, st1 = sKV + TILE_BYTES;
-    const uint32_t v_half = (uint32_t)(4 * SUB_BYTES * wg);  // this warpgroup's V columns in a stage
+    // Warpgroup 1's V columns in a stage (a constant: an offset derived from the thread index
+    // would keep the descriptors built from it out of uniform registers).
+    constexpr uint32_t v_half = 4 * SUB_BYTES;
 
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     int nb = part.b;
@@ -399,7 +379,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 for (int hi = 0; hi < 2; ++hi) {
                     const float mn = fmaxf(m_run[hi], mx[hi] * c);
                     bs[hi] = ss_base(mn);
-                    const float a = exp2f(m_run[hi] - bs[hi]);
+                    const float a = ex2(m_run[hi] - bs[hi]);
                     m_run[hi] = mn;
                     l[hi] *= a;
                     if (qd == 0) s_m[r_lo + 8 * hi] = mn;
@@ -420,7 +400,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {
                     const float mb = s_m[MT + r_lo + 8 * hi];
-                    a1[hi] = exp2f(bs[hi] - ss_base(mb));
+                    a1[hi] = ex2(bs[hi] - ss_base(mb));
                     m_run[hi] = mb;
                 }
 #pragma unroll
@@ -428,7 +408,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
 #pragma unroll
                     for (int hi = 0; hi < 2; ++hi)
                         pk[2 * i + hi] = pack2<T>(s[4 * i + 2 * hi] * a1[hi], s[4 * i + 2 * hi + 1] * a1[hi]);
-                ss_store_p(sP0, pk, r_lo, qd);
+                store_p_rows(sP0, pk, wwarp, lane);
                 fence_proxy_async();
                 bar_arrive(SS_P0_READY, 256);
                 rescale(o, a1[0], a1[1]);
@@ -438,7 +418,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                     ss_wait_boxes<0, 4>(hb, 1);  // B's V columns 0..255
                     bar_sync(SS_RO1, 256);  // sP1 written; warpgroup 1 is done with S_B
                     ss_zero_tail(sg, t + 1, st1, wtid, BAR_WG0);
-                    pv_remote<T>(o, gmma_desc(sP1, 16, 1024), st1);
+                    pv_remote<T>(o, GmmaDesc(sP1, 16, 1024), st1);
                 }
                 if (has_a2) qk_boxes<T, 0, 4>(s, dq, st0, rq8, true, hb, 0);
                 if (has_b) {
@@ -473,7 +453,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                     const float ma = s_m[r_lo + 8 * hi];
                     const float mn = fmaxf(ma, mx[hi] * c);
                     bs[hi] = ss_base(mn);
-                    a[hi] = exp2f(m_run[hi] - bs[hi]);
+                    a[hi] = ex2(m_run[hi] - bs[hi]);
                     m_run[hi] = mn;
                     l[hi] *= a[hi];
                     if (qd == 0) s_m[MT + r_lo + 8 * hi] = mn;
@@ -482,7 +462,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 rescale(o, a[0], a[1]);
                 if (has_b) {
                     ss_exp<T>(s, pk, l, bs, c);
-                    ss_store_p(sP1, pk, r_lo, qd);
+                    store_p_rows(sP1, pk, wwarp, lane);
                     fence_proxy_async();
                     ss_zero_tail(sg, t + 1, st1 + v_half, wtid, BAR_WG1);
                     pv_local<T>(o, pk, st1 + v_half);
@@ -490,7 +470,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 bar_sync(SS_P0_READY, 256);
                 ss_wait_boxes<4, 8>(hb, 0);  // A's V columns 256..511
                 ss_zero_tail(sg, t, st0 + v_half, wtid, BAR_WG1);
-                pv_remote<T>(o, gmma_desc(sP0, 16, 1024), st0 + v_half);
+                pv_remote<T>(o, GmmaDesc(sP0, 16, 1024), st0 + v_half);
                 if (has_b) bar_arrive(SS_RO1, 256);
                 if (has_b2) {
                     wgmma_wait<1>();  // P_B V_B done: B's hi half is free

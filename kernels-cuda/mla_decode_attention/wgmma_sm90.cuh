@@ -149,14 +149,14 @@ template <> struct Wg<f16> {
 };
 
 // O[:, cols] += P V[:, cols] for one tile: 4 wgmma (A = P, B = V MN-major, in place in the
-// K tile starting at column block `v_base`). N = 128 accumulator registers (256 columns).
+// K tile; dv: GmmaDesc(first column block, SUB_BYTES, 1024)). N = 128 accumulator registers
+// (256 columns).
 template <typename T, int N>
-__device__ __forceinline__ void pv_tile(float (&o)[N], uint64_t dp, uint32_t v_base) {
-    const uint64_t dv = gmma_desc(v_base, SUB_BYTES, 1024);
+__device__ __forceinline__ void pv_tile(float (&o)[N], const GmmaDesc& dp, const GmmaDesc& dv) {
     pin(o);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp + 2 * ks, dv + 128 * ks);  // +32 B, +2048 B
+    for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp.at(2 * ks), dv.at(128 * ks));  // +32 B, +2048 B
     wgmma_commit();
     wgmma_wait<0>();
     pin(o);
@@ -260,8 +260,10 @@ template <int STAGES, bool TMA> struct StageBarriers {
 };
 
 // Warpgroup 1 of the wgmma kernels (decode_wgmma, decode_wgmma_narrow) over one segment:
-// Q (MT rows) and the first two tiles, then per tile: wait for P(t), `products(kst)` (its
-// rescale and its half of the PV products on the stage at kst), signal, and the load two
+// Q (MT rows) and the first two tiles, then per tile: wait for P(t), `products(kst, k16)` (its
+// rescale and its half of the PV products on the stage at kst, k16 16-byte units past sKV: a
+// loop-carried toggle, so that descriptors built from it stay in uniform registers; the shared
+// address kst is not uniform to the compiler), signal, and the load two
 // tiles ahead into the stage just freed (TMA: one warp issues the boxes, the tile's mbarrier
 // completes it; cp.async: K_FULL is arrived once the group landed). Returns once this
 // warpgroup's cp.async groups are drained. `bars`: the TMA stages' barriers.
@@ -295,12 +297,13 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
     }
     bar_arrive(BAR_P_FREE, 256);
-    for (int t = t0; t < t1; ++t) {
+    uint32_t k16 = 0;
+    for (int t = t0; t < t1; ++t, k16 ^= TILE_BYTES >> 4) {
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
         bar_sync(BAR_P_FULL, 256);
         if (TMA) bars.wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
-        products(kst);
+        products(kst, k16);
         if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
         if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
         if (TMA) {
@@ -322,6 +325,20 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
     cp_async_wait<0>();
 }
 
+// Writes this warp's 16 rows of P into the swizzled [64 x 64] tile at sp (the A operand of
+// the P V products) with four stmatrix. pk[2 i + hi] holds rows 8 hi + lane / 4 (of the warp's
+// 16), tokens 8 i + 2 (lane % 4) (+1), as the accumulator holds them: so register m of store j
+// is the 8 x 8 matrix of rows 8 (m % 2) and tokens 8 (2 j + m / 2), and lane l gives the
+// address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void store_p_rows(uint32_t sp, const uint32_t (&pk)[16], int wwarp, int lane) {
+    const int row = 16 * wwarp + 8 * ((lane >> 3) & 1) + (lane & 7), cb1 = lane >> 4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t r[4] = {pk[4 * j], pk[4 * j + 1], pk[4 * j + 2], pk[4 * j + 3]};
+        stsm_x4(sp + swz(row, 2 * j + cb1), r);
+    }
+}
+
 // Warpgroup 0 of the 64-row wgmma kernels (decode_wgmma, decode_wgmma_fp8) over one segment:
 // per tile, wait for it (TMA: its mbarrier; else the K_FULL arrival of whoever loads it), S =
 // Q K^T, the online softmax, P and the rescale factors for warpgroup 1, O[:, 0:256] += P V,
@@ -331,7 +348,7 @@ template <typename T, bool TMA, int VFREE_N>
 __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sKV,
                                                const unsigned char* valid, const unsigned char* flags,
                                                StageBarriers<2, TMA>& bars, float (&o)[128], float* s_alpha,
-                                               float* s_fin, uint64_t dq, uint32_t sP, uint64_t dp, int wtid,
+                                               float* s_fin, const GmmaDesc& dq, uint32_t sP, const GmmaDesc& dp, int wtid,
                                                int r_lo, int qd) {
     constexpr int MT = WGMMA_ROWS;
     const float c = p.scale_log2;
@@ -345,7 +362,10 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
     }
     const int lim_min = sg.len - p.s_q + 1;
     float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
-    for (int t = t0; t < t1; ++t) {
+    // The stage's descriptors from a loop-carried offset (see producer_tiles).
+    const GmmaDesc dk0(sKV, 16, 1024), dv0(sKV, SUB_BYTES, 1024);
+    uint32_t k16 = 0;
+    for (int t = t0; t < t1; ++t, k16 ^= TILE_BYTES >> 4) {
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
         const unsigned char* vst = valid + st * BN;
@@ -359,13 +379,13 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         // (Three independent accumulator chains with a 128/384 column split measured
         // slower than this: see docs/perf.md.)
         float s[32];
-        const uint64_t dk = gmma_desc(kst, 16, 1024);
+        const GmmaDesc dk = dk0.plus16(k16);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < FD / 16; ++ks) {
             // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
-            const uint64_t o16 = (uint64_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-            Wg<T>::qk(s, dq + o16, dk + o16, ks > 0 ? 1 : 0);
+            const uint32_t o16 = (uint32_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+            Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -411,7 +431,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
             mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
             const float mn = fmaxf(m_run[hi], mx[hi] * c);
             muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-            alpha[hi] = exp2f(m_run[hi] - muse[hi]);
+            alpha[hi] = ex2(m_run[hi] - muse[hi]);
             m_run[hi] = mn;
             l_run[hi] *= alpha[hi];
         }
@@ -420,16 +440,13 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         for (int i = 0; i < 8; ++i)
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
-                const float p0 = exp2f(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
-                const float p1 = exp2f(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
+                const float p0 = ex2(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
+                const float p1 = ex2(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
                 l_run[hi] += p0 + p1;
                 pk[2 * i + hi] = pack2<T>(p0, p1);
             }
         bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1)
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) st_shared_u32(sP + swz(r_lo + 8 * hi, i) + qd * 4, pk[2 * i + hi]);
+        store_p_rows(sP, pk, r_lo >> 4, threadIdx.x & 31);
         if (qd == 0) {
             s_alpha[r_lo] = alpha[0];
             s_alpha[r_lo + 8] = alpha[1];
@@ -438,7 +455,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
         bar_arrive(BAR_P_FULL, 256);
         rescale(o, alpha[0], alpha[1]);
-        pv_tile<T, 128>(o, dp, kst);
+        pv_tile<T, 128>(o, dp, dv0.plus16(k16));
         if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, VFREE_N);
     }
     // Row sums (a quad per row) and maxima for the copy-out.
@@ -479,8 +496,8 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     const int row0 = blockIdx.y * MT;
     const int r_lo = wwarp * 16 + g;  // this thread's accumulator rows: r_lo, r_lo + 8
     const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
-    const uint64_t dq = gmma_desc(sQ, 16, 1024);
-    const uint64_t dp = gmma_desc(sP, 16, 1024);
+    const GmmaDesc dq(sQ, 16, 1024), dp(sP, 16, 1024);
+    const GmmaDesc dv_hi(sKV + 4 * SUB_BYTES, SUB_BYTES, 1024);  // warpgroup 1's V columns in stage 0
 
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     int nb = part.b;
@@ -496,9 +513,9 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
             producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
-                                       [&](uint32_t kst) {
+                                       [&](uint32_t, uint32_t k16) {
                                            rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                                           pv_tile<T, 128>(o, dp, kst + 4 * SUB_BYTES);
+                                           pv_tile<T, 128>(o, dp, dv_hi.plus16(k16));
                                        });
         } else {
             consumer_tiles<T, TMA, 256>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP, dp, wtid,
