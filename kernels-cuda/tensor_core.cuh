@@ -201,12 +201,6 @@ struct GmmaDesc {
     uint32_t lo, hi;
     __device__ __forceinline__ GmmaDesc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
         : lo(((saddr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16)), hi(((sbo >> 4) & 0x3FFF) | (1u << 30)) {}
-    // The same layout `units` 16-byte units further.
-    __device__ __forceinline__ GmmaDesc plus16(uint32_t units) const {
-        GmmaDesc d = *this;
-        d.lo += units;
-        return d;
-    }
     // The descriptor of the matrix `off16` 16-byte units further.
     __device__ __forceinline__ uint64_t at(uint32_t off16) const {
         uint64_t d;

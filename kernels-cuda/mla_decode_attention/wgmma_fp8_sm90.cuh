@@ -288,13 +288,11 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
 #pragma unroll
             for (int i = 0; i < 128; ++i) o[i] = 0.0f;
             bar_arrive(BAR_P_FREE, 256);
-            const GmmaDesc dv_hi(sKV + 4 * SUB_BYTES, SUB_BYTES, 1024);
-            uint32_t k16 = 0;  // loop-carried, so that the descriptor stays uniform (producer_tiles)
-            for (int t = sg.t0; t < sg.t1; ++t, k16 ^= TILE_BYTES >> 4) {
+            for (int t = sg.t0; t < sg.t1; ++t) {
                 const int st = (t - sg.t0) & 1;
                 bar_sync(BAR_P_FULL, 256);  // after warpgroup 0 synced K_FULL: the tile is stored
                 rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T, 128>(o, dp, dv_hi.plus16(k16));
+                pv_tile<T, 128>(o, dp, GmmaDesc(sKV + st * TILE_BYTES + 4 * SUB_BYTES, SUB_BYTES, 1024));
                 if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
                 if (t + 2 < sg.t1) bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS);
             }

@@ -353,7 +353,7 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
             // Producer: Q and the first two tiles, then per tile: PV for features 256..511,
             // signal, and the load two tiles ahead (as decode_wgmma).
             producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
-                                       [&](uint32_t kst, uint32_t) {
+                                       [&](uint32_t kst) {
                                            rescale_from<MT>(o, s_alpha, qd);
                                            pv_narrow<T, R>(o, dp, kst, 4);
                                        });

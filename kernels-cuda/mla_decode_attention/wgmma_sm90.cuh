@@ -260,10 +260,8 @@ template <int STAGES, bool TMA> struct StageBarriers {
 };
 
 // Warpgroup 1 of the wgmma kernels (decode_wgmma, decode_wgmma_narrow) over one segment:
-// Q (MT rows) and the first two tiles, then per tile: wait for P(t), `products(kst, k16)` (its
-// rescale and its half of the PV products on the stage at kst, k16 16-byte units past sKV: a
-// loop-carried toggle, so that descriptors built from it stay in uniform registers; the shared
-// address kst is not uniform to the compiler), signal, and the load two
+// Q (MT rows) and the first two tiles, then per tile: wait for P(t), `products(kst)` (its
+// rescale and its half of the PV products on the stage at kst), signal, and the load two
 // tiles ahead into the stage just freed (TMA: one warp issues the boxes, the tile's mbarrier
 // completes it; cp.async: K_FULL is arrived once the group landed). Returns once this
 // warpgroup's cp.async groups are drained. `bars`: the TMA stages' barriers.
@@ -297,13 +295,12 @@ __device__ __forceinline__ void producer_tiles(const Params& p, const Segment& s
         bar_arrive(BAR_K_FULL, 256);  // tile t0 (parity 0)
     }
     bar_arrive(BAR_P_FREE, 256);
-    uint32_t k16 = 0;
-    for (int t = t0; t < t1; ++t, k16 ^= TILE_BYTES >> 4) {
+    for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
         bar_sync(BAR_P_FULL, 256);
         if (TMA) bars.wait(st);  // complete already (warpgroup 0 waited); for this warpgroup's view
-        products(kst, k16);
+        products(kst);
         if (t + 1 < t1) bar_arrive(BAR_P_FREE, 256);
         if (t + 2 < t1) bar_sync(BAR_V_FREE + st, 256);
         if (TMA) {
@@ -362,10 +359,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
     }
     const int lim_min = sg.len - p.s_q + 1;
     float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
-    // The stage's descriptors from a loop-carried offset (see producer_tiles).
-    const GmmaDesc dk0(sKV, 16, 1024), dv0(sKV, SUB_BYTES, 1024);
-    uint32_t k16 = 0;
-    for (int t = t0; t < t1; ++t, k16 ^= TILE_BYTES >> 4) {
+    for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
         const uint32_t kst = sKV + st * TILE_BYTES;
         const unsigned char* vst = valid + st * BN;
@@ -379,7 +373,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         // (Three independent accumulator chains with a 128/384 column split measured
         // slower than this: see docs/perf.md.)
         float s[32];
-        const GmmaDesc dk = dk0.plus16(k16);
+        const GmmaDesc dk(kst, 16, 1024);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < FD / 16; ++ks) {
@@ -455,7 +449,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         bar_sync(BAR_WG0, 128);   // all of P written before this warpgroup's wgmma
         bar_arrive(BAR_P_FULL, 256);
         rescale(o, alpha[0], alpha[1]);
-        pv_tile<T, 128>(o, dp, dv0.plus16(k16));
+        pv_tile<T, 128>(o, dp, GmmaDesc(kst, SUB_BYTES, 1024));
         if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, VFREE_N);
     }
     // Row sums (a quad per row) and maxima for the copy-out.
@@ -497,7 +491,6 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
     const int r_lo = wwarp * 16 + g;  // this thread's accumulator rows: r_lo, r_lo + 8
     const Loader<T, 128> ld(p, wtid);  // warpgroup 1 only
     const GmmaDesc dq(sQ, 16, 1024), dp(sP, 16, 1024);
-    const GmmaDesc dv_hi(sKV + 4 * SUB_BYTES, SUB_BYTES, 1024);  // warpgroup 1's V columns in stage 0
 
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     int nb = part.b;
@@ -513,9 +506,9 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
             // Producer: Q and the first two tiles, then per tile: PV for columns 256..511,
             // signal, and the load two tiles ahead.
             producer_tiles<T, MT, TMA>(p, sg, row0, sQ, sKV, valid, flags, bars, kv_map, ld, wtid,
-                                       [&](uint32_t, uint32_t k16) {
+                                       [&](uint32_t kst) {
                                            rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                                           pv_tile<T, 128>(o, dp, dv_hi.plus16(k16));
+                                           pv_tile<T, 128>(o, dp, GmmaDesc(kst + 4 * SUB_BYTES, SUB_BYTES, 1024));
                                        });
         } else {
             consumer_tiles<T, TMA, 256>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP, dp, wtid,
