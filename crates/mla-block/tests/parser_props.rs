@@ -114,8 +114,9 @@ proptest! {
             Ok(cfg) => {
                 prop_assert!(cfg.dims.validate().is_ok());
                 prop_assert!(cfg.dims.scale.is_finite() && cfg.dims.scale > 0.0);
-                // The cache itself, where it is small enough to build here.
-                if cfg.max_position_embeddings * cfg.dims.qk_rope_head_dim <= 1 << 16 {
+                // The cache itself, where it is small enough to build here (checked: both
+                // sizes may be near i64::MAX).
+                if cfg.max_position_embeddings.checked_mul(cfg.dims.qk_rope_head_dim).is_some_and(|n| n <= 1 << 16) {
                     let cache = cfg.rope.cos_sin_cache(cfg.dims.qk_rope_head_dim, cfg.max_position_embeddings);
                     prop_assert!(cache.is_ok(), "{:?}", cache.err());
                     prop_assert!(cache.unwrap_or_default().iter().all(|v| v.is_finite()));
