@@ -357,28 +357,33 @@ fn seesaw_kernel_matches_reference_for_odd_and_even_tile_counts() {
     }
 }
 
+/// A batch of two sequences (the first 8 blocks long) whose first sequence has block ids
+/// 2 (-1) and 5 (past the cache) out of range, and the reference: the same batch with those
+/// two blocks left out of the first sequence's table and length.
+fn blocks_2_and_5_out_of_range(lens: &[i32], n: i64, bs: i64) -> (Case, Inputs, Reference) {
+    let mut c = Case::mla(lens, n, bs);
+    c.pad = 8;
+    let bad_x = inputs(&c);
+    assert_eq!(bad_x.mb as usize, 8);
+    let mut ref_c = c.clone();
+    ref_c.lens[0] -= 2 * bs as i32;
+    let mut ref_x = inputs(&c);
+    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| bad_x.block_table[j]).collect();
+    ref_x.block_table[..6].copy_from_slice(&kept);
+    ref_x.seq_lens = ref_c.lens.iter().map(|&l| l as f64).collect();
+    let want = reference(&ref_c, &ref_x);
+    let mut x = inputs(&c);
+    x.block_table[2] = -1.0;
+    x.block_table[5] = (x.nb + 7) as f64;
+    (c, x, want)
+}
+
 /// Block ids outside the cache on the seesaw kernel (TMA loads, whole 64-token pages): their
 /// pages take no part, as in `out_of_range_block_ids_are_skipped`.
 #[test]
 fn seesaw_kernel_skips_out_of_range_block_ids() {
     let Some(g) = gpu() else { return };
-    let mut c = Case::mla(&[512, 100], 64, 64);
-    c.pad = 8;
-    let bad_x = inputs(&c);
-    let mb = bad_x.mb as usize;
-    assert_eq!(mb, 8);
-    // Reference: sequence 0 without its blocks 2 and 5 (tokens 128..192 and 320..384).
-    let mut ref_c = c.clone();
-    ref_c.lens = vec![384, 100];
-    let mut ref_x = inputs(&c);
-    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| bad_x.block_table[j]).collect();
-    ref_x.block_table[..6].copy_from_slice(&kept);
-    ref_x.seq_lens = vec![384.0, 100.0];
-    let want = reference(&ref_c, &ref_x);
-
-    let mut x = inputs(&c);
-    x.block_table[2] = -1.0;
-    x.block_table[5] = (x.nb + 7) as f64;
+    let (c, x, want) = blocks_2_and_5_out_of_range(&[512, 100], 64, 64);
     for max_parts in [Some(1), Some(3), None] {
         let opts = DecodeOptions { kernel: Kernel::WgmmaSeesaw, min_tiles: Some(1), max_parts };
         run_gpu(&g, &c, &x, &want, &opts);
@@ -505,23 +510,7 @@ fn decode_attention_handles_strided_views_other_head_dims_and_misalignment() {
 #[test]
 fn out_of_range_block_ids_are_skipped() {
     let Some(g) = gpu() else { return };
-    let mut c = Case::mla(&[128, 40], 16, 16);
-    c.pad = 8;
-    let bad_x = inputs(&c);
-    let mb = bad_x.mb as usize;
-    assert_eq!(mb, 8);
-    // Reference: sequence 0 without its blocks 2 and 5 (tokens 32..48 and 80..96).
-    let mut ref_c = c.clone();
-    ref_c.lens = vec![96, 40];
-    let mut ref_x = inputs(&c);
-    let kept: Vec<f64> = (0..8).filter(|&j| j != 2 && j != 5).map(|j| bad_x.block_table[j]).collect();
-    ref_x.block_table[..6].copy_from_slice(&kept);
-    ref_x.seq_lens = vec![96.0, 40.0];
-    let want = reference(&ref_c, &ref_x);
-
-    let mut x = inputs(&c);
-    x.block_table[2] = -1.0;
-    x.block_table[5] = (x.nb + 7) as f64;
+    let (c, x, want) = blocks_2_and_5_out_of_range(&[128, 40], 16, 16);
     for kernel in [Kernel::Generic, Kernel::Mma, Kernel::MmaSmall, Kernel::Wgmma, Kernel::WgmmaNarrow] {
         for max_parts in [Some(1), Some(3)] {
             run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: Some(1), max_parts });
