@@ -55,8 +55,10 @@ pub struct Args {
     /// Also time every kernel / minimum-tiles-per-part variant per shape.
     #[arg(long)]
     pub sweep: bool,
-    /// Also time these kernels per shape, forced (`mma`, `mma_small`, `wgmma`, `generic`),
-    /// interleaved with the default so run-to-run drift does not bias the A/B.
+    /// Also time these kernels per shape, forced (`mma`, `mma_small`, `wgmma`, `wgmma_ss`,
+    /// `wgmma_narrow`, `generic`), interleaved with the default so run-to-run drift does not
+    /// bias the A/B; each is first checked against the CPU on poisoned outputs (unless
+    /// `--no-parity`), its parity printed beside its time.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = kernel_name)]
     pub alt: Vec<String>,
     /// Timed runs per shape (median reported).
@@ -518,6 +520,22 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
     Ok(worst)
 }
 
+/// One call of the forced kernel `o` on poisoned out / lse, checked as `parity` checks the
+/// default kernel; `Some(relative error)`.
+fn alt_parity(
+    q: &Queue,
+    s: &Shape,
+    x: &Inputs,
+    a: &MlaDecodeAttentionArgs<'_>,
+    o: &DecodeOptions,
+    scale: f32,
+) -> vt_core::Result<Option<f64>> {
+    x.out.fill_pattern(q, DType::BF16.nan_bytes())?;
+    x.lse.fill_pattern(q, DType::F32.nan_bytes())?;
+    mla_decode_attention_with(q, a, o)?;
+    parity(q, s, x, scale).map(Some)
+}
+
 fn time_call(
     bench: &Bench<'_>,
     q: &Queue,
@@ -608,14 +626,23 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
         for name in &alt {
             let Some(kernel) = kernel_of(name) else { continue };
             let o = DecodeOptions { kernel, ..DecodeOptions::default() };
+            // The forced kernel's output against the CPU first (out and lse poisoned, so a
+            // kernel that writes nothing fails), unless --no-parity.
+            let checked = if check { alt_parity(&q, &s, &x, &a, &o, scale) } else { Ok(None) };
             // Default, forced, default: the forced kernel's time beside the mean of the two.
-            let r = time_call(&bench, &q, &a, &o, iters).and_then(|(t, _, _)| {
+            let r = checked.and_then(|p| {
+                let (t, _, _) = time_call(&bench, &q, &a, &o, iters)?;
                 let (t2, _, _) = time_call(&bench, &q, &a, &auto, iters)?;
-                Ok((t, t2))
+                Ok((p, t, t2))
             });
             match r {
-                Ok((t, t2)) => {
-                    sw.push((name.clone(), t));
+                Ok((p, t, t2)) => {
+                    let label = match p {
+                        Some(err) if err < 1e-2 => format!("{name} (parity PASS {err:.1e})"),
+                        Some(err) => format!("{name} (parity FAIL {err:.1e})"),
+                        None => name.clone(),
+                    };
+                    sw.push((label, t));
                     sw.push(("auto-again".to_string(), t2));
                 }
                 Err(err) => sw.push((format!("{name} ({err})"), f64::NAN)),
