@@ -1,8 +1,9 @@
 //! A bounded random-input loop over the loaders (`mla_block::loaders`), CI's deterministic
 //! stand-in for the cargo-fuzz targets in `fuzz/` (which need nightly or `RUSTC_BOOTSTRAP=1`
-//! and are run by hand; see `fuzz/README.md`). Valid config, checkpoint, input and schedule files are mutated (bit
-//! flips, byte overwrites, truncation, growth, header-length edits, digits replaced by
-//! huge numbers) and random bytes are added; every call must return a value or an error.
+//! and are run by hand; see `fuzz/README.md`). Valid config, checkpoint, input and schedule
+//! files are mutated (bit flips, byte overwrites, truncation, growth, header-length edits,
+//! digits replaced by huge numbers) and random bytes are added; every call must return a value
+//! or an error.
 //!
 //! Bounded: a fixed seed, `RANDOM_INPUT_CASES` inputs (default 20000) and a 20 s wall-clock
 //! cap, whichever ends first.
