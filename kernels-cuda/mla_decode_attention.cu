@@ -36,6 +36,9 @@
 // - wgmma_narrow_fp8_sm90.cuh: mla_decode_wgmma_n{16,32}_fp8_{bf16,f16}: the narrow
 //   products over an fp8_ds_mla cache, the cache operand dequantized into registers from a
 //   ring of raw rows that a producer warp fills by bulk copies.
+// - wgmma_fp8raw_sm90.cuh: mla_decode_wgmma_fp8r_bf16: 64 query rows over an fp8_ds_mla cache,
+//   S as an e4m3 product on the raw codes, a two-slot TMA ring of raw tiles, V dequantized by
+//   the two warpgroups that multiply it (forced only until measured).
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //
@@ -58,6 +61,7 @@
 #include "mla_decode_attention/wgmma_narrow_sm90.cuh"
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
+#include "mla_decode_attention/wgmma_fp8raw_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -141,6 +145,14 @@ MLA_WGMMA_NARROW_FP8(bf16, bf16, 16)
 MLA_WGMMA_NARROW_FP8(f16, f16, 16)
 MLA_WGMMA_NARROW_FP8(bf16, bf16, 32)
 MLA_WGMMA_NARROW_FP8(f16, f16, 32)
+// The 64-row kernel over an fp8_ds_mla cache with S on the raw codes (bf16 queries only: the
+// rope product takes the cache's bf16 rope as it lies); the two maps of the rows as one
+// parameter.
+extern "C" __global__ void __launch_bounds__(mla::F8R_THREADS, 1)
+    mla_decode_wgmma_fp8r_bf16(const __grid_constant__ mla::Params p, const __grid_constant__ mla::RawMaps maps) {
+    mla::decode_wgmma_fp8r<bf16>(p, &maps);
+}
+MLA_FACTS(mla_decode_wgmma_fp8r_bf16, mla::F8R_THREADS, mla::WGMMA_ROWS, mla::RawLayout::SMEM, mla::F8R_SLOTS)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

@@ -272,6 +272,10 @@ fn samples(dt: DType) -> Result<Samples> {
             kernels.push((Kernel::WgmmaNarrow, heads, true, DType::Fp8DsMla));
         }
         kernels.push((Kernel::Wgmma, 64, false, DType::Fp8DsMla));
+        // The raw-ring kernel (bf16 queries only; two maps in one parameter).
+        if dt == DType::BF16 {
+            kernels.push((Kernel::WgmmaFp8Raw, 64, true, DType::Fp8DsMla));
+        }
     }
     for (kernel, heads, tma, cache_dt) in kernels {
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };

@@ -1,6 +1,7 @@
 //! MlaDecodeAttention over an fp8_ds_mla cache on CUDA against the CPU reference on the
 //! same fp8 bytes: every kernel that reads the fp8 cache (the mma.sync kernels with the
-//! full and the small ring, the narrow and the 64-row wgmma kernels, the generic kernel), block sizes 1/16/64, head counts 8..128,
+//! full and the small ring, the narrow and the 64-row wgmma kernels and the raw-ring one, the
+//! generic kernel), block sizes 1/16/64, head counts 8..128,
 //! one to four query tokens, mixed lengths, split and unsplit schedules, strided cache views
 //! and bad block ids. Outputs are poisoned with NaN; cache rows no sequence owns hold bytes
 //! that decode to NaN (code 0x7f). bf16 tolerances: the fast kernels round the dequantized
@@ -123,7 +124,12 @@ fn run(
         }
         Some(o) => match mla_decode_attention_with(queue, &args, o) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
-            Err(e) if matches!(o.kernel, Kernel::MmaSmall | Kernel::WgmmaNarrow | Kernel::Wgmma) => {
+            Err(e)
+                if matches!(
+                    o.kernel,
+                    Kernel::MmaSmall | Kernel::WgmmaNarrow | Kernel::Wgmma | Kernel::WgmmaFp8Raw
+                ) =>
+            {
                 println!("{o:?}: {e}");
                 return None;
             }
@@ -218,7 +224,14 @@ fn check_skips_bad_blocks(g: &Queue, c: &Case, places: &[(usize, usize)]) {
     }
     let cpu = Queue::new(Device::CPU).unwrap();
     let (want, _, _) = run(&cpu, &ref_c, &ref_x, None).unwrap();
-    for kernel in [Kernel::Mma, Kernel::MmaSmall, Kernel::WgmmaNarrow, Kernel::Wgmma, Kernel::Generic] {
+    for kernel in [
+        Kernel::Mma,
+        Kernel::MmaSmall,
+        Kernel::WgmmaNarrow,
+        Kernel::Wgmma,
+        Kernel::WgmmaFp8Raw,
+        Kernel::Generic,
+    ] {
         for max_parts in [Some(1), Some(3)] {
             let opts = DecodeOptions { kernel, min_tiles: Some(1), max_parts };
             let Some((got, _, what)) = run(g, c, &bad, Some(&opts)) else { continue };
@@ -262,6 +275,34 @@ fn fp8_decode_on_the_64_row_wgmma_kernel_matches_reference() {
     c.dtype = DType::F16;
     c.row_pad = 48;
     check(&g, &c, &[Kernel::Wgmma], &SCHEDULES[..2]);
+}
+
+/// The raw-ring kernel (S as an e4m3 product on the codes as the TMA delivers them, a two-slot
+/// ring of raw tiles, V dequantized by the two warpgroups that multiply it) on its own: block
+/// sizes 64 and 128 (it reads a tile as one set of TMA boxes), 16 to 128 heads (rows past the
+/// heads are padding), one to four query tokens, mixed lengths (single-tile sequences, empty
+/// ones, and sequences cut over several parts, so the ring runs across segments), every
+/// schedule, padded rows. It takes bf16 queries only; its refusals are host-tested
+/// (choice_tests.rs). The sanitizers run over this test.
+#[test]
+fn fp8_decode_on_the_raw_ring_kernel_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let mut ran = Vec::new();
+    for bs in [64, 128] {
+        ran.extend(check(&g, &Case::new(&MIXED, 64, bs), &[Kernel::WgmmaFp8Raw], &SCHEDULES));
+    }
+    for (n, s_q) in [(128, 1), (16, 1), (64, 2), (32, 4)] {
+        let mut c = Case::new(&[3, 700, 64, 129, 2000, 0, 1], n, 64);
+        c.s_q = s_q;
+        ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Raw], &SCHEDULES));
+    }
+    let mut c = Case::new(&[300, 64, 1, 4100], 64, 64);
+    c.row_pad = 48;
+    ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Raw], &SCHEDULES[..2]));
+    if ran.is_empty() {
+        println!("SKIP: no sm_90a device, the raw-ring kernel does not run here");
+    }
+    assert!(ran.iter().all(|w| w.starts_with("wgmma_fp8r")), "{ran:?}");
 }
 
 /// The narrow wgmma kernel's fp8 form (a producer warp's bulk copies into a ring of raw

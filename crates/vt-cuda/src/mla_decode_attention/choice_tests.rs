@@ -108,3 +108,58 @@ fn cache_map_takes_64_feature_boxes_of_a_bf16_cache_and_whole_rows_of_an_fp8_cac
     let m = wgmma_sm90::cache_map(&fp8);
     assert_eq!((m.dims, m.strides, m.boxes, m.swizzle), ([164, 128, 8], [704, 90112], [164, 64, 1], false));
 }
+
+/// The raw-ring kernel's two maps: the rows' 4-byte words in 32-word swizzled boxes (a code
+/// group or the rope) and 4-word unswizzled boxes (the scales), of 64 rows, at the cache's
+/// byte strides.
+#[test]
+fn fp8_raw_maps_take_swizzled_32_word_boxes_and_4_word_scale_boxes() {
+    let mem = vec![0u128; 1 << 16];
+    let fp8 = crate::test_util::host_view(&mem, DType::Fp8DsMla, 0, &[8, 128, 656], &[128 * 704, 704, 1]);
+    let [rows, scales] = wgmma_sm90::fp8_raw_maps(&fp8);
+    assert_eq!(
+        (rows.dims, rows.strides, rows.boxes, rows.swizzle),
+        ([164, 128, 8], [704, 90112], [32, 64, 1], true)
+    );
+    assert_eq!(
+        (scales.dims, scales.strides, scales.boxes, scales.swizzle),
+        ([164, 128, 8], [704, 90112], [4, 64, 1], false)
+    );
+}
+
+/// The raw-ring kernel is forced only (Auto never takes it) and refuses what it cannot read:
+/// f16 queries, block sizes that 64 does not divide, the TMA flag off; each refusal names it.
+#[test]
+fn raw_ring_kernel_is_forced_only_and_refuses_f16_small_blocks_and_no_tma() {
+    use super::Kernel;
+    let mem = vec![0u128; 1 << 16];
+    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
+        let s = contiguous_strides(shape);
+        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
+    };
+    let args = |qdt: DType, bs: i64| MlaDecodeAttentionArgs {
+        out: view(qdt, &[2, 1, 128, 512]),
+        lse: None,
+        query: view(qdt, &[2, 1, 128, 576]),
+        cache: view(DType::Fp8DsMla, &[8, bs, 656]),
+        block_table: view(DType::I32, &[2, 4]),
+        seq_lens: view(DType::I32, &[2]),
+        scale: 0.5,
+    };
+    let forced = DecodeOptions { kernel: Kernel::WgmmaFp8Raw, ..DecodeOptions::default() };
+    let c = choose(&args(DType::BF16, 64), &H200, &forced, true, true).expect("bf16, BS 64, TMA");
+    assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r", 64, 2));
+    assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::fp8_raw_smem()));
+    for bs in [64, 128] {
+        let auto =
+            choose(&args(DType::BF16, bs), &H200, &DecodeOptions::default(), true, true).expect("a plan");
+        assert_eq!(auto.plan.kernel, "wgmma_fp8", "Auto at BS {bs}");
+    }
+    for (qdt, bs, tma) in [(DType::F16, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
+        let e = choose(&args(qdt, bs), &H200, &forced, tma, true).expect_err("refused").to_string();
+        assert!(e.contains("raw-ring fp8 kernel needs bf16 queries"), "{qdt:?} BS {bs} TMA {tma}: {e}");
+    }
+    let e =
+        choose(&args(DType::BF16, 64), &SM80_LARGE, &forced, true, true).expect_err("no wgmma").to_string();
+    assert!(e.contains("no sm_90a wgmma kernel"), "{e}");
+}

@@ -186,6 +186,10 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
         }
         for heads in [64, 128] {
             out.push((Kernel::Wgmma, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            // The raw-ring kernel: bf16 queries only.
+            if dt == DType::BF16 {
+                out.push((Kernel::WgmmaFp8Raw, heads, true, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            }
         }
     }
     out
@@ -292,6 +296,7 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma | Kernel::WgmmaSeesaw => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            Kernel::WgmmaFp8Raw => (wgmma_sm90::fp8_raw_smem() as i64, wgmma_sm90::FP8_RAW_SLOTS as i64),
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
                 let mt = c.plan.rows_per_cta;
                 (wgmma_sm90::narrow_fp8_smem(mt) as i64, wgmma_sm90::narrow_fp8_raws(mt) as i64)

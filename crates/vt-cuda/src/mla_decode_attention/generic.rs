@@ -5,7 +5,7 @@
 
 use vt_core::{DType, Error, MlaDecodeAttentionArgs, Result};
 
-use super::{MainKernel, MAX_SMEM, OP};
+use super::{CacheMaps, MainKernel, MAX_SMEM, OP};
 
 /// Threads per CTA (`mla::GEN_THREADS`: 4 warps, a key each).
 pub(super) const THREADS: u32 = 128;
@@ -42,7 +42,7 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>) -> Result<MainKernel> {
         rows: 1,
         smem: bytes as u32,
         threads: THREADS,
-        tma: false,
+        maps: CacheMaps::None,
         ctas_per_sm: CTAS_PER_SM,
     })
 }

@@ -8,7 +8,7 @@
 //! 656-byte rows of 6 / 5 / 3 half tiles (3 / 2 in the small ring; no small 64-row kernel),
 //! and each tile is dequantized into two 16-bit half-tile slots before its products.
 
-use super::{MainKernel, THREADS};
+use super::{CacheMaps, MainKernel, THREADS};
 
 /// Query rows per CTA for `m_total` = s_q * N query rows per sequence: the fewest of 16, 32,
 /// 64 that hold them (more take several row blocks of 64).
@@ -108,7 +108,7 @@ pub(super) fn main(m_total: i64, small: bool, fp8: bool) -> Option<MainKernel> {
         rows: mt as i64,
         smem: smem_for(m_total, small, fp8)?,
         threads: THREADS,
-        tma: false,
+        maps: CacheMaps::None,
         ctas_per_sm: 1,
     })
 }

@@ -143,6 +143,11 @@ pub enum Kernel {
     /// block size is a multiple of 64, TMA loads): both warpgroups compute S, for alternate
     /// tiles, and each holds half of O's columns.
     WgmmaSeesaw,
+    /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
+    /// queries, block size a multiple of 64, TMA loads): a two-slot ring of raw tiles, S as an
+    /// e4m3 product against the query split into two e4m3 parts, V dequantized by the two
+    /// warpgroups that multiply it. Forced only: it has not run on a GPU yet.
+    WgmmaFp8Raw,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -167,7 +172,7 @@ pub struct Plan {
     /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
     /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an
     /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
-    /// `wgmma_fp8`, ...).
+    /// `wgmma_fp8`, ...) and `wgmma_fp8r` (the raw-ring kernel).
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -277,11 +282,32 @@ pub(crate) struct MainKernel {
     /// Dynamic shared memory per CTA, bytes.
     pub smem: u32,
     pub threads: u32,
-    /// The kernel takes the cache's tensor map as its second parameter
-    /// ([`wgmma_sm90::cache_map`]).
-    pub tma: bool,
+    /// The tensor maps of the cache the kernel takes as its second parameter.
+    pub maps: CacheMaps,
     /// CTAs per SM the number of parts is sized for.
     pub ctas_per_sm: i64,
+}
+
+/// The cache's tensor maps a main kernel takes (its second parameter), if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CacheMaps {
+    /// No second parameter: the kernel loads the cache by cp.async or bulk copies.
+    None,
+    /// One map of whole rows in boxes of 64 tokens ([`wgmma_sm90::cache_map`]).
+    Tiles,
+    /// The raw-ring kernel's two maps of an fp8_ds_mla cache ([`wgmma_sm90::fp8_raw_maps`]).
+    Fp8Rows,
+}
+
+impl CacheMaps {
+    /// [`CacheMaps::Tiles`] when the TMA loads are taken, else [`CacheMaps::None`].
+    pub(crate) fn tiles(tma: bool) -> CacheMaps {
+        if tma {
+            CacheMaps::Tiles
+        } else {
+            CacheMaps::None
+        }
+    }
 }
 
 /// What [`choose`] picked: the plan and the main kernel's launch shape.
@@ -317,7 +343,7 @@ pub(crate) fn choose(
             if !fp8
                 && info.wgmma
                 && m_total <= 32
-                && wgmma_sm90::narrow(a, m_total, tma_flag).tma
+                && wgmma_sm90::narrow(a, m_total, tma_flag).maps == CacheMaps::Tiles
                 && fits(wgmma_sm90::narrow_smem(32)) =>
         {
             Kernel::WgmmaNarrow
@@ -359,7 +385,12 @@ pub(crate) fn choose(
         // Less shared memory per block than the full ring needs (an A100): the small ring.
         Kernel::Auto if mma_sm80::smem_for(m_total, true, fp8).is_some_and(fits) => Kernel::MmaSmall,
         Kernel::Auto => Kernel::Generic,
-        Kernel::Mma | Kernel::MmaSmall | Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw
+        Kernel::Mma
+        | Kernel::MmaSmall
+        | Kernel::Wgmma
+        | Kernel::WgmmaNarrow
+        | Kernel::WgmmaSeesaw
+        | Kernel::WgmmaFp8Raw
             if !fast =>
         {
             return Err(Error::backend(
@@ -370,7 +401,7 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw if !info.wgmma => {
+        Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw | Kernel::WgmmaFp8Raw if !info.wgmma => {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
         }
         Kernel::WgmmaSeesaw if !wgmma_sm90::seesaw_ok(a, tma_flag) => {
@@ -382,6 +413,15 @@ pub(crate) fn choose(
                 ),
             ))
         }
+        Kernel::WgmmaFp8Raw if !wgmma_sm90::fp8_raw_ok(a, tma_flag) => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the raw-ring fp8 kernel needs bf16 queries over an fp8_ds_mla cache read \
+                     through the TMA (block size a multiple of 64, VT_MLA_DECODE_TMA on)"
+                ),
+            ))
+        }
         k => k,
     };
 
@@ -390,6 +430,7 @@ pub(crate) fn choose(
         Kernel::Wgmma if fp8 => wgmma_sm90::fp8(),
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
         Kernel::WgmmaSeesaw => wgmma_sm90::seesaw(),
+        Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?
@@ -486,9 +527,12 @@ pub(crate) fn launches(
         scale_log2: a.scale * std::f32::consts::LOG2_E,
     };
     let mut main_args = vec![Arg::of_struct(p)];
-    if c.main.tma {
+    match c.main.maps {
+        CacheMaps::None => {}
         // `mla::TmaMap`: the tensor map of the cache, the TMA kernel's second parameter.
-        main_args.push(Arg::TensorMaps(vec![wgmma_sm90::cache_map(&a.cache)]));
+        CacheMaps::Tiles => main_args.push(Arg::TensorMaps(vec![wgmma_sm90::cache_map(&a.cache)])),
+        // `mla::RawMaps`: the rows' two maps, one parameter.
+        CacheMaps::Fp8Rows => main_args.push(Arg::TensorMaps(wgmma_sm90::fp8_raw_maps(&a.cache).to_vec())),
     }
     let main_grid = (c.plan.parts, c.plan.row_blocks, 1);
     let main =

@@ -5,7 +5,7 @@
 
 use vt_core::{DType, MlaDecodeAttentionArgs, Tensor};
 
-use super::{MainKernel, THREADS, TILE_TOKENS};
+use super::{CacheMaps, MainKernel, THREADS, TILE_TOKENS};
 use crate::launch::TensorMapSpec;
 
 /// Query rows per CTA (`mla::WGMMA_ROWS`).
@@ -76,7 +76,15 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel
     let tma = tma_ok(&a.cache) && tma_flag;
     let (base, name) =
         if tma { ("mla_decode_wgmma_tma", "wgmma_tma") } else { ("mla_decode_wgmma", "wgmma") };
-    MainKernel { base, name, rows: ROWS as i64, smem: SMEM, threads: THREADS, tma, ctas_per_sm: 1 }
+    MainKernel {
+        base,
+        name,
+        rows: ROWS as i64,
+        smem: SMEM,
+        threads: THREADS,
+        maps: CacheMaps::tiles(tma),
+        ctas_per_sm: 1,
+    }
 }
 
 /// Fewest sequences for which Auto takes the seesaw kernel (with more than 64 query rows).
@@ -96,7 +104,7 @@ pub(super) fn seesaw() -> MainKernel {
         rows: ROWS as i64,
         smem: SMEM,
         threads: THREADS,
-        tma: true,
+        maps: CacheMaps::Tiles,
         ctas_per_sm: 1,
     }
 }
@@ -115,9 +123,69 @@ pub(super) fn fp8() -> MainKernel {
         rows: ROWS as i64,
         smem: SMEM,
         threads: FP8_THREADS,
-        tma: false,
+        maps: CacheMaps::None,
         ctas_per_sm: 1,
     }
+}
+
+/// Raw tiles in the ring of the 64-row kernel with S on the raw codes (`mla::F8R_SLOTS`).
+pub(super) const FP8_RAW_SLOTS: u32 = 2;
+
+/// Dynamic shared memory of that kernel (`mla::RawLayout::SMEM`): the ring (per slot four code
+/// boxes and a rope box of 64 x 128 bytes, then 64 x 16 bytes of scales), the 16-bit V stage
+/// (8 column blocks of 64 x 128 bytes), Q's e4m3 hi / lo parts (4 groups x 2 x 64 x 128 bytes),
+/// P, the reductions (256 floats), the slots' token counts, the schedule, the mbarriers (full
+/// and empty per slot, P free), alignment.
+pub(super) const fn fp8_raw_smem() -> u32 {
+    let slot = 5 * 64 * 128 + 64 * 16;
+    FP8_RAW_SLOTS * slot
+        + 8 * 64 * 128
+        + 8 * 64 * 128
+        + ROWS * 128
+        + 256 * 4
+        + FP8_RAW_SLOTS * 4
+        + 40 * 4
+        + (2 * FP8_RAW_SLOTS + 1) * 8
+        + 1024
+}
+const _: () = assert!(fp8_raw_smem() <= super::MAX_SMEM, "the raw-ring layout fits a Hopper block");
+
+/// Whether the raw-ring kernel takes this call: bf16 queries (its rope product takes the
+/// cache's bf16 rope as it lies), an fp8_ds_mla cache read through the TMA (64 divides the
+/// block size, `VT_MLA_DECODE_TMA` on).
+pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
+    tma_flag && a.query.dtype() == DType::BF16 && a.cache.dtype() == DType::Fp8DsMla && tma_ok(&a.cache)
+}
+
+/// The 64-row kernel over an fp8_ds_mla cache with S on the raw codes (`mla_decode_wgmma_fp8r`,
+/// `kernels-cuda/mla_decode_attention/wgmma_fp8raw_sm90.cuh`): a two-slot TMA ring of raw
+/// tiles, S as an e4m3 product against the query's hi / lo parts, V dequantized by the two
+/// warpgroups that multiply it. Forced only ([`super::Kernel::WgmmaFp8Raw`]) until measured.
+pub(super) fn fp8_raw() -> MainKernel {
+    MainKernel {
+        base: "mla_decode_wgmma_fp8r",
+        name: "wgmma_fp8r",
+        rows: ROWS as i64,
+        smem: fp8_raw_smem(),
+        threads: FP8_THREADS,
+        maps: CacheMaps::Fp8Rows,
+        ctas_per_sm: 1,
+    }
+}
+
+/// The raw-ring kernel's two maps of the cache's rows, as 4-byte words (164 a row): 32-word
+/// boxes of 64 rows with the 128-byte swizzle (a code group, or the rope: wgmma's K-major
+/// operand layout), and 4-word boxes of 64 rows, unswizzled (the scales). The caller checked
+/// [`fp8_raw_ok`] and the rows' alignment.
+pub(super) fn fp8_raw_maps(cache: &Tensor<'_>) -> [TensorMapSpec; 2] {
+    let rows = TensorMapSpec { boxes: [32, TILE_TOKENS as u32, 1], swizzle: true, ..cache_map(cache) };
+    let scales = TensorMapSpec {
+        what: "cache (scales)",
+        boxes: [4, TILE_TOKENS as u32, 1],
+        swizzle: false,
+        ..rows.clone()
+    };
+    [rows, scales]
 }
 
 /// Query rows per CTA of the narrow kernel (`mla_decode_wgmma_n{16,32}`,
@@ -203,7 +271,7 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
             rows: mt as i64,
             smem,
             threads: NARROW_FP8_THREADS,
-            tma,
+            maps: CacheMaps::tiles(tma),
             ctas_per_sm: 1,
         };
     }
@@ -214,5 +282,13 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
         (_, false) => ("mla_decode_wgmma_n32", "wgmma_n32"),
         (_, true) => ("mla_decode_wgmma_n32_tma", "wgmma_n32_tma"),
     };
-    MainKernel { base, name, rows: mt as i64, smem: narrow_smem(mt), threads: THREADS, tma, ctas_per_sm: 1 }
+    MainKernel {
+        base,
+        name,
+        rows: mt as i64,
+        smem: narrow_smem(mt),
+        threads: THREADS,
+        maps: CacheMaps::tiles(tma),
+        ctas_per_sm: 1,
+    }
 }

@@ -1,0 +1,495 @@
+// MlaDecodeAttention, the 64-row wgmma kernel over an fp8_ds_mla cache with S taken straight
+// from the raw codes (sm_90a only): mla_decode_wgmma_fp8r_bf16. Planned by
+// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs (`fp8_raw`); forced only
+// (Kernel::WgmmaFp8Raw, `xtask bench decode --alt wgmma_fp8r`) until it has run on a GPU. Part
+// of mla_decode_attention.cu.
+//
+// Why (docs/perf.md, "Eighteenth session"): the first 64-row fp8 kernel (wgmma_fp8_sm90.cuh)
+// keeps the 16-bit kernel's two 72 KB 16-bit stages, so no raw rows fit in shared memory and
+// one warpgroup holds them in registers: its loads wait on their own latency, then on the
+// dequantization (h64 b128 s4096: 340 us against 195 for the 16-bit cache). Here K needs no
+// 16-bit form: S's latent part is an e4m3 product of the codes AS THE TMA DELIVERS THEM (each
+// 128-value scale group of a row is one 128-byte box row, 128-byte swizzle = wgmma's K-major
+// operand layout) against the query split into two e4m3 parts (hi + lo, the narrow fp8
+// kernel's exact-for-bf16 split, nf8_split4), folded per group by the tokens' scales in f32.
+// That frees the room for a two-slot ring of raw tiles beside a single 64 KB 16-bit V stage:
+//   ring   2 x 41 KB  [code group 0..3 boxes, rope box: 64 tokens x 128 B, swizzled][scales 64 x 16 B]
+//   V      64 KB      8 column blocks [64 tokens x 128 B] of bf16 (the 16-bit tile's layout)
+//   Q      64 KB      [group][hi, lo][64 rows x 128 B] e4m3, swizzled
+//   P      8 KB, the reductions, slot token counts, schedule, mbarriers.
+//
+// 384 threads, three warpgroups, no setmaxnreg (168 registers each):
+// - Warpgroup 0: per tile, S = Q K^T (32 QGMMA m64n64k32: four groups x four k steps x hi / lo,
+//   two accumulator sets so group g is folded while group g + 1 runs; then the rope's four
+//   HGMMA m64n64k16 with Q's rope in registers), the online softmax, P and the rescale factors.
+// - Warpgroups 1 and 2: warpgroup w owns O[:, 256 (w - 1) ..] (128 accumulators a thread) and
+//   V's column blocks 4 (w - 1) .. + 3. Per tile each thread dequantizes one 128-value group of
+//   one token from the ring into its warpgroup's V half (code x scale rounded once, dequant8),
+//   then O += P V on that half (4 HGMMA m64n256k16). At a segment's start they split Q into
+//   its hi / lo parts (a thread per row and group) and write 2^-e per row. Lane 0 of warp 4
+//   issues the TMA: the CTA's first two tiles up front, then tile u + 2 into tile u's slot
+//   once every thread has read it. It walks the CTA's tiles on its own, so the next segment's
+//   first tiles load while this one ends.
+//
+// Hand-overs (u: the CTA's running tile count, slot u & 1):
+//   FULL[slot]   mbarrier, 1 arrival + the TMA bytes            issuer -> all
+//   EMPTY[slot]  mbarrier, 384 arrivals (each thread's reads done) all -> issuer
+//   P_FREE       mbarrier, 256 arrivals per tile (P V(u) done)   WG1, WG2 -> WG0 before P(u + 1),
+//                                                                 and -> WG1, WG2 before V(u + 1)
+//   P_FULL       named, 384 (P(u) and its factors written)        WG0 arrives, WG1 / WG2 sync
+//   Q_READY      named, 384 (hi / lo and 2^-e of the segment)     WG1 / WG2 arrive, WG0 syncs
+//   FIN          named, 384 (s_fin of the segment written)        WG0 arrives, WG1 / WG2 sync
+//   WG1 / WG2    named, 128 (the warpgroup's V half written)      inside each warpgroup
+// Each named barrier's next arrival comes only after the other side passed its sync (Q_READY
+// and FIN alternate around a segment; P_FULL(u + 1) needs P_FREE(u)), so no two generations
+// mix; P_FREE and EMPTY phases are waited on at most one phase ahead (the phase after needs the
+// waiter's own next step). The epilogue writes O from registers (no staging), so the ring
+// never waits for it. Tokens past the sequence in a real page (the TMA copies whole boxes) may
+// hold anything: S masks them and the dequantization writes zeros for them.
+#pragma once
+
+#include "mla_decode_attention/wgmma_fp8_sm90.cuh"
+#include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
+#include "mla_decode_attention/wgmma_seesaw_sm90.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Lab builds for docs/perf.md (wrong results; a copy of this file with F8R_LAB defined, through
+// VT_CUDA_KERNELS_DIR): 1 no dequantization (V stage left as it is), 2 no S products (S = 0),
+// 3 no P V products, 4 no loads (the TMA is not issued; FULL completes on the arrival alone).
+#ifndef F8R_LAB
+#define F8R_LAB 0
+#endif
+namespace mla {
+
+constexpr int F8R_THREADS = 384;
+constexpr int F8R_SLOTS = 2;                        // raw tiles in the ring
+constexpr int F8R_BOX = BN * 128;                   // one [64 tokens x 128 B] box (8192)
+constexpr int F8R_SCALES = 5 * F8R_BOX;             // the scale box's offset in a slot
+constexpr int F8R_SLOT = F8R_SCALES + BN * 16;      // 41984 = 41 x 1024
+// The rows map's 4-byte words: code group g at 32 g, the scales at 128, the rope at 132.
+constexpr int F8R_SCALE_WORD = vt::fp8ds::SCALE_OFFSET / 4, F8R_ROPE_WORD = vt::fp8ds::ROPE_OFFSET / 4;
+
+struct RawLayout {
+    static constexpr int OFF_RING = 0;
+    static constexpr int OFF_V = F8R_SLOTS * F8R_SLOT;            // 1024-aligned
+    static constexpr int OFF_Q = OFF_V + (NSUB - 1) * SUB_BYTES;  // V: the 8 latent column blocks
+    static constexpr int OFF_P = OFF_Q + 8 * F8R_BOX;             // Q: [4 groups][hi, lo]
+    static constexpr int OFF_RED = OFF_P + WGMMA_ROWS * 128;      // float s_alpha[64], s_fin[128], s_pinv[64]
+    static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
+    static constexpr int OFF_SCHED = OFF_NVALID + F8R_SLOTS * 4;  // int [40]
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS], EMPTY [SLOTS], P_FREE
+    static constexpr int END = OFF_MBAR + (2 * F8R_SLOTS + 1) * 8;
+    static constexpr int SMEM = END + 1024;                       // slack to align the base
+    static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0, "alignment");
+    static_assert(SMEM <= 232448, "fits the 227 KB a block may have");
+};
+
+// The two maps of the cache's rows (4-byte words, dims (164, BS, NB)): `rows` with boxes of 32
+// words x 64 rows and the 128-byte swizzle (a code group or the rope), `scales` with boxes of
+// 4 words x 64 rows, no swizzle. One kernel parameter (the host passes them as one vector).
+struct RawMaps {
+    TmaMap rows, scales;
+};
+
+// Named barriers (0: __syncthreads; BAR_WG0 = 7 is wgmma_sm90.cuh's, unused here).
+constexpr int F8R_P_FULL = 1, F8R_Q_READY = 2, F8R_FIN = 3, F8R_WG1 = 4;  // F8R_WG1 + 1: warpgroup 2's
+
+// S's latent part: D (m64n64, f32) += A (Q's e4m3 part, shared) x B (the codes, shared), k = 32.
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+                 : VT_ACC32(0)
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Lane 0 of warp 4: the CTA's tiles in the consumers' order, segment by segment.
+struct TileWalk {
+    int nb;
+    i64 pre;
+    Segment sg;
+    int t;
+    __device__ __forceinline__ explicit TileWalk(const Part& part) : nb(part.b), pre(part.pre), t(0) { sg.t1 = 0; }
+    __device__ __forceinline__ bool next(const Params& p, const Part& part) {
+        if (t + 1 < sg.t1) {
+            ++t;
+            return true;
+        }
+        if (!next_segment(p, part, nb, pre, sg)) return false;
+        t = sg.t0;
+        return true;
+    }
+};
+
+// Issues tile w.t of segment w.sg into the slot at dst (six boxes completing on `full`) and
+// records how many of its tokens exist (0 for a block id outside the cache, whose boxes read
+// block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block.
+__device__ __forceinline__ void f8r_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
+                                          const RawMaps* maps) {
+    const int j = w.t * BN, bi = j / p.BS;
+    const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
+    const bool ok = v >= 0 && v < p.NB;
+    const int blk = ok ? v : p.NB, row = ok ? j - bi * p.BS : 0;
+    *nvalid = ok ? min(BN, w.sg.len - j) : 0;
+    mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)F8R_SLOT);  // publishes nvalid
+    if (F8R_LAB == 4) return;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
+    tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
+    tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+}
+
+// Warpgroup 0's A fragments of Q's rope (bf16, the four k steps of 16), from global memory:
+// rq[k][hi + 2 h] = row r_lo + 8 hi, rope values 16 k + 8 h + 2 qd (+1). Rows past m_total: 0.
+__device__ __forceinline__ void f8r_load_rope(const Params& p, int b, int row0, int r_lo, int qd,
+                                              uint32_t (&rq)[4][4]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int row = row0 + r_lo + 8 * hi;
+        const bool ok = row < p.m_total;
+        const int s = ok ? row / p.N : 0, h = ok ? row - s * p.N : 0;
+        const bf16* src = (const bf16*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + vt::fp8ds::LATENT + 2 * qd;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                rq[k][hi + 2 * hh] = ok ? __ldg(reinterpret_cast<const unsigned int*>(src + 16 * k + 8 * hh)) : 0u;
+    }
+}
+
+// Warpgroups 1 and 2 (qi = thread - 128: row qi / 4, group qi % 4): the row's 128 latent values
+// of the group as hi / lo e4m3 parts (x 2^e, e putting the row's largest value in [128, 256):
+// nf8_qexp, as the narrow fp8 kernel) into Q's blocks, and s_pinv[row] = 2^-e. The four threads
+// of a row are adjacent lanes (the row maximum by two shuffles). Rows past m_total: zeros.
+__device__ __forceinline__ void f8r_split_q(const Params& p, int b, int row0, uint32_t sQ, float* s_pinv, int qi) {
+    const int r = qi >> 2, grp = qi & 3, row = row0 + r;
+    const bool ok = row < p.m_total;
+    const int s = ok ? row / p.N : 0, h = ok ? row - s * p.N : 0;
+    const uint4* src = reinterpret_cast<const uint4*>((const bf16*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + 128 * grp);
+    uint4 v[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = ok ? __ldg(src + i) : make_uint4(0u, 0u, 0u, 0u);
+    // |x| as bits orders like |x|, and a NaN's bits exceed every finite value's and infinity's.
+    uint32_t mx = 0u;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const uint32_t w = vt::word(v[i], q);
+            mx = max(mx, max((w & 0x7fffu) << 16, w & 0x7fff0000u));
+        }
+    mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const int e = nf8_qexp(mx);
+    const float sc = __uint_as_float((uint32_t)(127 + e) << 23);  // 2^e
+    const uint32_t bhi = sQ + 2 * grp * F8R_BOX, blo = bhi + F8R_BOX;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {  // 16 values: 16-byte chunk c of the row's 128 bytes
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const uint32_t w0 = vt::word(v[2 * c + (q >> 1)], 2 * (q & 1)), w1 = vt::word(v[2 * c + (q >> 1)], 2 * (q & 1) + 1);
+            const float x[4] = {__uint_as_float(w0 << 16) * sc, __uint_as_float(w0 & 0xffff0000u) * sc,
+                                __uint_as_float(w1 << 16) * sc, __uint_as_float(w1 & 0xffff0000u) * sc};
+            nf8_split4(x, hi[q], lo[q]);
+        }
+        st_shared_v4(bhi + swz(r, c), hi);
+        st_shared_v4(blo + swz(r, c), lo);
+    }
+    if (grp == 0) s_pinv[r] = __uint_as_float((uint32_t)(127 - e) << 23);
+}
+
+// Warpgroup 0: S = Q K^T over the raw tile at `raw` (scales: its scale box, as a pointer),
+// s[4 i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1). Five chunks, each one commit
+// group: the four code groups (8 QGMMA: each k step against Q's hi, then lo part, into the
+// same accumulators) and the rope (4 HGMMA, A = rq). Group g is folded into s (x its tokens'
+// scales) once group g + 1 is issued, so the fold runs under the next products. Finally
+// s = s x 2^-e (pinv, per row) + the rope part. Returns with every product complete.
+__device__ __forceinline__ void f8r_qk(float (&s)[32], const GmmaDesc& dq, uint32_t raw, const float* scales,
+                                       const uint32_t (&rq)[4][4], const float (&pinv)[2], int qd) {
+    const GmmaDesc dk(raw, 16, 1024);
+    float acc[2][32];
+    auto fold = [&](int grp) {
+        float(&ac)[32] = acc[grp & 1];
+        pin(ac);
+        float sc[8][2];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) sc[i][e] = scales[(8 * i + 2 * qd + e) * 4 + grp];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[4 * i + j] = grp == 0 ? ac[4 * i + j] * sc[i][j & 1] : fmaf(ac[4 * i + j], sc[i][j & 1], s[4 * i + j]);
+    };
+    if (F8R_LAB == 2) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < 5; ++c) {
+        if (c >= 2) {
+            wgmma_wait<1>();  // chunk c - 2 is done
+            fold(c - 2);
+        }
+        wgmma_fence();
+        if (c < 4) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                // Group c: Q's hi block 2c, lo block 2c + 1; the codes' box c; 32 bytes a k step.
+                const uint32_t o_k = (uint32_t)((c * F8R_BOX + 32 * k) >> 4);
+                const uint32_t o_q = (uint32_t)((2 * c * F8R_BOX + 32 * k) >> 4);
+                wgmma_m64n64k32_e4m3(acc[c & 1], dq.at(o_q), dk.at(o_k), k > 0 ? 1 : 0);
+                wgmma_m64n64k32_e4m3(acc[c & 1], dq.at(o_q + (F8R_BOX >> 4)), dk.at(o_k), 1);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                SsRs<bf16>::qk(acc[0], rq[k], dk.at((uint32_t)((4 * F8R_BOX + 32 * k) >> 4)), k > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+    }
+    wgmma_wait<1>();
+    fold(3);
+    wgmma_wait<0>();
+    pin(acc[0]);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = fmaf(s[i], pinv[(i >> 1) & 1], acc[0][i]);
+}
+
+// Warpgroups 1 and 2: one thread's share of the tile's V: token tok, the group `grp` (its
+// warpgroup's half holds groups 2 (w - 1), + 1 as column blocks 0..3 at sVh), 128 values as
+// 16-bit chunks (code x scale, dequant8). Tokens that do not exist (tok >= nv) get zeros.
+// Chunk order c = cc ^ 6 h (h: the group's parity) keeps each quarter warp's eight 16-byte
+// loads and stores on distinct banks (4 tokens x 2 groups).
+__device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales, uint32_t sVh, int nv, int tok,
+                                              int grp) {
+    const int h = grp & 1;
+    const uint32_t dst = sVh + 2 * h * SUB_BYTES, src = raw + grp * F8R_BOX + tok * 128;
+    const bool live = tok < nv;
+    const float sc = live ? scales[tok * 4 + grp] : 0.0f;
+    // Warp-uniform: the one-multiply form unless a lane's scale is >= 2^7 (or NaN).
+    const bool one = __all_sync(0xffffffffu, sc < 0x1p7f);
+    if (F8R_LAB == 1) return;
+    const Bf16Factor f = bf16_factor(sc, one);
+#pragma unroll
+    for (int cc = 0; cc < 8; ++cc) {
+        const int c = cc ^ (6 * h);  // codes 16 c .. 16 c + 15 of the group
+        const uint32_t o = dst + (c >> 2) * SUB_BYTES;
+        if (!live) {
+            st_shared_v4_zero(o + swz(tok, 2 * (c & 3)));
+            st_shared_v4_zero(o + swz(tok, 2 * (c & 3) + 1));
+            continue;
+        }
+        const uint4 w = lds128(src + ((c ^ (tok & 7)) << 4));
+        uint32_t out[4];
+        dequant8<bf16>(w.x, w.y, sc, f, one, out);
+        st_shared_v4(o + swz(tok, 2 * (c & 3)), out);
+        dequant8<bf16>(w.z, w.w, sc, f, one, out);
+        st_shared_v4(o + swz(tok, 2 * (c & 3) + 1), out);
+    }
+}
+
+// Warpgroups 1 and 2's epilogue from registers: rows r_lo, r_lo + 8 of the CTA, columns col0 +
+// 8 i + 2 qd (+1), scaled by 1 / l (s_fin: row sums [64], then maxima [64]); with_lse: also lse.
+// (The row's base address is computed once: with store_pair in the loop ptxas did not unroll
+// it and put o in local memory.)
+template <typename T>
+__device__ __forceinline__ void f8r_store(const Params& p, const Segment& sg, int row0, const float (&o)[128],
+                                          const float* s_fin, int r_lo, int qd, int col0, bool with_lse) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int r = r_lo + 8 * hi, row = row0 + r;
+        if (row >= p.m_total) continue;
+        const float l = s_fin[r];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int col = col0 + 2 * qd;
+        if (sg.whole) {
+            const int s = row / p.N, h = row - s * p.N;
+            T* out = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
+        } else {
+            float* out = p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + col;
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
+        }
+        if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? s_fin[WGMMA_ROWS + r] + log2f(l) : vt::neg_inf());
+    }
+}
+
+template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const RawMaps* maps) {
+    static_assert(Same<T, bf16>::value, "bf16 queries: the rope product takes the cache's bf16 rope as it lies");
+    using L = RawLayout;
+    constexpr int MT = WGMMA_ROWS;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char* smem = align1024(smem_raw);
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sRing = base + L::OFF_RING, sV = base + L::OFF_V, sQ = base + L::OFF_Q, sP = base + L::OFF_P;
+    float* s_alpha = (float*)(smem + L::OFF_RED);  // [64] rescale factors of the current tile
+    float* s_fin = s_alpha + MT;                    // [2][64] row sums and maxima of the segment
+    float* s_pinv = s_fin + 2 * MT;                 // [64] 2^-e of each query row
+    int* nvalid = (int*)(smem + L::OFF_NVALID);
+    int* sched = (int*)(smem + L::OFF_SCHED);
+    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * F8R_SLOTS, pfree = empty + 8 * F8R_SLOTS;
+    auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < F8R_SLOTS; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, F8R_THREADS);
+        }
+        mbar_init(pfree, 256);
+    }
+    grid_dep_launch();
+    // find_part's block barriers also publish the mbarriers' initialization.
+    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
+    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127, wwarp = wtid >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, qd = lane & 3, r_lo = wwarp * 16 + g;
+    const int row0 = blockIdx.y * MT;
+    int nb = part.b;
+    i64 pre = part.pre;
+    Segment sg;
+    int u = 0;  // the CTA's running tile count: slot u & 1, fill u >> 1
+
+    if (wg == 0) {
+        const GmmaDesc dq(sQ, 16, 1024);
+        while (next_segment(p, part, nb, pre, sg)) {
+            uint32_t rq[4][4];
+            f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
+            int lim[2];
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int r = row0 + r_lo + 8 * hi;
+                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+                lim[hi] = sg.len - p.s_q + s + 1;
+            }
+            const int lim_min = sg.len - p.s_q + 1;
+            const float c = p.scale_log2;
+            float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
+            bar_sync(F8R_Q_READY, F8R_THREADS);  // Q's parts and 2^-e of this segment
+            const float pinv[2] = {s_pinv[r_lo], s_pinv[r_lo + 8]};
+            for (int t = sg.t0; t < sg.t1; ++t, ++u) {
+                const int slot = u & 1;
+                mbar_wait(full + 8 * slot, (u >> 1) & 1);
+                float s[32];
+                f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
+                const int nv = nvalid[slot];
+                mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+
+                const int tok0 = t * BN;
+                float mx[2] = {vt::neg_inf(), vt::neg_inf()};
+                if (tok0 + BN <= lim_min && nv == BN) {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+                        mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) {
+                            const int col = 8 * i + 2 * qd + (j & 1), hi = j >> 1;
+                            const bool ok = col < nv && tok0 + col < lim[hi];
+                            s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
+                            mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
+                        }
+                }
+                float alpha[2], muse[2];
+#pragma unroll
+                for (int hi = 0; hi < 2; ++hi) {
+                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+                    const float mn = fmaxf(m_run[hi], mx[hi] * c);
+                    muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
+                    alpha[hi] = ex2(m_run[hi] - muse[hi]);
+                    m_run[hi] = mn;
+                    l_run[hi] *= alpha[hi];
+                }
+                uint32_t pk[16];
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int hi = 0; hi < 2; ++hi) {
+                        const float p0 = ex2(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
+                        const float p1 = ex2(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
+                        l_run[hi] += p0 + p1;
+                        pk[2 * i + hi] = pack2<bf16>(p0, p1);
+                    }
+                if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
+                store_p_rows(sP, pk, wwarp, lane);
+                if (qd == 0) {
+                    s_alpha[r_lo] = alpha[0];
+                    s_alpha[r_lo + 8] = alpha[1];
+                }
+                fence_proxy_async();  // P is read by wgmma (async proxy)
+                bar_arrive(F8R_P_FULL, F8R_THREADS);
+            }
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                float l = l_run[hi];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                if (qd == 0) {
+                    s_fin[r_lo + 8 * hi] = l;
+                    s_fin[MT + r_lo + 8 * hi] = m_run[hi];
+                }
+            }
+            bar_arrive(F8R_FIN, F8R_THREADS);
+        }
+        return;
+    }
+
+    // Warpgroups 1 and 2.
+    const int w = wg - 1;
+    const uint32_t sVh = sV + 4 * w * SUB_BYTES;
+    const GmmaDesc dp(sP, 16, 1024), dv(sVh, SUB_BYTES, 1024);
+    const int tok = wtid >> 1, grp = 2 * w + (wtid & 1);
+    const bool issuer = threadIdx.x == 128;
+    TileWalk walk(part);
+    if (issuer) {
+        prefetch_map(&maps->rows);
+        prefetch_map(&maps->scales);
+        for (int v = 0; v < F8R_SLOTS && walk.next(p, part); ++v)
+            f8r_issue(p, walk, sRing + v * F8R_SLOT, nvalid + v, full + 8 * v, maps);
+    }
+    __syncwarp();
+    while (next_segment(p, part, nb, pre, sg)) {
+        f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
+        fence_proxy_async();  // Q is read by wgmma (async proxy)
+        bar_arrive(F8R_Q_READY, F8R_THREADS);
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        for (int t = sg.t0; t < sg.t1; ++t, ++u) {
+            const int slot = u & 1;
+            mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            // Every thread's P V(u - 1) is done with the V half (a warp's wgmma wait covers its
+            // own rows only; P_FREE counts all 256 threads).
+            if (u >= 1) mbar_wait(pfree, (u - 1) & 1);
+            f8r_dequant_v(sRing + slot * F8R_SLOT, scales_of(slot), sVh, nvalid[slot], tok, grp);
+            mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+            fence_proxy_async();            // V is read by wgmma (async proxy)
+            bar_sync(F8R_WG1 + w, 128);      // the warpgroup's V half is written
+            if (issuer && walk.next(p, part)) {
+                // Tile u + 2 into this slot once every thread has read it.
+                mbar_wait(empty + 8 * slot, (u >> 1) & 1);
+                f8r_issue(p, walk, sRing + slot * F8R_SLOT, nvalid + slot, full + 8 * slot, maps);
+            }
+            __syncwarp();
+            bar_sync(F8R_P_FULL, F8R_THREADS);  // P(u) and its rescale factors
+            rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
+            if (F8R_LAB != 3) pv_tile<bf16, 128>(o, dp, dv);
+            mbar_arrive(pfree);  // P(u), its factors and the V half are read
+        }
+        bar_sync(F8R_FIN, F8R_THREADS);
+        f8r_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+    }
+}
+
+}  // namespace mla
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
