@@ -360,14 +360,7 @@ template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const R
         while (next_segment(p, part, nb, pre, sg)) {
             uint32_t rq[4][4];
             f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
-            int lim[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int r = row0 + r_lo + 8 * hi;
-                const int s = r < p.m_total ? r / p.N : p.s_q - 1;
-                lim[hi] = sg.len - p.s_q + s + 1;
-            }
-            const int lim_min = sg.len - p.s_q + 1;
+            const RowLimits rl(p, sg, row0, r_lo);
             const float c = p.scale_log2;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
             bar_sync(F8R_Q_READY, F8R_THREADS);  // Q's parts and 2^-e of this segment
@@ -380,46 +373,10 @@ template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const R
                 const int nv = nvalid[slot];
                 mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
 
-                const int tok0 = t * BN;
-                float mx[2] = {vt::neg_inf(), vt::neg_inf()};
-                if (tok0 + BN <= lim_min && nv == BN) {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-                        mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i)
-#pragma unroll
-                        for (int j = 0; j < 4; ++j) {
-                            const int col = 8 * i + 2 * qd + (j & 1), hi = j >> 1;
-                            const bool ok = col < nv && tok0 + col < lim[hi];
-                            s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
-                            mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
-                        }
-                }
-                float alpha[2], muse[2];
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-                    mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-                    const float mn = fmaxf(m_run[hi], mx[hi] * c);
-                    muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                    alpha[hi] = ex2(m_run[hi] - muse[hi]);
-                    m_run[hi] = mn;
-                    l_run[hi] *= alpha[hi];
-                }
+                float alpha[2];
                 uint32_t pk[16];
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int hi = 0; hi < 2; ++hi) {
-                        const float p0 = ex2(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
-                        const float p1 = ex2(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
-                        l_run[hi] += p0 + p1;
-                        pk[2 * i + hi] = pack2<bf16>(p0, p1);
-                    }
+                softmax_tile<bf16>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
+                                   [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
                 if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
                 store_p_rows(sP, pk, wwarp, lane);
                 if (qd == 0) {
@@ -429,16 +386,7 @@ template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const R
                 fence_proxy_async();  // P is read by wgmma (async proxy)
                 bar_arrive(F8R_P_FULL, F8R_THREADS);
             }
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                float l = l_run[hi];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
-                if (qd == 0) {
-                    s_fin[r_lo + 8 * hi] = l;
-                    s_fin[MT + r_lo + 8 * hi] = m_run[hi];
-                }
-            }
+            store_fin(s_fin, l_run, m_run, r_lo, qd);
             bar_arrive(F8R_FIN, F8R_THREADS);
         }
         return;

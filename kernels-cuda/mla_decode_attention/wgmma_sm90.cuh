@@ -336,6 +336,90 @@ __device__ __forceinline__ void store_p_rows(uint32_t sp, const uint32_t (&pk)[1
     }
 }
 
+// The causal limits of the two query rows a thread holds in a 64-row kernel (rows row0 + r_lo
+// and + 8 of the CTA): row s of the s_q query tokens sees the sequence's first len - s_q + s + 1
+// tokens; rows past m_total take the last token's limit. lim_min: the first row's.
+struct RowLimits {
+    int lim[2];
+    int lim_min;
+    __device__ __forceinline__ RowLimits(const Params& p, const Segment& sg, int row0, int r_lo) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            const int r = row0 + r_lo + 8 * hi;
+            const int s = r < p.m_total ? r / p.N : p.s_q - 1;
+            lim[hi] = sg.len - p.s_q + s + 1;
+        }
+        lim_min = sg.len - p.s_q + 1;
+    }
+};
+
+// The online softmax of one 64-token tile over a thread's two rows (s[4 i + j]: row r_lo + 8 (j
+// >> 1), token 8 i + 2 qd + (j & 1), raw scores): unless `full`, tokens that do not exist
+// (exists(col) false) or that a row may not see (tok0 + col >= its limit) are masked; m_run and
+// l_run are updated (log2 domain, c = scale x log2 e), alpha gets the rows' rescale factors and
+// pk P as T pairs (pk[2 i + hi]: row hi, tokens 8 i + 2 qd, + 1). Shared by the 64-row kernels'
+// softmax warpgroups (consumer_tiles, decode_wgmma_fp8r).
+template <typename T, class Exists>
+__device__ __forceinline__ void softmax_tile(float (&s)[32], bool full, int tok0, const RowLimits& rl,
+                                             Exists&& exists, int qd, float c, float (&m_run)[2],
+                                             float (&l_run)[2], float (&alpha)[2], uint32_t (&pk)[16]) {
+    float mx[2] = {vt::neg_inf(), vt::neg_inf()};
+    if (full) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int col = 8 * i + 2 * qd + (j & 1);
+                const int hi = j >> 1;
+                const bool ok = exists(col) && tok0 + col < rl.lim[hi];
+                s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
+                mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
+            }
+    }
+    float muse[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+        const float mn = fmaxf(m_run[hi], mx[hi] * c);
+        muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
+        alpha[hi] = ex2(m_run[hi] - muse[hi]);
+        m_run[hi] = mn;
+        l_run[hi] *= alpha[hi];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            const float p0 = ex2(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
+            const float p1 = ex2(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
+            l_run[hi] += p0 + p1;
+            pk[2 * i + hi] = pack2<T>(p0, p1);
+        }
+}
+
+// The rows' sums (a quad per row) and maxima into s_fin ([64] sums, then [64] maxima) for the
+// copy-out, from the softmax warpgroup of a 64-row kernel.
+__device__ __forceinline__ void store_fin(float* s_fin, const float (&l_run)[2], const float (&m_run)[2], int r_lo,
+                                          int qd) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        float l = l_run[hi];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (qd == 0) {
+            s_fin[r_lo + 8 * hi] = l;
+            s_fin[WGMMA_ROWS + r_lo + 8 * hi] = m_run[hi];
+        }
+    }
+}
+
 // Warpgroup 0 of the 64-row wgmma kernels (decode_wgmma, decode_wgmma_fp8) over one segment:
 // per tile, wait for it (TMA: its mbarrier; else the K_FULL arrival of whoever loads it), S =
 // Q K^T, the online softmax, P and the rescale factors for warpgroup 1, O[:, 0:256] += P V,
@@ -347,17 +431,9 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
                                                StageBarriers<2, TMA>& bars, float (&o)[128], float* s_alpha,
                                                float* s_fin, const GmmaDesc& dq, uint32_t sP, const GmmaDesc& dp, int wtid,
                                                int r_lo, int qd) {
-    constexpr int MT = WGMMA_ROWS;
     const float c = p.scale_log2;
     const int t0 = sg.t0, t1 = sg.t1;
-    int lim[2];
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        const int r = row0 + r_lo + 8 * hi;
-        const int s = r < p.m_total ? r / p.N : p.s_q - 1;
-        lim[hi] = sg.len - p.s_q + s + 1;
-    }
-    const int lim_min = sg.len - p.s_q + 1;
+    const RowLimits rl(p, sg, row0, r_lo);
     float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
     for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
@@ -396,49 +472,10 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
             fence_proxy_async();  // before the products read V (ordered by BAR_WG0 / P_FULL)
         }
 
-        // s[4i + j]: row r_lo + 8 (j >> 1), token 8 i + 2 qd + (j & 1); raw scores.
-        const bool full = tile_is_full(t, lim_min, flags + st * 8);
-        float mx[2] = {vt::neg_inf(), vt::neg_inf()};
-        if (full) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-            }
-        } else {
-            const int tok0 = t * BN;
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int col = 8 * i + 2 * qd + (j & 1);
-                    const int hi = j >> 1;
-                    const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
-                    s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
-                    mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
-                }
-        }
-        float alpha[2], muse[2];
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-            mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-            const float mn = fmaxf(m_run[hi], mx[hi] * c);
-            muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-            alpha[hi] = ex2(m_run[hi] - muse[hi]);
-            m_run[hi] = mn;
-            l_run[hi] *= alpha[hi];
-        }
+        float alpha[2];
         uint32_t pk[16];
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const float p0 = ex2(fmaf(s[4 * i + 2 * hi], c, -muse[hi]));
-                const float p1 = ex2(fmaf(s[4 * i + 2 * hi + 1], c, -muse[hi]));
-                l_run[hi] += p0 + p1;
-                pk[2 * i + hi] = pack2<T>(p0, p1);
-            }
+        softmax_tile<T>(s, tile_is_full(t, rl.lim_min, flags + st * 8), t * BN, rl,
+                        [&](int col) { return vst[col] != 0; }, qd, c, m_run, l_run, alpha, pk);
         bar_sync(BAR_P_FREE, 256);  // warpgroup 1 is done with P(t - 1)
         store_p_rows(sP, pk, r_lo >> 4, threadIdx.x & 31);
         if (qd == 0) {
@@ -452,17 +489,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         pv_tile<T, 128>(o, dp, GmmaDesc(kst, SUB_BYTES, 1024));
         if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, VFREE_N);
     }
-    // Row sums (a quad per row) and maxima for the copy-out.
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        float l = l_run[hi];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (qd == 0) {
-            s_fin[r_lo + 8 * hi] = l;
-            s_fin[MT + r_lo + 8 * hi] = m_run[hi];
-        }
-    }
+    store_fin(s_fin, l_run, m_run, r_lo, qd);
 }
 
 template <typename T, bool TMA>
