@@ -36,9 +36,10 @@
 // - wgmma_narrow_fp8_sm90.cuh: mla_decode_wgmma_n{16,32}_fp8_{bf16,f16}: the narrow
 //   products over an fp8_ds_mla cache, the cache operand dequantized into registers from a
 //   ring of raw rows that a producer warp fills by bulk copies.
-// - wgmma_fp8raw_sm90.cuh: mla_decode_wgmma_fp8r_bf16: 64 query rows over an fp8_ds_mla cache,
-//   S as an e4m3 product on the raw codes, a two-slot TMA ring of raw tiles, V dequantized by
-//   the two warpgroups that multiply it (forced only until measured).
+// - wgmma_3wg_sm90.cuh: mla_decode_wgmma_3wg_{bf16,f16} and mla_decode_wgmma_fp8r_bf16: 64
+//   query rows, three warpgroups (S and the softmax; two halves of P V), a two-slot TMA ring;
+//   over a 16-bit cache, and over an fp8_ds_mla cache with S as an e4m3 product on the raw codes
+//   and V dequantized by the warpgroups that multiply it (both forced only until measured).
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //
@@ -61,7 +62,7 @@
 #include "mla_decode_attention/wgmma_narrow_sm90.cuh"
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
-#include "mla_decode_attention/wgmma_fp8raw_sm90.cuh"
+#include "mla_decode_attention/wgmma_3wg_sm90.cuh"
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
@@ -145,14 +146,23 @@ MLA_WGMMA_NARROW_FP8(bf16, bf16, 16)
 MLA_WGMMA_NARROW_FP8(f16, f16, 16)
 MLA_WGMMA_NARROW_FP8(bf16, bf16, 32)
 MLA_WGMMA_NARROW_FP8(f16, f16, 32)
-// The 64-row kernel over an fp8_ds_mla cache with S on the raw codes (bf16 queries only: the
-// rope product takes the cache's bf16 rope as it lies); the two maps of the rows as one
-// parameter.
-extern "C" __global__ void __launch_bounds__(mla::F8R_THREADS, 1)
+// The three-warpgroup 64-row kernels: over a 16-bit cache (the cache's tensor map), and over an
+// fp8_ds_mla cache with S on the raw codes (bf16 queries only: the rope product takes the
+// cache's bf16 rope as it lies; the rows' two maps as one parameter).
+#define MLA_WGMMA_3WG(S, T)                                                                   \
+    extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1) mla_decode_wgmma_3wg_##S(  \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::decode_wgmma_3wg<T, false>(p, &kv_map);                                          \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_3wg_##S, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<false>::SMEM, \
+              mla::W3_SLOTS)
+MLA_WGMMA_3WG(bf16, bf16)
+MLA_WGMMA_3WG(f16, f16)
+extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)
     mla_decode_wgmma_fp8r_bf16(const __grid_constant__ mla::Params p, const __grid_constant__ mla::RawMaps maps) {
-    mla::decode_wgmma_fp8r<bf16>(p, &maps);
+    mla::decode_wgmma_3wg<bf16, true>(p, &maps);
 }
-MLA_FACTS(mla_decode_wgmma_fp8r_bf16, mla::F8R_THREADS, mla::WGMMA_ROWS, mla::RawLayout::SMEM, mla::F8R_SLOTS)
+MLA_FACTS(mla_decode_wgmma_fp8r_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<true>::SMEM, mla::W3_SLOTS)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

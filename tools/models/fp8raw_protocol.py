@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Executable model of the synchronization protocol of `decode_wgmma_fp8r`
-(kernels-cuda/mla_decode_attention/wgmma_fp8raw_sm90.cuh), explored over random interleavings
+(kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh, its fp8 form), explored over random interleavings
 to find deadlocks and shared-memory races before the kernel runs on a GPU. Standard library
 only (Python 3.11).
 
@@ -14,7 +14,7 @@ shared-memory access per step; a step is atomic):
        s_fin, bar_arrive(FIN).
   ISS  thread 128 (lane 0 of warp 4), the issuing lane: all of warpgroup 1's code with weight 1,
        plus its own TileWalk, the two prologue loads and, per tile, walk.next(),
-       mbar_wait(EMPTY) and f8r_issue (nvalid, expect_tx, six TMA boxes).
+       mbar_wait(EMPTY) and w3_issue (nvalid, expect_tx, six TMA boxes).
   W4R  the other 31 lanes of warp 4 (warpgroup 1's code, weight 31). Only these wait for the
        issuing lane at the two __syncwarp() (a two-party rendezvous of ISS and W4R).
   W57  warps 5..7 (warpgroup 1's code, weight 96): they do not take part in __syncwarp.
@@ -101,13 +101,13 @@ import re
 import sys
 import time
 
-KERNEL = "kernels-cuda/mla_decode_attention/wgmma_fp8raw_sm90.cuh"
+KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
 
 # ---------------------------------------------------------------------------------------------
 # Kernel lines: a snippet of the code (and which occurrence) for every modeled step.
 SITES = {
-    "wg0.q_ready": ("bar_sync(F8R_Q_READY, F8R_THREADS)", 0),
-    "wg0.pinv": ("const float pinv[2] = {s_pinv[r_lo]", 0),
+    "wg0.q_ready": ("bar_sync(W3_Q_READY, W3_THREADS)", 0),
+    "wg0.pinv": ("pinv[0] = s_pinv[r_lo]", 0),
     "wg0.full": ("mbar_wait(full + 8 * slot, (u >> 1) & 1)", 0),
     "wg0.qk": ("f8r_qk(s, dq, sRing + slot * F8R_SLOT", 0),
     "wg0.nvalid": ("const int nv = nvalid[slot]", 0),
@@ -115,10 +115,10 @@ SITES = {
     "wg0.pfree": ("if (u >= 1) mbar_wait(pfree, (u - 1) & 1)", 0),
     "wg0.p": ("store_p_rows(sP, pk, wwarp, lane)", 0),
     "wg0.alpha": ("s_alpha[r_lo] = alpha[0]", 0),
-    "wg0.p_full": ("bar_arrive(F8R_P_FULL, F8R_THREADS)", 0),
+    "wg0.p_full": ("bar_arrive(W3_P_FULL, W3_THREADS)", 0),
     "wg0.fin_store": ("store_fin(s_fin, l_run, m_run, r_lo, qd)", 0),
-    "wg0.fin": ("bar_arrive(F8R_FIN, F8R_THREADS)", 0),
-    "iss.prologue": ("f8r_issue(p, walk, sRing + v * F8R_SLOT", 0),
+    "wg0.fin": ("bar_arrive(W3_FIN, W3_THREADS)", 0),
+    "iss.prologue": ("w3_issue<RAW>(p, walk, sRing + v * L::SLOT", 0),
     "issue.nvalid": ("*nvalid = ok ? min(BN, w.sg.len - j) : 0", 0),
     "issue.expect": ("mbar_expect_tx(full, ", 0),
     "issue.code": ("tma_load_3d(dst + g * F8R_BOX", 0),
@@ -126,21 +126,21 @@ SITES = {
     "issue.scales": ("tma_load_3d(dst + F8R_SCALES", 0),
     "wg12.syncwarp0": ("__syncwarp();", 0),
     "wg12.split_q": ("f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128)", 0),
-    "wg12.q_ready": ("bar_arrive(F8R_Q_READY, F8R_THREADS)", 0),
+    "wg12.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 0),
     "wg12.full": ("mbar_wait(full + 8 * slot, (u >> 1) & 1)", 1),
     "wg12.pfree": ("if (u >= 1) mbar_wait(pfree, (u - 1) & 1)", 1),
     "wg12.dequant": ("f8r_dequant_v(sRing + slot * F8R_SLOT", 0),
     "wg12.empty": ("mbar_arrive(empty + 8 * slot)", 1),
-    "wg12.wgbar": ("bar_sync(F8R_WG1 + w, 128)", 0),
+    "wg12.wgbar": ("bar_sync(W3_WG1 + w, 128)", 0),
     "iss.empty": ("mbar_wait(empty + 8 * slot, (u >> 1) & 1)", 0),
-    "iss.issue": ("f8r_issue(p, walk, sRing + slot * F8R_SLOT", 0),
+    "iss.issue": ("w3_issue<RAW>(p, walk, sRing + slot * F8R_SLOT", 0),
     "wg12.syncwarp1": ("__syncwarp();", 1),
-    "wg12.p_full": ("bar_sync(F8R_P_FULL, F8R_THREADS)", 0),
+    "wg12.p_full": ("bar_sync(W3_P_FULL, W3_THREADS)", 0),
     "wg12.alpha": ("rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8])", 0),
-    "wg12.pv": ("pv_tile<bf16, 128>(o, dp, dv)", 0),
+    "wg12.pv": ("pv_tile<T, 128>(o, dp, RAW ? dv", 0),
     "wg12.pfree_arrive": ("mbar_arrive(pfree)", 0),
-    "wg12.fin": ("bar_sync(F8R_FIN, F8R_THREADS)", 0),
-    "wg12.store": ("f8r_store<T>(p, sg, row0, o, s_fin", 0),
+    "wg12.fin": ("bar_sync(W3_FIN, W3_THREADS)", 0),
+    "wg12.store": ("w3_store<T>(p, sg, row0, o, s_fin", 0),
     "tma.land": (None, 0),
 }
 LINES = {}  # site -> (line number or None, code text)
@@ -183,7 +183,7 @@ def lineno(site):
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the kernel.
-THREADS = 384  # F8R_THREADS
+THREADS = 384  # W3_THREADS
 SLOTS = 2  # F8R_SLOTS
 BOX = 64 * 128  # F8R_BOX
 BOXES = [("code group 0", BOX, "issue.code"), ("code group 1", BOX, "issue.code"),
@@ -191,7 +191,7 @@ BOXES = [("code group 0", BOX, "issue.code"), ("code group 1", BOX, "issue.code"
          ("rope", BOX, "issue.rope"), ("scales", 64 * 16, "issue.scales")]
 SLOT_BYTES = 5 * BOX + 64 * 16  # F8R_SLOT = 41984
 assert SLOT_BYTES == sum(b for _, b, _ in BOXES) == 41984
-P_FULL, Q_READY, FIN, WGBAR = 1, 2, 3, 4  # F8R_P_FULL, F8R_Q_READY, F8R_FIN, F8R_WG1 (+1: WG2)
+P_FULL, Q_READY, FIN, WGBAR = 1, 2, 3, 4  # W3_P_FULL, W3_Q_READY, W3_FIN, W3_WG1 (+1: WG2)
 BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", "warp4": "__syncwarp(warp 4)"}
 
 # Thread groups: name, warpgroup, weight (threads), issuing lane, takes part in warp 4's __syncwarp.
@@ -224,7 +224,7 @@ BUGS = {
 # remove them: the model ignores convergence (bar.sync is bar.sync.aligned: warp 4 must be
 # converged, which the __syncwarp after the issuing lane's branch provides) and proxy fences.
 ABLATIONS = {
-    "no_wg_bar": ("drop bar_sync(F8R_WG1 + w, 128) (the V half's barrier)", ["wg12.wgbar"]),
+    "no_wg_bar": ("drop bar_sync(W3_WG1 + w, 128) (the V half's barrier)", ["wg12.wgbar"]),
     "no_syncwarp": ("drop both __syncwarp() (warp 4 no longer waits for the issuing lane; still needed "
                     "for the convergence bar.sync.aligned requires, which the model does not check)",
                     ["wg12.syncwarp0", "wg12.syncwarp1"]),
@@ -533,7 +533,7 @@ class Sim:
         me.ctx = "returned"
 
     def issue(self, me, walk, slot, site):
-        """f8r_issue, called at `site`."""
+        """w3_issue<true>, called at `site`."""
         tag, meant = (walk.k, walk.t), walk.n >> 1
         assert walk.n & 1 == slot
         ctx = me.ctx

@@ -252,6 +252,7 @@ fn samples(dt: DType) -> Result<Samples> {
             (Kernel::Wgmma, 64, false),
             (Kernel::Wgmma, 64, true),
             (Kernel::WgmmaSeesaw, 64, true),
+            (Kernel::Wgmma3, 64, true),
         ]);
         for heads in [8, 32] {
             kernels.extend([(Kernel::WgmmaNarrow, heads, false), (Kernel::WgmmaNarrow, heads, true)]);

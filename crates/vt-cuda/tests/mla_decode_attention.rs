@@ -199,7 +199,12 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
         };
         match mla_decode_attention_with(g, &args, opts) {
             Ok(p) => format!("{} x{} parts {} min {}", p.kernel, p.row_blocks, p.parts, p.min_tiles),
-            Err(e) if matches!(opts.kernel, Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw) => {
+            Err(e)
+                if matches!(
+                    opts.kernel,
+                    Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw | Kernel::Wgmma3
+                ) =>
+            {
                 println!("wgmma kernel not available here: {e}");
                 return None;
             }
@@ -354,6 +359,60 @@ fn seesaw_kernel_matches_reference_for_odd_and_even_tile_counts() {
             let opts = DecodeOptions { kernel: Kernel::WgmmaSeesaw, min_tiles, max_parts };
             run_gpu(&g, &c, &x, &want, &opts);
         }
+    }
+}
+
+/// The three-warpgroup kernel (TMA loads: block sizes 64 and 128; warpgroup 0 computes S and
+/// the softmax, warpgroups 1 and 2 one half of P V each) on segments of one to many tiles, rows
+/// past a sequence's last token in a real page (NaN there: its warpgroups zero them), row counts
+/// that pad the 64-row block, causal query tokens, f16, strided rows, and the whole-sequence, cut
+/// and one-part schedules (one part: the ring runs across every segment). The sanitizers run
+/// over this test.
+#[test]
+fn three_warpgroup_kernel_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let lens = [1, 64, 65, 128, 200, 256, 300, 0, 129, 1000];
+    let mut ran = 0;
+    let cases = [
+        (64, 64, 1, DType::BF16, 0),
+        (128, 64, 1, DType::BF16, 8),
+        (40, 128, 1, DType::BF16, 0),
+        (64, 128, 2, DType::BF16, 0),
+        (32, 64, 4, DType::F16, 0),
+        (128, 64, 1, DType::F16, 0),
+    ];
+    let schedules = [(None, None), (Some(1), Some(1)), (Some(1), Some(7)), (Some(1), Some(1000))];
+    for (n, bs, s_q, dtype, pad) in cases {
+        let mut c = Case::mla(&lens, n, bs);
+        c.s_q = s_q;
+        c.dtype = dtype;
+        c.pad = pad;
+        let x = inputs(&c);
+        let want = reference(&c, &x);
+        for (min_tiles, max_parts) in schedules {
+            let opts = DecodeOptions { kernel: Kernel::Wgmma3, min_tiles, max_parts };
+            if let Some(plan) = run_gpu(&g, &c, &x, &want, &opts) {
+                assert!(plan.starts_with("wgmma_3wg"), "{plan}");
+                ran += 1;
+            }
+        }
+    }
+    // On sm_90 the kernel takes every case here: an error must not pass as a skip.
+    if g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm()) == 90 {
+        assert_eq!(ran, cases.len() * schedules.len(), "every case ran");
+    } else {
+        println!("SKIP: no sm_90a device, the three-warpgroup kernel does not run here");
+    }
+}
+
+/// Block ids outside the cache on the three-warpgroup kernel: their pages take no part.
+#[test]
+fn three_warpgroup_kernel_skips_out_of_range_block_ids() {
+    let Some(g) = gpu() else { return };
+    let (c, x, want) = blocks_2_and_5_out_of_range(&[512, 100], 64, 64);
+    for max_parts in [Some(1), Some(3), None] {
+        let opts = DecodeOptions { kernel: Kernel::Wgmma3, min_tiles: Some(1), max_parts };
+        run_gpu(&g, &c, &x, &want, &opts);
     }
 }
 

@@ -149,7 +149,7 @@ fn raw_ring_kernel_is_forced_only_and_refuses_f16_small_blocks_and_no_tma() {
     let forced = DecodeOptions { kernel: Kernel::WgmmaFp8Raw, ..DecodeOptions::default() };
     let c = choose(&args(DType::BF16, 64), &H200, &forced, true, true).expect("bf16, BS 64, TMA");
     assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r", 64, 2));
-    assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::fp8_raw_smem()));
+    assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(true)));
     for bs in [64, 128] {
         let auto =
             choose(&args(DType::BF16, bs), &H200, &DecodeOptions::default(), true, true).expect("a plan");
@@ -162,4 +162,39 @@ fn raw_ring_kernel_is_forced_only_and_refuses_f16_small_blocks_and_no_tma() {
     let e =
         choose(&args(DType::BF16, 64), &SM80_LARGE, &forced, true, true).expect_err("no wgmma").to_string();
     assert!(e.contains("no sm_90a wgmma kernel"), "{e}");
+}
+
+/// The three-warpgroup kernel over a 16-bit cache is forced only and refuses what it cannot
+/// read: an fp8_ds_mla cache (the raw-ring kernel is its fp8 form), block sizes that 64 does
+/// not divide, the TMA flag off.
+#[test]
+fn three_warpgroup_kernel_is_forced_only_and_refuses_fp8_small_blocks_and_no_tma() {
+    use super::Kernel;
+    let mem = vec![0u128; 1 << 16];
+    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
+        let s = contiguous_strides(shape);
+        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
+    };
+    let args = |qdt: DType, cdt: DType, bs: i64| MlaDecodeAttentionArgs {
+        out: view(qdt, &[2, 1, 128, 512]),
+        lse: None,
+        query: view(qdt, &[2, 1, 128, 576]),
+        cache: view(cdt, &[8, bs, if cdt == DType::Fp8DsMla { 656 } else { 576 }]),
+        block_table: view(DType::I32, &[2, 4]),
+        seq_lens: view(DType::I32, &[2]),
+        scale: 0.5,
+    };
+    let forced = DecodeOptions { kernel: Kernel::Wgmma3, ..DecodeOptions::default() };
+    for dt in [DType::BF16, DType::F16] {
+        let c = choose(&args(dt, dt, 64), &H200, &forced, true, true).expect("16-bit, BS 64, TMA");
+        assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg", 64, 2));
+        assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(false)));
+        let auto = choose(&args(dt, dt, 64), &H200, &DecodeOptions::default(), true, false).expect("a plan");
+        assert_eq!(auto.plan.kernel, "wgmma_tma", "Auto, {dt:?}");
+    }
+    for (cdt, bs, tma) in [(DType::Fp8DsMla, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
+        let e =
+            choose(&args(DType::BF16, cdt, bs), &H200, &forced, tma, true).expect_err("refused").to_string();
+        assert!(e.contains("three-warpgroup kernel needs a 16-bit cache"), "{cdt:?} BS {bs} TMA {tma}: {e}");
+    }
 }

@@ -172,6 +172,7 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
                 (Kernel::Wgmma, heads, false, dt, dt, FAST_D, FAST_DV),
                 (Kernel::Wgmma, heads, true, dt, dt, FAST_D, FAST_DV),
                 (Kernel::WgmmaSeesaw, heads, true, dt, dt, FAST_D, FAST_DV),
+                (Kernel::Wgmma3, heads, true, dt, dt, FAST_D, FAST_DV),
             ]);
         }
         for heads in [8, 32, 64] {
@@ -296,7 +297,8 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma | Kernel::WgmmaSeesaw => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
-            Kernel::WgmmaFp8Raw => (wgmma_sm90::fp8_raw_smem() as i64, wgmma_sm90::FP8_RAW_SLOTS as i64),
+            Kernel::Wgmma3 => (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64),
+            Kernel::WgmmaFp8Raw => (wgmma_sm90::w3_smem(true) as i64, wgmma_sm90::W3_SLOTS as i64),
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
                 let mt = c.plan.rows_per_cta;
                 (wgmma_sm90::narrow_fp8_smem(mt) as i64, wgmma_sm90::narrow_fp8_raws(mt) as i64)

@@ -143,6 +143,10 @@ pub enum Kernel {
     /// block size is a multiple of 64, TMA loads): both warpgroups compute S, for alternate
     /// tiles, and each holds half of O's columns.
     WgmmaSeesaw,
+    /// The 64-row wgmma kernel with three warpgroups over a 16-bit cache (sm_90a, block size a
+    /// multiple of 64, TMA loads): warpgroup 0 computes S and the softmax, warpgroups 1 and 2
+    /// one half of P V each. Forced only: it has not run on a GPU yet.
+    Wgmma3,
     /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
     /// queries, block size a multiple of 64, TMA loads): a two-slot ring of raw tiles, S as an
     /// e4m3 product against the query split into two e4m3 parts, V dequantized by the two
@@ -172,7 +176,8 @@ pub struct Plan {
     /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
     /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an
     /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
-    /// `wgmma_fp8`, ...) and `wgmma_fp8r` (the raw-ring kernel).
+    /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` and, over an fp8_ds_mla cache,
+    /// `wgmma_fp8r` (the raw-ring kernel).
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -390,6 +395,7 @@ pub(crate) fn choose(
         | Kernel::Wgmma
         | Kernel::WgmmaNarrow
         | Kernel::WgmmaSeesaw
+        | Kernel::Wgmma3
         | Kernel::WgmmaFp8Raw
             if !fast =>
         {
@@ -401,7 +407,9 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw | Kernel::WgmmaFp8Raw if !info.wgmma => {
+        Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw | Kernel::Wgmma3 | Kernel::WgmmaFp8Raw
+            if !info.wgmma =>
+        {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
         }
         Kernel::WgmmaSeesaw if !wgmma_sm90::seesaw_ok(a, tma_flag) => {
@@ -410,6 +418,16 @@ pub(crate) fn choose(
                 format!(
                     "{OP}: the seesaw kernel needs a 16-bit cache read through the TMA (block size a \
                      multiple of 64, VT_MLA_DECODE_TMA on)"
+                ),
+            ))
+        }
+        Kernel::Wgmma3 if !wgmma_sm90::three_wg_ok(a, tma_flag) => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the three-warpgroup kernel needs a 16-bit cache read through the TMA (block \
+                     size a multiple of 64, VT_MLA_DECODE_TMA on); over an fp8_ds_mla cache force \
+                     the raw-ring fp8 kernel"
                 ),
             ))
         }
@@ -430,6 +448,7 @@ pub(crate) fn choose(
         Kernel::Wgmma if fp8 => wgmma_sm90::fp8(),
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
         Kernel::WgmmaSeesaw => wgmma_sm90::seesaw(),
+        Kernel::Wgmma3 => wgmma_sm90::three_wg(),
         Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {

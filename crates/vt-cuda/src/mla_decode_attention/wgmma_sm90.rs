@@ -109,8 +109,10 @@ pub(super) fn seesaw() -> MainKernel {
     }
 }
 
-/// Threads of the 64-row kernel over an fp8_ds_mla cache (`mla::FP8_WG_THREADS`): the two
-/// compute warpgroups and one that dequantizes the rows into the 16-bit stages.
+/// Threads of the 64-row kernels with three warpgroups (`mla::FP8_WG_THREADS`,
+/// `mla::W3_THREADS`): over an fp8_ds_mla cache the two compute warpgroups and one that
+/// dequantizes the rows into the 16-bit stages; the three-warpgroup kernels' S warpgroup and
+/// two P V warpgroups.
 pub(super) const FP8_THREADS: u32 = 384;
 
 /// The 64-row kernel over an fp8_ds_mla cache (`mla_decode_wgmma_fp8`,
@@ -128,27 +130,47 @@ pub(super) fn fp8() -> MainKernel {
     }
 }
 
-/// Raw tiles in the ring of the 64-row kernel with S on the raw codes (`mla::F8R_SLOTS`).
-pub(super) const FP8_RAW_SLOTS: u32 = 2;
+/// Tiles in the ring of the three-warpgroup kernels (`mla::W3_SLOTS`).
+pub(super) const W3_SLOTS: u32 = 2;
 
-/// Dynamic shared memory of that kernel (`mla::RawLayout::SMEM`): the ring (per slot four code
-/// boxes and a rope box of 64 x 128 bytes, then 64 x 16 bytes of scales), the 16-bit V stage
-/// (8 column blocks of 64 x 128 bytes), Q's e4m3 hi / lo parts (4 groups x 2 x 64 x 128 bytes),
-/// P, the reductions (256 floats), the slots' token counts, the schedule, the mbarriers (full
-/// and empty per slot, P free), alignment.
-pub(super) const fn fp8_raw_smem() -> u32 {
-    let slot = 5 * 64 * 128 + 64 * 16;
-    FP8_RAW_SLOTS * slot
-        + 8 * 64 * 128
-        + 8 * 64 * 128
-        + ROWS * 128
-        + 256 * 4
-        + FP8_RAW_SLOTS * 4
-        + 40 * 4
-        + (2 * FP8_RAW_SLOTS + 1) * 8
-        + 1024
+/// Dynamic shared memory of the three-warpgroup kernels (`mla::W3Layout<RAW>::SMEM`): the ring
+/// (16-bit: 9 column blocks of 64 x 128 bytes a slot; fp8: four code boxes and a rope box of 64 x
+/// 128 bytes, then 64 x 16 bytes of scales), over an fp8 cache the 16-bit V stage (8 column
+/// blocks), Q (16-bit: 9 column blocks; fp8: e4m3 hi / lo parts, 4 groups x 2 x 64 x 128 bytes),
+/// P, the reductions (256 floats), the slots' token counts, the schedule, the mbarriers (full and
+/// empty per slot, P free), alignment.
+pub(super) const fn w3_smem(fp8: bool) -> u32 {
+    let block = 64 * 128;
+    let (slot, v, q) =
+        if fp8 { (5 * block + 64 * 16, 8 * block, 8 * block) } else { (9 * block, 0, 9 * block) };
+    W3_SLOTS * slot + v + q + ROWS * 128 + 256 * 4 + W3_SLOTS * 4 + 40 * 4 + (2 * W3_SLOTS + 1) * 8 + 1024
 }
-const _: () = assert!(fp8_raw_smem() <= super::MAX_SMEM, "the raw-ring layout fits a Hopper block");
+const _: () = assert!(
+    w3_smem(true) <= super::MAX_SMEM && w3_smem(false) <= super::MAX_SMEM,
+    "the three-warpgroup layouts fit a Hopper block"
+);
+
+/// Whether the three-warpgroup kernel takes this call over a 16-bit cache: read through the
+/// TMA (64 divides the block size, `VT_MLA_DECODE_TMA` on).
+pub(super) fn three_wg_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
+    tma_flag && a.cache.dtype() != DType::Fp8DsMla && tma_ok(&a.cache)
+}
+
+/// The three-warpgroup 64-row kernel over a 16-bit cache (`mla_decode_wgmma_3wg`,
+/// `kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): warpgroup 0 computes S and the
+/// softmax, warpgroups 1 and 2 one half of P V each, a two-slot TMA ring. Forced only
+/// ([`super::Kernel::Wgmma3`]) until measured.
+pub(super) fn three_wg() -> MainKernel {
+    MainKernel {
+        base: "mla_decode_wgmma_3wg",
+        name: "wgmma_3wg",
+        rows: ROWS as i64,
+        smem: w3_smem(false),
+        threads: FP8_THREADS,
+        maps: CacheMaps::Tiles,
+        ctas_per_sm: 1,
+    }
+}
 
 /// Whether the raw-ring kernel takes this call: bf16 queries (its rope product takes the
 /// cache's bf16 rope as it lies), an fp8_ds_mla cache read through the TMA (64 divides the
@@ -157,16 +179,16 @@ pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool
     tma_flag && a.query.dtype() == DType::BF16 && a.cache.dtype() == DType::Fp8DsMla && tma_ok(&a.cache)
 }
 
-/// The 64-row kernel over an fp8_ds_mla cache with S on the raw codes (`mla_decode_wgmma_fp8r`,
-/// `kernels-cuda/mla_decode_attention/wgmma_fp8raw_sm90.cuh`): a two-slot TMA ring of raw
-/// tiles, S as an e4m3 product against the query's hi / lo parts, V dequantized by the two
+/// The three-warpgroup 64-row kernel over an fp8_ds_mla cache (`mla_decode_wgmma_fp8r`,
+/// `kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): a two-slot TMA ring of raw tiles,
+/// S as an e4m3 product against the query's hi / lo parts, V dequantized by the two
 /// warpgroups that multiply it. Forced only ([`super::Kernel::WgmmaFp8Raw`]) until measured.
 pub(super) fn fp8_raw() -> MainKernel {
     MainKernel {
         base: "mla_decode_wgmma_fp8r",
         name: "wgmma_fp8r",
         rows: ROWS as i64,
-        smem: fp8_raw_smem(),
+        smem: w3_smem(true),
         threads: FP8_THREADS,
         maps: CacheMaps::Fp8Rows,
         ctas_per_sm: 1,

@@ -1,51 +1,64 @@
-// MlaDecodeAttention, the 64-row wgmma kernel over an fp8_ds_mla cache with S taken straight
-// from the raw codes (sm_90a only): mla_decode_wgmma_fp8r_bf16. Planned by
-// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs (`fp8_raw`); forced only
-// (Kernel::WgmmaFp8Raw, `xtask bench decode --alt wgmma_fp8r`) until it has run on a GPU. Part
-// of mla_decode_attention.cu.
+// MlaDecodeAttention, the 64-row wgmma kernels with three warpgroups (sm_90a only): one computes
+// S and the softmax, the other two one half of P V each. Two forms, planned by
+// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs (`three_wg`, `fp8_raw`); both forced only
+// (Kernel::Wgmma3, Kernel::WgmmaFp8Raw; `xtask bench decode --alt wgmma_3wg,wgmma_fp8r`) until
+// they have run on a GPU. Part of mla_decode_attention.cu.
+// - mla_decode_wgmma_3wg_{bf16,f16}: a 16-bit cache read through the TMA (64 divides the block
+//   size), two 72 KB stages, V read in place from the stage as in the two-warpgroup kernel.
+// - mla_decode_wgmma_fp8r_bf16: an fp8_ds_mla cache, S taken straight from the raw codes.
 //
-// Why (docs/perf.md, "Eighteenth session"): the first 64-row fp8 kernel (wgmma_fp8_sm90.cuh)
-// keeps the 16-bit kernel's two 72 KB 16-bit stages, so no raw rows fit in shared memory and
-// one warpgroup holds them in registers: its loads wait on their own latency, then on the
-// dequantization (h64 b128 s4096: 340 us against 195 for the 16-bit cache). Here K needs no
-// 16-bit form: S's latent part is an e4m3 product of the codes AS THE TMA DELIVERS THEM (each
-// 128-value scale group of a row is one 128-byte box row, 128-byte swizzle = wgmma's K-major
-// operand layout) against the query split into two e4m3 parts (hi + lo, the narrow fp8
-// kernel's exact-for-bf16 split, nf8_split4), folded per group by the tokens' scales in f32.
-// That frees the room for a two-slot ring of raw tiles beside a single 64 KB 16-bit V stage:
-//   ring   2 x 41 KB  [code group 0..3 boxes, rope box: 64 tokens x 128 B, swizzled][scales 64 x 16 B]
-//   V      64 KB      8 column blocks [64 tokens x 128 B] of bf16 (the 16-bit tile's layout)
-//   Q      64 KB      [group][hi, lo][64 rows x 128 B] e4m3, swizzled
-//   P      8 KB, the reductions, slot token counts, schedule, mbarriers.
+// Why (docs/perf.md, "Eighteenth session"): in the two-warpgroup 64-row kernel (wgmma_sm90.cuh)
+// warpgroup 0 runs S, the softmax and half of P V in sequence (~4800 cycles a tile against 2176 of
+// tensor work, sixteenth session); here warpgroup 0 does no P V, so S(u + 1) runs under P V(u).
+// The first 64-row fp8 kernel (wgmma_fp8_sm90.cuh) keeps two 72 KB 16-bit stages, so no raw rows
+// fit beside them and one warpgroup holds them in registers: its loads wait on their own latency,
+// then on the dequantization (h64 b128 s4096: 340 us against 195 for the 16-bit cache). In the
+// fp8 form here K needs no 16-bit copy: S's latent part is an e4m3 product of the codes AS THE TMA
+// DELIVERS THEM (each 128-value scale group of a row is one 128-byte box row, 128-byte swizzle =
+// wgmma's K-major operand layout) against the query split into two e4m3 parts (hi + lo, the
+// narrow fp8 kernel's exact-for-bf16 split, nf8_split4), folded per group by the tokens' scales
+// in f32. That frees the room for a two-slot ring of raw tiles beside a single 64 KB V stage.
+//
+// Shared memory (W3Layout):
+//   16-bit: ring 2 x 72 KB (9 column blocks [64 tokens x 128 B], swizzled) | Q 72 KB | P 8 KB | ...
+//   fp8:    ring 2 x 41 KB [code group 0..3 boxes, rope box: 64 tokens x 128 B, swizzled]
+//           [scales 64 x 16 B] | V 64 KB (8 column blocks of bf16) | Q 64 KB [group][hi, lo] e4m3
+//           | P 8 KB | ...
+//   then the reductions, the slots' token counts, the schedule, the mbarriers.
 //
 // 384 threads, three warpgroups, no setmaxnreg (168 registers each):
-// - Warpgroup 0: per tile, S = Q K^T (32 QGMMA m64n64k32: four groups x four k steps x hi / lo,
-//   two accumulator sets so group g is folded while group g + 1 runs; then the rope's four
-//   HGMMA m64n64k16 with Q's rope in registers), the online softmax, P and the rescale factors.
-// - Warpgroups 1 and 2: warpgroup w owns O[:, 256 (w - 1) ..] (128 accumulators a thread) and
-//   V's column blocks 4 (w - 1) .. + 3. Per tile each thread dequantizes one 128-value group of
-//   one token from the ring into its warpgroup's V half (code x scale rounded once, dequant8),
-//   then O += P V on that half (4 HGMMA m64n256k16). At a segment's start they split Q into
-//   its hi / lo parts (a thread per row and group) and write 2^-e per row. Lane 0 of warp 4
-//   issues the TMA: the CTA's first two tiles up front, then tile u + 2 into tile u's slot
-//   once every thread has read it. It walks the CTA's tiles on its own, so the next segment's
-//   first tiles load while this one ends.
+// - Warpgroup 0: per tile, S = Q K^T (16-bit: 36 HGMMA m64n64k16; fp8: 32 QGMMA m64n64k32, four
+//   groups x four k steps x hi / lo, two accumulator sets so group g is folded while group g + 1
+//   runs, then the rope's four HGMMA with Q's rope in registers), the online softmax, P and the
+//   rescale factors.
+// - Warpgroups 1 and 2: warpgroup w owns O[:, 256 (w - 1) ..] (128 accumulators a thread) and the
+//   V columns 256 (w - 1) .. + 255. fp8: per tile each thread first dequantizes one 128-value
+//   group of one token from the ring into its warpgroup's half of the V stage (code x scale
+//   rounded once, dequant8). 16-bit: V is read in the slot; the rows past the sequence in its
+//   last tile are zeroed first (the TMA copies whole boxes of a real page: 0 x NaN is not 0).
+//   Then O += P V on that half (4 HGMMA m64n256k16). At a segment's start they write Q (16-bit:
+//   cp.async; fp8: split into hi / lo parts, a thread per row and group, and 2^-e per row). Lane 0
+//   of warp 4 issues the TMA: the CTA's first two tiles up front, then tile u + 2 into tile u's
+//   slot once every thread is done with it. It walks the CTA's tiles on its own, so the next
+//   segment's first tiles load while this one ends.
 //
 // Hand-overs (u: the CTA's running tile count, slot u & 1):
 //   FULL[slot]   mbarrier, 1 arrival + the TMA bytes            issuer -> all
-//   EMPTY[slot]  mbarrier, 384 arrivals (each thread's reads done) all -> issuer
+//   EMPTY[slot]  mbarrier, 384 arrivals (each thread done with it: after its reads of the slot;
+//                16-bit: warpgroups 1 and 2 after their P V, which reads V there)  all -> issuer
 //   P_FREE       mbarrier, 256 arrivals per tile (P V(u) done)   WG1, WG2 -> WG0 before P(u + 1),
-//                                                                 and -> WG1, WG2 before V(u + 1)
+//                                                                 and (fp8) -> WG1, WG2 before V(u + 1)
 //   P_FULL       named, 384 (P(u) and its factors written)        WG0 arrives, WG1 / WG2 sync
-//   Q_READY      named, 384 (hi / lo and 2^-e of the segment)     WG1 / WG2 arrive, WG0 syncs
+//   Q_READY      named, 384 (Q of the segment written)            WG1 / WG2 arrive, WG0 syncs
 //   FIN          named, 384 (s_fin of the segment written)        WG0 arrives, WG1 / WG2 sync
 //   WG1 / WG2    named, 128 (the warpgroup's V half written)      inside each warpgroup
 // Each named barrier's next arrival comes only after the other side passed its sync (Q_READY
 // and FIN alternate around a segment; P_FULL(u + 1) needs P_FREE(u)), so no two generations
 // mix; P_FREE and EMPTY phases are waited on at most one phase ahead (the phase after needs the
-// waiter's own next step). The epilogue writes O from registers (no staging), so the ring
-// never waits for it. Tokens past the sequence in a real page (the TMA copies whole boxes) may
-// hold anything: S masks them and the dequantization writes zeros for them.
+// waiter's own next step). tools/models/fp8raw_protocol.py checks the fp8 form's hand-overs over
+// random interleavings. The epilogue writes O from registers (no staging), so the ring never
+// waits for it. Tokens past the sequence in a real page may hold anything: S masks them, and V's
+// rows of them are zeroed (16-bit) or dequantized as zeros (fp8).
 #pragma once
 
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
@@ -61,38 +74,42 @@
 #endif
 namespace mla {
 
-constexpr int F8R_THREADS = 384;
-constexpr int F8R_SLOTS = 2;                        // raw tiles in the ring
+constexpr int W3_THREADS = 384;
+constexpr int W3_SLOTS = 2;                         // tiles in the ring
 constexpr int F8R_BOX = BN * 128;                   // one [64 tokens x 128 B] box (8192)
-constexpr int F8R_SCALES = 5 * F8R_BOX;             // the scale box's offset in a slot
+constexpr int F8R_SCALES = 5 * F8R_BOX;             // the scale box's offset in a raw slot
 constexpr int F8R_SLOT = F8R_SCALES + BN * 16;      // 41984 = 41 x 1024
 // The rows map's 4-byte words: code group g at 32 g, the scales at 128, the rope at 132.
 constexpr int F8R_SCALE_WORD = vt::fp8ds::SCALE_OFFSET / 4, F8R_ROPE_WORD = vt::fp8ds::ROPE_OFFSET / 4;
 
-struct RawLayout {
+// RAW: the fp8_ds_mla form.
+template <bool RAW> struct W3Layout {
+    static constexpr int SLOT = RAW ? F8R_SLOT : TILE_BYTES;
     static constexpr int OFF_RING = 0;
-    static constexpr int OFF_V = F8R_SLOTS * F8R_SLOT;            // 1024-aligned
-    static constexpr int OFF_Q = OFF_V + (NSUB - 1) * SUB_BYTES;  // V: the 8 latent column blocks
-    static constexpr int OFF_P = OFF_Q + 8 * F8R_BOX;             // Q: [4 groups][hi, lo]
+    static constexpr int OFF_V = W3_SLOTS * SLOT;                          // 1024-aligned
+    static constexpr int OFF_Q = OFF_V + (RAW ? (NSUB - 1) * SUB_BYTES : 0);  // fp8: V's 8 latent blocks
+    static constexpr int OFF_P = OFF_Q + (RAW ? 8 * F8R_BOX : NSUB * SUB_BYTES);  // fp8 Q: [4 groups][hi, lo]
     static constexpr int OFF_RED = OFF_P + WGMMA_ROWS * 128;      // float s_alpha[64], s_fin[128], s_pinv[64]
     static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
-    static constexpr int OFF_SCHED = OFF_NVALID + F8R_SLOTS * 4;  // int [40]
+    static constexpr int OFF_SCHED = OFF_NVALID + W3_SLOTS * 4;   // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS], EMPTY [SLOTS], P_FREE
-    static constexpr int END = OFF_MBAR + (2 * F8R_SLOTS + 1) * 8;
+    static constexpr int END = OFF_MBAR + (2 * W3_SLOTS + 1) * 8;
     static constexpr int SMEM = END + 1024;                       // slack to align the base
     static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0, "alignment");
     static_assert(SMEM <= 232448, "fits the 227 KB a block may have");
 };
 
-// The two maps of the cache's rows (4-byte words, dims (164, BS, NB)): `rows` with boxes of 32
-// words x 64 rows and the 128-byte swizzle (a code group or the rope), `scales` with boxes of
-// 4 words x 64 rows, no swizzle. One kernel parameter (the host passes them as one vector).
+// The two maps of an fp8_ds_mla cache's rows (4-byte words, dims (164, BS, NB)): `rows` with
+// boxes of 32 words x 64 rows and the 128-byte swizzle (a code group or the rope), `scales` with
+// boxes of 4 words x 64 rows, no swizzle. One kernel parameter (the host passes them as one
+// vector). The 16-bit form takes the two-warpgroup kernel's map (64-feature boxes) alone.
 struct RawMaps {
     TmaMap rows, scales;
 };
+template <bool RAW> using W3Maps = typename Cond<RAW, RawMaps, TmaMap>::type;
 
 // Named barriers (0: __syncthreads; BAR_WG0 = 7 is wgmma_sm90.cuh's, unused here).
-constexpr int F8R_P_FULL = 1, F8R_Q_READY = 2, F8R_FIN = 3, F8R_WG1 = 4;  // F8R_WG1 + 1: warpgroup 2's
+constexpr int W3_P_FULL = 1, W3_Q_READY = 2, W3_FIN = 3, W3_WG1 = 4;  // W3_WG1 + 1: warpgroup 2's
 
 // S's latent part: D (m64n64, f32) += A (Q's e4m3 part, shared) x B (the codes, shared), k = 32.
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
@@ -122,22 +139,29 @@ struct TileWalk {
     }
 };
 
-// Issues tile w.t of segment w.sg into the slot at dst (six boxes completing on `full`) and
+// Issues tile w.t of segment w.sg into the slot at dst (its boxes completing on `full`) and
 // records how many of its tokens exist (0 for a block id outside the cache, whose boxes read
-// block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block.
-__device__ __forceinline__ void f8r_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
-                                          const RawMaps* maps) {
+// block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block. fp8:
+// the four code groups, the rope and the scales; 16-bit: the nine 64-feature column blocks.
+template <bool RAW>
+__device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
+                                         const W3Maps<RAW>* maps) {
     const int j = w.t * BN, bi = j / p.BS;
     const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
     const bool ok = v >= 0 && v < p.NB;
     const int blk = ok ? v : p.NB, row = ok ? j - bi * p.BS : 0;
     *nvalid = ok ? min(BN, w.sg.len - j) : 0;
-    mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)F8R_SLOT);  // publishes nvalid
+    mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
     if (F8R_LAB == 4) return;
+    if constexpr (RAW) {
 #pragma unroll
-    for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
-    tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
-    tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
+        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
+        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+    } else {
+#pragma unroll
+        for (int cb = 0; cb < NSUB; ++cb) tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full);
+    }
 }
 
 // Warpgroup 0's A fragments of Q's rope (bf16, the four k steps of 16), from global memory:
@@ -292,12 +316,43 @@ __device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales,
     }
 }
 
+// Warpgroup 0, 16-bit form: S = Q K^T over the stage at kst (36 HGMMA, Q and K K-major in
+// their 9 column blocks), as consumer_tiles; returns with the products complete.
+template <typename T>
+__device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint32_t kst) {
+    if (F8R_LAB == 2) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+        return;
+    }
+    const GmmaDesc dk(kst, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < FD / 16; ++ks) {
+        // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
+        const uint32_t o16 = (uint32_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+        Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(s);
+}
+
+// Warpgroups 1 and 2, 16-bit form: zeroes rows [nv, 64) of the warpgroup's V columns (column
+// blocks 4 w' .. 4 w' + 3 of the stage at kst) and publishes them to its wgmma.
+__device__ __forceinline__ void w3_zero_tail(uint32_t kst, int nv, int w, int wtid) {
+    for (int idx = wtid; idx < (BN - nv) * 32; idx += 128) {
+        const int r = nv + (idx >> 5), c = idx & 31;  // c: 16-byte chunk of the half's 32
+        st_shared_v4_zero(kst + (4 * w + (c >> 3)) * SUB_BYTES + swz(r, c & 7));
+    }
+}
+
 // Warpgroups 1 and 2's epilogue from registers: rows r_lo, r_lo + 8 of the CTA, columns col0 +
 // 8 i + 2 qd (+1), scaled by 1 / l (s_fin: row sums [64], then maxima [64]); with_lse: also lse.
 // (The row's base address is computed once: with store_pair in the loop ptxas did not unroll
 // it and put o in local memory.)
 template <typename T>
-__device__ __forceinline__ void f8r_store(const Params& p, const Segment& sg, int row0, const float (&o)[128],
+__device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int row0, const float (&o)[128],
                                           const float* s_fin, int r_lo, int qd, int col0, bool with_lse) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
@@ -322,9 +377,9 @@ __device__ __forceinline__ void f8r_store(const Params& p, const Segment& sg, in
     }
 }
 
-template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const RawMaps* maps) {
-    static_assert(Same<T, bf16>::value, "bf16 queries: the rope product takes the cache's bf16 rope as it lies");
-    using L = RawLayout;
+template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
+    static_assert(!RAW || Same<T, bf16>::value, "fp8: bf16 queries (the rope product takes the cache's bf16 rope)");
+    using L = W3Layout<RAW>;
     constexpr int MT = WGMMA_ROWS;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = align1024(smem_raw);
@@ -332,15 +387,15 @@ template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const R
     const uint32_t sRing = base + L::OFF_RING, sV = base + L::OFF_V, sQ = base + L::OFF_Q, sP = base + L::OFF_P;
     float* s_alpha = (float*)(smem + L::OFF_RED);  // [64] rescale factors of the current tile
     float* s_fin = s_alpha + MT;                    // [2][64] row sums and maxima of the segment
-    float* s_pinv = s_fin + 2 * MT;                 // [64] 2^-e of each query row
+    float* s_pinv = s_fin + 2 * MT;                 // [64] fp8: 2^-e of each query row
     int* nvalid = (int*)(smem + L::OFF_NVALID);
     int* sched = (int*)(smem + L::OFF_SCHED);
-    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * F8R_SLOTS, pfree = empty + 8 * F8R_SLOTS;
-    auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES); };
+    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
+    auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * L::SLOT + F8R_SCALES); };
     if (threadIdx.x == 0) {
-        for (int s = 0; s < F8R_SLOTS; ++s) {
+        for (int s = 0; s < W3_SLOTS; ++s) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, F8R_THREADS);
+            mbar_init(empty + 8 * s, W3_THREADS);
         }
         mbar_init(pfree, 256);
     }
@@ -359,24 +414,29 @@ template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const R
         const GmmaDesc dq(sQ, 16, 1024);
         while (next_segment(p, part, nb, pre, sg)) {
             uint32_t rq[4][4];
-            f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
+            if constexpr (RAW) f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
             const RowLimits rl(p, sg, row0, r_lo);
             const float c = p.scale_log2;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
-            bar_sync(F8R_Q_READY, F8R_THREADS);  // Q's parts and 2^-e of this segment
-            const float pinv[2] = {s_pinv[r_lo], s_pinv[r_lo + 8]};
+            bar_sync(W3_Q_READY, W3_THREADS);  // Q (fp8: its parts and 2^-e) of this segment
+            float pinv[2] = {1.0f, 1.0f};
+            if constexpr (RAW) pinv[0] = s_pinv[r_lo], pinv[1] = s_pinv[r_lo + 8];
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u & 1;
                 mbar_wait(full + 8 * slot, (u >> 1) & 1);
                 float s[32];
-                f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
+                if constexpr (RAW) {
+                    f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
+                } else {
+                    w3_qk16<T>(s, dq, sRing + slot * L::SLOT);
+                }
                 const int nv = nvalid[slot];
                 mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
 
                 float alpha[2];
                 uint32_t pk[16];
-                softmax_tile<bf16>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
-                                   [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
+                softmax_tile<T>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
+                                [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
                 if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
                 store_p_rows(sP, pk, wwarp, lane);
                 if (qd == 0) {
@@ -384,58 +444,89 @@ template <typename T> __device__ void decode_wgmma_fp8r(const Params& p, const R
                     s_alpha[r_lo + 8] = alpha[1];
                 }
                 fence_proxy_async();  // P is read by wgmma (async proxy)
-                bar_arrive(F8R_P_FULL, F8R_THREADS);
+                bar_arrive(W3_P_FULL, W3_THREADS);
             }
             store_fin(s_fin, l_run, m_run, r_lo, qd);
-            bar_arrive(F8R_FIN, F8R_THREADS);
+            bar_arrive(W3_FIN, W3_THREADS);
         }
         return;
     }
 
-    // Warpgroups 1 and 2.
+    // Warpgroups 1 and 2: V columns 256 w .. 256 w + 255.
     const int w = wg - 1;
-    const uint32_t sVh = sV + 4 * w * SUB_BYTES;
+    const uint32_t sVh = sV + 4 * w * SUB_BYTES;  // fp8: the warpgroup's half of the V stage
     const GmmaDesc dp(sP, 16, 1024), dv(sVh, SUB_BYTES, 1024);
     const int tok = wtid >> 1, grp = 2 * w + (wtid & 1);
     const bool issuer = threadIdx.x == 128;
     TileWalk walk(part);
     if (issuer) {
-        prefetch_map(&maps->rows);
-        prefetch_map(&maps->scales);
-        for (int v = 0; v < F8R_SLOTS && walk.next(p, part); ++v)
-            f8r_issue(p, walk, sRing + v * F8R_SLOT, nvalid + v, full + 8 * v, maps);
+        if constexpr (RAW) {
+            prefetch_map(&maps->rows);
+            prefetch_map(&maps->scales);
+        } else {
+            prefetch_map(maps);
+        }
+        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v)
+            w3_issue<RAW>(p, walk, sRing + v * L::SLOT, nvalid + v, full + 8 * v, maps);
     }
     __syncwarp();
     while (next_segment(p, part, nb, pre, sg)) {
-        f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
+        if constexpr (RAW) {
+            f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
+        } else {
+            load_q<T, MT, 256>(p, sg.b, row0, sQ, threadIdx.x - 128);
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
         fence_proxy_async();  // Q is read by wgmma (async proxy)
-        bar_arrive(F8R_Q_READY, F8R_THREADS);
+        bar_arrive(W3_Q_READY, W3_THREADS);
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         for (int t = sg.t0; t < sg.t1; ++t, ++u) {
             const int slot = u & 1;
+            const uint32_t kst = sRing + slot * L::SLOT;
             mbar_wait(full + 8 * slot, (u >> 1) & 1);
-            // Every thread's P V(u - 1) is done with the V half (a warp's wgmma wait covers its
-            // own rows only; P_FREE counts all 256 threads).
-            if (u >= 1) mbar_wait(pfree, (u - 1) & 1);
-            f8r_dequant_v(sRing + slot * F8R_SLOT, scales_of(slot), sVh, nvalid[slot], tok, grp);
-            mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
-            fence_proxy_async();            // V is read by wgmma (async proxy)
-            bar_sync(F8R_WG1 + w, 128);      // the warpgroup's V half is written
-            if (issuer && walk.next(p, part)) {
-                // Tile u + 2 into this slot once every thread has read it.
-                mbar_wait(empty + 8 * slot, (u >> 1) & 1);
-                f8r_issue(p, walk, sRing + slot * F8R_SLOT, nvalid + slot, full + 8 * slot, maps);
+            if constexpr (RAW) {
+                // Every thread's P V(u - 1) is done with the V half (a warp's wgmma wait covers its
+                // own rows only; P_FREE counts all 256 threads).
+                if (u >= 1) mbar_wait(pfree, (u - 1) & 1);
+                f8r_dequant_v(sRing + slot * F8R_SLOT, scales_of(slot), sVh, nvalid[slot], tok, grp);
+                mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+                fence_proxy_async();            // V is read by wgmma (async proxy)
+                bar_sync(W3_WG1 + w, 128);      // the warpgroup's V half is written
+                if (issuer && walk.next(p, part)) {
+                    // Tile u + 2 into this slot once every thread has read it.
+                    mbar_wait(empty + 8 * slot, (u >> 1) & 1);
+                    w3_issue<RAW>(p, walk, sRing + slot * F8R_SLOT, nvalid + slot, full + 8 * slot, maps);
+                }
+                __syncwarp();
+            } else {
+                const int nv = nvalid[slot];  // the same in every thread: the branch is uniform
+                if (nv < BN) {
+                    w3_zero_tail(kst, nv, w, wtid);
+                    fence_proxy_async();        // V is read by wgmma (async proxy)
+                    bar_sync(W3_WG1 + w, 128);  // the warpgroup's rows are zeroed
+                }
             }
-            __syncwarp();
-            bar_sync(F8R_P_FULL, F8R_THREADS);  // P(u) and its rescale factors
+            bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors
             rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-            if (F8R_LAB != 3) pv_tile<bf16, 128>(o, dp, dv);
-            mbar_arrive(pfree);  // P(u), its factors and the V half are read
+            if (F8R_LAB != 3) pv_tile<T, 128>(o, dp, RAW ? dv : GmmaDesc(kst + 4 * w * SUB_BYTES, SUB_BYTES, 1024));
+            if constexpr (RAW) {
+                mbar_arrive(pfree);  // P(u), its factors and the V half are read
+            } else {
+                mbar_arrive(empty + 8 * slot);  // this thread's P V has read V in the slot
+                mbar_arrive(pfree);             // P(u) and its factors are read
+                if (issuer && walk.next(p, part)) {
+                    // Tile u + 2 into this slot once every thread is done with it.
+                    mbar_wait(empty + 8 * slot, (u >> 1) & 1);
+                    w3_issue<RAW>(p, walk, kst, nvalid + slot, full + 8 * slot, maps);
+                }
+                __syncwarp();
+            }
         }
-        bar_sync(F8R_FIN, F8R_THREADS);
-        f8r_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+        bar_sync(W3_FIN, W3_THREADS);
+        w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
     }
 }
 
