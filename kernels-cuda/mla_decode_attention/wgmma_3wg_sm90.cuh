@@ -52,6 +52,9 @@
 //   Q_READY      named, 384 (Q of the segment written)            WG1 / WG2 arrive, WG0 syncs
 //   FIN          named, 384 (s_fin of the segment written)        WG0 arrives, WG1 / WG2 sync
 //   WG1 / WG2    named, 128 (the warpgroup's V half written)      inside each warpgroup
+// Before each named arrival the arriving side also syncs among itself (BAR_WG0, or PV_PAIR for
+// warpgroups 1 and 2 together): racecheck takes a shared-memory access as ordered only by a
+// barrier its thread syncs, not by an arrive (the first GPU run reported s_alpha and s_pinv).
 // Each named barrier's next arrival comes only after the other side passed its sync (Q_READY
 // and FIN alternate around a segment; P_FULL(u + 1) needs P_FREE(u)), so no two generations
 // mix; P_FREE and EMPTY phases are waited on at most one phase ahead (the phase after needs the
@@ -108,8 +111,9 @@ struct RawMaps {
 };
 template <bool RAW> using W3Maps = typename Cond<RAW, RawMaps, TmaMap>::type;
 
-// Named barriers (0: __syncthreads; BAR_WG0 = 7 is wgmma_sm90.cuh's, unused here).
+// Named barriers (0: __syncthreads; BAR_WG0 = 7, warpgroup 0's own, is wgmma_sm90.cuh's).
 constexpr int W3_P_FULL = 1, W3_Q_READY = 2, W3_FIN = 3, W3_WG1 = 4;  // W3_WG1 + 1: warpgroup 2's
+constexpr int W3_PV_PAIR = 6;  // warpgroups 1 and 2 together (256)
 
 // S's latent part: D (m64n64, f32) += A (Q's e4m3 part, shared) x B (the codes, shared), k = 32.
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
@@ -443,10 +447,12 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
                     s_alpha[r_lo] = alpha[0];
                     s_alpha[r_lo + 8] = alpha[1];
                 }
-                fence_proxy_async();  // P is read by wgmma (async proxy)
+                fence_proxy_async();     // P is read by wgmma (async proxy)
+                bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
                 bar_arrive(W3_P_FULL, W3_THREADS);
             }
             store_fin(s_fin, l_run, m_run, r_lo, qd);
+            bar_sync(BAR_WG0, 128);  // (racecheck, as above; it also orders this segment's s_pinv reads)
             bar_arrive(W3_FIN, W3_THREADS);
         }
         return;
@@ -478,7 +484,8 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
             cp_async_commit();
             cp_async_wait<0>();
         }
-        fence_proxy_async();  // Q is read by wgmma (async proxy)
+        fence_proxy_async();         // Q is read by wgmma (async proxy)
+        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
         bar_arrive(W3_Q_READY, W3_THREADS);
         float o[128];
 #pragma unroll

@@ -55,14 +55,12 @@ fn auto_over_an_fp8_cache_takes_the_narrow_kernel_up_to_32_rows_and_the_64_row_k
         assert_eq!(auto(&H200, heads, DType::Fp8DsMla, 64).0, format!("{want}_tma"), "{heads} heads");
         assert_eq!(auto(&H200, heads, DType::Fp8DsMla, 16).0, want, "{heads} heads, BS 16");
     }
+    // Above 32 rows: the raw-ring kernel where the TMA reads the cache, else the dequantizing
+    // warpgroup's kernel.
     for (heads, blocks) in [(64, 1), (128, 2)] {
-        for bs in [1, 16, 64] {
+        for (bs, want) in [(1, "wgmma_fp8"), (16, "wgmma_fp8"), (64, "wgmma_fp8r"), (128, "wgmma_fp8r")] {
             let got = auto(&H200, heads, DType::Fp8DsMla, bs);
-            assert_eq!(
-                got,
-                ("wgmma_fp8", 64, blocks, wgmma_sm90::FP8_THREADS),
-                "{heads} heads, block size {bs}"
-            );
+            assert_eq!(got, (want, 64, blocks, wgmma_sm90::FP8_THREADS), "{heads} heads, block size {bs}");
         }
     }
 }
@@ -79,17 +77,19 @@ fn auto_over_an_fp8_cache_without_wgmma_takes_the_mma_kernels() {
 
 #[test]
 fn auto_over_a_16_bit_cache_keeps_the_wgmma_kernels_on_sm90() {
-    assert_eq!(auto(&H200, 128, DType::BF16, 64), ("wgmma_tma", 64, 2, 256));
+    // More than 32 rows through the TMA: the three-warpgroup kernel.
+    assert_eq!(auto(&H200, 128, DType::BF16, 64), ("wgmma_3wg", 64, 2, 384));
+    assert_eq!(auto(&H200, 40, DType::BF16, 128), ("wgmma_3wg", 64, 1, 384));
     // Two or more row blocks of a batch of 64+ through the TMA: the seesaw form, unless its
-    // flag is off; one row block, smaller batches and cp.async loads keep the one-consumer
-    // kernel.
+    // flag is off; one row block and smaller batches keep the three-warpgroup kernel, cp.async
+    // loads the two-warpgroup one.
     assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 64, true), ("wgmma_ss", 64, 2, 256));
     assert_eq!(auto_with(&H200, 128, DType::BF16, 128, 128, true), ("wgmma_ss", 64, 2, 256));
-    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 128, false), ("wgmma_tma", 64, 2, 256));
-    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 63, true), ("wgmma_tma", 64, 2, 256));
-    assert_eq!(auto_with(&H200, 64, DType::BF16, 64, 128, true), ("wgmma_tma", 64, 1, 256));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 128, false), ("wgmma_3wg", 64, 2, 384));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 63, true), ("wgmma_3wg", 64, 2, 384));
+    assert_eq!(auto_with(&H200, 64, DType::BF16, 64, 128, true), ("wgmma_3wg", 64, 1, 384));
     assert_eq!(auto_with(&H200, 128, DType::BF16, 16, 128, true), ("wgmma", 64, 2, 256));
-    assert_eq!(auto_with(&H200, 128, DType::Fp8DsMla, 64, 128, true).0, "wgmma_fp8");
+    assert_eq!(auto_with(&H200, 128, DType::Fp8DsMla, 64, 128, true).0, "wgmma_fp8r");
     assert_eq!(auto(&H200, 64, DType::BF16, 16).0, "wgmma");
     assert_eq!(auto(&H200, 16, DType::BF16, 64).0, "wgmma_n16_tma");
     assert_eq!(auto(&H200, 16, DType::BF16, 16).0, "mma16");
@@ -127,10 +127,11 @@ fn fp8_raw_maps_take_swizzled_32_word_boxes_and_4_word_scale_boxes() {
     );
 }
 
-/// The raw-ring kernel is forced only (Auto never takes it) and refuses what it cannot read:
-/// f16 queries, block sizes that 64 does not divide, the TMA flag off; each refusal names it.
+/// The raw-ring kernel is what Auto takes above 32 rows over an fp8 cache the TMA reads, and
+/// forced it refuses what it cannot read: f16 queries, block sizes that 64 does not divide, the
+/// TMA flag off; each refusal names it.
 #[test]
-fn raw_ring_kernel_is_forced_only_and_refuses_f16_small_blocks_and_no_tma() {
+fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_blocks_and_no_tma() {
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
@@ -150,10 +151,15 @@ fn raw_ring_kernel_is_forced_only_and_refuses_f16_small_blocks_and_no_tma() {
     let c = choose(&args(DType::BF16, 64), &H200, &forced, true, true).expect("bf16, BS 64, TMA");
     assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r", 64, 2));
     assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(true)));
-    for bs in [64, 128] {
-        let auto =
-            choose(&args(DType::BF16, bs), &H200, &DecodeOptions::default(), true, true).expect("a plan");
-        assert_eq!(auto.plan.kernel, "wgmma_fp8", "Auto at BS {bs}");
+    for (qdt, bs, tma, want) in [
+        (DType::BF16, 64, true, "wgmma_fp8r"),
+        (DType::BF16, 128, true, "wgmma_fp8r"),
+        (DType::F16, 64, true, "wgmma_fp8"),
+        (DType::BF16, 16, true, "wgmma_fp8"),
+        (DType::BF16, 64, false, "wgmma_fp8"),
+    ] {
+        let auto = choose(&args(qdt, bs), &H200, &DecodeOptions::default(), tma, true).expect("a plan");
+        assert_eq!(auto.plan.kernel, want, "Auto, {qdt:?} BS {bs} TMA {tma}");
     }
     for (qdt, bs, tma) in [(DType::F16, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
         let e = choose(&args(qdt, bs), &H200, &forced, tma, true).expect_err("refused").to_string();
@@ -164,11 +170,11 @@ fn raw_ring_kernel_is_forced_only_and_refuses_f16_small_blocks_and_no_tma() {
     assert!(e.contains("no sm_90a wgmma kernel"), "{e}");
 }
 
-/// The three-warpgroup kernel over a 16-bit cache is forced only and refuses what it cannot
-/// read: an fp8_ds_mla cache (the raw-ring kernel is its fp8 form), block sizes that 64 does
-/// not divide, the TMA flag off.
+/// The three-warpgroup kernel over a 16-bit cache: Auto's choice above 32 rows through the TMA;
+/// forced, it refuses what it cannot read: an fp8_ds_mla cache (the raw-ring kernel is its fp8
+/// form), block sizes that 64 does not divide, the TMA flag off.
 #[test]
-fn three_warpgroup_kernel_is_forced_only_and_refuses_fp8_small_blocks_and_no_tma() {
+fn three_warpgroup_kernel_refuses_fp8_small_blocks_and_no_tma() {
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
@@ -190,7 +196,7 @@ fn three_warpgroup_kernel_is_forced_only_and_refuses_fp8_small_blocks_and_no_tma
         assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg", 64, 2));
         assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(false)));
         let auto = choose(&args(dt, dt, 64), &H200, &DecodeOptions::default(), true, false).expect("a plan");
-        assert_eq!(auto.plan.kernel, "wgmma_tma", "Auto, {dt:?}");
+        assert_eq!(auto.plan.kernel, "wgmma_3wg", "Auto, {dt:?}");
     }
     for (cdt, bs, tma) in [(DType::Fp8DsMla, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
         let e =

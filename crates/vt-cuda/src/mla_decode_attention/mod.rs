@@ -15,15 +15,18 @@
 //! Kernel choice (bf16/f16 with D = 576, Dv = 512 and 16-byte aligned rows): on sm_90 the
 //! narrow wgmma kernel (16 or 32 rows per CTA, products transposed) when the query rows per
 //! sequence (s_q * N) are at most 32 and the cache is read through the TMA (block sizes that
-//! are multiples of 64), else the wgmma kernel (64 query rows per CTA) when they exceed 16,
-//! else the mma.sync kernel with 16 rows per CTA; elsewhere the mma.sync kernel (16, 32 or
-//! 64 rows per CTA).
+//! are multiples of 64), else, above 32 query rows through the TMA, the three-warpgroup wgmma
+//! kernel (64 query rows per CTA: S and the softmax in one warpgroup, P V split over two), else
+//! the two-warpgroup wgmma kernel (64 rows) when they exceed 16, else the mma.sync kernel with
+//! 16 rows per CTA; elsewhere the mma.sync kernel (16, 32 or 64 rows per CTA).
 //! f32, other head dims and unaligned views take the generic kernel; an fp8_ds_mla cache
 //! takes on sm_90 the narrow wgmma kernel's fp8 form at most 32 query rows (a producer warp
 //! fills a ring of raw rows, one TMA box a tile when 64 divides the block size, both products
 //! take the cache operand from registers, S^T as an fp8 product against the query split in two
-//! e4m3 parts) and the 64-row wgmma kernel's fp8 form (a third
-//! warpgroup dequantizing) above, elsewhere the mma.sync kernels.
+//! e4m3 parts), above that with bf16 queries through the TMA the three-warpgroup kernel's
+//! raw-ring form (S as an e4m3 product on the codes as loaded, V dequantized by the warpgroups
+//! that multiply it), else the 64-row wgmma kernel's fp8 form (a third warpgroup
+//! dequantizing), elsewhere the mma.sync kernels.
 //!
 //! This file is the dispatch (`choose`: which kernel, how many parts; `launches`: the
 //! argument block and the two launches). Each kernel family plans its main launch in its own
@@ -145,12 +148,12 @@ pub enum Kernel {
     WgmmaSeesaw,
     /// The 64-row wgmma kernel with three warpgroups over a 16-bit cache (sm_90a, block size a
     /// multiple of 64, TMA loads): warpgroup 0 computes S and the softmax, warpgroups 1 and 2
-    /// one half of P V each. Forced only: it has not run on a GPU yet.
+    /// one half of P V each.
     Wgmma3,
     /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
     /// queries, block size a multiple of 64, TMA loads): a two-slot ring of raw tiles, S as an
     /// e4m3 product against the query split into two e4m3 parts, V dequantized by the two
-    /// warpgroups that multiply it. Forced only: it has not run on a GPU yet.
+    /// warpgroups that multiply it.
     WgmmaFp8Raw,
 }
 
@@ -381,6 +384,24 @@ pub(crate) fn choose(
                 && wgmma_sm90::seesaw_ok(a, tma_flag) =>
         {
             Kernel::WgmmaSeesaw
+        }
+        // More than 32 query rows over a cache read through the TMA (block sizes that 64
+        // divides): the 64-row kernel with three warpgroups, S and the softmax in one, P V split
+        // over the other two (H200, same call as FlashMLA, 2026-12-05: 5-13% faster than the
+        // two-warpgroup kernel at every 64 / 128-head shape; over an fp8_ds_mla cache with bf16
+        // queries its raw-ring form, 19-23% faster than the dequantizing warpgroup's:
+        // docs/perf.md, "Eighteenth session").
+        Kernel::Auto
+            if info.wgmma
+                && m_total > 32
+                && fits(wgmma_sm90::w3_smem(fp8))
+                && (wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::fp8_raw_ok(a, tma_flag)) =>
+        {
+            if fp8 {
+                Kernel::WgmmaFp8Raw
+            } else {
+                Kernel::Wgmma3
+            }
         }
         // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
         // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third
