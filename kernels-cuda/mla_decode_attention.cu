@@ -39,7 +39,7 @@
 // - wgmma_3wg_sm90.cuh: mla_decode_wgmma_3wg_{bf16,f16} and mla_decode_wgmma_fp8r_bf16: 64
 //   query rows, three warpgroups (S and the softmax; two halves of P V), a two-slot TMA ring;
 //   over a 16-bit cache, and over an fp8_ds_mla cache with S as an e4m3 product on the raw codes
-//   and V dequantized by the warpgroups that multiply it (both forced only until measured).
+//   and V dequantized by the warpgroups that multiply it (Auto's choice above 32 rows via TMA).
 // A new kernel family is one header here (included below, its entry points instantiated
 // with their MLA_FACTS), one planning file and one dispatch arm on the host.
 //

@@ -1,15 +1,17 @@
 // MlaDecodeAttention, the 64-row wgmma kernels with three warpgroups (sm_90a only): one computes
 // S and the softmax, the other two one half of P V each. Two forms, planned by
-// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs (`three_wg`, `fp8_raw`); both forced only
-// (Kernel::Wgmma3, Kernel::WgmmaFp8Raw; `xtask bench decode --alt wgmma_3wg,wgmma_fp8r`) until
-// they have run on a GPU. Part of mla_decode_attention.cu.
+// crates/vt-cuda/src/mla_decode_attention/wgmma_sm90.rs (`three_wg`, `fp8_raw`); Auto's choice
+// above 32 query rows through the TMA (Kernel::Wgmma3, Kernel::WgmmaFp8Raw forced; `xtask bench
+// decode --alt wgmma_3wg,wgmma_fp8r`). Part of mla_decode_attention.cu.
 // - mla_decode_wgmma_3wg_{bf16,f16}: a 16-bit cache read through the TMA (64 divides the block
 //   size), two 72 KB stages, V read in place from the stage as in the two-warpgroup kernel.
 // - mla_decode_wgmma_fp8r_bf16: an fp8_ds_mla cache, S taken straight from the raw codes.
 //
 // Why (docs/perf.md, "Eighteenth session"): in the two-warpgroup 64-row kernel (wgmma_sm90.cuh)
 // warpgroup 0 runs S, the softmax and half of P V in sequence (~4800 cycles a tile against 2176 of
-// tensor work, sixteenth session); here warpgroup 0 does no P V, so S(u + 1) runs under P V(u).
+// tensor work, sixteenth session); here warpgroup 0 does no P V, so S(u + 1) runs under P V(u)
+// (H200: 5-13% faster at 64 and 128 heads; the fp8 form 19-23% faster than wgmma_fp8_sm90.cuh's,
+// bound by its V dequantization: perf.md's labs).
 // The first 64-row fp8 kernel (wgmma_fp8_sm90.cuh) keeps two 72 KB 16-bit stages, so no raw rows
 // fit beside them and one warpgroup holds them in registers: its loads wait on their own latency,
 // then on the dequantization (h64 b128 s4096: 340 us against 195 for the 16-bit cache). In the
