@@ -322,8 +322,7 @@ __device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales,
     }
 }
 
-// Warpgroup 0, 16-bit form: S = Q K^T over the stage at kst (36 HGMMA, Q and K K-major in
-// their 9 column blocks), as consumer_tiles; returns with the products complete.
+// Warpgroup 0, 16-bit form: S = Q K^T over the stage at kst (wgmma_sm90.cuh's qk_tile).
 template <typename T>
 __device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint32_t kst) {
     if (F8R_LAB == 2) {
@@ -331,17 +330,7 @@ __device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint
         for (int i = 0; i < 32; ++i) s[i] = 0.0f;
         return;
     }
-    const GmmaDesc dk(kst, 16, 1024);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < FD / 16; ++ks) {
-        // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
-        const uint32_t o16 = (uint32_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-        Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(s);
+    qk_tile<T>(s, dq, kst);
 }
 
 // Warpgroups 1 and 2, 16-bit form: zeroes rows [nv, 64) of the warpgroup's V columns (column

@@ -336,6 +336,23 @@ __device__ __forceinline__ void store_p_rows(uint32_t sp, const uint32_t (&pk)[1
     }
 }
 
+// S = Q K^T for one 64-token tile of a 64-row kernel: 36 wgmma m64n64k16, Q and the tile at kst
+// in their 9 K-major column blocks; returns with the products complete. Shared by consumer_tiles
+// and the three-warpgroup kernel's 16-bit form.
+template <typename T> __device__ __forceinline__ void qk_tile(float (&s)[32], const GmmaDesc& dq, uint32_t kst) {
+    const GmmaDesc dk(kst, 16, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < FD / 16; ++ks) {
+        // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
+        const uint32_t o16 = (uint32_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
+        Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(s);
+}
+
 // The causal limits of the two query rows a thread holds in a 64-row kernel (rows row0 + r_lo
 // and + 8 of the CTA): row s of the s_q query tokens sees the sequence's first len - s_q + s + 1
 // tokens; rows past m_total take the last token's limit. lim_min: the first row's.
@@ -449,17 +466,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         // (Three independent accumulator chains with a 128/384 column split measured
         // slower than this: see docs/perf.md.)
         float s[32];
-        const GmmaDesc dk(kst, 16, 1024);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < FD / 16; ++ks) {
-            // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
-            const uint32_t o16 = (uint32_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-            Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(s);
+        qk_tile<T>(s, dq, kst);
         if (TMA && t * BN + BN > sg.len) {
             // Rows past the sequence's last token came from a real page (the TMA copies
             // whole boxes) and may hold anything, NaN included: their weights are 0, but

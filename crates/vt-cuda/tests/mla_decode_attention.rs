@@ -409,10 +409,15 @@ fn three_warpgroup_kernel_matches_reference() {
 #[test]
 fn three_warpgroup_kernel_skips_out_of_range_block_ids() {
     let Some(g) = gpu() else { return };
+    tma_kernel_skips_blocks_2_and_5(&g, Kernel::Wgmma3);
+}
+
+/// `kernel` (a 64-row kernel reading whole 64-token pages through the TMA) on
+/// [`blocks_2_and_5_out_of_range`] at 64 heads, over one, three and every part.
+fn tma_kernel_skips_blocks_2_and_5(g: &Queue, kernel: Kernel) {
     let (c, x, want) = blocks_2_and_5_out_of_range(&[512, 100], 64, 64);
     for max_parts in [Some(1), Some(3), None] {
-        let opts = DecodeOptions { kernel: Kernel::Wgmma3, min_tiles: Some(1), max_parts };
-        run_gpu(&g, &c, &x, &want, &opts);
+        run_gpu(g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: Some(1), max_parts });
     }
 }
 
@@ -442,11 +447,7 @@ fn blocks_2_and_5_out_of_range(lens: &[i32], n: i64, bs: i64) -> (Case, Inputs, 
 #[test]
 fn seesaw_kernel_skips_out_of_range_block_ids() {
     let Some(g) = gpu() else { return };
-    let (c, x, want) = blocks_2_and_5_out_of_range(&[512, 100], 64, 64);
-    for max_parts in [Some(1), Some(3), None] {
-        let opts = DecodeOptions { kernel: Kernel::WgmmaSeesaw, min_tiles: Some(1), max_parts };
-        run_gpu(&g, &c, &x, &want, &opts);
-    }
+    tma_kernel_skips_blocks_2_and_5(&g, Kernel::WgmmaSeesaw);
 }
 
 #[test]

@@ -127,6 +127,24 @@ fn fp8_raw_maps_take_swizzled_32_word_boxes_and_4_word_scale_boxes() {
     );
 }
 
+/// Views over `mem` of a call with 2 sequences, s_q 1, 128 heads, `qdt` query and out, a cache
+/// of `cdt` (656-byte rows for fp8_ds_mla, else D = 576) with 8 blocks of `bs` tokens.
+fn heads_128_args(mem: &[u128], qdt: DType, cdt: DType, bs: i64) -> MlaDecodeAttentionArgs<'_> {
+    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
+        let s = contiguous_strides(shape);
+        crate::test_util::host_view(mem, dt, 0, shape, &s[..shape.len()])
+    };
+    MlaDecodeAttentionArgs {
+        out: view(qdt, &[2, 1, 128, 512]),
+        lse: None,
+        query: view(qdt, &[2, 1, 128, 576]),
+        cache: view(cdt, &[8, bs, if cdt == DType::Fp8DsMla { 656 } else { 576 }]),
+        block_table: view(DType::I32, &[2, 4]),
+        seq_lens: view(DType::I32, &[2]),
+        scale: 0.5,
+    }
+}
+
 /// The raw-ring kernel is what Auto takes above 32 rows over an fp8 cache the TMA reads, and
 /// forced it refuses what it cannot read: f16 queries, block sizes that 64 does not divide, the
 /// TMA flag off; each refusal names it.
@@ -134,19 +152,7 @@ fn fp8_raw_maps_take_swizzled_32_word_boxes_and_4_word_scale_boxes() {
 fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_blocks_and_no_tma() {
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
-    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
-        let s = contiguous_strides(shape);
-        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
-    };
-    let args = |qdt: DType, bs: i64| MlaDecodeAttentionArgs {
-        out: view(qdt, &[2, 1, 128, 512]),
-        lse: None,
-        query: view(qdt, &[2, 1, 128, 576]),
-        cache: view(DType::Fp8DsMla, &[8, bs, 656]),
-        block_table: view(DType::I32, &[2, 4]),
-        seq_lens: view(DType::I32, &[2]),
-        scale: 0.5,
-    };
+    let args = |qdt: DType, bs: i64| heads_128_args(&mem, qdt, DType::Fp8DsMla, bs);
     let forced = DecodeOptions { kernel: Kernel::WgmmaFp8Raw, ..DecodeOptions::default() };
     let c = choose(&args(DType::BF16, 64), &H200, &forced, true, true).expect("bf16, BS 64, TMA");
     assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r", 64, 2));
@@ -177,19 +183,7 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_bl
 fn three_warpgroup_kernel_refuses_fp8_small_blocks_and_no_tma() {
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
-    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
-        let s = contiguous_strides(shape);
-        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
-    };
-    let args = |qdt: DType, cdt: DType, bs: i64| MlaDecodeAttentionArgs {
-        out: view(qdt, &[2, 1, 128, 512]),
-        lse: None,
-        query: view(qdt, &[2, 1, 128, 576]),
-        cache: view(cdt, &[8, bs, if cdt == DType::Fp8DsMla { 656 } else { 576 }]),
-        block_table: view(DType::I32, &[2, 4]),
-        seq_lens: view(DType::I32, &[2]),
-        scale: 0.5,
-    };
+    let args = |qdt: DType, cdt: DType, bs: i64| heads_128_args(&mem, qdt, cdt, bs);
     let forced = DecodeOptions { kernel: Kernel::Wgmma3, ..DecodeOptions::default() };
     for dt in [DType::BF16, DType::F16] {
         let c = choose(&args(dt, dt, 64), &H200, &forced, true, true).expect("16-bit, BS 64, TMA");
