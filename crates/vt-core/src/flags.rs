@@ -5,6 +5,7 @@
 //! | `VT_MLA_FUSED_NORM_ROPE` | on | MLA block: one merged kv A-projection GEMM and one `FusedNormRope` launch instead of two GEMMs + `RmsNorm` + `RopeFromCache` (taken only where `FusedNormRope` is registered) |
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator (fp8_ds_mla, narrow kernel: one box a tile instead of a bulk copy per row); `0` restores the cp.async loads (per-row bulk copies for fp8_ds_mla) |
 //! | `VT_MLA_SEESAW` | off | CUDA MlaDecodeAttention (sm_90) over a 16-bit cache, more than 64 query rows, 64+ sequences, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): with `1` Auto takes the 64-row kernel with FlashMLA's seesaw schedule (`mla_decode_wgmma_ss`: both warpgroups compute S for alternate tiles, O split by columns) instead of the one-consumer kernel (`mla_decode_wgmma_tma`). Off: racecheck reports its arrive / sync hand-overs of the row maxima (docs/perf.md, "Fifteenth session") |
+//! | `VT_MLA_3WG` | on | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): Auto takes the 64-row kernel with three warpgroups (`mla_decode_wgmma_3wg`: S and the softmax in one, P V split over two; over an fp8_ds_mla cache with bf16 queries its raw-ring form `mla_decode_wgmma_fp8r`); `0` restores the two-warpgroup kernels (`mla_decode_wgmma_tma`, `mla_decode_wgmma_fp8`) |
 //! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (measured 2.1-2.5x faster than the Wgmma kernel on the H200 at q_b); off by default: its graph-replay test passes, but racecheck reports hazards inside cuBLASLt's own kernels; `1` turns it on |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
@@ -32,10 +33,11 @@ pub enum Flag {
     Pdl,
     SkinnyTma,
     MlaSeesaw,
+    Mla3wg,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 10] = [
+    pub const ALL: [Flag; 11] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -46,6 +48,7 @@ impl Flag {
         Flag::Pdl,
         Flag::SkinnyTma,
         Flag::MlaSeesaw,
+        Flag::Mla3wg,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -60,6 +63,7 @@ impl Flag {
             Flag::Pdl => "VT_PDL",
             Flag::SkinnyTma => "VT_SKINNY_TMA",
             Flag::MlaSeesaw => "VT_MLA_SEESAW",
+            Flag::Mla3wg => "VT_MLA_3WG",
         }
     }
 
@@ -80,6 +84,8 @@ impl Flag {
             Flag::SkinnyTma => true,
             // Off until racecheck is clean over it (docs/perf.md, "Fifteenth session").
             Flag::MlaSeesaw => false,
+            // Measured faster at every 64 / 128-head shape (docs/perf.md, "Eighteenth session").
+            Flag::Mla3wg => true,
         }
     }
 
@@ -186,6 +192,11 @@ pub fn skinny_tma() -> bool {
 /// `VT_MLA_SEESAW`.
 pub fn mla_seesaw() -> bool {
     get(Flag::MlaSeesaw)
+}
+
+/// `VT_MLA_3WG`.
+pub fn mla_three_wg() -> bool {
+    get(Flag::Mla3wg)
 }
 
 /// `VT_PDL`.

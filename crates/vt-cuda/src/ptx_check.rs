@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use vt_core::*;
 
 use crate::launch::{Arg, Launch, TensorMapSpec};
-use crate::mla_decode_attention::{self as decode, DecodeOptions, DeviceInfo, Kernel};
+use crate::mla_decode_attention::{self as decode, ChoiceFlags, DecodeOptions, DeviceInfo, Kernel};
 use crate::nvrtc::{self, Target};
 
 /// One `.param` of a PTX entry.
@@ -290,7 +290,7 @@ fn samples(dt: DType) -> Result<Samples> {
             scale: 0.5,
         };
         let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
-        let c = decode::choose(&a, &info, &opts, tma, true)?;
+        let c = decode::choose(&a, &info, &opts, ChoiceFlags::new(tma, true))?;
         add(
             format!("MlaDecodeAttention ({})", c.plan.kernel),
             decode::launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,
@@ -328,7 +328,7 @@ fn samples(dt: DType) -> Result<Samples> {
                 let stride = slot_stride(&a.cache).expect("a whole cache has the block-size-1 view");
                 let da = decode_args(&a, stride, f.t(DType::I32, &[3], &[0]))?;
                 let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
-                let c = decode::choose(&da, &info, &opts, false, true)?;
+                let c = decode::choose(&da, &info, &opts, ChoiceFlags::new(false, true))?;
                 add(
                     format!("SparseMlaAttention (decode {})", c.plan.kernel),
                     decode::launches(&da, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,

@@ -4,7 +4,7 @@
 
 use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
-use super::{choose, wgmma_sm90, DecodeOptions, DeviceInfo, MAX_SMEM};
+use super::{choose, wgmma_sm90, ChoiceFlags, DecodeOptions, DeviceInfo, MAX_SMEM};
 
 const H200: DeviceInfo = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM };
 const SM80_LARGE: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM };
@@ -42,7 +42,7 @@ fn auto_with(
         seq_lens: view(DType::I32, &[b]),
         scale: 0.5,
     };
-    let c = choose(&a, info, &DecodeOptions::default(), true, seesaw).expect("a plan");
+    let c = choose(&a, info, &DecodeOptions::default(), ChoiceFlags::new(true, seesaw)).expect("a plan");
     (c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks, c.main.threads)
 }
 
@@ -154,7 +154,8 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_bl
     let mem = vec![0u128; 1 << 16];
     let args = |qdt: DType, bs: i64| heads_128_args(&mem, qdt, DType::Fp8DsMla, bs);
     let forced = DecodeOptions { kernel: Kernel::WgmmaFp8Raw, ..DecodeOptions::default() };
-    let c = choose(&args(DType::BF16, 64), &H200, &forced, true, true).expect("bf16, BS 64, TMA");
+    let c = choose(&args(DType::BF16, 64), &H200, &forced, ChoiceFlags::new(true, true))
+        .expect("bf16, BS 64, TMA");
     assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r", 64, 2));
     assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(true)));
     for (qdt, bs, tma, want) in [
@@ -164,15 +165,19 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_bl
         (DType::BF16, 16, true, "wgmma_fp8"),
         (DType::BF16, 64, false, "wgmma_fp8"),
     ] {
-        let auto = choose(&args(qdt, bs), &H200, &DecodeOptions::default(), tma, true).expect("a plan");
+        let auto = choose(&args(qdt, bs), &H200, &DecodeOptions::default(), ChoiceFlags::new(tma, true))
+            .expect("a plan");
         assert_eq!(auto.plan.kernel, want, "Auto, {qdt:?} BS {bs} TMA {tma}");
     }
     for (qdt, bs, tma) in [(DType::F16, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
-        let e = choose(&args(qdt, bs), &H200, &forced, tma, true).expect_err("refused").to_string();
+        let e = choose(&args(qdt, bs), &H200, &forced, ChoiceFlags::new(tma, true))
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("raw-ring fp8 kernel needs bf16 queries"), "{qdt:?} BS {bs} TMA {tma}: {e}");
     }
-    let e =
-        choose(&args(DType::BF16, 64), &SM80_LARGE, &forced, true, true).expect_err("no wgmma").to_string();
+    let e = choose(&args(DType::BF16, 64), &SM80_LARGE, &forced, ChoiceFlags::new(true, true))
+        .expect_err("no wgmma")
+        .to_string();
     assert!(e.contains("no sm_90a wgmma kernel"), "{e}");
 }
 
@@ -186,15 +191,34 @@ fn three_warpgroup_kernel_refuses_fp8_small_blocks_and_no_tma() {
     let args = |qdt: DType, cdt: DType, bs: i64| heads_128_args(&mem, qdt, cdt, bs);
     let forced = DecodeOptions { kernel: Kernel::Wgmma3, ..DecodeOptions::default() };
     for dt in [DType::BF16, DType::F16] {
-        let c = choose(&args(dt, dt, 64), &H200, &forced, true, true).expect("16-bit, BS 64, TMA");
+        let c = choose(&args(dt, dt, 64), &H200, &forced, ChoiceFlags::new(true, true))
+            .expect("16-bit, BS 64, TMA");
         assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg", 64, 2));
         assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(false)));
-        let auto = choose(&args(dt, dt, 64), &H200, &DecodeOptions::default(), true, false).expect("a plan");
+        let auto = choose(&args(dt, dt, 64), &H200, &DecodeOptions::default(), ChoiceFlags::new(true, false))
+            .expect("a plan");
         assert_eq!(auto.plan.kernel, "wgmma_3wg", "Auto, {dt:?}");
     }
     for (cdt, bs, tma) in [(DType::Fp8DsMla, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
-        let e =
-            choose(&args(DType::BF16, cdt, bs), &H200, &forced, tma, true).expect_err("refused").to_string();
+        let e = choose(&args(DType::BF16, cdt, bs), &H200, &forced, ChoiceFlags::new(tma, true))
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("three-warpgroup kernel needs a 16-bit cache"), "{cdt:?} BS {bs} TMA {tma}: {e}");
+    }
+}
+
+/// `VT_MLA_3WG` off restores the two-warpgroup kernels above 32 rows, over both caches.
+#[test]
+fn three_warpgroup_flag_off_restores_the_two_warpgroup_kernels() {
+    let mem = vec![0u128; 1 << 16];
+    let off = ChoiceFlags { three_wg: false, ..ChoiceFlags::new(true, false) };
+    for (qdt, cdt, want) in [
+        (DType::BF16, DType::BF16, "wgmma_tma"),
+        (DType::F16, DType::F16, "wgmma_tma"),
+        (DType::BF16, DType::Fp8DsMla, "wgmma_fp8"),
+    ] {
+        let c = choose(&heads_128_args(&mem, qdt, cdt, 64), &H200, &DecodeOptions::default(), off)
+            .expect("a plan");
+        assert_eq!(c.plan.kernel, want, "{qdt:?} over {cdt:?}");
     }
 }

@@ -20,8 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
 use super::{
-    choose, combine, generic, launches, mma_sm80, wgmma_sm90, DecodeOptions, DeviceInfo, Kernel, Params,
-    FAST_D, FAST_DV, SRC, TILE_TOKENS,
+    choose, combine, generic, launches, mma_sm80, wgmma_sm90, ChoiceFlags, DecodeOptions, DeviceInfo, Kernel,
+    Params, FAST_D, FAST_DV, SRC, TILE_TOKENS,
 };
 use crate::nvrtc::{self, Target};
 
@@ -261,8 +261,13 @@ fn host_planning_facts_match_the_kernel_headers() {
             seq_lens: view(DType::I32, &[b]),
             scale: 0.5,
         };
-        let c = choose(&a, &info, &DecodeOptions { kernel, ..DecodeOptions::default() }, tma, true)
-            .expect("a plan");
+        let c = choose(
+            &a,
+            &info,
+            &DecodeOptions { kernel, ..DecodeOptions::default() },
+            ChoiceFlags::new(tma, true),
+        )
+        .expect("a plan");
         let ls = launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40)).expect("launches");
         let m_total = heads;
         let (main, comb) = (&ls[0], &ls[1]);

@@ -272,7 +272,9 @@ pub fn mla_decode_attention_with(
     }
     let info = device_info(cq, q.device().ordinal)?;
     let tma = vt_core::flags::mla_decode_tma();
-    let c = choose(a, &info, opts, tma, vt_core::flags::mla_seesaw())?;
+    let flags =
+        ChoiceFlags { tma, seesaw: vt_core::flags::mla_seesaw(), three_wg: vt_core::flags::mla_three_wg() };
+    let c = choose(a, &info, opts, flags)?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
     cq.run(OP, &launches(a, &c, &info, ws)?)?;
     Ok(c.plan)
@@ -326,16 +328,35 @@ pub(crate) struct Choice {
     combine_wpr: i64,
 }
 
+/// The `VT_*` flags [`choose`] follows, passed in so that the choice tests do not depend on
+/// the environment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChoiceFlags {
+    /// `VT_MLA_DECODE_TMA`: the cache may be read through the TMA.
+    pub tma: bool,
+    /// `VT_MLA_SEESAW` (Auto only).
+    pub seesaw: bool,
+    /// `VT_MLA_3WG` (Auto only): the three-warpgroup kernels above 32 query rows.
+    pub three_wg: bool,
+}
+
+impl ChoiceFlags {
+    /// `tma` and `seesaw` as given, the other flags at their defaults.
+    #[cfg(test)]
+    pub(crate) fn new(tma: bool, seesaw: bool) -> ChoiceFlags {
+        ChoiceFlags { tma, seesaw, three_wg: true }
+    }
+}
+
 /// The kernel, its shared memory and the number of parts for a call with `b > 0` sequences
-/// and `s_q * N > 0` query rows on a device described by `info`; `tma_flag`: the
-/// `VT_MLA_DECODE_TMA` flag; `seesaw_flag`: `VT_MLA_SEESAW` (Auto only).
+/// and `s_q * N > 0` query rows on a device described by `info`, following `flags`.
 pub(crate) fn choose(
     a: &MlaDecodeAttentionArgs<'_>,
     info: &DeviceInfo,
     opts: &DecodeOptions,
-    tma_flag: bool,
-    seesaw_flag: bool,
+    flags: ChoiceFlags,
 ) -> Result<Choice> {
+    let ChoiceFlags { tma: tma_flag, seesaw: seesaw_flag, three_wg: three_wg_flag } = flags;
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
     let fits = |bytes: u32| bytes <= info.smem_optin;
@@ -393,6 +414,7 @@ pub(crate) fn choose(
         // docs/perf.md, "Eighteenth session").
         Kernel::Auto
             if info.wgmma
+                && three_wg_flag
                 && m_total > 32
                 && fits(wgmma_sm90::w3_smem(fp8))
                 && (wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::fp8_raw_ok(a, tma_flag)) =>
