@@ -338,28 +338,43 @@ fn every_wgmma_kernel_gives_parts_whole_sequences() {
 #[test]
 fn seesaw_kernel_matches_reference_for_odd_and_even_tile_counts() {
     let Some(g) = gpu() else { return };
-    let lens = [1, 64, 65, 128, 200, 256, 300, 0, 129, 1000];
-    for (n, bs, s_q, dtype, pad) in [
+    let cases = [
         (64, 64, 1, DType::BF16, 0),
         (128, 64, 1, DType::BF16, 8),
         (40, 128, 1, DType::BF16, 0),
         (64, 128, 2, DType::BF16, 0),
         (32, 64, 2, DType::F16, 0),
         (128, 64, 1, DType::F16, 0),
-    ] {
+    ];
+    tma_kernel_matches_reference_on_cases(&g, Kernel::WgmmaSeesaw, &cases);
+}
+
+/// The schedules the TMA 64-row kernels' tests run: whole-sequence, one part, seven parts, cut.
+const TMA_SCHEDULES: [(Option<u32>, Option<u32>); 4] =
+    [(None, None), (Some(1), Some(1)), (Some(1), Some(7)), (Some(1), Some(1000))];
+
+/// `kernel` forced on each (heads, block size, s_q, dtype, row padding) case over mixed lengths
+/// (one to many tiles, empty sequences, rows past a sequence's last token in a real page) and
+/// every schedule of [`TMA_SCHEDULES`], against the CPU; returns the plans that ran.
+fn tma_kernel_matches_reference_on_cases(
+    g: &Queue,
+    kernel: Kernel,
+    cases: &[(i64, i64, i64, DType, i64)],
+) -> Vec<String> {
+    let lens = [1, 64, 65, 128, 200, 256, 300, 0, 129, 1000];
+    let mut ran = Vec::new();
+    for &(n, bs, s_q, dtype, pad) in cases {
         let mut c = Case::mla(&lens, n, bs);
         c.s_q = s_q;
         c.dtype = dtype;
         c.pad = pad;
         let x = inputs(&c);
         let want = reference(&c, &x);
-        for (min_tiles, max_parts) in
-            [(None, None), (Some(1), Some(1)), (Some(1), Some(7)), (Some(1), Some(1000))]
-        {
-            let opts = DecodeOptions { kernel: Kernel::WgmmaSeesaw, min_tiles, max_parts };
-            run_gpu(&g, &c, &x, &want, &opts);
+        for (min_tiles, max_parts) in TMA_SCHEDULES {
+            ran.extend(run_gpu(g, &c, &x, &want, &DecodeOptions { kernel, min_tiles, max_parts }));
         }
     }
+    ran
 }
 
 /// The three-warpgroup kernel (TMA loads: block sizes 64 and 128; warpgroup 0 computes S and
@@ -371,8 +386,6 @@ fn seesaw_kernel_matches_reference_for_odd_and_even_tile_counts() {
 #[test]
 fn three_warpgroup_kernel_matches_reference() {
     let Some(g) = gpu() else { return };
-    let lens = [1, 64, 65, 128, 200, 256, 300, 0, 129, 1000];
-    let mut ran = 0;
     let cases = [
         (64, 64, 1, DType::BF16, 0),
         (128, 64, 1, DType::BF16, 8),
@@ -381,25 +394,11 @@ fn three_warpgroup_kernel_matches_reference() {
         (32, 64, 4, DType::F16, 0),
         (128, 64, 1, DType::F16, 0),
     ];
-    let schedules = [(None, None), (Some(1), Some(1)), (Some(1), Some(7)), (Some(1), Some(1000))];
-    for (n, bs, s_q, dtype, pad) in cases {
-        let mut c = Case::mla(&lens, n, bs);
-        c.s_q = s_q;
-        c.dtype = dtype;
-        c.pad = pad;
-        let x = inputs(&c);
-        let want = reference(&c, &x);
-        for (min_tiles, max_parts) in schedules {
-            let opts = DecodeOptions { kernel: Kernel::Wgmma3, min_tiles, max_parts };
-            if let Some(plan) = run_gpu(&g, &c, &x, &want, &opts) {
-                assert!(plan.starts_with("wgmma_3wg"), "{plan}");
-                ran += 1;
-            }
-        }
-    }
+    let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3, &cases);
+    assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg")), "{ran:?}");
     // On sm_90 the kernel takes every case here: an error must not pass as a skip.
     if g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm()) == 90 {
-        assert_eq!(ran, cases.len() * schedules.len(), "every case ran");
+        assert_eq!(ran.len(), cases.len() * TMA_SCHEDULES.len(), "every case ran");
     } else {
         println!("SKIP: no sm_90a device, the three-warpgroup kernel does not run here");
     }
