@@ -560,8 +560,8 @@ fn cell(
                 row.sk8_us =
                     Some(time(bench, iters, || matmul_bt_fp8_with_options(q, &w8, &sk8).map(|_| ()))?);
             }
-            // Our tensor-core kernel, forced on sm_90 (Auto takes cuBLASLt there under
-            // VT_FP8_LT=1: the `lt` column below), Auto elsewhere (Mma on sm_89/100).
+            // Our tensor-core kernel, forced on sm_90 (Auto takes cuBLASLt there unless
+            // VT_FP8_LT=0: the `lt` column below), Auto elsewhere (Mma on sm_89/100).
             let ours = if q.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90) {
                 Kernel::Wgmma
             } else {

@@ -23,7 +23,8 @@
 //!   1 x 128 groups first (QuantizeFp8, into the workspace) and run both operands in fp8 (the
 //!   fp8 tensor rate). A step's numerics so depend on its token count, as in the seeds. The
 //!   scales are stored `[ceil(K/128), tokens]` (per token column-major), the layout
-//!   cuBLASLt's block-scaled GEMM reads, so MatmulBTFp8's Auto may take it (`VT_FP8_LT`).
+//!   cuBLASLt's block-scaled GEMM reads, so MatmulBTFp8's Auto takes it where its other rules
+//!   hold (M a multiple of 4, ...; `VT_FP8_LT`, on by default: `0` keeps the Wgmma kernel).
 //! - Tensor parallelism: a rank's rows (or columns) of an fp8 weight keep their scale rows
 //!   (columns) when the slice starts at a multiple of 128 on every rank; otherwise that
 //!   weight is dequantized for every rank (`tp::shard_weights`).

@@ -249,9 +249,9 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
         let tol = if dt == DType::F32 { 1e-4 } else { 2e-2 };
         // Decode-sized steps (16-bit activations) match the dequantized weights; a prefill of
         // 2 x 160 tokens quantizes its activations (both operands fp8), and so does one of
-        // 2 x 65: 130 rows, not a multiple of 4, which cuBLASLt refuses (under VT_FP8_LT=1 on
-        // the GPU kv_b / o_proj then run the Wgmma kernel on the same [KB, M] scales, the
-        // 320-row prefill cuBLASLt). `gpu`: GPU vs CPU.
+        // 2 x 65: 130 rows, not a multiple of 4, which cuBLASLt refuses (on the GPU, with
+        // VT_FP8_LT on, the default, kv_b / o_proj then run the Wgmma kernel on the same
+        // [KB, M] scales, the 320-row prefill cuBLASLt). `gpu`: GPU vs CPU.
         for (t, sch, bound, gpu) in [
             (40, "prefill:8,decode:4,prefill:20,decode:8".to_string(), tol, tol),
             (160, "prefill:160".to_string(), ACT_QUANT_TOLERANCE, GPU_ACT_QUANT_TOLERANCE),

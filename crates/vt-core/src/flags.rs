@@ -6,7 +6,7 @@
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator (fp8_ds_mla, narrow kernel: one box a tile instead of a bulk copy per row); `0` restores the cp.async loads (per-row bulk copies for fp8_ds_mla) |
 //! | `VT_MLA_SEESAW` | off | CUDA MlaDecodeAttention (sm_90) over a 16-bit cache, more than 64 query rows, 64+ sequences, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): with `1` Auto takes the 64-row kernel with FlashMLA's seesaw schedule (`mla_decode_wgmma_ss`: both warpgroups compute S for alternate tiles, O split by columns) instead of the one-consumer kernel (`mla_decode_wgmma_tma`). Off: racecheck reports its arrive / sync hand-overs of the row maxima (docs/perf.md, "Fifteenth session") |
 //! | `VT_MLA_3WG` | on | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): Auto takes the 64-row kernel with three warpgroups (`mla_decode_wgmma_3wg`: S and the softmax in one, P V split over two; over an fp8_ds_mla cache with bf16 queries its raw-ring form `mla_decode_wgmma_fp8r`); `0` restores the two-warpgroup kernels (`mla_decode_wgmma_tma`, `mla_decode_wgmma_fp8`) |
-//! | `VT_FP8_LT` | off | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (measured 2.1-2.5x faster than the Wgmma kernel on the H200 at q_b); off by default: its graph-replay test passes, but racecheck reports hazards inside cuBLASLt's own kernels; `1` turns it on |
+//! | `VT_FP8_LT` | on | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (on the H200 at M 4096 1.9-3.5x faster than the Wgmma kernel and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b, o_proj; its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels, none in ours: docs/perf.md, "Nineteenth session"); `0` restores the Wgmma kernel |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
 //! | `VT_SKINNY_GEMM16` | off | CUDA MatmulBT / BatchedMatmul with 16-bit weights: Auto takes the skinny kernel up to M 128 too (A/B against cuBLAS in a decode step; with it off they stay on cuBLAS, which was ahead or tied at every measured shape alone) |
@@ -72,8 +72,9 @@ impl Flag {
             Flag::MlaFusedNormRope => true,
             Flag::MlaDecodeTma => true,
             Flag::SkinnyGemm => true,
-            // Off: racecheck reports hazards inside cuBLASLt's kernels (docs/perf.md, Lt).
-            Flag::Fp8Lt => false,
+            // Measured faster than Wgmma and bf16 cuBLAS at every large-M projection; racecheck's
+            // reports are inside cuBLASLt's own kernels (docs/perf.md, "Nineteenth session").
+            Flag::Fp8Lt => true,
             // Measured faster on the H200 at every decode shape (docs/perf.md, "Decode-step fusions").
             Flag::FuseDecodeQuery => true,
             Flag::FuseCacheWrite => true,
@@ -228,5 +229,11 @@ mod tests {
         assert_eq!(get(Flag::MlaFusedNormRope), !env);
         set_override(Flag::MlaFusedNormRope, None);
         assert_eq!(get(Flag::MlaFusedNormRope), env);
+    }
+
+    #[test]
+    fn fp8_lt_is_on_by_default() {
+        assert!(Flag::Fp8Lt.default_value());
+        assert!(invalid_value_message(Flag::Fp8Lt, "2").ends_with("keeping the default (on)"));
     }
 }

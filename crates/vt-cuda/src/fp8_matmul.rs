@@ -30,9 +30,10 @@
 //! - **Auto** picks Skinny for weight-only up to the M limit of
 //!   [`crate::skinny_gemm::auto_max_m`] (`VT_SKINNY_GEMM` on; M <= 128), else Gemv for
 //!   weight-only; for both-fp8, Lt where
-//!   it applies under `VT_FP8_LT` (off by default: the H200 measured it 2.1-2.5x faster than
-//!   Wgmma at q_b M 128 / 4096 and 1.5x at 8192^3, and its graph-replay test passes, but
-//!   racecheck reports hazards inside cuBLASLt's own kernels), else Wgmma (sm_90) or
+//!   it applies unless `VT_FP8_LT=0` (on by default: at M 4096 the H200 measured it
+//!   1.9-3.5x faster than Wgmma and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b and o_proj,
+//!   its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels,
+//!   none in ours: docs/perf.md, "Nineteenth session"), else Wgmma (sm_90) or
 //!   Mma when the views allow, else Generic.
 
 use std::collections::HashMap;
@@ -702,7 +703,8 @@ fn run_problem(q: &Queue, p: &Problem, opts: &Fp8Options) -> Result<Kernel> {
             crate::cublaslt::matmul(q, cq, p.op, &g)?;
             return Ok(Kernel::Lt);
         }
-        // VT_FP8_LT (off by default): faster than Wgmma on the H200, capture not yet re-checked.
+        // VT_FP8_LT (on by default; `0` keeps Wgmma / Mma): faster than Wgmma and bf16 cuBLAS
+        // at large M on the H200, its graph replay passes (docs/perf.md, "Nineteenth session").
         Kernel::Auto if p.a_scale.is_some() && vt_core::flags::fp8_lt() => {
             if let Ok(g) = p.lt_plan(dev.sm) {
                 if crate::cublaslt::supported(q, cq, p.op, &g)? {

@@ -12,7 +12,8 @@
 //! - The fp8 block-scaled matmuls (MatmulBTFp8, BatchedMatmulFp8) and QuantizeFp8 are
 //!   kernels of `kernels-cuda/fp8_matmul.cu` (see [`fp8_matmul`]): a weight-streaming
 //!   kernel for weight-only decode, an e4m3 tensor-core kernel when both operands are fp8;
-//!   or cuBLASLt's block-scaled fp8 GEMM (`cublaslt.rs`, where its layouts hold; `VT_FP8_LT`).
+//!   or cuBLASLt's block-scaled fp8 GEMM (`cublaslt.rs`, where its layouts hold; `VT_FP8_LT`,
+//!   on by default: `0` keeps the tensor-core kernel).
 //! - Every other op is a kernel in `kernels-cuda/`, compiled at run time by NVRTC for the
 //!   device's architecture and cached on disk (see [`nvrtc`]).
 //! - No op allocates device memory, reads device memory back or waits for the device: a

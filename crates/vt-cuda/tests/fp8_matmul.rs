@@ -4,8 +4,8 @@
 //! must stay NaN), non-contiguous views (row-strided activations and outputs, a tensor-
 //! parallel row slice of a weight with its scale rows), N and K not multiples of 128, and
 //! M = 1, 7, 128 and 4096; cuBLASLt (`Kernel::Lt`) in its own layouts, its refusals, Auto
-//! under `VT_FP8_LT`, and a graph replay. QuantizeFp8 must match byte for byte. Each test prints a SKIP
-//! line and passes when no CUDA device is present.
+//! with `VT_FP8_LT` at its default (on), on and off, and a graph replay. QuantizeFp8 must
+//! match byte for byte. Each test prints a SKIP line and passes when no CUDA device is present.
 
 mod common;
 
@@ -445,15 +445,20 @@ fn lt_other_outputs() {
     assert!(failed.is_empty(), "Lt failed for {} outputs", failed.join(", "));
 }
 
-/// Auto takes Lt only under `VT_FP8_LT` (off by default), and only where the layouts fit.
+/// Auto takes Lt where the layouts fit unless `VT_FP8_LT` is off (on by default); off, or
+/// outside Lt's rules, it runs another kernel on the same views.
 #[test]
-fn auto_takes_lt_only_when_the_flag_is_on() {
+fn auto_takes_lt_unless_the_flag_is_off() {
     let _gpu = shared();
     let Some((_c, g)) = cuda() else { return };
     if lt_skip(&g) {
         return;
     }
-    use vt_core::flags::{set_override, Flag};
+    use vt_core::flags::{parse_bool, set_override, Flag};
+    // No override: the environment's value, else the default (on).
+    set_override(Flag::Fp8Lt, None);
+    let env = std::env::var("VT_FP8_LT").ok().and_then(|v| parse_bool(&v));
+    let default = lt_case(Kernel::Auto, DType::BF16, (256, 512, 1024), 1024, 0);
     set_override(Flag::Fp8Lt, Some(false));
     let off = lt_case(Kernel::Auto, DType::BF16, (256, 512, 1024), 1024, 0);
     set_override(Flag::Fp8Lt, Some(true));
@@ -466,6 +471,8 @@ fn auto_takes_lt_only_when_the_flag_is_on() {
     // with the flag on, and matches.
     matmul_case(Kernel::Auto, DType::BF16, 7, 200, 400, 400, 0, true);
     set_override(Flag::Fp8Lt, None);
+    let expect = if env.unwrap_or(true) { Kernel::Lt } else { Kernel::Wgmma };
+    assert_eq!(default, Some(expect), "VT_FP8_LT from the environment: {env:?}");
     assert_eq!(off, Some(Kernel::Wgmma));
     assert_eq!(on, Some(Kernel::Lt));
     assert_eq!((odd, even), (Some(Kernel::Wgmma), Some(Kernel::Lt)));

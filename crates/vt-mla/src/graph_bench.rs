@@ -519,7 +519,7 @@ pub fn command(
         };
         println!(
             "fp8 weights: {step}; the prefills that fill the cache quantize their activations (both operands fp8; \
-             cuBLASLt where VT_FP8_LT is on: {})",
+             cuBLASLt unless VT_FP8_LT=0 (default on): {})",
             on_off(vt_core::flags::fp8_lt())
         );
     }
