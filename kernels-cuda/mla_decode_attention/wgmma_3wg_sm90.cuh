@@ -77,10 +77,9 @@
 #ifndef F8R_LAB
 #define F8R_LAB 0
 #endif
-// 1: the fp8 form dequantizes V(u + 1) under P V(u) (f8r_pv_loop; not yet run on a GPU, so a
-// lab build through VT_CUDA_KERNELS_DIR); 0: after it (the eighteenth session's loop).
-#ifndef F8R_PIPE
-#define F8R_PIPE 0
+// 1: f8r_dequant_v loads each unit of codes one unit ahead (lab build for the A/B).
+#ifndef F8R_AHEAD
+#define F8R_AHEAD 0
 #endif
 namespace mla {
 
@@ -304,11 +303,51 @@ __device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales,
     const int h = grp & 1;
     const uint32_t dst = sVh + 2 * h * SUB_BYTES, src = raw + grp * F8R_BOX + tok * 128;
     const bool live = tok < nv;
+#if F8R_AHEAD
+    // Each unit's codes are loaded one unit ahead (the first before the scale's arithmetic): the
+    // nineteenth session's ncu run put 22% of warpgroups 1 and 2's stall samples on the first
+    // use of each lds128 here (short scoreboard), with 4 registers free for anything more.
+    auto unit_addr = [&](int cc) { return src + (((cc ^ (6 * h)) ^ (tok & 7)) << 4); };
+    uint4 cur = live ? lds128(unit_addr(0)) : make_uint4(0u, 0u, 0u, 0u);
+#endif
     const float sc = live ? scales[tok * 4 + grp] : 0.0f;
     // Warp-uniform: the one-multiply form unless a lane's scale is >= 2^7 (or NaN).
     const bool one = __all_sync(0xffffffffu, sc < 0x1p7f);
     if (F8R_LAB == 1) return;
     const Bf16Factor f = bf16_factor(sc, one);
+#if F8R_AHEAD
+    if (!live) {
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc) {
+            const int c = cc ^ (6 * h);
+            const uint32_t o = dst + (c >> 2) * SUB_BYTES;
+            st_shared_v4_zero(o + swz(tok, 2 * (c & 3)));
+            st_shared_v4_zero(o + swz(tok, 2 * (c & 3) + 1));
+        }
+        return;
+    }
+    // The warp-uniform `one` is taken once, outside the loop (it was a branch per dequant8).
+    auto units = [&](bool one_c) {
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc) {
+            const int c = cc ^ (6 * h);  // codes 16 c .. 16 c + 15 of the group
+            const uint32_t o = dst + (c >> 2) * SUB_BYTES;
+            const uint4 w = cur;
+            if (cc + 1 < 8) cur = lds128(unit_addr(cc + 1));
+            uint32_t out[4];
+            dequant8<bf16>(w.x, w.y, sc, f, one_c, out);
+            st_shared_v4(o + swz(tok, 2 * (c & 3)), out);
+            dequant8<bf16>(w.z, w.w, sc, f, one_c, out);
+            st_shared_v4(o + swz(tok, 2 * (c & 3) + 1), out);
+        }
+    };
+    if (one) {
+        units(true);
+    } else {
+        units(false);
+    }
+    return;
+#endif
 #pragma unroll
     for (int cc = 0; cc < 8; ++cc) {
         const int c = cc ^ (6 * h);  // codes 16 c .. 16 c + 15 of the group
@@ -325,60 +364,6 @@ __device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales,
         dequant8<bf16>(w.z, w.w, sc, f, one, out);
         st_shared_v4(o + swz(tok, 2 * (c & 3) + 1), out);
     }
-}
-
-// Warpgroups 1 and 2 (F8R_PIPE): the warpgroup's share of V for the tokens of P V's k step k
-// (tokens 16 k .. 16 k + 15 of the tile at raw), as 16-bit chunks (code x scale, dequant8) into
-// its half at sVh, so that the next tile's V can be written one k step at a time while P V(u)
-// still reads the later ones. Thread wtid: token 16 k + wtid / 8, the half's group h = (wtid / 4)
-// & 1, 16-code units q and q + 4 (q = wtid & 3). h = 1 takes the units in the other order and
-// stores each unit's two 16-byte halves in the other order, so each quarter warp's eight loads
-// and eight stores hit eight distinct 16-byte bank groups. Tokens that do not exist get zeros.
-__device__ __forceinline__ void f8r_dequant_rows(uint32_t raw, const float* scales, uint32_t sVh, int nv, int k,
-                                                 int w, int wtid) {
-    const int tok = 16 * k + (wtid >> 3), h = (wtid >> 2) & 1, q = wtid & 3, grp = 2 * w + h;
-    const bool live = tok < nv;
-    const float sc = live ? scales[tok * 4 + grp] : 0.0f;
-    // Warp-uniform: the one-multiply form unless a lane's scale is >= 2^7 (or NaN).
-    const bool one = __all_sync(0xffffffffu, sc < 0x1p7f);
-    if (F8R_LAB == 1) return;
-    const Bf16Factor f = bf16_factor(sc, one);
-    const uint32_t src = raw + grp * F8R_BOX + tok * 128, dst = sVh + 2 * h * SUB_BYTES;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = q + 4 * (i ^ h);  // codes 16 c .. 16 c + 15 of the group
-        const uint32_t o = dst + (c >> 2) * SUB_BYTES;
-        const uint32_t ua = o + swz(tok, 2 * (c & 3) + h), ub = o + swz(tok, 2 * (c & 3) + 1 - h);
-        if (!live) {
-            st_shared_v4_zero(ua);
-            st_shared_v4_zero(ub);
-            continue;
-        }
-        const uint4 v = lds128(src + ((c ^ (tok & 7)) << 4));
-        uint32_t out[4];
-        dequant8<bf16>(h ? v.z : v.x, h ? v.w : v.y, sc, f, one, out);  // the unit's half h
-        st_shared_v4(ua, out);
-        dequant8<bf16>(h ? v.x : v.z, h ? v.y : v.w, sc, f, one, out);  // its half 1 - h
-        st_shared_v4(ub, out);
-    }
-}
-
-// Non-blocking: whether the phase of parity `parity` of the mbarrier has completed.
-__device__ __forceinline__ bool mbar_test(uint32_t bar, int parity) {
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done != 0;
-}
-
-// wgmma.wait_group with a count known once the loop around it is unrolled.
-__device__ __forceinline__ void wgmma_wait_n(int n) {
-    if (n <= 0) wgmma_wait<0>();
-    else if (n == 1) wgmma_wait<1>();
-    else if (n == 2) wgmma_wait<2>();
-    else wgmma_wait<3>();
 }
 
 // Warpgroup 0, 16-bit form: S = Q K^T over the stage at kst (wgmma_sm90.cuh's qk_tile).
@@ -428,117 +413,6 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
                 *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
         }
         if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? s_fin[WGMMA_ROWS + r] + log2f(l) : vt::neg_inf());
-    }
-}
-
-// Warpgroups 1 and 2 of the fp8 form with V's dequantization under P V (F8R_PIPE). Per tile u:
-// P V(u) is issued as four commit groups (one per k step of 16 tokens); then, while they run,
-// V(u + 1) is written one k step at a time, each once every warp of the warpgroup has finished
-// that k step of P V(u) (a warp's wgmma wait covers only its own rows: a 128-thread barrier
-// after each wait). So a tile's dequantization overlaps the previous tile's P V instead of
-// following it (eighteenth session's lab: the two added up, 4.3 us a tile at h64). A
-// segment's first tile is dequantized before its P V, as before. The issuing lane refills a
-// slot as soon as its EMPTY phase completes (tested between the k steps, waited for after
-// P_FULL, when it has always completed).
-__device__ __forceinline__ void f8r_pv_loop(const Params& p, const Part& part, const RawMaps* maps, TileWalk& walk,
-                                            unsigned char* smem, int w, bool issuer) {
-    using L = W3Layout<true>;
-    const uint32_t base = smem_u32(smem);
-    const uint32_t sRing = base + L::OFF_RING, sQ = base + L::OFF_Q;
-    const uint32_t sVh = base + L::OFF_V + 4 * w * SUB_BYTES;  // the warpgroup's half of the V stage
-    const float* s_alpha = (const float*)(smem + L::OFF_RED);
-    const float* s_fin = s_alpha + WGMMA_ROWS;
-    float* s_pinv = (float*)(smem + L::OFF_RED) + 3 * WGMMA_ROWS;
-    int* nvalid = (int*)(smem + L::OFF_NVALID);
-    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
-    const GmmaDesc dp(base + L::OFF_P, 16, 1024), dv(sVh, SUB_BYTES, 1024);
-    const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, qd = lane & 3, r_lo = (wtid >> 5) * 16 + (lane >> 2);
-    const int row0 = blockIdx.y * WGMMA_ROWS;
-    auto raw_of = [&](int slot) { return sRing + slot * F8R_SLOT; };
-    auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES); };
-    // The issuing lane: tile f + 2 goes into slot f & 1 once EMPTY(f) completes (f = fill, in order).
-    int fill = 0;
-    bool more = true;
-    auto refill = [&](int upto, bool block) {
-        while (issuer && more && fill <= upto) {
-            const uint32_t e = empty + 8 * (fill & 1);
-            if (block) {
-                mbar_wait(e, (fill >> 1) & 1);
-            } else if (!mbar_test(e, (fill >> 1) & 1)) {
-                return;
-            }
-            if (!walk.next(p, part)) {
-                more = false;
-                return;
-            }
-            w3_issue<true>(p, walk, raw_of(fill & 1), nvalid + (fill & 1), full + 8 * (fill & 1), maps);
-            ++fill;
-        }
-    };
-    int nb = part.b;
-    i64 pre = part.pre;
-    Segment sg;
-    int u = 0;  // the CTA's running tile count: slot u & 1, fill u >> 1
-    while (next_segment(p, part, nb, pre, sg)) {
-        f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
-        fence_proxy_async();         // Q is read by wgmma (async proxy)
-        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
-        bar_arrive(W3_Q_READY, W3_THREADS);
-        float o[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        bool staged = false;  // V(u) was written under P V(u - 1)
-        for (int t = sg.t0; t < sg.t1; ++t, ++u) {
-            const int slot = u & 1;
-            if (!staged) {
-                mbar_wait(full + 8 * slot, (u >> 1) & 1);
-                // Every thread's P V(u - 1) is done with the V half (P_FREE counts all 256).
-                if (u >= 1) mbar_wait(pfree, (u - 1) & 1);
-                const int nv = nvalid[slot];
-#pragma unroll
-                for (int k = 0; k < BN / 16; ++k) f8r_dequant_rows(raw_of(slot), scales_of(slot), sVh, nv, k, w, wtid);
-                mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
-                fence_proxy_async();            // V is read by wgmma (async proxy)
-            }
-            // P(u) and its factors; it also orders every thread's share of V(u) before P V(u).
-            bar_sync(W3_P_FULL, W3_THREADS);
-            refill(u, true);  // EMPTY(u) has completed: warpgroup 0 arrived before writing P(u)
-            __syncwarp();
-            rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-            pin(o);
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < BN / 16; ++ks) {
-                if (F8R_LAB != 3) Wg<bf16>::pv(o, dp.at(2 * ks), dv.at(128 * ks));  // +32 B, +2048 B
-                wgmma_commit();
-            }
-            staged = t + 1 < sg.t1;
-            if (!staged) {
-                wgmma_wait<0>();
-                pin(o);
-                mbar_arrive(pfree);  // P(u), its factors and V(u) are read (this thread's share)
-                continue;
-            }
-            const int s1 = (u + 1) & 1;
-            mbar_wait(full + 8 * s1, ((u + 1) >> 1) & 1);
-            const int nv1 = nvalid[s1];
-#pragma unroll
-            for (int k = 0; k < BN / 16; ++k) {
-                wgmma_wait_n(BN / 16 - 1 - k);  // this warp's rows of k step k of P V(u) are done
-                if (k == BN / 16 - 1) {
-                    pin(o);
-                    mbar_arrive(pfree);  // P(u), its factors and V(u) are read (this thread's share)
-                }
-                bar_sync(W3_WG1 + w, 128);  // every warp is past k step k: V's rows 16 k .. are free
-                f8r_dequant_rows(raw_of(s1), scales_of(s1), sVh, nv1, k, w, wtid);
-            }
-            mbar_arrive(empty + 8 * s1);  // this thread's reads of slot s1 are done
-            fence_proxy_async();          // V(u + 1) is read by wgmma (async proxy)
-            refill(u + 1, false);         // if the other warpgroups are done with slot s1 too
-            __syncwarp();
-        }
-        bar_sync(W3_FIN, W3_THREADS);
-        w3_store<bf16>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
     }
 }
 
@@ -637,9 +511,7 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
             w3_issue<RAW>(p, walk, sRing + v * L::SLOT, nvalid + v, full + 8 * v, maps);
     }
     __syncwarp();
-    constexpr bool PIPE = RAW && F8R_PIPE;
-    if constexpr (PIPE) f8r_pv_loop(p, part, maps, walk, smem, w, issuer);
-    while (!PIPE && next_segment(p, part, nb, pre, sg)) {
+    while (next_segment(p, part, nb, pre, sg)) {
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else {
