@@ -81,6 +81,11 @@
 #ifndef F8R_AHEAD
 #define F8R_AHEAD 0
 #endif
+// 1: warpgroups 1 and 2 compute O^T = V^T P^T with V^T in registers (f8r_vt_loop; lab build,
+// not yet run on a GPU).
+#ifndef F8R_VT
+#define F8R_VT 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -366,6 +371,199 @@ __device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales,
     }
 }
 
+// F8R_VT (lab): warpgroups 1 and 2 compute O^T = V^T P^T with A = V^T built in registers from
+// the raw codes, so no V stage is written or read (docs/perf.md, nineteenth session: the single
+// V stage chains P V(u) -> dequantization(u + 1) -> P V(u + 1)). Warpgroup w owns the features
+// of scale groups 2w, 2w + 1 as four m-blocks of 64 (m-block 2j + e: group 2w + j). The thread of
+// warp wq, lane (g, qd) takes code word k = 8 wq + g of a group (features 4k .. 4k + 3) as its
+// rows 16 wq + g + 8 hh of the group's two m-blocks: feature 128 G + 4k + 2e + hh. The
+// accumulators o[m][4i + jj]: row (feature) as above with hh = jj >> 1, column (query row of the
+// CTA) 8i + 2qd + (jj & 1).
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+// Feature byte b of two tokens' code words as a bf16 pair (value x 2^-120, e4m3x2_bits's form):
+// one prmt takes byte b of wa and of wb, each with its sign replicated over the byte above.
+__device__ __forceinline__ uint32_t vt_pair_bits(uint32_t wa, uint32_t wb, int b) {
+    const uint32_t sel = (uint32_t)b | (uint32_t)(8 | b) << 4 | (uint32_t)(4 + b) << 8 | (uint32_t)(12 + b) << 12;
+    uint32_t x;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(wa), "r"(wb), "r"(sel));
+    return (x << 4) & 0x87f087f0u;
+}
+// The tile's scale factors as a table in shared memory (at tab: [group][hi, lo][64 tokens] of
+// bf16, 1 KB; dequant8's split of scale x 2^120, or x 2^60 when `one` is false), one (token,
+// group) a thread of warpgroups 1 and 2 (idx 0..255); tokens past nv get 0. Returns `one`:
+// every scale of the tile < 2^7 (a barrier of the 256 threads).
+__device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t tab, int idx) {
+    const int tok = idx & 63, G = idx >> 6;
+    const float sc = tok < nv ? scales[tok * 4 + G] : 0.0f;
+    uint32_t all;  // scale < 2^7 (0f43000000 = 128) in all 256 threads (a NaN scale compares false)
+    asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(all)
+                 : "f"(sc), "n"(W3_PV_PAIR)
+                 : "memory");
+    const bool one = all != 0;
+    const Bf16Factor f = bf16_factor(sc, one);
+    const uint32_t at = tab + ((2 * G) * 64 + tok) * 2;
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
+    return one;
+}
+// One k step of group G: the four tokens' code words (tokens 16 ks + 2 qd, + 1, + 8, + 9 of the
+// raw tile; a token past the sequence has factor 0) and the factor pairs (t, t + 1), (t + 8,
+// t + 9) from the table.
+struct VtStep {
+    uint32_t wd[4], hi01, lo01, hi89, lo89;
+};
+__device__ __forceinline__ VtStep vt_step(uint32_t raw, uint32_t tab, int G, int ks, int kw, int qd) {
+    const uint32_t gb = raw + G * F8R_BOX;
+    VtStep st;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int t = 16 * ks + 2 * qd + (i & 1) + 8 * (i >> 1);
+        st.wd[i] = lds32(gb + t * 128 + (((kw >> 2) ^ (t & 7)) << 4) + (kw & 3) * 4);
+    }
+    const uint32_t ft = tab + ((2 * G) * 64 + 16 * ks + 2 * qd) * 2;
+    st.hi01 = lds32(ft);
+    st.hi89 = lds32(ft + 16);
+    st.lo01 = lds32(ft + 128);
+    st.lo89 = lds32(ft + 128 + 16);
+    return st;
+}
+// The A fragment of m-block e of the step's group: a[r] = rows + 8 (r & 1), tokens + 8 (r >> 1),
+// each value code x scale rounded once (dequant8's product).
+__device__ __forceinline__ void vt_frag(const VtStep& st, bool one, int e, uint32_t (&a)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int hh = r & 1, ht = r >> 1;
+        uint32_t v = vt_pair_bits(st.wd[2 * ht], st.wd[2 * ht + 1], 2 * e + hh);
+        if (!one) v = bf16x2_mul(v, 0x5d805d80u);  // x 2^60, exact
+        a[r] = vt::bf16x2_fma(v, ht ? st.hi89 : st.hi01, bf16x2_mul(v, ht ? st.lo89 : st.lo01));
+    }
+}
+
+// Warpgroups 1 and 2 of the raw-ring kernel with F8R_VT: the segment loop.
+__device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, const RawMaps* maps, TileWalk& walk,
+                                            unsigned char* smem, int w, bool issuer) {
+    using L = W3Layout<true>;
+    const uint32_t base = smem_u32(smem);
+    const uint32_t sRing = base + L::OFF_RING, sQ = base + L::OFF_Q;
+    const float* s_alpha = (const float*)(smem + L::OFF_RED);
+    const float* s_fin = s_alpha + WGMMA_ROWS;
+    float* s_pinv = (float*)(smem + L::OFF_RED) + 3 * WGMMA_ROWS;
+    int* nvalid = (int*)(smem + L::OFF_NVALID);
+    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
+    const GmmaDesc dp(base + L::OFF_P, 16, 1024);
+    const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, qd = lane & 3, wq = wtid >> 5;
+    const int kw = 8 * wq + (lane >> 2);  // this thread's code word of a group
+    const int row0 = blockIdx.y * WGMMA_ROWS;
+    int nb = part.b;
+    i64 pre = part.pre;
+    Segment sg;
+    int u = 0;
+    while (next_segment(p, part, nb, pre, sg)) {
+        f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
+        fence_proxy_async();         // Q is read by wgmma (async proxy)
+        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
+        bar_arrive(W3_Q_READY, W3_THREADS);
+        float o[4][32];
+#pragma unroll
+        for (int m = 0; m < 4; ++m)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) o[m][i] = 0.0f;
+        for (int t = sg.t0; t < sg.t1; ++t, ++u) {
+            const int slot = u & 1;
+            const uint32_t raw = sRing + slot * F8R_SLOT;
+            const float* scales = (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES);
+            mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            const uint32_t tab = base + L::OFF_V + slot * 1024;  // the V region is free in this form
+            const bool one = vt_factors(scales, nvalid[slot], tab, threadIdx.x - 128);
+            bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
+            {
+                float al[8][2];
+                bool any = false;
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        al[i][c] = s_alpha[8 * i + 2 * qd + c];
+                        any |= al[i][c] != 1.0f;
+                    }
+                if (any) {
+#pragma unroll
+                    for (int m = 0; m < 4; ++m)
+#pragma unroll
+                        for (int i = 0; i < 8; ++i)
+#pragma unroll
+                            for (int jj = 0; jj < 4; ++jj) o[m][4 * i + jj] *= al[i][jj & 1];
+                }
+            }
+            // 16 products a tile (k step ks, m-block m), each on its own A fragment: two register
+            // sets, step n on a[n & 1], free again once step n - 1 is waited for.
+            uint32_t a[2][4];
+#pragma unroll
+            for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const VtStep st = vt_step(raw, tab, 2 * w + j, ks, kw, qd);
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int n = 4 * ks + 2 * j + e;
+                        vt_frag(st, one, e, a[n & 1]);
+                        wgmma_fence();
+                        if (F8R_LAB != 3) SsRs<bf16>::qk(o[2 * j + e], a[n & 1], dp.at(2 * ks), 1);
+                        wgmma_commit();
+                        wgmma_wait<1>();
+                    }
+                }
+            mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+            wgmma_wait<0>();
+#pragma unroll
+            for (int m = 0; m < 4; ++m) pin(o[m]);
+            mbar_arrive(pfree);  // P(u) and its factors are read
+            if (issuer && walk.next(p, part)) {
+                // Tile u + 2 into this slot once every thread has read it.
+                mbar_wait(empty + 8 * slot, (u >> 1) & 1);
+                w3_issue<true>(p, walk, raw, nvalid + slot, full + 8 * slot, maps);
+            }
+            __syncwarp();
+        }
+        bar_sync(W3_FIN, W3_THREADS);
+        // O[row][feature]: the four features 4 kw .. + 3 of group G are adjacent.
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int r = 8 * i + 2 * qd + c, row = row0 + r;
+                if (row >= p.m_total) continue;
+                const float l = s_fin[r];
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int col = 128 * (2 * w + j) + 4 * kw;
+                    const float v0 = o[2 * j][4 * i + c] * inv, v1 = o[2 * j][4 * i + 2 + c] * inv;
+                    const float v2 = o[2 * j + 1][4 * i + c] * inv, v3 = o[2 * j + 1][4 * i + 2 + c] * inv;
+                    if (sg.whole) {
+                        const int s = row / p.N, h = row - s * p.N;
+                        bf16* out = (bf16*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
+                        reinterpret_cast<uint32_t*>(out)[0] = pack2<bf16>(v0, v1);
+                        reinterpret_cast<uint32_t*>(out + 2)[0] = pack2<bf16>(v2, v3);
+                    } else {
+                        float* out = p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + col;
+                        reinterpret_cast<float2*>(out)[0] = make_float2(v0, v1);
+                        reinterpret_cast<float2*>(out + 2)[0] = make_float2(v2, v3);
+                    }
+                }
+            }
+        if (w == 0 && wtid < WGMMA_ROWS && row0 + wtid < p.m_total) {
+            const float l = s_fin[wtid];
+            store_lse<bf16>(p, sg, row0 + wtid, l > 0.0f ? s_fin[WGMMA_ROWS + wtid] + log2f(l) : vt::neg_inf());
+        }
+    }
+}
+
 // Warpgroup 0, 16-bit form: S = Q K^T over the stage at kst (wgmma_sm90.cuh's qk_tile).
 template <typename T>
 __device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint32_t kst) {
@@ -511,7 +709,9 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
             w3_issue<RAW>(p, walk, sRing + v * L::SLOT, nvalid + v, full + 8 * v, maps);
     }
     __syncwarp();
-    while (next_segment(p, part, nb, pre, sg)) {
+    constexpr bool VT = RAW && F8R_VT;
+    if constexpr (VT) f8r_vt_loop(p, part, maps, walk, smem, w, issuer);
+    while (!VT && next_segment(p, part, nb, pre, sg)) {
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else {
