@@ -179,6 +179,20 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     }
 }
 
+// The issuing lane (thread 128): tile u + 2 into tile u's slot (at dst) once every thread is
+// done with tile u (its EMPTY phase); then the warp reconverges.
+template <bool RAW>
+__device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Params& p, const Part& part, int u,
+                                          uint32_t dst, uint32_t empty, uint32_t full, int* nvalid,
+                                          const W3Maps<RAW>* maps) {
+    const int slot = u & 1;
+    if (issuer && walk.next(p, part)) {
+        mbar_wait(empty + 8 * slot, (u >> 1) & 1);
+        w3_issue<RAW>(p, walk, dst, nvalid + slot, full + 8 * slot, maps);
+    }
+    __syncwarp();
+}
+
 // Warpgroup 0's A fragments of Q's rope (bf16, the four k steps of 16), from global memory:
 // rq[k][hi + 2 h] = row r_lo + 8 hi, rope values 16 k + 8 h + 2 qd (+1). Rows past m_total: 0.
 __device__ __forceinline__ void f8r_load_rope(const Params& p, int b, int row0, int r_lo, int qd,
@@ -523,12 +537,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
 #pragma unroll
             for (int m = 0; m < 4; ++m) pin(o[m]);
             mbar_arrive(pfree);  // P(u) and its factors are read
-            if (issuer && walk.next(p, part)) {
-                // Tile u + 2 into this slot once every thread has read it.
-                mbar_wait(empty + 8 * slot, (u >> 1) & 1);
-                w3_issue<true>(p, walk, raw, nvalid + slot, full + 8 * slot, maps);
-            }
-            __syncwarp();
+            w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps);
         }
         bar_sync(W3_FIN, W3_THREADS);
         // O[row][feature]: the four features 4 kw .. + 3 of group G are adjacent.
@@ -737,12 +746,7 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
                 mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
                 fence_proxy_async();            // V is read by wgmma (async proxy)
                 bar_sync(W3_WG1 + w, 128);      // the warpgroup's V half is written
-                if (issuer && walk.next(p, part)) {
-                    // Tile u + 2 into this slot once every thread has read it.
-                    mbar_wait(empty + 8 * slot, (u >> 1) & 1);
-                    w3_issue<RAW>(p, walk, sRing + slot * F8R_SLOT, nvalid + slot, full + 8 * slot, maps);
-                }
-                __syncwarp();
+                w3_refill<RAW>(issuer, walk, p, part, u, sRing + slot * F8R_SLOT, empty, full, nvalid, maps);
             } else {
                 const int nv = nvalid[slot];  // the same in every thread: the branch is uniform
                 if (nv < BN) {
@@ -759,12 +763,7 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
             } else {
                 mbar_arrive(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read
-                if (issuer && walk.next(p, part)) {
-                    // Tile u + 2 into this slot once every thread is done with it.
-                    mbar_wait(empty + 8 * slot, (u >> 1) & 1);
-                    w3_issue<RAW>(p, walk, kst, nvalid + slot, full + 8 * slot, maps);
-                }
-                __syncwarp();
+                w3_refill<RAW>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
             }
         }
         bar_sync(W3_FIN, W3_THREADS);

@@ -37,15 +37,7 @@ for v in ahead vt3; do
   (VT_CUDA_KERNELS_DIR=$LAB/$v timeout 300 "$BIN/xtask" bench decode --only h64,kv8,b128 --iters 1 --no-parity \
     > "$OUT/warm_$v.log" 2>&1 &)
 done
-step() {  # step NAME CAP COMMAND...
-  local n=$1 cap=$2
-  shift 2
-  local s=$SECONDS
-  timeout "$cap" "$@" > "$OUT/$n.log" 2>&1
-  local rc=$?
-  echo "$n rc=$rc $((SECONDS - s))s $(grep -E '^test result' "$OUT/$n.log" | tail -1)" | tee -a "$S"
-  return $rc
-}
+source tools/device/lib.sh  # step
 VT_CUDA_KERNELS_DIR=$LAB/vt step t_fp8r_vt 200 "$BIN/mla_decode_fp8" fp8_decode_on_the_raw_ring_kernel_matches_reference --nocapture
 VTOK=$?
 if [ $VTOK -eq 0 ]; then

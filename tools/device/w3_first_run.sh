@@ -23,16 +23,7 @@ TEST=fp8_decode_on_the_raw_ring_kernel_matches_reference
 TEST3=three_warpgroup_kernel_matches_reference
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt" || true
-step() {  # step NAME CAP_SECONDS COMMAND...
-  local name=$1 cap=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc $rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-  grep -E "test result|FAILED|panicked|ERROR SUMMARY|RACECHECK SUMMARY|hazard|out rel error .*wgmma_fp8r|wgmma_3wg" "$OUT/$name.log" \
-    | tail -12 | tee -a "$OUT/summary.txt"
-}
+source tools/device/lib.sh  # step
 # Two calls' worth (each under the 600 s a device call allows): PART=tests, then PART=sanitize.
 PART=${PART:-tests}
 FP8_BAD=fp8_decode_skips_out_of_range_block_ids_with_block_size_64
