@@ -206,35 +206,11 @@ __device__ __forceinline__ void pv_remote(float (&o)[128], const GmmaDesc& dp, u
 }
 
 // Masks S (tokens that do not exist or are not visible to the row: -inf) unless the tile is
-// full, and returns the raw row maxima of this thread's two rows (quad-reduced). (consumer_tiles in
-// wgmma_sm90.cuh has the same lines inline: a twin to fold once a device call can check it.)
+// full, and returns the raw row maxima of this thread's two rows (quad-reduced): mask_row_max
+// with the tile's token flags.
 __device__ __forceinline__ void ss_mask_max(float (&s)[32], float (&mx)[2], int t, int lim_min, const int (&lim)[2],
                                             const unsigned char* vst, const unsigned char* fst, int qd) {
-    mx[0] = mx[1] = vt::neg_inf();
-    if (tile_is_full(t, lim_min, fst)) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
-        }
-    } else {
-        const int tok0 = t * BN;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int col = 8 * i + 2 * qd + (j & 1);
-                const int hi = j >> 1;
-                const bool ok = vst[col] != 0 && tok0 + col < lim[hi];
-                s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
-                mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
-            }
-    }
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-    }
+    mask_row_max(s, mx, tile_is_full(t, lim_min, fst), t * BN, lim, [&](int col) { return vst[col] != 0; }, qd);
 }
 
 // The exponent base of a running maximum: an all-masked row (-inf) uses 0 (its P are 0).

@@ -370,17 +370,14 @@ struct RowLimits {
     }
 };
 
-// The online softmax of one 64-token tile over a thread's two rows (s[4 i + j]: row r_lo + 8 (j
-// >> 1), token 8 i + 2 qd + (j & 1), raw scores): unless `full`, tokens that do not exist
-// (exists(col) false) or that a row may not see (tok0 + col >= its limit) are masked; m_run and
-// l_run are updated (log2 domain, c = scale x log2 e), alpha gets the rows' rescale factors and
-// pk P as T pairs (pk[2 i + hi]: row hi, tokens 8 i + 2 qd, + 1). Shared by the 64-row kernels'
-// softmax warpgroups (consumer_tiles, decode_wgmma_fp8r).
-template <typename T, class Exists>
-__device__ __forceinline__ void softmax_tile(float (&s)[32], bool full, int tok0, const RowLimits& rl,
-                                             Exists&& exists, int qd, float c, float (&m_run)[2],
-                                             float (&l_run)[2], float (&alpha)[2], uint32_t (&pk)[16]) {
-    float mx[2] = {vt::neg_inf(), vt::neg_inf()};
+// A 64-token tile's raw row maxima over a thread's two rows (s[4 i + j]: row r_lo + 8 (j >> 1),
+// token 8 i + 2 qd + (j & 1)), quad-reduced: unless `full`, tokens that do not exist
+// (exists(col) false) or that a row may not see (tok0 + col >= lim[row]) are first masked to
+// -inf. Shared by softmax_tile and the seesaw kernel's ss_mask_max.
+template <class Exists>
+__device__ __forceinline__ void mask_row_max(float (&s)[32], float (&mx)[2], bool full, int tok0, const int (&lim)[2],
+                                             Exists&& exists, int qd) {
+    mx[0] = mx[1] = vt::neg_inf();
     if (full) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -394,16 +391,33 @@ __device__ __forceinline__ void softmax_tile(float (&s)[32], bool full, int tok0
             for (int j = 0; j < 4; ++j) {
                 const int col = 8 * i + 2 * qd + (j & 1);
                 const int hi = j >> 1;
-                const bool ok = exists(col) && tok0 + col < rl.lim[hi];
+                const bool ok = exists(col) && tok0 + col < lim[hi];
                 s[4 * i + j] = ok ? s[4 * i + j] : vt::neg_inf();
                 mx[hi] = fmaxf(mx[hi], s[4 * i + j]);
             }
     }
-    float muse[2];
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+    }
+}
+
+// The online softmax of one 64-token tile over a thread's two rows (s[4 i + j]: row r_lo + 8 (j
+// >> 1), token 8 i + 2 qd + (j & 1), raw scores): unless `full`, tokens that do not exist
+// (exists(col) false) or that a row may not see (tok0 + col >= its limit) are masked; m_run and
+// l_run are updated (log2 domain, c = scale x log2 e), alpha gets the rows' rescale factors and
+// pk P as T pairs (pk[2 i + hi]: row hi, tokens 8 i + 2 qd, + 1). Shared by the 64-row kernels'
+// softmax warpgroups (consumer_tiles, decode_wgmma_fp8r).
+template <typename T, class Exists>
+__device__ __forceinline__ void softmax_tile(float (&s)[32], bool full, int tok0, const RowLimits& rl,
+                                             Exists&& exists, int qd, float c, float (&m_run)[2],
+                                             float (&l_run)[2], float (&alpha)[2], uint32_t (&pk)[16]) {
+    float mx[2];
+    mask_row_max(s, mx, full, tok0, rl.lim, exists, qd);
+    float muse[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
         const float mn = fmaxf(m_run[hi], mx[hi] * c);
         muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
         alpha[hi] = ex2(m_run[hi] - muse[hi]);
