@@ -61,6 +61,10 @@ pub struct Args {
     /// (unless `--no-parity`), its parity printed beside its time.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = kernel_name)]
     pub alt: Vec<String>,
+    /// Also time the default kernel with at most these many parts (split-KV CTAs per row block),
+    /// interleaved with the default like `--alt`: how the schedule's cut moves a shape.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = positive_u32)]
+    pub parts: Vec<u32>,
     /// Timed runs per shape (median reported).
     #[arg(long, value_name = "N", default_value_t = 40, value_parser = positive)]
     pub iters: usize,
@@ -97,6 +101,11 @@ fn kernel_of(s: &str) -> Option<Kernel> {
 /// A count of at least 1 (clap value parser).
 pub fn positive(s: &str) -> Result<usize, String> {
     s.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("`{s}` is not a positive count"))
+}
+
+/// A part count of at least 1 (clap value parser).
+fn positive_u32(s: &str) -> Result<u32, String> {
+    s.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| format!("`{s}` is not a positive part count"))
 }
 
 /// `--only` keys: h, b, s, bs, sq, each followed by a number, and kv8 / kv16 (the fp8_ds_mla
@@ -584,7 +593,7 @@ pub fn ceilings(bench: &Bench<'_>) -> Result<(f64, f64), String> {
 }
 
 pub fn run(args_in: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, plot, sweep, alt, iters, no_parity, only } = args_in;
+    let Args { json, peer, plot, sweep, alt, parts, iters, no_parity, only } = args_in;
     let check = !no_parity;
     // The peer first: a bad file is reported before any GPU work.
     let peer = match &peer {
@@ -651,6 +660,22 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
                     sw.push(("auto-again".to_string(), t2));
                 }
                 Err(err) => sw.push((format!("{name} ({err})"), f64::NAN)),
+            }
+        }
+        for &mp in &parts {
+            let o = DecodeOptions { max_parts: Some(mp), ..DecodeOptions::default() };
+            let label = format!("parts<={mp}");
+            let r = (|| {
+                let (t, _, _) = time_call(&bench, &q, &a, &o, iters)?;
+                let (t2, _, _) = time_call(&bench, &q, &a, &auto, iters)?;
+                Ok::<_, vt_core::Error>((t, t2))
+            })();
+            match r {
+                Ok((t, t2)) => {
+                    sw.push((label, t));
+                    sw.push(("auto-again".to_string(), t2));
+                }
+                Err(err) => sw.push((format!("{label} ({err})"), f64::NAN)),
             }
         }
         if sweep {
