@@ -13,7 +13,8 @@
 //!   median of `--iters` (default 40) after warm-up.
 //! - Parity: before timing, each shape's output (NaN-poisoned) is checked against the CPU
 //!   reference (vt-cpu) on three sequences (first, middle, last) and up to four heads.
-//! - `--sweep` also times every kernel / minimum-tiles-per-part variant per shape;
+//! - `--sweep` also times every kernel / minimum-tiles-per-part variant per shape; `--alt
+//!   LIST` forced kernels and `--parts LIST` part counts, each between two default runs;
 //!   `--only h128,b1,s8192` (repeatable) keeps matching shapes; `--no-parity` skips the
 //!   CPU check (for profiler runs); `--plot FILE` (.svg or .png) draws time per shape, ours
 //!   beside FlashMLA's (from `--peer`) and the floor.
