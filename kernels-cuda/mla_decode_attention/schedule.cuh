@@ -95,8 +95,12 @@ __device__ __forceinline__ Part part_bounds(const Params& p, i64 total) {
 
 // What a cut costs in whole-sequence mode's choice, in tiles of KV: a segment's start and
 // epilogue measured ~17 us on the H200 (the 64-row kernel, 2.6 us a tile), plus the
-// partials' round trip through the combine.
-constexpr int SPLIT_COST = 8;
+// partials' round trip through the combine. (A macro so that a lab build can change it:
+// docs/perf.md, twentieth session.)
+#ifndef MLA_SPLIT_COST
+#define MLA_SPLIT_COST 8
+#endif
+constexpr int SPLIT_COST = MLA_SPLIT_COST;
 
 // Whole-sequence mode for thread b's sequence (t tiles, the first `start` tiles of the batch
 // before it, t_total in all): returns whether every part gets whole sequences, and if so
