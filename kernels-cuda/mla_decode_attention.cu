@@ -36,8 +36,9 @@
 // - wgmma_narrow_fp8_sm90.cuh: mla_decode_wgmma_n{16,32}_fp8_{bf16,f16}: the narrow
 //   products over an fp8_ds_mla cache, the cache operand dequantized into registers from a
 //   ring of raw rows that a producer warp fills by bulk copies.
-// - wgmma_3wg_sm90.cuh: mla_decode_wgmma_3wg_{bf16,f16} and mla_decode_wgmma_fp8r_bf16: 64
-//   query rows, three warpgroups (S and the softmax; two halves of P V), a two-slot TMA ring;
+// - wgmma_3wg_sm90.cuh: mla_decode_wgmma_3wg[_cp]_{bf16,f16} and mla_decode_wgmma_fp8r_bf16: 64
+//   query rows, three warpgroups (S and the softmax; two halves of P V), a two-slot TMA ring
+//   (the _cp gather form: any block size, the rows copied by cp.async);
 //   over a 16-bit cache, and over an fp8_ds_mla cache with S as an e4m3 product on the raw codes
 //   and V dequantized by the warpgroups that multiply it (Auto's choice above 32 rows via TMA).
 // A new kernel family is one header here (included below, its entry points instantiated
@@ -158,6 +159,16 @@ MLA_WGMMA_NARROW_FP8(f16, f16, 32)
               mla::W3_SLOTS)
 MLA_WGMMA_3WG(bf16, bf16)
 MLA_WGMMA_3WG(f16, f16)
+// Their gather form over any block size (the rows copied by cp.async, no tensor map).
+#define MLA_WGMMA_3WG_CP(S, T)                                                                \
+    extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)                          \
+        mla_decode_wgmma_3wg_cp_##S(const __grid_constant__ mla::Params p) {                  \
+        mla::decode_wgmma_3wg<T, false, true>(p, nullptr);                                    \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_3wg_cp_##S, mla::W3_THREADS, mla::WGMMA_ROWS,                  \
+              (mla::W3Layout<false, true>::SMEM), mla::W3_SLOTS)
+MLA_WGMMA_3WG_CP(bf16, bf16)
+MLA_WGMMA_3WG_CP(f16, f16)
 extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)
     mla_decode_wgmma_fp8r_bf16(const __grid_constant__ mla::Params p, const __grid_constant__ mla::RawMaps maps) {
     mla::decode_wgmma_3wg<bf16, true>(p, &maps);

@@ -146,6 +146,12 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// Makes the barrier's current phase also wait for this thread's earlier cp.async copies: the
+// pending count is raised now and lowered when they have landed, so the barrier's count is of
+// the threads' own arrivals (mbar_arrive after this), which publish their earlier stores too.
+__device__ __forceinline__ void mbar_track_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // One arrival that also expects `bytes` of copy-engine traffic on this phase.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");

@@ -5,6 +5,11 @@
 // decode --alt wgmma_3wg,wgmma_fp8r`). Part of mla_decode_attention.cu.
 // - mla_decode_wgmma_3wg_{bf16,f16}: a 16-bit cache read through the TMA (64 divides the block
 //   size), two 72 KB stages, V read in place from the stage as in the two-warpgroup kernel.
+// - mla_decode_wgmma_3wg_cp_{bf16,f16}: the same over any block size (the gather form, CP): the
+//   tiles' rows looked up token by token and copied by cp.async (what block sizes 1 and 16 and
+//   the sparse op's gathered rows need, where a 64-token box of one page does not exist).
+//   Warpgroups 1 and 2 copy tile u + 2 into tile u's slot as soon as their own P V(u) is done
+//   with it (below), so no warp waits for a copy to land: the slot's FULL barrier does.
 // - mla_decode_wgmma_fp8r_bf16: an fp8_ds_mla cache, S taken straight from the raw codes.
 //
 // Why (docs/perf.md, "Eighteenth session"): in the two-warpgroup 64-row kernel (wgmma_sm90.cuh)
@@ -46,14 +51,20 @@
 //
 // Hand-overs (u: the CTA's running tile count, slot u & 1):
 //   FULL[slot]   mbarrier, 1 arrival + the TMA bytes            issuer -> all
+//                gather form: 256 arrivals (warpgroups 1 and 2, each after its copies and
+//                the tile's flags; the copies' landing is tracked on the same phase)
 //   EMPTY[slot]  mbarrier, 384 arrivals (each thread done with it: after its reads of the slot;
 //                16-bit: warpgroups 1 and 2 after their P V, which reads V there)  all -> issuer
+//                (gather form: unused; warpgroup w refills its half of the slot after its own P V
+//                and a barrier of its 128 threads, and warpgroup 0's S read the slot before
+//                P_FULL, which that P V waited for)
 //   P_FREE       mbarrier, 256 arrivals per tile (P V(u) done)   WG1, WG2 -> WG0 before P(u + 1),
 //                                                                 and (fp8) -> WG1, WG2 before V(u + 1)
 //   P_FULL       named, 384 (P(u) and its factors written)        WG0 arrives, WG1 / WG2 sync
 //   Q_READY      named, 384 (Q of the segment written)            WG1 / WG2 arrive, WG0 syncs
 //   FIN          named, 384 (s_fin of the segment written)        WG0 arrives, WG1 / WG2 sync
-//   WG1 / WG2    named, 128 (the warpgroup's V half written)      inside each warpgroup
+//   WG1 / WG2    named, 128 (the warpgroup's V half written; gather form: its P V is done
+//                with the slot)                                    inside each warpgroup
 // Before each named arrival the arriving side also syncs among itself (BAR_WG0, or PV_PAIR for
 // warpgroups 1 and 2 together): racecheck takes a shared-memory access as ordered only by a
 // barrier its thread syncs, not by an arrive (the first GPU run reported s_alpha and s_pinv).
@@ -96,8 +107,8 @@ constexpr int F8R_SLOT = F8R_SCALES + BN * 16;      // 41984 = 41 x 1024
 // The rows map's 4-byte words: code group g at 32 g, the scales at 128, the rope at 132.
 constexpr int F8R_SCALE_WORD = vt::fp8ds::SCALE_OFFSET / 4, F8R_ROPE_WORD = vt::fp8ds::ROPE_OFFSET / 4;
 
-// RAW: the fp8_ds_mla form.
-template <bool RAW> struct W3Layout {
+// RAW: the fp8_ds_mla form; CP: the gather form (16-bit), which adds the slots' token flags.
+template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int SLOT = RAW ? F8R_SLOT : TILE_BYTES;
     static constexpr int OFF_RING = 0;
     static constexpr int OFF_V = W3_SLOTS * SLOT;                          // 1024-aligned
@@ -107,9 +118,16 @@ template <bool RAW> struct W3Layout {
     static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
     static constexpr int OFF_SCHED = OFF_NVALID + W3_SLOTS * 4;   // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS], EMPTY [SLOTS], P_FREE
-    static constexpr int END = OFF_MBAR + (2 * W3_SLOTS + 1) * 8;
+    // Gather form: per slot 64 token flags (the token exists) and 8 bad-block flags (a block
+    // id outside the cache among rows 8 k .. 8 k + 7), read as one u64.
+    static constexpr int OFF_VALID = OFF_MBAR + (2 * W3_SLOTS + 1) * 8;
+    static constexpr int VALID_BYTES = BN + 8;
+    static constexpr int END = OFF_VALID + (CP ? W3_SLOTS * VALID_BYTES : 0);
     static constexpr int SMEM = END + 1024;                       // slack to align the base
-    static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0, "alignment");
+    static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0 &&
+                      OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
+                  "alignment");
+    static_assert(!(RAW && CP), "the gather form is 16-bit");
     static_assert(SMEM <= 232448, "fits the 227 KB a block may have");
 };
 
@@ -191,6 +209,71 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
         w3_issue<RAW>(p, walk, dst, nvalid + slot, full + 8 * slot, maps);
     }
     __syncwarp();
+}
+
+// Gather form: warpgroup w's copies of tile wk.t of segment wk.sg into the slot at dst, the
+// rows' V columns 256 w .. + 255 and rope columns 512 + 32 w .. + 31 (36 16-byte chunks a row:
+// what this warpgroup's P V and nothing else of the next tile reads, beside warpgroup 0's S).
+// Thread wtid takes rows wtid / 4 and + 32, chunks wtid % 4 + 4 j: a row's four threads move 64
+// contiguous bytes a step. Rows that do not exist (past the sequence, or in a block whose id is
+// outside the cache) are zero-filled; warpgroup 1 writes the tile's flags (flags[r]: token r
+// exists; flags[64 + k]: a bad block id among rows 8 k .. 8 k + 7, as a warp's ballot). Then the
+// thread's arrival on `full`, whose phase also waits for its copies to land.
+template <typename T>
+__device__ __forceinline__ void w3_gather(const Params& p, const TileWalk& wk, uint32_t dst, unsigned char* flags,
+                                          uint32_t full, int w, int wtid) {
+    const int sub = wtid & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = (wtid >> 2) + 32 * h;
+        const i64 off = token_row(p, wk.sg, wk.t, wk.t * BN + r);
+        const bool ok = off >= 0;
+        // Chunk c = sub + 4 j: V features 256 w + 8 c for j < 8 (column block 4 w + j / 2, chunk
+        // sub + 4 (j & 1) of its row), the rope's features 512 + 32 w + 8 sub for j = 8 (column
+        // block 8, chunk 4 w + sub): two swizzled row offsets serve the eight V copies.
+        const T* src = (const T*)p.cache + (ok ? off : 0) + 256 * w + 8 * sub;
+        const uint32_t row = dst + 4 * w * SUB_BYTES + r * 128;
+        const uint32_t x0 = (uint32_t)((sub ^ (r & 7)) << 4), x1 = (uint32_t)(((sub | 4) ^ (r & 7)) << 4);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) cp_async16(row + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
+        cp_async16(dst + 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, ok);
+        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
+        if (w == 0) {
+            if (sub == 0) flags[r] = ok ? 1 : 0;
+            if ((wtid & 31) == 0) flags[BN + 4 * h + (wtid >> 5)] = bad != 0u ? 1 : 0;
+        }
+    }
+    mbar_track_cp_async(full);
+    mbar_arrive(full);  // publishes the flags with the phase
+}
+
+// Gather form: the CTA's 64 query rows of sequence b into Q from warpgroups 1 and 2 (qi =
+// thread - 128, 18 chunks each) by plain loads: a cp.async commit group would also take in the
+// ring's copies, which land on the slots' barriers, and the wait would wait for those. Rows past
+// m_total get zeros.
+template <typename T>
+__device__ __forceinline__ void w3_load_q_regs(const Params& p, int b, int row0, uint32_t sQ, int qi) {
+    constexpr int PER = WGMMA_ROWS * CHUNKS / 256, HALF_PER = PER / 2;  // two rounds of 9 loads
+    static_assert(PER * 256 == WGMMA_ROWS * CHUNKS && HALF_PER * 2 == PER, "whole chunks a thread");
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        uint4 v[HALF_PER];
+#pragma unroll
+        for (int k = 0; k < HALF_PER; ++k) {
+            const int idx = qi + 256 * (half * HALF_PER + k), r = idx / CHUNKS, c = idx - r * CHUNKS, gr = row0 + r;
+            v[k] = make_uint4(0u, 0u, 0u, 0u);
+            if (gr < p.m_total) {
+                const int s = gr / p.N, h = gr - s * p.N;
+                v[k] = __ldg(reinterpret_cast<const uint4*>((const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + c * 8));
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < HALF_PER; ++k) {
+            const int idx = qi + 256 * (half * HALF_PER + k), r = idx / CHUNKS, c = idx - r * CHUNKS;
+            const uint32_t w4[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+            st_shared_v4(sQ + (c >> 3) * (WGMMA_ROWS * 128) + swz(r, c & 7), w4);
+        }
+    }
 }
 
 // Warpgroup 0's A fragments of Q's rope (bf16, the four k steps of 16), from global memory:
@@ -623,9 +706,11 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
     }
 }
 
-template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
+// CP: the gather form (maps unused: null).
+template <typename T, bool RAW, bool CP = false>
+__device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     static_assert(!RAW || Same<T, bf16>::value, "fp8: bf16 queries (the rope product takes the cache's bf16 rope)");
-    using L = W3Layout<RAW>;
+    using L = W3Layout<RAW, CP>;
     constexpr int MT = WGMMA_ROWS;
     extern __shared__ unsigned char smem_raw[];
     unsigned char* smem = align1024(smem_raw);
@@ -638,9 +723,10 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
     int* sched = (int*)(smem + L::OFF_SCHED);
     const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
     auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * L::SLOT + F8R_SCALES); };
+    auto flags_of = [&](int slot) { return smem + L::OFF_VALID + slot * L::VALID_BYTES; };  // gather form
     if (threadIdx.x == 0) {
         for (int s = 0; s < W3_SLOTS; ++s) {
-            mbar_init(full + 8 * s, 1);
+            mbar_init(full + 8 * s, CP ? 256 : 1);
             mbar_init(empty + 8 * s, W3_THREADS);
         }
         mbar_init(pfree, 256);
@@ -670,19 +756,28 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u & 1;
                 mbar_wait(full + 8 * slot, (u >> 1) & 1);
+                // Gather form: the tile was written by cp.async (the generic proxy), S reads it as
+                // wgmma operands (the async proxy).
+                if constexpr (CP) fence_proxy_async();
                 float s[32];
                 if constexpr (RAW) {
                     f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
                 } else {
                     w3_qk16<T>(s, dq, sRing + slot * L::SLOT);
                 }
-                const int nv = nvalid[slot];
-                mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
-
                 float alpha[2];
                 uint32_t pk[16];
-                softmax_tile<T>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
-                                [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
+                if constexpr (CP) {
+                    const unsigned char* fl = flags_of(slot);
+                    const bool whole = t * BN + BN <= rl.lim_min && *reinterpret_cast<const unsigned long long*>(fl + BN) == 0ull;
+                    softmax_tile<T>(s, whole, t * BN, rl, [&](int col) { return fl[col] != 0; }, qd, c, m_run, l_run,
+                                    alpha, pk);
+                } else {
+                    const int nv = nvalid[slot];
+                    mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+                    softmax_tile<T>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
+                                    [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
+                }
                 if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
                 store_p_rows(sP, pk, wwarp, lane);
                 if (qd == 0) {
@@ -706,8 +801,11 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
     const GmmaDesc dp(sP, 16, 1024), dv(sVh, SUB_BYTES, 1024);
     const int tok = wtid >> 1, grp = 2 * w + (wtid & 1);
     const bool issuer = threadIdx.x == 128;
-    TileWalk walk(part);
-    if (issuer) {
+    TileWalk walk(part);  // gather form: every thread of warpgroups 1 and 2 walks the tiles
+    if constexpr (CP) {
+        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v)
+            w3_gather<T>(p, walk, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
+    } else if (issuer) {
         if constexpr (RAW) {
             prefetch_map(&maps->rows);
             prefetch_map(&maps->scales);
@@ -723,6 +821,8 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
     while (!VT && next_segment(p, part, nb, pre, sg)) {
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
+        } else if constexpr (CP) {
+            w3_load_q_regs<T>(p, sg.b, row0, sQ, threadIdx.x - 128);
         } else {
             load_q<T, MT, 256>(p, sg.b, row0, sQ, threadIdx.x - 128);
             cp_async_commit();
@@ -747,6 +847,8 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
                 fence_proxy_async();            // V is read by wgmma (async proxy)
                 bar_sync(W3_WG1 + w, 128);      // the warpgroup's V half is written
                 w3_refill<RAW>(issuer, walk, p, part, u, sRing + slot * F8R_SLOT, empty, full, nvalid, maps);
+            } else if constexpr (CP) {
+                fence_proxy_async();  // the tile was written by cp.async; P V reads V as wgmma operands
             } else {
                 const int nv = nvalid[slot];  // the same in every thread: the branch is uniform
                 if (nv < BN) {
@@ -760,6 +862,10 @@ template <typename T, bool RAW> __device__ void decode_wgmma_3wg(const Params& p
             if (F8R_LAB != 3) pv_tile<T, 128>(o, dp, RAW ? dv : GmmaDesc(kst + 4 * w * SUB_BYTES, SUB_BYTES, 1024));
             if constexpr (RAW) {
                 mbar_arrive(pfree);  // P(u), its factors and the V half are read
+            } else if constexpr (CP) {
+                mbar_arrive(pfree);         // P(u) and its factors are read
+                bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its V half
+                if (walk.next(p, part)) w3_gather<T>(p, walk, kst, flags_of(slot), full + 8 * slot, w, wtid);
             } else {
                 mbar_arrive(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read

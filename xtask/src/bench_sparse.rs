@@ -57,7 +57,8 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = positive)]
     pub iters: usize,
     /// Also time these kernels per shape, forced (decode kernels `mma`, `mma_small`, `wgmma`,
-    /// `wgmma_narrow`, `generic`; `sparse_generic` = this op's own generic kernel), each beside
+    /// `wgmma_narrow`, `wgmma_3wg` (its gather form: 16-bit cache), `generic`; `sparse_generic` =
+    /// this op's own generic kernel), each beside
     /// a fresh time of the default so drift does not bias the A/B.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = alt_name)]
     pub alt: Vec<String>,
@@ -79,6 +80,7 @@ fn alt_of(s: &str) -> Option<Kernel> {
         "mma_small" => Kernel::Decode(DK::MmaSmall),
         "wgmma" => Kernel::Decode(DK::Wgmma),
         "wgmma_narrow" => Kernel::Decode(DK::WgmmaNarrow),
+        "wgmma_3wg" => Kernel::Decode(DK::Wgmma3),
         "generic" => Kernel::Decode(DK::Generic),
         "sparse_generic" => Kernel::Generic,
         _ => return None,
@@ -87,7 +89,7 @@ fn alt_of(s: &str) -> Option<Kernel> {
 
 fn alt_name(s: &str) -> Result<String, String> {
     alt_of(s).map(|_| s.to_string()).ok_or_else(|| {
-        format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, generic, sparse_generic")
+        format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, wgmma_3wg, generic, sparse_generic")
     })
 }
 
@@ -770,7 +772,7 @@ mod tests {
         assert_eq!(pick("decode16"), 0, "bf16-cache decode rows only with --kv16");
         assert!(only_spec("decode,h64").is_ok());
         assert!(only_spec("x3").is_err());
-        assert!(alt_name("wgmma").is_ok() && alt_name("sparse_generic").is_ok());
+        assert!(alt_name("wgmma").is_ok() && alt_name("wgmma_3wg").is_ok() && alt_name("sparse_generic").is_ok());
         assert!(alt_name("tma").is_err());
     }
 

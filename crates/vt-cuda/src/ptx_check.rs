@@ -253,6 +253,8 @@ fn samples(dt: DType) -> Result<Samples> {
             (Kernel::Wgmma, 64, true),
             (Kernel::WgmmaSeesaw, 64, true),
             (Kernel::Wgmma3, 64, true),
+            // Without the TMA: the three-warpgroup kernel's gather form.
+            (Kernel::Wgmma3, 64, false),
         ]);
         for heads in [8, 32] {
             kernels.extend([(Kernel::WgmmaNarrow, heads, false), (Kernel::WgmmaNarrow, heads, true)]);

@@ -411,6 +411,42 @@ fn three_warpgroup_kernel_skips_out_of_range_block_ids() {
     tma_kernel_skips_blocks_2_and_5(&g, Kernel::Wgmma3);
 }
 
+/// The three-warpgroup kernel's gather form (forced `Wgmma3` on block sizes the TMA does not
+/// take: 1, 16, 32): every row looked up and copied by cp.async from warpgroups 1 and 2, tiles
+/// that span several blocks, rows past a sequence's last token, row counts that pad the 64-row
+/// block, causal query tokens, f16, strided rows, the whole-sequence, cut and one-part schedules.
+/// The sanitizers run over this test.
+#[test]
+fn three_warpgroup_gather_form_matches_reference_with_block_sizes_1_16_and_32() {
+    let Some(g) = gpu() else { return };
+    let cases = [
+        (64, 1, 1, DType::BF16, 0),
+        (128, 16, 1, DType::BF16, 8),
+        (40, 16, 1, DType::BF16, 0),
+        (64, 1, 2, DType::BF16, 0),
+        (32, 16, 4, DType::F16, 0),
+        (128, 32, 1, DType::F16, 0),
+    ];
+    let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3, &cases);
+    assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_cp ")), "{ran:?}");
+    if g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm()) == 90 {
+        assert_eq!(ran.len(), cases.len() * TMA_SCHEDULES.len(), "every case ran");
+    } else {
+        println!("SKIP: no sm_90a device, the three-warpgroup kernel does not run here");
+    }
+}
+
+/// Block ids outside the cache on the gather form (block size 16: a tile holds four blocks, two
+/// of them bad): those rows are zero-filled and masked.
+#[test]
+fn three_warpgroup_gather_form_skips_out_of_range_block_ids() {
+    let Some(g) = gpu() else { return };
+    let (c, x, want) = blocks_2_and_5_out_of_range(&[128, 40], 64, 16);
+    for max_parts in [Some(1), Some(3), None] {
+        run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel: Kernel::Wgmma3, min_tiles: Some(1), max_parts });
+    }
+}
+
 /// `kernel` (a 64-row kernel reading whole 64-token pages through the TMA) on
 /// [`blocks_2_and_5_out_of_range`] at 64 heads, over one, three and every part.
 fn tma_kernel_skips_blocks_2_and_5(g: &Queue, kernel: Kernel) {

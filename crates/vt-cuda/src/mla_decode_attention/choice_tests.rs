@@ -4,7 +4,7 @@
 
 use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
-use super::{choose, wgmma_sm90, ChoiceFlags, DecodeOptions, DeviceInfo, MAX_SMEM};
+use super::{choose, wgmma_sm90, CacheMaps, ChoiceFlags, DecodeOptions, DeviceInfo, MAX_SMEM};
 
 const H200: DeviceInfo = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM };
 const SM80_LARGE: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM };
@@ -182,10 +182,11 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_bl
 }
 
 /// The three-warpgroup kernel over a 16-bit cache: Auto's choice above 32 rows through the TMA;
-/// forced, it refuses what it cannot read: an fp8_ds_mla cache (the raw-ring kernel is its fp8
-/// form), block sizes that 64 does not divide, the TMA flag off.
+/// forced, its gather form where the TMA cannot read the cache (block sizes that 64 does not
+/// divide, the TMA flag off), which Auto never takes; an fp8_ds_mla cache is refused (the
+/// raw-ring kernel is its fp8 form).
 #[test]
-fn three_warpgroup_kernel_refuses_fp8_small_blocks_and_no_tma() {
+fn three_warpgroup_kernel_gathers_small_blocks_and_refuses_fp8() {
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
     let args = |qdt: DType, cdt: DType, bs: i64| heads_128_args(&mem, qdt, cdt, bs);
@@ -195,16 +196,25 @@ fn three_warpgroup_kernel_refuses_fp8_small_blocks_and_no_tma() {
             .expect("16-bit, BS 64, TMA");
         assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg", 64, 2));
         assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(false)));
+        assert_eq!(c.main.maps, CacheMaps::Tiles);
         let auto = choose(&args(dt, dt, 64), &H200, &DecodeOptions::default(), ChoiceFlags::new(true, false))
             .expect("a plan");
         assert_eq!(auto.plan.kernel, "wgmma_3wg", "Auto, {dt:?}");
+        for (bs, tma) in [(1, true), (16, true), (64, false)] {
+            let c = choose(&args(dt, dt, bs), &H200, &forced, ChoiceFlags::new(tma, true))
+                .expect("the gather form");
+            assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg_cp", 64, 2));
+            assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_cp_smem()));
+            assert_eq!(c.main.maps, CacheMaps::None, "BS {bs} TMA {tma}: no tensor map");
+            let auto = choose(&args(dt, dt, bs), &H200, &DecodeOptions::default(), ChoiceFlags::new(tma, false))
+                .expect("a plan");
+            assert_ne!(auto.plan.kernel, "wgmma_3wg_cp", "Auto never takes the gather form yet");
+        }
     }
-    for (cdt, bs, tma) in [(DType::Fp8DsMla, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
-        let e = choose(&args(DType::BF16, cdt, bs), &H200, &forced, ChoiceFlags::new(tma, true))
-            .expect_err("refused")
-            .to_string();
-        assert!(e.contains("three-warpgroup kernel needs a 16-bit cache"), "{cdt:?} BS {bs} TMA {tma}: {e}");
-    }
+    let e = choose(&args(DType::BF16, DType::Fp8DsMla, 64), &H200, &forced, ChoiceFlags::new(true, true))
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("three-warpgroup kernel needs a 16-bit cache"), "{e}");
 }
 
 /// `VT_MLA_3WG` off restores the two-warpgroup kernels above 32 rows, over both caches.

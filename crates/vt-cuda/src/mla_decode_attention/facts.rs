@@ -173,6 +173,8 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
                 (Kernel::Wgmma, heads, true, dt, dt, FAST_D, FAST_DV),
                 (Kernel::WgmmaSeesaw, heads, true, dt, dt, FAST_D, FAST_DV),
                 (Kernel::Wgmma3, heads, true, dt, dt, FAST_D, FAST_DV),
+                // Without the TMA: the gather form.
+                (Kernel::Wgmma3, heads, false, dt, dt, FAST_D, FAST_DV),
             ]);
         }
         for heads in [8, 32, 64] {
@@ -302,6 +304,9 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma | Kernel::WgmmaSeesaw => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            Kernel::Wgmma3 if main.symbol().contains("_3wg_cp_") => {
+                (wgmma_sm90::w3_cp_smem() as i64, wgmma_sm90::W3_SLOTS as i64)
+            }
             Kernel::Wgmma3 => (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64),
             Kernel::WgmmaFp8Raw => (wgmma_sm90::w3_smem(true) as i64, wgmma_sm90::W3_SLOTS as i64),
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {

@@ -146,9 +146,10 @@ pub enum Kernel {
     /// block size is a multiple of 64, TMA loads): both warpgroups compute S, for alternate
     /// tiles, and each holds half of O's columns.
     WgmmaSeesaw,
-    /// The 64-row wgmma kernel with three warpgroups over a 16-bit cache (sm_90a, block size a
-    /// multiple of 64, TMA loads): warpgroup 0 computes S and the softmax, warpgroups 1 and 2
-    /// one half of P V each.
+    /// The 64-row wgmma kernel with three warpgroups over a 16-bit cache (sm_90a): warpgroup 0
+    /// computes S and the softmax, warpgroups 1 and 2 one half of P V each. TMA loads where the
+    /// block size is a multiple of 64 (`wgmma_3wg`), else its gather form (`wgmma_3wg_cp`: any
+    /// block size, rows copied by cp.async; forced only, not yet run on a GPU).
     Wgmma3,
     /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
     /// queries, block size a multiple of 64, TMA loads): a two-slot ring of raw tiles, S as an
@@ -179,8 +180,8 @@ pub struct Plan {
     /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
     /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an
     /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
-    /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` and, over an fp8_ds_mla cache,
-    /// `wgmma_fp8r` (the raw-ring kernel).
+    /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` (`wgmma_3wg_cp`: its gather
+    /// form) and, over an fp8_ds_mla cache, `wgmma_fp8r` (the raw-ring kernel).
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -464,13 +465,12 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma3 if !wgmma_sm90::three_wg_ok(a, tma_flag) => {
+        Kernel::Wgmma3 if fp8 => {
             return Err(Error::backend(
                 BACKEND,
                 format!(
-                    "{OP}: the three-warpgroup kernel needs a 16-bit cache read through the TMA (block \
-                     size a multiple of 64, VT_MLA_DECODE_TMA on); over an fp8_ds_mla cache force \
-                     the raw-ring fp8 kernel"
+                    "{OP}: the three-warpgroup kernel needs a 16-bit cache; over an fp8_ds_mla cache \
+                     force the raw-ring fp8 kernel"
                 ),
             ))
         }
@@ -491,7 +491,7 @@ pub(crate) fn choose(
         Kernel::Wgmma if fp8 => wgmma_sm90::fp8(),
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
         Kernel::WgmmaSeesaw => wgmma_sm90::seesaw(),
-        Kernel::Wgmma3 => wgmma_sm90::three_wg(),
+        Kernel::Wgmma3 => wgmma_sm90::three_wg(a, tma_flag),
         Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {

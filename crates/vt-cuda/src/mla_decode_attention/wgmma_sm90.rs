@@ -156,18 +156,37 @@ pub(super) fn three_wg_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> boo
     tma_flag && a.cache.dtype() != DType::Fp8DsMla && tma_ok(&a.cache)
 }
 
-/// The three-warpgroup 64-row kernel over a 16-bit cache (`mla_decode_wgmma_3wg`,
-/// `kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): warpgroup 0 computes S and the
-/// softmax, warpgroups 1 and 2 one half of P V each, a two-slot TMA ring. Forced only
-/// ([`super::Kernel::Wgmma3`]) until measured.
-pub(super) fn three_wg() -> MainKernel {
+/// Token and bad-block flags per ring slot of the three-warpgroup kernel's gather form
+/// (`mla::W3Layout<false, true>::VALID_BYTES`).
+const W3_FLAG_BYTES: u32 = 64 + 8;
+
+/// Dynamic shared memory of the three-warpgroup kernel's gather form
+/// (`mla::W3Layout<false, true>::SMEM`): the 16-bit layout and each slot's flags.
+pub(super) const fn w3_cp_smem() -> u32 {
+    w3_smem(false) + W3_SLOTS * W3_FLAG_BYTES
+}
+const _: () = assert!(w3_cp_smem() <= super::MAX_SMEM, "the gather form fits a Hopper block");
+
+/// The three-warpgroup 64-row kernel over a 16-bit cache
+/// (`kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): warpgroup 0 computes S and the
+/// softmax, warpgroups 1 and 2 one half of P V each, a two-slot ring. Read through the TMA
+/// (`mla_decode_wgmma_3wg`) when [`three_wg_ok`]; else its gather form (`mla_decode_wgmma_3wg_cp`:
+/// any block size, each row looked up and copied by cp.async from warpgroups 1 and 2), which only
+/// a forced [`super::Kernel::Wgmma3`] takes until it is measured on a GPU.
+pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
+    let tma = three_wg_ok(a, tma_flag);
+    let (base, name, smem) = if tma {
+        ("mla_decode_wgmma_3wg", "wgmma_3wg", w3_smem(false))
+    } else {
+        ("mla_decode_wgmma_3wg_cp", "wgmma_3wg_cp", w3_cp_smem())
+    };
     MainKernel {
-        base: "mla_decode_wgmma_3wg",
-        name: "wgmma_3wg",
+        base,
+        name,
         rows: ROWS as i64,
-        smem: w3_smem(false),
+        smem,
         threads: FP8_THREADS,
-        maps: CacheMaps::Tiles,
+        maps: CacheMaps::tiles(tma),
         ctas_per_sm: 1,
     }
 }
