@@ -772,7 +772,9 @@ mod tests {
         assert_eq!(pick("decode16"), 0, "bf16-cache decode rows only with --kv16");
         assert!(only_spec("decode,h64").is_ok());
         assert!(only_spec("x3").is_err());
-        assert!(alt_name("wgmma").is_ok() && alt_name("wgmma_3wg").is_ok() && alt_name("sparse_generic").is_ok());
+        assert!(
+            alt_name("wgmma").is_ok() && alt_name("wgmma_3wg").is_ok() && alt_name("sparse_generic").is_ok()
+        );
         assert!(alt_name("tma").is_err());
     }
 

@@ -206,8 +206,9 @@ fn three_warpgroup_kernel_gathers_small_blocks_and_refuses_fp8() {
             assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg_cp", 64, 2));
             assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_cp_smem()));
             assert_eq!(c.main.maps, CacheMaps::None, "BS {bs} TMA {tma}: no tensor map");
-            let auto = choose(&args(dt, dt, bs), &H200, &DecodeOptions::default(), ChoiceFlags::new(tma, false))
-                .expect("a plan");
+            let auto =
+                choose(&args(dt, dt, bs), &H200, &DecodeOptions::default(), ChoiceFlags::new(tma, false))
+                    .expect("a plan");
             assert_ne!(auto.plan.kernel, "wgmma_3wg_cp", "Auto never takes the gather form yet");
         }
     }
