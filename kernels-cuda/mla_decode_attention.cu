@@ -36,7 +36,7 @@
 // - wgmma_narrow_fp8_sm90.cuh: mla_decode_wgmma_n{16,32}_fp8_{bf16,f16}: the narrow
 //   products over an fp8_ds_mla cache, the cache operand dequantized into registers from a
 //   ring of raw rows that a producer warp fills by bulk copies.
-// - wgmma_3wg_sm90.cuh: mla_decode_wgmma_3wg[_cp]_{bf16,f16} and mla_decode_wgmma_fp8r_bf16: 64
+// - wgmma_3wg_sm90.cuh: mla_decode_wgmma_3wg[_cp]_{bf16,f16} and mla_decode_wgmma_fp8r[_cp]_bf16: 64
 //   query rows, three warpgroups (S and the softmax; two halves of P V), a two-slot TMA ring
 //   (the _cp gather form: any block size, the rows copied by cp.async);
 //   over a 16-bit cache, and over an fp8_ds_mla cache with S as an e4m3 product on the raw codes
@@ -174,6 +174,13 @@ extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)
     mla::decode_wgmma_3wg<bf16, true>(p, &maps);
 }
 MLA_FACTS(mla_decode_wgmma_fp8r_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<true>::SMEM, mla::W3_SLOTS)
+// Its gather form over any block size.
+extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)
+    mla_decode_wgmma_fp8r_cp_bf16(const __grid_constant__ mla::Params p) {
+    mla::decode_wgmma_3wg<bf16, true, true>(p, nullptr);
+}
+MLA_FACTS(mla_decode_wgmma_fp8r_cp_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, (mla::W3Layout<true, true>::SMEM),
+          mla::W3_SLOTS)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #define MLA_GENERIC(S, T)                                                                     \

@@ -10,7 +10,8 @@
 //   the sparse op's gathered rows need, where a 64-token box of one page does not exist).
 //   Warpgroups 1 and 2 copy tile u + 2 into tile u's slot as soon as their own P V(u) is done
 //   with it (below), so no warp waits for a copy to land: the slot's FULL barrier does.
-// - mla_decode_wgmma_fp8r_bf16: an fp8_ds_mla cache, S taken straight from the raw codes.
+// - mla_decode_wgmma_fp8r_bf16: an fp8_ds_mla cache, S taken straight from the raw codes;
+//   mla_decode_wgmma_fp8r_cp_bf16: its gather form (any block size, as above).
 //
 // Why (docs/perf.md, "Eighteenth session"): in the two-warpgroup 64-row kernel (wgmma_sm90.cuh)
 // warpgroup 0 runs S, the softmax and half of P V in sequence (~4800 cycles a tile against 2176 of
@@ -107,7 +108,7 @@ constexpr int F8R_SLOT = F8R_SCALES + BN * 16;      // 41984 = 41 x 1024
 // The rows map's 4-byte words: code group g at 32 g, the scales at 128, the rope at 132.
 constexpr int F8R_SCALE_WORD = vt::fp8ds::SCALE_OFFSET / 4, F8R_ROPE_WORD = vt::fp8ds::ROPE_OFFSET / 4;
 
-// RAW: the fp8_ds_mla form; CP: the gather form (16-bit), which adds the slots' token flags.
+// RAW: the fp8_ds_mla form; CP: the gather form, which adds the slots' token flags.
 template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int SLOT = RAW ? F8R_SLOT : TILE_BYTES;
     static constexpr int OFF_RING = 0;
@@ -127,7 +128,6 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0 &&
                       OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
                   "alignment");
-    static_assert(!(RAW && CP), "the gather form is 16-bit");
     static_assert(SMEM <= 232448, "fits the 227 KB a block may have");
 };
 
@@ -237,6 +237,40 @@ __device__ __forceinline__ void w3_gather(const Params& p, const TileWalk& wk, u
 #pragma unroll
         for (int j = 0; j < 8; ++j) cp_async16(row + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
         cp_async16(dst + 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, ok);
+        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
+        if (w == 0) {
+            if (sub == 0) flags[r] = ok ? 1 : 0;
+            if ((wtid & 31) == 0) flags[BN + 4 * h + (wtid >> 5)] = bad != 0u ? 1 : 0;
+        }
+    }
+    mbar_track_cp_async(full);
+    mbar_arrive(full);  // publishes the flags with the phase
+}
+
+// Gather form over an fp8_ds_mla cache: warpgroup w's copies of tile wk.t into the raw slot at
+// dst, what its dequantization and nothing else of the next tile reads beside warpgroup 0's S:
+// the code groups 2 w and 2 w + 1 (boxes 2 w, 2 w + 1), the rope's bytes 64 w .. + 63 (rope box
+// chunks 4 w ..) and the scales of its two groups (8 bytes of the row's scale box entry): 20
+// 16-byte chunks and one 8-byte copy a row. Thread wtid takes rows wtid / 4 and + 32, chunks
+// wtid % 4 + 4 j (j < 4: codes, group 2 w + j / 2; j = 4: the rope); the row's first thread
+// also copies the scales. Rows that do not exist are zero-filled (codes and scales 0: a zero V
+// row and a zero S the flags mask); flags and the arrival on `full` as in w3_gather.
+__device__ __forceinline__ void w3_gather_raw(const Params& p, const TileWalk& wk, uint32_t dst, unsigned char* flags,
+                                              uint32_t full, int w, int wtid) {
+    const int sub = wtid & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = (wtid >> 2) + 32 * h;
+        const i64 off = token_row(p, wk.sg, wk.t, wk.t * BN + r);
+        const bool ok = off >= 0;
+        const unsigned char* row = (const unsigned char*)p.cache + (ok ? off : 0);
+        const uint32_t x0 = (uint32_t)((sub ^ (r & 7)) << 4), x1 = (uint32_t)(((sub | 4) ^ (r & 7)) << 4);
+        const uint32_t box = dst + 2 * w * F8R_BOX + r * 128;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)  // group 2 w + j / 2, chunk sub + 4 (j & 1) of its 128 bytes
+            cp_async16(box + (j >> 1) * F8R_BOX + ((j & 1) ? x1 : x0), row + 256 * w + 64 * j + 16 * sub, ok);
+        cp_async16(dst + 4 * F8R_BOX + swz(r, 4 * w + sub), row + vt::fp8ds::ROPE_OFFSET + 64 * w + 16 * sub, ok);
+        if (sub == 0) cp_async8(dst + F8R_SCALES + r * 16 + 8 * w, row + vt::fp8ds::SCALE_OFFSET + 8 * w, ok);
         const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
         if (w == 0) {
             if (sub == 0) flags[r] = ok ? 1 : 0;
@@ -541,10 +575,11 @@ __device__ __forceinline__ void vt_frag(const VtStep& st, bool one, int e, uint3
     }
 }
 
-// Warpgroups 1 and 2 of the raw-ring kernel with F8R_VT: the segment loop.
+// Warpgroups 1 and 2 of the raw-ring kernel with F8R_VT: the segment loop (CP: the gather form).
+template <bool CP>
 __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, const RawMaps* maps, TileWalk& walk,
                                             unsigned char* smem, int w, bool issuer) {
-    using L = W3Layout<true>;
+    using L = W3Layout<true, CP>;
     const uint32_t base = smem_u32(smem);
     const uint32_t sRing = base + L::OFF_RING, sQ = base + L::OFF_Q;
     const float* s_alpha = (const float*)(smem + L::OFF_RED);
@@ -576,7 +611,8 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             const float* scales = (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES);
             mbar_wait(full + 8 * slot, (u >> 1) & 1);
             const uint32_t tab = base + L::OFF_V + slot * 1024;  // the V region is free in this form
-            const bool one = vt_factors(scales, nvalid[slot], tab, threadIdx.x - 128);
+            // Gather form: rows that do not exist were zero-filled (scale 0: factor 0).
+            const bool one = vt_factors(scales, CP ? BN : nvalid[slot], tab, threadIdx.x - 128);
             bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
             {
                 float al[8][2];
@@ -615,12 +651,19 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                         wgmma_wait<1>();
                     }
                 }
-            mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+            if constexpr (!CP) mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
             wgmma_wait<0>();
 #pragma unroll
             for (int m = 0; m < 4; ++m) pin(o[m]);
             mbar_arrive(pfree);  // P(u) and its factors are read
-            w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps);
+            if constexpr (CP) {
+                bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its part of the slot
+                if (walk.next(p, part))
+                    w3_gather_raw(p, walk, raw, smem + L::OFF_VALID + slot * L::VALID_BYTES, full + 8 * slot, w,
+                                  threadIdx.x & 127);
+            } else {
+                w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps);
+            }
         }
         bar_sync(W3_FIN, W3_THREADS);
         // O[row][feature]: the four features 4 kw .. + 3 of group G are adjacent.
@@ -803,8 +846,13 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     const bool issuer = threadIdx.x == 128;
     TileWalk walk(part);  // gather form: every thread of warpgroups 1 and 2 walks the tiles
     if constexpr (CP) {
-        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v)
-            w3_gather<T>(p, walk, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
+        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v) {
+            if constexpr (RAW) {
+                w3_gather_raw(p, walk, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
+            } else {
+                w3_gather<T>(p, walk, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
+            }
+        }
     } else if (issuer) {
         if constexpr (RAW) {
             prefetch_map(&maps->rows);
@@ -817,7 +865,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     }
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;
-    if constexpr (VT) f8r_vt_loop(p, part, maps, walk, smem, w, issuer);
+    if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
     while (!VT && next_segment(p, part, nb, pre, sg)) {
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
@@ -842,11 +890,14 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 // Every thread's P V(u - 1) is done with the V half (a warp's wgmma wait covers its
                 // own rows only; P_FREE counts all 256 threads).
                 if (u >= 1) mbar_wait(pfree, (u - 1) & 1);
-                f8r_dequant_v(sRing + slot * F8R_SLOT, scales_of(slot), sVh, nvalid[slot], tok, grp);
-                mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+                // Gather form: rows that do not exist were zero-filled (codes and scale 0).
+                f8r_dequant_v(sRing + slot * F8R_SLOT, scales_of(slot), sVh, CP ? BN : nvalid[slot], tok, grp);
+                if constexpr (!CP) mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
                 fence_proxy_async();            // V is read by wgmma (async proxy)
-                bar_sync(W3_WG1 + w, 128);      // the warpgroup's V half is written
-                w3_refill<RAW>(issuer, walk, p, part, u, sRing + slot * F8R_SLOT, empty, full, nvalid, maps);
+                bar_sync(W3_WG1 + w, 128);      // the warpgroup's V half is written (gather form: and
+                                                // its part of the slot read)
+                if constexpr (!CP)
+                    w3_refill<RAW>(issuer, walk, p, part, u, sRing + slot * F8R_SLOT, empty, full, nvalid, maps);
             } else if constexpr (CP) {
                 fence_proxy_async();  // the tile was written by cp.async; P V reads V as wgmma operands
             } else {
@@ -862,6 +913,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             if (F8R_LAB != 3) pv_tile<T, 128>(o, dp, RAW ? dv : GmmaDesc(kst + 4 * w * SUB_BYTES, SUB_BYTES, 1024));
             if constexpr (RAW) {
                 mbar_arrive(pfree);  // P(u), its factors and the V half are read
+                // Gather form: warpgroup 0's S(u) was done before P_FULL(u), this warpgroup's
+                // dequantization before its barrier above: its part of the slot is free.
+                if constexpr (CP)
+                    if (walk.next(p, part)) w3_gather_raw(p, walk, kst, flags_of(slot), full + 8 * slot, w, wtid);
             } else if constexpr (CP) {
                 mbar_arrive(pfree);         // P(u) and its factors are read
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its V half

@@ -57,7 +57,8 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = positive)]
     pub iters: usize,
     /// Also time these kernels per shape, forced (decode kernels `mma`, `mma_small`, `wgmma`,
-    /// `wgmma_narrow`, `wgmma_3wg` (its gather form: 16-bit cache), `generic`; `sparse_generic` =
+    /// `wgmma_narrow`, `wgmma_3wg` and `wgmma_fp8r` (the three-warpgroup kernels' gather forms, over
+    /// the bf16 and the fp8 cache), `generic`; `sparse_generic` =
     /// this op's own generic kernel), each beside
     /// a fresh time of the default so drift does not bias the A/B.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = alt_name)]
@@ -81,6 +82,7 @@ fn alt_of(s: &str) -> Option<Kernel> {
         "wgmma" => Kernel::Decode(DK::Wgmma),
         "wgmma_narrow" => Kernel::Decode(DK::WgmmaNarrow),
         "wgmma_3wg" => Kernel::Decode(DK::Wgmma3),
+        "wgmma_fp8r" => Kernel::Decode(DK::WgmmaFp8Raw),
         "generic" => Kernel::Decode(DK::Generic),
         "sparse_generic" => Kernel::Generic,
         _ => return None,
@@ -89,7 +91,9 @@ fn alt_of(s: &str) -> Option<Kernel> {
 
 fn alt_name(s: &str) -> Result<String, String> {
     alt_of(s).map(|_| s.to_string()).ok_or_else(|| {
-        format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, wgmma_3wg, generic, sparse_generic")
+        format!(
+            "`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, wgmma_3wg, wgmma_fp8r, generic, sparse_generic"
+        )
     })
 }
 

@@ -278,6 +278,8 @@ fn samples(dt: DType) -> Result<Samples> {
         // The raw-ring kernel (bf16 queries only; two maps in one parameter).
         if dt == DType::BF16 {
             kernels.push((Kernel::WgmmaFp8Raw, 64, true, DType::Fp8DsMla));
+            // Without the TMA: its gather form (no tensor-map parameter).
+            kernels.push((Kernel::WgmmaFp8Raw, 64, false, DType::Fp8DsMla));
         }
     }
     for (kernel, heads, tma, cache_dt) in kernels {

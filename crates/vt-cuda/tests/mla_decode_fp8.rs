@@ -310,6 +310,35 @@ fn fp8_decode_on_the_raw_ring_kernel_matches_reference() {
     assert!(ran.iter().all(|w| w.starts_with("wgmma_fp8r")), "{ran:?}");
 }
 
+/// The raw-ring kernel's gather form (forced `WgmmaFp8Raw` on block sizes the TMA does not take:
+/// every row looked up and its code groups, rope and scales copied by cp.async from warpgroups
+/// 1 and 2): block sizes 1 and 16 (tiles spanning 64 and 4 blocks), 16 to 128 heads, one to four
+/// query tokens, mixed lengths, every schedule, padded rows. With F8R_VT (a lab build) it runs
+/// the same way. The sanitizers run over this test.
+#[test]
+fn fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let mut ran = Vec::new();
+    for bs in [1, 16] {
+        ran.extend(check(&g, &Case::new(&MIXED, 64, bs), &[Kernel::WgmmaFp8Raw], &SCHEDULES));
+    }
+    for (n, s_q, bs) in [(128, 1, 16), (16, 1, 1), (64, 2, 16), (32, 4, 1)] {
+        let mut c = Case::new(&[3, 700, 64, 129, 2000, 0, 1], n, bs);
+        c.s_q = s_q;
+        ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Raw], &SCHEDULES[..2]));
+    }
+    let mut c = Case::new(&[300, 64, 1, 4100], 64, 16);
+    c.row_pad = 48;
+    ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Raw], &SCHEDULES[..2]));
+    let sm = g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm());
+    if sm == 90 {
+        assert_eq!(ran.len(), 2 * SCHEDULES.len() + 5 * 2, "every case ran: {ran:?}");
+    } else {
+        println!("SKIP: no sm_90a device, the raw-ring kernel does not run here");
+    }
+    assert!(ran.iter().all(|w| w.starts_with("wgmma_fp8r_cp ")), "{ran:?}");
+}
+
 /// The narrow wgmma kernel's fp8 form (a producer warp's bulk copies into a ring of raw
 /// rows, the cache operand dequantized into registers) on its own: block sizes 1/16/64/128,
 /// 8 to 32 query rows, one and two query tokens, mixed lengths (sequences of one tile and

@@ -296,6 +296,10 @@ fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
         if !c.fp8 {
             v.push(o(Kernel::Decode(DK::Wgmma3)));
         }
+        // Over an fp8 cache with bf16 queries: the raw-ring kernel's gather form.
+        if c.fp8 && c.dtype == DType::BF16 {
+            v.push(o(Kernel::Decode(DK::WgmmaFp8Raw)));
+        }
         // The narrow wgmma kernels (16 / 32 heads a CTA, several CTAs per token beyond 32),
         // over both caches; the op does not use them (docs/perf.md, Sparse MLA), so only with
         // VT_SPARSE_TEST_NARROW=1 (they are the decode kernels' to test).
@@ -332,8 +336,10 @@ fn check(g: &Queue, c: &Case) -> Vec<String> {
                     }
                 }
                 Err(e)
-                    if matches!(o.kernel, Kernel::Decode(DK::Wgmma | DK::WgmmaNarrow | DK::Wgmma3))
-                        && e.to_string().contains("no sm_90a") =>
+                    if matches!(
+                        o.kernel,
+                        Kernel::Decode(DK::Wgmma | DK::WgmmaNarrow | DK::Wgmma3 | DK::WgmmaFp8Raw)
+                    ) && e.to_string().contains("no sm_90a") =>
                 {
                     println!("wgmma not on this device: {e}");
                     continue;

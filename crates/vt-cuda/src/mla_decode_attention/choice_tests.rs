@@ -145,11 +145,11 @@ fn heads_128_args(mem: &[u128], qdt: DType, cdt: DType, bs: i64) -> MlaDecodeAtt
     }
 }
 
-/// The raw-ring kernel is what Auto takes above 32 rows over an fp8 cache the TMA reads, and
-/// forced it refuses what it cannot read: f16 queries, block sizes that 64 does not divide, the
-/// TMA flag off; each refusal names it.
+/// The raw-ring kernel is what Auto takes above 32 rows over an fp8 cache the TMA reads; forced,
+/// it runs its gather form where the TMA cannot read the cache (block sizes that 64 does not
+/// divide, the TMA flag off), which Auto never takes, and refuses f16 queries, naming itself.
 #[test]
-fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_blocks_and_no_tma() {
+fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_gathers_small_blocks_when_forced() {
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
     let args = |qdt: DType, bs: i64| heads_128_args(&mem, qdt, DType::Fp8DsMla, bs);
@@ -158,6 +158,7 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_bl
         .expect("bf16, BS 64, TMA");
     assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r", 64, 2));
     assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_smem(true)));
+    assert_eq!(c.main.maps, CacheMaps::Fp8Rows);
     for (qdt, bs, tma, want) in [
         (DType::BF16, 64, true, "wgmma_fp8r"),
         (DType::BF16, 128, true, "wgmma_fp8r"),
@@ -169,12 +170,17 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_refuses_f16_small_bl
             .expect("a plan");
         assert_eq!(auto.plan.kernel, want, "Auto, {qdt:?} BS {bs} TMA {tma}");
     }
-    for (qdt, bs, tma) in [(DType::F16, 64, true), (DType::BF16, 16, true), (DType::BF16, 64, false)] {
-        let e = choose(&args(qdt, bs), &H200, &forced, ChoiceFlags::new(tma, true))
-            .expect_err("refused")
-            .to_string();
-        assert!(e.contains("raw-ring fp8 kernel needs bf16 queries"), "{qdt:?} BS {bs} TMA {tma}: {e}");
+    for (bs, tma) in [(1, true), (16, true), (64, false)] {
+        let c = choose(&args(DType::BF16, bs), &H200, &forced, ChoiceFlags::new(tma, true))
+            .expect("the gather form");
+        assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_fp8r_cp", 64, 2));
+        assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_cp_smem(true)));
+        assert_eq!(c.main.maps, CacheMaps::None, "BS {bs} TMA {tma}: no tensor map");
     }
+    let e = choose(&args(DType::F16, 64), &H200, &forced, ChoiceFlags::new(true, true))
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("raw-ring fp8 kernel needs bf16 queries"), "{e}");
     let e = choose(&args(DType::BF16, 64), &SM80_LARGE, &forced, ChoiceFlags::new(true, true))
         .expect_err("no wgmma")
         .to_string();
@@ -204,7 +210,10 @@ fn three_warpgroup_kernel_gathers_small_blocks_and_refuses_fp8() {
             let c = choose(&args(dt, dt, bs), &H200, &forced, ChoiceFlags::new(tma, true))
                 .expect("the gather form");
             assert_eq!((c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks), ("wgmma_3wg_cp", 64, 2));
-            assert_eq!((c.main.threads, c.main.smem), (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_cp_smem()));
+            assert_eq!(
+                (c.main.threads, c.main.smem),
+                (wgmma_sm90::FP8_THREADS, wgmma_sm90::w3_cp_smem(false))
+            );
             assert_eq!(c.main.maps, CacheMaps::None, "BS {bs} TMA {tma}: no tensor map");
             let auto =
                 choose(&args(dt, dt, bs), &H200, &DecodeOptions::default(), ChoiceFlags::new(tma, false))

@@ -192,6 +192,8 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
             // The raw-ring kernel: bf16 queries only.
             if dt == DType::BF16 {
                 out.push((Kernel::WgmmaFp8Raw, heads, true, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+                // Without the TMA: its gather form.
+                out.push((Kernel::WgmmaFp8Raw, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
             }
         }
     }
@@ -304,11 +306,12 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma | Kernel::WgmmaSeesaw => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
-            Kernel::Wgmma3 if main.symbol().contains("_3wg_cp_") => {
-                (wgmma_sm90::w3_cp_smem() as i64, wgmma_sm90::W3_SLOTS as i64)
+            // The gather forms (`_cp_`) add each slot's flags.
+            Kernel::Wgmma3 | Kernel::WgmmaFp8Raw => {
+                let (fp8, cp) = (kernel == Kernel::WgmmaFp8Raw, main.symbol().contains("_cp_"));
+                let smem = if cp { wgmma_sm90::w3_cp_smem(fp8) } else { wgmma_sm90::w3_smem(fp8) };
+                (smem as i64, wgmma_sm90::W3_SLOTS as i64)
             }
-            Kernel::Wgmma3 => (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64),
-            Kernel::WgmmaFp8Raw => (wgmma_sm90::w3_smem(true) as i64, wgmma_sm90::W3_SLOTS as i64),
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
                 let mt = c.plan.rows_per_cta;
                 (wgmma_sm90::narrow_fp8_smem(mt) as i64, wgmma_sm90::narrow_fp8_raws(mt) as i64)

@@ -152,9 +152,11 @@ pub enum Kernel {
     /// block size, rows copied by cp.async; forced only, not yet run on a GPU).
     Wgmma3,
     /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
-    /// queries, block size a multiple of 64, TMA loads): a two-slot ring of raw tiles, S as an
-    /// e4m3 product against the query split into two e4m3 parts, V dequantized by the two
-    /// warpgroups that multiply it.
+    /// queries): a two-slot ring of raw tiles, S as an e4m3 product against the query split
+    /// into two e4m3 parts, V dequantized by the two warpgroups that multiply it. TMA loads
+    /// where the block size is a multiple of 64 (`wgmma_fp8r`), else its gather form
+    /// (`wgmma_fp8r_cp`: any block size, rows copied by cp.async; forced only, not yet run on a
+    /// GPU).
     WgmmaFp8Raw,
 }
 
@@ -180,8 +182,8 @@ pub struct Plan {
     /// `generic`, `mma16`, `mma32`, `mma64` (`mma16s`, ... with the small ring), `wgmma`,
     /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an
     /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
-    /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` (`wgmma_3wg_cp`: its gather
-    /// form) and, over an fp8_ds_mla cache, `wgmma_fp8r` (the raw-ring kernel).
+    /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` and, over an fp8_ds_mla cache,
+    /// `wgmma_fp8r` (the raw-ring kernel), with `_cp` their gather forms.
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -474,13 +476,10 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::WgmmaFp8Raw if !wgmma_sm90::fp8_raw_ok(a, tma_flag) => {
+        Kernel::WgmmaFp8Raw if !wgmma_sm90::fp8_raw_dtypes(a) => {
             return Err(Error::backend(
                 BACKEND,
-                format!(
-                    "{OP}: the raw-ring fp8 kernel needs bf16 queries over an fp8_ds_mla cache read \
-                     through the TMA (block size a multiple of 64, VT_MLA_DECODE_TMA on)"
-                ),
+                format!("{OP}: the raw-ring fp8 kernel needs bf16 queries over an fp8_ds_mla cache"),
             ))
         }
         k => k,
@@ -492,7 +491,7 @@ pub(crate) fn choose(
         Kernel::Wgmma => wgmma_sm90::main(a, tma_flag),
         Kernel::WgmmaSeesaw => wgmma_sm90::seesaw(),
         Kernel::Wgmma3 => wgmma_sm90::three_wg(a, tma_flag),
-        Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(),
+        Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(a, tma_flag),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?

@@ -160,12 +160,15 @@ pub(super) fn three_wg_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> boo
 /// (`mla::W3Layout<false, true>::VALID_BYTES`).
 const W3_FLAG_BYTES: u32 = 64 + 8;
 
-/// Dynamic shared memory of the three-warpgroup kernel's gather form
-/// (`mla::W3Layout<false, true>::SMEM`): the 16-bit layout and each slot's flags.
-pub(super) const fn w3_cp_smem() -> u32 {
-    w3_smem(false) + W3_SLOTS * W3_FLAG_BYTES
+/// Dynamic shared memory of the three-warpgroup kernels' gather forms
+/// (`mla::W3Layout<fp8, true>::SMEM`): the layout of [`w3_smem`] and each slot's flags.
+pub(super) const fn w3_cp_smem(fp8: bool) -> u32 {
+    w3_smem(fp8) + W3_SLOTS * W3_FLAG_BYTES
 }
-const _: () = assert!(w3_cp_smem() <= super::MAX_SMEM, "the gather form fits a Hopper block");
+const _: () = assert!(
+    w3_cp_smem(false) <= super::MAX_SMEM && w3_cp_smem(true) <= super::MAX_SMEM,
+    "the gather forms fit a Hopper block"
+);
 
 /// The three-warpgroup 64-row kernel over a 16-bit cache
 /// (`kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): warpgroup 0 computes S and the
@@ -178,7 +181,7 @@ pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKe
     let (base, name, smem) = if tma {
         ("mla_decode_wgmma_3wg", "wgmma_3wg", w3_smem(false))
     } else {
-        ("mla_decode_wgmma_3wg_cp", "wgmma_3wg_cp", w3_cp_smem())
+        ("mla_decode_wgmma_3wg_cp", "wgmma_3wg_cp", w3_cp_smem(false))
     };
     MainKernel {
         base,
@@ -191,27 +194,33 @@ pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKe
     }
 }
 
-/// Whether the raw-ring kernel takes this call: bf16 queries (its rope product takes the
-/// cache's bf16 rope as it lies), an fp8_ds_mla cache read through the TMA (64 divides the
-/// block size, `VT_MLA_DECODE_TMA` on).
-pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
-    tma_flag && a.query.dtype() == DType::BF16 && a.cache.dtype() == DType::Fp8DsMla && tma_ok(&a.cache)
+/// Whether the raw-ring kernel can take this call at all: bf16 queries (its rope product takes
+/// the cache's bf16 rope as it lies) over an fp8_ds_mla cache.
+pub(super) fn fp8_raw_dtypes(a: &MlaDecodeAttentionArgs<'_>) -> bool {
+    a.query.dtype() == DType::BF16 && a.cache.dtype() == DType::Fp8DsMla
 }
 
-/// The three-warpgroup 64-row kernel over an fp8_ds_mla cache (`mla_decode_wgmma_fp8r`,
-/// `kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): a two-slot TMA ring of raw tiles,
-/// S as an e4m3 product against the query's hi / lo parts, V dequantized by the two
-/// warpgroups that multiply it. Forced only ([`super::Kernel::WgmmaFp8Raw`]) until measured.
-pub(super) fn fp8_raw() -> MainKernel {
-    MainKernel {
-        base: "mla_decode_wgmma_fp8r",
-        name: "wgmma_fp8r",
-        rows: ROWS as i64,
-        smem: w3_smem(true),
-        threads: FP8_THREADS,
-        maps: CacheMaps::Fp8Rows,
-        ctas_per_sm: 1,
-    }
+/// Whether the raw-ring kernel takes this call through the TMA (Auto's condition): its dtypes
+/// ([`fp8_raw_dtypes`]) and a cache the TMA reads (64 divides the block size,
+/// `VT_MLA_DECODE_TMA` on).
+pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
+    tma_flag && fp8_raw_dtypes(a) && tma_ok(&a.cache)
+}
+
+/// The three-warpgroup 64-row kernel over an fp8_ds_mla cache
+/// (`kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): a two-slot ring of raw tiles, S as
+/// an e4m3 product against the query's hi / lo parts, V dequantized by the two warpgroups that
+/// multiply it. Through the TMA (`mla_decode_wgmma_fp8r`) when [`fp8_raw_ok`]; else its gather
+/// form (`mla_decode_wgmma_fp8r_cp`: any block size, rows copied by cp.async from warpgroups 1
+/// and 2), which only a forced [`super::Kernel::WgmmaFp8Raw`] takes until it is measured.
+pub(super) fn fp8_raw(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
+    let tma = fp8_raw_ok(a, tma_flag);
+    let (base, name, smem, maps) = if tma {
+        ("mla_decode_wgmma_fp8r", "wgmma_fp8r", w3_smem(true), CacheMaps::Fp8Rows)
+    } else {
+        ("mla_decode_wgmma_fp8r_cp", "wgmma_fp8r_cp", w3_cp_smem(true), CacheMaps::None)
+    };
+    MainKernel { base, name, rows: ROWS as i64, smem, threads: FP8_THREADS, maps, ctas_per_sm: 1 }
 }
 
 /// The raw-ring kernel's two maps of the cache's rows, as 4-byte words (164 a row): 32-word

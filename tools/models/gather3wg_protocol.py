@@ -1,0 +1,756 @@
+#!/usr/bin/env python3
+"""Executable model of the synchronization protocol of the gather form (CP, 16-bit) of the three-warpgroup
+MLA decode kernel (kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh: decode_wgmma_3wg<T, false, true>,
+w3_gather, w3_load_q_regs), explored over random interleavings to find deadlocks and shared-memory races
+before the kernel runs on a GPU. Standard library only (Python 3.11); the conventions of
+tools/models/fp8raw_protocol.py (the fp8 TMA form's model).
+
+What it models
+  Actors, generators stepping through the code one synchronization or shared-memory access at a time:
+  WG0       warpgroup 0: per segment bar_sync(Q_READY); per tile mbar_wait(FULL[slot]), S (the whole slot
+            and Q), the softmax's read of flags[slot], mbar_wait(P_FREE) (u >= 1), P, s_alpha,
+            bar_sync(BAR_WG0), bar_arrive(P_FULL); per segment s_fin, bar_sync(BAR_WG0), bar_arrive(FIN).
+  WG1, WG2  warpgroups 1, 2 (w = 0, 1): the prologue's gathers of the CTA's tiles 0 and 1; per segment Q,
+            bar_sync(PV_PAIR), bar_arrive(Q_READY); per tile mbar_wait(FULL[slot]), bar_sync(P_FULL), s_alpha,
+            P V (P and the warpgroup's V half of the slot), mbar_arrive(P_FREE), bar_sync(W3_WG1 + w), the
+            gather of walk tile u + 2 into the slot; per segment bar_sync(FIN), the read of s_fin.
+            A gather: the cp.async copies of the V half and of the rope half (write intervals that end when
+            they land), WG1 only: the plain stores of flags[slot]; mbar_track_cp_async(FULL), mbar_arrive(FULL).
+  CE        the copy engine: each issued batch (a part of a gather) lands at a random later step, any order.
+  A warpgroup is one actor (weight 128 threads): races between the warps of one warpgroup are NOT
+  modelled (a warp's wgmma wait covers its own rows only: that is what bar_sync(W3_WG1 + w, 128) after P V
+  is for, hence only an ablation below).
+  mbarriers as in PTX: a pending count and a phase; the phase completes when the count reaches 0 (the
+  parity flips, the count is reset); arrivals beyond a phase's count go to the next phase; try_wait.parity
+  P returns once the current parity != P. FULL[2] (init 256), P_FREE (256); EMPTY is unused by this form.
+  mbar_track_cp_async (cp.async.mbarrier.arrive, no .noinc) raises the current phase's count by 128 now
+  and lowers it once all of the actor's earlier copies have landed (per thread in the kernel; the phase
+  needs all 256 threads, so it completes at the same moments).
+  Named barriers 1 P_FULL, 2 Q_READY, 3 FIN (384), 4 / 5 WG1 / WG2 (128), 6 PV_PAIR (256), 7 BAR_WG0 (128):
+  an actor adds 128; an instance completes at its count; bar.sync waits for the instance it arrived on.
+  Buffers of parts: slot[s] = V1, V2 (V columns of WG1 / WG2), R1, R2 (rope halves), written by WG1's /
+  WG2's copies; flags[s] (WG1); Q (WG1, WG2); P, s_alpha, s_fin (WG0). Writes are tagged (segment, tile)
+  or (segment,) and list who must read them how often before they may be overwritten.
+Checks (a run stops at its first violation)
+  race      a write while a read or another write of the part is open, or before a reader read the old
+            contents; a read that finds a write in progress or another tag than expected.
+  named     two instances (P_FULL of tile u, FIN of segment k, ...) pending on one id, two counts on one
+            instance, arrivals beyond the count, an instance left incomplete.
+  mbarrier  a wait that returns before the phase it means completed; an arrival, track or tracked landing
+            counted in another phase than the one meant; a phase left half-done at the end.
+  deadlock  nobody can step, no copy in flight: each actor's blocking op is printed with its kernel line.
+  The instance / meant-phase checks are the intent checks (--no-intent-checks keeps only the PTX-level
+  rules, the tags and deadlocks; --self-test runs both). Each step is located in the kernel by a chain of
+  snippets (SITES); one no longer found is reported.
+What it does not model
+  The fp8 forms and the TMA form; EMPTY, nvalid, __syncwarp; addresses, swizzles, the exact chunk sets
+  (V1, V2, R1, R2 taken as disjoint, as w3_gather's addresses make them); proxy fences, release /
+  acquire scopes, mbarrier init and find_part (the model starts after them); the global epilogue and all
+  values; timing (paces are random per run, not exhaustive: a finding comes with seed and run to replay;
+  the normal mode prints how often each wait had to wait); the schedule arithmetic (a CTA gets a list of
+  segments (t0, t1), t1 > t0, that every actor walks, WG1 / WG2 each with its own TileWalk).
+How to run
+  python3 tools/models/gather3wg_protocol.py                 # 2000 random runs, seed 1
+  python3 tools/models/gather3wg_protocol.py --runs 5000 --seed 7
+  python3 tools/models/gather3wg_protocol.py --segments 3,1,2 --runs 300   # fixed tile counts
+  python3 tools/models/gather3wg_protocol.py --bug no_track      # inject bugs (a,b); --list-bugs
+  python3 tools/models/gather3wg_protocol.py --self-test         # each bug caught, clean without
+  python3 tools/models/gather3wg_protocol.py --run 17 --trace 60 # replay run 17 of the seed
+Exit status 0 when clean (--self-test: every bug caught both ways and the protocol clean), else 1.
+"""
+
+import argparse
+import collections
+import os
+import random
+import re
+import sys
+import time
+
+KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
+D = "__device__ void decode_wgmma_3wg("  # anchors: each chain is searched in order, the last is the site
+W12 = "const int w = wg - 1;"
+CPB = ("pv_tile<T, 128>(o, dp", "} else if constexpr (CP) {")  # the 16-bit gather form's branch after P V
+G = "__device__ __forceinline__ void w3_gather("
+SITES = {
+    "init.full": (D, "mbar_init(full + 8 * s, CP ? 256 : 1)"),
+    "wg0.q_ready": (D, "bar_sync(W3_Q_READY, W3_THREADS)"),
+    "wg0.full": (D, "mbar_wait(full + 8 * slot, (u >> 1) & 1)"),
+    "wg0.qk": (D, "w3_qk16<T>(s, dq, sRing + slot * L::SLOT)"),
+    "wg0.flags": (D, "const unsigned char* fl = flags_of(slot)"),
+    "wg0.pfree": (D, "if (u >= 1) mbar_wait(pfree, (u - 1) & 1)"),
+    "wg0.p": (D, "store_p_rows(sP, pk, wwarp, lane)"),
+    "wg0.alpha": (D, "s_alpha[r_lo] = alpha[0]"),
+    "wg0.bar": (D, "bar_sync(BAR_WG0, 128)"),
+    "wg0.p_full": (D, "bar_arrive(W3_P_FULL, W3_THREADS)"),
+    "wg0.fin_store": (D, "store_fin(s_fin, l_run, m_run, r_lo, qd)"),
+    "wg0.bar_fin": (D, "store_fin(s_fin", "bar_sync(BAR_WG0, 128)"),
+    "wg0.fin": (D, "bar_arrive(W3_FIN, W3_THREADS)"),
+    "wg12.prologue": (D, W12, "w3_gather<T>(p, walk, sRing + v * L::SLOT"),
+    "wg12.q": (D, W12, "w3_load_q_regs<T>(p, sg.b, row0, sQ"),
+    "wg12.pv_pair": (D, W12, "bar_sync(W3_PV_PAIR, 256)"),
+    "wg12.q_ready": (D, W12, "bar_arrive(W3_Q_READY, W3_THREADS)"),
+    "wg12.full": (D, W12, "mbar_wait(full + 8 * slot, (u >> 1) & 1)"),
+    "wg12.p_full": (D, W12, "bar_sync(W3_P_FULL, W3_THREADS)"),
+    "wg12.alpha": (D, W12, "rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8])"),
+    "wg12.pv": (D, W12, "pv_tile<T, 128>(o, dp"),
+    "wg12.pfree": (D, W12) + CPB + ("mbar_arrive(pfree)",),
+    "wg12.wgbar": (D, W12) + CPB + ("bar_sync(W3_WG1 + w, 128)",),
+    "wg12.gather": (D, W12) + CPB + ("if (walk.next(p, part)) w3_gather<T>(p, walk, kst",),
+    "wg12.fin": (D, W12, "bar_sync(W3_FIN, W3_THREADS)"),
+    "wg12.store": (D, W12, "w3_store<T>(p, sg, row0, o, s_fin"),
+    "gather.v": (G, "cp_async16(row + (j >> 1) * SUB_BYTES"),
+    "gather.rope": (G, "cp_async16(dst + 8 * SUB_BYTES"),
+    "gather.flags": (G, "if (sub == 0) flags[r] = ok ? 1 : 0"),
+    "gather.track": (G, "mbar_track_cp_async(full)"),
+    "gather.arrive": (G, "mbar_arrive(full);"),
+    "ce.land": None,
+}
+LINES, MISSING_SITES = {}, []
+
+
+def locate_sites():
+    path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", KERNEL))
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().split("\n")
+    except OSError:
+        text = None
+    for key, chain in SITES.items():
+        LINES[key] = (None, chain[-1] if chain else "(the copy engine)")
+        if chain is None:
+            continue
+        i = 0
+        for snip in chain:  # each snippet at or after the line of the previous one
+            while text is not None and i < len(text) and snip not in text[i]:
+                i += 1
+            if text is None or i >= len(text):
+                MISSING_SITES.append(key)
+                break
+        else:
+            LINES[key] = (i + 1, text[i].strip())
+
+
+def where(site):
+    ln, code = LINES.get(site, (None, site))
+    return f"L{ln or '?'}: {code}"
+
+
+def lineno(site):
+    return LINES.get(site, (None, ""))[0] or "?"
+
+
+# ---------------------------------------------------------------------------------------------
+THREADS, SLOTS, W = 384, 2, 128  # W3_THREADS, W3_SLOTS, an actor's weight in threads
+P_FULL, Q_READY, FIN, WGBAR, PV_PAIR, BAR_WG0 = 1, 2, 3, 4, 6, 7
+BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", 6: "PV_PAIR", 7: "BAR_WG0"}
+SLOT_PARTS = {"V1": "WG1", "V2": "WG2", "R1": "WG1", "R2": "WG2"}  # part -> whose gather copies it
+
+# Injected bugs: name -> (what, sites). --self-test expects each caught with and without the intent checks.
+BUGS = {
+    "full_count_128": ("FULL initialised with count 128 instead of 256", ["init.full"]),
+    "no_track": ("no mbar_track_cp_async before the arrive on FULL (copies may land later)", ["gather.track"]),
+    "arrive_before_track": ("the arrive on FULL before the track", ["gather.arrive", "gather.track"]),
+    "track_noinc": ("the track with .noinc (the landing counts as one more arrival)", ["gather.track"]),
+    "gather_before_pv": ("WG1/WG2 gather tile u + 2 right after the FULL wait, before P V(u) read their V half",
+                         ["wg12.gather", "wg12.full"]),
+    "pfree_before_pv": ("WG1/WG2 arrive on P_FREE before rescale and P V read s_alpha, P", ["wg12.pfree", "wg12.pv"]),
+    "flags_after_arrive": ("WG1 writes the tile's flags after its arrive on FULL", ["gather.flags"]),
+    "no_pfree_wait": ("WG0 does not wait on P_FREE before writing P(u)", ["wg0.pfree"]),
+    "full_parity_off": ("every FULL wait uses parity ((u >> 1) + 1) & 1", ["wg0.full", "wg12.full"]),
+    "gather_other_slot": ("the refill goes into slot (u + 1) & 1 (its flags and FULL too)", ["wg12.gather"]),
+    "no_full_wait_wg0": ("WG0 does not wait on FULL before S", ["wg0.full"]),
+    "no_q_ready_sync": ("WG0 does not bar_sync(Q_READY)", ["wg0.q_ready"]),
+    "q_ready_before_q": ("WG1/WG2 arrive on Q_READY before writing Q", ["wg12.q_ready", "wg12.q"]),
+    "fin_before_store": ("WG0 arrives on FIN before store_fin writes s_fin", ["wg0.fin", "wg0.fin_store"]),
+    "no_fin_sync": ("WG1/WG2 read s_fin without bar_sync(FIN)", ["wg12.fin"]),
+    "prologue_one_tile": ("the prologue gathers only the first tile", ["wg12.prologue"]),
+}
+# Removals the model finds nothing against: information on what it cannot see, not advice.
+ABLATIONS = {
+    "no_wg_bar": ("drop bar_sync(W3_WG1 + w, 128) after P V (between warps: not modelled)", ["wg12.wgbar"]),
+    "no_bar_wg0": ("drop bar_sync(BAR_WG0, 128) (between warps / racecheck)", ["wg0.bar", "wg0.bar_fin"]),
+    "no_pv_pair": ("drop bar_sync(W3_PV_PAIR, 256) (racecheck's; the arrives order for the model)", ["wg12.pv_pair"]),
+    "no_full_wait_wg12": ("drop WG1/WG2's FULL wait (P_FULL(u) follows WG0's wait on the same phase; proxy fences "
+                          "and the memory model are not modelled)", ["wg12.full"]),
+}
+
+
+class Violation(Exception):
+    def __init__(self, kind, msg):
+        super().__init__(msg)
+        self.kind, self.msg = kind, msg
+
+
+def tagstr(tag):
+    return "nothing" if tag is None else f"seg {tag[0]}" if len(tag) == 1 else f"seg {tag[0]} tile {tag[1]}"
+
+
+class MBar:
+    """phase: completed phases (current parity phase & 1); pending: arrivals + tracks still owed."""
+
+    def __init__(self, name, count, intent):
+        self.name, self.count, self.intent = name, count, intent
+        self.pending, self.phase, self.tracked = count, 0, 0
+
+    def _check(self, meant, who, site, what):
+        if self.intent and meant is not None and meant != self.phase:
+            raise Violation("mbarrier", f"{who}'s {what} on {self.name} meant for phase {meant} counts in phase "
+                            f"{self.phase} ({where(site)})")
+
+    def arrive(self, n, meant, who, site, what="arrival"):
+        while n > 0:  # arrivals beyond the phase's count go to the next phase
+            self._check(meant, who, site, what)
+            take = min(n, self.pending)
+            self.pending -= take
+            n -= take
+            if self.pending == 0:
+                self.phase += 1
+                self.pending = self.count
+
+    def track(self, n, meant, who, site):  # cp.async.mbarrier.arrive (no .noinc): raised now
+        self._check(meant, who, site, "track")
+        self.pending += n
+        self.tracked += n
+
+    def __str__(self):
+        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), pending {self.pending} "
+                f"of {self.count}" + (f" ({self.tracked} tracked copies' arrivals)" if self.tracked else ""))
+
+
+class NamedBar:
+    def __init__(self, bid, intent):
+        self.bid, self.intent, self.name = bid, intent, BAR_NAMES[bid]
+        self.count, self.arrived, self.labels, self.gen = None, 0, collections.Counter(), 0
+
+    def arrive(self, n, label, who, site):
+        """Adds one actor (128 threads); returns the instance (generation) arrived on."""
+        if self.count is None:
+            self.count = n
+        elif self.count != n:
+            raise Violation("named", f"{who} arrives on {self.bid} ({self.name}) with count {n}, the pending "
+                            f"instance has {self.count} ({where(site)})")
+        if self.intent and self.labels and label not in self.labels:
+            raise Violation("named", f"{who} arrives on {self.bid} ({self.name}) for {label} while arrivals for "
+                            f"{dict(self.labels)} are pending: two instances on one id ({where(site)})")
+        self.arrived += W
+        self.labels[label] += W
+        gen = self.gen
+        if self.arrived > self.count:
+            raise Violation("named", f"{who} brings {self.bid} ({self.name}) to {self.arrived} arrivals, beyond "
+                            f"{self.count} ({where(site)})")
+        if self.arrived == self.count:
+            self.gen += 1
+            self.count, self.arrived, self.labels = None, 0, collections.Counter()
+        return gen
+
+    def __str__(self):
+        return f"{self.bid} {self.name}: {self.arrived}/{self.count} arrived for {dict(self.labels)}"
+
+
+class Part:
+    def __init__(self):
+        self.tag = self.writing = None
+        self.pending = collections.Counter()  # reader -> reads owed to the current contents
+        self.open = collections.Counter()  # reader -> open read intervals
+
+
+class Op:
+    def __init__(self, kind, site, **kw):
+        self.kind, self.site, self.arrived, self.blocked = kind, site, False, False
+        self.__dict__.update(kw)
+
+    def describe(self):
+        k, o = self.kind, self
+        if k == "mwait":
+            return f"mbar_wait({o.bar.name}, parity {o.parity}) meaning phase {o.meant}"
+        if k in ("marrive", "track"):
+            return f"{'mbar_arrive' if k == 'marrive' else 'mbar_track_cp_async'}({o.bar.name}) for phase {o.meant}"
+        if k in ("barrive", "bsync"):  # bar_arrive / bar_sync
+            return f"bar_{k[1:]}({o.bar.bid} {o.bar.name}, {o.n}) for {o.label}" + (" [arrived]" if o.arrived else "")
+        if k in ("rbegin", "rend"):
+            return ("read " if k == "rbegin" else "end read ") + ", ".join(
+                f"{b}{ps or ''} ({tagstr(t)})" for b, ps, t in o.reads)
+        return f"{dict(wbegin='write', wend='end write', copy='cp.async into')[k]} {o.buf}[{o.part}] ({tagstr(o.tag)})"
+
+
+class Actor:  # one warpgroup: gen its program, op the step it is at, ctx where it is (for reports)
+    def __init__(self, name):
+        self.name, self.gen, self.op, self.ctx = name, None, None, ""
+
+
+# ---------------------------------------------------------------------------------------------
+class Sim:
+    def __init__(self, segs, bugs, intent=True):
+        self.segs, self.B, self.intent = segs, set(bugs), intent
+        self.tiles = [(k, t) for k, (t0, t1) in enumerate(segs) for t in range(t0, t1)]  # the walk
+        fc = 128 if "full_count_128" in self.B else 256
+        self.full = [MBar(f"FULL[{s}]", fc, intent) for s in range(SLOTS)]
+        self.pfree = MBar("P_FREE", 256, intent)
+        self.mbars = self.full + [self.pfree]
+        self.nbars = {b: NamedBar(b, intent) for b in BAR_NAMES}
+        self.bufs = {f"slot[{s}]": {p: Part() for p in SLOT_PARTS} for s in range(SLOTS)}
+        self.bufs.update({f"flags[{s}]": {"WG1": Part()} for s in range(SLOTS)})
+        self.bufs["Q"] = {"WG1": Part(), "WG2": Part()}
+        self.bufs.update({b: {"WG0": Part()} for b in ("P", "s_alpha", "s_fin")})
+        self.copies = {}  # id -> (actor, buf, part, tag): issued, not landed
+        self.next_copy = 0
+        self.tracks = collections.defaultdict(list)  # actor -> [(bar, n, meant, ids still in flight)]
+        self.blocked_waits = collections.Counter()
+        self.trace = collections.deque(maxlen=400)
+        self.actors = []
+        for name in ("WG0", "WG1", "WG2"):
+            a = Actor(name)
+            a.gen = self.prog_wg0(a) if name == "WG0" else self.prog_wg12(a, int(name[2]) - 1)
+            a.op = next(a.gen, None)
+            self.actors.append(a)
+
+    def readers(self, buf, part, tag):
+        if buf.startswith("slot"):
+            return {"WG0": 1, SLOT_PARTS[part]: 1} if part[0] == "V" else {"WG0": 1}
+        if buf.startswith("flags"):
+            return {"WG0": 1}
+        if buf == "Q":  # S of every tile of the segment
+            t0, t1 = self.segs[tag[0]]
+            return {"WG0": t1 - t0}
+        return {"WG1": 1, "WG2": 1}  # P, s_alpha, s_fin
+
+    # -- buffer accesses ------------------------------------------------------------------
+    def wbegin(self, who, buf, part, tag, site):
+        p = self.bufs[buf][part]
+        loc = f"{buf}[{part}]"
+        if p.writing is not None:
+            raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {tagstr(p.writing)} is "
+                            f"still being written into it ({where(site)})")
+        opened = [r for r, n in p.open.items() if n]
+        if opened:
+            raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {', '.join(opened)} "
+                            f"still read(s) its {tagstr(p.tag)} ({where(site)})")
+        owed = {r: n for r, n in p.pending.items() if n}
+        if owed:
+            raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} with {tagstr(tag)} before "
+                            + ", ".join(f"{r} read it ({n} read(s) owed)" for r, n in owed.items())
+                            + f" ({where(site)})")
+        p.writing = tag
+        p.pending = collections.Counter(self.readers(buf, part, tag))
+
+    def wend(self, buf, part):
+        p = self.bufs[buf][part]
+        p.tag, p.writing = p.writing, None
+
+    def parts(self, buf, ps):
+        return [(n, self.bufs[buf][n]) for n in (ps or self.bufs[buf])]
+
+    def rbegin(self, who, reads, site):
+        for buf, ps, tag in reads:
+            for name, p in self.parts(buf, ps):
+                if p.writing is not None:
+                    raise Violation("race", f"{who} reads {buf}[{name}] expecting {tagstr(tag)} while "
+                                    f"{tagstr(p.writing)} is still being written into it ({where(site)})")
+                if p.tag != tag:
+                    raise Violation("race", f"{who} reads {buf}[{name}] expecting {tagstr(tag)} but it holds "
+                                    f"{tagstr(p.tag)} ({where(site)})")
+                if p.pending[who] <= 0:
+                    raise Violation("race", f"{who} reads {buf}[{name}] ({tagstr(tag)}) more often than the "
+                                    f"model expects ({where(site)})")
+                p.open[who] += 1
+
+    def rend(self, who, reads):
+        for buf, ps, tag in reads:
+            for _, p in self.parts(buf, ps):  # (a write start during the read is caught there)
+                p.open[who] -= 1
+                p.pending[who] -= 1
+
+    # -- programs -----------------------------------------------------------------------------
+    def read(self, reads, site):
+        yield Op("rbegin", site, reads=reads)
+        yield Op("rend", site, reads=reads)
+
+    def write(self, buf, part, tag, site):
+        yield Op("wbegin", site, buf=buf, part=part, tag=tag)
+        yield Op("wend", site, buf=buf, part=part, tag=tag)
+
+    def full_parity(self, u):
+        return (((u >> 1) + 1) & 1) if "full_parity_off" in self.B else ((u >> 1) & 1)
+
+    def prog_wg0(self, me):
+        B, u = self.B, 0
+        for k, (t0, t1) in enumerate(self.segs):
+            me.ctx = f"seg {k}"
+            if "no_q_ready_sync" not in B:
+                yield Op("bsync", "wg0.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
+            for t in range(t0, t1):
+                slot, me.ctx = u & 1, f"seg {k} tile {t} u={u}"
+                if "no_full_wait_wg0" not in B:
+                    yield Op("mwait", "wg0.full", bar=self.full[slot], parity=self.full_parity(u), meant=u >> 1)
+                yield from self.read([(f"slot[{slot}]", None, (k, t)), ("Q", None, (k,))], "wg0.qk")
+                yield from self.read([(f"flags[{slot}]", None, (k, t))], "wg0.flags")
+                if u >= 1 and "no_pfree_wait" not in B:
+                    yield Op("mwait", "wg0.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
+                yield from self.write("P", "WG0", (k, t), "wg0.p")
+                yield from self.write("s_alpha", "WG0", (k, t), "wg0.alpha")
+                if "no_bar_wg0" not in B:
+                    yield Op("bsync", "wg0.bar", bar=self.nbars[BAR_WG0], n=128, label=("BAR_WG0", u))
+                yield Op("barrive", "wg0.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                u += 1
+            me.ctx = f"seg {k} end"
+            fin = Op("barrive", "wg0.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
+            if "fin_before_store" in B:
+                yield fin
+            yield from self.write("s_fin", "WG0", (k,), "wg0.fin_store")
+            if "no_bar_wg0" not in B:
+                yield Op("bsync", "wg0.bar_fin", bar=self.nbars[BAR_WG0], n=128, label=("BAR_WG0 fin", k))
+            if "fin_before_store" not in B:
+                yield fin
+        me.ctx = "returned"
+
+    def gather(self, me, w, n, slot, site):
+        """w3_gather of walk tile n (FULL phase n >> 1) into `slot`, called at `site`."""
+        B, tag, meant, full = self.B, self.tiles[n], n >> 1, self.full[slot]
+        ctx, me.ctx = me.ctx, f"{me.ctx} (L{lineno(site)}: gathering {tagstr(self.tiles[n])} into slot {slot})"
+        yield Op("copy", "gather.v", buf=f"slot[{slot}]", part=f"V{w + 1}", tag=tag)
+        yield Op("copy", "gather.rope", buf=f"slot[{slot}]", part=f"R{w + 1}", tag=tag)
+        flags = self.write(f"flags[{slot}]", "WG1", tag, "gather.flags") if w == 0 else iter(())
+        if "flags_after_arrive" not in B:
+            yield from flags
+        track = Op("track", "gather.track", bar=full, meant=meant)
+        arrive = Op("marrive", "gather.arrive", bar=full, meant=meant)
+        if "arrive_before_track" in B:
+            yield arrive
+        if "no_track" not in B:
+            yield track
+        if "arrive_before_track" not in B:
+            yield arrive
+        yield from flags  # (empty unless flags_after_arrive)
+        me.ctx = ctx
+
+    def prog_wg12(self, me, w):
+        B, u, n = self.B, 0, 0  # n: the walk's next tile
+        me.ctx = "prologue"
+        while n < (1 if "prologue_one_tile" in B else SLOTS) and n < len(self.tiles):
+            yield from self.gather(me, w, n, n, "wg12.prologue")
+            n += 1
+        for k, (t0, t1) in enumerate(self.segs):
+            me.ctx = f"seg {k}"
+            qr = Op("barrive", "wg12.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
+            if "q_ready_before_q" in B:
+                yield qr
+            yield from self.write("Q", me.name, (k,), "wg12.q")
+            if "no_pv_pair" not in B:
+                yield Op("bsync", "wg12.pv_pair", bar=self.nbars[PV_PAIR], n=256, label=("PV_PAIR", k))
+            if "q_ready_before_q" not in B:
+                yield qr
+            for t in range(t0, t1):
+                slot, me.ctx = u & 1, f"seg {k} tile {t} u={u}"
+                if "no_full_wait_wg12" not in B:
+                    yield Op("mwait", "wg12.full", bar=self.full[slot], parity=self.full_parity(u), meant=u >> 1)
+                dst = slot ^ 1 if "gather_other_slot" in B else slot
+                if "gather_before_pv" in B and n < len(self.tiles):
+                    yield from self.gather(me, w, n, dst, "wg12.gather")
+                    n += 1
+                yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                pf = Op("marrive", "wg12.pfree", bar=self.pfree, meant=u)
+                if "pfree_before_pv" in B:
+                    yield pf
+                yield from self.read([("s_alpha", None, (k, t))], "wg12.alpha")
+                yield from self.read([("P", None, (k, t)), (f"slot[{slot}]", [f"V{w + 1}"], (k, t))], "wg12.pv")
+                if "pfree_before_pv" not in B:
+                    yield pf
+                if "no_wg_bar" not in B:
+                    yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{w + 1}", u))
+                if "gather_before_pv" not in B and n < len(self.tiles):  # walk.next(): tile u + 2
+                    yield from self.gather(me, w, n, dst, "wg12.gather")
+                    n += 1
+                u += 1
+            me.ctx = f"seg {k} end"
+            if "no_fin_sync" not in B:
+                yield Op("bsync", "wg12.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
+            yield from self.read([("s_fin", None, (k,))], "wg12.store")
+        me.ctx = "returned"
+
+    # -- scheduling ---------------------------------------------------------------------------
+    def enabled(self, a):
+        op = a.op
+        if op.kind == "mwait":
+            return (op.bar.phase & 1) != op.parity
+        if op.kind == "bsync":
+            return not op.arrived or op.bar.gen > op.gen
+        return True
+
+    def step(self, a):
+        op, who = a.op, f"{a.name} ({a.ctx})"
+        desc = op.describe()
+        if op.kind == "mwait" or (op.kind == "bsync" and op.arrived):
+            desc = desc.replace(" [arrived]", "") + " -> passes"
+            if op.blocked:
+                self.blocked_waits[op.site] += 1
+        self.trace.append((a.name, a.ctx, op.site, desc))
+        advance, k = True, op.kind
+        if k == "mwait":
+            if self.intent and op.bar.phase <= op.meant:
+                raise Violation("mbarrier", f"{who}: mbar_wait({op.bar.name}, parity {op.parity}) returns before "
+                                f"phase {op.meant} has completed ({op.bar.phase} phases done) ({where(op.site)})")
+        elif k == "marrive":
+            op.bar.arrive(W, op.meant, who, op.site)
+        elif k == "track":
+            ids = {i for i, c in self.copies.items() if c[0] == a.name}  # this actor's copies in flight
+            if "track_noinc" not in self.B:
+                op.bar.track(W, op.meant, who, op.site)
+            self.tracks[a.name].append((op.bar, op.meant, ids, who))
+            self.fire_tracks(a.name)
+        elif k == "barrive":
+            op.bar.arrive(op.n, op.label, who, op.site)
+        elif k == "bsync" and not op.arrived:
+            op.gen, op.arrived, advance = op.bar.arrive(op.n, op.label, who, op.site), True, False
+        elif k == "rbegin":
+            self.rbegin(a.name, op.reads, op.site)
+        elif k == "rend":
+            self.rend(a.name, op.reads)
+        elif k == "wbegin":
+            self.wbegin(a.name, op.buf, op.part, op.tag, op.site)
+        elif k == "wend":
+            self.wend(op.buf, op.part)
+        elif k == "copy":  # the write interval runs until the copy engine lands the batch
+            self.wbegin(f"{a.name}'s cp.async", op.buf, op.part, op.tag, op.site)
+            self.copies[self.next_copy] = (a.name, op.buf, op.part, op.tag)
+            self.next_copy += 1
+        if advance:
+            a.op = next(a.gen, None)
+
+    def fire_tracks(self, actor):
+        """The tracked arrivals whose copies have all landed lower their phase's pending count."""
+        keep = []
+        for bar, meant, ids, who in self.tracks[actor]:
+            if ids & self.copies.keys():
+                keep.append((bar, meant, ids, who))
+                continue
+            if "track_noinc" not in self.B:
+                bar.tracked -= W
+            bar.arrive(W, meant, who, "gather.track", "tracked copies' arrival")
+        self.tracks[actor] = keep
+
+    def land(self, cid):
+        actor, buf, part, tag = self.copies.pop(cid)
+        self.trace.append(("CE", "", "ce.land", f"{actor}'s copy of {tagstr(tag)} into {buf}[{part}] lands"))
+        self.wend(buf, part)
+        self.fire_tracks(actor)
+
+    def final_checks(self):
+        for nb in self.nbars.values():
+            if nb.count is not None:
+                raise Violation("named", f"at the end: barrier {nb} left incomplete")
+        for mb in self.mbars:
+            if mb.pending != mb.count or mb.tracked:
+                raise Violation("mbarrier", f"at the end: {mb} (a phase left half-done)")
+        for buf, parts in self.bufs.items():
+            for name, p in parts.items():
+                owed = {r: n for r, n in p.pending.items() if n}
+                if owed:
+                    raise Violation("race", f"at the end: {buf}[{name}] holds {tagstr(p.tag)} that {owed} never read")
+
+    def state(self):
+        out = ["  actors:"]
+        for a in self.actors:
+            if a.op is None:
+                out.append(f"    {a.name} done ({a.ctx})")
+                continue
+            b = a.op.bar if a.op.kind == "mwait" else None
+            extra = f"  [{b.name}: {b.phase} phases done, parity {b.phase & 1}]" if b else ""
+            out.append(f"    {a.name} {'ready  ' if self.enabled(a) else 'blocked'} {a.ctx}: {a.op.describe()} at "
+                       f"{where(a.op.site)}{extra}")
+        pend = "; ".join(str(n) for n in self.nbars.values() if n.count is not None)
+        fly = ", ".join(f"{c[0]}: {c[1]}[{c[2]}] {tagstr(c[3])}" for c in self.copies.values())
+        out += ["  mbarriers: " + "; ".join(str(m) for m in self.mbars),
+                "  named barriers: " + (pend or "no arrivals pending"), "  copies in flight: " + (fly or "none")]
+        return "\n".join(out)
+
+
+def run_once(segs, bugs, rng, intent=True, max_steps=200000):
+    """One random interleaving: ('ok' | 'violation' | 'deadlock', (Violation or None, sim, steps))."""
+    sim = Sim(segs, bugs, intent)
+    actors = sim.actors
+    speeds = [rng.choice((0.03, 0.3, 1.0, 1.0, 4.0)) for _ in range(len(actors) + 1)]  # last: the CE
+    steps = 0
+    try:
+        while True:
+            steps += 1
+            if steps > max_steps:
+                return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
+            if rng.random() < 0.02:  # now and then one actor (or the CE) changes its pace
+                speeds[rng.randrange(len(speeds))] = rng.choice((0.03, 0.3, 1.0, 4.0))
+            cand, wts = [], []
+            for i, a in enumerate(actors):
+                if a.op is not None:
+                    if sim.enabled(a):
+                        cand.append(a)
+                        wts.append(speeds[i])
+                    else:
+                        a.op.blocked = True
+            if sim.copies:
+                cand.append(None)
+                wts.append(speeds[-1])
+            if not cand:
+                if all(a.op is None for a in actors):
+                    sim.final_checks()
+                    return "ok", (None, sim, steps)
+                stuck = ", ".join(f"{a.name} at L{lineno(a.op.site)}" for a in actors if a.op is not None)
+                return "deadlock", (Violation("deadlock", f"no actor can step: {stuck}"), sim, steps)
+            a = rng.choices(cand, wts)[0] if len(cand) > 1 else cand[0]
+            if a is None:
+                sim.land(rng.choice(list(sim.copies)))
+            else:
+                sim.step(a)
+    except Violation as v:
+        return "violation", (v, sim, steps)
+
+
+# ---------------------------------------------------------------------------------------------
+FIXED_CASES = [("zero segments", []), ("one segment of one tile", [(0, 1)]),
+               ("many one-tile segments", [(0, 1)] * 12), ("many two-tile segments", [(0, 2)] * 7),
+               ("three short segments", [(0, 3), (0, 1), (0, 2)]), ("one tile mid-sequence", [(5, 6)]),
+               ("one long segment", [(2, 19)]), ("odd lengths", [(1, 4), (0, 1), (0, 5), (0, 2), (0, 1)])]
+
+
+def case_for(run, seed, fixed_segs):
+    rng = random.Random(f"{seed}:{run}")
+    if fixed_segs is not None:
+        return rng, "given segments", fixed_segs
+    if run < len(FIXED_CASES):
+        return (rng,) + FIXED_CASES[run]
+    r = rng.random()
+    if r < 0.25:
+        return rng, "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(rng.randint(4, 14))]
+    if r < 0.35:
+        t0 = rng.randint(0, 4)
+        return rng, "one long segment", [(t0, t0 + rng.randint(2, 16))]
+    segs = []
+    for i in range(rng.randint(1, 5)):
+        t0 = rng.randint(0, 3) if i == 0 else 0
+        segs.append((t0, t0 + rng.randint(1, 6)))
+    return rng, "random segments", segs
+
+
+def report(run, seed, cname, segs, bugs, res, v, sim, ntrace):
+    print(f"\n=== run {run} (replay: --seed {seed} --run {run}" + (f" --bug {','.join(bugs)}" if bugs else "")
+          + f"): {res.upper()}, kind {v.kind}\n  segments ({cname}): {segs}\n  {v.msg}")
+    print(sim.state())
+    if ntrace:
+        print(f"  last {min(ntrace, len(sim.trace))} steps:")
+        for who, ctx, site, desc in list(sim.trace)[-ntrace:]:
+            print(f"    {who:3s} {ctx:40s} {'L' + str(lineno(site)) if site != 'ce.land' else '-':5s} {desc}")
+
+
+def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, intent=True):
+    st = {"runs": 0, "caught": 0, "kinds": collections.Counter(), "first": None, "steps": 0, "tiles": 0,
+          "cases": collections.Counter(), "msgs": collections.Counter(), "blocked": collections.Counter()}
+    reported = 0
+    for run in (range(runs) if only_run is None else [only_run]):
+        rng, cname, segs = case_for(run, seed, fixed_segs)
+        res, (v, sim, steps) = run_once(segs, bugs, rng, intent)
+        st["runs"] += 1
+        st["steps"] += steps
+        st["tiles"] += sum(t1 - t0 for t0, t1 in segs)
+        st["cases"][cname] += 1
+        st["blocked"].update(sim.blocked_waits)
+        if res == "ok":
+            continue
+        st["caught"] += 1
+        st["kinds"][v.kind] += 1
+        key = v.msg if v.kind == "deadlock" else re.sub(r"\d+", "#", v.msg.split(" (L")[0])
+        st["msgs"][key] += 1
+        st["first"] = st["first"] or (run, v)
+        if not quiet and reported < 3 and st["msgs"][key] == 1:
+            report(run, seed, cname, segs, bugs, res, v, sim, ntrace)
+            reported += 1
+    return st
+
+
+def self_test(seed, runs):
+    t0, ok = time.time(), True
+    print(f"self-test: the unmodified protocol, then each injected bug, {runs} runs each (seed {seed});")
+    print("  'plain': the same runs without the intent checks (PTX-level barrier rules, data tags, deadlocks)")
+    for intent in (True, False):
+        clean = explore(max(runs, 500), seed, [], quiet=True, intent=intent)
+        ok &= clean["caught"] == 0
+        print(f"  {'(none: the kernel as written)':26s} {clean['caught']:4d}/{clean['runs']} runs flagged"
+              f"{'' if intent else ' (plain)'}  -> {'clean' if clean['caught'] == 0 else 'VIOLATIONS'}")
+    for name, (what, sites) in BUGS.items():
+        st = explore(runs, seed, [name], quiet=True)
+        pl = explore(runs, seed, [name], quiet=True, intent=False)
+        caught = st["caught"] > 0 and pl["caught"] > 0
+        ok &= caught
+        kinds = lambda s: ", ".join(f"{k} {n}" for k, n in s["kinds"].most_common())
+        print(f"  {name:26s} {st['caught']:4d}/{st['runs']} flagged [{kinds(st)}]; plain {pl['caught']}/"
+              f"{pl['runs']} [{kinds(pl)}]  -> {'CAUGHT' if caught else 'MISSED'}")
+        print(f"      bug: {what} ({','.join(f'L{lineno(s)}' for s in sites)})")
+        if st["first"]:
+            print(f"      e.g. run {st['first'][0]}: {st['first'][1].kind}: {st['first'][1].msg}")
+    print("  removals the model finds nothing against (information, not part of the verdict):")
+    for name, (what, sites) in ABLATIONS.items():
+        st = explore(runs, seed, [name], quiet=True)
+        print(f"  {name:26s} {st['caught']:4d}/{st['runs']} flagged  ({what}; "
+              f"{','.join(f'L{lineno(s)}' for s in sites)})")
+        if st["first"]:
+            print(f"      e.g. run {st['first'][0]}: {st['first'][1].kind}: {st['first'][1].msg}")
+    print(f"self-test {'PASSED' if ok else 'FAILED'} in {time.time() - t0:.1f} s")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=2000, help="random interleavings (default 2000)")
+    ap.add_argument("--seed", default="1", help="base seed (run i uses seed:i)")
+    ap.add_argument("--run", type=int, default=None, help="replay only run RUN of the seed")
+    ap.add_argument("--segments", default=None, help="fixed tile counts of the segments, e.g. 3,1,2 (t0 = 0)")
+    ap.add_argument("--bug", default="", help="inject bugs (comma-separated; see --list-bugs)")
+    ap.add_argument("--trace", type=int, default=12, help="steps of history printed with a finding")
+    ap.add_argument("--self-test", action="store_true", help="inject each bug and check the model catches it")
+    ap.add_argument("--self-test-runs", type=int, default=300, help="runs per injected bug (default 300)")
+    ap.add_argument("--list-bugs", action="store_true")
+    ap.add_argument("--no-intent-checks", action="store_true",
+                    help="drop the checks that use the intended phase / barrier instance of each wait and arrival")
+    args = ap.parse_args()
+
+    locate_sites()
+    if MISSING_SITES:
+        print(f"warning: {len(MISSING_SITES)} kernel site(s) not found in {KERNEL}: {', '.join(MISSING_SITES)} "
+              "(the kernel changed? the model may be out of date)")
+    if args.list_bugs:
+        for name, (what, sites) in list(BUGS.items()) + list(ABLATIONS.items()):
+            print(f"{name:26s} {what}\n{'':26s} at {'; '.join(where(s) for s in sites)}")
+        return 0
+    if args.self_test:
+        return 0 if self_test(args.seed, args.self_test_runs) else 1
+    bugs = [b for b in args.bug.split(",") if b]
+    for b in bugs:
+        if b not in BUGS and b not in ABLATIONS:
+            ap.error(f"unknown bug {b} (see --list-bugs)")
+    fixed = None
+    if args.segments is not None:
+        fixed = [(0, int(x)) for x in args.segments.split(",") if x.strip()]
+        if any(t1 < 1 for _, t1 in fixed):
+            ap.error("segments have at least one tile")
+    t0 = time.time()
+    st = explore(args.runs, args.seed, bugs, fixed, args.run, args.trace, intent=not args.no_intent_checks)
+    print(f"\n{st['runs']} runs (seed {args.seed}{', bugs ' + ','.join(bugs) if bugs else ''}) in "
+          f"{time.time() - t0:.1f} s: {st['steps']} steps, {st['tiles']} tiles")
+    print("  cases: " + ", ".join(f"{n} {c}" for c, n in st["cases"].most_common()))
+    print("  waits that had to wait (did not return at once), over all runs:")
+    for site in ("wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.pv_pair", "wg12.full", "wg12.p_full", "wg12.fin"):
+        print(f"    {st['blocked'][site]:7d}  {where(site)}")
+    if st["caught"] == 0:
+        print(f"  no deadlock, no violation in {st['runs']} runs")
+        return 0
+    print(f"  {st['caught']} run(s) flagged: " + ", ".join(f"{k} {n}" for k, n in st["kinds"].most_common()))
+    for m, n in st["msgs"].most_common(8):
+        print(f"    {n:5d} x {m}")
+    return 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        sys.exit(1)
