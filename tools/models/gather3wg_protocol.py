@@ -68,8 +68,10 @@ import sys
 import time
 
 KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
-D = "__device__ void decode_wgmma_3wg("  # anchors: each chain is searched in order, the last is the site
-W12 = "const int w = wg - 1;"
+# Kernel lines: per modelled step a chain of snippets, each searched from the line of the one before (the
+# file holds the fp8 and TMA forms too, with the same calls): the last one is the step's line.
+D = "__device__ void decode_wgmma_3wg("
+W12 = "const int w = wg - 1;"  # warpgroups 1 and 2's code
 CPB = ("pv_tile<T, 128>(o, dp", "} else if constexpr (CP) {")  # the 16-bit gather form's branch after P V
 G = "__device__ __forceinline__ void w3_gather("
 SITES = {
@@ -104,31 +106,29 @@ SITES = {
     "gather.flags": (G, "if (sub == 0) flags[r] = ok ? 1 : 0"),
     "gather.track": (G, "mbar_track_cp_async(full)"),
     "gather.arrive": (G, "mbar_arrive(full);"),
-    "ce.land": None,
+    "ce.land": None,  # the copy engine
 }
 LINES, MISSING_SITES = {}, []
 
 
 def locate_sites():
-    path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", KERNEL))
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", KERNEL), encoding="utf-8") as f:
             text = f.read().split("\n")
     except OSError:
-        text = None
+        text = []
     for key, chain in SITES.items():
         LINES[key] = (None, chain[-1] if chain else "(the copy engine)")
-        if chain is None:
-            continue
         i = 0
-        for snip in chain:  # each snippet at or after the line of the previous one
-            while text is not None and i < len(text) and snip not in text[i]:
+        for snip in chain or ():
+            while i < len(text) and snip not in text[i]:
                 i += 1
-            if text is None or i >= len(text):
+            if i == len(text):
                 MISSING_SITES.append(key)
                 break
         else:
-            LINES[key] = (i + 1, text[i].strip())
+            if chain:
+                LINES[key] = (i + 1, text[i].strip())
 
 
 def where(site):
@@ -144,7 +144,7 @@ def lineno(site):
 THREADS, SLOTS, W = 384, 2, 128  # W3_THREADS, W3_SLOTS, an actor's weight in threads
 P_FULL, Q_READY, FIN, WGBAR, PV_PAIR, BAR_WG0 = 1, 2, 3, 4, 6, 7
 BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", 6: "PV_PAIR", 7: "BAR_WG0"}
-SLOT_PARTS = {"V1": "WG1", "V2": "WG2", "R1": "WG1", "R2": "WG2"}  # part -> whose gather copies it
+SLOT_PARTS = {"V1": "WG1", "V2": "WG2", "R1": "WG1", "R2": "WG2"}  # part of a slot -> whose gather copies it
 
 # Injected bugs: name -> (what, sites). --self-test expects each caught with and without the intent checks.
 BUGS = {
@@ -187,35 +187,34 @@ def tagstr(tag):
 
 
 class MBar:
-    """phase: completed phases (current parity phase & 1); pending: arrivals + tracks still owed."""
+    """phase: completed phases (current parity: phase & 1); pending: arrivals and tracks still owed."""
 
     def __init__(self, name, count, intent):
         self.name, self.count, self.intent = name, count, intent
         self.pending, self.phase, self.tracked = count, 0, 0
 
     def _check(self, meant, who, site, what):
-        if self.intent and meant is not None and meant != self.phase:
+        if self.intent and meant != self.phase:
             raise Violation("mbarrier", f"{who}'s {what} on {self.name} meant for phase {meant} counts in phase "
                             f"{self.phase} ({where(site)})")
 
     def arrive(self, n, meant, who, site, what="arrival"):
-        while n > 0:  # arrivals beyond the phase's count go to the next phase
+        while n > 0:  # a warpgroup's 128 arrivals are 128 threads': those beyond the count go to the next phase
             self._check(meant, who, site, what)
             take = min(n, self.pending)
             self.pending -= take
             n -= take
             if self.pending == 0:
-                self.phase += 1
-                self.pending = self.count
+                self.phase, self.pending = self.phase + 1, self.count
 
-    def track(self, n, meant, who, site):  # cp.async.mbarrier.arrive (no .noinc): raised now
+    def track(self, n, meant, who, site):  # cp.async.mbarrier.arrive without .noinc: the count is raised now
         self._check(meant, who, site, "track")
         self.pending += n
         self.tracked += n
 
     def __str__(self):
-        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), pending {self.pending} "
-                f"of {self.count}" + (f" ({self.tracked} tracked copies' arrivals)" if self.tracked else ""))
+        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), pending {self.pending} of "
+                f"{self.count}" + (f" ({self.tracked} for copies in flight)" if self.tracked else ""))
 
 
 class NamedBar:
@@ -224,24 +223,20 @@ class NamedBar:
         self.count, self.arrived, self.labels, self.gen = None, 0, collections.Counter(), 0
 
     def arrive(self, n, label, who, site):
-        """Adds one actor (128 threads); returns the instance (generation) arrived on."""
-        if self.count is None:
-            self.count = n
-        elif self.count != n:
-            raise Violation("named", f"{who} arrives on {self.bid} ({self.name}) with count {n}, the pending "
-                            f"instance has {self.count} ({where(site)})")
+        """Adds one actor's 128 threads; returns the instance (generation) arrived on."""
+        bar = f"{self.bid} ({self.name})"
+        if self.count is not None and self.count != n:
+            raise Violation("named", f"{who} arrives on {bar} with count {n}, its pending instance has {self.count} "
+                            f"({where(site)})")
         if self.intent and self.labels and label not in self.labels:
-            raise Violation("named", f"{who} arrives on {self.bid} ({self.name}) for {label} while arrivals for "
-                            f"{dict(self.labels)} are pending: two instances on one id ({where(site)})")
-        self.arrived += W
+            raise Violation("named", f"{who} arrives on {bar} for {label} while arrivals for {dict(self.labels)} "
+                            f"are pending: two instances on one id ({where(site)})")
+        self.count, self.arrived, gen = n, self.arrived + W, self.gen
         self.labels[label] += W
-        gen = self.gen
-        if self.arrived > self.count:
-            raise Violation("named", f"{who} brings {self.bid} ({self.name}) to {self.arrived} arrivals, beyond "
-                            f"{self.count} ({where(site)})")
-        if self.arrived == self.count:
-            self.gen += 1
-            self.count, self.arrived, self.labels = None, 0, collections.Counter()
+        if self.arrived > n:
+            raise Violation("named", f"{who} brings {bar} to {self.arrived} arrivals, beyond {n} ({where(site)})")
+        if self.arrived == n:
+            self.gen, self.count, self.arrived, self.labels = gen + 1, None, 0, collections.Counter()
         return gen
 
     def __str__(self):
@@ -250,7 +245,7 @@ class NamedBar:
 
 class Part:
     def __init__(self):
-        self.tag = self.writing = None
+        self.tag = self.writing = None  # the contents' tag; the tag of a write in progress
         self.pending = collections.Counter()  # reader -> reads owed to the current contents
         self.open = collections.Counter()  # reader -> open read intervals
 
@@ -274,7 +269,7 @@ class Op:
         return f"{dict(wbegin='write', wend='end write', copy='cp.async into')[k]} {o.buf}[{o.part}] ({tagstr(o.tag)})"
 
 
-class Actor:  # one warpgroup: gen its program, op the step it is at, ctx where it is (for reports)
+class Actor:  # a warpgroup: gen its program, op the step it is at, ctx where it is (for the reports)
     def __init__(self, name):
         self.name, self.gen, self.op, self.ctx = name, None, None, ""
 
@@ -283,83 +278,70 @@ class Actor:  # one warpgroup: gen its program, op the step it is at, ctx where 
 class Sim:
     def __init__(self, segs, bugs, intent=True):
         self.segs, self.B, self.intent = segs, set(bugs), intent
-        self.tiles = [(k, t) for k, (t0, t1) in enumerate(segs) for t in range(t0, t1)]  # the walk
-        fc = 128 if "full_count_128" in self.B else 256
-        self.full = [MBar(f"FULL[{s}]", fc, intent) for s in range(SLOTS)]
+        self.tiles = [(k, t) for k, (t0, t1) in enumerate(segs) for t in range(t0, t1)]  # the CTA's walk
+        self.full = [MBar(f"FULL[{s}]", 128 if "full_count_128" in self.B else 256, intent) for s in range(SLOTS)]
         self.pfree = MBar("P_FREE", 256, intent)
         self.mbars = self.full + [self.pfree]
         self.nbars = {b: NamedBar(b, intent) for b in BAR_NAMES}
         self.bufs = {f"slot[{s}]": {p: Part() for p in SLOT_PARTS} for s in range(SLOTS)}
         self.bufs.update({f"flags[{s}]": {"WG1": Part()} for s in range(SLOTS)})
-        self.bufs["Q"] = {"WG1": Part(), "WG2": Part()}
+        self.bufs["Q"] = {"WG1": Part(), "WG2": Part()}  # w3_load_q_regs: each thread of WG1 and WG2 a share
         self.bufs.update({b: {"WG0": Part()} for b in ("P", "s_alpha", "s_fin")})
-        self.copies = {}  # id -> (actor, buf, part, tag): issued, not landed
-        self.next_copy = 0
-        self.tracks = collections.defaultdict(list)  # actor -> [(bar, n, meant, ids still in flight)]
-        self.blocked_waits = collections.Counter()
+        self.copies, self.ncopies = {}, 0  # id -> (actor, buf, part, tag): issued, not landed
+        self.tracks = collections.defaultdict(list)  # actor -> [(bar, meant, copy ids it waits for, who)]
+        self.blocked_waits = collections.Counter()  # site -> waits that did not return at once
         self.trace = collections.deque(maxlen=400)
-        self.actors = []
-        for name in ("WG0", "WG1", "WG2"):
-            a = Actor(name)
-            a.gen = self.prog_wg0(a) if name == "WG0" else self.prog_wg12(a, int(name[2]) - 1)
+        self.actors = [Actor(n) for n in ("WG0", "WG1", "WG2")]
+        for w, a in enumerate(self.actors):
+            a.gen = self.prog_wg0(a) if w == 0 else self.prog_wg12(a, w - 1)
             a.op = next(a.gen, None)
-            self.actors.append(a)
 
     def readers(self, buf, part, tag):
-        if buf.startswith("slot"):
+        """Who must read a write of buf[part], how often, before it may be overwritten."""
+        if buf.startswith("slot"):  # S reads the whole slot; P V(u) of warpgroup w its V half
             return {"WG0": 1, SLOT_PARTS[part]: 1} if part[0] == "V" else {"WG0": 1}
         if buf.startswith("flags"):
             return {"WG0": 1}
         if buf == "Q":  # S of every tile of the segment
-            t0, t1 = self.segs[tag[0]]
-            return {"WG0": t1 - t0}
+            return {"WG0": self.segs[tag[0]][1] - self.segs[tag[0]][0]}
         return {"WG1": 1, "WG2": 1}  # P, s_alpha, s_fin
 
     # -- buffer accesses ------------------------------------------------------------------
     def wbegin(self, who, buf, part, tag, site):
-        p = self.bufs[buf][part]
-        loc = f"{buf}[{part}]"
+        p, loc = self.bufs[buf][part], f"{buf}[{part}] ({tagstr(tag)})"
         if p.writing is not None:
-            raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {tagstr(p.writing)} is "
-                            f"still being written into it ({where(site)})")
-        opened = [r for r, n in p.open.items() if n]
-        if opened:
-            raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {', '.join(opened)} "
-                            f"still read(s) its {tagstr(p.tag)} ({where(site)})")
-        owed = {r: n for r, n in p.pending.items() if n}
-        if owed:
-            raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} with {tagstr(tag)} before "
-                            + ", ".join(f"{r} read it ({n} read(s) owed)" for r, n in owed.items())
-                            + f" ({where(site)})")
-        p.writing = tag
-        p.pending = collections.Counter(self.readers(buf, part, tag))
+            raise Violation("race", f"{who} starts writing {loc} while {tagstr(p.writing)} is still being written "
+                            f"into it ({where(site)})")
+        if +p.open:
+            raise Violation("race", f"{who} starts writing {loc} while {', '.join(+p.open)} still read(s) its "
+                            f"{tagstr(p.tag)} ({where(site)})")
+        if +p.pending:
+            raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} before " + ", ".join(
+                f"{r} read it ({n} read(s) owed)" for r, n in (+p.pending).items()) + f" ({where(site)})")
+        p.writing, p.pending = tag, collections.Counter(self.readers(buf, part, tag))
 
     def wend(self, buf, part):
         p = self.bufs[buf][part]
         p.tag, p.writing = p.writing, None
 
-    def parts(self, buf, ps):
-        return [(n, self.bufs[buf][n]) for n in (ps or self.bufs[buf])]
-
     def rbegin(self, who, reads, site):
-        for buf, ps, tag in reads:
-            for name, p in self.parts(buf, ps):
+        for buf, ps, tag in reads:  # ps: the parts read (None: all)
+            for name in ps or self.bufs[buf]:
+                p, loc = self.bufs[buf][name], f"{buf}[{name}] expecting {tagstr(tag)}"
                 if p.writing is not None:
-                    raise Violation("race", f"{who} reads {buf}[{name}] expecting {tagstr(tag)} while "
-                                    f"{tagstr(p.writing)} is still being written into it ({where(site)})")
+                    raise Violation("race", f"{who} reads {loc} while {tagstr(p.writing)} is still being written "
+                                    f"into it ({where(site)})")
                 if p.tag != tag:
-                    raise Violation("race", f"{who} reads {buf}[{name}] expecting {tagstr(tag)} but it holds "
-                                    f"{tagstr(p.tag)} ({where(site)})")
+                    raise Violation("race", f"{who} reads {loc} but it holds {tagstr(p.tag)} ({where(site)})")
                 if p.pending[who] <= 0:
-                    raise Violation("race", f"{who} reads {buf}[{name}] ({tagstr(tag)}) more often than the "
-                                    f"model expects ({where(site)})")
+                    raise Violation("race", f"{who} reads {loc} more often than the model expects ({where(site)})")
                 p.open[who] += 1
 
-    def rend(self, who, reads):
+    def rend(self, who, reads):  # (a write that starts during the read is caught at its start)
         for buf, ps, tag in reads:
-            for _, p in self.parts(buf, ps):  # (a write start during the read is caught there)
-                p.open[who] -= 1
-                p.pending[who] -= 1
+            for name in ps or self.bufs[buf]:
+                self.bufs[buf][name].open[who] -= 1
+                self.bufs[buf][name].pending[who] -= 1
 
     # -- programs -----------------------------------------------------------------------------
     def read(self, reads, site):
@@ -370,8 +352,9 @@ class Sim:
         yield Op("wbegin", site, buf=buf, part=part, tag=tag)
         yield Op("wend", site, buf=buf, part=part, tag=tag)
 
-    def full_parity(self, u):
-        return (((u >> 1) + 1) & 1) if "full_parity_off" in self.B else ((u >> 1) & 1)
+    def full_wait(self, u, site):
+        par = (((u >> 1) + 1) if "full_parity_off" in self.B else (u >> 1)) & 1
+        return Op("mwait", site, bar=self.full[u & 1], parity=par, meant=u >> 1)
 
     def prog_wg0(self, me):
         B, u = self.B, 0
@@ -382,10 +365,10 @@ class Sim:
             for t in range(t0, t1):
                 slot, me.ctx = u & 1, f"seg {k} tile {t} u={u}"
                 if "no_full_wait_wg0" not in B:
-                    yield Op("mwait", "wg0.full", bar=self.full[slot], parity=self.full_parity(u), meant=u >> 1)
+                    yield self.full_wait(u, "wg0.full")
                 yield from self.read([(f"slot[{slot}]", None, (k, t)), ("Q", None, (k,))], "wg0.qk")
-                yield from self.read([(f"flags[{slot}]", None, (k, t))], "wg0.flags")
-                if u >= 1 and "no_pfree_wait" not in B:
+                yield from self.read([(f"flags[{slot}]", None, (k, t))], "wg0.flags")  # the softmax's masks
+                if u >= 1 and "no_pfree_wait" not in B:  # WG1 and WG2 are done with P(u - 1)
                     yield Op("mwait", "wg0.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
                 yield from self.write("P", "WG0", (k, t), "wg0.p")
                 yield from self.write("s_alpha", "WG0", (k, t), "wg0.alpha")
@@ -405,27 +388,24 @@ class Sim:
         me.ctx = "returned"
 
     def gather(self, me, w, n, slot, site):
-        """w3_gather of walk tile n (FULL phase n >> 1) into `slot`, called at `site`."""
+        """w3_gather of walk tile n into `slot`, called at `site`: its FULL phase is fill n >> 1."""
         B, tag, meant, full = self.B, self.tiles[n], n >> 1, self.full[slot]
-        ctx, me.ctx = me.ctx, f"{me.ctx} (L{lineno(site)}: gathering {tagstr(self.tiles[n])} into slot {slot})"
+        ctx, me.ctx = me.ctx, f"{me.ctx} (L{lineno(site)}: gathering {tagstr(tag)} into slot {slot})"
         yield Op("copy", "gather.v", buf=f"slot[{slot}]", part=f"V{w + 1}", tag=tag)
         yield Op("copy", "gather.rope", buf=f"slot[{slot}]", part=f"R{w + 1}", tag=tag)
-        flags = self.write(f"flags[{slot}]", "WG1", tag, "gather.flags") if w == 0 else iter(())
-        if "flags_after_arrive" not in B:
+        flags = list(self.write(f"flags[{slot}]", "WG1", tag, "gather.flags")) if w == 0 else []
+        if "flags_after_arrive" not in B:  # plain stores: published by the arrive that follows them
             yield from flags
         track = Op("track", "gather.track", bar=full, meant=meant)
         arrive = Op("marrive", "gather.arrive", bar=full, meant=meant)
-        if "arrive_before_track" in B:
-            yield arrive
-        if "no_track" not in B:
-            yield track
-        if "arrive_before_track" not in B:
-            yield arrive
-        yield from flags  # (empty unless flags_after_arrive)
+        order = [arrive, track] if "arrive_before_track" in B else [track, arrive]
+        yield from (op for op in order if op is not track or "no_track" not in B)
+        if "flags_after_arrive" in B:
+            yield from flags
         me.ctx = ctx
 
     def prog_wg12(self, me, w):
-        B, u, n = self.B, 0, 0  # n: the walk's next tile
+        B, u, n = self.B, 0, 0  # n: the walk's next tile (every thread walks the CTA's tiles)
         me.ctx = "prologue"
         while n < (1 if "prologue_one_tile" in B else SLOTS) and n < len(self.tiles):
             yield from self.gather(me, w, n, n, "wg12.prologue")
@@ -442,9 +422,9 @@ class Sim:
                 yield qr
             for t in range(t0, t1):
                 slot, me.ctx = u & 1, f"seg {k} tile {t} u={u}"
-                if "no_full_wait_wg12" not in B:
-                    yield Op("mwait", "wg12.full", bar=self.full[slot], parity=self.full_parity(u), meant=u >> 1)
                 dst = slot ^ 1 if "gather_other_slot" in B else slot
+                if "no_full_wait_wg12" not in B:
+                    yield self.full_wait(u, "wg12.full")
                 if "gather_before_pv" in B and n < len(self.tiles):
                     yield from self.gather(me, w, n, dst, "wg12.gather")
                     n += 1
@@ -456,7 +436,7 @@ class Sim:
                 yield from self.read([("P", None, (k, t)), (f"slot[{slot}]", [f"V{w + 1}"], (k, t))], "wg12.pv")
                 if "pfree_before_pv" not in B:
                     yield pf
-                if "no_wg_bar" not in B:
+                if "no_wg_bar" not in B:  # (a no-op for a one-actor warpgroup: see the docstring)
                     yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{w + 1}", u))
                 if "gather_before_pv" not in B and n < len(self.tiles):  # walk.next(): tile u + 2
                     yield from self.gather(me, w, n, dst, "wg12.gather")
@@ -471,29 +451,25 @@ class Sim:
     # -- scheduling ---------------------------------------------------------------------------
     def enabled(self, a):
         op = a.op
-        if op.kind == "mwait":
+        if op.kind == "mwait":  # try_wait.parity returns once the current phase's parity differs
             return (op.bar.phase & 1) != op.parity
-        if op.kind == "bsync":
-            return not op.arrived or op.bar.gen > op.gen
-        return True
+        return op.kind != "bsync" or not op.arrived or op.bar.gen > op.gen
 
     def step(self, a):
-        op, who = a.op, f"{a.name} ({a.ctx})"
+        op, k, who = a.op, a.op.kind, f"{a.name} ({a.ctx})"
         desc = op.describe()
-        if op.kind == "mwait" or (op.kind == "bsync" and op.arrived):
+        if k == "mwait" or (k == "bsync" and op.arrived):
             desc = desc.replace(" [arrived]", "") + " -> passes"
-            if op.blocked:
-                self.blocked_waits[op.site] += 1
+            self.blocked_waits[op.site] += op.blocked
         self.trace.append((a.name, a.ctx, op.site, desc))
-        advance, k = True, op.kind
-        if k == "mwait":
-            if self.intent and op.bar.phase <= op.meant:
-                raise Violation("mbarrier", f"{who}: mbar_wait({op.bar.name}, parity {op.parity}) returns before "
-                                f"phase {op.meant} has completed ({op.bar.phase} phases done) ({where(op.site)})")
+        advance = True
+        if k == "mwait" and self.intent and op.bar.phase <= op.meant:
+            raise Violation("mbarrier", f"{who}: mbar_wait({op.bar.name}, parity {op.parity}) returns before phase "
+                            f"{op.meant} has completed ({op.bar.phase} phases done) ({where(op.site)})")
         elif k == "marrive":
             op.bar.arrive(W, op.meant, who, op.site)
-        elif k == "track":
-            ids = {i for i, c in self.copies.items() if c[0] == a.name}  # this actor's copies in flight
+        elif k == "track":  # waits for all of this actor's copies in flight, whichever slot they go to
+            ids = {i for i, c in self.copies.items() if c[0] == a.name}
             if "track_noinc" not in self.B:
                 op.bar.track(W, op.meant, who, op.site)
             self.tracks[a.name].append((op.bar, op.meant, ids, who))
@@ -512,20 +488,19 @@ class Sim:
             self.wend(op.buf, op.part)
         elif k == "copy":  # the write interval runs until the copy engine lands the batch
             self.wbegin(f"{a.name}'s cp.async", op.buf, op.part, op.tag, op.site)
-            self.copies[self.next_copy] = (a.name, op.buf, op.part, op.tag)
-            self.next_copy += 1
+            self.copies[self.ncopies] = (a.name, op.buf, op.part, op.tag)
+            self.ncopies += 1
         if advance:
             a.op = next(a.gen, None)
 
     def fire_tracks(self, actor):
-        """The tracked arrivals whose copies have all landed lower their phase's pending count."""
+        """Tracked arrivals whose copies have all landed now lower their phase's pending count."""
         keep = []
         for bar, meant, ids, who in self.tracks[actor]:
             if ids & self.copies.keys():
                 keep.append((bar, meant, ids, who))
                 continue
-            if "track_noinc" not in self.B:
-                bar.tracked -= W
+            bar.tracked -= 0 if "track_noinc" in self.B else W
             bar.arrive(W, meant, who, "gather.track", "tracked copies' arrival")
         self.tracks[actor] = keep
 
@@ -544,9 +519,9 @@ class Sim:
                 raise Violation("mbarrier", f"at the end: {mb} (a phase left half-done)")
         for buf, parts in self.bufs.items():
             for name, p in parts.items():
-                owed = {r: n for r, n in p.pending.items() if n}
-                if owed:
-                    raise Violation("race", f"at the end: {buf}[{name}] holds {tagstr(p.tag)} that {owed} never read")
+                if +p.pending:
+                    raise Violation("race", f"at the end: {buf}[{name}] holds {tagstr(p.tag)} that "
+                                    f"{dict(+p.pending)} never read")
 
     def state(self):
         out = ["  actors:"]
@@ -568,38 +543,30 @@ class Sim:
 def run_once(segs, bugs, rng, intent=True, max_steps=200000):
     """One random interleaving: ('ok' | 'violation' | 'deadlock', (Violation or None, sim, steps))."""
     sim = Sim(segs, bugs, intent)
-    actors = sim.actors
-    speeds = [rng.choice((0.03, 0.3, 1.0, 1.0, 4.0)) for _ in range(len(actors) + 1)]  # last: the CE
+    speeds = [rng.choice((0.03, 0.3, 1.0, 1.0, 4.0)) for _ in range(4)]  # WG0, WG1, WG2, the copy engine
     steps = 0
     try:
-        while True:
+        while steps < max_steps:
             steps += 1
-            if steps > max_steps:
-                return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
-            if rng.random() < 0.02:  # now and then one actor (or the CE) changes its pace
-                speeds[rng.randrange(len(speeds))] = rng.choice((0.03, 0.3, 1.0, 4.0))
-            cand, wts = [], []
-            for i, a in enumerate(actors):
-                if a.op is not None:
-                    if sim.enabled(a):
-                        cand.append(a)
-                        wts.append(speeds[i])
-                    else:
-                        a.op.blocked = True
-            if sim.copies:
-                cand.append(None)
-                wts.append(speeds[-1])
+            if rng.random() < 0.02:  # now and then one actor (or the copy engine) changes its pace
+                speeds[rng.randrange(4)] = rng.choice((0.03, 0.3, 1.0, 4.0))
+            live = [a for a in sim.actors if a.op is not None]
+            for a in live:
+                a.op.blocked |= not sim.enabled(a)
+            cand = [(a, speeds[i]) for i, a in enumerate(sim.actors) if a.op is not None and sim.enabled(a)]
+            cand += [(None, speeds[3])] if sim.copies else []
             if not cand:
-                if all(a.op is None for a in actors):
+                if not live:
                     sim.final_checks()
                     return "ok", (None, sim, steps)
-                stuck = ", ".join(f"{a.name} at L{lineno(a.op.site)}" for a in actors if a.op is not None)
+                stuck = ", ".join(f"{a.name} at L{lineno(a.op.site)}" for a in live)
                 return "deadlock", (Violation("deadlock", f"no actor can step: {stuck}"), sim, steps)
-            a = rng.choices(cand, wts)[0] if len(cand) > 1 else cand[0]
+            a = rng.choices([c[0] for c in cand], [c[1] for c in cand])[0]
             if a is None:
                 sim.land(rng.choice(list(sim.copies)))
             else:
                 sim.step(a)
+        return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
     except Violation as v:
         return "violation", (v, sim, steps)
 
@@ -632,8 +599,7 @@ def case_for(run, seed, fixed_segs):
 
 def report(run, seed, cname, segs, bugs, res, v, sim, ntrace):
     print(f"\n=== run {run} (replay: --seed {seed} --run {run}" + (f" --bug {','.join(bugs)}" if bugs else "")
-          + f"): {res.upper()}, kind {v.kind}\n  segments ({cname}): {segs}\n  {v.msg}")
-    print(sim.state())
+          + f"): {res.upper()}, kind {v.kind}\n  segments ({cname}): {segs}\n  {v.msg}\n{sim.state()}")
     if ntrace:
         print(f"  last {min(ntrace, len(sim.trace))} steps:")
         for who, ctx, site, desc in list(sim.trace)[-ntrace:]:
@@ -641,14 +607,14 @@ def report(run, seed, cname, segs, bugs, res, v, sim, ntrace):
 
 
 def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, intent=True):
-    st = {"runs": 0, "caught": 0, "kinds": collections.Counter(), "first": None, "steps": 0, "tiles": 0,
-          "cases": collections.Counter(), "msgs": collections.Counter(), "blocked": collections.Counter()}
+    st = {"runs": 0, "caught": 0, "first": None, "steps": 0, "tiles": 0}
+    for c in ("kinds", "cases", "msgs", "blocked"):
+        st[c] = collections.Counter()
     reported = 0
     for run in (range(runs) if only_run is None else [only_run]):
         rng, cname, segs = case_for(run, seed, fixed_segs)
         res, (v, sim, steps) = run_once(segs, bugs, rng, intent)
-        st["runs"] += 1
-        st["steps"] += steps
+        st["runs"], st["steps"] = st["runs"] + 1, st["steps"] + steps
         st["tiles"] += sum(t1 - t0 for t0, t1 in segs)
         st["cases"][cname] += 1
         st["blocked"].update(sim.blocked_waits)
@@ -667,29 +633,25 @@ def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=F
 
 def self_test(seed, runs):
     t0, ok = time.time(), True
-    print(f"self-test: the unmodified protocol, then each injected bug, {runs} runs each (seed {seed});")
-    print("  'plain': the same runs without the intent checks (PTX-level barrier rules, data tags, deadlocks)")
+    kinds = lambda s: ", ".join(f"{k} {n}" for k, n in s["kinds"].most_common())  # noqa: E731
+    print(f"self-test: the unmodified protocol, then each injected bug, {runs} runs each (seed {seed});\n"
+          "  'plain': the same runs without the intent checks (PTX-level barrier rules, data tags, deadlocks)")
     for intent in (True, False):
-        clean = explore(max(runs, 500), seed, [], quiet=True, intent=intent)
-        ok &= clean["caught"] == 0
-        print(f"  {'(none: the kernel as written)':26s} {clean['caught']:4d}/{clean['runs']} runs flagged"
-              f"{'' if intent else ' (plain)'}  -> {'clean' if clean['caught'] == 0 else 'VIOLATIONS'}")
-    for name, (what, sites) in BUGS.items():
+        st = explore(max(runs, 500), seed, [], quiet=True, intent=intent)
+        ok &= st["caught"] == 0
+        print(f"  {'(none: the kernel as written)':26s} {st['caught']:4d}/{st['runs']} runs flagged"
+              f"{'' if intent else ' (plain)'}  -> {'clean' if st['caught'] == 0 else 'VIOLATIONS'}")
+    for name, (what, sites) in list(BUGS.items()) + list(ABLATIONS.items()):
+        if name == next(iter(ABLATIONS)):
+            print("  removals the model finds nothing against (information, not part of the verdict):")
         st = explore(runs, seed, [name], quiet=True)
-        pl = explore(runs, seed, [name], quiet=True, intent=False)
-        caught = st["caught"] > 0 and pl["caught"] > 0
-        ok &= caught
-        kinds = lambda s: ", ".join(f"{k} {n}" for k, n in s["kinds"].most_common())
-        print(f"  {name:26s} {st['caught']:4d}/{st['runs']} flagged [{kinds(st)}]; plain {pl['caught']}/"
-              f"{pl['runs']} [{kinds(pl)}]  -> {'CAUGHT' if caught else 'MISSED'}")
-        print(f"      bug: {what} ({','.join(f'L{lineno(s)}' for s in sites)})")
-        if st["first"]:
-            print(f"      e.g. run {st['first'][0]}: {st['first'][1].kind}: {st['first'][1].msg}")
-    print("  removals the model finds nothing against (information, not part of the verdict):")
-    for name, (what, sites) in ABLATIONS.items():
-        st = explore(runs, seed, [name], quiet=True)
-        print(f"  {name:26s} {st['caught']:4d}/{st['runs']} flagged  ({what}; "
-              f"{','.join(f'L{lineno(s)}' for s in sites)})")
+        line = f"  {name:26s} {st['caught']:4d}/{st['runs']} flagged [{kinds(st)}]"
+        if name in BUGS:
+            pl = explore(runs, seed, [name], quiet=True, intent=False)
+            caught = st["caught"] > 0 and pl["caught"] > 0
+            ok &= caught
+            line += f"; plain {pl['caught']}/{pl['runs']} [{kinds(pl)}]  -> {'CAUGHT' if caught else 'MISSED'}"
+        print(f"{line}\n      {what} ({','.join(f'L{lineno(s)}' for s in sites)})")
         if st["first"]:
             print(f"      e.g. run {st['first'][0]}: {st['first'][1].kind}: {st['first'][1].msg}")
     print(f"self-test {'PASSED' if ok else 'FAILED'} in {time.time() - t0:.1f} s")
@@ -711,7 +673,6 @@ def main():
     ap.add_argument("--no-intent-checks", action="store_true",
                     help="drop the checks that use the intended phase / barrier instance of each wait and arrival")
     args = ap.parse_args()
-
     locate_sites()
     if MISSING_SITES:
         print(f"warning: {len(MISSING_SITES)} kernel site(s) not found in {KERNEL}: {', '.join(MISSING_SITES)} "
@@ -726,17 +687,15 @@ def main():
     for b in bugs:
         if b not in BUGS and b not in ABLATIONS:
             ap.error(f"unknown bug {b} (see --list-bugs)")
-    fixed = None
-    if args.segments is not None:
-        fixed = [(0, int(x)) for x in args.segments.split(",") if x.strip()]
-        if any(t1 < 1 for _, t1 in fixed):
-            ap.error("segments have at least one tile")
+    fixed = None if args.segments is None else [(0, int(x)) for x in args.segments.split(",") if x.strip()]
+    if fixed and any(t1 < 1 for _, t1 in fixed):
+        ap.error("segments have at least one tile")
     t0 = time.time()
     st = explore(args.runs, args.seed, bugs, fixed, args.run, args.trace, intent=not args.no_intent_checks)
     print(f"\n{st['runs']} runs (seed {args.seed}{', bugs ' + ','.join(bugs) if bugs else ''}) in "
-          f"{time.time() - t0:.1f} s: {st['steps']} steps, {st['tiles']} tiles")
-    print("  cases: " + ", ".join(f"{n} {c}" for c, n in st["cases"].most_common()))
-    print("  waits that had to wait (did not return at once), over all runs:")
+          f"{time.time() - t0:.1f} s: {st['steps']} steps, {st['tiles']} tiles\n  cases: "
+          + ", ".join(f"{n} {c}" for c, n in st["cases"].most_common())
+          + "\n  waits that had to wait (did not return at once), over all runs:")
     for site in ("wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.pv_pair", "wg12.full", "wg12.p_full", "wg12.fin"):
         print(f"    {st['blocked'][site]:7d}  {where(site)}")
     if st["caught"] == 0:

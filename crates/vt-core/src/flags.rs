@@ -6,6 +6,7 @@
 //! | `VT_MLA_DECODE_TMA` | on | CUDA MlaDecodeAttention, wgmma and narrow wgmma kernels (over a 16-bit cache Auto takes the narrow one only with it on): the paged cache is loaded through the tensor memory accelerator (fp8_ds_mla, narrow kernel: one box a tile instead of a bulk copy per row); `0` restores the cp.async loads (per-row bulk copies for fp8_ds_mla) |
 //! | `VT_MLA_SEESAW` | off | CUDA MlaDecodeAttention (sm_90) over a 16-bit cache, more than 64 query rows, 64+ sequences, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): with `1` Auto takes the 64-row kernel with FlashMLA's seesaw schedule (`mla_decode_wgmma_ss`: both warpgroups compute S for alternate tiles, O split by columns) instead of the one-consumer kernel (`mla_decode_wgmma_tma`). Off: racecheck reports its arrive / sync hand-overs of the row maxima (docs/perf.md, "Fifteenth session") |
 //! | `VT_MLA_3WG` | on | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): Auto takes the 64-row kernel with three warpgroups (`mla_decode_wgmma_3wg`: S and the softmax in one, P V split over two; over an fp8_ds_mla cache with bf16 queries its raw-ring form `mla_decode_wgmma_fp8r`); `0` restores the two-warpgroup kernels (`mla_decode_wgmma_tma`, `mla_decode_wgmma_fp8`) |
+//! | `VT_MLA_GATHER` | off | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, a cache the TMA does not read (block sizes that 64 does not divide, `VT_MLA_DECODE_TMA` off; the sparse op's view of block size 1): with `1` Auto takes the three-warpgroup kernels' gather forms (`mla_decode_wgmma_3wg_cp`, over an fp8_ds_mla cache with bf16 queries `mla_decode_wgmma_fp8r_cp`: rows copied by cp.async) instead of the two-warpgroup and mma.sync kernels, and SparseMlaAttention leaves its kernel to that choice. Off until they have run on a GPU (docs/perf.md, "Twentieth session") |
 //! | `VT_FP8_LT` | on | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (on the H200 at M 4096 1.9-3.5x faster than the Wgmma kernel and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b, o_proj; its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels, none in ours: docs/perf.md, "Nineteenth session"); `0` restores the Wgmma kernel |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
@@ -34,10 +35,11 @@ pub enum Flag {
     SkinnyTma,
     MlaSeesaw,
     Mla3wg,
+    MlaGather,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 11] = [
+    pub const ALL: [Flag; 12] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -49,6 +51,7 @@ impl Flag {
         Flag::SkinnyTma,
         Flag::MlaSeesaw,
         Flag::Mla3wg,
+        Flag::MlaGather,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -64,6 +67,7 @@ impl Flag {
             Flag::SkinnyTma => "VT_SKINNY_TMA",
             Flag::MlaSeesaw => "VT_MLA_SEESAW",
             Flag::Mla3wg => "VT_MLA_3WG",
+            Flag::MlaGather => "VT_MLA_GATHER",
         }
     }
 
@@ -87,6 +91,8 @@ impl Flag {
             Flag::MlaSeesaw => false,
             // Measured faster at every 64 / 128-head shape (docs/perf.md, "Eighteenth session").
             Flag::Mla3wg => true,
+            // Off until the gather forms have run on a GPU (docs/perf.md, "Twentieth session").
+            Flag::MlaGather => false,
         }
     }
 
@@ -198,6 +204,11 @@ pub fn mla_seesaw() -> bool {
 /// `VT_MLA_3WG`.
 pub fn mla_three_wg() -> bool {
     get(Flag::Mla3wg)
+}
+
+/// `VT_MLA_GATHER`.
+pub fn mla_gather() -> bool {
+    get(Flag::MlaGather)
 }
 
 /// `VT_PDL`.

@@ -193,12 +193,15 @@ const MMA_MIN_ROWS: i64 = 4096;
 /// fp8_ds_mla cache Auto's choice stands: above 32 heads on sm_90 the 64-row wgmma kernel's
 /// fp8 form, 0.70 - 0.74x the mma64_fp8 kernel's time on every decode row of `bench sparse`
 /// (H200, session 8 call 1, `--alt wgmma`: h128 b128 715.6 against 990.7 us, h64 b128 387.0
-/// against 529.2, h64 b2 34.8 against 47.6; docs/perf.md).
+/// against 529.2, h64 b2 34.8 against 47.6; docs/perf.md). With `VT_MLA_GATHER` on, always
+/// the decode kernels' Auto, which then takes the three-warpgroup kernels' gather forms.
 fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
     let (t, n, topk) = (a.query.dim(0), a.query.dim(1), a.indices.dim(1));
     let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1)).max(1);
     let sixteen = a.cache.dtype() != DType::Fp8DsMla && a.query.dtype() != DType::F32;
+    // VT_MLA_GATHER: the decode kernels' Auto takes the three-warpgroup gather forms.
     if sixteen
+        && !vt_core::flags::mla_gather()
         && n >= 64
         && t.saturating_mul(n) >= MMA_MIN_ROWS
         && t.saturating_mul(topk) < MMA_MAX_REUSE.saturating_mul(slots)

@@ -227,6 +227,37 @@ fn three_warpgroup_kernel_gathers_small_blocks_and_refuses_fp8() {
     assert!(e.contains("three-warpgroup kernel needs a 16-bit cache"), "{e}");
 }
 
+/// `VT_MLA_GATHER` on: above 32 rows over a cache the TMA does not read, Auto takes the
+/// three-warpgroup kernels' gather forms (the fp8 one with bf16 queries only); at 32 rows and
+/// below, over a TMA cache, and with `VT_MLA_3WG` off, nothing changes.
+#[test]
+fn gather_flag_makes_auto_take_the_gather_forms_where_the_tma_does_not_read() {
+    let mem = vec![0u128; 1 << 16];
+    let on = ChoiceFlags { gather: true, ..ChoiceFlags::new(true, false) };
+    let auto = |qdt: DType, cdt: DType, bs: i64, flags: ChoiceFlags| {
+        choose(&heads_128_args(&mem, qdt, cdt, bs), &H200, &DecodeOptions::default(), flags)
+            .expect("a plan")
+            .plan
+            .kernel
+    };
+    for (qdt, cdt, bs, want) in [
+        (DType::BF16, DType::BF16, 1, "wgmma_3wg_cp"),
+        (DType::F16, DType::F16, 16, "wgmma_3wg_cp"),
+        (DType::BF16, DType::BF16, 64, "wgmma_3wg"),
+        (DType::BF16, DType::Fp8DsMla, 16, "wgmma_fp8r_cp"),
+        (DType::BF16, DType::Fp8DsMla, 64, "wgmma_fp8r"),
+        (DType::F16, DType::Fp8DsMla, 16, "wgmma_fp8"),
+    ] {
+        assert_eq!(auto(qdt, cdt, bs, on), want, "{qdt:?} over {cdt:?}, BS {bs}");
+        let off = auto(qdt, cdt, bs, ChoiceFlags::new(true, false));
+        assert!(!off.ends_with("_cp"), "flag off: {off}");
+    }
+    let no_tma = ChoiceFlags { gather: true, ..ChoiceFlags::new(false, false) };
+    assert_eq!(auto(DType::BF16, DType::BF16, 64, no_tma), "wgmma_3wg_cp");
+    let no_3wg = ChoiceFlags { three_wg: false, ..on };
+    assert_eq!(auto(DType::BF16, DType::BF16, 16, no_3wg), "wgmma");
+}
+
 /// `VT_MLA_3WG` off restores the two-warpgroup kernels above 32 rows, over both caches.
 #[test]
 fn three_warpgroup_flag_off_restores_the_two_warpgroup_kernels() {

@@ -275,8 +275,12 @@ pub fn mla_decode_attention_with(
     }
     let info = device_info(cq, q.device().ordinal)?;
     let tma = vt_core::flags::mla_decode_tma();
-    let flags =
-        ChoiceFlags { tma, seesaw: vt_core::flags::mla_seesaw(), three_wg: vt_core::flags::mla_three_wg() };
+    let flags = ChoiceFlags {
+        tma,
+        seesaw: vt_core::flags::mla_seesaw(),
+        three_wg: vt_core::flags::mla_three_wg(),
+        gather: vt_core::flags::mla_gather(),
+    };
     let c = choose(a, &info, opts, flags)?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
     cq.run(OP, &launches(a, &c, &info, ws)?)?;
@@ -341,13 +345,15 @@ pub(crate) struct ChoiceFlags {
     pub seesaw: bool,
     /// `VT_MLA_3WG` (Auto only): the three-warpgroup kernels above 32 query rows.
     pub three_wg: bool,
+    /// `VT_MLA_GATHER` (Auto only): their gather forms where the TMA does not read the cache.
+    pub gather: bool,
 }
 
 impl ChoiceFlags {
     /// `tma` and `seesaw` as given, the other flags at their defaults.
     #[cfg(test)]
     pub(crate) fn new(tma: bool, seesaw: bool) -> ChoiceFlags {
-        ChoiceFlags { tma, seesaw, three_wg: true }
+        ChoiceFlags { tma, seesaw, three_wg: true, gather: false }
     }
 }
 
@@ -359,7 +365,8 @@ pub(crate) fn choose(
     opts: &DecodeOptions,
     flags: ChoiceFlags,
 ) -> Result<Choice> {
-    let ChoiceFlags { tma: tma_flag, seesaw: seesaw_flag, three_wg: three_wg_flag } = flags;
+    let ChoiceFlags { tma: tma_flag, seesaw: seesaw_flag, three_wg: three_wg_flag, gather: gather_flag } =
+        flags;
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
     let fits = |bytes: u32| bytes <= info.smem_optin;
@@ -421,6 +428,23 @@ pub(crate) fn choose(
                 && m_total > 32
                 && fits(wgmma_sm90::w3_smem(fp8))
                 && (wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::fp8_raw_ok(a, tma_flag)) =>
+        {
+            if fp8 {
+                Kernel::WgmmaFp8Raw
+            } else {
+                Kernel::Wgmma3
+            }
+        }
+        // With VT_MLA_GATHER on (off by default: not yet run on a GPU), more than 32 query rows
+        // over a cache the TMA does not read (the arm above took the rest): the same kernels'
+        // gather forms, rows copied by cp.async (docs/perf.md, "Twentieth session").
+        Kernel::Auto
+            if info.wgmma
+                && three_wg_flag
+                && gather_flag
+                && m_total > 32
+                && fits(wgmma_sm90::w3_cp_smem(fp8))
+                && (!fp8 || wgmma_sm90::fp8_raw_dtypes(a)) =>
         {
             if fp8 {
                 Kernel::WgmmaFp8Raw
