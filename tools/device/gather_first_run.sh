@@ -13,6 +13,9 @@
 #                  the fp8 rows the same way (wgmma_fp8r); the sparse rows (--kv16 adds the bf16
 #                  cache's) with the gather forms beside the op's choice, FlashMLA's sparse decode
 #                  and prefill in the same call;
+#   PART=step      the DeepSeek-V3.2 decode step (vt-mla bench --layer v32, batch 8, context 64k,
+#                  CUDA graph) with VT_MLA_GATHER off and on (on: the sparse op's decode view
+#                  takes the gather forms), twice each, interleaved;
 #   PART=sanitize  memcheck over their tests, synccheck and racecheck over the bad-block tests.
 #                  racecheck does not take a named barrier's arrive as ordering (perf.md,
 #                  fifteenth session): read its report against the hand-overs of s_alpha
@@ -60,6 +63,18 @@ bench)
     grep -E 'sweep|wgmma' "$OUT/$f.log" | grep -v '^|' | cut -c1-220 | tee -a "$OUT/summary.txt"
   done
   grep -E 'forced|prefill|decode' "$OUT/bench_sparse.log" 2>/dev/null | cut -c1-220 | tail -30 | tee -a "$OUT/summary.txt"
+  ;;
+step)
+  STEP=(bench --backend cuda --tp 1 --layer v32 --batch 8 --context 65536 --graph --iters 10 --profile 3
+    --steps 5 --rounds 2 --warmup 2)
+  for r in 1 2; do
+    VT_MLA_GATHER=0 step v32_off_$r 120 "$BIN/vt-mla" "${STEP[@]}"
+    VT_MLA_GATHER=1 step v32_on_$r 120 "$BIN/vt-mla" "${STEP[@]}"
+  done
+  for f in v32_off_1 v32_on_1 v32_off_2 v32_on_2; do
+    echo "== $f" | tee -a "$OUT/summary.txt"
+    grep -iE 'graph|eager|sparse|step' "$OUT/$f.log" | head -12 | tee -a "$OUT/summary.txt"
+  done
   ;;
 sanitize)
   san() {  # san NAME CAP TOOL BINARY TEST
