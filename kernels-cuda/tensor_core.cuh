@@ -86,6 +86,20 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// One row's online-softmax step in the log2 domain: tm is the tile's raw maximum of the row
+// (reduced over every lane and warp holding part of it), c = scale x log2(e). Moves the running
+// maximum m, rescales the running sum l by the returned alpha, and returns the exponent base: the
+// new maximum, or 0 while the row has seen no key (its weights are then exp2(-inf) = 0, not NaN).
+// Shared by the attention kernels' softmax steps (decode and prefill).
+__device__ __forceinline__ float online_max_step(float tm, float c, float& m, float& l, float& alpha) {
+    const float mn = fmaxf(m, tm * c);
+    const float muse = mn == vt::neg_inf() ? 0.0f : mn;
+    alpha = ex2(m - muse);
+    m = mn;
+    l *= alpha;
+    return muse;
+}
+
 // Two values rounded to a 16-bit type, packed low-first into 32 bits.
 template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
 template <> __device__ __forceinline__ uint32_t pack2<bf16>(float x, float y) {

@@ -235,11 +235,7 @@ __device__ void decode_mma(const Params& p) {
                 float tm = vt::neg_inf();
 #pragma unroll
                 for (int w = 0; w < WC; ++w) tm = fmaxf(tm, red_max[w * MT + wr * 16 + g + 8 * hi]);
-                const float mn = fmaxf(m_run[hi], tm * c);
-                muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-                alpha[hi] = ex2(m_run[hi] - muse[hi]);
-                m_run[hi] = mn;
-                l_run[hi] *= alpha[hi];
+                muse[hi] = online_max_step(tm, c, m_run[hi], l_run[hi], alpha[hi]);
             }
 #pragma unroll
             for (int nt = 0; nt < NTQ; ++nt)

@@ -237,8 +237,8 @@ __device__ __forceinline__ void w3_gather(const Params& p, const TileWalk& wk, u
 #pragma unroll
         for (int j = 0; j < 8; ++j) cp_async16(row + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
         cp_async16(dst + 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, ok);
-        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-        if (w == 0) {
+        if (w == 0) {  // (uniform over the warp)
+            const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
             if (sub == 0) flags[r] = ok ? 1 : 0;
             if ((wtid & 31) == 0) flags[BN + 4 * h + (wtid >> 5)] = bad != 0u ? 1 : 0;
         }
@@ -271,8 +271,8 @@ __device__ __forceinline__ void w3_gather_raw(const Params& p, const TileWalk& w
             cp_async16(box + (j >> 1) * F8R_BOX + ((j & 1) ? x1 : x0), row + 256 * w + 64 * j + 16 * sub, ok);
         cp_async16(dst + 4 * F8R_BOX + swz(r, 4 * w + sub), row + vt::fp8ds::ROPE_OFFSET + 64 * w + 16 * sub, ok);
         if (sub == 0) cp_async8(dst + F8R_SCALES + r * 16 + 8 * w, row + vt::fp8ds::SCALE_OFFSET + 8 * w, ok);
-        const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-        if (w == 0) {
+        if (w == 0) {  // (uniform over the warp)
+            const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
             if (sub == 0) flags[r] = ok ? 1 : 0;
             if ((wtid & 31) == 0) flags[BN + 4 * h + (wtid >> 5)] = bad != 0u ? 1 : 0;
         }

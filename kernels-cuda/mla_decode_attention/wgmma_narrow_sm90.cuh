@@ -219,11 +219,7 @@ __device__ __forceinline__ void narrow_p(const Params& p, const Segment& sg, int
     for (int k = 0; k < NC; ++k) {
         const int col = NarrowRows<MT>::col(k, qd);
         const float tm = fmaxf(fmaxf(rm[col], rm[MT + col]), fmaxf(rm[2 * MT + col], rm[3 * MT + col]));
-        const float mn = fmaxf(rows.m_run[k], tm * c);
-        muse[k] = mn == vt::neg_inf() ? 0.0f : mn;
-        alpha[k] = ex2(rows.m_run[k] - muse[k]);
-        rows.m_run[k] = mn;
-        rows.l_run[k] *= alpha[k];
+        muse[k] = online_max_step(tm, c, rows.m_run[k], rows.l_run[k], alpha[k]);
     }
     float pv[R];
 #pragma unroll

@@ -353,12 +353,9 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 float bs[2];
 #pragma unroll
                 for (int hi = 0; hi < 2; ++hi) {
-                    const float mn = fmaxf(m_run[hi], mx[hi] * c);
-                    bs[hi] = ss_base(mn);
-                    const float a = ex2(m_run[hi] - bs[hi]);
-                    m_run[hi] = mn;
-                    l[hi] *= a;
-                    if (qd == 0) s_m[r_lo + 8 * hi] = mn;
+                    float a;
+                    bs[hi] = online_max_step(mx[hi], c, m_run[hi], l[hi], a);
+                    if (qd == 0) s_m[r_lo + 8 * hi] = m_run[hi];
                     mx[hi] = a;
                 }
                 rescale(o, mx[0], mx[1]);

@@ -417,13 +417,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[32], bool full, int tok0
     mask_row_max(s, mx, full, tok0, rl.lim, exists, qd);
     float muse[2];
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        const float mn = fmaxf(m_run[hi], mx[hi] * c);
-        muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-        alpha[hi] = ex2(m_run[hi] - muse[hi]);
-        m_run[hi] = mn;
-        l_run[hi] *= alpha[hi];
-    }
+    for (int hi = 0; hi < 2; ++hi) muse[hi] = online_max_step(mx[hi], c, m_run[hi], l_run[hi], alpha[hi]);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll

@@ -159,12 +159,7 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&x)[64
     for (int hi = 0; hi < 2; ++hi) {
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
         mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-        const float mn = fmaxf(m_run[hi], mx[hi] * c);
-        // A row with no visible key so far keeps m = -inf; its weights are exp2(-inf) = 0.
-        muse[hi] = mn == vt::neg_inf() ? 0.0f : mn;
-        alpha[hi] = ex2(m_run[hi] - muse[hi]);
-        m_run[hi] = mn;
-        l_run[hi] *= alpha[hi];
+        muse[hi] = online_max_step(mx[hi], c, m_run[hi], l_run[hi], alpha[hi]);
     }
 #pragma unroll
     for (int i = 0; i < 16; ++i)

@@ -6,31 +6,24 @@ before the kernel runs on a GPU. Standard library only (Python 3.11); the conven
 tools/models/fp8raw_protocol.py (the fp8 TMA form's model).
 
 What it models
-  Actors, generators stepping through the code one synchronization or shared-memory access at a time:
-  WG0       warpgroup 0: per segment bar_sync(Q_READY); per tile mbar_wait(FULL[slot]), S (the whole slot
-            and Q), the softmax's read of flags[slot], mbar_wait(P_FREE) (u >= 1), P, s_alpha,
-            bar_sync(BAR_WG0), bar_arrive(P_FULL); per segment s_fin, bar_sync(BAR_WG0), bar_arrive(FIN).
-  WG1, WG2  warpgroups 1, 2 (w = 0, 1): the prologue's gathers of the CTA's tiles 0 and 1; per segment Q,
-            bar_sync(PV_PAIR), bar_arrive(Q_READY); per tile mbar_wait(FULL[slot]), bar_sync(P_FULL), s_alpha,
-            P V (P and the warpgroup's V half of the slot), mbar_arrive(P_FREE), bar_sync(W3_WG1 + w), the
-            gather of walk tile u + 2 into the slot; per segment bar_sync(FIN), the read of s_fin.
-            A gather: the cp.async copies of the V half and of the rope half (write intervals that end when
-            they land), WG1 only: the plain stores of flags[slot]; mbar_track_cp_async(FULL), mbar_arrive(FULL).
-  CE        the copy engine: each issued batch (a part of a gather) lands at a random later step, any order.
-  A warpgroup is one actor (weight 128 threads): races between the warps of one warpgroup are NOT
-  modelled (a warp's wgmma wait covers its own rows only: that is what bar_sync(W3_WG1 + w, 128) after P V
-  is for, hence only an ablation below).
+  Actors, generators that step through the code (prog_wg0, prog_wg12, gather) one synchronization or
+  shared-memory access at a time, a step being atomic: WG0, WG1, WG2 (one actor per warpgroup, 128
+  threads) and CE, the copy engine, which lands each issued cp.async batch (one part of one gather) at a
+  random later step, in any order. Races between the warps of one warpgroup are NOT modelled (a warp's
+  wgmma wait covers its own rows only: that is what bar_sync(W3_WG1 + w, 128) after P V and BAR_WG0 are
+  for; the former is kept as a no-op step, dropping it is an ablation the model cannot judge).
   mbarriers as in PTX: a pending count and a phase; the phase completes when the count reaches 0 (the
-  parity flips, the count is reset); arrivals beyond a phase's count go to the next phase; try_wait.parity
-  P returns once the current parity != P. FULL[2] (init 256), P_FREE (256); EMPTY is unused by this form.
-  mbar_track_cp_async (cp.async.mbarrier.arrive, no .noinc) raises the current phase's count by 128 now
-  and lowers it once all of the actor's earlier copies have landed (per thread in the kernel; the phase
+  parity flips, the count is reset); arrivals beyond a phase's count go to the next one; try_wait.parity P
+  returns once the current parity != P. FULL[2] (init 256) and P_FREE (256); EMPTY is unused by this form.
+  mbar_track_cp_async (cp.async.mbarrier.arrive without .noinc) raises the current phase's count by 128
+  now and lowers it once all of the actor's earlier copies have landed (per thread in the kernel; a phase
   needs all 256 threads, so it completes at the same moments).
-  Named barriers 1 P_FULL, 2 Q_READY, 3 FIN (384), 4 / 5 WG1 / WG2 (128), 6 PV_PAIR (256), 7 BAR_WG0 (128):
-  an actor adds 128; an instance completes at its count; bar.sync waits for the instance it arrived on.
-  Buffers of parts: slot[s] = V1, V2 (V columns of WG1 / WG2), R1, R2 (rope halves), written by WG1's /
-  WG2's copies; flags[s] (WG1); Q (WG1, WG2); P, s_alpha, s_fin (WG0). Writes are tagged (segment, tile)
-  or (segment,) and list who must read them how often before they may be overwritten.
+  Named barriers P_FULL, Q_READY, FIN (384), WG1 / WG2 (128), PV_PAIR (256): an actor adds 128; an
+  instance completes at its count; bar.sync waits for the instance it arrived on.
+  Buffers of parts: slot[s] = V1, V2 (the V columns of WG1 / WG2), R1, R2 (the rope halves), each written
+  by one warpgroup's copies; flags[s] (WG1's plain stores); Q (WG1, WG2); P, s_alpha, s_fin (WG0).
+  Writes are tagged (segment, tile) or (segment,) and list who must read them how often before they may
+  be overwritten (readers()).
 Checks (a run stops at its first violation)
   race      a write while a read or another write of the part is open, or before a reader read the old
             contents; a read that finds a write in progress or another tag than expected.
@@ -39,24 +32,22 @@ Checks (a run stops at its first violation)
   mbarrier  a wait that returns before the phase it means completed; an arrival, track or tracked landing
             counted in another phase than the one meant; a phase left half-done at the end.
   deadlock  nobody can step, no copy in flight: each actor's blocking op is printed with its kernel line.
-  The instance / meant-phase checks are the intent checks (--no-intent-checks keeps only the PTX-level
-  rules, the tags and deadlocks; --self-test runs both). Each step is located in the kernel by a chain of
-  snippets (SITES); one no longer found is reported.
+  The instance and meant-phase checks are the intent checks (--no-intent-checks keeps only the PTX-level
+  rules, the tags and deadlocks; --self-test runs both ways). Each step's kernel line is found by a chain
+  of code snippets (SITES); a snippet no longer found is reported.
 What it does not model
-  The fp8 forms and the TMA form; EMPTY, nvalid, __syncwarp; addresses, swizzles, the exact chunk sets
-  (V1, V2, R1, R2 taken as disjoint, as w3_gather's addresses make them); proxy fences, release /
-  acquire scopes, mbarrier init and find_part (the model starts after them); the global epilogue and all
-  values; timing (paces are random per run, not exhaustive: a finding comes with seed and run to replay;
-  the normal mode prints how often each wait had to wait); the schedule arithmetic (a CTA gets a list of
-  segments (t0, t1), t1 > t0, that every actor walks, WG1 / WG2 each with its own TileWalk).
+  The fp8 and TMA forms, EMPTY, __syncwarp, BAR_WG0; addresses (V1, V2, R1, R2 are disjoint, as w3_gather's
+  addresses make them); proxy fences, scopes, mbarrier init and find_part (the model starts after them);
+  the global epilogue and all values; timing (paces are random per run, not exhaustive: a finding comes
+  with the seed and run to replay; the normal mode prints how often each wait had to wait); the schedule
+  arithmetic (a CTA gets a list of segments (t0, t1), t1 > t0, that every actor walks).
 How to run
-  python3 tools/models/gather3wg_protocol.py                 # 2000 random runs, seed 1
-  python3 tools/models/gather3wg_protocol.py --runs 5000 --seed 7
-  python3 tools/models/gather3wg_protocol.py --segments 3,1,2 --runs 300   # fixed tile counts
-  python3 tools/models/gather3wg_protocol.py --bug no_track      # inject bugs (a,b); --list-bugs
-  python3 tools/models/gather3wg_protocol.py --self-test         # each bug caught, clean without
-  python3 tools/models/gather3wg_protocol.py --run 17 --trace 60 # replay run 17 of the seed
-Exit status 0 when clean (--self-test: every bug caught both ways and the protocol clean), else 1.
+  python3 tools/models/gather3wg_protocol.py                  # 2000 random runs, seed 1
+  python3 tools/models/gather3wg_protocol.py --runs 5000 --seed 7 --segments 3,1,2   # fixed tile counts
+  python3 tools/models/gather3wg_protocol.py --bug no_track       # inject bugs (a,b: see --list-bugs)
+  python3 tools/models/gather3wg_protocol.py --self-test          # each bug caught, clean without
+  python3 tools/models/gather3wg_protocol.py --run 17 --trace 60  # replay run 17 of the seed
+Exit status 0 when clean (--self-test: every bug caught both ways, the protocol clean), else 1.
 """
 
 import argparse
@@ -83,10 +74,8 @@ SITES = {
     "wg0.pfree": (D, "if (u >= 1) mbar_wait(pfree, (u - 1) & 1)"),
     "wg0.p": (D, "store_p_rows(sP, pk, wwarp, lane)"),
     "wg0.alpha": (D, "s_alpha[r_lo] = alpha[0]"),
-    "wg0.bar": (D, "bar_sync(BAR_WG0, 128)"),
     "wg0.p_full": (D, "bar_arrive(W3_P_FULL, W3_THREADS)"),
     "wg0.fin_store": (D, "store_fin(s_fin, l_run, m_run, r_lo, qd)"),
-    "wg0.bar_fin": (D, "store_fin(s_fin", "bar_sync(BAR_WG0, 128)"),
     "wg0.fin": (D, "bar_arrive(W3_FIN, W3_THREADS)"),
     "wg12.prologue": (D, W12, "w3_gather<T>(p, walk, sRing + v * L::SLOT"),
     "wg12.q": (D, W12, "w3_load_q_regs<T>(p, sg.b, row0, sQ"),
@@ -112,18 +101,13 @@ LINES, MISSING_SITES = {}, []
 
 
 def locate_sites():
-    try:
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", KERNEL), encoding="utf-8") as f:
-            text = f.read().split("\n")
-    except OSError:
-        text = []
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", KERNEL)
+    text = open(path, encoding="utf-8").read().split("\n") if os.path.exists(path) else []
     for key, chain in SITES.items():
-        LINES[key] = (None, chain[-1] if chain else "(the copy engine)")
-        i = 0
+        LINES[key], i = (None, chain[-1] if chain else "(the copy engine)"), 0
         for snip in chain or ():
-            while i < len(text) and snip not in text[i]:
-                i += 1
-            if i == len(text):
+            i = next((j for j in range(i, len(text)) if snip in text[j]), None)
+            if i is None:
                 MISSING_SITES.append(key)
                 break
         else:
@@ -142,8 +126,8 @@ def lineno(site):
 
 # ---------------------------------------------------------------------------------------------
 THREADS, SLOTS, W = 384, 2, 128  # W3_THREADS, W3_SLOTS, an actor's weight in threads
-P_FULL, Q_READY, FIN, WGBAR, PV_PAIR, BAR_WG0 = 1, 2, 3, 4, 6, 7
-BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", 6: "PV_PAIR", 7: "BAR_WG0"}
+P_FULL, Q_READY, FIN, WGBAR, PV_PAIR = 1, 2, 3, 4, 6  # W3_P_FULL, ..., W3_WG1 (+ 1: WG2), W3_PV_PAIR
+BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", 6: "PV_PAIR"}
 SLOT_PARTS = {"V1": "WG1", "V2": "WG2", "R1": "WG1", "R2": "WG2"}  # part of a slot -> whose gather copies it
 
 # Injected bugs: name -> (what, sites). --self-test expects each caught with and without the intent checks.
@@ -169,7 +153,6 @@ BUGS = {
 # Removals the model finds nothing against: information on what it cannot see, not advice.
 ABLATIONS = {
     "no_wg_bar": ("drop bar_sync(W3_WG1 + w, 128) after P V (between warps: not modelled)", ["wg12.wgbar"]),
-    "no_bar_wg0": ("drop bar_sync(BAR_WG0, 128) (between warps / racecheck)", ["wg0.bar", "wg0.bar_fin"]),
     "no_pv_pair": ("drop bar_sync(W3_PV_PAIR, 256) (racecheck's; the arrives order for the model)", ["wg12.pv_pair"]),
     "no_full_wait_wg12": ("drop WG1/WG2's FULL wait (P_FULL(u) follows WG0's wait on the same phase; proxy fences "
                           "and the memory model are not modelled)", ["wg12.full"]),
@@ -265,7 +248,7 @@ class Op:
             return f"bar_{k[1:]}({o.bar.bid} {o.bar.name}, {o.n}) for {o.label}" + (" [arrived]" if o.arrived else "")
         if k in ("rbegin", "rend"):
             return ("read " if k == "rbegin" else "end read ") + ", ".join(
-                f"{b}{ps or ''} ({tagstr(t)})" for b, ps, t in o.reads)
+                f"{b}{'[' + ','.join(ps) + ']' if ps else ''} ({tagstr(t)})" for b, ps, t in o.reads)
         return f"{dict(wbegin='write', wend='end write', copy='cp.async into')[k]} {o.buf}[{o.part}] ({tagstr(o.tag)})"
 
 
@@ -372,8 +355,6 @@ class Sim:
                     yield Op("mwait", "wg0.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
                 yield from self.write("P", "WG0", (k, t), "wg0.p")
                 yield from self.write("s_alpha", "WG0", (k, t), "wg0.alpha")
-                if "no_bar_wg0" not in B:
-                    yield Op("bsync", "wg0.bar", bar=self.nbars[BAR_WG0], n=128, label=("BAR_WG0", u))
                 yield Op("barrive", "wg0.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
                 u += 1
             me.ctx = f"seg {k} end"
@@ -381,8 +362,6 @@ class Sim:
             if "fin_before_store" in B:
                 yield fin
             yield from self.write("s_fin", "WG0", (k,), "wg0.fin_store")
-            if "no_bar_wg0" not in B:
-                yield Op("bsync", "wg0.bar_fin", bar=self.nbars[BAR_WG0], n=128, label=("BAR_WG0 fin", k))
             if "fin_before_store" not in B:
                 yield fin
         me.ctx = "returned"
@@ -511,12 +490,10 @@ class Sim:
         self.fire_tracks(actor)
 
     def final_checks(self):
-        for nb in self.nbars.values():
-            if nb.count is not None:
-                raise Violation("named", f"at the end: barrier {nb} left incomplete")
-        for mb in self.mbars:
-            if mb.pending != mb.count or mb.tracked:
-                raise Violation("mbarrier", f"at the end: {mb} (a phase left half-done)")
+        left = [f"barrier {nb}" for nb in self.nbars.values() if nb.count is not None]
+        left += [f"{mb} (a phase half-done)" for mb in self.mbars if mb.pending != mb.count or mb.tracked]
+        if left:
+            raise Violation("named" if left[0].startswith("barrier") else "mbarrier", "at the end: " + left[0])
         for buf, parts in self.bufs.items():
             for name, p in parts.items():
                 if +p.pending:
@@ -584,17 +561,13 @@ def case_for(run, seed, fixed_segs):
         return rng, "given segments", fixed_segs
     if run < len(FIXED_CASES):
         return (rng,) + FIXED_CASES[run]
-    r = rng.random()
+    r, n = rng.random(), rng.randint(1, 5)
     if r < 0.25:
-        return rng, "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(rng.randint(4, 14))]
+        return rng, "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(3 * n)]
+    t0 = rng.randint(0, 4)
     if r < 0.35:
-        t0 = rng.randint(0, 4)
         return rng, "one long segment", [(t0, t0 + rng.randint(2, 16))]
-    segs = []
-    for i in range(rng.randint(1, 5)):
-        t0 = rng.randint(0, 3) if i == 0 else 0
-        segs.append((t0, t0 + rng.randint(1, 6)))
-    return rng, "random segments", segs
+    return rng, "random segments", [(t0 if i == 0 else 0, (t0 if i == 0 else 0) + rng.randint(1, 6)) for i in range(n)]
 
 
 def report(run, seed, cname, segs, bugs, res, v, sim, ntrace):
