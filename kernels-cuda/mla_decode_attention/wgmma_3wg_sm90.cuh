@@ -211,7 +211,33 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     __syncwarp();
 }
 
-// Gather form: warpgroup w's copies of tile wk.t of segment wk.sg into the slot at dst, the
+// Gather form: the rows a thread of warpgroups 1 and 2 copies of tile wk.t (rows wtid / 4 and
+// + 32), looked up a tile ahead of the copies: the block ids are loaded here and first used by
+// the copies (GatherRows::off), so their latency passes under the tile in between. rin < 0: the
+// token does not exist (past the sequence).
+struct GatherRows {
+    int blk[2], rin[2];
+    // The element offset of row h in the cache; -1: no token, -2: a block id outside the cache.
+    __device__ __forceinline__ i64 off(const Params& p, int h) const {
+        if (rin[h] < 0) return -1;
+        if (blk[h] < 0 || blk[h] >= p.NB) return -2;
+        return blk[h] * p.c_sblk + (i64)rin[h] * p.c_srow;
+    }
+};
+__device__ __forceinline__ GatherRows gather_rows(const Params& p, const TileWalk& wk, int wtid) {
+    GatherRows g;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int j = wk.t * BN + (wtid >> 2) + 32 * h;
+        const bool live = j < wk.sg.len;
+        const int bi = live ? j / p.BS : 0;
+        g.blk[h] = live ? __ldg(p.block_table + wk.sg.b * p.bt_sb + bi * p.bt_sm) : 0;
+        g.rin[h] = live ? j - bi * p.BS : -1;
+    }
+    return g;
+}
+
+// Gather form: warpgroup w's copies of the tile whose rows are `rows` into the slot at dst, the
 // rows' V columns 256 w .. + 255 and rope columns 512 + 32 w .. + 31 (36 16-byte chunks a row:
 // what this warpgroup's P V and nothing else of the next tile reads, beside warpgroup 0's S).
 // Thread wtid takes rows wtid / 4 and + 32, chunks wtid % 4 + 4 j: a row's four threads move 64
@@ -220,22 +246,22 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
 // exists; flags[64 + k]: a bad block id among rows 8 k .. 8 k + 7, as a warp's ballot). Then the
 // thread's arrival on `full`, whose phase also waits for its copies to land.
 template <typename T>
-__device__ __forceinline__ void w3_gather(const Params& p, const TileWalk& wk, uint32_t dst, unsigned char* flags,
-                                          uint32_t full, int w, int wtid) {
+__device__ __forceinline__ void w3_gather(const Params& p, const GatherRows& rows, uint32_t dst,
+                                          unsigned char* flags, uint32_t full, int w, int wtid) {
     const int sub = wtid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = (wtid >> 2) + 32 * h;
-        const i64 off = token_row(p, wk.sg, wk.t, wk.t * BN + r);
+        const i64 off = rows.off(p, h);
         const bool ok = off >= 0;
         // Chunk c = sub + 4 j: V features 256 w + 8 c for j < 8 (column block 4 w + j / 2, chunk
         // sub + 4 (j & 1) of its row), the rope's features 512 + 32 w + 8 sub for j = 8 (column
         // block 8, chunk 4 w + sub): two swizzled row offsets serve the eight V copies.
         const T* src = (const T*)p.cache + (ok ? off : 0) + 256 * w + 8 * sub;
-        const uint32_t row = dst + 4 * w * SUB_BYTES + r * 128;
+        const uint32_t srow = dst + 4 * w * SUB_BYTES + r * 128;
         const uint32_t x0 = (uint32_t)((sub ^ (r & 7)) << 4), x1 = (uint32_t)(((sub | 4) ^ (r & 7)) << 4);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) cp_async16(row + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
+        for (int j = 0; j < 8; ++j) cp_async16(srow + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
         cp_async16(dst + 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, ok);
         if (w == 0) {  // (uniform over the warp)
             const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
@@ -247,7 +273,7 @@ __device__ __forceinline__ void w3_gather(const Params& p, const TileWalk& wk, u
     mbar_arrive(full);  // publishes the flags with the phase
 }
 
-// Gather form over an fp8_ds_mla cache: warpgroup w's copies of tile wk.t into the raw slot at
+// Gather form over an fp8_ds_mla cache: warpgroup w's copies of the tile of `rows` into the raw slot at
 // dst, what its dequantization and nothing else of the next tile reads beside warpgroup 0's S:
 // the code groups 2 w and 2 w + 1 (boxes 2 w, 2 w + 1), the rope's bytes 64 w .. + 63 (rope box
 // chunks 4 w ..) and the scales of its two groups (8 bytes of the row's scale box entry): 20
@@ -255,13 +281,13 @@ __device__ __forceinline__ void w3_gather(const Params& p, const TileWalk& wk, u
 // wtid % 4 + 4 j (j < 4: codes, group 2 w + j / 2; j = 4: the rope); the row's first thread
 // also copies the scales. Rows that do not exist are zero-filled (codes and scales 0: a zero V
 // row and a zero S the flags mask); flags and the arrival on `full` as in w3_gather.
-__device__ __forceinline__ void w3_gather_raw(const Params& p, const TileWalk& wk, uint32_t dst, unsigned char* flags,
-                                              uint32_t full, int w, int wtid) {
+__device__ __forceinline__ void w3_gather_raw(const Params& p, const GatherRows& rows, uint32_t dst,
+                                              unsigned char* flags, uint32_t full, int w, int wtid) {
     const int sub = wtid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = (wtid >> 2) + 32 * h;
-        const i64 off = token_row(p, wk.sg, wk.t, wk.t * BN + r);
+        const i64 off = rows.off(p, h);
         const bool ok = off >= 0;
         const unsigned char* row = (const unsigned char*)p.cache + (ok ? off : 0);
         const uint32_t x0 = (uint32_t)((sub ^ (r & 7)) << 4), x1 = (uint32_t)(((sub | 4) ^ (r & 7)) << 4);
@@ -610,6 +636,10 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             const uint32_t raw = sRing + slot * F8R_SLOT;
             const float* scales = (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES);
             mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            // Gather form: tile u + 2's rows, looked up now, copied once this tile is done.
+            const bool more = CP && walk.next(p, part);
+            GatherRows ahead;
+            if (more) ahead = gather_rows(p, walk, threadIdx.x & 127);
             const uint32_t tab = base + L::OFF_V + slot * 1024;  // the V region is free in this form
             // Gather form: rows that do not exist were zero-filled (scale 0: factor 0).
             const bool one = vt_factors(scales, CP ? BN : nvalid[slot], tab, threadIdx.x - 128);
@@ -658,8 +688,8 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             mbar_arrive(pfree);  // P(u) and its factors are read
             if constexpr (CP) {
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its part of the slot
-                if (walk.next(p, part))
-                    w3_gather_raw(p, walk, raw, smem + L::OFF_VALID + slot * L::VALID_BYTES, full + 8 * slot, w,
+                if (more)
+                    w3_gather_raw(p, ahead, raw, smem + L::OFF_VALID + slot * L::VALID_BYTES, full + 8 * slot, w,
                                   threadIdx.x & 127);
             } else {
                 w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps);
@@ -847,10 +877,11 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     TileWalk walk(part);  // gather form: every thread of warpgroups 1 and 2 walks the tiles
     if constexpr (CP) {
         for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v) {
+            const GatherRows rows = gather_rows(p, walk, wtid);
             if constexpr (RAW) {
-                w3_gather_raw(p, walk, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
+                w3_gather_raw(p, rows, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
             } else {
-                w3_gather<T>(p, walk, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
+                w3_gather<T>(p, rows, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
             }
         }
     } else if (issuer) {
@@ -886,6 +917,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             const int slot = u & 1;
             const uint32_t kst = sRing + slot * L::SLOT;
             mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            // Gather form: tile u + 2's rows are looked up below, after this tile's proxy fence
+            // (a fence would wait for their loads), and copied once this tile is done with the slot.
+            bool more = false;
+            GatherRows ahead;
             if constexpr (RAW) {
                 // Every thread's P V(u - 1) is done with the V half (a warp's wgmma wait covers its
                 // own rows only; P_FREE counts all 256 threads).
@@ -896,10 +931,16 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 fence_proxy_async();            // V is read by wgmma (async proxy)
                 bar_sync(W3_WG1 + w, 128);      // the warpgroup's V half is written (gather form: and
                                                 // its part of the slot read)
-                if constexpr (!CP)
+                if constexpr (CP) {
+                    more = walk.next(p, part);
+                    if (more) ahead = gather_rows(p, walk, wtid);
+                } else {
                     w3_refill<RAW>(issuer, walk, p, part, u, sRing + slot * F8R_SLOT, empty, full, nvalid, maps);
+                }
             } else if constexpr (CP) {
                 fence_proxy_async();  // the tile was written by cp.async; P V reads V as wgmma operands
+                more = walk.next(p, part);
+                if (more) ahead = gather_rows(p, walk, wtid);
             } else {
                 const int nv = nvalid[slot];  // the same in every thread: the branch is uniform
                 if (nv < BN) {
@@ -916,11 +957,11 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 // Gather form: warpgroup 0's S(u) was done before P_FULL(u), this warpgroup's
                 // dequantization before its barrier above: its part of the slot is free.
                 if constexpr (CP)
-                    if (walk.next(p, part)) w3_gather_raw(p, walk, kst, flags_of(slot), full + 8 * slot, w, wtid);
+                    if (more) w3_gather_raw(p, ahead, kst, flags_of(slot), full + 8 * slot, w, wtid);
             } else if constexpr (CP) {
                 mbar_arrive(pfree);         // P(u) and its factors are read
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its V half
-                if (walk.next(p, part)) w3_gather<T>(p, walk, kst, flags_of(slot), full + 8 * slot, w, wtid);
+                if (more) w3_gather<T>(p, ahead, kst, flags_of(slot), full + 8 * slot, w, wtid);
             } else {
                 mbar_arrive(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read
