@@ -8,8 +8,21 @@ Operands as torch wants them: a [M, K] e4m3 row-major, its scales [M, K/128] sto
 (outer-dim-major); the weight [N, K] e4m3 passed as its transpose (column-major [K, N]), its
 scales [N/128, K/128] row-major passed transposed. Timing: triton.testing.do_bench (median, L2
 cleared before each call). FLOPs = 2 M N K. A shape torch refuses is recorded with its error.
+
+DeepGEMM (deepseek-ai/DeepGEMM's `fp8_gemm_nt`, the same operands and scales, the activations'
+scales in the transposed TMA-aligned layout it wants, made once outside the timing) is timed too
+when `deep_gemm` imports (tools/peers/build_deepgemm.sh builds it on the GPU machine; put its
+directory on PYTHONPATH): `deepgemm_ms`, or `deepgemm_error` with why not.
 Usage: fp8_blockwise_gemm.py [--m 1,128,4096] [--json FILE]"""
 import json, sys, torch, triton
+
+try:
+    import deep_gemm
+    from deep_gemm.utils import get_mn_major_tma_aligned_tensor
+    DG_ERROR = None
+except Exception as e:  # not built here, or a build that does not load
+    deep_gemm = None
+    DG_ERROR = f"deep_gemm does not import: {e}"[:300]
 
 GEMMS = [("a_proj", 2112, 7168, True), ("q_b", 24576, 1536, True), ("kv_b", 32768, 512, False),
          ("o_proj", 7168, 16384, True)]
@@ -49,15 +62,33 @@ for name, n, k, decode in GEMMS:
             row["fp8_tflops"] = flops / row["fp8_ms"] / 1e9
         except Exception as e:  # torch/cuBLASLt without blockwise support for this shape
             row["error"] = str(e)[:300]
+        if deep_gemm is None:
+            row["deepgemm_error"] = DG_ERROR
+        else:
+            try:
+                sfa = get_mn_major_tma_aligned_tensor(xs.contiguous())  # [M, KB] f32, as DeepGEMM wants it
+                d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                g = lambda: deep_gemm.fp8_gemm_nt((x8, sfa), (w8, ws), d, disable_ue8m0_cast=True)
+                g()  # the JIT compiles this shape's kernel here, outside the timing
+                xd = x8[:1].float() * xs[:1].repeat_interleave(128, dim=1)[:, :k]
+                wd = w8.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+                ref = xd @ wd.t()
+                row["deepgemm_rel_err_row0"] = ((d[:1].float() - ref).norm() / ref.norm()).item()
+                row["deepgemm_ms"] = triton.testing.do_bench(g, return_mode="median")
+            except Exception as e:
+                row["deepgemm_error"] = str(e)[:300]
         rows.append(row)
         fp8 = f"{row['fp8_ms'] * 1e3:9.1f} us {row['fp8_tflops']:5.0f} TFLOP/s (err {row['rel_err_row0']:.1e})" \
             if "fp8_ms" in row else f"unavailable: {row['error'][:120]}"
+        dg = f"{row['deepgemm_ms'] * 1e3:9.1f} us (err {row['deepgemm_rel_err_row0']:.1e})" \
+            if "deepgemm_ms" in row else f"- ({row.get('deepgemm_error', '')[:80]})"
         print(f"{name:7s} M {m:5d}: bf16 {row['bf16_ms'] * 1e3:9.1f} us {flops / row['bf16_ms'] / 1e9:5.0f} TFLOP/s;"
-              f" fp8 blockwise {fp8}", flush=True)
+              f" fp8 blockwise {fp8}; DeepGEMM {dg}", flush=True)
         del x16, x8, xs
     del w16, w8, ws
     torch.cuda.empty_cache()
 if "--json" in sys.argv:
-    json.dump({"peer": f"torch {torch.__version__} _scaled_mm blockwise (1x128, 128x128)",
+    dg_name = f", DeepGEMM {deep_gemm.__version__}" if deep_gemm is not None else ""
+    json.dump({"peer": f"torch {torch.__version__} _scaled_mm blockwise (1x128, 128x128){dg_name}",
                "device": torch.cuda.get_device_name(), "rows": rows},
               open(sys.argv[sys.argv.index("--json") + 1], "w"), indent=1)

@@ -31,7 +31,9 @@
 //! - `--peer FILE`: the JSON of `tools/peers/fp8_blockwise_gemm.py --json FILE` (torch's
 //!   `_scaled_mm` with 1 x 128 / 128 x 128 scales and torch's bf16 matmul on the linear
 //!   GEMMs, from the same device call): a second table, vt's `lt` and `w8a8` beside torch's
-//!   fp8 and bf16 times per (GEMM, M) found in both.
+//!   fp8 and bf16 times per (GEMM, M) found in both, and DeepGEMM's `fp8_gemm_nt` on the same
+//!   scales where the file has it (the peer script times it when `deep_gemm` imports:
+//!   tools/peers/build_deepgemm.sh).
 //! - Parity: the skinny bf16 output against cuBLAS's on the GPU (whole output); before timing, the fp8 outputs of three rows (first, middle, last; BMMs: the
 //!   first and last head) are checked against the CPU reference on the same bytes
 //!   (tolerance: vt-check's bf16 row).
@@ -821,6 +823,10 @@ struct PeerRow {
     /// `None` where torch refused the shape (`error` in the file).
     fp8_us: Option<f64>,
     error: Option<String>,
+    /// DeepGEMM's `fp8_gemm_nt` (the same scales), where it was built and ran
+    /// (tools/peers/build_deepgemm.sh); else its error, if any.
+    deepgemm_us: Option<f64>,
+    deepgemm_error: Option<String>,
 }
 
 /// The peer file: its name and rows.
@@ -830,7 +836,8 @@ struct Peer {
     rows: Vec<PeerRow>,
 }
 
-/// Parses `{"peer": NAME, "rows": [{"gemm", "m", "bf16_ms", "fp8_ms"?, "error"?}]}`.
+/// Parses `{"peer": NAME, "rows": [{"gemm", "m", "bf16_ms", "fp8_ms"?, "error"?, "deepgemm_ms"?,
+/// "deepgemm_error"?}]}`.
 fn parse_peer(text: &str) -> Result<Peer, String> {
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
     let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
@@ -849,8 +856,16 @@ fn parse_peer(text: &str) -> Result<Peer, String> {
             .ok_or_else(|| format!("peer JSON row {i}: no positive integer \"m\""))?;
         let ms = |k: &str| r.get(k).and_then(|x| x.as_f64()).filter(|x| x.is_finite() && *x > 0.0);
         let bf16 = ms("bf16_ms").ok_or_else(|| format!("peer JSON row {i}: no positive \"bf16_ms\""))?;
-        let error = r.get("error").and_then(|e| e.as_str()).map(str::to_string);
-        rows.push(PeerRow { gemm, m, bf16_us: bf16 * 1e3, fp8_us: ms("fp8_ms").map(|x| x * 1e3), error });
+        let text = |k: &str| r.get(k).and_then(|e| e.as_str()).map(str::to_string);
+        rows.push(PeerRow {
+            gemm,
+            m,
+            bf16_us: bf16 * 1e3,
+            fp8_us: ms("fp8_ms").map(|x| x * 1e3),
+            error: text("error"),
+            deepgemm_us: ms("deepgemm_ms").map(|x| x * 1e3),
+            deepgemm_error: text("deepgemm_error"),
+        });
     }
     Ok(Peer { name, rows })
 }
@@ -859,8 +874,8 @@ fn parse_peer(text: &str) -> Result<Peer, String> {
 fn peer_table(rows: &[Row], p: &Peer) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "\npeer: {} (same device call)", p.name);
-    let _ = writeln!(o, "| GEMM | M | vt bf16 cuBLAS us | torch bf16 us | vt w8a8 us | vt cuBLASLt us | torch fp8 blockwise us | vt best fp8 / torch fp8 |");
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| GEMM | M | vt bf16 cuBLAS us | torch bf16 us | vt w8a8 us | vt cuBLASLt us | torch fp8 blockwise us | vt best fp8 / torch fp8 | DeepGEMM us | vt best fp8 / DeepGEMM |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let Some(pr) = p.rows.iter().find(|x| x.gemm == r.name && x.m == r.m) else { continue };
         let us = |x: Option<f64>| x.map_or("-".to_string(), |u| format!("{u:.1}"));
@@ -869,10 +884,18 @@ fn peer_table(rows: &[Row], p: &Peer) -> String {
             (None, Some(e)) => format!("- ({})", e.chars().take(60).collect::<String>()),
             (None, None) => "-".into(),
         };
+        // Speed-ups: the peer's time over ours (above 1: vt is faster).
         let ratio = r.best_w8a8().zip(pr.fp8_us).map_or("-".to_string(), |(a, b)| format!("{:.2}x", b / a));
+        let dg = match (pr.deepgemm_us, &pr.deepgemm_error) {
+            (Some(u), _) => format!("{u:.1}"),
+            (None, Some(e)) => format!("- ({})", e.chars().take(60).collect::<String>()),
+            (None, None) => "-".into(),
+        };
+        let dg_ratio =
+            r.best_w8a8().zip(pr.deepgemm_us).map_or("-".to_string(), |(a, b)| format!("{:.2}x", b / a));
         let _ = writeln!(
             o,
-            "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
             r.name,
             r.m,
             r.bf16_us,
@@ -880,7 +903,9 @@ fn peer_table(rows: &[Row], p: &Peer) -> String {
             us(r.w8a8_us),
             us(r.lt_us),
             torch8,
-            ratio
+            ratio,
+            dg,
+            dg_ratio
         );
     }
     o
@@ -979,6 +1004,14 @@ mod tests {
         assert_eq!(p.name, "torch x");
         assert_eq!(p.rows[0].fp8_us, Some(250.0));
         assert_eq!((p.rows[1].fp8_us, p.rows[1].error.as_deref()), (None, Some("no")));
+        assert_eq!((p.rows[0].deepgemm_us, p.rows[1].deepgemm_us), (None, None));
+        let p = parse_peer(
+            r#"{"rows": [{"gemm": "q_b", "m": 4096, "bf16_ms": 0.4, "deepgemm_ms": 0.2},
+                {"gemm": "a_proj", "m": 1, "bf16_ms": 0.02, "deepgemm_error": "not built"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(p.rows[0].deepgemm_us, Some(200.0));
+        assert_eq!((p.rows[1].deepgemm_us, p.rows[1].deepgemm_error.as_deref()), (None, Some("not built")));
         assert!(parse_peer(r#"{"rows": [{"gemm": "q_b", "m": 0, "bf16_ms": 1}]}"#).is_err());
         assert!(parse_peer(r#"{"rows": [{"gemm": "q_b", "m": 1}]}"#).is_err());
         assert!(parse_peer("[]").is_err());
