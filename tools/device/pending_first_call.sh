@@ -6,7 +6,7 @@
 #  2. F8R_VT's test, then its A/B against the embedded raw-ring kernel (h64 / h128, fp8 cache);
 #  3. the gather forms beside Auto's kernels at block sizes 1 and 16 (--alt);
 #  4. the whole-sequence threshold labs (MLA_SPLIT_COST 0 and 2 against the embedded 8);
-#  5. the split cut at b32 (--parts).
+#  5. the split cut at b32 and at b1 (--parts).
 # The lab builds are written from this checkout's headers with a define prepended and compiled in
 # the background while the first tests run (NVRTC is CPU-bound; its disk cache serves the rest).
 # The next calls: PART=bench, PART=sanitize and PART=step of gather_first_run.sh, then
@@ -56,10 +56,12 @@ VT_CUDA_KERNELS_DIR=$LAB/sc2 step sc_2 80 "$BIN/xtask" bench decode "${R[@]}"
 # 5.
 step parts 90 "$BIN/xtask" bench decode --only h64,b32,kv16 --only h128,b32,kv16 --only h16,b32,kv16 \
   --parts 128,96,64,33 --iters 10 --no-parity
+# b = 1 (issue 13's 12 us target): fewer, longer parts leave the combine fewer partials to merge.
+step parts_b1 60 "$BIN/xtask" bench decode --only b1,kv16 --parts 64,32,16,8 --iters 20 --no-parity
 for f in ab_main_1 ab_vt_1 ab_main_2 sc_main sc_0 sc_2; do
   [ -f "$OUT/$f.log" ] && echo "== $f $(grep -E '^\| [0-9]+ ' "$OUT/$f.log" | awk -F'|' '{print $2 $3 $4 $5 ":" $8}' | tr -s ' ' | tr '\n' ' ')" | tee -a "$S"
 done
-for f in small_blocks parts; do
+for f in small_blocks parts parts_b1; do
   grep -E 'sweep' -B1 "$OUT/$f.log" | cut -c1-200 | tee -a "$S"
 done
 cat "$S"
