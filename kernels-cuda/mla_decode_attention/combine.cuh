@@ -28,7 +28,13 @@ template <typename T>
 __device__ void combine(const Params& p) {
     __shared__ float red[COMBINE_WARPS][COMBINE_COLS];
     grid_dep_launch();  // a dependent GEMM after this (VT_PDL) may prefetch its weights
+#if MLA_TIMELINE
+    if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[0], tl_now());
+#endif
     grid_dep_wait();
+#if MLA_TIMELINE
+    if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[1], tl_now());
+#endif
     const int W = p.combine_wpr;
     const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.y * (COMBINE_WARPS / W) + warp / W;
@@ -38,7 +44,12 @@ __device__ void combine(const Params& p) {
     const int len = eff_len(p, b);
     const int first = p.seq_info[2 * b], n_info = p.seq_info[2 * b + 1];
     const int n = len > 0 ? n_info : 0;
-    if (len > 0 && n <= 1) return;  // written by the main kernel (uniform over the block)
+    if (len > 0 && n <= 1) {  // written by the main kernel (uniform over the block)
+#if MLA_TIMELINE
+        if (threadIdx.x == 0) atomicMax(&mla_timeline_combine[2], tl_now());
+#endif
+        return;
+    }
     const int r = active ? row : 0;
     const float* plse = p.part_lse + (i64)first * p.m_total + r;
     // One pass over the partial lse: running max and a sum rescaled to it (log2 domain).
@@ -95,6 +106,12 @@ __device__ void combine(const Params& p) {
     }
     if (p.lse != nullptr && blockIdx.z == 0 && lane == 0)
         p.lse[b * p.l_sb + h * p.l_sh + s * p.l_ss] = sum > 0.0f ? (mx + log2f(sum)) * LN2 : vt::neg_inf();
+#if MLA_TIMELINE
+    if (lane == 0) {
+        atomicMax(&mla_timeline_combine[2], tl_now());
+        if (warp == 0) atomicAdd(&mla_timeline_combine[3], 1ull);
+    }
+#endif
 }
 
 }  // namespace mla

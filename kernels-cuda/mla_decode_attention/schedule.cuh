@@ -29,6 +29,65 @@
 
 namespace mla {
 
+// Lab builds (docs/perf.md, "Twentieth session"): with MLA_TIMELINE 1 (a VT_CUDA_KERNELS_DIR copy
+// of this header with the define prepended; the kernels' own build has none of this) the
+// three-warpgroup kernels write %globaltimer stamps and wait sums per CTA into the module table
+// mla_timeline[cta][TL_EVENTS] (cta = blockIdx.y * gridDim.x + blockIdx.x, the first TL_CTAS),
+// and the combine kernel its first start, first start past the main grid and last end into
+// mla_timeline_combine; `xtask bench decode --timeline` clears, runs and reads them
+// (vt_cuda::mla_decode_attention::timeline).
+#ifndef MLA_TIMELINE
+#define MLA_TIMELINE 0
+#endif
+#if MLA_TIMELINE
+enum : int {
+    TL_ENTRY,        // thread 0: the kernel's first instruction
+    TL_PART,         // thread 0: find_part done
+    TL_Q0,           // warpgroup 0: the first segment's Q ready
+    TL_TILE0,        // warpgroup 0: the first tile's FULL passed
+    TL_SEG0_END,     // warpgroup 0: the first segment's last tile done (FIN)
+    TL_QLAST,        // warpgroup 0: the last segment's Q ready
+    TL_END0,         // warpgroup 0: the last segment's FIN
+    TL_END1,         // thread 128: its last segment's output stores issued
+    TL_SEGS,         // value: segments of the CTA
+    TL_TILES,        // value: tiles of the CTA
+    TL_WAIT_FULL0,   // warpgroup 0, ns summed: FULL waits
+    TL_WAIT_PFREE0,  // warpgroup 0, ns summed: P_FREE waits
+    TL_WAIT_Q0,      // warpgroup 0, ns summed: Q_READY waits
+    TL_WAIT_PFULL1,  // thread 128, ns summed: P_FULL waits
+    TL_WAIT_FULL1,   // thread 128, ns summed: FULL waits
+    TL_STORE1,       // thread 128, ns summed: the output stores
+    TL_EVENTS
+};
+enum : int { TL_CTAS = 1024 };
+extern "C" __device__ unsigned long long mla_timeline[TL_CTAS * TL_EVENTS];
+// [0] first combine CTA's start, [1] first start past griddepcontrol.wait, [2] last end, [3]
+// CTAs that merged partials.
+extern "C" __device__ unsigned long long mla_timeline_combine[4];
+__device__ __forceinline__ unsigned long long tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned long long* tl_row() {
+    const int c = blockIdx.y * gridDim.x + blockIdx.x;
+    return c < TL_CTAS ? mla_timeline + c * TL_EVENTS : nullptr;
+}
+#define MLA_TL_SET(ev, v)                                 \
+    do {                                                   \
+        if (unsigned long long* tl_r_ = mla::tl_row()) tl_r_[ev] = (v); \
+    } while (0)
+#define MLA_TL_ADD(ev, v)                                  \
+    do {                                                   \
+        if (unsigned long long* tl_r_ = mla::tl_row()) tl_r_[ev] += (v); \
+    } while (0)
+#define MLA_TL_NOW() mla::tl_now()
+#else
+#define MLA_TL_SET(ev, v) ((void)0)
+#define MLA_TL_ADD(ev, v) ((void)0)
+#define MLA_TL_NOW() 0ull
+#endif
+
 // Programmatic dependent launch: the main kernels let the combine kernel launch early; the
 // combine waits for the main grid's completion (and memory) before reading (common.cuh).
 using vt::grid_dep_launch;

@@ -797,6 +797,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
     auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * L::SLOT + F8R_SCALES); };
     auto flags_of = [&](int slot) { return smem + L::OFF_VALID + slot * L::VALID_BYTES; };  // gather form
+    const bool tl0 = MLA_TIMELINE && threadIdx.x == 0, tl1 = MLA_TIMELINE && threadIdx.x == 128;  // lab stamps
+    if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
     if (threadIdx.x == 0) {
         for (int s = 0; s < W3_SLOTS; ++s) {
             mbar_init(full + 8 * s, CP ? 256 : 1);
@@ -807,6 +809,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     grid_dep_launch();
     // find_part's block barriers also publish the mbarriers' initialization.
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
+    if (tl0) MLA_TL_SET(TL_PART, MLA_TL_NOW());
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127, wwarp = wtid >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, qd = lane & 3, r_lo = wwarp * 16 + g;
     const int row0 = blockIdx.y * MT;
@@ -817,18 +820,33 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
 
     if (wg == 0) {
         const GmmaDesc dq(sQ, 16, 1024);
+        int tl_segs = 0;
         while (next_segment(p, part, nb, pre, sg)) {
             uint32_t rq[4][4];
             if constexpr (RAW) f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
             const RowLimits rl(p, sg, row0, r_lo);
             const float c = p.scale_log2;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
+            const unsigned long long tq = MLA_TL_NOW();
             bar_sync(W3_Q_READY, W3_THREADS);  // Q (fp8: its parts and 2^-e) of this segment
+            if (tl0) {
+                const unsigned long long now = MLA_TL_NOW();
+                MLA_TL_ADD(TL_WAIT_Q0, now - tq);
+                if (tl_segs == 0) MLA_TL_SET(TL_Q0, now);
+                MLA_TL_SET(TL_QLAST, now);
+                MLA_TL_SET(TL_SEGS, ++tl_segs);
+            }
             float pinv[2] = {1.0f, 1.0f};
             if constexpr (RAW) pinv[0] = s_pinv[r_lo], pinv[1] = s_pinv[r_lo + 8];
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u & 1;
+                const unsigned long long tf = MLA_TL_NOW();
                 mbar_wait(full + 8 * slot, (u >> 1) & 1);
+                if (tl0) {
+                    const unsigned long long now = MLA_TL_NOW();
+                    MLA_TL_ADD(TL_WAIT_FULL0, now - tf);
+                    if (u == 0) MLA_TL_SET(TL_TILE0, now);
+                }
                 // Gather form: the tile was written by cp.async (the generic proxy), S reads it as
                 // wgmma operands (the async proxy).
                 if constexpr (CP) fence_proxy_async();
@@ -851,7 +869,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                     softmax_tile<T>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
                                     [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
                 }
+                const unsigned long long tp = MLA_TL_NOW();
                 if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
+                if (tl0) MLA_TL_ADD(TL_WAIT_PFREE0, MLA_TL_NOW() - tp);
                 store_p_rows(sP, pk, wwarp, lane);
                 if (qd == 0) {
                     s_alpha[r_lo] = alpha[0];
@@ -864,7 +884,13 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             store_fin(s_fin, l_run, m_run, r_lo, qd);
             bar_sync(BAR_WG0, 128);  // (racecheck, as above; it also orders this segment's s_pinv reads)
             bar_arrive(W3_FIN, W3_THREADS);
+            if (tl0) {
+                const unsigned long long now = MLA_TL_NOW();
+                if (tl_segs == 1) MLA_TL_SET(TL_SEG0_END, now);
+                MLA_TL_SET(TL_END0, now);
+            }
         }
+        if (tl0) MLA_TL_SET(TL_TILES, u);
         return;
     }
 
@@ -916,7 +942,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         for (int t = sg.t0; t < sg.t1; ++t, ++u) {
             const int slot = u & 1;
             const uint32_t kst = sRing + slot * L::SLOT;
+            const unsigned long long tf = MLA_TL_NOW();
             mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            if (tl1) MLA_TL_ADD(TL_WAIT_FULL1, MLA_TL_NOW() - tf);
             // Gather form: tile u + 2's rows are looked up below, after this tile's proxy fence
             // (a fence would wait for their loads), and copied once this tile is done with the slot.
             bool more = false;
@@ -949,7 +977,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                     bar_sync(W3_WG1 + w, 128);  // the warpgroup's rows are zeroed
                 }
             }
+            const unsigned long long tp = MLA_TL_NOW();
             bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors
+            if (tl1) MLA_TL_ADD(TL_WAIT_PFULL1, MLA_TL_NOW() - tp);
             rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
             if (F8R_LAB != 3) pv_tile<T, 128>(o, dp, RAW ? dv : GmmaDesc(kst + 4 * w * SUB_BYTES, SUB_BYTES, 1024));
             if constexpr (RAW) {
@@ -969,7 +999,13 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             }
         }
         bar_sync(W3_FIN, W3_THREADS);
+        const unsigned long long ts = MLA_TL_NOW();
         w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+        if (tl1) {
+            const unsigned long long now = MLA_TL_NOW();
+            MLA_TL_ADD(TL_STORE1, now - ts);
+            MLA_TL_SET(TL_END1, now);
+        }
     }
 }
 

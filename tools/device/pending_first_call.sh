@@ -5,12 +5,13 @@
 #  1. the gather forms' tests (16-bit and fp8: tools/device/gather_first_run.sh's own);
 #  2. F8R_VT's test, then its A/B against the embedded raw-ring kernel (h64 / h128, fp8 cache);
 #  3. the gather forms beside Auto's kernels at block sizes 1 and 16 (--alt);
-#  4. the whole-sequence threshold labs (MLA_SPLIT_COST 0 and 2 against the embedded 8);
-#  5. the split cut at b32 and at b1 (--parts).
+#  4. the split cut at b32 and at b1 (--parts).
+# (The whole-sequence threshold labs and the timeline are the second call: timeline.sh, then
+# schedule_labs.sh.)
 # The lab builds are written from this checkout's headers with a define prepended and compiled in
 # the background while the first tests run (NVRTC is CPU-bound; its disk cache serves the rest).
-# The next calls: PART=bench, PART=sanitize and PART=step of gather_first_run.sh, then
-# f8r_labs.sh's decode table with FlashMLA under the winner.
+# The next calls: timeline.sh then schedule_labs.sh (one call); PART=bench, PART=sanitize and
+# PART=step of gather_first_run.sh; then the decode table with FlashMLA under the winners.
 # Needs, carried: the binaries of tools/device/stage.sh in $BIN (default .dev/bin).
 # Usage (in the repository root, on the GPU machine): bash tools/device/pending_first_call.sh
 set -uo pipefail
@@ -28,10 +29,8 @@ mk() {  # mk NAME HEADER DEFINE: a lab dir holding HEADER with DEFINE prepended
   { echo "#define ${3%%=*} ${3#*=}"; cat "kernels-cuda/mla_decode_attention/$2"; } > "$d/$2"
 }
 mk vt wgmma_3wg_sm90.cuh F8R_VT=1
-mk sc0 schedule.cuh MLA_SPLIT_COST=0
-mk sc2 schedule.cuh MLA_SPLIT_COST=2
 W=(--only h64,b128,s4096,kv8 --iters 1 --no-parity)
-for v in vt sc0 sc2; do
+for v in vt; do
   (VT_CUDA_KERNELS_DIR=$LAB/$v timeout 240 "$BIN/xtask" bench decode "${W[@]}" > "$OUT/warm_$v.log" 2>&1 &)
 done
 # 1.
@@ -49,16 +48,11 @@ step ab_main_2 60 "$BIN/xtask" bench decode "${Q[@]}"
 # 3.
 step small_blocks 120 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 10
 # 4.
-R=(--only h64,b128,kv16 --only h128,b128,kv16 --only h128,b64,kv16 --only h64,b32,kv16 --iters 10 --no-parity)
-step sc_main 80 "$BIN/xtask" bench decode "${R[@]}"
-VT_CUDA_KERNELS_DIR=$LAB/sc0 step sc_0 80 "$BIN/xtask" bench decode "${R[@]}"
-VT_CUDA_KERNELS_DIR=$LAB/sc2 step sc_2 80 "$BIN/xtask" bench decode "${R[@]}"
-# 5.
 step parts 90 "$BIN/xtask" bench decode --only h64,b32,kv16 --only h128,b32,kv16 --only h16,b32,kv16 \
   --parts 128,96,64,33 --iters 10 --no-parity
 # b = 1 (issue 13's 12 us target): fewer, longer parts leave the combine fewer partials to merge.
 step parts_b1 60 "$BIN/xtask" bench decode --only b1,kv16 --parts 64,32,16,8 --iters 20 --no-parity
-for f in ab_main_1 ab_vt_1 ab_main_2 sc_main sc_0 sc_2; do
+for f in ab_main_1 ab_vt_1 ab_main_2; do
   [ -f "$OUT/$f.log" ] && echo "== $f $(grep -E '^\| [0-9]+ ' "$OUT/$f.log" | awk -F'|' '{print $2 $3 $4 $5 ":" $8}' | tr -s ' ' | tr '\n' ' ')" | tee -a "$S"
 done
 for f in small_blocks parts parts_b1; do

@@ -69,6 +69,11 @@ pub struct Args {
     /// Timed runs per shape (median reported).
     #[arg(long, value_name = "N", default_value_t = 40, value_parser = positive)]
     pub iters: usize,
+    /// Per shape, one more call after an L2 flush with the three-warpgroup kernels' lab timeline
+    /// read back and summarized (where each CTA's time goes: the schedule, segment starts,
+    /// waits, the tail, the combine). Needs a lab build: `tools/device/timeline.sh`.
+    #[arg(long)]
+    pub timeline: bool,
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
@@ -594,7 +599,7 @@ pub fn ceilings(bench: &Bench<'_>) -> Result<(f64, f64), String> {
 }
 
 pub fn run(args_in: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, plot, sweep, alt, parts, iters, no_parity, only } = args_in;
+    let Args { json, peer, plot, sweep, alt, parts, iters, timeline, no_parity, only } = args_in;
     let check = !no_parity;
     // The peer first: a bad file is reported before any GPU work.
     let peer = match &peer {
@@ -691,6 +696,9 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
                 }
             }
         }
+        if timeline {
+            bar.println(timeline_summary(&bench, &q, &a, &auto).map_err(e)?);
+        }
         let flash_us = peer.as_ref().and_then(|p| p.us(&s));
         let row = Row {
             shape: s,
@@ -719,6 +727,98 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
         println!("plot: {}", f.display());
     }
     Ok(if rows.iter().all(|r| r.parity) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// One call of `a` after an L2 flush, with the lab timeline cleared before and read after,
+/// summarized over the CTAs that ran tiles: medians and maxima in us, waits per tile.
+fn timeline_summary(
+    bench: &Bench<'_>,
+    q: &Queue,
+    a: &MlaDecodeAttentionArgs<'_>,
+    o: &DecodeOptions,
+) -> vt_core::Result<String> {
+    use vt_cuda::mla_decode_attention::timeline;
+    if !timeline::clear(q)? {
+        return Ok(
+            "    timeline: none in this build (a lab build with MLA_TIMELINE 1: tools/device/timeline.sh)"
+                .into(),
+        );
+    }
+    bench.flush_l2()?;
+    mla_decode_attention_with(q, a, o)?;
+    let Some(t) = timeline::read(q)? else { return Ok("    timeline: none".into()) };
+    Ok(format_timeline(&t))
+}
+
+/// The summary of [`timeline_summary`] (pure: tested on a made-up timeline).
+fn format_timeline(t: &vt_cuda::mla_decode_attention::timeline::Timeline) -> String {
+    use vt_cuda::mla_decode_attention::timeline::ev;
+    let rows: Vec<&[u64; 16]> = t.ctas.iter().filter(|r| r[ev::ENTRY] != 0 && r[ev::TILES] > 0).collect();
+    if rows.is_empty() {
+        return "    timeline: no CTA ran a tile (not a three-warpgroup kernel?)".into();
+    }
+    let t0 = rows.iter().map(|r| r[ev::ENTRY]).min().unwrap_or(0);
+    let end = |r: &[u64; 16]| r[ev::END0].max(r[ev::END1]);
+    let t_end = rows.iter().map(|r| end(r)).max().unwrap_or(t0);
+    let us = |ns: u64| ns as f64 / 1e3;
+    // Median and maximum of a per-CTA quantity, in us.
+    let stat = |f: &dyn Fn(&[u64; 16]) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(|r| f(r)).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        (v[v.len() / 2], v[v.len() - 1])
+    };
+    let d = |a: u64, b: u64| us(b.saturating_sub(a));
+    let per_tile = |r: &[u64; 16], k: usize| us(r[k]) / r[ev::TILES].max(1) as f64;
+    let line = |name: &str, (m, x): (f64, f64)| format!("{name} {m:.1} / {x:.1}");
+    let parts = [
+        line("launch spread", stat(&|r| d(t0, r[ev::ENTRY]))),
+        line("find_part", stat(&|r| d(r[ev::ENTRY], r[ev::PART]))),
+        line("first Q", stat(&|r| d(r[ev::PART], r[ev::Q0]))),
+        line("first tile", stat(&|r| d(r[ev::PART], r[ev::TILE0]))),
+        line("first segment", stat(&|r| d(r[ev::Q0], r[ev::SEG0_END]))),
+        line("last segment start", stat(&|r| d(t0, r[ev::QLAST]))),
+        line("end", stat(&|r| d(t0, end(r)))),
+    ];
+    let waits = [
+        line("WG0 FULL", stat(&|r| per_tile(r, ev::WAIT_FULL0))),
+        line("WG0 P_FREE", stat(&|r| per_tile(r, ev::WAIT_PFREE0))),
+        line("WG1 P_FULL", stat(&|r| per_tile(r, ev::WAIT_PFULL1))),
+        line("WG1 FULL", stat(&|r| per_tile(r, ev::WAIT_FULL1))),
+    ];
+    let seg = stat(&|r| r[ev::SEGS] as f64);
+    let tiles = stat(&|r| r[ev::TILES] as f64);
+    let qwait = stat(&|r| us(r[ev::WAIT_Q0]));
+    let store = stat(&|r| us(r[ev::STORE1]));
+    let c = &t.combine;
+    let comb = if c[1] != u64::MAX && c[2] != 0 {
+        format!(
+            "combine: first CTA +{:.1} us, past the main grid +{:.1}, ends +{:.1} ({} CTAs merged)",
+            d(t0, c[0]),
+            d(t0, c[1]),
+            d(t0, c[2]),
+            c[3]
+        )
+    } else {
+        "combine: no stamps".to_string()
+    };
+    format!(
+        "    timeline ({} CTAs, us after the first CTA's start, median / max): {}
+      segments {:.0} / {:.0}, tiles {:.0} / {:.0}; Q waits {:.1} / {:.1}, stores {:.1} / {:.1}; per tile: {}
+      main kernel {:.1} us; {}",
+        rows.len(),
+        parts.join(", "),
+        seg.0,
+        seg.1,
+        tiles.0,
+        tiles.1,
+        qwait.0,
+        qwait.1,
+        store.0,
+        store.1,
+        waits.join(", "),
+        d(t0, t_end),
+        comb
+    )
 }
 
 fn floor_us(s: &Shape, bw: f64, gemm: f64) -> f64 {
@@ -1050,6 +1150,36 @@ fn to_json(rows: &[Row], peer: Option<&Peer>, tg: &[Target], bw: f64, gemm: f64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The timeline summary on a made-up call: two CTAs with tiles, one idle, the combine's span.
+    #[test]
+    fn timeline_summary_reports_the_ctas_that_ran_tiles() {
+        use vt_cuda::mla_decode_attention::timeline::{ev, Timeline, EVENTS};
+        let mut ctas = vec![[0u64; EVENTS]; 3];
+        for (k, r) in ctas.iter_mut().take(2).enumerate() {
+            let t = 1_000_000 + 1_000 * k as u64;
+            r[ev::ENTRY] = t;
+            r[ev::PART] = t + 2_000;
+            r[ev::Q0] = t + 5_000;
+            r[ev::TILE0] = t + 6_000;
+            r[ev::SEG0_END] = t + 40_000;
+            r[ev::QLAST] = t + 5_000;
+            r[ev::END0] = t + 41_000;
+            r[ev::END1] = t + 42_000;
+            r[ev::SEGS] = 1;
+            r[ev::TILES] = 16;
+            r[ev::WAIT_FULL0] = 16_000;
+        }
+        let s = format_timeline(&Timeline { ctas, combine: [1_030_000, 1_043_000, 1_050_000, 64] });
+        assert!(s.contains("(2 CTAs"), "{s}");
+        assert!(s.contains("find_part 2.0 / 2.0"), "{s}");
+        assert!(s.contains("WG0 FULL 1.0 / 1.0"), "{s}");
+        assert!(s.contains("main kernel 43.0 us"), "{s}");
+        assert!(s.contains("past the main grid +43.0, ends +50.0 (64 CTAs merged)"), "{s}");
+        let none =
+            format_timeline(&Timeline { ctas: vec![[0u64; EVENTS]; 2], combine: [u64::MAX, u64::MAX, 0, 0] });
+        assert!(none.contains("no CTA ran a tile"), "{none}");
+    }
 
     /// The shape of tools/peers/flashmla_decode.py's file (two rows, made-up times).
     const PEER: &str = r#"{"peer": "FlashMLA 9241ae3 dense decode", "rows": [

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr};
 use vt_core::{Backend, DType, DeviceType, Error, Probe, QueueImpl, Result};
 
 use crate::kernels::{self, KernelSource};
@@ -100,6 +100,27 @@ impl DeviceState {
         })?;
         lock(&self.functions)?.insert(key, f.clone());
         Ok(f)
+    }
+
+    /// The device address and size in bytes of the module global `name` of `src` (the module
+    /// compiled and loaded on first use); `None` when the module has no such symbol (a lab
+    /// build's table in the default build).
+    pub fn global(
+        &self,
+        src: &KernelSource,
+        name: &str,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Option<(u64, usize)>> {
+        let module = self.module(src)?;
+        match module.get_global(name, stream) {
+            Ok(view) => {
+                let len = view.len();
+                let (ptr, _sync) = view.device_ptr(stream);
+                Ok(Some((ptr, len)))
+            }
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_FOUND => Ok(None),
+            Err(e) => Err(Error::backend(BACKEND, format!("module global {name} of {}.cu: {e}", src.name))),
+        }
     }
 
     fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {

@@ -52,6 +52,7 @@ mod combine;
 mod facts;
 mod generic;
 mod mma_sm80;
+pub mod timeline;
 mod wgmma_sm90;
 mod workspace;
 
