@@ -237,32 +237,23 @@ __device__ __forceinline__ GatherRows gather_rows(const Params& p, const TileWal
     return g;
 }
 
-// Gather form: warpgroup w's copies of the tile whose rows are `rows` into the slot at dst, the
-// rows' V columns 256 w .. + 255 and rope columns 512 + 32 w .. + 31 (36 16-byte chunks a row:
-// what this warpgroup's P V and nothing else of the next tile reads, beside warpgroup 0's S).
-// Thread wtid takes rows wtid / 4 and + 32, chunks wtid % 4 + 4 j: a row's four threads move 64
-// contiguous bytes a step. Rows that do not exist (past the sequence, or in a block whose id is
-// outside the cache) are zero-filled; warpgroup 1 writes the tile's flags (flags[r]: token r
-// exists; flags[64 + k]: a bad block id among rows 8 k .. 8 k + 7, as a warp's ballot). Then the
+// What the gather forms' copies share: for each of the thread's two rows of the tile (rows wtid
+// / 4 and + 32), the row's cache offset (0 where it does not exist: the copies zero-fill then)
+// and the swizzled offsets of its 16-byte chunks sub and sub + 4 within a 128-byte row; `copy`
+// issues the row's copies; warpgroup 1 writes the tile's flags (flags[r]: token r exists;
+// flags[64 + k]: a bad block id among rows 8 k .. 8 k + 7, as a warp's ballot). Then the
 // thread's arrival on `full`, whose phase also waits for its copies to land.
-template <typename T>
-__device__ __forceinline__ void w3_gather(const Params& p, const GatherRows& rows, uint32_t dst,
-                                          unsigned char* flags, uint32_t full, int w, int wtid) {
+template <class Copy>
+__device__ __forceinline__ void w3_gather_rows(const Params& p, const GatherRows& rows, unsigned char* flags,
+                                               uint32_t full, int w, int wtid, Copy&& copy) {
     const int sub = wtid & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = (wtid >> 2) + 32 * h;
         const i64 off = rows.off(p, h);
         const bool ok = off >= 0;
-        // Chunk c = sub + 4 j: V features 256 w + 8 c for j < 8 (column block 4 w + j / 2, chunk
-        // sub + 4 (j & 1) of its row), the rope's features 512 + 32 w + 8 sub for j = 8 (column
-        // block 8, chunk 4 w + sub): two swizzled row offsets serve the eight V copies.
-        const T* src = (const T*)p.cache + (ok ? off : 0) + 256 * w + 8 * sub;
-        const uint32_t srow = dst + 4 * w * SUB_BYTES + r * 128;
         const uint32_t x0 = (uint32_t)((sub ^ (r & 7)) << 4), x1 = (uint32_t)(((sub | 4) ^ (r & 7)) << 4);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) cp_async16(srow + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
-        cp_async16(dst + 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, ok);
+        copy(r, sub, ok ? off : 0, ok, x0, x1);
         if (w == 0) {  // (uniform over the warp)
             const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
             if (sub == 0) flags[r] = ok ? 1 : 0;
@@ -273,38 +264,42 @@ __device__ __forceinline__ void w3_gather(const Params& p, const GatherRows& row
     mbar_arrive(full);  // publishes the flags with the phase
 }
 
-// Gather form over an fp8_ds_mla cache: warpgroup w's copies of the tile of `rows` into the raw slot at
-// dst, what its dequantization and nothing else of the next tile reads beside warpgroup 0's S:
-// the code groups 2 w and 2 w + 1 (boxes 2 w, 2 w + 1), the rope's bytes 64 w .. + 63 (rope box
-// chunks 4 w ..) and the scales of its two groups (8 bytes of the row's scale box entry): 20
-// 16-byte chunks and one 8-byte copy a row. Thread wtid takes rows wtid / 4 and + 32, chunks
-// wtid % 4 + 4 j (j < 4: codes, group 2 w + j / 2; j = 4: the rope); the row's first thread
-// also copies the scales. Rows that do not exist are zero-filled (codes and scales 0: a zero V
-// row and a zero S the flags mask); flags and the arrival on `full` as in w3_gather.
+// Gather form: warpgroup w's copies of the tile whose rows are `rows` into the slot at dst, the
+// rows' V columns 256 w .. + 255 and rope columns 512 + 32 w .. + 31 (36 16-byte chunks a row:
+// what this warpgroup's P V and nothing else of the next tile reads, beside warpgroup 0's S).
+// Chunk c = sub + 4 j: V features 256 w + 8 c for j < 8 (column block 4 w + j / 2, chunk sub + 4
+// (j & 1) of its row), the rope's features 512 + 32 w + 8 sub for j = 8 (column block 8, chunk
+// 4 w + sub): a row's four threads move 64 contiguous bytes a step.
+template <typename T>
+__device__ __forceinline__ void w3_gather(const Params& p, const GatherRows& rows, uint32_t dst,
+                                          unsigned char* flags, uint32_t full, int w, int wtid) {
+    w3_gather_rows(p, rows, flags, full, w, wtid, [&](int r, int sub, i64 off, bool ok, uint32_t x0, uint32_t x1) {
+        const T* src = (const T*)p.cache + off + 256 * w + 8 * sub;
+        const uint32_t srow = dst + 4 * w * SUB_BYTES + r * 128;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) cp_async16(srow + (j >> 1) * SUB_BYTES + ((j & 1) ? x1 : x0), src + 32 * j, ok);
+        cp_async16(dst + 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, ok);
+    });
+}
+
+// Gather form over an fp8_ds_mla cache: warpgroup w's copies of the tile of `rows` into the raw
+// slot at dst, what its dequantization and nothing else of the next tile reads beside warpgroup
+// 0's S: the code groups 2 w and 2 w + 1 (boxes 2 w, 2 w + 1), the rope's bytes 64 w .. + 63
+// (rope box chunks 4 w ..) and the scales of its two groups (8 bytes of the row's scale box
+// entry): 20 16-byte chunks and one 8-byte copy a row; chunks sub + 4 j (j < 4: codes, group
+// 2 w + j / 2; j = 4: the rope), the row's first thread also copying the scales. Rows that do
+// not exist get codes and scales 0: a zero V row and a zero S the flags mask.
 __device__ __forceinline__ void w3_gather_raw(const Params& p, const GatherRows& rows, uint32_t dst,
                                               unsigned char* flags, uint32_t full, int w, int wtid) {
-    const int sub = wtid & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = (wtid >> 2) + 32 * h;
-        const i64 off = rows.off(p, h);
-        const bool ok = off >= 0;
-        const unsigned char* row = (const unsigned char*)p.cache + (ok ? off : 0);
-        const uint32_t x0 = (uint32_t)((sub ^ (r & 7)) << 4), x1 = (uint32_t)(((sub | 4) ^ (r & 7)) << 4);
+    w3_gather_rows(p, rows, flags, full, w, wtid, [&](int r, int sub, i64 off, bool ok, uint32_t x0, uint32_t x1) {
+        const unsigned char* row = (const unsigned char*)p.cache + off;
         const uint32_t box = dst + 2 * w * F8R_BOX + r * 128;
 #pragma unroll
         for (int j = 0; j < 4; ++j)  // group 2 w + j / 2, chunk sub + 4 (j & 1) of its 128 bytes
             cp_async16(box + (j >> 1) * F8R_BOX + ((j & 1) ? x1 : x0), row + 256 * w + 64 * j + 16 * sub, ok);
         cp_async16(dst + 4 * F8R_BOX + swz(r, 4 * w + sub), row + vt::fp8ds::ROPE_OFFSET + 64 * w + 16 * sub, ok);
         if (sub == 0) cp_async8(dst + F8R_SCALES + r * 16 + 8 * w, row + vt::fp8ds::SCALE_OFFSET + 8 * w, ok);
-        if (w == 0) {  // (uniform over the warp)
-            const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
-            if (sub == 0) flags[r] = ok ? 1 : 0;
-            if ((wtid & 31) == 0) flags[BN + 4 * h + (wtid >> 5)] = bad != 0u ? 1 : 0;
-        }
-    }
-    mbar_track_cp_async(full);
-    mbar_arrive(full);  // publishes the flags with the phase
+    });
 }
 
 // Gather form: the CTA's 64 query rows of sequence b into Q from warpgroups 1 and 2 (qi =
