@@ -65,6 +65,7 @@ D = "__device__ void decode_wgmma_3wg("
 W12 = "const int w = wg - 1;"  # warpgroups 1 and 2's code
 CPB = ("pv_tile<T, 128>(o, dp", "} else if constexpr (CP) {")  # the 16-bit gather form's branch after P V
 G = "__device__ __forceinline__ void w3_gather("
+GR = "__device__ __forceinline__ void w3_gather_rows("  # the row loop, flags and arrival w3_gather shares
 SITES = {
     "init.full": (D, "mbar_init(full + 8 * s, CP ? 256 : 1)"),
     "wg0.q_ready": (D, "bar_sync(W3_Q_READY, W3_THREADS)"),
@@ -92,9 +93,9 @@ SITES = {
     "wg12.store": (D, W12, "w3_store<T>(p, sg, row0, o, s_fin"),
     "gather.v": (G, "cp_async16(srow + (j >> 1) * SUB_BYTES"),
     "gather.rope": (G, "cp_async16(dst + 8 * SUB_BYTES"),
-    "gather.flags": (G, "if (sub == 0) flags[r] = ok ? 1 : 0"),
-    "gather.track": (G, "mbar_track_cp_async(full)"),
-    "gather.arrive": (G, "mbar_arrive(full);"),
+    "gather.flags": (GR, "if (sub == 0) flags[r] = ok ? 1 : 0"),
+    "gather.track": (GR, "mbar_track_cp_async(full)"),
+    "gather.arrive": (GR, "mbar_arrive(full);"),
     "ce.land": None,  # the copy engine
 }
 LINES, MISSING_SITES = {}, []
