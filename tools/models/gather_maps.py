@@ -36,21 +36,26 @@ def fail(msg):
     sys.exit(1)
 
 
-def gather16():
-    """w3_gather's copies: (warpgroup, thread, row, dst byte, src element, bytes, step)."""
-    out = []
+def thread_rows():
+    """w3_gather_rows: every thread of warpgroups 1 and 2 with each of its two rows and the
+    swizzled offsets of the row's chunks sub and sub + 4: (w, wtid, sub, r, x0, x1)."""
     for w in range(2):
         for wtid in range(128):
             sub = wtid & 3
             for h in range(2):
                 r = (wtid >> 2) + 32 * h
-                src = 256 * w + 8 * sub  # elements from the row's start
-                srow = 4 * w * SUB_BYTES + r * 128
-                x0 = (sub ^ (r & 7)) << 4
-                x1 = ((sub | 4) ^ (r & 7)) << 4
-                for j in range(8):
-                    out.append((w, wtid, r, srow + (j >> 1) * SUB_BYTES + (x1 if j & 1 else x0), src + 32 * j, 16, j))
-                out.append((w, wtid, r, 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, 16, 8))
+                yield w, wtid, sub, r, (sub ^ (r & 7)) << 4, ((sub | 4) ^ (r & 7)) << 4
+
+
+def gather16():
+    """w3_gather's copies: (warpgroup, thread, row, dst byte, src element, bytes, step)."""
+    out = []
+    for w, wtid, sub, r, x0, x1 in thread_rows():
+        src = 256 * w + 8 * sub  # elements from the row's start
+        srow = 4 * w * SUB_BYTES + r * 128
+        for j in range(8):
+            out.append((w, wtid, r, srow + (j >> 1) * SUB_BYTES + (x1 if j & 1 else x0), src + 32 * j, 16, j))
+        out.append((w, wtid, r, 8 * SUB_BYTES + swz(r, 4 * w + sub), src + FDV - 224 * w, 16, 8))
     return out
 
 
@@ -86,21 +91,15 @@ def check16():
 
 
 def gather_raw():
+    """w3_gather_raw's copies, as gather16's (src in bytes)."""
     out = []
-    for w in range(2):
-        for wtid in range(128):
-            sub = wtid & 3
-            for h in range(2):
-                r = (wtid >> 2) + 32 * h
-                x0 = (sub ^ (r & 7)) << 4
-                x1 = ((sub | 4) ^ (r & 7)) << 4
-                box = 2 * w * F8R_BOX + r * 128
-                for j in range(4):
-                    out.append((w, wtid, r, box + (j >> 1) * F8R_BOX + (x1 if j & 1 else x0),
-                                256 * w + 64 * j + 16 * sub, 16, j))
-                out.append((w, wtid, r, 4 * F8R_BOX + swz(r, 4 * w + sub), ROPE_OFFSET + 64 * w + 16 * sub, 16, 4))
-                if sub == 0:
-                    out.append((w, wtid, r, F8R_SCALES + r * 16 + 8 * w, SCALE_OFFSET + 8 * w, 8, 5))
+    for w, wtid, sub, r, x0, x1 in thread_rows():
+        box = 2 * w * F8R_BOX + r * 128
+        for j in range(4):
+            out.append((w, wtid, r, box + (j >> 1) * F8R_BOX + (x1 if j & 1 else x0), 256 * w + 64 * j + 16 * sub, 16, j))
+        out.append((w, wtid, r, 4 * F8R_BOX + swz(r, 4 * w + sub), ROPE_OFFSET + 64 * w + 16 * sub, 16, 4))
+        if sub == 0:
+            out.append((w, wtid, r, F8R_SCALES + r * 16 + 8 * w, SCALE_OFFSET + 8 * w, 8, 5))
     return out
 
 
