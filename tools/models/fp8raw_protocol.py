@@ -101,6 +101,8 @@ import re
 import sys
 import time
 
+from protocol_cli import explore_and_report, run
+
 KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
 
 # ---------------------------------------------------------------------------------------------
@@ -896,37 +898,10 @@ def main():
     if args.self_test:
         return 0 if self_test(args.seed, args.self_test_runs) else 1
 
-    bugs = [b for b in args.bug.split(",") if b]
-    for b in bugs:
-        if b not in BUGS and b not in ABLATIONS:
-            ap.error(f"unknown bug {b} (see --list-bugs)")
-    fixed = None
-    if args.segments is not None:
-        fixed = [(0, int(x)) for x in args.segments.split(",") if x.strip()]
-        if any(t1 < 1 for _, t1 in fixed):
-            ap.error("segments have at least one tile")
-    t_start = time.time()
-    st = explore(args.runs, args.seed, bugs, fixed, args.run, args.trace, intent=not args.no_intent_checks)
-    dt = time.time() - t_start
-    print(f"\n{st['runs']} runs (seed {args.seed}{', bugs ' + ','.join(bugs) if bugs else ''}) in {dt:.1f} s: "
-          f"{st['steps']} steps, {st['tiles']} tiles")
-    print("  cases: " + ", ".join(f"{n} {c}" for c, n in st["cases"].most_common()))
-    print("  waits that had to wait (did not return at once), over all runs:")
-    for site in ("wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "wg12.full", "wg12.pfree", "wg12.wgbar",
-                 "iss.empty", "wg12.syncwarp1", "wg12.p_full", "wg12.fin"):
-        print(f"    {st['blocked'][site]:7d}  {where(site)}")
-    if st["caught"] == 0:
-        print(f"  no deadlock, no violation in {st['runs']} runs")
-        return 0
-    print(f"  {st['caught']} run(s) flagged: " + ", ".join(f"{k} {n}" for k, n in st["kinds"].most_common()))
-    for m, n in st["msgs"].most_common(8):
-        print(f"    {n:5d} x {m}")
-    return 1
+    waits = ("wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "wg12.full", "wg12.pfree", "wg12.wgbar",
+             "iss.empty", "wg12.syncwarp1", "wg12.p_full", "wg12.fin")
+    return explore_and_report(ap, args, set(BUGS) | set(ABLATIONS), explore, where, waits)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:  # output piped into head & co.
-        sys.stderr.close()
-        sys.exit(1)
+    run(main)
