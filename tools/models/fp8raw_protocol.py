@@ -93,7 +93,6 @@ Exit status: 0 when no violation or deadlock was found (--self-test: every bug c
 unmodified protocol clean), 1 otherwise.
 """
 
-import argparse
 import collections
 import os
 import random
@@ -101,7 +100,8 @@ import re
 import sys
 import time
 
-from protocol_cli import explore_and_report, run
+import protocol_cli
+from protocol_cli import run
 
 KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
 
@@ -870,37 +870,10 @@ def self_test(seed, runs_per_bug):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=2000, help="random interleavings (default 2000)")
-    ap.add_argument("--seed", default="1", help="base seed (run i uses seed:i)")
-    ap.add_argument("--run", type=int, default=None, help="replay only run RUN of the seed")
-    ap.add_argument("--segments", default=None,
-                    help="fixed tile counts of the segments, e.g. 3,1,2 (t0 = 0); '' for none")
-    ap.add_argument("--bug", default="", help="inject bugs (comma-separated; see --list-bugs)")
-    ap.add_argument("--trace", type=int, default=12, help="steps of history printed with a finding")
-    ap.add_argument("--self-test", action="store_true", help="inject each bug and check the model catches it")
-    ap.add_argument("--self-test-runs", type=int, default=300, help="runs per injected bug (default 300)")
-    ap.add_argument("--list-bugs", action="store_true")
-    ap.add_argument("--no-intent-checks", action="store_true",
-                    help="drop the checks that use the code's intended phase / barrier instance of each "
-                         "wait and arrival (keep the PTX-level rules, the data tags and deadlocks)")
-    args = ap.parse_args()
-
-    locate_sites()
-    if MISSING_SITES:
-        print(f"warning: {len(MISSING_SITES)} kernel site(s) not found in {KERNEL}: {', '.join(MISSING_SITES)} "
-              "(the kernel changed? the model may be out of date)")
-    if args.list_bugs:
-        for name, (what, sites) in list(BUGS.items()) + list(ABLATIONS.items()):
-            print(f"{name:24s} {what} ({', '.join(where(s) for s in sites)})")
-        return 0
-    if args.self_test:
-        return 0 if self_test(args.seed, args.self_test_runs) else 1
-
     waits = ("wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "wg12.full", "wg12.pfree", "wg12.wgbar",
              "iss.empty", "wg12.syncwarp1", "wg12.p_full", "wg12.fin")
-    return explore_and_report(ap, args, set(BUGS) | set(ABLATIONS), explore, where, waits)
+    return protocol_cli.main(__doc__, KERNEL, locate_sites, MISSING_SITES, BUGS, ABLATIONS, where, self_test,
+                             explore, waits)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,42 @@
 """The command line both protocol models share (fp8raw_protocol.py, gather3wg_protocol.py): the
-exploration run of their main() (bugs checked, fixed segments parsed, the random runs, the report
-of what the waits exercised and what was found) and the entry point. Standard library only."""
+options, the kernel-site check, --list-bugs, --self-test, the exploration run (bugs checked, fixed
+segments parsed, the random runs, the report of what the waits exercised and what was found) and
+the entry point. Standard library only."""
+import argparse
 import sys
 import time
+
+
+def main(doc, kernel, locate_sites, missing_sites, bugs, ablations, where, self_test, explore, waits):
+    """A model's main(): `doc` its docstring, `kernel` the kernel file its sites are found in
+    (`locate_sites` fills `missing_sites` with those not found), `bugs` / `ablations` the
+    injectable changes (name -> (what, sites)), `self_test(seed, runs) -> bool`,
+    `explore(...)` the random runs, `waits` the sites whose blocking the report counts."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=2000, help="random interleavings (default 2000)")
+    ap.add_argument("--seed", default="1", help="base seed (run i uses seed:i)")
+    ap.add_argument("--run", type=int, default=None, help="replay only run RUN of the seed")
+    ap.add_argument("--segments", default=None, help="fixed tile counts of the segments, e.g. 3,1,2 (t0 = 0)")
+    ap.add_argument("--bug", default="", help="inject bugs (comma-separated; see --list-bugs)")
+    ap.add_argument("--trace", type=int, default=12, help="steps of history printed with a finding")
+    ap.add_argument("--self-test", action="store_true", help="inject each bug and check the model catches it")
+    ap.add_argument("--self-test-runs", type=int, default=300, help="runs per injected bug (default 300)")
+    ap.add_argument("--list-bugs", action="store_true")
+    ap.add_argument("--no-intent-checks", action="store_true",
+                    help="drop the checks that use the code's intended phase / barrier instance of each "
+                         "wait and arrival (keep the PTX-level rules, the data tags and deadlocks)")
+    args = ap.parse_args()
+    locate_sites()
+    if missing_sites:
+        print(f"warning: {len(missing_sites)} kernel site(s) not found in {kernel}: {', '.join(missing_sites)} "
+              "(the kernel changed? the model may be out of date)")
+    if args.list_bugs:
+        for name, (what, sites) in list(bugs.items()) + list(ablations.items()):
+            print(f"{name:26s} {what}\n{'':26s} at {'; '.join(where(s) for s in sites)}")
+        return 0
+    if args.self_test:
+        return 0 if self_test(args.seed, args.self_test_runs) else 1
+    return explore_and_report(ap, args, set(bugs) | set(ablations), explore, where, waits)
 
 
 def explore_and_report(ap, args, known_bugs, explore, where, wait_sites):
