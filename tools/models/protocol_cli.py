@@ -7,11 +7,15 @@ import sys
 import time
 
 
-def main(doc, kernel, locate_sites, missing_sites, bugs, ablations, where, self_test, explore, waits):
+def main(doc, kernel, locate_sites, missing_sites, bugs, ablations, where, self_test, explore, waits,
+         options=(), configure=None):
     """A model's main(): `doc` its docstring, `kernel` the kernel file its sites are found in
     (`locate_sites` fills `missing_sites` with those not found), `bugs` / `ablations` the
     injectable changes (name -> (what, sites)), `self_test(seed, runs) -> bool`,
-    `explore(...)` the random runs, `waits` the sites whose blocking the report counts."""
+    `explore(...)` the random runs, `waits` the sites whose blocking the report counts.
+    `options`: the model's own options, (flags, add_argument keywords) each; `configure(args)`,
+    called first with the parsed arguments, may change `bugs`, `ablations` and `waits` in place
+    (a model with several forms: their bugs and waits)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=2000, help="random interleavings (default 2000)")
     ap.add_argument("--seed", default="1", help="base seed (run i uses seed:i)")
@@ -25,7 +29,11 @@ def main(doc, kernel, locate_sites, missing_sites, bugs, ablations, where, self_
     ap.add_argument("--no-intent-checks", action="store_true",
                     help="drop the checks that use the code's intended phase / barrier instance of each "
                          "wait and arrival (keep the PTX-level rules, the data tags and deadlocks)")
+    for flags, kw in options:
+        ap.add_argument(*flags, **kw)
     args = ap.parse_args()
+    if configure is not None:
+        configure(args)
     locate_sites()
     if missing_sites:
         print(f"warning: {len(missing_sites)} kernel site(s) not found in {kernel}: {', '.join(missing_sites)} "
