@@ -31,7 +31,8 @@ namespace mla {
 
 // Lab builds (docs/perf.md, "Twentieth session"): with MLA_TIMELINE 1 (a VT_CUDA_KERNELS_DIR copy
 // of this header with the define prepended; the kernels' own build has none of this) the
-// three-warpgroup kernels write %globaltimer stamps and wait sums per CTA into the module table
+// three-warpgroup kernels write %globaltimer stamps and wait sums per CTA (the 16-bit narrow
+// kernels the stamps, no wait sums; TL_Q0 is their first tile too) into the module table
 // mla_timeline[cta][TL_EVENTS] (cta = blockIdx.y * gridDim.x + blockIdx.x, the first TL_CTAS),
 // and the combine kernel its first start, first start past the main grid and last end into
 // mla_timeline_combine; `xtask bench decode --timeline` clears, runs and reads them

@@ -321,6 +321,8 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     unsigned char* flags = smem + L::OFF_FLAGS;
     int* sched = (int*)(smem + L::OFF_SCHED);
     const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);  // O staged at the end
+    const bool tl0 = MLA_TIMELINE && threadIdx.x == 0;  // lab stamps (schedule.cuh)
+    if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
     if (threadIdx.x < L::STAGES * 8) flags[threadIdx.x] = 0;
     StageBarriers<L::STAGES, TMA> bars(base + L::OFF_MBAR);
     grid_dep_launch();
@@ -334,9 +336,11 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
     const uint64_t dp = gmma_desc(sP, 16, 1024);
 
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
+    if (tl0) MLA_TL_SET(TL_PART, MLA_TL_NOW());
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
+    int tl_segs = 0, tl_tiles = 0;
     while (next_segment(p, part, nb, pre, sg)) {
         const int t0 = sg.t0, t1 = sg.t1;
         float o[4][R];  // O^T for features (wg * 4 + mb) * 64 ..
@@ -364,6 +368,15 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
                 } else {
                     bar_sync(BAR_K_FULL + st, 256);
                 }
+                if (tl0) {
+                    const unsigned long long now = MLA_TL_NOW();
+                    if (t == t0) {
+                        if (tl_segs == 0) MLA_TL_SET(TL_Q0, now);  // (Q and the first tile: one stamp)
+                        MLA_TL_SET(TL_QLAST, now);
+                    }
+                    if (tl_tiles == 0) MLA_TL_SET(TL_TILE0, now);
+                    MLA_TL_SET(TL_TILES, ++tl_tiles);
+                }
                 float alpha[MT / 4];
                 narrow_softmax<T, MT, TMA>(p, sg, t, kst, dq, sP, valid + st * BN, flags + st * 8,
                                                  red_max + ((t - t0) & 1) * 4 * MT, s_alpha, rows, alpha, wtid);
@@ -380,6 +393,12 @@ __device__ void decode_wgmma_narrow(const Params& p, const TmaMap* kv_map) {
         bar_sync(wg ? BAR_WG1 : BAR_WG0, 128);
         copy_out<T, MT>(p, sg, row0, so, 256 * wg, s_fin, wtid, wg == 0);
         __syncthreads();
+        if (tl0) {
+            const unsigned long long now = MLA_TL_NOW();
+            if (tl_segs == 0) MLA_TL_SET(TL_SEG0_END, now);
+            MLA_TL_SET(TL_SEGS, ++tl_segs);
+            MLA_TL_SET(TL_END0, now);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The decode kernels' lab timeline (docs/perf.md, "Twentieth session"): a build of
 //! `kernels-cuda/mla_decode_attention/schedule.cuh` with `MLA_TIMELINE` defined 1 (through
 //! `VT_CUDA_KERNELS_DIR`; `tools/device/timeline.sh` writes the overlay) makes the
-//! three-warpgroup kernels record `%globaltimer` stamps and wait sums per CTA, and the combine
+//! three-warpgroup kernels record `%globaltimer` stamps and wait sums per CTA (the 16-bit narrow
+//! kernels the stamps alone), and the combine
 //! kernel its span, into module globals. [`clear`] resets them before a call, [`read`] reads
 //! them after it; both answer `None` in the default build, which has no such table.
 
