@@ -59,6 +59,10 @@ bench)
   XTASK=$BIN/xtask OUT=$OUT timeout 280 bash tools/device/sparse_bench.sh --kv16 --alt wgmma_3wg,wgmma_fp8r --iters 5 \
     > "$OUT/sparse_outer.log" 2>&1
   echo "sparse bench rc=$?" | tee -a "$OUT/summary.txt"
+  # The same rows with the gather forms as the op's choice, against the same FlashMLA file.
+  if [ -f "$OUT/flashmla_sparse.json" ]; then
+    VT_MLA_GATHER=1 step sparse_gather 200 "$BIN/xtask" bench sparse --peer "$OUT/flashmla_sparse.json" --kv16 --iters 5
+  fi
   for f in bench_small_blocks bench_tma_3wg bench_gather_bs64 bench_fp8_tma bench_fp8_gather; do
     grep -E 'sweep|wgmma' "$OUT/$f.log" | grep -v '^|' | cut -c1-220 | tee -a "$OUT/summary.txt"
   done
