@@ -6,13 +6,15 @@
 # has a time cap, so a hang shows as a timeout and the later steps still run. Three calls' worth:
 #   PART=tests     their tests, then the decode suites and the sparse suite (whose cases now
 #                  also run them, forced, on the sparse view of block size 1);
-#   PART=bench     FlashMLA built in the call, then: the decode rows of block sizes 1 and 16 with
-#                  the gather form beside Auto's kernel; the 64 / 128-head rows of block size 64
-#                  with the gather form against the TMA form (VT_MLA_DECODE_TMA=0 makes Auto take
-#                  the two-warpgroup cp.async kernel there, the gather form is the --alt column);
-#                  the fp8 rows the same way (wgmma_fp8r); the sparse rows (--kv16 adds the bf16
-#                  cache's) with the gather forms beside the op's choice, FlashMLA's sparse decode
-#                  and prefill in the same call;
+#   PART=bench     the decode rows of block sizes 1 and 16 with the gather form beside Auto's
+#                  kernel; the 64 / 128-head rows of block size 64 with the gather form against
+#                  the TMA form (VT_MLA_DECODE_TMA=0 makes Auto take the two-warpgroup cp.async
+#                  kernel there, the gather form is the --alt column); the fp8 rows the same way
+#                  (wgmma_fp8r);
+#   PART=sparse    FlashMLA built in the call and its sparse decode and prefill timed, then the
+#                  sparse rows (--kv16 adds the bf16 cache's) with the gather forms beside the
+#                  op's choice, then again with VT_MLA_GATHER=1 (the gather forms as the op's
+#                  choice) against the same FlashMLA file;
 #   PART=step      the DeepSeek-V3.2 decode step (vt-mla bench --layer v32, batch 8, context 64k,
 #                  CUDA graph) with VT_MLA_GATHER off and on (on: the sparse op's decode view
 #                  takes the gather forms), twice each, interleaved;
@@ -45,8 +47,6 @@ tests)
   step sparse_suite 150 "$BIN/sparse_mla" --test-threads 2
   ;;
 bench)
-  (bash tools/peers/build_flashmla.sh .peer/flashmla > "$OUT/flashmla_build.log" 2>&1; echo "rc=$?" > "$OUT/fm_done") &
-  FM=$!
   step bench_small_blocks 150 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 20
   step bench_tma_3wg 120 "$BIN/xtask" bench decode --only h64,kv16,bs64,sq1 --only h128,kv16,bs64,sq1 --iters 10 --no-parity
   VT_MLA_DECODE_TMA=0 step bench_gather_bs64 150 "$BIN/xtask" bench decode --only h64,kv16,bs64,sq1 \
@@ -54,8 +54,11 @@ bench)
   step bench_fp8_tma 60 "$BIN/xtask" bench decode --only h64,kv8 --only h128,kv8 --iters 10 --no-parity
   VT_MLA_DECODE_TMA=0 step bench_fp8_gather 90 "$BIN/xtask" bench decode --only h64,kv8 --only h128,kv8 \
     --alt wgmma_fp8r --iters 10
-  wait $FM
-  cat "$OUT/fm_done" | tee -a "$OUT/summary.txt"
+  for f in bench_small_blocks bench_tma_3wg bench_gather_bs64 bench_fp8_tma bench_fp8_gather; do
+    grep -E 'sweep|wgmma' "$OUT/$f.log" | grep -v '^|' | cut -c1-220 | tee -a "$OUT/summary.txt"
+  done
+  ;;
+sparse)
   XTASK=$BIN/xtask OUT=$OUT timeout 280 bash tools/device/sparse_bench.sh --kv16 --alt wgmma_3wg,wgmma_fp8r --iters 5 \
     > "$OUT/sparse_outer.log" 2>&1
   echo "sparse bench rc=$?" | tee -a "$OUT/summary.txt"
@@ -63,9 +66,6 @@ bench)
   if [ -f "$OUT/flashmla_sparse.json" ]; then
     VT_MLA_GATHER=1 step sparse_gather 200 "$BIN/xtask" bench sparse --peer "$OUT/flashmla_sparse.json" --kv16 --iters 5
   fi
-  for f in bench_small_blocks bench_tma_3wg bench_gather_bs64 bench_fp8_tma bench_fp8_gather; do
-    grep -E 'sweep|wgmma' "$OUT/$f.log" | grep -v '^|' | cut -c1-220 | tee -a "$OUT/summary.txt"
-  done
   grep -E 'forced|prefill|decode' "$OUT/bench_sparse.log" 2>/dev/null | cut -c1-220 | tail -30 | tee -a "$OUT/summary.txt"
   ;;
 step)
