@@ -3,7 +3,7 @@
 # wgmma_3wg_sm90.cuh, `CP`: mla_decode_wgmma_3wg_cp_{bf16,f16}, forced Kernel::Wgmma3, and
 # mla_decode_wgmma_fp8r_cp_bf16, forced Kernel::WgmmaFp8Raw, where the TMA cannot read the cache;
 # written without a GPU, docs/perf.md "Twentieth session"). Each step
-# has a time cap, so a hang shows as a timeout and the later steps still run. Three calls' worth:
+# has a time cap, so a hang shows as a timeout and the later steps still run. Five calls' worth (one PART each):
 #   PART=tests     their tests, then the decode suites and the sparse suite (whose cases now
 #                  also run them, forced, on the sparse view of block size 1);
 #   PART=bench     the decode rows of block sizes 1 and 16 with the gather form beside Auto's
