@@ -98,6 +98,13 @@
 #ifndef F8R_VT
 #define F8R_VT 0
 #endif
+// 1: warpgroups 1 and 2 (fp8 form, the default loop) stop waiting for each other: each waits for
+// its own P V(u) before dequantizing V(u + 1) into its half (a 128-thread barrier after P V)
+// instead of P_FREE, which counts both (lab build, docs/perf.md "Twentieth session"; the
+// gather-form model finds the order clean: tools/models/gather3wg_protocol.py --form fp8).
+#ifndef F8R_OWNV
+#define F8R_OWNV 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -946,8 +953,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             GatherRows ahead;
             if constexpr (RAW) {
                 // Every thread's P V(u - 1) is done with the V half (a warp's wgmma wait covers its
-                // own rows only; P_FREE counts all 256 threads).
-                if (u >= 1) mbar_wait(pfree, (u - 1) & 1);
+                // own rows only; P_FREE counts all 256 threads; F8R_OWNV: the barrier after P V).
+                if (!F8R_OWNV && u >= 1) mbar_wait(pfree, (u - 1) & 1);
                 // Gather form: rows that do not exist were zero-filled (codes and scale 0).
                 f8r_dequant_v(sRing + slot * F8R_SLOT, scales_of(slot), sVh, CP ? BN : nvalid[slot], tok, grp);
                 if constexpr (!CP) mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
@@ -979,6 +986,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             if (F8R_LAB != 3) pv_tile<T, 128>(o, dp, RAW ? dv : GmmaDesc(kst + 4 * w * SUB_BYTES, SUB_BYTES, 1024));
             if constexpr (RAW) {
                 mbar_arrive(pfree);  // P(u), its factors and the V half are read
+                if (F8R_OWNV) bar_sync(W3_WG1 + w, 128);  // this warpgroup's P V(u) is done with its V half
                 // Gather form: warpgroup 0's S(u) was done before P_FULL(u), this warpgroup's
                 // dequantization before its barrier above: its part of the slot is free.
                 if constexpr (CP)

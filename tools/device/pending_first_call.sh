@@ -4,6 +4,7 @@
 # shows as a timeout and the later steps still run); about 450 s on an H200:
 #  1. the gather forms' tests (16-bit and fp8: tools/device/gather_first_run.sh's own);
 #  2. F8R_VT's test, then its A/B against the embedded raw-ring kernel (h64 / h128, fp8 cache);
+#     the same for F8R_OWNV;
 #  3. the gather forms beside Auto's kernels at block sizes 1 and 16 (--alt);
 #  4. the split cut at b32 and at b1 (--parts).
 # (The whole-sequence threshold labs and the timeline are the second call: timeline.sh, then
@@ -29,8 +30,9 @@ mk() {  # mk NAME HEADER DEFINE: a lab dir holding HEADER with DEFINE prepended
   { echo "#define ${3%%=*} ${3#*=}"; cat "kernels-cuda/mla_decode_attention/$2"; } > "$d/$2"
 }
 mk vt wgmma_3wg_sm90.cuh F8R_VT=1
+mk ownv wgmma_3wg_sm90.cuh F8R_OWNV=1
 W=(--only h64,b128,s4096,kv8 --iters 1 --no-parity)
-for v in vt; do
+for v in vt ownv; do
   (VT_CUDA_KERNELS_DIR=$LAB/$v timeout 240 "$BIN/xtask" bench decode "${W[@]}" > "$OUT/warm_$v.log" 2>&1 &)
 done
 # 1.
@@ -44,6 +46,8 @@ VTOK=$?
 Q=(--only h64,kv8 --only h128,kv8 --iters 10 --no-parity)
 step ab_main_1 60 "$BIN/xtask" bench decode "${Q[@]}"
 [ $VTOK -eq 0 ] && VT_CUDA_KERNELS_DIR=$LAB/vt step ab_vt_1 60 "$BIN/xtask" bench decode "${Q[@]}"
+VT_CUDA_KERNELS_DIR=$LAB/ownv step t_ownv 100 "$BIN/mla_decode_fp8" fp8_decode_on_the_raw_ring_kernel --test-threads 1
+[ $? -eq 0 ] && VT_CUDA_KERNELS_DIR=$LAB/ownv step ab_ownv_1 60 "$BIN/xtask" bench decode "${Q[@]}"
 step ab_main_2 60 "$BIN/xtask" bench decode "${Q[@]}"
 # 3.
 step small_blocks 120 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 10
@@ -52,7 +56,7 @@ step parts 90 "$BIN/xtask" bench decode --only h64,b32,kv16 --only h128,b32,kv16
   --parts 128,96,64,33 --iters 10 --no-parity
 # b = 1 (issue 13's 12 us target): fewer, longer parts leave the combine fewer partials to merge.
 step parts_b1 60 "$BIN/xtask" bench decode --only b1,kv16 --parts 64,32,16,8 --iters 20 --no-parity
-for f in ab_main_1 ab_vt_1 ab_main_2; do
+for f in ab_main_1 ab_vt_1 ab_ownv_1 ab_main_2; do
   [ -f "$OUT/$f.log" ] && echo "== $f $(grep -E '^\| [0-9]+ ' "$OUT/$f.log" | awk -F'|' '{print $2 $3 $4 $5 ":" $8}' | tr -s ' ' | tr '\n' ' ')" | tee -a "$S"
 done
 for f in small_blocks parts parts_b1; do
