@@ -423,29 +423,20 @@ pub(crate) fn choose(
         // two-warpgroup kernel at every 64 / 128-head shape; over an fp8_ds_mla cache with bf16
         // queries its raw-ring form, 19-23% faster than the dequantizing warpgroup's:
         // docs/perf.md, "Eighteenth session").
+        // With VT_MLA_GATHER on (off by default: not yet run on a GPU), also over a cache the
+        // TMA does not read: the same kernels' gather forms, rows copied by cp.async
+        // (docs/perf.md, "Twentieth session"); `three_wg` / `fp8_raw` pick the form.
         Kernel::Auto
             if info.wgmma
                 && three_wg_flag
                 && m_total > 32
-                && fits(wgmma_sm90::w3_smem(fp8))
-                && (wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::fp8_raw_ok(a, tma_flag)) =>
-        {
-            if fp8 {
-                Kernel::WgmmaFp8Raw
-            } else {
-                Kernel::Wgmma3
-            }
-        }
-        // With VT_MLA_GATHER on (off by default: not yet run on a GPU), more than 32 query rows
-        // over a cache the TMA does not read (the arm above took the rest): the same kernels'
-        // gather forms, rows copied by cp.async (docs/perf.md, "Twentieth session").
-        Kernel::Auto
-            if info.wgmma
-                && three_wg_flag
-                && gather_flag
-                && m_total > 32
-                && fits(wgmma_sm90::w3_cp_smem(fp8))
-                && (!fp8 || wgmma_sm90::fp8_raw_dtypes(a)) =>
+                && if wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::fp8_raw_ok(a, tma_flag) {
+                    fits(wgmma_sm90::w3_smem(fp8))
+                } else {
+                    gather_flag
+                        && (!fp8 || wgmma_sm90::fp8_raw_dtypes(a))
+                        && fits(wgmma_sm90::w3_cp_smem(fp8))
+                } =>
         {
             if fp8 {
                 Kernel::WgmmaFp8Raw

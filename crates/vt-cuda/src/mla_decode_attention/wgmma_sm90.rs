@@ -170,28 +170,32 @@ const _: () = assert!(
     "the gather forms fit a Hopper block"
 );
 
-/// The three-warpgroup 64-row kernel over a 16-bit cache
-/// (`kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): warpgroup 0 computes S and the
-/// softmax, warpgroups 1 and 2 one half of P V each, a two-slot ring. Read through the TMA
-/// (`mla_decode_wgmma_3wg`) when [`three_wg_ok`]; else its gather form (`mla_decode_wgmma_3wg_cp`:
-/// any block size, each row looked up and copied by cp.async from warpgroups 1 and 2), which only
-/// a forced [`super::Kernel::Wgmma3`] takes until it is measured on a GPU.
-pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
-    let tma = three_wg_ok(a, tma_flag);
-    let (base, name, smem) = if tma {
-        ("mla_decode_wgmma_3wg", "wgmma_3wg", w3_smem(false))
-    } else {
-        ("mla_decode_wgmma_3wg_cp", "wgmma_3wg_cp", w3_cp_smem(false))
+/// A three-warpgroup 64-row kernel (`kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`):
+/// over a 16-bit cache (`mla_decode_wgmma_3wg`) or, `fp8`, an fp8_ds_mla cache
+/// (`mla_decode_wgmma_fp8r`), read through the TMA or, without it, in its gather form (`_cp`: any
+/// block size, each row looked up and copied by cp.async from warpgroups 1 and 2; no tensor map,
+/// each slot's token flags in shared memory).
+fn w3_kernel(fp8: bool, tma: bool) -> MainKernel {
+    let (base, name) = match (fp8, tma) {
+        (false, true) => ("mla_decode_wgmma_3wg", "wgmma_3wg"),
+        (false, false) => ("mla_decode_wgmma_3wg_cp", "wgmma_3wg_cp"),
+        (true, true) => ("mla_decode_wgmma_fp8r", "wgmma_fp8r"),
+        (true, false) => ("mla_decode_wgmma_fp8r_cp", "wgmma_fp8r_cp"),
     };
-    MainKernel {
-        base,
-        name,
-        rows: ROWS as i64,
-        smem,
-        threads: FP8_THREADS,
-        maps: CacheMaps::tiles(tma),
-        ctas_per_sm: 1,
-    }
+    let (smem, maps) = match (fp8, tma) {
+        (_, false) => (w3_cp_smem(fp8), CacheMaps::None),
+        (false, true) => (w3_smem(false), CacheMaps::Tiles),
+        (true, true) => (w3_smem(true), CacheMaps::Fp8Rows),
+    };
+    MainKernel { base, name, rows: ROWS as i64, smem, threads: FP8_THREADS, maps, ctas_per_sm: 1 }
+}
+
+/// The three-warpgroup 64-row kernel over a 16-bit cache: warpgroup 0 computes S and the
+/// softmax, warpgroups 1 and 2 one half of P V each, a two-slot ring ([`w3_kernel`]). Read
+/// through the TMA when [`three_wg_ok`]; else its gather form, which only a forced
+/// [`super::Kernel::Wgmma3`] or `VT_MLA_GATHER` takes until it is measured on a GPU.
+pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
+    w3_kernel(false, three_wg_ok(a, tma_flag))
 }
 
 /// Whether the raw-ring kernel can take this call at all: bf16 queries (its rope product takes
@@ -207,20 +211,12 @@ pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool
     tma_flag && fp8_raw_dtypes(a) && tma_ok(&a.cache)
 }
 
-/// The three-warpgroup 64-row kernel over an fp8_ds_mla cache
-/// (`kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh`): a two-slot ring of raw tiles, S as
-/// an e4m3 product against the query's hi / lo parts, V dequantized by the two warpgroups that
-/// multiply it. Through the TMA (`mla_decode_wgmma_fp8r`) when [`fp8_raw_ok`]; else its gather
-/// form (`mla_decode_wgmma_fp8r_cp`: any block size, rows copied by cp.async from warpgroups 1
-/// and 2), which only a forced [`super::Kernel::WgmmaFp8Raw`] takes until it is measured.
+/// The three-warpgroup 64-row kernel over an fp8_ds_mla cache ([`w3_kernel`]): a two-slot ring
+/// of raw tiles, S as an e4m3 product against the query's hi / lo parts, V dequantized by the two
+/// warpgroups that multiply it. Through the TMA when [`fp8_raw_ok`]; else its gather form, which
+/// only a forced [`super::Kernel::WgmmaFp8Raw`] or `VT_MLA_GATHER` takes until it is measured.
 pub(super) fn fp8_raw(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
-    let tma = fp8_raw_ok(a, tma_flag);
-    let (base, name, smem, maps) = if tma {
-        ("mla_decode_wgmma_fp8r", "wgmma_fp8r", w3_smem(true), CacheMaps::Fp8Rows)
-    } else {
-        ("mla_decode_wgmma_fp8r_cp", "wgmma_fp8r_cp", w3_cp_smem(true), CacheMaps::None)
-    };
-    MainKernel { base, name, rows: ROWS as i64, smem, threads: FP8_THREADS, maps, ctas_per_sm: 1 }
+    w3_kernel(true, fp8_raw_ok(a, tma_flag))
 }
 
 /// The raw-ring kernel's two maps of the cache's rows, as 4-byte words (164 a row): 32-word
