@@ -1,6 +1,6 @@
 //! The softmax-weighted sum shared by MlaDecodeAttention and PrefillAttention.
 
-use crate::matmul_bt::dot;
+use crate::gemm::dot;
 
 /// Rows `0..count` of a row-major f32 matrix with `width` columns: keys or values.
 pub(crate) struct Rows<'s> {

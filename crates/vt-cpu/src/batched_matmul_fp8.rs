@@ -1,12 +1,12 @@
 //! BatchedMatmulFp8: `out[g] = A[g] . W[g]` with W (and optionally A) dequantized from fp8
-//! e4m3 and their f32 block scales element by element, any strides, f32 dot products in K
-//! order, as BatchedMatmul.
+//! e4m3 and their f32 block scales element by element, any strides, f32 dot products in
+//! [`crate::gemm::dot`]'s order, as BatchedMatmul.
 
 use vt_core::fp8_block::BLOCK;
 use vt_core::{BatchedMatmulFp8Args, OpId, Queue, Result};
 
+use crate::gemm::dot;
 use crate::host::HostView;
-use crate::matmul_bt::dot;
 
 const OP: OpId = OpId::BatchedMatmulFp8;
 

@@ -95,6 +95,9 @@ impl<'a> HostView<'a> {
     pub fn read_row(&self, lead: &[usize], dst: &mut [f32]) {
         let start = self.offset_of(lead);
         let step = self.last_stride();
+        if step == 1 && self.read_unit_row(start, dst) {
+            return;
+        }
         for (i, d) in dst.iter_mut().enumerate() {
             *d = self.read_at(start + i as i64 * step) as f32;
         }
@@ -112,6 +115,44 @@ impl<'a> HostView<'a> {
         for (i, &v) in src.iter().enumerate() {
             self.write_at(start + i as i64 * step, v);
         }
+    }
+
+    /// [`Self::read_row`] of a unit-stride row of a 16-bit or f32 view that lies wholly inside
+    /// the view, as one slice (the matmuls read their operands this way; element by element
+    /// they spent most of their time converting). Returns false, reading nothing, otherwise.
+    fn read_unit_row(&self, start: i64, dst: &mut [f32]) -> bool {
+        let inside = i64::try_from(dst.len())
+            .ok()
+            .and_then(|n| start.checked_add(n))
+            .is_some_and(|end| start >= self.lo && end <= self.hi);
+        let dtype = self.t.dtype();
+        if !inside || !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
+            return false;
+        }
+        let p = (self.t.base_addr() as usize + start as usize * dtype.size_of()) as *const u8;
+        // SAFETY: elements `start..start + dst.len()` lie inside the view's element span
+        // (checked above), which lies inside its live host allocation (as in `read_at`).
+        unsafe {
+            match dtype {
+                DType::BF16 => {
+                    // bf16 is f32's upper half: the shift is the exact conversion, NaNs included.
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = f32::from_bits(u32::from((p as *const u16).add(i).read_unaligned()) << 16);
+                    }
+                }
+                DType::F16 => {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = half::f16::from_bits((p as *const u16).add(i).read_unaligned()).to_f32();
+                    }
+                }
+                _ => {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = (p as *const f32).add(i).read_unaligned();
+                    }
+                }
+            }
+        }
+        true
     }
 
     fn last_stride(&self) -> i64 {

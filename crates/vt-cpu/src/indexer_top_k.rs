@@ -5,7 +5,6 @@ use vt_core::{IndexerTopKArgs, OpId, Queue, Result};
 
 use crate::gather_mla_cache::cache_row;
 use crate::host::HostView;
-use crate::matmul_bt::dot;
 
 const OP: OpId = OpId::IndexerTopK;
 
@@ -39,7 +38,7 @@ pub(crate) fn run(_q: &Queue, a: &IndexerTopKArgs<'_>) -> Result<()> {
                 cache.read_row(&[blk, r], &mut key);
                 let mut sum = 0f32;
                 for (hi, &wh) in ws.iter().enumerate() {
-                    sum += wh * dot(&qs[hi * di..(hi + 1) * di], &key).max(0.0);
+                    sum += wh * dot_in_order(&qs[hi * di..(hi + 1) * di], &key).max(0.0);
                 }
                 // `+ 0.0` makes a -0.0 score +0.0, which total_cmp would order below it.
                 scored.push((a.scale * sum + 0.0, j, (blk * bs + r) as i64));
@@ -54,4 +53,15 @@ pub(crate) fn run(_q: &Queue, a: &IndexerTopKArgs<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// f32 dot product summed in index order: CUDA's generic score kernel sums in this same
+/// order, so its scores, and so its selection, are bit-equal to these (the contract says
+/// so). Not `gemm::dot`, whose eight partial sums no one-thread-per-token kernel mirrors.
+fn dot_in_order(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (a, b) in x.iter().zip(y) {
+        acc += a * b;
+    }
+    acc
 }

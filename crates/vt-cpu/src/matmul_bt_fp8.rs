@@ -1,12 +1,13 @@
 //! MatmulBTFp8: `out[M,N] = A[M,K] . W[N,K]^T` with W (and optionally A) dequantized from
 //! fp8 e4m3 and its f32 block scales element by element (`vt_core::fp8_block::decode`:
-//! the f32 product code * scale), then f32 dot products in K order, as MatmulBT.
+//! the f32 product code * scale), then f32 dot products in [`gemm::dot`]'s order, as MatmulBT.
 
 use vt_core::fp8_block::BLOCK;
 use vt_core::{MatmulBTFp8Args, OpId, Queue, Result};
 
+use crate::gemm;
 use crate::host::HostView;
-use crate::matmul_bt::dot;
+use crate::matmul_bt::write_transposed;
 
 const OP: OpId = OpId::MatmulBTFp8;
 
@@ -35,20 +36,15 @@ pub(crate) fn run(_q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
     let b_scale = HostView::new(OP, &x.b_scale)?;
     let a_scale = HostView::opt(OP, &x.a_scale)?;
     let (m, k, n) = (a.dim(0), a.dim(1), b.dim(0));
-    // W dequantized once into f32 scratch (N rows of K), A row by row.
-    let mut w = vec![0f32; n * k];
-    for j in 0..n {
-        read_dequantized(&b, &[j], Some((&b_scale, &[j / BLOCK])), &mut w[j * k..(j + 1) * k]);
-    }
-    let mut arow = vec![0f32; k];
-    let mut orow = vec![0f32; n];
-    for i in 0..m {
+    let mut am = vec![0f32; m * k];
+    for (i, row) in am.chunks_exact_mut(k.max(1)).enumerate().take(m) {
         let lead = [i];
-        read_dequantized(&a, &lead, a_scale.as_ref().map(|s| (s, &lead[..])), &mut arow);
-        for (j, o) in orow.iter_mut().enumerate() {
-            *o = dot(&arow, &w[j * k..(j + 1) * k]);
-        }
-        out.write_row(&[i], &orow);
+        read_dequantized(&a, &lead, a_scale.as_ref().map(|s| (s, &lead[..])), row);
     }
+    // W's rows are dequantized a block at a time inside the product.
+    let out_t = gemm::rows_times_rows(&am, m, k, n, |j, row| {
+        read_dequantized(&b, &[j], Some((&b_scale, &[j / BLOCK])), row)
+    });
+    write_transposed(&out, &out_t, m, n);
     Ok(())
 }

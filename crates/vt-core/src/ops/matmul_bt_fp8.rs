@@ -28,7 +28,8 @@ pub struct MatmulBTFp8Args<'a> {
 ///
 /// Accumulation in f32; `out` rounded once. Backends may sum each 128-wide K group before
 /// scaling it (as the tensor-core kernels do); the CPU reference dequantizes every element
-/// in f32 and sums in K order, so the two differ only by f32 summation order.
+/// in f32 and sums in its fixed order (eight interleaved partial sums), so the two differ
+/// only by f32 summation order.
 ///
 /// - `out` `[M,N]`: bf16, f16 or f32, the op's dtype. `a` `[M,K]`: the op's dtype, or
 ///   [`DType::F8E4M3`] when `a_scale` is given. `b` `[N,K]`: [`DType::F8E4M3`]. Each with
