@@ -1,10 +1,12 @@
 //! The CPU matmuls' shared core: f32 dot products in one fixed order, and a row-block loop
-//! over the weight's rows that runs on several threads.
+//! over the weight's rows that runs on several threads ([`crate::par`]).
 //!
 //! The order of every sum is fixed by the data's shape alone (never by the thread count or
 //! the blocking), so the reference gives the same bits on any machine with IEEE f32
 //! arithmetic. Rust does not contract `a * b + c` into an FMA, so the order written here is
 //! the order computed.
+
+use crate::par;
 
 /// Partial sums of [`dot`]: element `i` goes into sum `i % LANES`.
 const LANES: usize = 8;
@@ -12,9 +14,6 @@ const LANES: usize = 8;
 /// Rows of the weight converted to f32 at a time per thread ([`rows_times_rows`]): 16 rows
 /// of K = 7168 are 448 KiB, which stay in L2 while every row of `a` meets them.
 const ROW_BLOCK: usize = 16;
-
-/// Multiply-adds a thread should have before another thread is worth starting.
-const MACS_PER_THREAD: usize = 1 << 22;
 
 /// f32 dot product of `x` and `y[..x.len()]`: element `i` is added into partial sum
 /// `i % 8` in index order, and the eight sums are added pairwise,
@@ -47,14 +46,10 @@ where
     F: Fn(usize, &mut [f32]) + Sync,
 {
     let mut out_t = vec![0f32; n * m];
-    if n == 0 || m == 0 || k == 0 {
+    if k == 0 {
         return out_t; // empty sums are 0
     }
-    let work = m.saturating_mul(k).saturating_mul(n);
-    let threads =
-        std::thread::available_parallelism().map_or(1, |t| t.get()).min(work / MACS_PER_THREAD).clamp(1, n);
-    let rows_per_thread = n.div_ceil(threads);
-    let block = |j0: usize, dst: &mut [f32]| {
+    par::fill_rows(&mut out_t, m, m.saturating_mul(k), |j0, dst| {
         let mut rows = vec![0f32; ROW_BLOCK * k];
         for (jb, dst_b) in dst.chunks_mut(ROW_BLOCK * m).enumerate() {
             let nb = dst_b.len() / m;
@@ -67,17 +62,7 @@ where
                 }
             }
         }
-    };
-    if threads == 1 {
-        block(0, &mut out_t);
-    } else {
-        std::thread::scope(|s| {
-            for (t, dst) in out_t.chunks_mut(rows_per_thread * m).enumerate() {
-                let block = &block;
-                s.spawn(move || block(t * rows_per_thread, dst));
-            }
-        });
-    }
+    });
     out_t
 }
 

@@ -14,6 +14,7 @@ mod backend;
 mod comm;
 mod gemm;
 mod host;
+mod par;
 
 mod batched_matmul;
 mod batched_matmul_fp8;

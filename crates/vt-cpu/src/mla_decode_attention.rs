@@ -6,6 +6,7 @@ use vt_core::{MlaDecodeAttentionArgs, OpId, Queue, Result};
 use crate::attention::{attend, Rows};
 use crate::gather_mla_cache::{cache_row, read_cache_row};
 use crate::host::HostView;
+use crate::par;
 
 const OP: OpId = OpId::MlaDecodeAttention;
 
@@ -18,10 +19,7 @@ pub(crate) fn run(_q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
     let seq_lens = HostView::new(OP, &a.seq_lens)?;
     let (b, sq, n, d) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let dv = out.dim(3);
-    let mut qrow = vec![0f32; d];
-    let mut orow = vec![0f32; dv];
     let mut keys: Vec<f32> = Vec::new();
-    let mut logits: Vec<f32> = Vec::new();
     for bi in 0..b {
         let len = seq_lens.get_int(&[bi]).max(0) as usize;
         // The sequence's keys, gathered once through the block table into f32 scratch.
@@ -35,19 +33,25 @@ pub(crate) fn run(_q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
             read_cache_row(&cache, blk, r, &mut row[..d]);
             mapped = j + 1;
         }
-        logits.resize(len, 0.0);
-        for s in 0..sq {
-            // Query s sees keys 0 .. len - s_q + s + 1 (bottom-right aligned).
-            let visible = (len + s + 1).saturating_sub(sq).min(mapped);
-            for h in 0..n {
+        // Every (query token, head) row on the machine's threads: dv outputs, then lse.
+        let mut res = vec![0f32; sq * n * (dv + 1)];
+        par::fill_rows(&mut res, dv + 1, len.saturating_mul(d + dv), |r0, rows| {
+            let (mut qrow, mut logits) = (vec![0f32; d], vec![0f32; len]);
+            for (i, row) in rows.chunks_exact_mut(dv + 1).enumerate() {
+                let (s, h) = ((r0 + i) / n, (r0 + i) % n);
+                // Query s sees keys 0 .. len - s_q + s + 1 (bottom-right aligned).
+                let visible = (len + s + 1).saturating_sub(sq).min(mapped);
                 q.read_row(&[bi, s, h], &mut qrow);
                 let k = Rows { data: &keys, width: d };
-                let v = Rows { data: &keys, width: d };
-                let l = attend(&qrow, &k, &v, visible, a.scale, &mut logits, &mut orow);
-                out.write_row(&[bi, s, h], &orow);
-                if let Some(lse) = &lse {
-                    lse.set(&[bi, h, s], l);
-                }
+                let (o, l) = row.split_at_mut(dv);
+                l[0] = attend(&qrow, &k, &k, visible, a.scale, &mut logits, o);
+            }
+        });
+        for (r, row) in res.chunks_exact(dv + 1).enumerate() {
+            let (s, h) = (r / n, r % n);
+            out.write_row(&[bi, s, h], &row[..dv]);
+            if let Some(lse) = &lse {
+                lse.set(&[bi, h, s], row[dv]);
             }
         }
     }

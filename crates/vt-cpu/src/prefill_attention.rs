@@ -4,6 +4,7 @@ use vt_core::{OpId, PrefillAttentionArgs, Queue, Result};
 
 use crate::attention::{attend, Rows};
 use crate::host::HostView;
+use crate::par;
 
 const OP: OpId = OpId::PrefillAttention;
 
@@ -15,14 +16,11 @@ pub(crate) fn run(_q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     let cu_k = HostView::new(OP, &a.cu_seqlens_k)?;
     let (n, d, dv) = (q.dim(1), q.dim(2), v.dim(2));
     let b = cu_q.dim(0).saturating_sub(1);
-    let mut qrow = vec![0f32; d];
-    let mut orow = vec![0f32; dv];
-    let (mut keys, mut values, mut logits) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
     for bi in 0..b {
         let (q0, q1) = (cu_q.get_int(&[bi]).max(0) as usize, cu_q.get_int(&[bi + 1]).max(0) as usize);
         let (k0, k1) = (cu_k.get_int(&[bi]).max(0) as usize, cu_k.get_int(&[bi + 1]).max(0) as usize);
         let (lq, lk) = (q1.saturating_sub(q0), k1.saturating_sub(k0));
-        logits.resize(lk, 0.0);
         for h in 0..n {
             // This sequence's keys and values of head h in f32 scratch.
             keys.resize(lk * d, 0.0);
@@ -31,15 +29,24 @@ pub(crate) fn run(_q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
                 k.read_row(&[k0 + j, h], &mut keys[j * d..(j + 1) * d]);
                 v.read_row(&[k0 + j, h], &mut values[j * dv..(j + 1) * dv]);
             }
-            for i in 0..lq {
-                // Causal, bottom-right: query i sees keys 0 ..= lk - lq + i.
-                let visible = if a.causal { (lk + i + 1).saturating_sub(lq).min(lk) } else { lk };
-                q.read_row(&[q0 + i, h], &mut qrow);
-                let (kr, vr) = (Rows { data: &keys, width: d }, Rows { data: &values, width: dv });
-                let l = attend(&qrow, &kr, &vr, visible, a.scale, &mut logits, &mut orow);
-                out.write_row(&[q0 + i, h], &orow);
+            // Every query row of this head on the machine's threads: dv outputs, then lse.
+            let mut res = vec![0f32; lq * (dv + 1)];
+            par::fill_rows(&mut res, dv + 1, lk.saturating_mul(d + dv), |i0, rows| {
+                let (mut qrow, mut logits) = (vec![0f32; d], vec![0f32; lk]);
+                for (ii, row) in rows.chunks_exact_mut(dv + 1).enumerate() {
+                    let i = i0 + ii;
+                    // Causal, bottom-right: query i sees keys 0 ..= lk - lq + i.
+                    let visible = if a.causal { (lk + i + 1).saturating_sub(lq).min(lk) } else { lk };
+                    q.read_row(&[q0 + i, h], &mut qrow);
+                    let (kr, vr) = (Rows { data: &keys, width: d }, Rows { data: &values, width: dv });
+                    let (o, l) = row.split_at_mut(dv);
+                    l[0] = attend(&qrow, &kr, &vr, visible, a.scale, &mut logits, o);
+                }
+            });
+            for (i, row) in res.chunks_exact(dv + 1).enumerate() {
+                out.write_row(&[q0 + i, h], &row[..dv]);
                 if let Some(lse) = &lse {
-                    lse.set(&[h, q0 + i], l);
+                    lse.set(&[h, q0 + i], row[dv]);
                 }
             }
         }

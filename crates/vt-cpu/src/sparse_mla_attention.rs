@@ -6,6 +6,7 @@ use vt_core::{OpId, Queue, Result, SparseMlaAttentionArgs};
 use crate::attention::{attend, Rows};
 use crate::gather_mla_cache::read_cache_row;
 use crate::host::HostView;
+use crate::par;
 
 const OP: OpId = OpId::SparseMlaAttention;
 
@@ -18,10 +19,7 @@ pub(crate) fn run(_q: &Queue, a: &SparseMlaAttentionArgs<'_>) -> Result<()> {
     let (t, n, d) = (q.dim(0), q.dim(1), q.dim(2));
     let (dv, topk, bs) = (out.dim(2), indices.dim(1), cache.dim(1) as i64);
     let slots = cache.dim(0) as i64 * bs;
-    let mut qrow = vec![0f32; d];
-    let mut orow = vec![0f32; dv];
     let mut keys: Vec<f32> = Vec::with_capacity(topk * d);
-    let mut logits = vec![0f32; topk];
     for ti in 0..t {
         // The query's keys, in the order listed, into f32 scratch. Validation rejects a
         // slot past the cache on the CPU; should one arrive, it is skipped as GPUs do.
@@ -36,13 +34,21 @@ pub(crate) fn run(_q: &Queue, a: &SparseMlaAttentionArgs<'_>) -> Result<()> {
             read_cache_row(&cache, (s / bs) as usize, (s % bs) as usize, &mut keys[count * d..]);
             count += 1;
         }
-        for h in 0..n {
-            q.read_row(&[ti, h], &mut qrow);
-            let rows = Rows { data: &keys, width: d };
-            let l = attend(&qrow, &rows, &rows, count, a.scale, &mut logits, &mut orow);
-            out.write_row(&[ti, h], &orow);
+        // Every head on the machine's threads: dv outputs, then lse.
+        let mut res = vec![0f32; n * (dv + 1)];
+        par::fill_rows(&mut res, dv + 1, count.saturating_mul(d + dv), |h0, rows| {
+            let (mut qrow, mut logits) = (vec![0f32; d], vec![0f32; count]);
+            for (i, row) in rows.chunks_exact_mut(dv + 1).enumerate() {
+                q.read_row(&[ti, h0 + i], &mut qrow);
+                let k = Rows { data: &keys, width: d };
+                let (o, l) = row.split_at_mut(dv);
+                l[0] = attend(&qrow, &k, &k, count, a.scale, &mut logits, o);
+            }
+        });
+        for (h, row) in res.chunks_exact(dv + 1).enumerate() {
+            out.write_row(&[ti, h], &row[..dv]);
             if let Some(lse) = &lse {
-                lse.set(&[h, ti], l);
+                lse.set(&[h, ti], row[dv]);
             }
         }
     }

@@ -1,0 +1,58 @@
+//! Work split over the machine's threads, for the ops whose reference cost grows with the
+//! model (the matmuls, attention over long contexts).
+//!
+//! Each output row is computed by exactly one call, so a result never depends on how many
+//! threads ran. The rows land in an f32 buffer the caller owns and then stores through its
+//! views on one thread: the views' raw-pointer writes are never made from two threads.
+
+/// Multiply-adds a thread should have before another thread is worth starting.
+const MACS_PER_THREAD: usize = 1 << 22;
+
+/// Fills `out`, rows of `width` values, by `fill(first_row, rows)` over contiguous ranges of
+/// rows, one range a thread, with as many threads as the machine has and `macs_per_row`
+/// multiply-adds a row justify. `fill` gets whole rows (`rows.len()` a multiple of `width`).
+pub(crate) fn fill_rows<F>(out: &mut [f32], width: usize, macs_per_row: usize, fill: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    let rows = out.len().checked_div(width).unwrap_or(0);
+    if rows == 0 {
+        return;
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(rows.saturating_mul(macs_per_row) / MACS_PER_THREAD)
+        .clamp(1, rows);
+    if threads == 1 {
+        fill(0, out);
+        return;
+    }
+    let per = rows.div_ceil(threads);
+    std::thread::scope(|s| {
+        for (t, chunk) in out.chunks_mut(per * width).enumerate() {
+            let fill = &fill;
+            s.spawn(move || fill(t * per, chunk));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_rows_calls_each_row_once_with_its_index() {
+        for (rows, width, macs) in
+            [(0, 3, 1 << 30), (1, 3, 1 << 30), (37, 5, 1 << 30), (1000, 2, 1), (7, 1, 1 << 30)]
+        {
+            let mut out = vec![f32::NAN; rows * width];
+            fill_rows(&mut out, width, macs, |r0, chunk| {
+                assert_eq!(chunk.len() % width, 0);
+                for (i, row) in chunk.chunks_exact_mut(width).enumerate() {
+                    row.iter_mut().enumerate().for_each(|(c, v)| *v = ((r0 + i) * width + c) as f32);
+                }
+            });
+            assert!(out.iter().enumerate().all(|(i, &v)| v == i as f32), "rows {rows} width {width}");
+        }
+    }
+}
