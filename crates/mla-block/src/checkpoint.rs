@@ -218,6 +218,12 @@ impl Checkpoint {
         self.shards.len()
     }
 
+    /// Every file the checkpoint reads: the index it was opened through (if any) and each
+    /// shard it lists, or the one file (what `vt-mla run` refuses to write its output over).
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.origin.as_path()).chain(self.shards.iter().map(|s| s.path.as_path()))
+    }
+
     /// Files mapped so far.
     pub fn mapped_files(&self) -> usize {
         self.shards.iter().filter(|s| s.mapped.get().is_some()).count()

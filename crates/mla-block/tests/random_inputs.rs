@@ -13,62 +13,10 @@ mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use common::{safetensors_bytes, synthetic, synthetic_checkpoint, synthetic_config_json};
+use common::{mutate, safetensors_bytes, synthetic, synthetic_checkpoint, synthetic_config_json};
 use mla_block::{loaders, HostTensor, MlaConfig, DEFAULT_LAYER_PREFIX};
 use rand::{Rng, SeedableRng};
 use vt_core::DType;
-
-fn mutate(rng: &mut impl Rng, seed: &[u8]) -> Vec<u8> {
-    let mut b = seed.to_vec();
-    for _ in 0..rng.gen_range(1..4) {
-        match rng.gen_range(0..7) {
-            0 if !b.is_empty() => {
-                let i = rng.gen_range(0..b.len());
-                b[i] ^= 1 << rng.gen_range(0..8);
-            }
-            1 if !b.is_empty() => {
-                let i = rng.gen_range(0..b.len());
-                b[i] =
-                    *[0u8, 0xff, b'9', b'-', b'"', b'{', b'[', b'.'].get(rng.gen_range(0..8)).unwrap_or(&0);
-            }
-            2 => b.truncate(rng.gen_range(0..=b.len())),
-            3 => b.extend((0..rng.gen_range(1..64)).map(|_| rng.gen::<u8>())),
-            4 if b.len() >= 8 => {
-                // Another header length.
-                let n: u64 =
-                    *[0u64, 1, 7, u64::MAX, 1 << 40, b.len() as u64].get(rng.gen_range(0..6)).unwrap_or(&0);
-                b[..8].copy_from_slice(&n.to_le_bytes());
-            }
-            5 => {
-                // A digit run replaced by a number whose products wrap.
-                if let Some(i) = (0..b.len())
-                    .map(|_| rng.gen_range(0..b.len().max(1)))
-                    .find(|&i| b.get(i).is_some_and(u8::is_ascii_digit))
-                {
-                    let big = [
-                        "9223372036854775807",
-                        "4611686018427387904",
-                        "18446744073709551615",
-                        "0",
-                        "-1",
-                        "1e308",
-                    ];
-                    let j = (i..b.len()).find(|&j| !b[j].is_ascii_digit()).unwrap_or(b.len());
-                    let rep = big[rng.gen_range(0..big.len())].as_bytes().to_vec();
-                    b.splice(i..j, rep);
-                }
-            }
-            _ => {
-                let i = rng.gen_range(0..=b.len());
-                let j = rng.gen_range(i..=b.len());
-                let chunk: Vec<u8> = b[i..j].to_vec();
-                let k = rng.gen_range(0..=b.len());
-                b.splice(k..k, chunk);
-            }
-        }
-    }
-    b
-}
 
 #[test]
 fn loaders_return_on_random_and_mutated_inputs() {

@@ -17,7 +17,7 @@ mod output;
 mod progress;
 mod tp;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -265,6 +265,11 @@ fn run(a: &RunArgs) -> Result<()> {
         &a.output,
         &[("--config", &a.config), ("--weights", &a.weights), ("--input", &a.input)],
     )?;
+    // A directory or an index names other files: its index and every shard are inputs too.
+    let checkpoint = mla_block::Checkpoint::open(&a.weights)?;
+    let files: Vec<(&str, &Path)> = checkpoint.files().map(|f| ("--weights", f)).collect();
+    output::refuse_overwriting_inputs(&a.output, &files)?;
+    drop(checkpoint);
     // `--dcp N` alone runs N ranks (TP = DCP = N).
     let ranks = a.tp.or(a.dcp);
     let kind = match (ranks, pick_device(a.backend)) {

@@ -231,6 +231,42 @@ fn an_output_that_is_one_of_the_inputs_is_refused_before_any_work() {
 }
 
 #[test]
+fn an_output_over_a_shard_or_the_index_of_a_sharded_checkpoint_is_refused() {
+    let f = Files::new("same_shard");
+    // The synthetic weights as a one-shard indexed checkpoint in a folder of its own.
+    let ck = f.path("ckpt");
+    std::fs::create_dir_all(&ck).unwrap();
+    std::fs::copy(f.path("weights.safetensors"), ck.join("shard-1.safetensors")).unwrap();
+    let names =
+        safetensors::SafeTensors::read_metadata(&std::fs::read(ck.join("shard-1.safetensors")).unwrap())
+            .unwrap()
+            .1
+            .tensors()
+            .into_keys()
+            .map(|n| (n, serde_json::Value::from("shard-1.safetensors")))
+            .collect::<serde_json::Map<_, _>>();
+    let index = ck.join("model.safetensors.index.json");
+    std::fs::write(&index, serde_json::json!({ "weight_map": names }).to_string()).unwrap();
+    let ck_s = ck.to_string_lossy().to_string();
+    let index_s = index.to_string_lossy().to_string();
+    // The folder loads (the refusals below are about the output, not a broken checkpoint).
+    let ok = f.run(&f.path("out.safetensors"), &["--weights", &ck_s]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    for weights in [&ck_s, &index_s] {
+        for victim in ["shard-1.safetensors", "model.safetensors.index.json"] {
+            let before = std::fs::read(ck.join(victim)).unwrap();
+            let o = f.run(&ck.join(victim), &["--weights", weights]);
+            fails_with(
+                &o,
+                &["--output", "same file", "--weights"],
+                &format!("--weights {weights}, output {victim}"),
+            );
+            assert_eq!(std::fs::read(ck.join(victim)).unwrap(), before, "{victim} is unchanged");
+        }
+    }
+}
+
+#[test]
 fn the_output_replaces_an_old_file_whole_and_leaves_no_temporary() {
     let f = Files::new("atomic");
     let out = f.path("out.safetensors");

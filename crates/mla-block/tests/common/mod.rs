@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use mla_block::runner::{run_schedule, run_steps, RunOptions, RunStats, Schedule, SeqPart};
 use mla_block::{HostTensor, HostWeights, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use rand::Rng;
 use safetensors::SafeTensors;
 use vt_core::{DType, Device, Queue};
 
@@ -224,4 +225,59 @@ pub fn read_out(path: &Path) -> HostTensor {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     HostTensor::from_safetensors(&st, "out", "out").unwrap()
+}
+
+/// One to three random edits of `seed`: bit flips, byte overwrites with JSON / number
+/// characters, truncation, growth, another safetensors header length, a digit run replaced by
+/// a number whose products wrap, a copied span spliced in elsewhere.
+pub fn mutate(rng: &mut impl Rng, seed: &[u8]) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    for _ in 0..rng.gen_range(1..4) {
+        match rng.gen_range(0..7) {
+            0 if !b.is_empty() => {
+                let i = rng.gen_range(0..b.len());
+                b[i] ^= 1 << rng.gen_range(0..8);
+            }
+            1 if !b.is_empty() => {
+                let i = rng.gen_range(0..b.len());
+                b[i] =
+                    *[0u8, 0xff, b'9', b'-', b'"', b'{', b'[', b'.'].get(rng.gen_range(0..8)).unwrap_or(&0);
+            }
+            2 => b.truncate(rng.gen_range(0..=b.len())),
+            3 => b.extend((0..rng.gen_range(1..64)).map(|_| rng.gen::<u8>())),
+            4 if b.len() >= 8 => {
+                // Another header length.
+                let n: u64 =
+                    *[0u64, 1, 7, u64::MAX, 1 << 40, b.len() as u64].get(rng.gen_range(0..6)).unwrap_or(&0);
+                b[..8].copy_from_slice(&n.to_le_bytes());
+            }
+            5 => {
+                // A digit run replaced by a number whose products wrap.
+                if let Some(i) = (0..b.len())
+                    .map(|_| rng.gen_range(0..b.len().max(1)))
+                    .find(|&i| b.get(i).is_some_and(u8::is_ascii_digit))
+                {
+                    let big = [
+                        "9223372036854775807",
+                        "4611686018427387904",
+                        "18446744073709551615",
+                        "0",
+                        "-1",
+                        "1e308",
+                    ];
+                    let j = (i..b.len()).find(|&j| !b[j].is_ascii_digit()).unwrap_or(b.len());
+                    let rep = big[rng.gen_range(0..big.len())].as_bytes().to_vec();
+                    b.splice(i..j, rep);
+                }
+            }
+            _ => {
+                let i = rng.gen_range(0..=b.len());
+                let j = rng.gen_range(i..=b.len());
+                let chunk: Vec<u8> = b[i..j].to_vec();
+                let k = rng.gen_range(0..=b.len());
+                b.splice(k..k, chunk);
+            }
+        }
+    }
+    b
 }
