@@ -22,9 +22,10 @@ pub(crate) fn read_dequantized(
     x.read_row(lead, dst);
     if let Some((s, s_lead)) = scale {
         let mut idx = s_lead.to_vec();
+        let last = idx.len();
         idx.push(0);
         for (kb, chunk) in dst.chunks_mut(BLOCK).enumerate() {
-            *idx.last_mut().expect("one index") = kb;
+            idx[last] = kb;
             let sv = s.get(&idx);
             chunk.iter_mut().for_each(|v| *v *= sv);
         }

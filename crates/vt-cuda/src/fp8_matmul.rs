@@ -552,7 +552,7 @@ fn plan_problem(
             }
         }
         Kernel::Mma => {
-            let a_scale = p.a_scale.expect("checked by mma_ok");
+            let a_scale = p.a_scale.ok_or_else(|| no_a_scale(p.op, "Mma"))?;
             let grid = (
                 int(p.op, "b", cdiv(p.n, MMA_TILE))? as u32,
                 int(p.op, "a", cdiv(p.m, MMA_TILE))? as u32,
@@ -587,7 +587,7 @@ fn plan_problem(
             launches.push(Launch::new(&SRC, "fp8_gemm_mma", dt, grid, MMA_THREADS, args).with_smem(MMA_SMEM));
         }
         Kernel::Wgmma => {
-            let a_scale = p.a_scale.expect("checked by wgmma_ok");
+            let a_scale = p.a_scale.ok_or_else(|| no_a_scale(p.op, "Wgmma"))?;
             let tiles = cdiv(p.n, MMA_TILE) * cdiv(p.m, MMA_TILE) * p.g;
             let k_tiles = cdiv(p.k, MMA_TILE);
             // One wave's worth of CTAs, each split at least two K tiles deep.
@@ -661,6 +661,11 @@ fn plan_problem(
         }
     }
     Ok((chosen, launches, part_elems))
+}
+
+/// A kernel for two fp8 operands reached without `a_scale` (its `*_ok` check requires it).
+fn no_a_scale(op: OpId, kernel: &str) -> Error {
+    Error::op_failed(op, "cuda", format!("the {kernel} kernel needs fp8 activations (a_scale); none given"))
 }
 
 /// [`Kernel::Lt`] is a cuBLASLt call, not a launch plan.
