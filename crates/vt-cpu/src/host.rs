@@ -117,7 +117,7 @@ impl<'a> HostView<'a> {
         }
     }
 
-    /// [`Self::read_row`] of a unit-stride row of a 16-bit or f32 view that lies wholly inside
+    /// [`Self::read_row`] of a unit-stride row of a 16-bit, f32 or e4m3 view that lies wholly inside
     /// the view, as one slice (the matmuls read their operands this way; element by element
     /// they spent most of their time converting). Returns false, reading nothing, otherwise.
     fn read_unit_row(&self, start: i64, dst: &mut [f32]) -> bool {
@@ -126,7 +126,7 @@ impl<'a> HostView<'a> {
             .and_then(|n| start.checked_add(n))
             .is_some_and(|end| start >= self.lo && end <= self.hi);
         let dtype = self.t.dtype();
-        if !inside || !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
+        if !inside || !matches!(dtype, DType::BF16 | DType::F16 | DType::F32 | DType::F8E4M3) {
             return false;
         }
         let p = (self.t.base_addr() as usize + start as usize * dtype.size_of()) as *const u8;
@@ -143,6 +143,12 @@ impl<'a> HostView<'a> {
                 DType::F16 => {
                     for (i, d) in dst.iter_mut().enumerate() {
                         *d = half::f16::from_bits((p as *const u16).add(i).read_unaligned()).to_f32();
+                    }
+                }
+                DType::F8E4M3 => {
+                    let table = e4m3_table();
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = table[usize::from(p.add(i).read())];
                     }
                 }
                 _ => {
@@ -199,4 +205,11 @@ pub(crate) fn round_to(dtype: DType, v: f32) -> f32 {
         DType::F16 => half::f16::from_f32(v).to_f32(),
         _ => v,
     }
+}
+
+/// Every e4m3 code's value ([`vt_core::f8e4m3_to_f32`], computed once): the fp8 matmuls'
+/// weight rows decode through it.
+fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|c| vt_core::f8e4m3_to_f32(c as u8)))
 }
