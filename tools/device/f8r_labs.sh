@@ -17,19 +17,13 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 LAB=${LAB:-/tmp/f8r_lab}
-K=kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$S" || true
-lab() {  # lab NAME DEFINES...
-  local d=$LAB/$1/mla_decode_attention
-  shift
-  mkdir -p "$d"
-  { for def in "$@"; do echo "#define ${def%%=*} ${def#*=}"; done; cat "$K"; } > "$d/wgmma_3wg_sm90.cuh"
-}
-lab vt F8R_VT=1
-lab vt3 F8R_VT=1 F8R_LAB=3
-lab ahead F8R_AHEAD=1
+source tools/device/lib.sh  # step, lab_overlay
+lab_overlay "$LAB/vt" wgmma_3wg_sm90.cuh F8R_VT=1
+lab_overlay "$LAB/vt3" wgmma_3wg_sm90.cuh F8R_VT=1 F8R_LAB=3
+lab_overlay "$LAB/ahead" wgmma_3wg_sm90.cuh F8R_AHEAD=1
 (bash tools/peers/build_flashmla.sh .peer/flashmla > "$OUT/flashmla_build.log" 2>&1; echo "flashmla build rc=$?" > "$OUT/fm_done") &
 FM=$!
 # NVRTC compiles are CPU-bound: warm the cache of the builds the test does not compile.
@@ -37,7 +31,6 @@ for v in ahead vt3; do
   (VT_CUDA_KERNELS_DIR=$LAB/$v timeout 300 "$BIN/xtask" bench decode --only h64,kv8,b128 --iters 1 --no-parity \
     > "$OUT/warm_$v.log" 2>&1 &)
 done
-source tools/device/lib.sh  # step
 VT_CUDA_KERNELS_DIR=$LAB/vt step t_fp8r_vt 200 "$BIN/mla_decode_fp8" fp8_decode_on_the_raw_ring_kernel_matches_reference --nocapture
 VTOK=$?
 if [ $VTOK -eq 0 ]; then

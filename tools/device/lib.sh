@@ -1,4 +1,27 @@
 # Sourced by the device scripts (tools/device/*.sh), after OUT is set.
+
+source tools/device/labs.sh  # lab_overlay
+
+# The kernels compiled ahead of time on the development machine (tools/device/warm_kernels.sh,
+# run by stage.sh): unpacked once into a cache folder that vt-cuda reads (VT_CACHE_DIR), so a
+# call spends no device time in NVRTC for them. A build whose texts or include paths differ
+# from the warmed ones just compiles as before; the summary says how many modules were
+# compiled here.
+KCACHE=${KCACHE:-.dev/kcache.tar.xz}
+if [ -f "$KCACHE" ] && [ -z "${VT_CACHE_DIR:-}" ]; then
+  export VT_CACHE_DIR=/tmp/vt-kcache
+  if [ ! -d "$VT_CACHE_DIR/cuda" ]; then
+    mkdir -p "$VT_CACHE_DIR" && tar -C "$VT_CACHE_DIR" --strip-components=1 -xJf "$KCACHE"
+  fi
+  echo "kernel cache: $(ls "$VT_CACHE_DIR/cuda" | wc -l) modules warmed ahead ($KCACHE)" | tee -a "$OUT/summary.txt"
+fi
+# kcache_report: how many modules this call compiled itself (cache files newer than the archive).
+kcache_report() {
+  [ -n "${VT_CACHE_DIR:-}" ] && [ -f "$KCACHE" ] \
+    && echo "kernel cache: $(find "$VT_CACHE_DIR/cuda" -newer "$KCACHE" -type f | wc -l) modules compiled in this call" \
+      | tee -a "$OUT/summary.txt"
+}
+
 # step NAME CAP_SECONDS COMMAND...: runs COMMAND under a time cap into $OUT/NAME.log (a hang shows
 # as rc 124 and the later steps still run), appends its exit status and the lines that matter
 # (test results, failures, sanitizer summaries, the decode kernels' errors) to

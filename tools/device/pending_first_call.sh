@@ -24,13 +24,8 @@ mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$S" || true
 source tools/device/lib.sh  # step
-mk() {  # mk NAME HEADER DEFINE: a lab dir holding HEADER with DEFINE prepended
-  local d=$LAB/$1/mla_decode_attention
-  mkdir -p "$d"
-  { echo "#define ${3%%=*} ${3#*=}"; cat "kernels-cuda/mla_decode_attention/$2"; } > "$d/$2"
-}
-mk vt wgmma_3wg_sm90.cuh F8R_VT=1
-mk ownv wgmma_3wg_sm90.cuh F8R_OWNV=1
+lab_overlay "$LAB/vt" wgmma_3wg_sm90.cuh F8R_VT=1
+lab_overlay "$LAB/ownv" wgmma_3wg_sm90.cuh F8R_OWNV=1
 W=(--only h64,b128,s4096,kv8 --iters 1 --no-parity)
 for v in vt ownv; do
   (VT_CUDA_KERNELS_DIR=$LAB/$v timeout 240 "$BIN/xtask" bench decode "${W[@]}" > "$OUT/warm_$v.log" 2>&1 &)
@@ -62,4 +57,5 @@ done
 for f in small_blocks parts parts_b1; do
   grep -E 'sweep' -B1 "$OUT/$f.log" | cut -c1-200 | tee -a "$S"
 done
+kcache_report
 cat "$S"

@@ -14,15 +14,12 @@ OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 LAB=${LAB:-/tmp/schedule_lab}
 COSTS=${COSTS:-"0 2 4"}
-K=kernels-cuda/mla_decode_attention/schedule.cuh
 mkdir -p "$OUT"
 source tools/device/lib.sh  # step
 ARGS=("$@")
 [ ${#ARGS[@]} -eq 0 ] && ARGS=(--only h64,kv16,bs64,sq1 --only h128,kv16,bs64,sq1 --iters 20 --no-parity)
 for c in $COSTS; do
-  d=$LAB/sc$c/mla_decode_attention
-  mkdir -p "$d"
-  { echo "#define MLA_SPLIT_COST $c"; cat "$K"; } > "$d/schedule.cuh"
+  lab_overlay "$LAB/sc$c" schedule.cuh MLA_SPLIT_COST=$c
 done
 step sched_main_1 150 "$BIN/xtask" bench decode "${ARGS[@]}"
 for c in $COSTS; do

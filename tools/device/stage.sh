@@ -2,7 +2,9 @@
 # On the development machine (the GPU machine has no Rust toolchain): builds the release
 # binaries a device call runs and copies them, stripped, to $DEST (default .dev/bin, ignored by
 # .gitignore; name it in the call's carry): xtask, vt-mla, and the vt-cuda test binaries named in
-# TESTS (default: the decode suites and the sparse suite, which share the decode dispatch).
+# TESTS (default: the decode suites and the sparse suite, which share the decode dispatch). Then
+# tools/device/warm_kernels.sh compiles the CUDA modules (and the lab builds' decode module)
+# into .dev/kcache.tar.xz (carry it too; WARM=0 skips this).
 # Usage (in the repository root): bash tools/device/stage.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,3 +27,6 @@ for line in sys.stdin:
 strip "$DEST"/*
 ls -l "$DEST"
 du -sh "$DEST"
+if [ "${WARM:-1}" != 0 ]; then
+  bash tools/device/warm_kernels.sh
+fi

@@ -16,8 +16,8 @@ OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 LAB=${LAB:-/tmp/timeline_lab}
 mkdir -p "$OUT" "$LAB/mla_decode_attention"
-{ echo "#define MLA_TIMELINE 1"; cat kernels-cuda/mla_decode_attention/schedule.cuh; } > "$LAB/mla_decode_attention/schedule.cuh"
-source tools/device/lib.sh  # step
+source tools/device/lib.sh  # step, lab_overlay
+lab_overlay "$LAB" schedule.cuh MLA_TIMELINE=1
 ARGS=("$@")
 [ ${#ARGS[@]} -eq 0 ] && ARGS=(--only kv16,bs64,sq1 --only h64,kv8 --only h128,kv8 --iters 3 --no-parity)
 VT_CUDA_KERNELS_DIR=$LAB step timeline 300 "$BIN/xtask" bench decode --timeline "${ARGS[@]}"

@@ -55,11 +55,24 @@ pub struct Args {
     /// Only kernel files whose name contains this (CUDA).
     #[arg(long, value_name = "SUBSTRING", default_value = "")]
     pub file: String,
+    /// Instead of checking: compile every CUDA kernel file for `--sm` into the disk cache under
+    /// DIR, as vt-cuda will ask for it on such a device (its texts with `VT_CUDA_KERNELS_DIR`'s
+    /// overlays, its options and key), so that a process run there with `VT_CACHE_DIR=DIR`
+    /// compiles nothing. The key holds the include paths: compile with the device's (e.g.
+    /// `VT_CUDA_INCLUDE=/usr/local/cuda/include:/usr/local/cuda/include/cccl`).
+    #[arg(long, value_name = "DIR")]
+    pub warm_cache: Option<PathBuf>,
+    /// The device architecture for `--warm-cache` (sm_XY as XY).
+    #[arg(long, value_name = "XY", default_value_t = 90, requires = "warm_cache")]
+    pub sm: u32,
 }
 
 pub fn run(args: Args) -> Result<ExitCode, String> {
-    let (backends, filter) = (args.backend, args.file);
     let root = workspace_root();
+    if let Some(dir) = &args.warm_cache {
+        return warm_cache(&root, &args.file, dir, args.sm);
+    }
+    let (backends, filter) = (args.backend, args.file);
     let mut ok = true;
     for b in &backends {
         let (title, outcomes) = match b.as_str() {
@@ -134,6 +147,53 @@ fn cuda(root: &Path, filter: &str) -> Result<(String, Vec<Outcome>), String> {
     let inc: Vec<String> = includes.iter().map(|p| p.display().to_string()).collect();
     let secs = start.elapsed().as_secs_f64();
     Ok((format!("kernels-cuda: NVRTC {major}.{minor}, headers {}, {secs:.1} s", inc.join(", ")), outcomes))
+}
+
+/// `--warm-cache DIR --sm XY`: every `kernels-cuda/*.cu` (matching `filter`) compiled for
+/// `sm_XY` into the cache under DIR, one line a file.
+fn warm_cache(root: &Path, filter: &str, dir: &Path, sm: u32) -> Result<ExitCode, String> {
+    use vt_cuda::nvrtc;
+    if !nvrtc::available() {
+        return Err("libnvrtc.so.13 not found: `source .ci/kernels-cuda-deps`".into());
+    }
+    // Before any thread starts: the cache folder vt-cuda reads, as on the device.
+    // SAFETY (edition 2021: safe): no other thread exists yet.
+    std::env::set_var("VT_CACHE_DIR", dir);
+    let target = nvrtc::target_for(sm).map_err(|e| e.to_string())?;
+    let includes = nvrtc::include_dirs().map_err(|e| e.to_string())?;
+    println!("warming {} for {target:?}, headers {includes:?}", dir.display());
+    let mut jobs = Vec::new();
+    for path in kernel_files(&root.join("kernels-cuda"), "cu")? {
+        let stem = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !stem.contains(filter) {
+            continue;
+        }
+        let code = std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        // KernelSource holds 'static texts (the embedded files); these live until exit.
+        let src = vt_cuda::kernels::KernelSource { name: stem.leak(), code: code.leak() };
+        jobs.push(src);
+    }
+    let results = parallel_map(jobs, |src| {
+        let t = Instant::now();
+        let r = vt_cuda::kernels::compile_module(&src, target);
+        (src.name, r.map(|i| (i.bytes.len(), i.cached)), t.elapsed().as_secs_f64())
+    });
+    let mut ok = true;
+    for (name, r, secs) in results {
+        match r {
+            Ok((bytes, cached)) => {
+                println!(
+                    "{name}.cu: {bytes} bytes, {} ({secs:.1} s)",
+                    if cached { "already cached" } else { "compiled" }
+                )
+            }
+            Err(e) => {
+                ok = false;
+                println!("{name}.cu: FAILED: {e}");
+            }
+        }
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 /// Prints the table and the failures' logs; true when everything compiled.

@@ -130,9 +130,7 @@ impl DeviceState {
             return Ok(m.clone());
         }
         let target = nvrtc::target_for(self.sm)?;
-        let (code, headers) = kernels::texts(src)?;
-        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
-        let image = nvrtc::compile(&format!("{}.cu", src.name), &code, &headers, target)?;
+        let image = kernels::compile_module(src, target)?;
         let module = match target {
             nvrtc::Target::Cubin(_) => self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes)),
             nvrtc::Target::Ptx(_) | nvrtc::Target::PtxArchSpecific(_) => {

@@ -106,6 +106,20 @@ fn texts_from(
     Ok((code, headers))
 }
 
+/// Compiles `src` for `target` through the disk cache ([`crate::nvrtc::cache_dir`]) exactly as
+/// a queue's first use of it does: the same texts (with [`KERNELS_DIR_ENV`]'s overlays), options
+/// and cache key. Run ahead of time for a device's architecture (`cargo xtask kernels
+/// --warm-cache DIR --sm 90`, with `VT_CACHE_DIR=DIR` where the device runs), a first start
+/// loads the module without compiling.
+pub fn compile_module(
+    src: &KernelSource,
+    target: crate::nvrtc::Target,
+) -> vt_core::Result<crate::nvrtc::Image> {
+    let (code, headers) = texts(src)?;
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    crate::nvrtc::compile(&format!("{}.cu", src.name), &code, &headers, target)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
