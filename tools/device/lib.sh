@@ -15,12 +15,15 @@ if [ -f "$KCACHE" ] && [ -z "${VT_CACHE_DIR:-}" ]; then
   fi
   echo "kernel cache: $(ls "$VT_CACHE_DIR/cuda" | wc -l) modules warmed ahead ($KCACHE)" | tee -a "$OUT/summary.txt"
 fi
-# kcache_report: how many modules this call compiled itself (cache files newer than the archive).
+# kcache_report: how many modules this call compiled itself (cache files newer than the
+# archive); printed when the sourcing script exits.
 kcache_report() {
-  [ -n "${VT_CACHE_DIR:-}" ] && [ -f "$KCACHE" ] \
-    && echo "kernel cache: $(find "$VT_CACHE_DIR/cuda" -newer "$KCACHE" -type f | wc -l) modules compiled in this call" \
+  if [ -n "${VT_CACHE_DIR:-}" ] && [ -f "$KCACHE" ]; then
+    echo "kernel cache: $(find "$VT_CACHE_DIR/cuda" -newer "$KCACHE" -type f | wc -l) modules compiled in this call" \
       | tee -a "$OUT/summary.txt"
+  fi
 }
+trap kcache_report EXIT
 
 # step NAME CAP_SECONDS COMMAND...: runs COMMAND under a time cap into $OUT/NAME.log (a hang shows
 # as rc 124 and the later steps still run), appends its exit status and the lines that matter

@@ -57,5 +57,4 @@ done
 for f in small_blocks parts parts_b1; do
   grep -E 'sweep' -B1 "$OUT/$f.log" | cut -c1-200 | tee -a "$S"
 done
-kcache_report
 cat "$S"
