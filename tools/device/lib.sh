@@ -38,5 +38,19 @@ step() {
   echo "== $name: rc $rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
   grep -E "test result|FAILED|panicked|ERROR SUMMARY|RACECHECK SUMMARY|hazard|out rel error .*wgmma_fp8r|wgmma_3wg" "$OUT/$name.log" \
     | tail -12 | tee -a "$OUT/summary.txt"
+  if [ -n "${PREFLIGHT:-}" ]; then preflight_check "$name"; fi
   return $rc
+}
+
+# PREFLIGHT=1 (tools/device/preflight.sh, on the development machine, no GPU): each step still
+# runs (a GPU command fails or skips at once there), and its log is read for what would waste a
+# device call: a command line the program rejects, a test filter that matches no test.
+preflight_check() {
+  local log=$OUT/$1.log
+  if grep -qE "^error: (unexpected argument|invalid value|unrecognized subcommand|the argument|a value is required)" "$log"; then
+    echo "PREFLIGHT FAIL $1: command line rejected: $(grep -m1 -E '^error:' "$log")" | tee -a "$OUT/summary.txt"
+  fi
+  if grep -q "^running 0 tests" "$log"; then
+    echo "PREFLIGHT FAIL $1: no test matched" | tee -a "$OUT/summary.txt"
+  fi
 }
