@@ -44,11 +44,15 @@ step() {
 
 # PREFLIGHT=1 (tools/device/preflight.sh, on the development machine, no GPU): each step still
 # runs (a GPU command fails or skips at once there), and its log is read for what would waste a
-# device call: a command line the program rejects, a test filter that matches no test.
+# device call: a command line the program rejects, an --only filter or a test filter that matches
+# nothing.
 preflight_check() {
   local log=$OUT/$1.log
   if grep -qE "^error: (unexpected argument|invalid value|unrecognized subcommand|the argument|a value is required)" "$log"; then
     echo "PREFLIGHT FAIL $1: command line rejected: $(grep -m1 -E '^error:' "$log")" | tee -a "$OUT/summary.txt"
+  fi
+  if grep -q "matches no shape" "$log"; then
+    echo "PREFLIGHT FAIL $1: $(grep -m1 'matches no shape' "$log")" | tee -a "$OUT/summary.txt"
   fi
   if grep -q "^running 0 tests" "$log"; then
     echo "PREFLIGHT FAIL $1: no test matched" | tee -a "$OUT/summary.txt"

@@ -570,6 +570,18 @@ fn time_call(
 
 /// The CUDA queue every bench runs on, once each of `ops` has a CUDA implementation (else
 /// an error naming the op and the backends' probes).
+/// The shapes `--only` keeps (all when none is given); an error naming every spec that matches
+/// none of them, before any GPU work (a misspelt filter would otherwise run nothing, or less
+/// than asked, silently).
+pub fn select<S>(all: Vec<S>, only: &[String], matches: impl Fn(&S, &str) -> bool) -> Result<Vec<S>, String> {
+    let unmatched: Vec<&str> =
+        only.iter().map(String::as_str).filter(|o| !all.iter().any(|s| matches(s, o))).collect();
+    if !unmatched.is_empty() {
+        return Err(format!("--only {} matches no shape of this bench", unmatched.join(", --only ")));
+    }
+    Ok(all.into_iter().filter(|s| only.is_empty() || only.iter().any(|o| matches(s, o))).collect())
+}
+
 pub fn cuda_queue(ops: &[vt_core::OpId]) -> Result<Queue, String> {
     let probes = vt_backends::init();
     if let Some(op) = ops.iter().find(|&&op| !vt_core::op_registered(op, DeviceType::Cuda)) {
@@ -609,6 +621,7 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
             Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
         }
     };
+    let todo = select(shapes(), &only, |s, o| s.matches(o))?;
     let q = cuda_queue(&[vt_core::OpId::MlaDecodeAttention])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
@@ -628,8 +641,6 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
     }
     let scale = 1.0 / (D as f32).sqrt();
     let mut rows: Vec<Row> = Vec::new();
-    let todo: Vec<Shape> =
-        shapes().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
     let bar = Progress::new(todo.len() as u64, "bench decode");
     for s in todo {
         bar.step(format!("{}: cache fill", s.label()));
@@ -1380,6 +1391,14 @@ mod tests {
         assert_eq!(bf.bytes() - f8.bytes(), kv * (2.0 * D as f64 - 656.0));
         assert!(f8.matches("kv8") && !f8.matches("kv16") && bf.matches("kv16") && !bf.matches("kv8"));
         assert!(only_spec("h16,kv8").is_ok() && only_spec("kv").is_err());
+        let all = shapes();
+        let n = all.len();
+        assert_eq!(select(shapes(), &[], |s, o| s.matches(o)).map(|v| v.len()), Ok(n));
+        let some = select(shapes(), &["h16,b128".into()], |s, o| s.matches(o)).unwrap_or_default();
+        assert!(!some.is_empty() && some.len() < n);
+        let e =
+            select(shapes(), &["h16".into(), "h999".into()], |s, o| s.matches(o)).err().unwrap_or_default();
+        assert!(e.contains("--only h999") && !e.contains("h16"), "{e}");
         assert!(f8.label().ends_with(" fp8"));
         // fp8 twice as fast as bf16, under FlashMLA's bf16 time: both targets met; the fp8 row
         // joins none of issue 13's lists.

@@ -321,14 +321,13 @@ fn to_json(rows: &[Row], bw: f64, gemm: f64, device: &str) -> String {
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, iters, no_parity, only } = a;
+    let todo = crate::bench::select(shapes(), &only, |s, o| s.matches(o))?;
     let q = cuda_queue(&[vt_core::OpId::IndexerTopK])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
     let device = device_name();
     println!("device: {device}");
     let (bw, gemm) = ceilings(&bench)?;
-    let todo: Vec<Shape> =
-        shapes().into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
     let bar = Progress::new(todo.len() as u64, "bench indexer");
     let mut rows = Vec::new();
     let mut failed = false;

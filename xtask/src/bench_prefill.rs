@@ -682,11 +682,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         }
         None => (String::new(), Vec::new()),
     };
-    let todo: Vec<Shape> =
-        shapes().into_iter().filter(|s| a.only.is_empty() || a.only.iter().any(|o| s.matches(o))).collect();
-    if todo.is_empty() {
-        return Err("--only matched no shape".into());
-    }
+    let todo = crate::bench::select(shapes(), &a.only, |s, o| s.matches(o))?;
     let e = |e: vt_core::Error| e.to_string();
     let q = crate::bench::cuda_queue(&[OpId::PrefillAttention])?;
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;

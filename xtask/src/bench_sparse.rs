@@ -565,6 +565,12 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
             Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
         }
     };
+    let mut all = shapes();
+    if kv16 {
+        let dec: Vec<Shape> = all.iter().filter(|s| s.kind == Kind::Decode).copied().collect();
+        all.extend(dec.into_iter().map(|s| Shape { kind: Kind::Decode16, ..s }));
+    }
+    let todo = crate::bench::select(all, &only, |s, o| s.matches(o))?;
     let q = cuda_queue(&[vt_core::OpId::SparseMlaAttention])?;
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?;
@@ -576,13 +582,6 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
         None => println!("peer: none (no --peer FILE): FlashMLA columns print -, no peer in this call"),
     }
     let scale = 1.0 / (D as f32).sqrt();
-    let mut all = shapes();
-    if kv16 {
-        let dec: Vec<Shape> = all.iter().filter(|s| s.kind == Kind::Decode).copied().collect();
-        all.extend(dec.into_iter().map(|s| Shape { kind: Kind::Decode16, ..s }));
-    }
-    let todo: Vec<Shape> =
-        all.into_iter().filter(|s| only.is_empty() || only.iter().any(|o| s.matches(o))).collect();
     let bar = Progress::new(todo.len() as u64, "bench sparse");
     let mut fp8 = None;
     let mut rows = Vec::new();
