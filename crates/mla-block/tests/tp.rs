@@ -352,7 +352,7 @@ impl Communicator for FailingComm {
 }
 
 /// One rank failing mid-run ends the whole run with that rank's error; the other ranks
-/// do not wait for it forever.
+/// do not wait for it forever, and the aborted group refuses later runs by name.
 #[test]
 fn a_failing_rank_ends_the_run_with_its_error() {
     vt_backends::init();
@@ -381,6 +381,27 @@ fn a_failing_rank_ends_the_run_with_its_error() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("rank 1") && e.contains("injected failure"), "{e}");
+    // The failure aborted the group's communicators: a later run says so at once (instead of
+    // every rank failing with the peers' ABORTED, as it did before), and a new group works.
+    assert!(g.is_aborted());
+    let blocks = model.blocks(None).unwrap();
+    let again =
+        run_schedule_tp(&g, &blocks, &hidden, &(0..8).collect::<Vec<_>>(), &sch, &RunOptions::default())
+            .unwrap_err()
+            .to_string();
+    assert!(again.contains("aborted by an earlier failed run") && again.contains("new TpGroup"), "{again}");
+    let fresh = group(2);
+    assert!(!fresh.is_aborted());
+    let model = TpModel::load(&fresh, &cfg, &w).unwrap();
+    run_schedule_tp(
+        &fresh,
+        &model.blocks(None).unwrap(),
+        &hidden,
+        &(0..8).collect::<Vec<_>>(),
+        &sch,
+        &RunOptions::default(),
+    )
+    .unwrap();
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vt_core::comm::{self, Communicator};
 use vt_core::{registry, Device, DeviceType, Error, Queue, Result};
@@ -58,6 +59,8 @@ pub struct TpGroup {
     /// exchanges its partial decode attention through `dcp_comms[r]` (empty when dcp = 1).
     dcp: usize,
     dcp_comms: Vec<Box<dyn Communicator>>,
+    /// Set when a failed run aborted the communicators (see [`TpGroup::is_aborted`]).
+    aborted: AtomicBool,
 }
 
 impl fmt::Debug for TpGroup {
@@ -99,7 +102,7 @@ impl TpGroup {
                 ));
             }
         }
-        Ok(TpGroup { queues, comms, dcp: 1, dcp_comms: Vec::new() })
+        Ok(TpGroup { queues, comms, dcp: 1, dcp_comms: Vec::new(), aborted: AtomicBool::new(false) })
     }
 
     /// [`TpGroup::open`] with decode context parallelism: the `tp` ranks form `tp / dcp`
@@ -124,6 +127,21 @@ impl TpGroup {
         g.dcp = dcp;
         g.dcp_comms = dcp_comms;
         Ok(g)
+    }
+
+    /// Whether a failed run aborted this group: one rank's error aborts every communicator
+    /// (TP and DCP) so that no peer waits for it, and an aborted communicator cannot be used
+    /// again (NCCL's cannot be revived), so later runs on the group fail at once with an error
+    /// saying so. Open a new group to go on.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Aborts every communicator of the group, TP and DCP: their pending and later
+    /// collectives fail instead of waiting.
+    pub(super) fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+        self.comms.iter().chain(&self.dcp_comms).for_each(|c| c.abort());
     }
 
     /// Ranks of one DCP group (1: no decode context parallelism).

@@ -165,6 +165,13 @@ pub(super) fn on_every_rank<T: Send>(
     gates: &[&Gate],
     f: impl Fn(usize, &Queue, &dyn Communicator) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
+    if group.is_aborted() {
+        return Err(Error::other(
+            OP,
+            "this tensor-parallel group was aborted by an earlier failed run (its communicators cannot be \
+             reused): open a new TpGroup",
+        ));
+    }
     let first_failure = AtomicUsize::new(usize::MAX);
     let results: Vec<Result<T>> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..group.tp())
@@ -214,7 +221,7 @@ pub(super) fn on_every_rank<T: Send>(
 /// Aborts every rank's communicator and the gates: a failed rank's peers then get errors
 /// instead of waiting for it (on the host, or on the device for NCCL).
 fn abort_all(group: &TpGroup, gates: &[&Gate]) {
-    (0..group.tp()).filter_map(|r| group.comm(r)).for_each(|c| c.abort());
+    group.abort();
     gates.iter().for_each(|g| g.abort());
 }
 
