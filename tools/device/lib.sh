@@ -10,8 +10,10 @@ source tools/device/labs.sh  # lab_overlay
 KCACHE=${KCACHE:-.dev/kcache.tar.xz}
 if [ -f "$KCACHE" ] && [ -z "${VT_CACHE_DIR:-}" ]; then
   export VT_CACHE_DIR=/tmp/vt-kcache
-  if [ ! -d "$VT_CACHE_DIR/cuda" ]; then
-    mkdir -p "$VT_CACHE_DIR" && tar -C "$VT_CACHE_DIR" --strip-components=1 -xJf "$KCACHE"
+  # Again when the archive is newer than the last unpack (a restaged call on a warm machine).
+  if [ ! -f "$VT_CACHE_DIR/.stamp" ] || [ "$KCACHE" -nt "$VT_CACHE_DIR/.stamp" ]; then
+    mkdir -p "$VT_CACHE_DIR" && tar -C "$VT_CACHE_DIR" --strip-components=1 -xJf "$KCACHE" \
+      && touch -r "$KCACHE" "$VT_CACHE_DIR/.stamp"
   fi
   echo "kernel cache: $(ls "$VT_CACHE_DIR/cuda" | wc -l) modules warmed ahead ($KCACHE)" | tee -a "$OUT/summary.txt"
 fi

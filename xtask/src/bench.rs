@@ -568,8 +568,6 @@ fn time_call(
     Ok((m, t[t.len() / 10], t[t.len() - 1 - t.len() / 10]))
 }
 
-/// The CUDA queue every bench runs on, once each of `ops` has a CUDA implementation (else
-/// an error naming the op and the backends' probes).
 /// The shapes `--only` keeps (all when none is given); an error naming every spec that matches
 /// none of them, before any GPU work (a misspelt filter would otherwise run nothing, or less
 /// than asked, silently).
@@ -582,6 +580,8 @@ pub fn select<S>(all: Vec<S>, only: &[String], matches: impl Fn(&S, &str) -> boo
     Ok(all.into_iter().filter(|s| only.is_empty() || only.iter().any(|o| matches(s, o))).collect())
 }
 
+/// The CUDA queue every bench runs on, once each of `ops` has a CUDA implementation (else
+/// an error naming the op and the backends' probes).
 pub fn cuda_queue(ops: &[vt_core::OpId]) -> Result<Queue, String> {
     let probes = vt_backends::init();
     if let Some(op) = ops.iter().find(|&&op| !vt_core::op_registered(op, DeviceType::Cuda)) {

@@ -16,13 +16,22 @@ where
     F: Fn(usize, &mut [f32]) + Sync,
 {
     let rows = out.len().checked_div(width).unwrap_or(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(rows.saturating_mul(macs_per_row) / MACS_PER_THREAD);
+    fill_rows_on(threads, out, width, fill);
+}
+
+/// [`fill_rows`] on `threads` threads (at least 1, at most one a row).
+fn fill_rows_on<F>(threads: usize, out: &mut [f32], width: usize, fill: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    let rows = out.len().checked_div(width).unwrap_or(0);
     if rows == 0 {
         return;
     }
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |t| t.get())
-        .min(rows.saturating_mul(macs_per_row) / MACS_PER_THREAD)
-        .clamp(1, rows);
+    let threads = threads.clamp(1, rows);
     if threads == 1 {
         fill(0, out);
         return;
@@ -39,6 +48,31 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Row r gets a value that depends on r and on nothing else, so any split must give
+    /// the same bits; here with 1 to 7 threads over a row count no split divides evenly.
+    #[test]
+    fn fill_rows_gives_the_same_rows_on_any_number_of_threads() {
+        let row = |r: usize, out: &mut [f32]| {
+            for (c, v) in out.iter_mut().enumerate() {
+                *v = ((r * 31 + c) as f32).sqrt();
+            }
+        };
+        let run = |threads| {
+            let mut out = vec![f32::NAN; 37 * 3];
+            fill_rows_on(threads, &mut out, 3, |r0, chunk| {
+                for (i, rowv) in chunk.chunks_exact_mut(3).enumerate() {
+                    row(r0 + i, rowv);
+                }
+            });
+            out
+        };
+        let one = run(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        for t in [2, 3, 5, 7, 37, 100] {
+            assert!(run(t).iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()), "{t} threads");
+        }
+    }
 
     #[test]
     fn fill_rows_calls_each_row_once_with_its_index() {

@@ -124,31 +124,6 @@ pub fn compile_module(
 mod tests {
     use super::*;
 
-    /// What `cargo xtask kernels --warm-cache` compiles (a kernel file's text read from disk)
-    /// lands under the key a queue asks for (the embedded copy): the second compile is a hit.
-    /// Needs NVRTC (`.ci/kernels` runs it; without NVRTC it says SKIP).
-    #[test]
-    fn kernel_facts_a_warmed_cache_serves_the_embedded_module() {
-        if !crate::nvrtc::available() || crate::nvrtc::include_dirs().is_err() {
-            println!("SKIP: no NVRTC or CUDA headers");
-            return;
-        }
-        let dir = std::env::temp_dir().join(format!("vt-warm-test-{}", std::process::id()));
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-cuda/rms_norm.cu");
-        let disk = std::fs::read_to_string(path).expect("rms_norm.cu");
-        let target = crate::nvrtc::Target::Cubin(90);
-        let compile = |code: &'static str| {
-            let (text, headers) = texts(&KernelSource { name: "rms_norm", code }).expect("texts");
-            let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
-            crate::nvrtc::compile_in(Some(&dir), "rms_norm.cu", &text, &headers, target).expect("NVRTC")
-        };
-        let warmed = compile(disk.leak());
-        let queued = compile(SRC.code);
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(!warmed.cached && queued.cached, "the embedded text's key differs from the kernel file's");
-        assert_eq!(warmed.bytes, queued.bytes);
-    }
-
     static SRC: KernelSource = crate::kernel_source!("rms_norm");
 
     /// The `#include "..."` names of a kernel text (system headers `<...>` are NVRTC's).
