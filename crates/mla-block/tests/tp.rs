@@ -370,38 +370,20 @@ fn a_failing_rank_ends_the_run_with_its_error() {
     let model = TpModel::load(&g, &cfg, &w).unwrap();
     let hidden = RandomLayerSpec::SMALL.hidden(1, 8, DType::F32, 1);
     let sch: Schedule = "prefill:4,decode:4".parse().unwrap();
-    let e = run_schedule_tp(
-        &g,
-        &model.blocks(None).unwrap(),
-        &hidden,
-        &(0..8).collect::<Vec<_>>(),
-        &sch,
-        &RunOptions::default(),
-    )
-    .unwrap_err()
-    .to_string();
+    let run = |g: &TpGroup, model: &TpModel| {
+        let pos: Vec<i64> = (0..8).collect();
+        run_schedule_tp(g, &model.blocks(None).unwrap(), &hidden, &pos, &sch, &RunOptions::default())
+    };
+    let e = run(&g, &model).unwrap_err().to_string();
     assert!(e.contains("rank 1") && e.contains("injected failure"), "{e}");
     // The failure aborted the group's communicators: a later run says so at once (instead of
     // every rank failing with the peers' ABORTED, as it did before), and a new group works.
     assert!(g.is_aborted());
-    let blocks = model.blocks(None).unwrap();
-    let again =
-        run_schedule_tp(&g, &blocks, &hidden, &(0..8).collect::<Vec<_>>(), &sch, &RunOptions::default())
-            .unwrap_err()
-            .to_string();
+    let again = run(&g, &model).unwrap_err().to_string();
     assert!(again.contains("aborted by an earlier failed run") && again.contains("new TpGroup"), "{again}");
     let fresh = group(2);
     assert!(!fresh.is_aborted());
-    let model = TpModel::load(&fresh, &cfg, &w).unwrap();
-    run_schedule_tp(
-        &fresh,
-        &model.blocks(None).unwrap(),
-        &hidden,
-        &(0..8).collect::<Vec<_>>(),
-        &sch,
-        &RunOptions::default(),
-    )
-    .unwrap();
+    run(&fresh, &TpModel::load(&fresh, &cfg, &w).unwrap()).unwrap();
 }
 
 #[test]
