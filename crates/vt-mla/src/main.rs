@@ -265,11 +265,11 @@ fn run(a: &RunArgs) -> Result<()> {
         &a.output,
         &[("--config", &a.config), ("--weights", &a.weights), ("--input", &a.input)],
     )?;
-    // A directory or an index names other files: its index and every shard are inputs too.
-    let checkpoint = mla_block::Checkpoint::open(&a.weights)?;
+    // The checkpoint, opened once (the weights are loaded from it below): a directory or an
+    // index names other files, and its index and every shard are inputs too.
+    let checkpoint = Checkpoint::open(&a.weights)?;
     let files: Vec<(&str, &Path)> = checkpoint.files().map(|f| ("--weights", f)).collect();
     output::refuse_overwriting_inputs(&a.output, &files)?;
-    drop(checkpoint);
     // `--dcp N` alone runs N ranks (TP = DCP = N).
     let ranks = a.tp.or(a.dcp);
     let kind = match (ranks, pick_device(a.backend)) {
@@ -350,12 +350,11 @@ fn run(a: &RunArgs) -> Result<()> {
     let (out, stats, fused, ranks) = match ranks {
         None => {
             let queue = Queue::new(Device::new(kind, 0))?;
-            let ckpt = Checkpoint::open(&a.weights)?;
             let store = progress::stage(format!("loading the weights `{prefix}*` into {kind}"), || {
                 MlaWeightStore::from_checkpoint_with(
                     &queue,
                     &cfg,
-                    &ckpt,
+                    &checkpoint,
                     &prefix,
                     Some(hidden.dtype),
                     a.weights_dtype,
@@ -387,7 +386,7 @@ fn run(a: &RunArgs) -> Result<()> {
                 (n, dcp),
                 transport,
                 &cfg,
-                (&a.weights, &prefix),
+                (&checkpoint, &prefix),
                 &hidden,
                 &positions,
                 &schedule,

@@ -2,7 +2,6 @@
 //! stderr is not a terminal, so logs and test output stay clean.
 
 use std::io::IsTerminal;
-use std::path::Path;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -52,18 +51,17 @@ pub fn forwards(total: usize) -> ProgressBar {
     bar(total as u64, "forwards [{bar:40}] {pos}/{len} ({elapsed}, eta {eta})")
 }
 
-/// Reads the layer `"{prefix}{name}.weight"` of a checkpoint (a file, an index or a
-/// directory; mapped, fp8 dequantized) into host tensors in `dtype`, for the ranks of a
+/// Reads the layer `"{prefix}{name}.weight"` of an opened checkpoint (mapped, fp8
+/// dequantized unless `keep_fp8`) into host tensors in `dtype`, for the ranks of a
 /// tensor-parallel run to split (see `HostWeights::from_checkpoint`).
 pub fn load_weights(
-    path: &Path,
+    ckpt: &Checkpoint,
     dims: &MlaBlockDims,
     prefix: &str,
     dtype: DType,
     keep_fp8: bool,
 ) -> Result<HostWeights> {
-    let ckpt = Checkpoint::open(path)?;
     stage(format!("reading the weights `{prefix}*`"), || {
-        HostWeights::from_checkpoint_with(&ckpt, dims, prefix, Some(dtype), keep_fp8)
+        HostWeights::from_checkpoint_with(ckpt, dims, prefix, Some(dtype), keep_fp8)
     })
 }

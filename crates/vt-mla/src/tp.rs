@@ -1,7 +1,5 @@
 //! `vt-mla run --tp N` and `vt-mla bench`: the tensor-parallel parts of the command line.
 
-use std::path::Path;
-
 use clap::{Args, ValueEnum};
 use mla_block::layers::bench_decode_layers;
 use mla_block::runner::{RunOptions, RunStats, Schedule};
@@ -9,7 +7,9 @@ use mla_block::tp::{
     bench_decode, device_count, run_schedule_tp_with_cache, DecodeBenchOptions, RandomLayerSpec, TpGroup,
     TpModel, Transport,
 };
-use mla_block::{HostTensor, HostWeights, KvCacheDtype, MlaBlock, MlaConfig, MlaWeightStore, WeightsDtype};
+use mla_block::{
+    Checkpoint, HostTensor, HostWeights, KvCacheDtype, MlaBlock, MlaConfig, MlaWeightStore, WeightsDtype,
+};
 use vt_core::{DType, Device, DeviceType, Error, Queue, Result};
 
 use crate::{positive_i64, positive_usize, progress, BackendArg};
@@ -184,7 +184,7 @@ pub fn run(
     (tp, dcp): (usize, usize),
     transport: TransportArg,
     cfg: &MlaConfig,
-    weights: (&Path, &str),
+    weights: (&Checkpoint, &str),
     hidden: &HostTensor,
     positions: &[i64],
     schedule: &Schedule,
