@@ -1,6 +1,8 @@
-//! The softmax-weighted sum shared by MlaDecodeAttention and PrefillAttention.
+//! The softmax-weighted sum shared by the attention ops (MlaDecodeAttention,
+//! PrefillAttention, SparseMlaAttention), and their loop over query rows.
 
 use crate::gemm::dot;
+use crate::par;
 
 /// Rows `0..count` of a row-major f32 matrix with `width` columns: keys or values.
 pub(crate) struct Rows<'s> {
@@ -49,4 +51,27 @@ pub(crate) fn attend(
         *o /= sum;
     }
     max + sum.ln()
+}
+
+/// The attention ops' loop over `rows` (each one query row of one head): `one(r, q, logits,
+/// out)` fills the row's `dv` outputs and returns its lse, with `q` (`d` values) and `logits`
+/// (`keys` values) as scratch, on the machine's threads; then `store(r, out, lse)` runs for
+/// every row in order on this thread (the ops' views are written from one thread only).
+pub(crate) fn attend_rows(
+    rows: usize,
+    (d, dv, keys): (usize, usize, usize),
+    one: impl Fn(usize, &mut [f32], &mut [f32], &mut [f32]) -> f32 + Sync,
+    mut store: impl FnMut(usize, &[f32], f32),
+) {
+    let mut res = vec![0f32; rows * (dv + 1)];
+    par::fill_rows(&mut res, dv + 1, keys.saturating_mul(d + dv), |r0, chunk| {
+        let (mut q, mut logits) = (vec![0f32; d], vec![0f32; keys]);
+        for (i, row) in chunk.chunks_exact_mut(dv + 1).enumerate() {
+            let (o, l) = row.split_at_mut(dv);
+            l[0] = one(r0 + i, &mut q, &mut logits, o);
+        }
+    });
+    for (r, row) in res.chunks_exact(dv + 1).enumerate() {
+        store(r, &row[..dv], row[dv]);
+    }
 }

@@ -2,7 +2,7 @@
 
 use vt_core::{BatchedMatmulArgs, OpId, Queue, Result};
 
-use crate::gemm::dot;
+use crate::gemm::{self, dot};
 use crate::host::HostView;
 
 const OP: OpId = OpId::BatchedMatmul;
@@ -12,14 +12,11 @@ pub(crate) fn run(_q: &Queue, x: &BatchedMatmulArgs<'_>) -> Result<()> {
     let (g, m, k, n) = (a.dim(0), a.dim(1), a.dim(2), b.dim(2));
     // Per group: a[g] as M rows of K and b[g] transposed to N rows of K, both in f32
     // scratch, read a row (last dim) at a time: any stride may be the unit one or none.
-    let mut am = vec![0f32; m * k];
     let mut bt = vec![0f32; n * k];
     let mut brow = vec![0f32; n];
     let mut orow = vec![0f32; n];
     for gi in 0..g {
-        for (i, row) in am.chunks_exact_mut(k.max(1)).enumerate().take(m) {
-            a.read_row(&[gi, i], row);
-        }
+        let am = gemm::packed_rows(m, k, |i, row| a.read_row(&[gi, i], row));
         for kk in 0..k {
             b.read_row(&[gi, kk], &mut brow);
             for (j, &v) in brow.iter().enumerate() {

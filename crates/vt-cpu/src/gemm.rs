@@ -35,6 +35,16 @@ pub(crate) fn dot(x: &[f32], y: &[f32]) -> f32 {
     ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
 }
 
+/// `m` rows of `k` values packed in one f32 buffer, row `i` written by `read(i, row)` (a
+/// matmul's left operand, converted or dequantized once).
+pub(crate) fn packed_rows(m: usize, k: usize, mut read: impl FnMut(usize, &mut [f32])) -> Vec<f32> {
+    let mut rows = vec![0f32; m * k];
+    if k > 0 {
+        rows.chunks_exact_mut(k).enumerate().for_each(|(i, row)| read(i, row));
+    }
+    rows
+}
+
 /// `out_t[j * m + i] = dot(a[i], b[j])` for the `m` rows of `a` (each `k` long, packed) and
 /// the `n` rows of `b`, which `load_b(j, row)` writes into a `k`-long f32 row on demand (the
 /// caller converts or dequantizes them there, so no f32 copy of the whole weight is made).

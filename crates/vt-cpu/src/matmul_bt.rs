@@ -10,20 +10,11 @@ const OP: OpId = OpId::MatmulBT;
 pub(crate) fn run(_q: &Queue, x: &MatmulBTArgs<'_>) -> Result<()> {
     let (out, a, b) = (HostView::new(OP, &x.out)?, HostView::new(OP, &x.a)?, HostView::new(OP, &x.b)?);
     let (m, k, n) = (a.dim(0), a.dim(1), b.dim(0));
-    let am = read_rows(&a, m, k);
+    let am = gemm::packed_rows(m, k, |i, row| a.read_row(&[i], row));
     // b's rows are converted a block at a time inside the product (no f32 copy of b).
     let out_t = gemm::rows_times_rows(&am, m, k, n, |j, row| b.read_row(&[j], row));
     write_transposed(&out, &out_t, m, n);
     Ok(())
-}
-
-/// The `m` rows of a 2-D view (each `k` long) as packed f32.
-pub(crate) fn read_rows(a: &HostView<'_>, m: usize, k: usize) -> Vec<f32> {
-    let mut am = vec![0f32; m * k];
-    for (i, row) in am.chunks_exact_mut(k.max(1)).enumerate().take(m) {
-        a.read_row(&[i], row);
-    }
-    am
 }
 
 /// Stores `out[i, j] = out_t[j * m + i]` (the layout [`gemm::rows_times_rows`] returns).

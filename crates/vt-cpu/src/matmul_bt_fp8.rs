@@ -37,11 +37,10 @@ pub(crate) fn run(_q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
     let b_scale = HostView::new(OP, &x.b_scale)?;
     let a_scale = HostView::opt(OP, &x.a_scale)?;
     let (m, k, n) = (a.dim(0), a.dim(1), b.dim(0));
-    let mut am = vec![0f32; m * k];
-    for (i, row) in am.chunks_exact_mut(k.max(1)).enumerate().take(m) {
+    let am = gemm::packed_rows(m, k, |i, row| {
         let lead = [i];
-        read_dequantized(&a, &lead, a_scale.as_ref().map(|s| (s, &lead[..])), row);
-    }
+        read_dequantized(&a, &lead, a_scale.as_ref().map(|s| (s, &lead[..])), row)
+    });
     // W's rows are dequantized a block at a time inside the product.
     let out_t = gemm::rows_times_rows(&am, m, k, n, |j, row| {
         read_dequantized(&b, &[j], Some((&b_scale, &[j / BLOCK])), row)

@@ -3,10 +3,9 @@
 
 use vt_core::{MlaDecodeAttentionArgs, OpId, Queue, Result};
 
-use crate::attention::{attend, Rows};
+use crate::attention::{attend, attend_rows, Rows};
 use crate::gather_mla_cache::{cache_row, read_cache_row};
 use crate::host::HostView;
-use crate::par;
 
 const OP: OpId = OpId::MlaDecodeAttention;
 
@@ -33,27 +32,26 @@ pub(crate) fn run(_q: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
             read_cache_row(&cache, blk, r, &mut row[..d]);
             mapped = j + 1;
         }
-        // Every (query token, head) row on the machine's threads: dv outputs, then lse.
-        let mut res = vec![0f32; sq * n * (dv + 1)];
-        par::fill_rows(&mut res, dv + 1, len.saturating_mul(d + dv), |r0, rows| {
-            let (mut qrow, mut logits) = (vec![0f32; d], vec![0f32; len]);
-            for (i, row) in rows.chunks_exact_mut(dv + 1).enumerate() {
-                let (s, h) = ((r0 + i) / n, (r0 + i) % n);
+        // Every (query token, head) row: rows s * n + h.
+        let k = Rows { data: &keys, width: d };
+        attend_rows(
+            sq * n,
+            (d, dv, len),
+            |r, qrow, logits, o| {
+                let (s, h) = (r / n, r % n);
                 // Query s sees keys 0 .. len - s_q + s + 1 (bottom-right aligned).
                 let visible = (len + s + 1).saturating_sub(sq).min(mapped);
-                q.read_row(&[bi, s, h], &mut qrow);
-                let k = Rows { data: &keys, width: d };
-                let (o, l) = row.split_at_mut(dv);
-                l[0] = attend(&qrow, &k, &k, visible, a.scale, &mut logits, o);
-            }
-        });
-        for (r, row) in res.chunks_exact(dv + 1).enumerate() {
-            let (s, h) = (r / n, r % n);
-            out.write_row(&[bi, s, h], &row[..dv]);
-            if let Some(lse) = &lse {
-                lse.set(&[bi, h, s], row[dv]);
-            }
-        }
+                q.read_row(&[bi, s, h], qrow);
+                attend(qrow, &k, &k, visible, a.scale, logits, o)
+            },
+            |r, o, l| {
+                let (s, h) = (r / n, r % n);
+                out.write_row(&[bi, s, h], o);
+                if let Some(lse) = &lse {
+                    lse.set(&[bi, h, s], l);
+                }
+            },
+        );
     }
     Ok(())
 }

@@ -2,9 +2,8 @@
 
 use vt_core::{OpId, PrefillAttentionArgs, Queue, Result};
 
-use crate::attention::{attend, Rows};
+use crate::attention::{attend, attend_rows, Rows};
 use crate::host::HostView;
-use crate::par;
 
 const OP: OpId = OpId::PrefillAttention;
 
@@ -29,26 +28,24 @@ pub(crate) fn run(_q: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
                 k.read_row(&[k0 + j, h], &mut keys[j * d..(j + 1) * d]);
                 v.read_row(&[k0 + j, h], &mut values[j * dv..(j + 1) * dv]);
             }
-            // Every query row of this head on the machine's threads: dv outputs, then lse.
-            let mut res = vec![0f32; lq * (dv + 1)];
-            par::fill_rows(&mut res, dv + 1, lk.saturating_mul(d + dv), |i0, rows| {
-                let (mut qrow, mut logits) = (vec![0f32; d], vec![0f32; lk]);
-                for (ii, row) in rows.chunks_exact_mut(dv + 1).enumerate() {
-                    let i = i0 + ii;
+            // Every query row of this head.
+            let (kr, vr) = (Rows { data: &keys, width: d }, Rows { data: &values, width: dv });
+            attend_rows(
+                lq,
+                (d, dv, lk),
+                |i, qrow, logits, o| {
                     // Causal, bottom-right: query i sees keys 0 ..= lk - lq + i.
                     let visible = if a.causal { (lk + i + 1).saturating_sub(lq).min(lk) } else { lk };
-                    q.read_row(&[q0 + i, h], &mut qrow);
-                    let (kr, vr) = (Rows { data: &keys, width: d }, Rows { data: &values, width: dv });
-                    let (o, l) = row.split_at_mut(dv);
-                    l[0] = attend(&qrow, &kr, &vr, visible, a.scale, &mut logits, o);
-                }
-            });
-            for (i, row) in res.chunks_exact(dv + 1).enumerate() {
-                out.write_row(&[q0 + i, h], &row[..dv]);
-                if let Some(lse) = &lse {
-                    lse.set(&[h, q0 + i], row[dv]);
-                }
-            }
+                    q.read_row(&[q0 + i, h], qrow);
+                    attend(qrow, &kr, &vr, visible, a.scale, logits, o)
+                },
+                |i, o, l| {
+                    out.write_row(&[q0 + i, h], o);
+                    if let Some(lse) = &lse {
+                        lse.set(&[h, q0 + i], l);
+                    }
+                },
+            );
         }
     }
     Ok(())

@@ -3,10 +3,9 @@
 
 use vt_core::{OpId, Queue, Result, SparseMlaAttentionArgs};
 
-use crate::attention::{attend, Rows};
+use crate::attention::{attend, attend_rows, Rows};
 use crate::gather_mla_cache::read_cache_row;
 use crate::host::HostView;
-use crate::par;
 
 const OP: OpId = OpId::SparseMlaAttention;
 
@@ -34,23 +33,22 @@ pub(crate) fn run(_q: &Queue, a: &SparseMlaAttentionArgs<'_>) -> Result<()> {
             read_cache_row(&cache, (s / bs) as usize, (s % bs) as usize, &mut keys[count * d..]);
             count += 1;
         }
-        // Every head on the machine's threads: dv outputs, then lse.
-        let mut res = vec![0f32; n * (dv + 1)];
-        par::fill_rows(&mut res, dv + 1, count.saturating_mul(d + dv), |h0, rows| {
-            let (mut qrow, mut logits) = (vec![0f32; d], vec![0f32; count]);
-            for (i, row) in rows.chunks_exact_mut(dv + 1).enumerate() {
-                q.read_row(&[ti, h0 + i], &mut qrow);
-                let k = Rows { data: &keys, width: d };
-                let (o, l) = row.split_at_mut(dv);
-                l[0] = attend(&qrow, &k, &k, count, a.scale, &mut logits, o);
-            }
-        });
-        for (h, row) in res.chunks_exact(dv + 1).enumerate() {
-            out.write_row(&[ti, h], &row[..dv]);
-            if let Some(lse) = &lse {
-                lse.set(&[h, ti], row[dv]);
-            }
-        }
+        // Every head.
+        let k = Rows { data: &keys, width: d };
+        attend_rows(
+            n,
+            (d, dv, count),
+            |h, qrow, logits, o| {
+                q.read_row(&[ti, h], qrow);
+                attend(qrow, &k, &k, count, a.scale, logits, o)
+            },
+            |h, o, l| {
+                out.write_row(&[ti, h], o);
+                if let Some(lse) = &lse {
+                    lse.set(&[h, ti], l);
+                }
+            },
+        );
     }
     Ok(())
 }
