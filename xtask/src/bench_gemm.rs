@@ -879,20 +879,18 @@ fn peer_table(rows: &[Row], p: &Peer) -> String {
     for r in rows {
         let Some(pr) = p.rows.iter().find(|x| x.gemm == r.name && x.m == r.m) else { continue };
         let us = |x: Option<f64>| x.map_or("-".to_string(), |u| format!("{u:.1}"));
-        let torch8 = match (pr.fp8_us, &pr.error) {
+        // A peer's time, or why it has none.
+        let peer_us = |us: Option<f64>, err: &Option<String>| match (us, err) {
             (Some(u), _) => format!("{u:.1}"),
             (None, Some(e)) => format!("- ({})", e.chars().take(60).collect::<String>()),
             (None, None) => "-".into(),
         };
         // Speed-ups: the peer's time over ours (above 1: vt is faster).
-        let ratio = r.best_w8a8().zip(pr.fp8_us).map_or("-".to_string(), |(a, b)| format!("{:.2}x", b / a));
-        let dg = match (pr.deepgemm_us, &pr.deepgemm_error) {
-            (Some(u), _) => format!("{u:.1}"),
-            (None, Some(e)) => format!("- ({})", e.chars().take(60).collect::<String>()),
-            (None, None) => "-".into(),
+        let speedup = |peer: Option<f64>| {
+            r.best_w8a8().zip(peer).map_or("-".to_string(), |(a, b)| format!("{:.2}x", b / a))
         };
-        let dg_ratio =
-            r.best_w8a8().zip(pr.deepgemm_us).map_or("-".to_string(), |(a, b)| format!("{:.2}x", b / a));
+        let (torch8, ratio) = (peer_us(pr.fp8_us, &pr.error), speedup(pr.fp8_us));
+        let (dg, dg_ratio) = (peer_us(pr.deepgemm_us, &pr.deepgemm_error), speedup(pr.deepgemm_us));
         let _ = writeln!(
             o,
             "| {} | {} | {:.1} | {:.1} | {} | {} | {} | {} | {} | {} |",
