@@ -36,6 +36,7 @@ use std::process::ExitCode;
 
 use vt_core::{Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Queue};
 
+use crate::peer_json;
 use crate::plot::{Chart, Series};
 use crate::progress::Progress;
 use vt_cuda::bench::{filled_value, median, Bench};
@@ -249,34 +250,18 @@ pub struct Peer {
 /// row needs the four integer keys and a positive finite `us`; gbps and tflops are optional; two
 /// rows with the same (h_q, b, seqlen, s_q) are an error.
 fn parse_peer(text: &str) -> Result<Peer, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
-    let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
-    let list = v.get("rows").and_then(|r| r.as_array()).ok_or("peer JSON: no \"rows\" array")?;
-    let mut rows: Vec<PeerRow> = Vec::with_capacity(list.len());
-    for (i, r) in list.iter().enumerate() {
-        let int = |k: &str| {
-            r.get(k)
-                .and_then(|x| x.as_i64())
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("peer JSON row {i}: no positive integer \"{k}\""))
-        };
-        let num = |k: &str| r.get(k).and_then(|x| x.as_f64()).filter(|x| x.is_finite());
-        let row = PeerRow {
-            h_q: int("h_q")?,
-            b: int("b")?,
-            seqlen: int("seqlen")?,
-            s_q: int("s_q")?,
-            us: num("us")
-                .filter(|&u| u > 0.0)
-                .ok_or_else(|| format!("peer JSON row {i}: no positive number \"us\""))?,
-            gbps: num("gbps"),
-            tflops: num("tflops"),
-        };
-        if let Some(j) = rows.iter().position(|o| peer_key(o) == peer_key(&row)) {
-            return Err(format!("peer JSON rows {j} and {i}: the same shape {:?}", peer_key(&row)));
-        }
-        rows.push(row);
-    }
+    let (name, rows) = peer_json::parse(text, |r| {
+        Ok(PeerRow {
+            h_q: r.pos_int("h_q")?,
+            b: r.pos_int("b")?,
+            seqlen: r.pos_int("seqlen")?,
+            s_q: r.pos_int("s_q")?,
+            us: r.need_pos_num("us")?,
+            gbps: r.num("gbps"),
+            tflops: r.num("tflops"),
+        })
+    })?;
+    peer_json::no_repeats(&rows, peer_key, |k| format!("{k:?}"))?;
     Ok(Peer { name, rows })
 }
 
@@ -614,13 +599,7 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
     let Args { json, peer, plot, sweep, alt, parts, iters, timeline, no_parity, only } = args_in;
     let check = !no_parity;
     // The peer first: a bad file is reported before any GPU work.
-    let peer = match &peer {
-        None => None,
-        Some(f) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-            Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
-        }
-    };
+    let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
     let todo = select(shapes(), &only, |s, o| s.matches(o))?;
     let q = cuda_queue(&[vt_core::OpId::MlaDecodeAttention])?;
     let e = |e: vt_core::Error| e.to_string();

@@ -61,6 +61,7 @@ use vt_cuda::fp8_matmul::{
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
 use crate::bench::{cuda_queue, device_name, positive};
+use crate::peer_json;
 use crate::progress::Progress;
 
 /// `cargo xtask bench gemm` options.
@@ -418,12 +419,7 @@ fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize, which: Kernel) -> vt_cor
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, peer, iters, m, only, no_parity, dirty_flush, splits } = a;
-    let peer = match &peer {
-        Some(f) => Some(parse_peer(
-            &std::fs::read_to_string(f).map_err(|er| format!("reading {}: {er}", f.display()))?,
-        )?),
-        None => None,
-    };
+    let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
     let ms: Vec<i64> =
         if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
     let q = cuda_queue(&[OpId::MatmulBT, OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8])?;
@@ -839,34 +835,19 @@ struct Peer {
 /// Parses `{"peer": NAME, "rows": [{"gemm", "m", "bf16_ms", "fp8_ms"?, "error"?, "deepgemm_ms"?,
 /// "deepgemm_error"?}]}`.
 fn parse_peer(text: &str) -> Result<Peer, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
-    let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
-    let list = v.get("rows").and_then(|r| r.as_array()).ok_or("peer JSON: no \"rows\" array")?;
-    let mut rows = Vec::with_capacity(list.len());
-    for (i, r) in list.iter().enumerate() {
-        let gemm = r
-            .get("gemm")
-            .and_then(|g| g.as_str())
-            .ok_or_else(|| format!("peer JSON row {i}: no \"gemm\" string"))?
-            .to_string();
-        let m = r
-            .get("m")
-            .and_then(|m| m.as_i64())
-            .filter(|&m| m > 0)
-            .ok_or_else(|| format!("peer JSON row {i}: no positive integer \"m\""))?;
-        let ms = |k: &str| r.get(k).and_then(|x| x.as_f64()).filter(|x| x.is_finite() && *x > 0.0);
-        let bf16 = ms("bf16_ms").ok_or_else(|| format!("peer JSON row {i}: no positive \"bf16_ms\""))?;
-        let text = |k: &str| r.get(k).and_then(|e| e.as_str()).map(str::to_string);
-        rows.push(PeerRow {
-            gemm,
-            m,
-            bf16_us: bf16 * 1e3,
-            fp8_us: ms("fp8_ms").map(|x| x * 1e3),
+    let (name, rows) = peer_json::parse(text, |r| {
+        let us = |k: &str| r.pos_num(k).map(|ms| ms * 1e3);
+        let text = |k: &str| r.str(k).map(str::to_string);
+        Ok(PeerRow {
+            gemm: r.need_str("gemm")?,
+            m: r.pos_int("m")?,
+            bf16_us: r.need_pos_num("bf16_ms")? * 1e3,
+            fp8_us: us("fp8_ms"),
             error: text("error"),
-            deepgemm_us: ms("deepgemm_ms").map(|x| x * 1e3),
+            deepgemm_us: us("deepgemm_ms"),
             deepgemm_error: text("deepgemm_error"),
-        });
-    }
+        })
+    })?;
     Ok(Peer { name, rows })
 }
 

@@ -35,6 +35,7 @@ use std::time::Instant;
 use vt_core::{Buffer, DType, Device, OpId, PrefillAttentionArgs, Queue};
 use vt_cuda::bench::{filled_value, median, Bench};
 
+use crate::peer_json;
 use crate::plot::{Chart, Series};
 use crate::progress::Progress;
 
@@ -253,45 +254,34 @@ pub struct PeerRow {
 /// Parses `{"peer": NAME, "rows": [{"backend","heads","tq","tk","causal","ms","tflops"
 /// [,"seqlens"]}]}`; returns the peer's name ("" if absent) and the rows.
 pub fn parse_peer(text: &str) -> Result<(String, Vec<PeerRow>), String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
-    let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
-    let rows = v.get("rows").and_then(|r| r.as_array()).ok_or("peer JSON: no \"rows\" array")?;
-    let mut out = Vec::with_capacity(rows.len());
-    for (i, r) in rows.iter().enumerate() {
+    peer_json::parse(text, |r| {
+        // torch's script may write whole numbers as floats.
         let int = |k: &str| -> Result<i64, String> {
             r.get(k)
                 .and_then(|x| x.as_i64().or_else(|| x.as_f64().map(|f| f as i64)))
-                .ok_or_else(|| format!("peer JSON row {i}: no integer \"{k}\""))
+                .ok_or_else(|| r.err(&format!("no integer \"{k}\"")))
         };
         let seqlens = match r.get("seqlens") {
             None | Some(serde_json::Value::Null) => None,
             Some(s) => Some(
                 s.as_array()
                     .and_then(|a| a.iter().map(|x| x.as_i64()).collect::<Option<Vec<i64>>>())
-                    .ok_or_else(|| format!("peer JSON row {i}: \"seqlens\" is not a list of integers"))?,
+                    .ok_or_else(|| r.err("\"seqlens\" is not a list of integers"))?,
             ),
         };
-        out.push(PeerRow {
-            backend: r
-                .get("backend")
-                .and_then(|b| b.as_str())
-                .ok_or_else(|| format!("peer JSON row {i}: no \"backend\""))?
-                .to_string(),
+        Ok(PeerRow {
+            backend: r.need_str("backend")?,
             heads: int("heads")?,
             tq: int("tq")?,
             tk: int("tk")?,
             causal: r
                 .get("causal")
                 .and_then(|c| c.as_bool().or_else(|| c.as_i64().map(|n| n != 0)))
-                .ok_or_else(|| format!("peer JSON row {i}: no \"causal\""))?,
+                .ok_or_else(|| r.err("no \"causal\""))?,
             seqlens,
-            ms: r
-                .get("ms")
-                .and_then(|m| m.as_f64())
-                .ok_or_else(|| format!("peer JSON row {i}: no number \"ms\""))?,
-        });
-    }
-    Ok((name, out))
+            ms: r.num("ms").ok_or_else(|| r.err("no number \"ms\""))?,
+        })
+    })
 }
 
 /// The peer `backend`'s TFLOP/s on `s`, from its time and our FLOP count.
@@ -675,13 +665,8 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
     // The peer first: a bad file is reported before any GPU work.
-    let (peer_name, peer) = match &a.peer {
-        Some(f) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-            parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?
-        }
-        None => (String::new(), Vec::new()),
-    };
+    let (peer_name, peer) =
+        a.peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?.unwrap_or_default();
     let todo = crate::bench::select(shapes(), &a.only, |s, o| s.matches(o))?;
     let e = |e: vt_core::Error| e.to_string();
     let q = crate::bench::cuda_queue(&[OpId::PrefillAttention])?;

@@ -42,6 +42,7 @@ use vt_cuda::mla_decode_attention::Kernel as DK;
 use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, Kernel, SparseOptions};
 
 use crate::bench::{ceilings, cuda_queue, device_name, positive};
+use crate::peer_json;
 use crate::progress::Progress;
 
 /// `cargo xtask bench sparse` options.
@@ -230,40 +231,23 @@ struct Peer {
 /// Parses the peer JSON (module docs); every row needs its six keys and a positive finite
 /// `us`; two rows of one shape are an error.
 fn parse_peer(text: &str) -> Result<Peer, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
-    let name = v.get("peer").and_then(|p| p.as_str()).unwrap_or("").to_string();
-    let list = v.get("rows").and_then(|r| r.as_array()).ok_or("peer JSON: no \"rows\" array")?;
-    let mut rows: Vec<PeerRow> = Vec::with_capacity(list.len());
-    for (i, r) in list.iter().enumerate() {
-        let int = |k: &str| {
-            r.get(k)
-                .and_then(|x| x.as_i64())
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("peer JSON row {i}: no positive integer \"{k}\""))
-        };
-        let kind = match r.get("kind").and_then(|k| k.as_str()) {
+    let (name, rows) = peer_json::parse(text, |r| {
+        let kind = match r.str("kind") {
             Some("decode") => Kind::Decode,
             Some("prefill") => Kind::Prefill,
-            _ => return Err(format!("peer JSON row {i}: \"kind\" must be \"decode\" or \"prefill\"")),
+            _ => return Err(r.err("\"kind\" must be \"decode\" or \"prefill\"")),
         };
         let shape = Shape {
             kind,
-            h: int("h_q")?,
-            b: int("b")?,
-            s_q: int("s_q")?,
-            s_kv: int("s_kv")?,
-            topk: int("topk")?,
+            h: r.pos_int("h_q")?,
+            b: r.pos_int("b")?,
+            s_q: r.pos_int("s_q")?,
+            s_kv: r.pos_int("s_kv")?,
+            topk: r.pos_int("topk")?,
         };
-        let us = r
-            .get("us")
-            .and_then(|x| x.as_f64())
-            .filter(|u| u.is_finite() && *u > 0.0)
-            .ok_or_else(|| format!("peer JSON row {i}: no positive number \"us\""))?;
-        if let Some(j) = rows.iter().position(|o| o.shape == shape) {
-            return Err(format!("peer JSON rows {j} and {i}: the same shape {}", shape.label()));
-        }
-        rows.push(PeerRow { shape, us });
-    }
+        Ok(PeerRow { shape, us: r.need_pos_num("us")? })
+    })?;
+    peer_json::no_repeats(&rows, |r| r.shape, |s| s.label())?;
     Ok(Peer { name, rows })
 }
 
@@ -558,13 +542,7 @@ fn parity(gpu: &Queue, s: &Shape, x: &Inputs, scale: f32) -> vt_core::Result<f64
 
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, peer, iters, alt, no_parity, kv16, only } = a;
-    let peer = match &peer {
-        None => None,
-        Some(f) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-            Some(parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))?)
-        }
-    };
+    let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
     let mut all = shapes();
     if kv16 {
         let dec: Vec<Shape> = all.iter().filter(|s| s.kind == Kind::Decode).copied().collect();

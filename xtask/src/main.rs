@@ -30,6 +30,7 @@ mod kernels;
 mod kernels_hip;
 mod parity;
 mod parity_tp;
+mod peer_json;
 mod plot;
 mod progress;
 
