@@ -12,7 +12,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::Twin;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
 use vt_core::*;
@@ -56,10 +56,9 @@ fn sm(q: &Queue) -> u32 {
     q.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm())
 }
 
+/// Fresh inputs per run (common::seed, VT_SEED replays), different per case.
 fn rng(test: &str) -> ChaCha8Rng {
-    let seed = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(17u64);
-    println!("{test}: seed {seed} (VT_SEED=N to change)");
-    ChaCha8Rng::seed_from_u64(seed)
+    common::case_rng(test.bytes().fold(17u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)))
 }
 
 fn codes(rng: &mut ChaCha8Rng, n: i64) -> Vec<u8> {

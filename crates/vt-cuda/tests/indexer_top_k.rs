@@ -17,7 +17,7 @@
 //! without a CUDA device.
 
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use vt_core::{Buffer, DType, IndexerTopKArgs, Queue};
 use vt_cuda::indexer_top_k::{indexer_top_k_with, Kernel};
@@ -99,7 +99,7 @@ fn value(rng: &mut ChaCha8Rng, grid: bool) -> f64 {
 }
 
 fn inputs(c: &Case) -> Inputs {
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let mut rng = common::case_rng(c.seed);
     let counts: Vec<i64> = c.lens.iter().map(|&n| (n + c.bs - 1) / c.bs).collect();
     let nb = counts.iter().sum::<i64>().max(1) + 2;
     let mb = counts.iter().copied().max().unwrap_or(0) + 1;

@@ -6,8 +6,7 @@
 //! CUDA device.
 
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use vt_core::{encode_f64, Buffer, DType, MlaDecodeAttentionArgs, Queue, Tensor};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
 
@@ -60,7 +59,7 @@ struct Inputs {
 }
 
 fn inputs(c: &Case) -> Inputs {
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let mut rng = common::case_rng(c.seed);
     let b = c.lens.len() as i64;
     let blocks: Vec<i64> = c.lens.iter().map(|&l| (l as i64 + c.bs - 1) / c.bs).collect();
     let mb = blocks.iter().copied().max().unwrap_or(0).max(1);
@@ -276,7 +275,7 @@ fn decode_attention_matches_reference_for_head_counts_8_to_128() {
 #[test]
 fn decode_attention_matches_reference_for_a_large_batch() {
     let Some(g) = gpu() else { return };
-    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut rng = common::case_rng(3);
     let lens: Vec<i32> = (0..48).map(|_| rng.gen_range(0..700)).collect();
     for n in [16, 128] {
         check(&g, &Case::mla(&lens, n, 16));

@@ -47,7 +47,7 @@ struct Inputs {
 }
 
 fn inputs(c: &Case) -> Inputs {
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let mut rng = common::case_rng(c.seed);
     let b = c.lens.len() as i64;
     let blocks: Vec<i64> = c.lens.iter().map(|&l| (l as i64 + c.bs - 1) / c.bs).collect();
     let mb = blocks.iter().copied().max().unwrap_or(0).max(1);

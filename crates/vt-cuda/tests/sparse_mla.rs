@@ -16,8 +16,7 @@
 //! `cargo nextest run --release -p vt-cuda --test sparse_mla`.
 
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
 use vt_core::{encode_f64, Buffer, CacheIndexerKeysArgs, DType, Queue, SparseMlaAttentionArgs};
 use vt_cuda::mla_decode_attention::Kernel as DK;
@@ -138,7 +137,7 @@ fn pool_rows(c: &Case) -> i64 {
 }
 
 fn inputs(c: &Case) -> Inputs {
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let mut rng = common::case_rng(c.seed);
     let slots = c.slots();
     let k = c.topk as usize;
     let mut indices = Vec::with_capacity(c.t as usize * k);
@@ -512,7 +511,7 @@ fn sparse_mla_picks_the_tensor_core_kernels_for_deepseek_shapes() {
 fn cache_indexer_keys_matches_reference() {
     let Some(g) = gpu() else { return };
     let c = cpu();
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut rng = common::case_rng(11);
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         for (t, nb, bs) in [(7i64, 9i64, 1i64), (40, 4, 16), (100, 3, 64)] {
             let di = 128i64;

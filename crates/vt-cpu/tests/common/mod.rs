@@ -17,11 +17,10 @@ pub fn queue() -> Queue {
 }
 
 /// A fresh random generator; the seed is printed (shown on failure) and can be fixed
-/// with `VT_TEST_SEED=<n>` to reproduce a run.
+/// with `VT_SEED=<n>` to reproduce a run (the same variable as the GPU tests').
 pub fn rng(test: &str) -> ChaCha8Rng {
-    let seed =
-        std::env::var("VT_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
-    println!("{test}: seed {seed} (reproduce with VT_TEST_SEED={seed})");
+    let seed = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    println!("{test}: seed {seed} (reproduce with VT_SEED={seed})");
     ChaCha8Rng::seed_from_u64(seed)
 }
 

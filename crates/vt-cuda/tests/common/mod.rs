@@ -6,16 +6,27 @@ use std::sync::OnceLock;
 
 use vt_core::{Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
 
-/// Seed from VT_SEED (to replay) or the clock (fresh inputs every run), printed.
+/// This run's seed: VT_SEED (to replay a failure) or the clock (fresh inputs every run),
+/// drawn once per test binary and printed where it is drawn.
 pub fn seed() -> u64 {
-    let s = std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7)
+    static SEED: OnceLock<u64> = OnceLock::new();
+    let s = *SEED.get_or_init(|| {
+        std::env::var("VT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(7)
+        })
     });
     println!("seed {s} (replay with VT_SEED={s})");
     s
+}
+
+/// A generator for one case: the run's seed (fresh each run) mixed with the case's own
+/// number, so cases in one run draw different inputs and a printed VT_SEED replays them all.
+pub fn case_rng(case_seed: u64) -> rand_chacha::ChaCha8Rng {
+    use rand::SeedableRng;
+    rand_chacha::ChaCha8Rng::seed_from_u64(seed() ^ case_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// A queue on CUDA device 0 (the CPU and CUDA backends registered once per process), or
