@@ -6,7 +6,8 @@
 # /usr/local/cuda's nvcc (JIT). Skipped when already built. Exit status 0 only when
 # `import deep_gemm` works; the peer script records any failure per shape either way.
 set -euo pipefail
-archive=$1; dir=$2
+# The archive is named relative to where the script is called from: resolve it before the cd.
+archive=$(realpath "$1"); dir=$2
 mkdir -p "$dir"
 cd "$dir"
 if [ ! -d deepgemm ]; then tar xJf "$archive"; fi
