@@ -150,7 +150,7 @@ pub enum Kernel {
     /// The 64-row wgmma kernel with three warpgroups over a 16-bit cache (sm_90a): warpgroup 0
     /// computes S and the softmax, warpgroups 1 and 2 one half of P V each. TMA loads where the
     /// block size is a multiple of 64 (`wgmma_3wg`), else its gather form (`wgmma_3wg_cp`: any
-    /// block size, rows copied by cp.async; forced only, not yet run on a GPU).
+    /// block size, rows copied by cp.async; forced only while synccheck reports its arrival).
     Wgmma3,
     /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
     /// queries): a two-slot ring of raw tiles, S as an e4m3 product against the query split
@@ -423,7 +423,7 @@ pub(crate) fn choose(
         // two-warpgroup kernel at every 64 / 128-head shape; over an fp8_ds_mla cache with bf16
         // queries its raw-ring form, 19-23% faster than the dequantizing warpgroup's:
         // docs/perf.md, "Eighteenth session").
-        // With VT_MLA_GATHER on (off by default: not yet run on a GPU), also over a cache the
+        // With VT_MLA_GATHER on (off by default: synccheck reports their copies' arrival), also over a cache the
         // TMA does not read: the same kernels' gather forms, rows copied by cp.async
         // (docs/perf.md, "Twentieth session"); `three_wg` / `fp8_raw` pick the form.
         Kernel::Auto
