@@ -106,6 +106,14 @@
 #ifndef F8R_OWNV
 #define F8R_OWNV 0
 #endif
+// 1: the gather forms' copying threads arrive on FULL without cp.async.mbarrier.arrive: each
+// commits its copies of tile u + 2 as a group, then at tile u + 1, before P_FULL (where it waits
+// for warpgroup 0's S anyway), waits for that group and arrives (compute-sanitizer's synccheck
+// reports the tracked arrival; waiting right after the copies passes it but serializes their
+// latency: docs/perf.md, "Twenty-third session"). Lab build, not yet run on a GPU.
+#ifndef W3_CP_DEFER
+#define W3_CP_DEFER 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -268,8 +276,28 @@ __device__ __forceinline__ void w3_gather_rows(const Params& p, const GatherRows
             if ((wtid & 31) == 0) flags[BN + 4 * h + (wtid >> 5)] = bad != 0u ? 1 : 0;
         }
     }
+#if W3_CP_DEFER
+    (void)full;
+    cp_async_commit();  // the caller arrives once the group has landed (w3_cp_arrive)
+#else
     mbar_track_cp_async(full);
     mbar_arrive(full);  // publishes the flags with the phase
+#endif
+}
+
+// W3_CP_DEFER: this thread's arrival for its copies committed one tile earlier (pending >= 0:
+// their slot), once its cp.async groups have landed; the arrival publishes them and the flags.
+__device__ __forceinline__ void w3_cp_arrive(uint32_t full, int& pending) {
+#if W3_CP_DEFER
+    if (pending >= 0) {
+        cp_async_wait<0>();
+        mbar_arrive(full + 8 * pending);
+        pending = -1;
+    }
+#else
+    (void)full;
+    (void)pending;
+#endif
 }
 
 // Gather form: warpgroup w's copies of the tile whose rows are `rows` into the slot at dst, the
@@ -624,6 +652,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
     i64 pre = part.pre;
     Segment sg;
     int u = 0;
+    int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
     while (next_segment(p, part, nb, pre, sg)) {
         f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         fence_proxy_async();         // Q is read by wgmma (async proxy)
@@ -646,6 +675,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             const uint32_t tab = base + L::OFF_V + slot * 1024;  // the V region is free in this form
             // Gather form: rows that do not exist were zero-filled (scale 0: factor 0).
             const bool one = vt_factors(scales, CP ? BN : nvalid[slot], tab, threadIdx.x - 128);
+            if constexpr (CP) w3_cp_arrive(full, pending);  // tile u + 1's copies (W3_CP_DEFER)
             bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
             {
                 float al[8][2];
@@ -691,9 +721,11 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             mbar_arrive(pfree);  // P(u) and its factors are read
             if constexpr (CP) {
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its part of the slot
-                if (more)
+                if (more) {
                     w3_gather_raw(p, ahead, raw, smem + L::OFF_VALID + slot * L::VALID_BYTES, full + 8 * slot, w,
                                   threadIdx.x & 127);
+                    pending = slot;
+                }
             } else {
                 w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps);
             }
@@ -905,13 +937,24 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     const bool issuer = threadIdx.x == 128;
     TileWalk walk(part);  // gather form: every thread of warpgroups 1 and 2 walks the tiles
     if constexpr (CP) {
-        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v) {
+        int filled = 0;
+        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v, ++filled) {
             const GatherRows rows = gather_rows(p, walk, wtid);
             if constexpr (RAW) {
                 w3_gather_raw(p, rows, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
             } else {
                 w3_gather<T>(p, rows, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
             }
+        }
+        static_assert(W3_SLOTS == 2, "the deferred arrivals below count two groups");
+        if (W3_CP_DEFER && filled == 2) {  // slot 0's group first, while slot 1's may still fly
+            cp_async_wait<1>();
+            mbar_arrive(full);
+            cp_async_wait<0>();
+            mbar_arrive(full + 8);
+        } else if (W3_CP_DEFER && filled == 1) {
+            cp_async_wait<0>();
+            mbar_arrive(full);
         }
     } else if (issuer) {
         if constexpr (RAW) {
@@ -926,6 +969,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;
     if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
+    int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
     while (!VT && next_segment(p, part, nb, pre, sg)) {
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
@@ -980,6 +1024,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                     bar_sync(W3_WG1 + w, 128);  // the warpgroup's rows are zeroed
                 }
             }
+            if constexpr (CP) w3_cp_arrive(full, pending);  // tile u + 1's copies (W3_CP_DEFER)
             const unsigned long long tp = MLA_TL_NOW();
             bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors
             if (tl1) MLA_TL_ADD(TL_WAIT_PFULL1, MLA_TL_NOW() - tp);
@@ -991,11 +1036,17 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 // Gather form: warpgroup 0's S(u) was done before P_FULL(u), this warpgroup's
                 // dequantization before its barrier above: its part of the slot is free.
                 if constexpr (CP)
-                    if (more) w3_gather_raw(p, ahead, kst, flags_of(slot), full + 8 * slot, w, wtid);
+                    if (more) {
+                        w3_gather_raw(p, ahead, kst, flags_of(slot), full + 8 * slot, w, wtid);
+                        pending = slot;
+                    }
             } else if constexpr (CP) {
                 mbar_arrive(pfree);         // P(u) and its factors are read
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its V half
-                if (more) w3_gather<T>(p, ahead, kst, flags_of(slot), full + 8 * slot, w, wtid);
+                if (more) {
+                    w3_gather<T>(p, ahead, kst, flags_of(slot), full + 8 * slot, w, wtid);
+                    pending = slot;
+                }
             } else {
                 mbar_arrive(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read

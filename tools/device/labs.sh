@@ -16,6 +16,7 @@ LAB_BUILDS="wgmma_3wg_sm90.cuh F8R_VT=1
 wgmma_3wg_sm90.cuh F8R_OWNV=1
 wgmma_3wg_sm90.cuh F8R_VT=1 F8R_LAB=3
 wgmma_3wg_sm90.cuh F8R_AHEAD=1
+wgmma_3wg_sm90.cuh W3_CP_DEFER=1
 schedule.cuh MLA_TIMELINE=1
 schedule.cuh MLA_SPLIT_COST=0
 schedule.cuh MLA_SPLIT_COST=2

@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# The first GPU call for the work written without a GPU in the twentieth session (docs/perf.md,
-# "Twentieth session"), in order of what decides the most, each step under a time cap (a hang
-# shows as a timeout and the later steps still run); about 450 s on an H200:
-#  1. the gather forms' tests (16-bit and fp8: tools/device/gather_first_run.sh's own);
-#  2. F8R_VT's test, then its A/B against the embedded raw-ring kernel (h64 / h128, fp8 cache);
-#     the same for F8R_OWNV;
-#  3. the gather forms beside Auto's kernels at block sizes 1 and 16 (--alt);
-#  4. the split cut at b32 and at b1 (--parts).
-# (The whole-sequence threshold labs and the timeline are the second call: timeline.sh, then
-# schedule_labs.sh.)
-# The lab builds are written from this checkout's headers with a define prepended and compiled in
-# the background while the first tests run (NVRTC is CPU-bound; its disk cache serves the rest).
-# The next calls: timeline.sh then schedule_labs.sh (one call); PART=bench, PART=sanitize and
-# PART=step of gather_first_run.sh; then the decode table with FlashMLA under the winners.
-# Needs, carried: the binaries of tools/device/stage.sh in $BIN (default .dev/bin).
+# The next GPU call (docs/perf.md, "Twenty-third session"), in order of what decides the most,
+# each step under a time cap (a hang shows as a timeout and the later steps still run); about
+# 400 s on an H100 / H200 with the kernel cache carried:
+#  1. racecheck over F8R_VT's tests to the end (call 6 of the twenty-third session stopped it at
+#     75 s): with memcheck and synccheck already clean, a clean report makes F8R_VT the default
+#     (-5 to -6% at 64 / 128 heads over the fp8 cache);
+#  2. the W3_CP_DEFER lab (the gather forms arriving one tile late, without
+#     cp.async.mbarrier.arrive): its tests, synccheck / memcheck / racecheck, and its speed at
+#     block sizes 1 and 16 beside main's gather forms and Auto (--alt wgmma_3wg), both builds
+#     in this call.
+# The previous version of this script (the twentieth session's labs) ran on 2026-12-05; its
+# results are in docs/perf.md, "Twenty-third session".
+# Needs, carried: the binaries of tools/device/stage.sh in $BIN (default .dev/bin) and its
+# kernel cache (.dev/kcache.tar.xz), both staged from this checkout.
 # Usage (in the repository root, on the GPU machine): bash tools/device/pending_first_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,38 +22,36 @@ LAB=${LAB:-/tmp/pending_lab}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$S" || true
-source tools/device/lib.sh  # step
+source tools/device/lib.sh  # step, lab_overlay
 lab_overlay "$LAB/vt" wgmma_3wg_sm90.cuh F8R_VT=1
-lab_overlay "$LAB/ownv" wgmma_3wg_sm90.cuh F8R_OWNV=1
-W=(--only h64,b128,s4096,kv8 --iters 1 --no-parity)
-for v in vt ownv; do
-  (VT_CUDA_KERNELS_DIR=$LAB/$v timeout 240 "$BIN/xtask" bench decode "${W[@]}" > "$OUT/warm_$v.log" 2>&1 &)
+lab_overlay "$LAB/defer" wgmma_3wg_sm90.cuh W3_CP_DEFER=1
+T1=three_warpgroup_gather_form_matches_reference_with_block_sizes_1_16_and_32
+T2=three_warpgroup_gather_form_skips_out_of_range_block_ids
+F1=fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference
+F2=fp8_decode_skips_out_of_range_block_ids
+san() {  # san NAME CAP TOOL BINARY TEST...
+  step "$1" "$2" compute-sanitizer --tool "$3" --error-exitcode 9 "$BIN/$4" --exact "${@:5}" --test-threads 1
+}
+# 1. F8R_VT: racecheck, one test a process (the head-count test is the long one).
+for t in fp8_decode_on_the_raw_ring_kernel_matches_reference fp8_decode_skips_out_of_range_block_ids_with_block_size_64 \
+  fp8_decode_matches_reference_with_block_sizes_1_16_64 fp8_decode_matches_reference_for_head_counts_8_to_128_and_query_lengths_1_to_4; do
+  VT_CUDA_KERNELS_DIR=$LAB/vt san "vt_race_${t:11:24}" 150 racecheck mla_decode_fp8 "$t"
 done
-# 1.
-step gather_tests 200 "$BIN/mla_decode_attention" --exact three_warpgroup_gather_form_matches_reference_with_block_sizes_1_16_and_32 \
-  three_warpgroup_gather_form_skips_out_of_range_block_ids --test-threads 1 --nocapture
-step fp8_gather_tests 120 "$BIN/mla_decode_fp8" --exact fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference \
-  fp8_decode_skips_out_of_range_block_ids --test-threads 1 --nocapture
-# 2.
-VT_CUDA_KERNELS_DIR=$LAB/vt step t_vt 150 "$BIN/mla_decode_fp8" fp8_decode_on_the_raw_ring_kernel --test-threads 1 --nocapture
-VTOK=$?
-Q=(--only h64,kv8 --only h128,kv8 --iters 10 --no-parity)
-step ab_main_1 60 "$BIN/xtask" bench decode "${Q[@]}"
-[ $VTOK -eq 0 ] && VT_CUDA_KERNELS_DIR=$LAB/vt step ab_vt_1 60 "$BIN/xtask" bench decode "${Q[@]}"
-VT_CUDA_KERNELS_DIR=$LAB/ownv step t_ownv 100 "$BIN/mla_decode_fp8" fp8_decode_on_the_raw_ring_kernel --test-threads 1
-[ $? -eq 0 ] && VT_CUDA_KERNELS_DIR=$LAB/ownv step ab_ownv_1 60 "$BIN/xtask" bench decode "${Q[@]}"
-step ab_main_2 60 "$BIN/xtask" bench decode "${Q[@]}"
-# 3.
-step small_blocks 120 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 10
-# 4.
-step parts 90 "$BIN/xtask" bench decode --only h64,b32,kv16 --only h128,b32,kv16 --only h16,b32,kv16 \
-  --parts 128,96,64,33 --iters 10 --no-parity
-# b = 1 (issue 13's 12 us target): fewer, longer parts leave the combine fewer partials to merge.
-step parts_b1 60 "$BIN/xtask" bench decode --only b1,kv16 --parts 64,32,16,8 --iters 20 --no-parity
-for f in ab_main_1 ab_vt_1 ab_ownv_1 ab_main_2; do
-  [ -f "$OUT/$f.log" ] && echo "== $f $(grep -E '^\| [0-9]+ ' "$OUT/$f.log" | awk -F'|' '{print $2 $3 $4 $5 ":" $8}' | tr -s ' ' | tr '\n' ' ')" | tee -a "$S"
-done
-for f in small_blocks parts parts_b1; do
+# 2. W3_CP_DEFER: tests, sanitizers, then speed beside main's gather forms.
+VT_CUDA_KERNELS_DIR=$LAB/defer step defer_tests 120 "$BIN/mla_decode_attention" --exact "$T1" "$T2" --test-threads 1 --nocapture
+VT_CUDA_KERNELS_DIR=$LAB/defer step defer_fp8_tests 60 "$BIN/mla_decode_fp8" --exact "$F1" "$F2" --test-threads 1
+VT_CUDA_KERNELS_DIR=$LAB/defer san defer_sync 60 synccheck mla_decode_attention "$T1" "$T2"
+VT_CUDA_KERNELS_DIR=$LAB/defer san defer_sync_fp8 60 synccheck mla_decode_fp8 "$F1" "$F2"
+VT_CUDA_KERNELS_DIR=$LAB/defer san defer_mem 90 memcheck mla_decode_attention "$T1"
+VT_CUDA_KERNELS_DIR=$LAB/defer san defer_race 90 racecheck mla_decode_attention "$T2"
+VT_CUDA_KERNELS_DIR=$LAB/defer san defer_race_fp8 90 racecheck mla_decode_fp8 "$F2"
+step small_main 60 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 10
+VT_CUDA_KERNELS_DIR=$LAB/defer step small_defer 60 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 10
+step small_main_2 60 "$BIN/xtask" bench decode --only bs1 --only bs16 --alt wgmma_3wg --iters 10
+for f in small_main small_defer small_main_2; do
+  echo "== $f" | tee -a "$S"
   grep -E 'sweep' -B1 "$OUT/$f.log" | cut -c1-200 | tee -a "$S"
 done
 cat "$S"
+# Every log in one archive, so the 8-file limit on what comes back keeps them all.
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log) || true

@@ -130,7 +130,7 @@ SITES = {
     "wg12.split_q": ("f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128)", 0),
     "wg12.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 1),
     "wg12.full": ("mbar_wait(full + 8 * slot, (u >> 1) & 1)", 2),
-    "wg12.pfree": ("if (u >= 1) mbar_wait(pfree, (u - 1) & 1)", 1),
+    "wg12.pfree": ("u >= 1) mbar_wait(pfree, (u - 1) & 1)", 1),
     "wg12.dequant": ("f8r_dequant_v(sRing + slot * F8R_SLOT", 0),
     "wg12.empty": ("mbar_arrive(empty + 8 * slot)", 2),
     "wg12.wgbar": ("bar_sync(W3_WG1 + w, 128)", 1),

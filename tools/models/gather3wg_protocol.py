@@ -71,8 +71,13 @@ How to run
   python3 tools/models/gather3wg_protocol.py --self-test          # the form's bugs caught, clean without
   python3 tools/models/gather3wg_protocol.py --form fp8 --self-test
   python3 tools/models/gather3wg_protocol.py --run 17 --trace 60  # replay run 17 of the seed
+  python3 tools/models/gather3wg_protocol.py --defer --self-test  # the W3_CP_DEFER lab's arrival
   --list-bugs, --bug and --self-test take the selected form's bugs (some names are in both, modelled as
   each form's code has them).
+  --defer models the W3_CP_DEFER lab build: a gather commits its copies without a tracked arrival; the
+  thread waits for its own copies (cp_async_wait) and arrives on FULL at the next tile, before P_FULL (the
+  prologue's two tiles right after it). The tracked-arrival bugs do not apply there; defer_no_wait (the
+  arrival without the wait) does.
 Exit status 0 when clean (--self-test: every bug caught both ways, the protocol clean), else 1.
 """
 
@@ -118,7 +123,7 @@ SITES = {
     "wg12.pv": (D, W12, "pv_tile<T, 128>(o, dp"),
     "wg12.pfree": (D, W12) + CPB + ("mbar_arrive(pfree)",),
     "wg12.wgbar": (D, W12) + CPB + ("bar_sync(W3_WG1 + w, 128)",),
-    "wg12.gather": (D, W12) + CPB + ("if (more) w3_gather<T>(p, ahead, kst",),
+    "wg12.gather": (D, W12) + CPB + ("w3_gather<T>(p, ahead, kst",),
     "wg12.fin": (D, W12, "bar_sync(W3_FIN, W3_THREADS)"),
     "wg12.store": (D, W12, "w3_store<T>(p, sg, row0, o, s_fin"),
     "gather.v": (G, "cp_async16(srow + (j >> 1) * SUB_BYTES"),
@@ -126,17 +131,20 @@ SITES = {
     "gather.flags": (GR, "if (sub == 0) flags[r] = ok ? 1 : 0"),
     "gather.track": (GR, "mbar_track_cp_async(full)"),
     "gather.arrive": (GR, "mbar_arrive(full);"),
+    "gather.commit": (GR, "cp_async_commit();  // the caller arrives"),
+    "wg12.defer_prologue": (D, W12, "if (W3_CP_DEFER && filled == 2)"),
+    "wg12.defer": (D, W12, "w3_cp_arrive(full, pending)"),
     # the fp8 form's own steps (the steps above that its code shares keep their keys)
     "wg0.pinv": (D, "pinv[0] = s_pinv[r_lo]"),
     "wg0.qk8": (D, "f8r_qk(s, dq, sRing + slot * F8R_SLOT"),
     "wg12.prologue8": (D, W12, "w3_gather_raw(p, rows, sRing + v * L::SLOT"),
     "wg12.split_q": (D, W12, "f8r_split_q(p, sg.b, row0, sQ, s_pinv"),
     "split_q.pinv": ("__device__ __forceinline__ void f8r_split_q(", "if (grp == 0) s_pinv[r] ="),
-    "wg12.pfree_v": (D, W12, "if (u >= 1) mbar_wait(pfree, (u - 1) & 1)"),
+    "wg12.pfree_v": (D, W12, "&& u >= 1) mbar_wait(pfree, (u - 1) & 1)"),
     "wg12.dequant": (D, W12, DQ),
     "wg12.wgbar_v": (D, W12, DQ, "bar_sync(W3_WG1 + w, 128)"),
     "wg12.pfree8": (D, W12, "pv_tile<T, 128>(o, dp", "mbar_arrive(pfree);  // P(u), its factors and the V half"),
-    "wg12.gather8": (D, W12, "if (more) w3_gather_raw(p, ahead, kst"),
+    "wg12.gather8": (D, W12, "w3_gather_raw(p, ahead, kst"),
     "gather.code": (GRAW, "cp_async16(box + (j >> 1) * F8R_BOX"),
     "gather.rope8": (GRAW, "cp_async16(dst + 4 * F8R_BOX"),
     "gather.scales": (GRAW, "cp_async8(dst + F8R_SCALES"),
@@ -237,6 +245,11 @@ ABLATIONS_FP8 = {
                          "128) after P V(u - 1) (the 16-bit form's order): the warpgroup's own warps, not the "
                          "other warpgroup, are what its V half waits for", ["wg12.pfree_v", "wg12.pfree8"]),
 }
+# --defer: the tracked arrival's bugs do not exist there; its own.
+_NOT_DEFER = ("no_track", "arrive_before_track", "track_noinc", "flags_after_arrive")
+BUGS_DEFER = {"defer_no_wait": ("the deferred arrival on FULL without waiting for the thread's own copies "
+                                "(cp_async_wait)", ["wg12.defer"])}
+DEFER = False  # --defer
 BUGS, ABLATIONS = dict(BUGS_16), dict(ABLATIONS_16)  # the selected form's (configure())
 WAITS_16 = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.pv_pair", "wg12.full", "wg12.p_full", "wg12.fin"]
 WAITS_FP8 = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.pv_pair", "wg12.full", "wg12.pfree_v", "wg12.p_full",
@@ -332,6 +345,8 @@ class Op:
         k, o = self.kind, self
         if k == "mwait":
             return f"mbar_wait({o.bar.name}, parity {o.parity}) meaning phase {o.meant}"
+        if k == "cpwait":
+            return "cp_async_wait<0>() (its copies landed)"
         if k in ("marrive", "track"):
             return f"{'mbar_arrive' if k == 'marrive' else 'mbar_track_cp_async'}({o.bar.name}) for phase {o.meant}"
         if k in ("barrive", "bsync"):  # bar_arrive / bar_sync
@@ -347,6 +362,7 @@ class Op:
 class Actor:  # a warpgroup: gen its program, op the step it is at, ctx where it is (for the reports)
     def __init__(self, name):
         self.name, self.gen, self.op, self.ctx = name, None, None, ""
+        self.deferred = []  # --defer: (FULL, phase) arrivals owed for copies committed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,6 +548,11 @@ class Sim:
             yield Op("copy", "gather.v", buf=f"slot[{slot}]", part=f"V{w + 1}", tag=tag)
             yield Op("copy", "gather.rope", buf=f"slot[{slot}]", part=f"R{w + 1}", tag=tag)
         flags = list(self.write(f"flags[{slot}]", "WG1", tag, "gather.flags")) if w == 0 else []
+        if DEFER:  # cp_async_commit; the arrival comes later (arrive_deferred)
+            yield from flags
+            me.deferred.append((full, meant))
+            me.ctx = ctx
+            return
         if "flags_after_arrive" not in B:  # plain stores: published by the arrive that follows them
             yield from flags
         track = Op("track", "gather.track", bar=full, meant=meant)
@@ -542,6 +563,16 @@ class Sim:
             yield from flags
         me.ctx = ctx
 
+    def arrive_deferred(self, me, site):
+        """--defer: wait for this thread's copies, then the arrivals owed for them (w3_cp_arrive; the
+        prologue's two tiles: cp_async_wait<1>, arrive, cp_async_wait<0>, arrive, modelled as one wait)."""
+        if me.deferred:
+            if "defer_no_wait" not in self.B:
+                yield Op("cpwait", site)
+            for bar, meant in me.deferred:
+                yield Op("marrive", site, bar=bar, meant=meant)
+            me.deferred = []
+
     def prog_wg12(self, me, w):
         B, u, n, f8 = self.B, 0, 0, self.f8  # n: the walk's next tile (every thread walks the CTA's tiles)
         gsite = "wg12.gather8" if f8 else "wg12.gather"
@@ -549,6 +580,7 @@ class Sim:
         while n < (1 if "prologue_one_tile" in B else SLOTS) and n < len(self.tiles):
             yield from self.gather(me, w, n, n, "wg12.prologue8" if f8 else "wg12.prologue")
             n += 1
+        yield from self.arrive_deferred(me, "wg12.defer_prologue")
         for k, (t0, t1) in enumerate(self.segs):
             me.ctx = f"seg {k}"
             qr = Op("barrive", "wg12.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
@@ -576,6 +608,7 @@ class Sim:
                     if "gather_before_p_full" in B and n < len(self.tiles):
                         yield from self.gather(me, w, n, dst, gsite)
                         n += 1
+                yield from self.arrive_deferred(me, "wg12.defer")  # tile u + 1's copies
                 yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
                 pf = Op("marrive", "wg12.pfree8" if f8 else "wg12.pfree", bar=self.pfree, meant=u)
                 if "pfree_before_pv" in B:
@@ -622,6 +655,8 @@ class Sim:
         op = a.op
         if op.kind == "mwait":  # try_wait.parity returns once the current phase's parity differs
             return (op.bar.phase & 1) != op.parity
+        if op.kind == "cpwait":  # cp.async.wait_group 0: this actor's copies have all landed
+            return not any(c[0] == a.name for c in self.copies.values())
         return op.kind != "bsync" or not op.arrived or op.bar.gen > op.gen
 
     def step(self, a):
@@ -842,13 +877,22 @@ def self_test(seed, runs):
 
 
 def configure(args):
-    """--form: the form modelled, its bugs, ablations and reported waits."""
-    global FORM
-    FORM = args.form
+    """--form: the form modelled, its bugs, ablations and reported waits; --defer: the W3_CP_DEFER lab."""
+    global FORM, DEFER
+    FORM, DEFER = args.form, args.defer
     for active, table in ((BUGS, BUGS_FP8), (ABLATIONS, ABLATIONS_FP8)) if FORM == "fp8" else \
             ((BUGS, BUGS_16), (ABLATIONS, ABLATIONS_16)):
         active.clear()
         active.update(table)
+    if DEFER:
+        for name in _NOT_DEFER:
+            del BUGS[name]
+        BUGS.update(BUGS_DEFER)
+        if FORM == "fp8":  # the copies a warpgroup's dequantization reads are its own, waited for at the
+            # deferred arrival a tile earlier; the other warps' rows of them are not modelled
+            what, sites = BUGS.pop("no_full_wait_wg12")
+            ABLATIONS["no_full_wait_wg12"] = (what + " (--defer: its own copies were waited for a tile earlier; "
+                                              "between warps: not modelled)", sites)
     WAITS[:] = WAITS_FP8 if FORM == "fp8" else WAITS_16
 
 
@@ -856,8 +900,10 @@ def main():
     form = (["--form"], dict(choices=("16", "fp8"), default="16",
                              help="the gather form modelled: 16 (16-bit, RAW = false; the default) or fp8 "
                                   "(fp8_ds_mla, RAW = true); --list-bugs, --bug, --self-test take its bugs"))
+    defer = (["--defer"], dict(action="store_true",
+                               help="model the W3_CP_DEFER lab build (the arrival one tile after the copies)"))
     return protocol_cli.main(__doc__, KERNEL, locate_sites, MISSING_SITES, BUGS, ABLATIONS, where, self_test,
-                             explore, WAITS, options=[form], configure=configure)
+                             explore, WAITS, options=[form, defer], configure=configure)
 
 
 if __name__ == "__main__":
