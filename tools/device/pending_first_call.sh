@@ -8,7 +8,8 @@
 #  2. the W3_CP_DEFER lab (the gather forms arriving one tile late, without
 #     cp.async.mbarrier.arrive): its tests, synccheck / memcheck / racecheck, and its speed at
 #     block sizes 1 and 16 beside main's gather forms and Auto (--alt wgmma_3wg), both builds
-#     in this call.
+#     in this call;
+#  3. ncu over the combine kernel (per-kernel times at b32 and b1, then its sections at h128 b32).
 # The previous version of this script (the twentieth session's labs) ran on 2026-12-05; its
 # results are in docs/perf.md, "Twenty-third session".
 # Needs, carried: the binaries of tools/device/stage.sh in $BIN (default .dev/bin) and its
@@ -53,5 +54,18 @@ for f in small_main small_defer small_main_2; do
   grep -E 'sweep' -B1 "$OUT/$f.log" | cut -c1-200 | tee -a "$S"
 done
 cat "$S"
+# 3. What limits the combine (4-23 us past the main grid at b32 / b1, docs/perf.md "Twenty-third
+#    session"): per-kernel times without the timeline build, then ncu's sections of its launches.
+for shape in h128,b32,kv16,bs64,sq1 h64,b32,kv16,bs64,sq1 h128,b1,kv16,bs64,sq1; do
+  tag=${shape%%,kv16*}; tag=${tag//,/_}
+  step "ncu_times_${tag}" 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    "$BIN/xtask" bench decode --only "$shape" --iters 3 --no-parity
+  grep -E 'mla_decode_(combine|wgmma)' "$OUT/ncu_times_${tag}.log" | tail -4 | cut -c1-220 | tee -a "$S"
+done
+step ncu_combine 150 ncu --clock-control none --kernel-name regex:mla_decode_combine --launch-count 2 \
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+  "$BIN/xtask" bench decode --only h128,b32,kv16,bs64,sq1 --iters 1 --no-parity
+grep -E 'Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Grid Size|Registers|Stall|L2 Hit' \
+  "$OUT/ncu_combine.log" | head -30 | tee -a "$S"
 # Every log in one archive, so the 8-file limit on what comes back keeps them all.
 (cd "$OUT" && tar czf logs.tgz --remove-files ./*.log) || true
