@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::Twin;
+use common::{named_rng as rng, Twin};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
@@ -56,10 +56,6 @@ fn sm(q: &Queue) -> u32 {
     q.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm())
 }
 
-/// Fresh inputs per run (common::seed, VT_SEED replays), different per case.
-fn rng(test: &str) -> ChaCha8Rng {
-    common::case_rng(test.bytes().fold(17u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)))
-}
 
 fn codes(rng: &mut ChaCha8Rng, n: i64) -> Vec<u8> {
     (0..n).map(|_| rng.gen_range(0u8..0x7f) | if rng.gen_bool(0.5) { 0x80 } else { 0 }).collect()

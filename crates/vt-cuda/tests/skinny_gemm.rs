@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::Twin;
+use common::{named_rng as rng, Twin};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
@@ -20,10 +20,6 @@ use vt_cuda::skinny_gemm::{auto_max_m, batched_matmul_with, matmul_bt_with, Gemm
 
 const MS: [i64; 21] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 31, 32, 64, 100, 128];
 
-/// Fresh inputs per run (common::seed, VT_SEED replays), different per case.
-fn rng(test: &str) -> ChaCha8Rng {
-    common::case_rng(test.bytes().fold(23u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)))
-}
 
 fn floats(r: &mut ChaCha8Rng, dt: DType, n: i64) -> Vec<u8> {
     let v: Vec<f64> = (0..n).map(|_| r.gen_range(-1.0..1.0)).collect();

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use vt_core::{Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
 
 /// This run's seed: VT_SEED (to replay a failure) or the clock (fresh inputs every run),
-/// drawn once per test binary and printed where it is drawn.
+/// drawn once per test binary and printed at every call (so each test's output holds it).
 pub fn seed() -> u64 {
     static SEED: OnceLock<u64> = OnceLock::new();
     let s = *SEED.get_or_init(|| {
@@ -27,6 +27,11 @@ pub fn seed() -> u64 {
 pub fn case_rng(case_seed: u64) -> rand_chacha::ChaCha8Rng {
     use rand::SeedableRng;
     rand_chacha::ChaCha8Rng::seed_from_u64(seed() ^ case_seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// [`case_rng`] for a case named by a string (its bytes hashed into the case's number).
+pub fn named_rng(case: &str) -> rand_chacha::ChaCha8Rng {
+    case_rng(case.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64)))
 }
 
 /// A queue on CUDA device 0 (the CPU and CUDA backends registered once per process), or
