@@ -35,7 +35,7 @@ F1=fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference
 F2=fp8_decode_skips_out_of_range_block_ids
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt" || true
-source tools/device/lib.sh  # step
+source tools/device/lib.sh  # step, san
 PART=${PART:-tests}
 case "$PART" in
 tests)
@@ -81,9 +81,6 @@ step)
   done
   ;;
 sanitize)
-  san() {  # san NAME CAP TOOL BINARY TEST
-    step "$1" "$2" compute-sanitizer --tool "$3" --error-exitcode 9 ${RACE_ARGS:+$RACE_ARGS} "$BIN/$4" --exact "$5" --test-threads 1
-  }
   san memcheck_gather 150 memcheck mla_decode_attention "$T1"
   san memcheck_fp8_gather 120 memcheck mla_decode_fp8 "$F1"
   san synccheck_gather 60 synccheck mla_decode_attention "$T2"

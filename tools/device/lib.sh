@@ -44,6 +44,13 @@ step() {
   return $rc
 }
 
+# san NAME CAP TOOL BINARY TEST...: `step` of compute-sanitizer's TOOL over the named tests of the
+# staged test binary $BIN/BINARY, one thread (RACE_ARGS: extra options, e.g. for racecheck).
+san() {
+  step "$1" "$2" compute-sanitizer --tool "$3" --error-exitcode 9 ${RACE_ARGS:+$RACE_ARGS} "$BIN/$4" --exact "${@:5}" \
+    --test-threads 1
+}
+
 # PREFLIGHT=1 (tools/device/preflight.sh, on the development machine, no GPU): each step still
 # runs (a GPU command fails or skips at once there), and its log is read for what would waste a
 # device call: a command line the program rejects, an --only filter or a test filter that matches

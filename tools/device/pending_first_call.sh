@@ -23,16 +23,13 @@ LAB=${LAB:-/tmp/pending_lab}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$S" || true
-source tools/device/lib.sh  # step, lab_overlay
+source tools/device/lib.sh  # step, san, lab_overlay
 lab_overlay "$LAB/vt" wgmma_3wg_sm90.cuh F8R_VT=1
 lab_overlay "$LAB/defer" wgmma_3wg_sm90.cuh W3_CP_DEFER=1
 T1=three_warpgroup_gather_form_matches_reference_with_block_sizes_1_16_and_32
 T2=three_warpgroup_gather_form_skips_out_of_range_block_ids
 F1=fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference
 F2=fp8_decode_skips_out_of_range_block_ids
-san() {  # san NAME CAP TOOL BINARY TEST...
-  step "$1" "$2" compute-sanitizer --tool "$3" --error-exitcode 9 "$BIN/$4" --exact "${@:5}" --test-threads 1
-}
 # 1. F8R_VT: racecheck, one test a process (the head-count test is the long one).
 for t in fp8_decode_on_the_raw_ring_kernel_matches_reference fp8_decode_skips_out_of_range_block_ids_with_block_size_64 \
   fp8_decode_matches_reference_with_block_sizes_1_16_64 fp8_decode_matches_reference_for_head_counts_8_to_128_and_query_lengths_1_to_4; do

@@ -23,7 +23,7 @@ TEST=fp8_decode_on_the_raw_ring_kernel_matches_reference
 TEST3=three_warpgroup_kernel_matches_reference
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt" || true
-source tools/device/lib.sh  # step
+source tools/device/lib.sh  # step, san
 # Two calls' worth (each under the 600 s a device call allows): PART=tests, then PART=sanitize.
 PART=${PART:-tests}
 FP8_BAD=fp8_decode_skips_out_of_range_block_ids_with_block_size_64
@@ -36,9 +36,6 @@ if [ "$PART" = tests ]; then
 else
   # memcheck over the kernels' own tests; synccheck and racecheck over the smaller bad-block
   # tests (racecheck is the slowest tool).
-  san() {  # san NAME CAP TOOL BINARY TEST
-    step "$1" "$2" compute-sanitizer --tool "$3" --error-exitcode 9 ${RACE_ARGS:+$RACE_ARGS} "$BIN/$4" --exact "$5" --test-threads 1
-  }
   san memcheck 100 memcheck mla_decode_fp8 "$TEST"
   san memcheck_3wg 100 memcheck mla_decode_attention "$TEST3"
   san synccheck 60 synccheck mla_decode_fp8 "$FP8_BAD"
