@@ -56,7 +56,6 @@ fn sm(q: &Queue) -> u32 {
     q.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm())
 }
 
-
 fn codes(rng: &mut ChaCha8Rng, n: i64) -> Vec<u8> {
     (0..n).map(|_| rng.gen_range(0u8..0x7f) | if rng.gen_bool(0.5) { 0x80 } else { 0 }).collect()
 }

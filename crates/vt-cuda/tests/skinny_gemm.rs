@@ -20,7 +20,6 @@ use vt_cuda::skinny_gemm::{auto_max_m, batched_matmul_with, matmul_bt_with, Gemm
 
 const MS: [i64; 21] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 31, 32, 64, 100, 128];
 
-
 fn floats(r: &mut ChaCha8Rng, dt: DType, n: i64) -> Vec<u8> {
     let v: Vec<f64> = (0..n).map(|_| r.gen_range(-1.0..1.0)).collect();
     encode_f64(dt, &v)
