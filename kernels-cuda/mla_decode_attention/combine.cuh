@@ -6,10 +6,15 @@
 // mla_decode_attention.cu.
 //
 // grid (B, ceil(m_total / (COMBINE_WARPS / W)), ceil(Dv / COMBINE_COLS)), THREADS (256)
-// threads, W = combine_wpr warps per query row (1 or COMBINE_WARPS), each taking every
-// W-th partial of the row; lane l owns columns l + 32 k of the CTA's COMBINE_COLS. With
-// W = 8 a b = 1 call spreads its ~100 partials per row over 8 warps, so the read is not
-// one long dependent chain.
+// threads, W = combine_wpr warps per query row (1 or COMBINE_WARPS), each taking every W-th
+// partial of the row. A warp holds a whole 512-column row: lane l owns the runs of 4 columns at
+// 4 l + 128 k (k < 4), read as float4 when Dv is a multiple of 4, so a warp's partial is four
+// 512-byte loads. The merge is online (running max, sum and output rescaled as a larger lse
+// comes), so a partial's lse and row load together and the unrolled loop keeps several
+// partials' loads in flight: two dependent round trips a row (seq_info, then the partials).
+// The first form (a warp per 128 columns, the lse pass before the rows) made four and 4x the
+// CTAs: at h128 b32 (2048 CTAs) ncu measured 18 us, 1.43 TB/s, 52% occupancy, its warps stalled
+// on L1TEX (docs/perf.md, "Twenty-fourth session").
 #pragma once
 
 #include "mla_decode_attention/schedule.cuh"
@@ -20,13 +25,68 @@ namespace mla {
 // as a .global, and these keep the module's PTX what it was before they were named.)
 enum : int {
     COMBINE_WARPS = THREADS / 32,  // 8: query rows per CTA at one warp per row
-    COMBINE_COLS = 128,            // output columns per CTA: 4 per lane
+    COMBINE_COLS = 512,            // output columns per CTA: 16 per lane
+    COMBINE_RUNS = 4,              // runs of 4 adjacent columns per lane, 128 apart
+    COMBINE_BATCH = 4,             // partials a warp loads before it merges them
 };
-static_assert(COMBINE_COLS == 32 * 4, "a lane accumulates 4 columns");
+static_assert(COMBINE_COLS == 32 * 4 * COMBINE_RUNS, "a lane owns COMBINE_RUNS runs of 4 columns");
+
+// Lane `lane`'s 16 values of one partial row `po` (its columns from c0); zeros past Dv or
+// where !ok. VEC (Dv % 4 == 0): a run is in range whole or not at all, 16-byte aligned.
+template <bool VEC>
+__device__ __forceinline__ void combine_load(const float* po, int c0, int lane, int dv, bool ok, float (&x)[16]) {
+#pragma unroll
+    for (int k = 0; k < COMBINE_RUNS; ++k) {
+        const int col = c0 + 128 * k + 4 * lane;
+        if constexpr (VEC) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (ok && col < dv) v = *reinterpret_cast<const float4*>(po + col);
+            x[4 * k] = v.x;
+            x[4 * k + 1] = v.y;
+            x[4 * k + 2] = v.z;
+            x[4 * k + 3] = v.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) x[4 * k + j] = ok && col + j < dv ? po[col + j] : 0.0f;
+        }
+    }
+}
+
+// One warp's share of a row: partials sub, sub + W, ... of n, merged online in the log2
+// domain (mx the largest lse so far, sum and acc scaled to it), COMBINE_BATCH at a time with
+// all their loads issued before any is used.
+template <bool VEC>
+__device__ __forceinline__ void combine_rows(const float* plse, const float* po, i64 lse_stride, i64 slot_stride,
+                                             int sub, int W, int n, int c0, int lane, int dv, float& mx, float& sum,
+                                             float (&acc)[16]) {
+    for (int c = sub; c < n; c += COMBINE_BATCH * W) {
+        float v[COMBINE_BATCH], x[COMBINE_BATCH][16];
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u) {
+            const int cu = c + u * W;
+            const bool ok = cu < n;
+            v[u] = ok ? plse[(i64)cu * lse_stride] : vt::neg_inf();
+            combine_load<VEC>(po + (ok ? cu : 0) * slot_stride, c0, lane, dv, ok, x[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u) {
+            // An empty partial (lse = -inf) weighs 0; the factors avoid -inf - -inf.
+            const float m2 = fmaxf(mx, v[u]);
+            const float f = mx == vt::neg_inf() ? 0.0f : exp2f(mx - m2);
+            const float w = v[u] == vt::neg_inf() ? 0.0f : exp2f(v[u] - m2);
+            sum = fmaf(sum, f, w);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) acc[j] = fmaf(acc[j], f, w * x[u][j]);
+            mx = m2;
+        }
+    }
+}
 
 template <typename T>
 __device__ void combine(const Params& p) {
-    __shared__ float red[COMBINE_WARPS][COMBINE_COLS];
+    // W > 1: each warp's (max, sum, 512 columns) for the row's merge.
+    __shared__ float4 red[COMBINE_WARPS][COMBINE_COLS / 4];
+    __shared__ float red_m[COMBINE_WARPS], red_s[COMBINE_WARPS];
     grid_dep_launch();  // a dependent GEMM after this (VT_PDL) may prefetch its weights
 #if MLA_TIMELINE
     if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[0], tl_now());
@@ -50,60 +110,62 @@ __device__ void combine(const Params& p) {
 #endif
         return;
     }
-    const int r = active ? row : 0;
-    const float* plse = p.part_lse + (i64)first * p.m_total + r;
-    // One pass over the partial lse: running max and a sum rescaled to it (log2 domain).
-    float mx = vt::neg_inf(), sum = 0.0f;
-    for (int c = lane; c < n; c += 32) {
-        const float v = plse[(i64)c * p.m_total];
-        if (v == vt::neg_inf()) continue;
-        if (v > mx) {
-            sum *= exp2f(mx - v);
-            mx = v;
-        }
-        sum += exp2f(v - mx);
-    }
+    const int c0 = blockIdx.z * COMBINE_COLS;
+    float mx = vt::neg_inf(), sum = 0.0f, acc[16];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float om = __shfl_xor_sync(0xffffffffu, mx, o);
-        const float os = __shfl_xor_sync(0xffffffffu, sum, o);
-        const float m2 = fmaxf(mx, om);
-        sum = (mx == vt::neg_inf() ? 0.0f : sum * exp2f(mx - m2)) + (om == vt::neg_inf() ? 0.0f : os * exp2f(om - m2));
-        mx = m2;
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int c0 = blockIdx.z * COMBINE_COLS + lane;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (active && sum > 0.0f) {
-        const float* po = p.part_o + ((i64)first * p.m_total + r) * p.dv;
+    for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
+    if (active) {
+        const float* plse = p.part_lse + (i64)first * p.m_total + row;
+        const float* po = p.part_o + ((i64)first * p.m_total + row) * p.dv;
         const i64 slot_stride = (i64)p.m_total * p.dv;
-#pragma unroll 8
-        for (int c = sub; c < n; c += W) {
-            const float w = exp2f(plse[(i64)c * p.m_total] - mx) * inv;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int col = c0 + 32 * k;
-                if (col < p.dv) acc[k] = fmaf(w, po[c * slot_stride + col], acc[k]);
-            }
-        }
+        // part_o is 256-byte aligned and its rows Dv floats apart: 16-byte runs when 4 | Dv.
+        if ((p.dv & 3) == 0)
+            combine_rows<true>(plse, po, p.m_total, slot_stride, sub, W, n, c0, lane, p.dv, mx, sum, acc);
+        else
+            combine_rows<false>(plse, po, p.m_total, slot_stride, sub, W, n, c0, lane, p.dv, mx, sum, acc);
     }
-    if (W > 1) {
+    if (W > 1) {  // the row's W warps merge into its first (uniform over the block)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) red[warp][lane + 32 * k] = acc[k];
+        for (int k = 0; k < COMBINE_RUNS; ++k)
+            red[warp][32 * k + lane] = make_float4(acc[4 * k], acc[4 * k + 1], acc[4 * k + 2], acc[4 * k + 3]);
+        if (lane == 0) {
+            red_m[warp] = mx;
+            red_s[warp] = sum;
+        }
         __syncthreads();
-        if (sub == 0)
-            for (int j = 1; j < W; ++j)
+        if (sub == 0) {
+            float m_all = vt::neg_inf();
+            for (int j = 0; j < W; ++j) m_all = fmaxf(m_all, red_m[warp + j]);
+            sum = 0.0f;
 #pragma unroll
-                for (int k = 0; k < 4; ++k) acc[k] += red[warp + j][lane + 32 * k];
+            for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
+            for (int j = 0; j < W; ++j) {
+                const float mj = red_m[warp + j];
+                const float f = mj == vt::neg_inf() ? 0.0f : exp2f(mj - m_all);
+                sum = fmaf(red_s[warp + j], f, sum);
+#pragma unroll
+                for (int k = 0; k < COMBINE_RUNS; ++k) {
+                    const float4 v = red[warp + j][32 * k + lane];
+                    acc[4 * k] = fmaf(v.x, f, acc[4 * k]);
+                    acc[4 * k + 1] = fmaf(v.y, f, acc[4 * k + 1]);
+                    acc[4 * k + 2] = fmaf(v.z, f, acc[4 * k + 2]);
+                    acc[4 * k + 3] = fmaf(v.w, f, acc[4 * k + 3]);
+                }
+            }
+            mx = m_all;
+        }
     }
     if (!active || sub != 0) return;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int s = row / p.N, h = row - s * p.N;
     T* o = (T*)p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const int col = c0 + 32 * k;
-        if (col < p.dv) o[col] = vt::from_f32<T>(acc[k]);
-    }
+    for (int k = 0; k < COMBINE_RUNS; ++k)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = c0 + 128 * k + 4 * lane + j;
+            if (col < p.dv) o[col] = vt::from_f32<T>(acc[4 * k + j] * inv);
+        }
     if (p.lse != nullptr && blockIdx.z == 0 && lane == 0)
         p.lse[b * p.l_sb + h * p.l_sh + s * p.l_ss] = sum > 0.0f ? (mx + log2f(sum)) * LN2 : vt::neg_inf();
 #if MLA_TIMELINE

@@ -40,20 +40,21 @@
 //   runs, then the rope's four HGMMA with Q's rope in registers), the online softmax, P and the
 //   rescale factors.
 // - Warpgroups 1 and 2: warpgroup w owns O[:, 256 (w - 1) ..] (128 accumulators a thread) and the
-//   V columns 256 (w - 1) .. + 255. fp8: per tile each thread first dequantizes one 128-value
-//   group of one token from the ring into its warpgroup's half of the V stage (code x scale
-//   rounded once, dequant8). 16-bit: V is read in the slot; the rows past the sequence in its
-//   last tile are zeroed first (the TMA copies whole boxes of a real page: 0 x NaN is not 0).
-//   Then O += P V on that half (4 HGMMA m64n256k16). At a segment's start they write Q (16-bit:
-//   cp.async; fp8: split into hi / lo parts, a thread per row and group, and 2^-e per row). Lane 0
-//   of warp 4 issues the TMA: the CTA's first two tiles up front, then tile u + 2 into tile u's
-//   slot once every thread is done with it. It walks the CTA's tiles on its own, so the next
-//   segment's first tiles load while this one ends.
+//   V columns 256 (w - 1) .. + 255. fp8 (F8R_VT, the default): O^T = V^T P^T, V^T built in
+//   registers from the raw codes of the ring (no V stage is written or read; f8r_vt_loop); the
+//   lab build F8R_VT=0 first dequantizes one 128-value group of one token a thread into its
+//   warpgroup's half of the V stage (code x scale rounded once, dequant8). 16-bit: V is read in
+//   the slot; the rows past the sequence in its last tile are zeroed first (the TMA copies whole
+//   boxes of a real page: 0 x NaN is not 0). Then O += P V on that half (4 HGMMA m64n256k16).
+//   At a segment's start they write Q (16-bit: cp.async; fp8: split into hi / lo parts, a thread
+//   per row and group, and 2^-e per row). Lane 0 of warp 4 issues the TMA: the CTA's first two
+//   tiles up front, then tile u + 2 into tile u's slot once every thread is done with it. It
+//   walks the CTA's tiles on its own, so the next segment's first tiles load while this one ends.
 //
 // Hand-overs (u: the CTA's running tile count, slot u & 1):
 //   FULL[slot]   mbarrier, 1 arrival + the TMA bytes            issuer -> all
-//                gather form: 256 arrivals (warpgroups 1 and 2, each after its copies and
-//                the tile's flags; the copies' landing is tracked on the same phase)
+//                gather form: 256 arrivals (warpgroups 1 and 2, each once its own copies
+//                of the tile have landed, cp.async.wait_group, one tile later: W3_CP_DEFER)
 //   EMPTY[slot]  mbarrier, 384 arrivals (each thread done with it: after its reads of the slot;
 //                16-bit: warpgroups 1 and 2 after their P V, which reads V there)  all -> issuer
 //                (gather form: unused; warpgroup w refills its half of the slot after its own P V
@@ -93,11 +94,12 @@
 #ifndef F8R_AHEAD
 #define F8R_AHEAD 0
 #endif
-// 1: warpgroups 1 and 2 compute O^T = V^T P^T with V^T in registers (f8r_vt_loop; lab build:
-// 5-6% faster at 64 / 128 heads on an H100, tests, memcheck and synccheck clean, racecheck not
-// yet run to the end; docs/perf.md, "Twenty-third session").
+// 1 (the default since the twenty-fourth session): warpgroups 1 and 2 compute O^T = V^T P^T
+// with V^T in registers (f8r_vt_loop): 5-6% faster at 64 / 128 heads on an H100, tests,
+// memcheck, synccheck and racecheck clean (docs/perf.md, "Twenty-third session" and
+// "Twenty-fourth session"). 0 (lab build): the V stage, dequantized by warpgroups 1 and 2.
 #ifndef F8R_VT
-#define F8R_VT 0
+#define F8R_VT 1
 #endif
 // 1: warpgroups 1 and 2 (fp8 form, the default loop) stop waiting for each other: each waits for
 // its own P V(u) before dequantizing V(u + 1) into its half (a 128-thread barrier after P V)
@@ -106,13 +108,14 @@
 #ifndef F8R_OWNV
 #define F8R_OWNV 0
 #endif
-// 1: the gather forms' copying threads arrive on FULL without cp.async.mbarrier.arrive: each
-// commits its copies of tile u + 2 as a group, then at tile u + 1, before P_FULL (where it waits
-// for warpgroup 0's S anyway), waits for that group and arrives (compute-sanitizer's synccheck
-// reports the tracked arrival; waiting right after the copies passes it but serializes their
-// latency: docs/perf.md, "Twenty-third session"). Lab build, not yet run on a GPU.
+// 1 (the default since the twenty-fourth session): the gather forms' copying threads arrive on
+// FULL without cp.async.mbarrier.arrive: each commits its copies of tile u + 2 as a group, then
+// at tile u + 1, before P_FULL (where it waits for warpgroup 0's S anyway), waits for that group
+// and arrives. Tests, synccheck, memcheck and racecheck clean on an H100; 0-5% slower than the
+// tracked arrival (0, lab build), which synccheck reports ("Missing wait" at the arrival after
+// cp.async.mbarrier.arrive; docs/perf.md, "Twenty-third session" and "Twenty-fourth session").
 #ifndef W3_CP_DEFER
-#define W3_CP_DEFER 0
+#define W3_CP_DEFER 1
 #endif
 namespace mla {
 
@@ -204,12 +207,12 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     if (F8R_LAB == 4) return;
     if constexpr (RAW) {
 #pragma unroll
-        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
-        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
-        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+        for (int g = 0; g < 4; ++g) kv_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
+        kv_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
+        kv_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
     } else {
 #pragma unroll
-        for (int cb = 0; cb < NSUB; ++cb) tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full);
+        for (int cb = 0; cb < NSUB; ++cb) kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full);
     }
 }
 
@@ -559,7 +562,7 @@ __device__ __forceinline__ void f8r_dequant_v(uint32_t raw, const float* scales,
     }
 }
 
-// F8R_VT (lab): warpgroups 1 and 2 compute O^T = V^T P^T with A = V^T built in registers from
+// F8R_VT: warpgroups 1 and 2 compute O^T = V^T P^T with A = V^T built in registers from
 // the raw codes, so no V stage is written or read (docs/perf.md, nineteenth session: the single
 // V stage chains P V(u) -> dequantization(u + 1) -> P V(u + 1)). Warpgroup w owns the features
 // of scale groups 2w, 2w + 1 as four m-blocks of 64 (m-block 2j + e: group 2w + j). The thread of

@@ -10,14 +10,9 @@ lab_overlay() {
   { for def in "$@"; do echo "#define ${def%%=*} ${def#*=}"; done; cat "kernels-cuda/mla_decode_attention/$h"; } > "$d/$h"
 }
 
-# The lab builds the device scripts run (pending_first_call.sh, f8r_labs.sh, timeline.sh,
-# schedule_labs.sh), as "HEADER NAME=VALUE..." lines: warm_kernels.sh compiles each ahead.
-LAB_BUILDS="wgmma_3wg_sm90.cuh F8R_VT=1
-wgmma_3wg_sm90.cuh F8R_OWNV=1
-wgmma_3wg_sm90.cuh F8R_VT=1 F8R_LAB=3
-wgmma_3wg_sm90.cuh F8R_AHEAD=1
-wgmma_3wg_sm90.cuh W3_CP_DEFER=1
-schedule.cuh MLA_TIMELINE=1
-schedule.cuh MLA_SPLIT_COST=0
-schedule.cuh MLA_SPLIT_COST=2
-schedule.cuh MLA_SPLIT_COST=4"
+# The lab builds the device scripts run (pending_first_call.sh, timeline.sh), as "HEADER NAME=VALUE..."
+# lines: warm_kernels.sh compiles each ahead. (F8R_VT and W3_CP_DEFER became the defaults in the
+# twenty-fourth session; their =0 builds are the old forms.)
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
+schedule.cuh MLA_KV_EVICT=1
+schedule.cuh MLA_KV_EVICT=2"

@@ -596,6 +596,15 @@ fn decode_attention_handles_strided_views_other_head_dims_and_misalignment() {
         c.dtype = dtype;
         check(&g, &c);
     }
+    // Dv = 601: not a multiple of 4 (the combine's scalar loads) and over two of its 512-column
+    // CTAs; one long sequence cut into many parts (its 8-warps-a-row merge).
+    let mut c = Case::mla(&[3000], 2, 16);
+    c.d = 704;
+    c.dv = 601;
+    for dtype in [DType::F16, DType::F32] {
+        c.dtype = dtype;
+        check(&g, &c);
+    }
 }
 
 /// Block ids outside the cache are skipped (their tokens take no part), on every kernel and

@@ -278,11 +278,11 @@ fn fp8_decode_on_the_64_row_wgmma_kernel_matches_reference() {
 }
 
 /// The raw-ring kernel (S as an e4m3 product on the codes as the TMA delivers them, a two-slot
-/// ring of raw tiles, V dequantized by the two warpgroups that multiply it) on its own: block
-/// sizes 64 and 128 (it reads a tile as one set of TMA boxes), 16 to 128 heads (rows past the
-/// heads are padding), one to four query tokens, mixed lengths (single-tile sequences, empty
-/// ones, and sequences cut over several parts, so the ring runs across segments), every
-/// schedule, padded rows. It takes bf16 queries only; its refusals are host-tested
+/// ring of raw tiles, V^T built in registers from the codes by the two warpgroups that multiply
+/// it) on its own: block sizes 64 and 128 (it reads a tile as one set of TMA boxes), 16 to 128
+/// heads (rows past the heads are padding), one to four query tokens, mixed lengths
+/// (single-tile sequences, empty ones, and sequences cut over several parts, so the ring runs
+/// across segments), every schedule, padded rows. It takes bf16 queries only; its refusals are host-tested
 /// (choice_tests.rs). The sanitizers run over this test.
 #[test]
 fn fp8_decode_on_the_raw_ring_kernel_matches_reference() {
@@ -313,8 +313,7 @@ fn fp8_decode_on_the_raw_ring_kernel_matches_reference() {
 /// The raw-ring kernel's gather form (forced `WgmmaFp8Raw` on block sizes the TMA does not take:
 /// every row looked up and its code groups, rope and scales copied by cp.async from warpgroups
 /// 1 and 2): block sizes 1 and 16 (tiles spanning 64 and 4 blocks), 16 to 128 heads, one to four
-/// query tokens, mixed lengths, every schedule, padded rows. With F8R_VT (a lab build) it runs
-/// the same way. The sanitizers run over this test.
+/// query tokens, mixed lengths, every schedule, padded rows. The sanitizers run over this test.
 #[test]
 fn fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference() {
     let Some(g) = gpu() else { return };

@@ -25,6 +25,18 @@ fn auto_with(
     b: i64,
     seesaw: bool,
 ) -> (&'static str, u32, u32, u32) {
+    auto_flags(info, heads, cache_dt, bs, b, ChoiceFlags::new(true, seesaw))
+}
+
+/// [`auto`] with `b` sequences and every flag given.
+fn auto_flags(
+    info: &DeviceInfo,
+    heads: i64,
+    cache_dt: DType,
+    bs: i64,
+    b: i64,
+    flags: ChoiceFlags,
+) -> (&'static str, u32, u32, u32) {
     let w = if cache_dt == DType::Fp8DsMla { 656 } else { 576 };
     // Room for the largest view (the query, or the cache) as 16-bit elements.
     let elems = (b * heads * 576).max(8 * bs * w) as usize;
@@ -42,7 +54,7 @@ fn auto_with(
         seq_lens: view(DType::I32, &[b]),
         scale: 0.5,
     };
-    let c = choose(&a, info, &DecodeOptions::default(), ChoiceFlags::new(true, seesaw)).expect("a plan");
+    let c = choose(&a, info, &DecodeOptions::default(), flags).expect("a plan");
     (c.plan.kernel, c.plan.rows_per_cta, c.plan.row_blocks, c.main.threads)
 }
 
@@ -92,7 +104,26 @@ fn auto_over_a_16_bit_cache_keeps_the_wgmma_kernels_on_sm90() {
     assert_eq!(auto_with(&H200, 128, DType::Fp8DsMla, 64, 128, true).0, "wgmma_fp8r");
     assert_eq!(auto(&H200, 64, DType::BF16, 16).0, "wgmma");
     assert_eq!(auto(&H200, 16, DType::BF16, 64).0, "wgmma_n16_tma");
-    assert_eq!(auto(&H200, 16, DType::BF16, 16).0, "mma16");
+}
+
+/// At most 16 rows over a 16-bit cache the TMA does not read (block sizes 1 and 16), Auto takes
+/// the three-warpgroup kernel's gather form; above 16 rows, over an fp8 cache, without wgmma or
+/// with `VT_MLA_3WG` off it keeps what it took before (cp.async wgmma, the narrow fp8 kernel,
+/// mma16).
+#[test]
+fn auto_takes_the_gather_form_at_most_16_rows_where_the_tma_does_not_read() {
+    for heads in [1, 8, 16] {
+        for bs in [1, 16] {
+            let got = auto(&H200, heads, DType::BF16, bs);
+            assert_eq!(got, ("wgmma_3wg_cp", 64, 1, wgmma_sm90::FP8_THREADS), "{heads} heads, BS {bs}");
+            assert_eq!(auto(&H200, heads, DType::F16, bs).0, "wgmma_3wg_cp", "f16, {heads} heads, BS {bs}");
+        }
+    }
+    assert_eq!(auto(&H200, 24, DType::BF16, 16).0, "wgmma");
+    assert_eq!(auto(&H200, 16, DType::Fp8DsMla, 16).0, "wgmma_n16_fp8");
+    assert_eq!(auto(&SM80_LARGE, 16, DType::BF16, 16).0, "mma16");
+    let off = ChoiceFlags { three_wg: false, ..ChoiceFlags::new(true, false) };
+    assert_eq!(auto_flags(&H200, 16, DType::BF16, 1, 2, off).0, "mma16", "VT_MLA_3WG off");
 }
 
 /// The cache's TMA map per cache dtype: 64-feature swizzled boxes of a bf16 cache; whole
@@ -189,8 +220,8 @@ fn raw_ring_kernel_is_autos_choice_over_a_tma_fp8_cache_and_gathers_small_blocks
 
 /// The three-warpgroup kernel over a 16-bit cache: Auto's choice above 32 rows through the TMA;
 /// forced, its gather form where the TMA cannot read the cache (block sizes that 64 does not
-/// divide, the TMA flag off), which Auto never takes; an fp8_ds_mla cache is refused (the
-/// raw-ring kernel is its fp8 form).
+/// divide, the TMA flag off), which Auto does not take at 128 heads; an fp8_ds_mla cache is
+/// refused (the raw-ring kernel is its fp8 form).
 #[test]
 fn three_warpgroup_kernel_gathers_small_blocks_and_refuses_fp8() {
     use super::Kernel;
@@ -218,7 +249,7 @@ fn three_warpgroup_kernel_gathers_small_blocks_and_refuses_fp8() {
             let auto =
                 choose(&args(dt, dt, bs), &H200, &DecodeOptions::default(), ChoiceFlags::new(tma, false))
                     .expect("a plan");
-            assert_ne!(auto.plan.kernel, "wgmma_3wg_cp", "Auto never takes the gather form yet");
+            assert_ne!(auto.plan.kernel, "wgmma_3wg_cp", "Auto keeps the cp.async kernel at 128 heads");
         }
     }
     let e = choose(&args(DType::BF16, DType::Fp8DsMla, 64), &H200, &forced, ChoiceFlags::new(true, true))

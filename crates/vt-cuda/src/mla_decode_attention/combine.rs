@@ -9,8 +9,9 @@ use crate::{Arg, Launch};
 
 /// Warps per CTA (`mla::COMBINE_WARPS`): query rows per CTA at one warp per row.
 pub(super) const WARPS: i64 = THREADS as i64 / 32;
-/// Output columns per CTA (`mla::COMBINE_COLS`).
-pub(super) const COLS: i64 = 128;
+/// Output columns per CTA (`mla::COMBINE_COLS`): a warp merges a whole 512-column row (Dv =
+/// 512 in DeepSeek's MLA) with 16-byte loads, so a CTA covers 8 / `wpr` rows.
+pub(super) const COLS: i64 = 512;
 
 /// Warps per query row (`combine_wpr`): when sequences are cut into many pieces (16 or more
 /// each: few sequences, many parts) all of a CTA's warps share each row's partials;

@@ -150,14 +150,14 @@ pub enum Kernel {
     /// The 64-row wgmma kernel with three warpgroups over a 16-bit cache (sm_90a): warpgroup 0
     /// computes S and the softmax, warpgroups 1 and 2 one half of P V each. TMA loads where the
     /// block size is a multiple of 64 (`wgmma_3wg`), else its gather form (`wgmma_3wg_cp`: any
-    /// block size, rows copied by cp.async; forced only while synccheck reports its arrival).
+    /// block size, rows copied by cp.async; Auto's choice at most 16 rows over such a cache).
     Wgmma3,
     /// The 64-row wgmma kernel over an fp8_ds_mla cache with S on the raw codes (sm_90a, bf16
     /// queries): a two-slot ring of raw tiles, S as an e4m3 product against the query split
-    /// into two e4m3 parts, V dequantized by the two warpgroups that multiply it. TMA loads
-    /// where the block size is a multiple of 64 (`wgmma_fp8r`), else its gather form
-    /// (`wgmma_fp8r_cp`: any block size, rows copied by cp.async; forced only, not yet run on a
-    /// GPU).
+    /// into two e4m3 parts, O^T = V^T P^T with V^T built in registers from the codes by the two
+    /// warpgroups that multiply it. TMA loads where the block size is a multiple of 64
+    /// (`wgmma_fp8r`), else its gather form (`wgmma_fp8r_cp`: any block size, rows copied by
+    /// cp.async; forced or `VT_MLA_GATHER` only).
     WgmmaFp8Raw,
 }
 
@@ -423,9 +423,10 @@ pub(crate) fn choose(
         // two-warpgroup kernel at every 64 / 128-head shape; over an fp8_ds_mla cache with bf16
         // queries its raw-ring form, 19-23% faster than the dequantizing warpgroup's:
         // docs/perf.md, "Eighteenth session").
-        // With VT_MLA_GATHER on (off by default: synccheck reports their copies' arrival), also over a cache the
-        // TMA does not read: the same kernels' gather forms, rows copied by cp.async
-        // (docs/perf.md, "Twentieth session"); `three_wg` / `fp8_raw` pick the form.
+        // With VT_MLA_GATHER on (off by default: at h128 b32 they were 1.00x the cp.async
+        // wgmma kernel's time at block size 1 and 1.08x at 16, H100, twenty-fourth session), also
+        // over a cache the TMA does not read: the same kernels' gather forms, rows copied by
+        // cp.async (docs/perf.md, "Twentieth session"); `three_wg` / `fp8_raw` pick the form.
         Kernel::Auto
             if info.wgmma
                 && three_wg_flag
@@ -443,6 +444,21 @@ pub(crate) fn choose(
             } else {
                 Kernel::Wgmma3
             }
+        }
+        // At most 16 query rows over a 16-bit cache the TMA does not read (block sizes 1, 16,
+        // ...): the three-warpgroup kernel's gather form, its 64-row tile mostly padding (H100,
+        // twenty-fourth session: 0.86x the mma16 kernel's time at h16 b128 s4096 block size 1,
+        // 0.96x at block size 16; docs/perf.md). Above 16 rows the cp.async wgmma kernels below
+        // keep these caches (at h128 b32 the gather form was 1.00x at block size 1, 1.08x at 16).
+        Kernel::Auto
+            if !fp8
+                && info.wgmma
+                && three_wg_flag
+                && m_total <= 16
+                && !wgmma_sm90::three_wg_ok(a, tma_flag)
+                && fits(wgmma_sm90::w3_cp_smem(false)) =>
+        {
+            Kernel::Wgmma3
         }
         // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
         // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third

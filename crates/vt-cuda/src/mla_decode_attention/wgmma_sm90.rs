@@ -192,9 +192,9 @@ fn w3_kernel(fp8: bool, tma: bool) -> MainKernel {
 
 /// The three-warpgroup 64-row kernel over a 16-bit cache: warpgroup 0 computes S and the
 /// softmax, warpgroups 1 and 2 one half of P V each, a two-slot ring ([`w3_kernel`]). Read
-/// through the TMA when [`three_wg_ok`]; else its gather form, which only a forced
-/// [`super::Kernel::Wgmma3`] or `VT_MLA_GATHER` takes while synccheck reports its arrival
-/// (docs/perf.md, "Twenty-third session").
+/// through the TMA when [`three_wg_ok`]; else its gather form, Auto's choice at most 16 query
+/// rows (above, a forced [`super::Kernel::Wgmma3`] or `VT_MLA_GATHER`; docs/perf.md,
+/// "Twenty-fourth session").
 pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
     w3_kernel(false, three_wg_ok(a, tma_flag))
 }
@@ -213,10 +213,9 @@ pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool
 }
 
 /// The three-warpgroup 64-row kernel over an fp8_ds_mla cache ([`w3_kernel`]): a two-slot ring
-/// of raw tiles, S as an e4m3 product against the query's hi / lo parts, V dequantized by the two
-/// warpgroups that multiply it. Through the TMA when [`fp8_raw_ok`]; else its gather form, which
-/// only a forced [`super::Kernel::WgmmaFp8Raw`] or `VT_MLA_GATHER` takes while synccheck reports
-/// its arrival.
+/// of raw tiles, S as an e4m3 product against the query's hi / lo parts, V^T built in registers
+/// from the codes by the two warpgroups that multiply it. Through the TMA when [`fp8_raw_ok`]; else its gather form, which
+/// only a forced [`super::Kernel::WgmmaFp8Raw`] or `VT_MLA_GATHER` takes.
 pub(super) fn fp8_raw(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
     w3_kernel(true, fp8_raw_ok(a, tma_flag))
 }

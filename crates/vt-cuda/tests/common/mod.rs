@@ -90,3 +90,27 @@ impl Twin {
         )
     }
 }
+
+/// How far a token's lse over an fp8_ds_mla cache may sit from the CPU's by rounding alone,
+/// given its query row `q` and the exactly dequantized rows `keys` it attends (576 values
+/// each), at softmax scale `scale`. The CPU scores the exact keys; the GPU kernels round each
+/// dequantized key value to bf16 once (relative error up to 2^-9, uniform: e4m3 x an f32 scale
+/// has more bits than bf16 holds) or split the query row into two e4m3 parts (within 2^-9 of
+/// the row's largest value). A score's error then has standard deviation at most
+/// scale 2^-9 / sqrt(3) sqrt(sum (q_d k_d)^2 + max|q|^2 sum k_d^2), and the lse, a soft maximum
+/// of the scores, moves by a convex mix of theirs. The bound is six of the largest such
+/// deviation over the keys (a worst case that sums every rounding one way is ~sqrt(576) looser
+/// and would let real errors through), plus 1e-4 (1 + |lse|) for the f32 arithmetic.
+pub fn fp8_lse_bound<'a>(q: &[f64], keys: impl Iterator<Item = &'a [f32]>, scale: f64, lse: f64) -> f64 {
+    let qmax = q.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let sd = keys
+        .map(|k| {
+            let (qk, kk) = q.iter().zip(k).fold((0f64, 0f64), |(a, b), (&qd, &kd)| {
+                let kd = kd as f64;
+                (a + (qd * kd).powi(2), b + kd * kd)
+            });
+            (qk + qmax * qmax * kk).sqrt()
+        })
+        .fold(0f64, f64::max);
+    6.0 * scale.abs() * 2f64.powi(-9) / 3f64.sqrt() * sd + 1e-4 * (1.0 + lse.abs())
+}
