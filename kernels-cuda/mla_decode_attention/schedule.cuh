@@ -94,25 +94,6 @@ __device__ __forceinline__ unsigned long long* tl_row() {
 using vt::grid_dep_launch;
 using vt::grid_dep_wait;
 
-// MLA_KV_EVICT (lab build): the cache's TMA boxes tagged L2 evict-first, so the partials the
-// main kernel writes for the combine stay in L2 while the cache streams past (the combine read
-// them at an 18.6% L2 hit rate: docs/perf.md, "Twenty-fourth session"). 1: where one row
-// block reads the cache (gridDim.y == 1: at 128 heads two CTAs read each tile, and the second
-// read is an L2 hit worth keeping); 2: always.
-#ifndef MLA_KV_EVICT
-#define MLA_KV_EVICT 0
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// One box of the cache (tma_load_3d), under MLA_KV_EVICT's policy.
-__device__ __forceinline__ void kv_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar) {
-    if (MLA_KV_EVICT == 2 || (MLA_KV_EVICT == 1 && gridDim.y == 1)) {
-        tma_load_3d_hint(dst, map, c0, c1, c2, bar, l2_evict_first());
-    } else {
-        tma_load_3d(dst, map, c0, c1, c2, bar);
-    }
-}
-#endif
-
 // Tokens of sequence b that exist: seq_lens clamped to [0, MB * BS] (past the block table
 // nothing can be read; the CPU reference rejects such input, the GPU skips it).
 __device__ __forceinline__ int eff_len(const Params& p, int b) {

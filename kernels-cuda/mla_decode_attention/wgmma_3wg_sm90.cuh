@@ -207,12 +207,12 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     if (F8R_LAB == 4) return;
     if constexpr (RAW) {
 #pragma unroll
-        for (int g = 0; g < 4; ++g) kv_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
-        kv_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
-        kv_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
+        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
+        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
     } else {
 #pragma unroll
-        for (int cb = 0; cb < NSUB; ++cb) kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full);
+        for (int cb = 0; cb < NSUB; ++cb) tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full);
     }
 }
 

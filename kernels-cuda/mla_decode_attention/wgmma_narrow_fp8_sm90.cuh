@@ -525,7 +525,7 @@ __device__ __forceinline__ void nf8_produce(const Params& p, const Part& part, u
                     int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
                     if (blk < 0 || blk >= p.NB) blk = p.NB;
                     mbar_expect_tx(bar, NF8_LAB == 1 ? 0u : (uint32_t)(BN * FP8_ROW));
-                    if (NF8_LAB != 1) kv_load_3d(dst, kv_map, 0, t * BN - bi * p.BS, blk, bar);
+                    if (NF8_LAB != 1) tma_load_3d(dst, kv_map, 0, t * BN - bi * p.BS, blk, bar);
                 } else {
                     mbar_arrive(bar);
                 }

@@ -145,7 +145,7 @@ __device__ __forceinline__ void tma_half(const Params& p, const Segment& sg, int
         const int cb = cb0 + lane;
         const uint32_t bar = bb.of(st, cb);
         mbar_expect_tx(bar, SUB_BYTES);
-        kv_load_3d(dst + cb * SUB_BYTES, map, 64 * cb, row, blk, bar);
+        tma_load_3d(dst + cb * SUB_BYTES, map, 64 * cb, row, blk, bar);
     }
 }
 

@@ -92,7 +92,7 @@ __device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int
                 row = j - bi * p.BS;
             }
         }
-        kv_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
+        tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
     }
 }
 
