@@ -5,24 +5,16 @@
 // Planned by crates/vt-cuda/src/mla_decode_attention/combine.rs. Part of
 // mla_decode_attention.cu.
 //
-// grid (B, ceil(m_total / rows a CTA), ceil(Dv / COMBINE_COLS)), THREADS (256) threads. A warp
-// holds a whole 512-column row: lane l owns the runs of 4 columns at 4 l + 128 k (k < 4), read
-// as float4 when Dv is a multiple of 4, so a warp's partial is four 512-byte loads. Two forms,
-// W = combine_wpr warps per query row:
-// - W = 1: each warp merges R = combine_rpw consecutive rows (a CTA 8 R rows). Its work is the
-//   flat list of (row, partial) items, R n of them, taken COMBINE_BATCH at a time, so a batch
-//   spans rows and a warp always has a full batch of loads in flight; R is chosen so the grid
-//   is about one CTA an SM (combine.rs).
-// - W = 8 (many parts a row): a CTA per row, warp w taking partials w, w + 8, ..., then the 8
-//   warps merge through shared memory.
-// The merge is online (running max, sum and output rescaled as a larger lse comes), so an
-// item's lse and row load together; all of a batch's loads issue before any is used. Per CTA
-// two dependent round trips: seq_info, then the batches.
-// History (docs/perf.md, "Twenty-fourth session"): the first form (a warp per 128 columns, the
-// lse pass before the rows, 2048 CTAs at h128 b32) took 17.2 us there; whole rows with 16-byte
-// loads and batches of 4, one row a warp, 13.1 us, held back by occupancy (114 registers, 2
-// CTAs an SM) and a seq_info round trip per 8 rows; this form takes batches of 8 (one CTA an
-// SM, 255 registers allowed).
+// grid (B, ceil(m_total / (COMBINE_WARPS / W)), ceil(Dv / COMBINE_COLS)), THREADS (256)
+// threads, W = combine_wpr warps per query row (1 or COMBINE_WARPS), each taking every W-th
+// partial of the row. A warp holds a whole 512-column row: lane l owns the runs of 4 columns at
+// 4 l + 128 k (k < 4), read as float4 when Dv is a multiple of 4, so a warp's partial is four
+// 512-byte loads. The merge is online (running max, sum and output rescaled as a larger lse
+// comes), so a partial's lse and row load together and the unrolled loop keeps several
+// partials' loads in flight: two dependent round trips a row (seq_info, then the partials).
+// The first form (a warp per 128 columns, the lse pass before the rows) made four and 4x the
+// CTAs: at h128 b32 (2048 CTAs) ncu measured 18 us, 1.43 TB/s, 52% occupancy, its warps stalled
+// on L1TEX (docs/perf.md, "Twenty-fourth session").
 #pragma once
 
 #include "mla_decode_attention/schedule.cuh"
@@ -35,7 +27,7 @@ enum : int {
     COMBINE_WARPS = THREADS / 32,  // 8: query rows per CTA at one warp per row
     COMBINE_COLS = 512,            // output columns per CTA: 16 per lane
     COMBINE_RUNS = 4,              // runs of 4 adjacent columns per lane, 128 apart
-    COMBINE_BATCH = 8,             // items (row, partial) a warp loads before it merges them
+    COMBINE_BATCH = 4,             // partials a warp loads before it merges them
 };
 static_assert(COMBINE_COLS == 32 * 4 * COMBINE_RUNS, "a lane owns COMBINE_RUNS runs of 4 columns");
 
@@ -60,56 +52,24 @@ __device__ __forceinline__ void combine_load(const float* po, int c0, int lane, 
     }
 }
 
-// Writes one merged row (log2-domain max mx, sum, acc scaled to mx) of sequence b.
-template <typename T>
-__device__ __forceinline__ void combine_store(const Params& p, int b, int row, int c0, int lane, float mx, float sum,
-                                              const float (&acc)[16]) {
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int s = row / p.N, h = row - s * p.N;
-    T* o = (T*)p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
-#pragma unroll
-    for (int k = 0; k < COMBINE_RUNS; ++k)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int col = c0 + 128 * k + 4 * lane + j;
-            if (col < p.dv) o[col] = vt::from_f32<T>(acc[4 * k + j] * inv);
-        }
-    if (p.lse != nullptr && blockIdx.z == 0 && lane == 0)
-        p.lse[b * p.l_sb + h * p.l_sh + s * p.l_ss] = sum > 0.0f ? (mx + log2f(sum)) * LN2 : vt::neg_inf();
-}
-
-// One warp's items (W = 1: item k is partial k % n of row row0 + k / n; W > 1: partial
-// sub + W k of row0), COMBINE_BATCH at a time, all of a batch's loads issued first, merged
-// online in the log2 domain. Each finished row is written (W = 1); the last row's state is
-// left in mx, sum, acc (and its index in cur) for the caller.
-template <typename T, bool VEC>
-__device__ __forceinline__ void combine_items(const Params& p, int b, int first, int n, int row0, int sub, int W,
-                                              int items, int c0, int lane, int& cur, float& mx, float& sum,
-                                              float (&acc)[16]) {
-    for (int k0 = 0; k0 < items; k0 += COMBINE_BATCH) {
+// One warp's share of a row: partials sub, sub + W, ... of n, merged online in the log2
+// domain (mx the largest lse so far, sum and acc scaled to it), COMBINE_BATCH at a time with
+// all their loads issued before any is used.
+template <bool VEC>
+__device__ __forceinline__ void combine_rows(const float* plse, const float* po, i64 lse_stride, i64 slot_stride,
+                                             int sub, int W, int n, int c0, int lane, int dv, float& mx, float& sum,
+                                             float (&acc)[16]) {
+    for (int c = sub; c < n; c += COMBINE_BATCH * W) {
         float v[COMBINE_BATCH], x[COMBINE_BATCH][16];
-        int jr[COMBINE_BATCH];
 #pragma unroll
         for (int u = 0; u < COMBINE_BATCH; ++u) {
-            const int k = k0 + u;
-            const bool ok = k < items;
-            const int j = W == 1 ? k / n : 0, c = W == 1 ? k - j * n : sub + W * k;
-            const i64 at = (i64)(first + (ok ? c : 0)) * p.m_total + row0 + (ok ? j : 0);
-            jr[u] = ok ? j : -1;
-            v[u] = ok ? p.part_lse[at] : vt::neg_inf();
-            combine_load<VEC>(p.part_o + at * p.dv, c0, lane, p.dv, ok, x[u]);
+            const int cu = c + u * W;
+            const bool ok = cu < n;
+            v[u] = ok ? plse[(i64)cu * lse_stride] : vt::neg_inf();
+            combine_load<VEC>(po + (ok ? cu : 0) * slot_stride, c0, lane, dv, ok, x[u]);
         }
 #pragma unroll
         for (int u = 0; u < COMBINE_BATCH; ++u) {
-            if (jr[u] < 0) break;  // past the warp's items (uniform over the warp)
-            if (jr[u] != cur) {    // the next row (W = 1 only): write the finished one
-                combine_store<T>(p, b, row0 + cur, c0, lane, mx, sum, acc);
-                cur = jr[u];
-                mx = vt::neg_inf();
-                sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
-            }
             // An empty partial (lse = -inf) weighs 0; the factors avoid -inf - -inf.
             const float m2 = fmaxf(mx, v[u]);
             const float f = mx == vt::neg_inf() ? 0.0f : exp2f(mx - m2);
@@ -135,11 +95,11 @@ __device__ void combine(const Params& p) {
 #if MLA_TIMELINE
     if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[1], tl_now());
 #endif
-    const int W = p.combine_wpr, R = W == 1 ? p.combine_rpw : 1;
+    const int W = p.combine_wpr;
     const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.y * (COMBINE_WARPS / W) + warp / W) * R;  // the warp's first row
+    const int row = blockIdx.y * (COMBINE_WARPS / W) + warp / W;
     const int sub = warp % W;
-    const int nrows = max(0, min(R, p.m_total - row0));  // rows this warp owns
+    const bool active = row < p.m_total;
     // Loaded together (one round trip); seq_info is stale for empty sequences and unused.
     const int len = eff_len(p, b);
     const int first = p.seq_info[2 * b], n_info = p.seq_info[2 * b + 1];
@@ -154,14 +114,15 @@ __device__ void combine(const Params& p) {
     float mx = vt::neg_inf(), sum = 0.0f, acc[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
-    int cur = 0;
-    if (nrows > 0) {
-        const int items = W == 1 ? nrows * n : (n > sub ? (n - sub + W - 1) / W : 0);
+    if (active) {
+        const float* plse = p.part_lse + (i64)first * p.m_total + row;
+        const float* po = p.part_o + ((i64)first * p.m_total + row) * p.dv;
+        const i64 slot_stride = (i64)p.m_total * p.dv;
         // part_o is 256-byte aligned and its rows Dv floats apart: 16-byte runs when 4 | Dv.
         if ((p.dv & 3) == 0)
-            combine_items<T, true>(p, b, first, n, row0, sub, W, items, c0, lane, cur, mx, sum, acc);
+            combine_rows<true>(plse, po, p.m_total, slot_stride, sub, W, n, c0, lane, p.dv, mx, sum, acc);
         else
-            combine_items<T, false>(p, b, first, n, row0, sub, W, items, c0, lane, cur, mx, sum, acc);
+            combine_rows<false>(plse, po, p.m_total, slot_stride, sub, W, n, c0, lane, p.dv, mx, sum, acc);
     }
     if (W > 1) {  // the row's W warps merge into its first (uniform over the block)
 #pragma unroll
@@ -194,13 +155,19 @@ __device__ void combine(const Params& p) {
             mx = m_all;
         }
     }
-    if (sub == 0 && nrows > 0) {
-        if (n == 0) {  // an empty sequence: every row of the warp gets out = 0, lse = -inf
-            for (int j = 0; j < nrows; ++j) combine_store<T>(p, b, row0 + j, c0, lane, mx, sum, acc);
-        } else {
-            combine_store<T>(p, b, row0 + cur, c0, lane, mx, sum, acc);  // the last row
+    if (!active || sub != 0) return;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int s = row / p.N, h = row - s * p.N;
+    T* o = (T*)p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
+#pragma unroll
+    for (int k = 0; k < COMBINE_RUNS; ++k)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = c0 + 128 * k + 4 * lane + j;
+            if (col < p.dv) o[col] = vt::from_f32<T>(acc[4 * k + j] * inv);
         }
-    }
+    if (p.lse != nullptr && blockIdx.z == 0 && lane == 0)
+        p.lse[b * p.l_sb + h * p.l_sh + s * p.l_ss] = sum > 0.0f ? (mx + log2f(sum)) * LN2 : vt::neg_inf();
 #if MLA_TIMELINE
     if (lane == 0) {
         atomicMax(&mla_timeline_combine[2], tl_now());

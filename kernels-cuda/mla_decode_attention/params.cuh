@@ -56,7 +56,6 @@ struct Params {
     int num_parts;  // grid.x
     int min_tiles;  // fewest tiles per part (bounds the partial traffic)
     int combine_wpr;  // combine kernel: warps per query row, 1 or 8
-    int combine_rpw;  // combine kernel, one warp a row: consecutive rows a warp merges
     float scale_log2;
 };
 

@@ -304,18 +304,3 @@ fn three_warpgroup_flag_off_restores_the_two_warpgroup_kernels() {
         assert_eq!(c.plan.kernel, want, "{qdt:?} over {cdt:?}");
     }
 }
-
-/// The combine's rows a warp: at one warp a row, as many as make its grid about one CTA an SM
-/// (132 SMs: 1056 warps), at most 16; with 8 warps a row (many parts a sequence), 1.
-#[test]
-fn combine_rows_per_warp_fill_about_one_cta_an_sm() {
-    use super::combine::{rows_per_cta, rows_per_warp};
-    assert_eq!(rows_per_warp(1, 32, 128, 132), 4); // 4096 rows: 128 CTAs of 32
-    assert_eq!(rows_per_warp(1, 32, 64, 132), 2);
-    assert_eq!(rows_per_warp(1, 32, 16, 132), 1);
-    assert_eq!(rows_per_warp(1, 128, 128, 132), 16);
-    assert_eq!(rows_per_warp(1, 4096, 128, 132), 16, "at most 16");
-    assert_eq!(rows_per_warp(8, 1, 128, 132), 1, "8 warps a row");
-    assert_eq!(rows_per_warp(1, 1, 1, 0), 1, "no SM count");
-    assert_eq!((rows_per_cta(1, 4), rows_per_cta(8, 1)), (32, 1));
-}

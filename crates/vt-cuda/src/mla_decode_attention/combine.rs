@@ -25,38 +25,18 @@ pub(super) fn warps_per_row(parts: i64, b: i64) -> i64 {
     }
 }
 
-/// Most rows a warp merges at one warp per row (`combine_rpw`).
-const MAX_ROWS_PER_WARP: i64 = 16;
-
-/// Rows a warp merges (`combine_rpw`) at `wpr` warps per row for `b` sequences of `m_total`
-/// rows on `sms` SMs: at one warp per row, as many as make the grid about one CTA an SM (each
-/// CTA then pays its seq_info round trip once and keeps a full batch in flight a warp; the
-/// kernel's 214 registers allow one CTA an SM); with several warps a row, 1.
-pub(super) fn rows_per_warp(wpr: i64, b: i64, m_total: i64, sms: i64) -> i64 {
-    if wpr > 1 {
-        return 1;
-    }
-    let warps = b.saturating_mul(m_total);
-    let per_sm = WARPS.saturating_mul(sms.max(1));
-    ((warps + per_sm - 1) / per_sm).clamp(1, MAX_ROWS_PER_WARP)
-}
-
-/// Query rows a combine CTA covers at `wpr` warps per row and `rpw` rows a warp.
-pub(super) fn rows_per_cta(wpr: i64, rpw: i64) -> i64 {
-    WARPS / wpr * rpw
-}
-
 /// The launch for `b` sequences of `m_total` query rows of `dv` columns, `wpr` warps per
-/// row and `rpw` rows a warp. On sm_90 it launches while the main kernel runs (programmatic
-/// dependent launch) and waits for it on the device, hiding its launch latency.
+/// row. On sm_90 it launches while the main kernel runs (programmatic dependent launch)
+/// and waits for it on the device, hiding its launch latency.
 pub(super) fn launch(
     p: &Params,
     dt: DType,
     (b, m_total, dv): (i64, i64, i64),
-    (wpr, rpw): (i64, i64),
+    wpr: i64,
     info: &DeviceInfo,
 ) -> Launch {
-    let rows = rows_per_cta(wpr, rpw);
-    let grid = (b as u32, ((m_total + rows - 1) / rows) as u32, ((dv + COLS - 1) / COLS) as u32);
+    let rows_per_cta = WARPS / wpr;
+    let grid =
+        (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + COLS - 1) / COLS) as u32);
     Launch::new(&SRC, "mla_decode_combine", dt, grid, THREADS, [Arg::of_struct(*p)]).dependent_on(info.sm)
 }

@@ -79,7 +79,6 @@ fn param_fields() -> Vec<(&'static str, &'static str, i64, i64)> {
         num_parts,
         min_tiles,
         combine_wpr,
-        combine_rpw,
         scale_log2,
     )
 }
@@ -333,7 +332,7 @@ fn host_planning_facts_match_the_kernel_headers() {
         };
         check(format!("{what}: threads"), comb.block as i64, f[0]);
         check(format!("{what}: warps (rows per CTA at a warp per row)"), combine::WARPS, f[1]);
-        let rows = f[1] / c.combine_wpr * c.combine_rpw;
+        let rows = f[1] / c.combine_wpr;
         check(format!("{what}: grid.y"), comb.grid.1 as i64, (m_total + rows - 1) / rows);
         check(format!("{what}: grid.z"), comb.grid.2 as i64, (dv + m[7] - 1) / m[7]);
     }

@@ -120,7 +120,6 @@ pub(crate) struct Params {
     num_parts: i32,
     min_tiles: i32,
     combine_wpr: i32,
-    combine_rpw: i32,
     scale_log2: f32,
 }
 
@@ -335,7 +334,6 @@ pub(crate) struct Choice {
     pub plan: Plan,
     main: MainKernel,
     combine_wpr: i64,
-    combine_rpw: i64,
 }
 
 /// The `VT_*` flags [`choose`] follows, passed in so that the choice tests do not depend on
@@ -566,9 +564,7 @@ pub(crate) fn choose(
         parts: parts as u32,
         min_tiles,
     };
-    let combine_wpr = combine::warps_per_row(parts, b);
-    let combine_rpw = combine::rows_per_warp(combine_wpr, b, m_total, info.sms as i64);
-    Ok(Choice { plan, main, combine_wpr, combine_rpw })
+    Ok(Choice { plan, main, combine_wpr: combine::warps_per_row(parts, b) })
 }
 
 /// The main and combine launches of `c`, with the split-KV workspace `(part_o, part_lse,
@@ -621,7 +617,6 @@ pub(crate) fn launches(
         num_parts: c.plan.parts as i32,
         min_tiles: c.plan.min_tiles as i32,
         combine_wpr: c.combine_wpr as i32,
-        combine_rpw: c.combine_rpw as i32,
         scale_log2: a.scale * std::f32::consts::LOG2_E,
     };
     let mut main_args = vec![Arg::of_struct(p)];
@@ -635,6 +630,6 @@ pub(crate) fn launches(
     let main_grid = (c.plan.parts, c.plan.row_blocks, 1);
     let main =
         Launch::new(&SRC, c.main.base, dt, main_grid, c.main.threads, main_args).with_smem(c.main.smem);
-    let combine = combine::launch(&p, dt, (b, m_total, dv), (c.combine_wpr, c.combine_rpw), info);
+    let combine = combine::launch(&p, dt, (b, m_total, dv), c.combine_wpr, info);
     Ok(vec![main, combine])
 }
