@@ -188,7 +188,7 @@ MLA_FACTS(mla_decode_wgmma_fp8r_cp_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, (mla:
         mla_decode_generic_##S(const mla::Params p) {                                         \
         mla::decode_generic<T>(p);                                                            \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(mla::THREADS)                                \
+    extern "C" __global__ void MLA_COMBINE_BOUNDS                                             \
         mla_decode_combine_##S(const mla::Params p) {                                         \
         mla::combine<T>(p);                                                                   \
     }                                                                                         \

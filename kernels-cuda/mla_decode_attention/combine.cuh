@@ -21,13 +21,25 @@
 
 namespace mla {
 
+// Lab builds (docs/perf.md, "Twenty-fourth session"): partials a warp loads at once, and the
+// CTAs an SM the registers must allow (the default leaves the count to the compiler: 114
+// registers, 2 CTAs).
+#ifndef MLA_COMBINE_BATCH
+#define MLA_COMBINE_BATCH 4
+#endif
+#ifdef MLA_COMBINE_MIN_CTAS
+#define MLA_COMBINE_BOUNDS __launch_bounds__(mla::THREADS, MLA_COMBINE_MIN_CTAS)
+#else
+#define MLA_COMBINE_BOUNDS __launch_bounds__(mla::THREADS)
+#endif
+
 // (Enumerators, not constexpr ints: NVRTC emits every namespace-scope constant into the PTX
 // as a .global, and these keep the module's PTX what it was before they were named.)
 enum : int {
     COMBINE_WARPS = THREADS / 32,  // 8: query rows per CTA at one warp per row
     COMBINE_COLS = 512,            // output columns per CTA: 16 per lane
     COMBINE_RUNS = 4,              // runs of 4 adjacent columns per lane, 128 apart
-    COMBINE_BATCH = 4,             // partials a warp loads before it merges them
+    COMBINE_BATCH = MLA_COMBINE_BATCH,  // partials a warp loads before it merges them
 };
 static_assert(COMBINE_COLS == 32 * 4 * COMBINE_RUNS, "a lane owns COMBINE_RUNS runs of 4 columns");
 
