@@ -21,17 +21,17 @@
 
 namespace mla {
 
-// Lab builds (docs/perf.md, "Twenty-fourth session"): partials a warp loads at once, and the
-// CTAs an SM the registers must allow (the default leaves the count to the compiler: 114
-// registers, 2 CTAs).
+// Partials a warp loads at once, and the CTAs an SM its registers must allow: 2 and 3 (78
+// registers, 24 warps an SM) took the combine 4-10% below 4 and the compiler's choice (114
+// registers, 2 CTAs) on an H100 under ncu, same call; 2 with 4 CTAs and 4 with 3 CTAs spill and
+// were not faster (docs/perf.md, "Twenty-fourth session", call 6). Lab builds may set others.
 #ifndef MLA_COMBINE_BATCH
-#define MLA_COMBINE_BATCH 4
+#define MLA_COMBINE_BATCH 2
 #endif
-#ifdef MLA_COMBINE_MIN_CTAS
+#ifndef MLA_COMBINE_MIN_CTAS
+#define MLA_COMBINE_MIN_CTAS 3
+#endif
 #define MLA_COMBINE_BOUNDS __launch_bounds__(mla::THREADS, MLA_COMBINE_MIN_CTAS)
-#else
-#define MLA_COMBINE_BOUNDS __launch_bounds__(mla::THREADS)
-#endif
 
 // (Enumerators, not constexpr ints: NVRTC emits every namespace-scope constant into the PTX
 // as a .global, and these keep the module's PTX what it was before they were named.)

@@ -13,7 +13,4 @@ lab_overlay() {
 # The lab builds the device scripts run (pending_first_call.sh, timeline.sh), as "HEADER NAME=VALUE..."
 # lines: warm_kernels.sh compiles each ahead. (F8R_VT and W3_CP_DEFER became the defaults in the
 # twenty-fourth session; their =0 builds are the old forms.)
-LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-combine.cuh MLA_COMBINE_BATCH=2 MLA_COMBINE_MIN_CTAS=3
-combine.cuh MLA_COMBINE_BATCH=2 MLA_COMBINE_MIN_CTAS=4
-combine.cuh MLA_COMBINE_BATCH=4 MLA_COMBINE_MIN_CTAS=3"
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"
