@@ -214,8 +214,9 @@ pub(super) fn fp8_raw_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool
 
 /// The three-warpgroup 64-row kernel over an fp8_ds_mla cache ([`w3_kernel`]): a two-slot ring
 /// of raw tiles, S as an e4m3 product against the query's hi / lo parts, V^T built in registers
-/// from the codes by the two warpgroups that multiply it. Through the TMA when [`fp8_raw_ok`]; else its gather form, which
-/// only a forced [`super::Kernel::WgmmaFp8Raw`] or `VT_MLA_GATHER` takes.
+/// from the codes by the two warpgroups that multiply it. Through the TMA when [`fp8_raw_ok`];
+/// else its gather form, which only a forced [`super::Kernel::WgmmaFp8Raw`] or `VT_MLA_GATHER`
+/// takes.
 pub(super) fn fp8_raw(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel {
     w3_kernel(true, fp8_raw_ok(a, tma_flag))
 }
