@@ -7,6 +7,7 @@
 #  1. the decode, fp8 and sparse suites on fresh inputs, `xtask parity --backend cuda`;
 #  2. the decode table against FlashMLA (issues 13, 16);
 #  3. the V3 decode step, bf16 and DeepSeek's fp8 weights, against torch + FlashMLA (issue 18).
+#  4. synccheck and memcheck over the two widest combine tests.
 # Needs, carried: $BIN (default .dev/bin: tools/device/stage.sh), its kernel cache
 # (.dev/kcache.tar.xz) and .peer/flashmla.tar.xz (or the tree at .peer/flashmla).
 # Usage (in the repository root, on the GPU machine): bash tools/device/pending_first_call.sh
@@ -59,3 +60,9 @@ for w in bf16 fp8; do
     grep -E "one step|^peer" "$OUT/step_${w}_b$1.log" | cut -c1-160 | tee -a "$S"
   done
 done
+
+# 4. The combine's batch-of-2 default under synccheck and memcheck (its two widest tests).
+COMBINE_TESTS=(decode_attention_handles_strided_views_other_head_dims_and_misalignment
+  decode_attention_matches_reference_with_block_size_64)
+san combine_synccheck 90 synccheck mla_decode_attention "${COMBINE_TESTS[@]}"
+san combine_memcheck 90 memcheck mla_decode_attention "${COMBINE_TESTS[@]}"
