@@ -187,17 +187,24 @@ const MMA_MAX_REUSE: i64 = 4;
 /// faster (39 against 50 us); nothing was measured between T = 4 and 128.
 const MMA_MIN_ROWS: i64 = 4096;
 
-/// The decode kernel the op asks for on the block-size-1 view: the decode kernels' Auto, or
-/// the mma.sync kernels per [`MMA_MAX_REUSE`] for a 16-bit cache (a request that fails there,
-/// as on a device whose blocks cannot hold the full ring, falls back to Auto). Over an
-/// fp8_ds_mla cache Auto's choice stands: above 32 heads on sm_90 the 64-row wgmma kernel's
-/// fp8 form, 0.70 - 0.74x the mma64_fp8 kernel's time on every decode row of `bench sparse`
-/// (H200, session 8 call 1, `--alt wgmma`: h128 b128 715.6 against 990.7 us, h64 b128 387.0
-/// against 529.2, h64 b2 34.8 against 47.6; docs/perf.md). With `VT_MLA_GATHER` on, always
-/// the decode kernels' Auto, which then takes the three-warpgroup kernels' gather forms.
+/// The decode kernel the op asks for on the block-size-1 view (a request that fails there, as
+/// on a device without wgmma or whose blocks cannot hold the full ring, falls back to the
+/// decode kernels' Auto):
+/// - over an fp8_ds_mla cache with bf16 queries and more than 32 heads, the raw-ring fp8
+///   kernel's gather form ([`decode::Kernel::WgmmaFp8Raw`]: S on the e4m3 codes, rows copied
+///   by cp.async), which beat the decode kernels' Auto (the dequantizing 64-row kernel on this
+///   view) on every decode row of `bench sparse` (H100, twenty-third session, call 5: 344.8
+///   against 357.7 us, 669.7 against 698.5, 407.3 against 433.7; docs/perf.md);
+/// - the mma.sync kernels per [`MMA_MAX_REUSE`] for a 16-bit cache;
+/// - else the decode kernels' Auto (over an fp8_ds_mla cache at most 32 heads: the narrow
+///   kernel's fp8 form). With `VT_MLA_GATHER` on, a 16-bit cache always goes to the decode
+///   kernels' Auto, which then takes the three-warpgroup kernels' gather forms.
 fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
     let (t, n, topk) = (a.query.dim(0), a.query.dim(1), a.indices.dim(1));
     let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1)).max(1);
+    if a.cache.dtype() == DType::Fp8DsMla && a.query.dtype() == DType::BF16 && n > 32 {
+        return decode::Kernel::WgmmaFp8Raw;
+    }
     let sixteen = a.cache.dtype() != DType::Fp8DsMla && a.query.dtype() != DType::F32;
     // VT_MLA_GATHER: the decode kernels' Auto takes the three-warpgroup gather forms.
     if sixteen
@@ -373,19 +380,19 @@ mod tests {
         Ok(())
     }
 
-    /// The decode kernel the op asks for: the decode kernels' Auto over an fp8_ds_mla cache at
-    /// every head count (their 64-row wgmma kernel above 32 heads) and over a 16-bit cache
-    /// with few rows; the mma.sync kernels for a 16-bit decode gather of many rows.
+    /// The decode kernel the op asks for: the raw-ring fp8 kernel over an fp8_ds_mla cache
+    /// above 32 heads with bf16 queries, the decode kernels' Auto over it otherwise and over a
+    /// 16-bit cache with few rows; the mma.sync kernels for a 16-bit decode gather of many rows.
     #[test]
-    fn auto_kernel_leaves_fp8_caches_to_the_decode_kernels_choice() {
+    fn auto_kernel_takes_the_raw_ring_fp8_kernel_above_32_heads() {
         let mem = vec![0u128; 1 << 20];
         let view = |dt: DType, shape: &[i64]| {
             let s = vt_core::contiguous_strides(shape);
             crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
         };
         for (n, t, cache_dt, want) in [
-            (64, 2, DType::Fp8DsMla, decode::Kernel::Auto),
-            (128, 64, DType::Fp8DsMla, decode::Kernel::Auto),
+            (64, 2, DType::Fp8DsMla, decode::Kernel::WgmmaFp8Raw),
+            (128, 64, DType::Fp8DsMla, decode::Kernel::WgmmaFp8Raw),
             (32, 2, DType::Fp8DsMla, decode::Kernel::Auto),
             (128, 2, DType::BF16, decode::Kernel::Auto),
             (128, 64, DType::BF16, decode::Kernel::Mma),
@@ -401,6 +408,16 @@ mod tests {
             };
             assert_eq!(auto_kernel(&a), want, "{n} heads over {cache_dt:?}");
         }
+        // The raw-ring kernel multiplies bf16 queries only: f16 ones keep the decode kernels' Auto.
+        let a = SparseMlaAttentionArgs {
+            out: view(DType::F16, &[2, 64, 512]),
+            lse: None,
+            query: view(DType::F16, &[2, 64, 576]),
+            cache: view(DType::Fp8DsMla, &[8, 64, 656]),
+            indices: view(DType::I32, &[2, 16]),
+            scale: 0.5,
+        };
+        assert_eq!(auto_kernel(&a), decode::Kernel::Auto);
     }
 
     #[test]

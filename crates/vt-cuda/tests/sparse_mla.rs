@@ -521,11 +521,11 @@ fn sparse_mla_picks_the_tensor_core_kernels_for_deepseek_shapes() {
     let ran = check(&g, &Case::mla(2, 128, 2048, (40, 64)));
     // The op's own choice is the decode kernels' Auto (its plan is printed by the Auto rows).
     assert!(ran.iter().any(|r| r.starts_with("Auto: wgmma") || r.starts_with("Auto: mma")), "{ran:?}");
-    // An fp8_ds_mla cache at 64 heads: the 64-row wgmma kernel's fp8 form (sm_90; mma64_fp8
-    // where there is no wgmma).
+    // An fp8_ds_mla cache at 64 heads: the raw-ring fp8 kernel's gather form (sm_90;
+    // mma64_fp8 where there is no wgmma).
     let ran = check(&g, &Case::mla(2, 64, 2048, (40, 64)).fp8());
     assert!(
-        ran.iter().any(|r| r.starts_with("Auto: wgmma_fp8") || r.starts_with("Auto: mma64_fp8")),
+        ran.iter().any(|r| r.starts_with("Auto: wgmma_fp8r_cp") || r.starts_with("Auto: mma64_fp8")),
         "{ran:?}"
     );
     // A 16-bit cache listed about once per slot, T x N >= 4096 rows: the mma.sync kernel.
