@@ -439,15 +439,17 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 // The fp8 weight-only form at up to 32 tokens (NT 1, 2, 4) on sm_90, taken by the host where K
 // has 8+ chunks (skinny_gemm.rs, `TMA_MIN_CHUNKS`): the same tile, fragments and epilogue as
 // `gemm<T, W8, NT>`, but the chunks arrive by the TMA. A fifth warp (one lane) keeps a ring of
-// `tma_stages` (7 / 6 / 4) chunks in flight: per chunk one 64-row x 128-byte box of the weight
+// `depth` chunks in flight (the host's choice, at most `tma_stages`: 7 / 6 / 4; shallower rings
+// let more CTAs an SM hold a grid of more K splits in one wave): per chunk one 64-row x 128-byte box of the weight
 // (rows past N and codes past K read as zeros) and two 64-element x 8 NT-token boxes of the
 // activations (tokens past M zeros), all 128-byte swizzled, completing on the stage's `full`
 // mbarrier; the four compute warps read their fragments, then arrive on the stage's `empty`
 // mbarrier (every thread), which the producer waits for before refilling the stage. No block
 // barrier and no per-lane copy address in the loop (the cp.async form waits on both each chunk).
-// Dynamic shared memory (1024-aligned base): up to `tma_stages` x (8 KB of weights + 2 x 1 KB NT
-// of activations); a CTA of c fewer chunks touches only stages 0..c-1 and the host allocates
-// those only (`tma_smem`), so short K splits keep more CTAs an SM. The mbarriers are static.
+// Dynamic shared memory (1024-aligned base): `depth` x (8 KB of weights + 2 x 1 KB NT of
+// activations); a CTA of c < depth chunks touches only stages 0..c-1, and the host passes
+// depth = min(its ring, c) and allocates those stages only (`tma_smem`). The mbarriers are
+// static, sized for the deepest ring.
 struct Maps {
     TmaMap w;  // [G][N][K] bytes, boxes 128 x 64 x 1
     TmaMap a;  // [G][M][K] T, boxes 64 x 8 NT x 1
@@ -461,15 +463,19 @@ template <int NT> __host__ __device__ constexpr int tma_smem(int chunks) {
 
 template <typename T, int NT>
 __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* ws, i64 ws_b, i64 ws_n,
-                            i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters) {
+                            i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters,
+                            int depth) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int STAGES = tma_stages<NT>(), SB = tma_stage_bytes<NT>(), ABOX = 8 * NT * 128;
+    constexpr int MAX_STAGES = tma_stages<NT>(), SB = tma_stage_bytes<NT>(), ABOX = 8 * NT * 128;
     extern __shared__ unsigned char smem_raw[];
-    __shared__ __align__(8) unsigned long long tma_bars[2 * STAGES];
+    __shared__ __align__(8) unsigned long long tma_bars[2 * MAX_STAGES];
+    // The host's ring depth (its shared memory holds that many stages; kept inside the
+    // barriers' array whatever it passes).
+    const int STAGES = min(max(depth, 1), MAX_STAGES);
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     const uint32_t bars = smem_u32(tma_bars);
     auto full = [&](int st) { return bars + 8 * st; };
-    auto empty = [&](int st) { return bars + 8 * (STAGES + st); };
+    auto empty = [&](int st) { return bars + 8 * (MAX_STAGES + st); };
     vt::grid_dep_launch();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const i64 batch = blockIdx.z / splits;
@@ -488,8 +494,8 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
         if (lane != 0) return;
         prefetch_map(&maps.w);
         prefetch_map(&maps.a);
-        auto issue = [&](int i, bool w, bool a) {
-            const int st = i % STAGES, kc = (c_lo + i) * CHUNK;
+        auto issue = [&](int i, int st, bool w, bool a) {
+            const int kc = (c_lo + i) * CHUNK;
             const uint32_t sw = base + st * SB;
             if (w) tma_load_3d(sw, &maps.w, kc, nb0, (int)batch, full(st));
             if (a) {
@@ -502,15 +508,16 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
         const int first = min(STAGES, nck);
         for (int i = 0; i < first; ++i) {
             mbar_expect_tx(full(i), SB);
-            issue(i, true, false);
+            issue(i, i, true, false);
         }
         vt::grid_dep_wait();
-        for (int i = 0; i < first; ++i) issue(i, false, true);
-        for (int i = STAGES; i < nck; ++i) {
-            const int st = i % STAGES;
-            mbar_wait(empty(st), (i / STAGES - 1) & 1);
+        for (int i = 0; i < first; ++i) issue(i, i, false, true);
+        // Stage and phase kept as counters (the depth is a run-time value: no division a chunk).
+        for (int i = STAGES, st = 0, ph = 0; i < nck; ++i) {
+            mbar_wait(empty(st), ph);
             mbar_expect_tx(full(st), SB);
-            issue(i, true, true);
+            issue(i, st, true, true);
+            if (++st == STAGES) st = 0, ph ^= 1;
         }
         return;
     }
@@ -520,15 +527,16 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     constexpr int RW = 4 / NT;
     float acc[1][NT][4];
     zero(acc);
+    // This warp's rows' block scales, advanced a chunk at a time (null past N).
     const float* wsr = n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n + (i64)c_lo * ws_k : nullptr;
     // Swizzled offsets (16-byte unit u of row r at r * 128 + (u ^ r % 8) * 16; here r % 8 == g):
     // weight piece 2 s + h is row 16 warp + g + 8 h, unit 4 s + t; activation half s of token
     // 8 j + g, units 2 t (k 0..7 of the lane's 16) and 2 t + 1.
     const uint32_t wrow = (warp * 16 + g) * 128, arow = g * 128;
-    for (int i = 0; i < nck; ++i) {
-        const int st = i % STAGES;
-        const float sc = wsr != nullptr ? wsr[(i64)i * ws_k] : 0.0f;
-        mbar_wait(full(st), (i / STAGES) & 1);
+    for (int i = 0, st = 0, ph = 0; i < nck; ++i) {
+        const float sc = wsr != nullptr ? *wsr : 0.0f;
+        if (wsr != nullptr) wsr += ws_k;
+        mbar_wait(full(st), ph);
         const uint32_t sw = base + st * SB, sa = sw + ROWS * CHUNK;
         uint4 w[2][2], x0[2][NT], x1[2][NT];
 #pragma unroll
@@ -548,6 +556,7 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
 #pragma unroll
         for (int s = 0; s < 2; ++s) w8_step<T, NT, RW>(tmp, w[s][0], w[s][1], x0[s], x1[s], 4 * s);
         w8_scale_add<NT, RW>(acc[0], tmp, sc);
+        if (++st == STAGES) st = 0, ph ^= 1;
     }
     finish<T, NT>(acc[0], out, o_b, o_m, o_n, batch, n0, m0, n, m, split, splits, part, counters);
 #endif
@@ -576,9 +585,10 @@ VT_SKINNY_NT(f16, f16, w16n, skinny::W16N)
 #define VT_SKINNY_TMA(S, T, NT)                                                                                   \
     extern "C" __global__ void __launch_bounds__(skinny::THREADS + 32) skinny_w8tma_t##NT##_##S(                 \
         const __grid_constant__ skinny::Maps maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* ws, i64 ws_b,  \
-        i64 ws_n, i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters) {          \
+        i64 ws_n, i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters,            \
+        int depth) {                                                                                              \
         skinny::gemm_w8_tma<T, NT>(maps, out, o_b, o_m, o_n, ws, ws_b, ws_n, ws_k, m, n, k, cpb, splits, part,    \
-                                   counters);                                                                    \
+                                   counters, depth);                                                             \
     }
 VT_SKINNY_TMA(bf16, bf16, 1)
 VT_SKINNY_TMA(bf16, bf16, 2)

@@ -24,7 +24,9 @@
 //! TMA form (sm_90, `VT_SKINNY_TMA`, on by default): fp8 weights at up to 32 tokens whose K
 //! has 8+ chunks run `skinny_w8tma_*`, the same tile fed by a producer warp through 3-D TMA maps
 //! of the weight and the activations (boxes of 64 rows x 128 bytes and 64 elements x 8 NT
-//! tokens, 128-byte swizzle, zeros past N, M and K) into a 4-7 deep mbarrier ring.
+//! tokens, 128-byte swizzle, zeros past N, M and K) into a 4-7 deep mbarrier ring whose depth
+//! the plan picks with the K splits (`tma_plan`: shallower rings fit more CTAs an SM, so a
+//! split grid can run in one wave).
 //!
 //! [`GemmKernel::Auto`] (the ops) takes the skinny kernel where `VT_SKINNY_GEMM` is on (the
 //! default), the views allow, and M is at most [`auto_max_m`] for the shape (measured on the
@@ -80,8 +82,8 @@ pub(crate) fn smem_for(kind: WeightKind, nt: i64, chunks: i64) -> i64 {
 /// slower on it (H200, docs/perf.md "Fourteenth session") and keep the cp.async form.
 const TMA_MIN_CHUNKS: i64 = 8;
 
-/// The TMA form's ring depth (`skinny::tma_stages`): 7 stages at 8 tokens, 6 at 16, 4 at 32
-/// (three CTAs an SM).
+/// The TMA form's deepest ring (`skinny::tma_stages`, the size of its mbarrier arrays): 7
+/// stages at 8 tokens, 6 at 16, 4 at 32 (three CTAs an SM); [`tma_plan`] picks the depth.
 fn tma_stages(nt: i64) -> i64 {
     match nt {
         1 => 7,
@@ -97,11 +99,11 @@ pub(crate) fn tma_smem(nt: i64, chunks: i64) -> i64 {
     1024 + chunks.clamp(1, tma_stages(nt)) * (ROWS * CHUNK + 2 * 8 * nt * 128)
 }
 
-/// TMA-form CTAs an SM: by shared memory, and by registers (160 threads of ~64 / 86 / 128 at
-/// NT 1 / 2 / 4: at most 6 / 4 / 3).
+/// TMA-form CTAs an SM: by shared memory, and by registers (160 threads of 70 / 92 / 134 at
+/// NT 1 / 2 / 4, NVRTC sm_90a with the run-time ring depth: at most 5 / 4 / 3).
 fn tma_per_sm(nt: i64, chunks: i64) -> i64 {
     per_sm(tma_smem(nt, chunks)).min(match nt {
-        1 => 6,
+        1 => 5,
         2 => 4,
         _ => 3,
     })
@@ -318,21 +320,68 @@ fn per_sm(smem: i64) -> i64 {
     ((227 << 10) / (smem + 1024)).clamp(1, 8)
 }
 
+/// The cost of `base` CTAs over `chunks` 128-chunks cut `s` ways on `slots` resident CTAs,
+/// and the splits that cut really makes (`chunks` in equal runs): waves x (chunks per CTA + 2)
+/// (a CTA costs about two chunks more than its chunks, filling the ring), +1 for a split (the
+/// partials' round trip and the reduction).
+fn split_cost(base: i64, chunks: i64, slots: i64, s: i64) -> (i64, i64) {
+    let per = cdiv(chunks, s.max(1));
+    let s_eff = cdiv(chunks, per);
+    (cdiv(base * s_eff, slots.max(1)) * (per + 2) + i64::from(s_eff > 1), s_eff)
+}
+
 /// K splits for `base` CTAs over `chunks` 128-chunks on `slots` resident CTAs: the count
-/// minimizing waves x (chunks per CTA + 2) (+1 for a split; ties: fewer splits), within `max`.
+/// minimizing [`split_cost`] (ties: fewer splits), within `max`.
 fn choose_splits(base: i64, chunks: i64, slots: i64, max: i64) -> i64 {
     let mut best = (i64::MAX, 1);
     for s in 1..=max.min(chunks).max(1) {
-        let per = cdiv(chunks, s);
-        let s_eff = cdiv(chunks, per);
-        // A CTA costs about two chunks more than its chunks (filling the ring), a split one
-        // more (the partials' round trip and the reduction).
-        let cost = cdiv(base * s_eff, slots) * (per + 2) + i64::from(s_eff > 1);
+        let (cost, s_eff) = split_cost(base, chunks, slots, s);
         if cost < best.0 {
             best = (cost, s_eff);
         }
     }
     best.1
+}
+
+/// The shallowest ring the TMA form's planner gives a CTA. H200, "Fourteenth session": rings of
+/// 4 (5 CTAs an SM, one wave of 560 CTAs at 5 K splits) ran o_proj at M 1 / 8 / 16 in 38.4 /
+/// 37.3 / 38.9 us against 40.4 / 40.8 / 42.6 with the full ring (3 CTAs an SM, two waves at 7
+/// splits); shallower rings were not measured.
+const TMA_MIN_DEPTH: i64 = 4;
+
+/// Ring stages an SM should have in flight (resident CTAs x stages each) before a shallower
+/// ring is taken: q_b at M 1 (384 CTAs, about 3 an SM) ran 21.2 us with 4 stages a CTA (12 an
+/// SM) against 16.0 with 7 (21 an SM), same call as above.
+const TMA_MIN_SM_STAGES: i64 = 16;
+
+/// The TMA form's ring depth and K splits for `base` CTAs over `chunks` chunks on `sms` SMs.
+/// Per depth, from the deepest ring (`tma_stages`) down to [`TMA_MIN_DEPTH`]: the splits
+/// (`forced`, else [`choose_splits`] on that depth's resident-CTA slots) and their
+/// [`split_cost`]; the cheapest plan wins, ties to the deeper ring. A shallower ring must cost
+/// at most 90% of the best deeper ring's plan (the cost counts waves and chunks, not what a
+/// shallower ring itself costs: q_b at M 1, 3 splits on rings of 4 against none on 7, would
+/// gain 7% by it, unmeasured) and keep [`TMA_MIN_SM_STAGES`] stages in flight an SM. Returns
+/// (depth, splits); the depth is at most the chunks a CTA runs.
+fn tma_plan(nt: i64, base: i64, chunks: i64, sms: i64, cap: i64, forced: Option<i64>) -> (i64, i64) {
+    let deepest = tma_stages(nt);
+    let mut best: Option<(i64, i64, i64)> = None; // (cost, depth, splits)
+    for depth in (TMA_MIN_DEPTH.min(deepest)..=deepest).rev() {
+        let per_sm = tma_per_sm(nt, chunks.min(depth));
+        let slots = sms.max(1) * per_sm;
+        let want = forced.unwrap_or_else(|| choose_splits(base, chunks, slots, cap));
+        let (cost, splits) = split_cost(base, chunks, slots, want);
+        let cpb = cdiv(chunks, splits);
+        let resident = per_sm.min(cdiv(base * splits, sms.max(1)));
+        let shallow_ok =
+            |deep_cost: i64| 10 * cost <= 9 * deep_cost && resident * depth.min(cpb) >= TMA_MIN_SM_STAGES;
+        match best {
+            None => best = Some((cost, depth, splits)),
+            Some((c, ..)) if cost < c && shallow_ok(c) => best = Some((cost, depth, splits)),
+            _ => {}
+        }
+    }
+    let (_, depth, splits) = best.unwrap_or((0, deepest, 1));
+    (depth.min(cdiv(chunks, splits)).max(1), splits)
 }
 
 /// The launch of one skinny problem and the workspace it needs (f32 elements, counters
@@ -368,12 +417,13 @@ pub(crate) fn plan(
     let cap = if tiles > COUNTERS { 1 } else { (MAX_PARTIAL_BYTES / 4 / (tiles * per_tile)).clamp(1, 64) };
     let kind = p.kind();
     let tma = tma && kind == WeightKind::W8 && nt <= 4 && chunks >= TMA_MIN_CHUNKS && p.steps_forward();
-    // Slots as for a CTA of all the chunks (short-K problems get more CTAs an SM).
-    let slots =
-        sms.max(1) as i64 * if tma { tma_per_sm(nt, chunks) } else { per_sm(smem_for(kind, nt, chunks)) };
-    let want = match splits {
-        Some(s) => (s.max(1) as i64).min(chunks).min(cap),
-        None => choose_splits(base, chunks, slots, cap),
+    let forced = splits.map(|s| (s.max(1) as i64).min(chunks).min(cap));
+    let (depth, want) = if tma {
+        tma_plan(nt, base, chunks, sms as i64, cap, forced)
+    } else {
+        // Slots as for a CTA of all the chunks (short-K problems get more CTAs an SM).
+        let slots = sms.max(1) as i64 * per_sm(smem_for(kind, nt, chunks));
+        (0, forced.unwrap_or_else(|| choose_splits(base, chunks, slots, cap)))
     };
     let cpb = cdiv(chunks, want);
     let splits = cdiv(chunks, cpb);
@@ -406,14 +456,15 @@ pub(crate) fn plan(
     ];
     if tma {
         let maps = Arg::TensorMaps(vec![p.tma_map_w(), p.tma_map_a(nt)]);
-        let args: Vec<Arg> = std::iter::once(maps).chain(out).chain(rest).collect();
+        let args: Vec<Arg> =
+            std::iter::once(maps).chain(out).chain(rest).chain([(depth as i32).into()]).collect();
         let name = match nt {
             1 => "skinny_w8tma_t1",
             2 => "skinny_w8tma_t2",
             _ => "skinny_w8tma_t4",
         };
         let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args)
-            .with_smem(tma_smem(nt, cpb) as u32);
+            .with_smem(tma_smem(nt, depth) as u32);
         return Ok((vec![l], need));
     }
     // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
@@ -586,13 +637,13 @@ mod tests {
             [(1, "skinny_w8tma_t1", 1), (16, "skinny_w8tma_t2", 2), (32, "skinny_w8tma_t4", 4)]
         {
             let (l, _) = plan(132, true, &problem(true, 1, m, 7168, 16384), None, 0).unwrap();
-            let cpb = (16384 / 128) / l[0].grid.2 as i64;
-            assert_eq!((l[0].base, l[0].block, l[0].smem), (base, 160, tma_smem(nt, cpb) as u32));
+            let (depth, _) = tma_plan(nt, 112, 128, 132, 64, None);
+            assert_eq!((l[0].base, l[0].block, l[0].smem), (base, 160, tma_smem(nt, depth) as u32));
             // A full ring: three CTAs an SM.
             assert_eq!(tma_per_sm(nt, 128), 3, "{}", tma_smem(nt, 128));
         }
-        // A CTA of one chunk (K split 8 ways) allocates one stage: six CTAs an SM.
-        assert_eq!((tma_smem(1, 1), tma_per_sm(1, 1)), (1024 + 10240, 6));
+        // A CTA of one chunk (K split 8 ways) allocates one stage: five CTAs an SM (registers).
+        assert_eq!((tma_smem(1, 1), tma_per_sm(1, 1)), (1024 + 10240, 5));
         let (l, _) = plan(132, true, &problem(true, 1, 1, 64, 1024), Some(8), 0).unwrap();
         assert_eq!((l[0].base, l[0].smem, l[0].grid.2), ("skinny_w8tma_t1", tma_smem(1, 1) as u32, 8));
         // The absorbed BMMs' K (128, 512: fewer than 8 chunks) keeps the cp.async form.
@@ -675,6 +726,28 @@ mod tests {
         let p = problem(true, 4, 3, 512, 128);
         assert_eq!(p.tma_map_w().strides, [128, 512 * 128]);
         assert_eq!(p.tma_map_a(1).strides, [256, 3 * 256]);
+    }
+
+    /// The ring depth follows the grid (H200 figures in `TMA_MIN_DEPTH`'s and
+    /// `TMA_MIN_SM_STAGES`' docs), on 132 SMs.
+    #[test]
+    fn tma_ring_depth_follows_the_grid() {
+        // o_proj 7168 x 16384 (112 row blocks, 128 chunks) at M 1-8 and 16: rings of 4, one
+        // wave of 5 / 4 CTAs an SM, against two waves of the deepest ring's 3.
+        assert_eq!(tma_plan(1, 112, 128, 132, 64, None), (4, 5));
+        assert_eq!(tma_plan(2, 112, 128, 132, 64, None), (4, 4));
+        // q_b 24576 x 1536 (384 row blocks, 12 chunks): the deepest ring, no split (3 splits on
+        // rings of 4 cost 13 against 14: within the 10% margin).
+        assert_eq!(tma_plan(1, 384, 12, 132, 64, None), (7, 1));
+        // At 32 tokens (3 CTAs an SM whatever the depth) the deepest ring.
+        assert_eq!(tma_plan(4, 112, 128, 132, 64, None).0, 4);
+        // A shallower ring that would hold too few stages an SM is not taken: a_proj 2112 x
+        // 7168 (33 row blocks, 56 chunks) splits 14 ways at a ring of 5 (4 CTAs an SM),
+        // the CTA's 4 chunks its depth; 19 splits of 3 chunks would hold 15 stages an SM.
+        assert_eq!(tma_plan(1, 33, 56, 132, 64, None), (4, 14));
+        // Forced splits keep the cheapest depth for them; the depth never exceeds a CTA's chunks.
+        assert_eq!(tma_plan(1, 112, 128, 132, 64, Some(7)), (7, 7));
+        assert_eq!(tma_plan(1, 1, 8, 132, 64, Some(8)), (1, 8));
     }
 
     #[test]
