@@ -190,13 +190,18 @@ fn split_k_reduces_in_the_same_launch() {
 }
 
 /// One split over many chunks: each kind's ring wraps (4 stages; 3 at 33-64 tokens; 6 for fp8
-/// at up to 16 tokens).
+/// at up to 16 tokens; the fp8 TMA form's planned depth).
 #[test]
 fn rings_wrap_over_long_k() {
     for (m, dt) in [(5, DType::BF16), (12, DType::F16), (20, DType::BF16), (40, DType::F16)] {
         matmul16(GemmKernel::Skinny, Some(1), dt, (m, 136, 2048));
         matmul8(Kernel::Skinny, Some(1), dt, (m, 136, 2048));
         bmm16_split(GemmKernel::Skinny, Some(1), dt, 2, m, (136, 2048), true);
+    }
+    // The planner's shallower rings of the fp8 TMA form wrap too: o_proj's 7168 x 16384 at 1
+    // and 9 tokens takes rings of 4 with 5 / 4 K splits of 26 / 32 chunks on a 132-SM device.
+    for m in [1, 9] {
+        matmul8(Kernel::Skinny, None, DType::BF16, (m, 7168, 16384));
     }
 }
 
