@@ -8,6 +8,7 @@
 //! | `VT_MLA_3WG` | on | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): Auto takes the 64-row kernel with three warpgroups (`mla_decode_wgmma_3wg`: S and the softmax in one, P V split over two; over an fp8_ds_mla cache with bf16 queries its raw-ring form `mla_decode_wgmma_fp8r`); `0` restores the two-warpgroup kernels (`mla_decode_wgmma_tma`, `mla_decode_wgmma_fp8`) |
 //! | `VT_MLA_GATHER` | off | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, a cache the TMA does not read (block sizes that 64 does not divide, `VT_MLA_DECODE_TMA` off; the sparse op's view of block size 1): with `1` Auto takes the three-warpgroup kernels' gather forms (`mla_decode_wgmma_3wg_cp`, over an fp8_ds_mla cache with bf16 queries `mla_decode_wgmma_fp8r_cp`: rows copied by cp.async) instead of the two-warpgroup and mma.sync kernels, and SparseMlaAttention leaves its kernel to that choice. Off until they have run on a GPU (docs/perf.md, "Twentieth session") |
 //! | `VT_FP8_LT` | on | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (on the H200 at M 4096 1.9-3.5x faster than the Wgmma kernel and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b, o_proj; its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels, none in ours: docs/perf.md, "Nineteenth session"); `0` restores the Wgmma kernel |
+//! | `VT_LT_TUNE` | off | CUDA MatmulBTFp8 on cuBLASLt (`Kernel::Lt`, forced or Auto's choice under `VT_FP8_LT`): the first call per shape outside a CUDA graph capture times up to 8 of the heuristic's algorithms (one warm-up and 3 timed runs each, on the call's own operands) and keeps the fastest for that shape instead of the heuristic's first choice. The first call per shape synchronizes its queue and runs the GEMM ~30 times; warm up before capturing a graph (a shape first met inside a capture keeps the heuristic's first until its next call outside one). Off until it has been measured on a GPU |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
 //! | `VT_FUSE_CACHE_WRITE` | on | MLA block, fused kv path, float (not fp8_ds_mla) cache: the cache write rides in the `FusedNormRope` launch (no `ConcatAndCacheMla`) |
 //! | `VT_SKINNY_GEMM16` | off | CUDA MatmulBT / BatchedMatmul with 16-bit weights: Auto takes the skinny kernel up to M 128 too (A/B against cuBLAS in a decode step; with it off they stay on cuBLAS, which was ahead or tied at every measured shape alone) |
@@ -36,10 +37,11 @@ pub enum Flag {
     MlaSeesaw,
     Mla3wg,
     MlaGather,
+    LtTune,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 12] = [
+    pub const ALL: [Flag; 13] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -52,6 +54,7 @@ impl Flag {
         Flag::MlaSeesaw,
         Flag::Mla3wg,
         Flag::MlaGather,
+        Flag::LtTune,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -68,6 +71,7 @@ impl Flag {
             Flag::MlaSeesaw => "VT_MLA_SEESAW",
             Flag::Mla3wg => "VT_MLA_3WG",
             Flag::MlaGather => "VT_MLA_GATHER",
+            Flag::LtTune => "VT_LT_TUNE",
         }
     }
 
@@ -93,6 +97,8 @@ impl Flag {
             Flag::Mla3wg => true,
             // Off until the gather forms have run on a GPU (docs/perf.md, "Twentieth session").
             Flag::MlaGather => false,
+            // Off until a GPU call has measured tuned against untuned (`xtask bench gemm`).
+            Flag::LtTune => false,
         }
     }
 
@@ -216,6 +222,13 @@ pub fn pdl() -> bool {
     get(Flag::Pdl)
 }
 
+/// `VT_LT_TUNE`: time the heuristic's cuBLASLt candidates at a shape's first call outside a
+/// graph capture and keep the fastest. That call synchronizes its queue and runs the GEMM ~30
+/// times; warm up before capturing a graph.
+pub fn lt_tune() -> bool {
+    get(Flag::LtTune)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +259,12 @@ mod tests {
     fn fp8_lt_is_on_by_default() {
         assert!(Flag::Fp8Lt.default_value());
         assert!(invalid_value_message(Flag::Fp8Lt, "2").ends_with("keeping the default (on)"));
+    }
+
+    #[test]
+    fn lt_tune_is_off_by_default() {
+        assert!(!Flag::LtTune.default_value());
+        assert_eq!(Flag::LtTune.env_name(), "VT_LT_TUNE");
+        assert!(Flag::ALL.contains(&Flag::LtTune));
     }
 }

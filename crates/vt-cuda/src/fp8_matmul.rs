@@ -88,6 +88,10 @@ pub enum Kernel {
     ///
     /// Any other view is refused by a forced Lt (an error naming the argument) and left to the
     /// other kernels by Auto.
+    ///
+    /// The algorithm is the heuristic's first choice per shape, or with `VT_LT_TUNE` on the
+    /// fastest of its candidates, timed at the shape's first call outside a graph capture
+    /// (which synchronizes the queue; see [`lt_tuned_shapes`]).
     Lt,
 }
 
@@ -742,6 +746,14 @@ pub fn matmul_bt_fp8_with(q: &Queue, x: &MatmulBTFp8Args<'_>, kernel: Kernel) ->
 /// [`matmul_bt_fp8_with`] with the K splits forced too.
 pub fn matmul_bt_fp8_with_options(q: &Queue, x: &MatmulBTFp8Args<'_>, opts: &Fp8Options) -> Result<Kernel> {
     run_problem(q, &Problem::of_matmul_bt(x), opts)
+}
+
+/// How many cuBLASLt shapes (keys: device, shape, leading dimensions, output type,
+/// alignments) this process has tuned so far: their [`Kernel::Lt`] algorithm was chosen by
+/// `VT_LT_TUNE`'s timing of the heuristic's candidates (the heuristic's first where none
+/// could be timed). For tests and benchmarks.
+pub fn lt_tuned_shapes() -> usize {
+    crate::cublaslt::tuned_shapes()
 }
 
 /// BatchedMatmulFp8 with the kernel chosen by the caller (see [`matmul_bt_fp8_with`]).

@@ -4,7 +4,8 @@
 //! must stay NaN), non-contiguous views (row-strided activations and outputs, a tensor-
 //! parallel row slice of a weight with its scale rows), N and K not multiples of 128, and
 //! M = 1, 7, 128 and 4096; cuBLASLt (`Kernel::Lt`) in its own layouts, its refusals, Auto
-//! with `VT_FP8_LT` at its default (on), on and off, and a graph replay. QuantizeFp8 must
+//! with `VT_FP8_LT` at its default (on), on and off, a graph replay, and `VT_LT_TUNE`'s
+//! measured choice (tuned once per shape, never inside a capture). QuantizeFp8 must
 //! match byte for byte. Each test prints a SKIP line and passes when no CUDA device is present.
 
 mod common;
@@ -543,6 +544,138 @@ fn forced_lt_refuses_views_outside_its_rules() {
     batched_matmul_fp8(&g, &xb).unwrap();
     let e = batched_matmul_fp8_with(&g, &xb, Kernel::Lt).unwrap_err().to_string();
     assert!(e.contains("BatchedMatmulFp8") && e.contains("Lt"), "{e}");
+}
+
+/// An Lt problem's buffers on one queue: `a` `[M, K]`, `b` `[N, K]`, `out` `[M, N]`
+/// contiguous, `b_scale` `[ceil(N/128), ceil(K/128)]` (K a multiple of 512, so its rows are
+/// already `round_up(KB, 4)` apart), `a_scale` stored `[KB, M]`.
+struct LtProblem {
+    m: i64,
+    kb: i64,
+    a: Buffer,
+    b: Buffer,
+    bs: Buffer,
+    asc: Buffer,
+    out: Buffer,
+}
+
+impl LtProblem {
+    fn new(g: &Queue, r: &mut ChaCha8Rng, (m, n, k): (i64, i64, i64)) -> LtProblem {
+        assert_eq!(k % 512, 0, "b_scale rows must be round_up(KB, 4) apart");
+        let f8 = DType::F8E4M3;
+        let (kb, nb) = (blocks(k), blocks(n));
+        LtProblem {
+            m,
+            kb,
+            a: Buffer::from_bytes(g, f8, &[m, k], &codes(r, m * k)).unwrap(),
+            b: Buffer::from_bytes(g, f8, &[n, k], &codes(r, n * k)).unwrap(),
+            bs: Buffer::from_bytes(g, DType::F32, &[nb, kb], &scale_bytes(r, nb * kb)).unwrap(),
+            asc: Buffer::from_bytes(g, DType::F32, &[kb, m], &scale_bytes(r, kb * m)).unwrap(),
+            out: Buffer::nan(g, DType::BF16, &[m, n]).unwrap(),
+        }
+    }
+
+    fn args(&self) -> MatmulBTFp8Args<'_> {
+        MatmulBTFp8Args {
+            out: self.out.view(),
+            a: self.a.view(),
+            a_scale: Some(self.asc.view().as_strided(0, &[self.m, self.kb], &[1, self.m]).unwrap()),
+            b: self.b.view(),
+            b_scale: self.bs.view(),
+        }
+    }
+
+    /// NaN over `out` again, waited for.
+    fn poison(&self, g: &Queue) {
+        let n = self.out.view().numel() as usize;
+        g.write_bytes(&self.out.view(), &encode_f64(DType::BF16, &vec![f64::NAN; n])).unwrap();
+        g.synchronize().unwrap();
+    }
+}
+
+/// Sets `VT_LT_TUNE` from code for one test and returns it to the environment's value when
+/// dropped (a failed assertion included).
+struct LtTuneOverride;
+
+impl LtTuneOverride {
+    fn set(on: bool) -> LtTuneOverride {
+        vt_core::flags::set_override(vt_core::flags::Flag::LtTune, Some(on));
+        LtTuneOverride
+    }
+}
+
+impl Drop for LtTuneOverride {
+    fn drop(&mut self) {
+        vt_core::flags::set_override(vt_core::flags::Flag::LtTune, None);
+    }
+}
+
+/// `VT_LT_TUNE` (set from code: `flags::set_override`): off, an Lt call tunes nothing; on, a
+/// shape's first call outside a capture times the heuristic's candidates (the shape counts
+/// as tuned, once) and the tuned algorithm matches the CPU. A shape met untuned and then
+/// called inside a graph capture with the flag on is not tuned there (tuning synchronizes,
+/// which would fail the capture) and replays its untuned result bit for bit; its next eager
+/// call tunes it, the result agrees with the untuned one within the op's tolerance, and a
+/// new capture replays the tuned algorithm bit for bit. Holds the exclusive side: it
+/// captures, and the flag is process-wide.
+#[test]
+fn lt_tune_times_candidates_at_the_first_eager_call() {
+    let _gpu = exclusive();
+    let Some((_c, g)) = cuda() else { return };
+    if lt_skip(&g) {
+        return;
+    }
+    use vt_cuda::fp8_matmul::lt_tuned_shapes;
+    // Against the CPU, at a shape no other test uses (lt_case makes a fresh queue per call).
+    let flag = LtTuneOverride::set(false);
+    let shape = (256, 1152, 2048);
+    let n0 = lt_tuned_shapes();
+    assert_eq!(lt_case(Kernel::Lt, DType::BF16, shape, 2048, 0), Some(Kernel::Lt));
+    assert_eq!(lt_tuned_shapes(), n0, "a shape was tuned with VT_LT_TUNE off");
+    drop(flag);
+    let flag = LtTuneOverride::set(true);
+    assert_eq!(lt_case(Kernel::Lt, DType::BF16, shape, 2048, 0), Some(Kernel::Lt));
+    assert_eq!(lt_tuned_shapes(), n0 + 1, "the first call with VT_LT_TUNE on did not tune its shape once");
+    assert_eq!(lt_case(Kernel::Lt, DType::BF16, shape, 2048, 0), Some(Kernel::Lt));
+    assert_eq!(lt_tuned_shapes(), n0 + 1, "a tuned shape was tuned again");
+    drop(flag);
+
+    // Graph capture on one queue: the shape met eagerly with the flag off (that call also
+    // makes the queue's workspace), then captured with it on.
+    let mut r = rng("Lt tune graph");
+    let flag = LtTuneOverride::set(false);
+    let p = LtProblem::new(&g, &mut r, (128, 768, 1536));
+    let x = p.args();
+    matmul_bt_fp8(&g, &x).unwrap();
+    p.poison(&g);
+    matmul_bt_fp8_with(&g, &x, Kernel::Lt).unwrap();
+    let (untuned, u) = (p.out.to_bytes(&g).unwrap(), p.out.to_f64(&g).unwrap());
+    drop(flag);
+    let _flag = LtTuneOverride::set(true);
+    let n1 = lt_tuned_shapes();
+    p.poison(&g);
+    let graph = g.capture(|| matmul_bt_fp8_with(&g, &x, Kernel::Lt).map(|_| ())).unwrap();
+    graph.launch().unwrap();
+    g.synchronize().unwrap();
+    assert_eq!(lt_tuned_shapes(), n1, "a shape was tuned inside a capture");
+    assert_eq!(p.out.to_bytes(&g).unwrap(), untuned, "the captured untuned call differs from the eager one");
+    // The next eager call tunes the shape.
+    p.poison(&g);
+    matmul_bt_fp8_with(&g, &x, Kernel::Lt).unwrap();
+    assert_eq!(lt_tuned_shapes(), n1 + 1, "the eager call after the capture did not tune its shape");
+    let tuned = p.out.to_bytes(&g).unwrap();
+    let t = p.out.to_f64(&g).unwrap();
+    assert!(t.iter().all(|v| !v.is_nan()), "the tuned call left NaN in its output");
+    let err = vt_check::rel_fro_error(&t, &u);
+    println!("VT_LT_TUNE: tuned vs untuned relative error {err:.3e} (bit for bit: {})", tuned == untuned);
+    assert!(err <= tol(DType::BF16), "tuned vs untuned: relative error {err:.3e}");
+    // A new capture replays the tuned algorithm.
+    p.poison(&g);
+    let graph = g.capture(|| matmul_bt_fp8_with(&g, &x, Kernel::Lt).map(|_| ())).unwrap();
+    graph.launch().unwrap();
+    g.synchronize().unwrap();
+    assert_eq!(p.out.to_bytes(&g).unwrap(), tuned, "the replayed tuned call differs from the eager one");
+    assert_eq!(lt_tuned_shapes(), n1 + 1);
 }
 
 /// Lt inside a captured CUDA graph (after a warm-up call made the queue's workspace and
