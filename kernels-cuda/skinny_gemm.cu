@@ -470,8 +470,12 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) unsigned long long tma_bars[2 * MAX_STAGES];
     // The host's ring depth (its shared memory holds that many stages; kept inside the
-    // barriers' array whatever it passes).
-    const int STAGES = min(max(depth, 1), MAX_STAGES);
+    // barriers' array whatever it passes). Where the deepest ring is the planner's only depth
+    // (NT 4: skinny_gemm.rs, `TMA_MIN_DEPTH`) it is a constant: stage and phase then come from
+    // the chunk index, where counters for a run-time depth took the kernel from 128 to 134
+    // registers and q_b at 32 tokens 20% slower (a CTA an SM fewer; H100, twenty-fifth session).
+    constexpr bool FIXED = MAX_STAGES <= 4;
+    const int STAGES = FIXED ? MAX_STAGES : min(max(depth, 1), MAX_STAGES);
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     const uint32_t bars = smem_u32(tma_bars);
     auto full = [&](int st) { return bars + 8 * st; };
@@ -512,12 +516,13 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
         }
         vt::grid_dep_wait();
         for (int i = 0; i < first; ++i) issue(i, i, false, true);
-        // Stage and phase kept as counters (the depth is a run-time value: no division a chunk).
+        // Stage and phase as counters for a run-time depth (no division a chunk).
         for (int i = STAGES, st = 0, ph = 0; i < nck; ++i) {
+            if (FIXED) st = i % MAX_STAGES, ph = (i / MAX_STAGES - 1) & 1;
             mbar_wait(empty(st), ph);
             mbar_expect_tx(full(st), SB);
             issue(i, st, true, true);
-            if (++st == STAGES) st = 0, ph ^= 1;
+            if (!FIXED && ++st == STAGES) st = 0, ph ^= 1;
         }
         return;
     }
@@ -534,6 +539,7 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     // 8 j + g, units 2 t (k 0..7 of the lane's 16) and 2 t + 1.
     const uint32_t wrow = (warp * 16 + g) * 128, arow = g * 128;
     for (int i = 0, st = 0, ph = 0; i < nck; ++i) {
+        if (FIXED) st = i % MAX_STAGES, ph = (i / MAX_STAGES) & 1;
         const float sc = wsr != nullptr ? *wsr : 0.0f;
         if (wsr != nullptr) wsr += ws_k;
         mbar_wait(full(st), ph);
@@ -556,7 +562,7 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
 #pragma unroll
         for (int s = 0; s < 2; ++s) w8_step<T, NT, RW>(tmp, w[s][0], w[s][1], x0[s], x1[s], 4 * s);
         w8_scale_add<NT, RW>(acc[0], tmp, sc);
-        if (++st == STAGES) st = 0, ph ^= 1;
+        if (!FIXED && ++st == STAGES) st = 0, ph ^= 1;
     }
     finish<T, NT>(acc[0], out, o_b, o_m, o_n, batch, n0, m0, n, m, split, splits, part, counters);
 #endif
