@@ -15,7 +15,7 @@
 # Needs, carried: $BIN (default .dev/bin: TESTS="skinny_gemm fp8_matmul sparse_mla"
 # tools/device/stage.sh), $OLD (default .dev/bin_old: the xtask and vt-mla before the change),
 # .dev/kcache.tar.xz (+ .dev/kcache_old.tar.xz for $OLD's kernels) and .peer/flashmla.tar.xz.
-# PART=a runs 1-3, PART=b 4-5 (each under the 600 s a call may take); unset, all.
+# PART=a runs 1-3, PART=b 4-5 (each under the 600 s a call may take); unset, all. LT=0 skips 3.
 # Usage (in the repository root, on the GPU machine): PART=a bash tools/device/ab_skinny_sparse_lt.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,8 +64,8 @@ for r in 1 2; do
   done
 done
 
-# 3. cuBLASLt at M 4096: the heuristic's first choice, then the tuned one.
-for t in 0 1; do
+# 3. cuBLASLt at M 4096: the heuristic's first choice, then the tuned one (LT=0 skips it).
+for t in $([ "${LT:-1}" = 1 ] && echo 0 1); do
   VT_LT_TUNE=$t step "lt_tune_$t" 120 "$BIN/xtask" bench gemm --m 4096 --only a_proj,q_b,kv_b,o_proj --iters 10 --no-parity
   grep -E "^(a_proj|q_b|kv_b|o_proj) " "$OUT/lt_tune_$t.log" | sed -E 's/  sk16.*w8a8\[/ ... w8a8[/' | cut -c1-220 | tee -a "$S"
 done
