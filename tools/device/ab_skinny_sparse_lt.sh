@@ -22,15 +22,10 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 OLD=${OLD:-.dev/bin_old}
-FLASHMLA_DIR=${FLASHMLA_DIR:-.peer/flashmla}
 mkdir -p "$OUT"
-if [ ! -f "$FLASHMLA_DIR/setup.py" ] && [ -f .peer/flashmla.tar.xz ]; then
-  FLASHMLA_DIR=/tmp/flashmla/flashmla
-  mkdir -p /tmp/flashmla && tar -C /tmp/flashmla -xJf .peer/flashmla.tar.xz
-fi
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$S" || true
-source tools/device/lib.sh  # step, san, the kernel cache
+source tools/device/lib.sh  # step, san, the kernel cache, FLASHMLA_DIR
 # The old binaries' kernels into the same cache (their texts differ: other keys).
 if [ -n "${VT_CACHE_DIR:-}" ] && [ -f .dev/kcache_old.tar.xz ]; then
   tar -C "$VT_CACHE_DIR" --strip-components=1 -xJf .dev/kcache_old.tar.xz

@@ -2,6 +2,14 @@
 
 source tools/device/labs.sh  # lab_overlay
 
+# The FlashMLA tree: $FLASHMLA_DIR (default .peer/flashmla), else .peer/flashmla.tar.xz (1.2 MB
+# against 30: what the calls carry) unpacked to /tmp/flashmla.
+FLASHMLA_DIR=${FLASHMLA_DIR:-.peer/flashmla}
+if [ ! -f "$FLASHMLA_DIR/setup.py" ] && [ -f .peer/flashmla.tar.xz ]; then
+  FLASHMLA_DIR=/tmp/flashmla/flashmla
+  mkdir -p /tmp/flashmla && tar -C /tmp/flashmla -xJf .peer/flashmla.tar.xz
+fi
+
 # The kernels compiled ahead of time on the development machine (tools/device/warm_kernels.sh,
 # run by stage.sh): unpacked once into a cache folder that vt-cuda reads (VT_CACHE_DIR), so a
 # call spends no device time in NVRTC for them. A build whose texts or include paths differ

@@ -15,16 +15,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
-FLASHMLA_DIR=${FLASHMLA_DIR:-.peer/flashmla}
 mkdir -p "$OUT"
-# FlashMLA's tree carried packed (.peer/flashmla.tar.xz, 1.2 MB against 30): unpacked here.
-if [ ! -f "$FLASHMLA_DIR/setup.py" ] && [ -f .peer/flashmla.tar.xz ]; then
-  FLASHMLA_DIR=/tmp/flashmla/flashmla
-  mkdir -p /tmp/flashmla && tar -C /tmp/flashmla -xJf .peer/flashmla.tar.xz
-fi
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$S" || true
-source tools/device/lib.sh  # step
+source tools/device/lib.sh  # step, the kernel cache, FLASHMLA_DIR
 bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
 BUILD=$!
 # Every log in one archive at the end (the 8-file limit on what comes back), whatever happens.
