@@ -189,33 +189,30 @@ const MMA_MIN_ROWS: i64 = 4096;
 
 /// The decode kernel the op asks for on the block-size-1 view (a request that fails there, as
 /// on a device without wgmma or whose blocks cannot hold the full ring, falls back to the
-/// decode kernels' Auto):
-/// - over an fp8_ds_mla cache with bf16 queries and more than 32 heads, the raw-ring fp8
-///   kernel's gather form ([`decode::Kernel::WgmmaFp8Raw`]: S on the e4m3 codes, rows copied
-///   by cp.async), which beat the decode kernels' Auto (the dequantizing 64-row kernel on this
-///   view) on every decode row of `bench sparse` (H100, twenty-third session, call 5: 344.8
-///   against 357.7 us, 669.7 against 698.5, 407.3 against 433.7; docs/perf.md);
-/// - the mma.sync kernels per [`MMA_MAX_REUSE`] for a 16-bit cache;
-/// - else the decode kernels' Auto (over an fp8_ds_mla cache at most 32 heads: the narrow
-///   kernel's fp8 form). With `VT_MLA_GATHER` on, a 16-bit cache always goes to the decode
-///   kernels' Auto, which then takes the three-warpgroup kernels' gather forms.
+/// decode kernels' Auto). A 16-bit cache at 64+ heads: the mma.sync kernels where the slots are
+/// listed fewer than [`MMA_MAX_REUSE`] times (a decode gather of [`MMA_MIN_ROWS`]+ rows); where
+/// they are listed that often or more (a prefill re-reading an L2-sized kv), the three-warpgroup
+/// kernel's gather form ([`decode::Kernel::Wgmma3`]: H100, twenty-fifth session, `bench sparse
+/// --alt wgmma_3wg`, 128 heads, s_q 4096, topk 2048: 0-8% faster than the two-warpgroup wgmma
+/// kernel at s_kv 8192 - 131072; 64 heads not measured). Else the decode kernels' Auto: over an
+/// fp8_ds_mla cache its dequantizing 64-row kernel above 32 heads, which the same call measured
+/// 0.71 - 0.87x the time of the raw-ring kernel's gather form on every decode row (with
+/// F8R_VT, the twenty-fourth session's default; the twenty-third session had measured the raw
+/// ring ahead by 0.5-6% before it). With `VT_MLA_GATHER` on, a 16-bit cache always goes to the
+/// decode kernels' Auto, which then takes the three-warpgroup kernels' gather forms.
 fn auto_kernel(a: &SparseMlaAttentionArgs<'_>) -> decode::Kernel {
     let (t, n, topk) = (a.query.dim(0), a.query.dim(1), a.indices.dim(1));
     let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1)).max(1);
-    if a.cache.dtype() == DType::Fp8DsMla && a.query.dtype() == DType::BF16 && n > 32 {
-        return decode::Kernel::WgmmaFp8Raw;
-    }
     let sixteen = a.cache.dtype() != DType::Fp8DsMla && a.query.dtype() != DType::F32;
     // VT_MLA_GATHER: the decode kernels' Auto takes the three-warpgroup gather forms.
-    if sixteen
-        && !vt_core::flags::mla_gather()
-        && n >= 64
-        && t.saturating_mul(n) >= MMA_MIN_ROWS
-        && t.saturating_mul(topk) < MMA_MAX_REUSE.saturating_mul(slots)
-    {
-        decode::Kernel::Mma
-    } else {
-        decode::Kernel::Auto
+    if !sixteen || vt_core::flags::mla_gather() || n < 64 {
+        return decode::Kernel::Auto;
+    }
+    let rarely_listed = t.saturating_mul(topk) < MMA_MAX_REUSE.saturating_mul(slots);
+    match (rarely_listed, t.saturating_mul(n) >= MMA_MIN_ROWS) {
+        (true, true) => decode::Kernel::Mma,
+        (true, false) => decode::Kernel::Auto,
+        (false, _) => decode::Kernel::Wgmma3,
     }
 }
 
@@ -380,19 +377,19 @@ mod tests {
         Ok(())
     }
 
-    /// The decode kernel the op asks for: the raw-ring fp8 kernel over an fp8_ds_mla cache
-    /// above 32 heads with bf16 queries, the decode kernels' Auto over it otherwise and over a
-    /// 16-bit cache with few rows; the mma.sync kernels for a 16-bit decode gather of many rows.
+    /// The decode kernel the op asks for: the decode kernels' Auto over an fp8_ds_mla cache and
+    /// over a 16-bit cache with few rows; the mma.sync kernels for a 16-bit decode gather of
+    /// many rows; the three-warpgroup gather form where the slots are listed many times.
     #[test]
-    fn auto_kernel_takes_the_raw_ring_fp8_kernel_above_32_heads() {
+    fn auto_kernel_picks_by_cache_dtype_rows_and_reuse() {
         let mem = vec![0u128; 1 << 20];
         let view = |dt: DType, shape: &[i64]| {
             let s = vt_core::contiguous_strides(shape);
             crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
         };
         for (n, t, cache_dt, want) in [
-            (64, 2, DType::Fp8DsMla, decode::Kernel::WgmmaFp8Raw),
-            (128, 64, DType::Fp8DsMla, decode::Kernel::WgmmaFp8Raw),
+            (64, 2, DType::Fp8DsMla, decode::Kernel::Auto),
+            (128, 64, DType::Fp8DsMla, decode::Kernel::Auto),
             (32, 2, DType::Fp8DsMla, decode::Kernel::Auto),
             (128, 2, DType::BF16, decode::Kernel::Auto),
             (128, 64, DType::BF16, decode::Kernel::Mma),
@@ -408,16 +405,21 @@ mod tests {
             };
             assert_eq!(auto_kernel(&a), want, "{n} heads over {cache_dt:?}");
         }
-        // The raw-ring kernel multiplies bf16 queries only: f16 ones keep the decode kernels' Auto.
-        let a = SparseMlaAttentionArgs {
-            out: view(DType::F16, &[2, 64, 512]),
-            lse: None,
-            query: view(DType::F16, &[2, 64, 576]),
-            cache: view(DType::Fp8DsMla, &[8, 64, 656]),
-            indices: view(DType::I32, &[2, 16]),
-            scale: 0.5,
-        };
-        assert_eq!(auto_kernel(&a), decode::Kernel::Auto);
+        // A prefill: 64 tokens x 16 indices over 64 slots (each listed 16 times) at 64 and 128
+        // heads: the three-warpgroup gather form; at 32 heads the decode kernels' Auto.
+        for (n, want) in
+            [(128, decode::Kernel::Wgmma3), (64, decode::Kernel::Wgmma3), (32, decode::Kernel::Auto)]
+        {
+            let a = SparseMlaAttentionArgs {
+                out: view(DType::BF16, &[64, n, 512]),
+                lse: None,
+                query: view(DType::BF16, &[64, n, 576]),
+                cache: view(DType::BF16, &[1, 64, 576]),
+                indices: view(DType::I32, &[64, 16]),
+                scale: 0.5,
+            };
+            assert_eq!(auto_kernel(&a), want, "{n} heads, a prefill");
+        }
     }
 
     #[test]

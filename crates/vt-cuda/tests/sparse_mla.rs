@@ -324,7 +324,7 @@ fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
         }
         v.push(o(Kernel::Decode(DK::Wgmma)));
         // The three-warpgroup kernel's gather form over a 16-bit cache (the sparse view has
-        // block size 1); not the op's choice yet.
+        // block size 1; the op's choice where slots are listed many times, at 64+ heads).
         if !c.fp8 {
             v.push(o(Kernel::Decode(DK::Wgmma3)));
         }
@@ -521,19 +521,23 @@ fn sparse_mla_picks_the_tensor_core_kernels_for_deepseek_shapes() {
     let ran = check(&g, &Case::mla(2, 128, 2048, (40, 64)));
     // The op's own choice is the decode kernels' Auto (its plan is printed by the Auto rows).
     assert!(ran.iter().any(|r| r.starts_with("Auto: wgmma") || r.starts_with("Auto: mma")), "{ran:?}");
-    // An fp8_ds_mla cache at 64 heads: the raw-ring fp8 kernel's gather form (sm_90;
-    // mma64_fp8 where there is no wgmma).
+    // An fp8_ds_mla cache at 64 heads: the 64-row wgmma kernel's fp8 form (sm_90; mma64_fp8
+    // where there is no wgmma).
     let ran = check(&g, &Case::mla(2, 64, 2048, (40, 64)).fp8());
     assert!(
-        ran.iter().any(|r| r.starts_with("Auto: wgmma_fp8r_cp") || r.starts_with("Auto: mma64_fp8")),
+        ran.iter().any(|r| r.starts_with("Auto: wgmma_fp8") || r.starts_with("Auto: mma64_fp8")),
         "{ran:?}"
     );
     // A 16-bit cache listed about once per slot, T x N >= 4096 rows: the mma.sync kernel.
     let ran = check(&g, &Case::mla(64, 64, 64, (40, 64)));
     assert!(ran.iter().any(|r| r.starts_with("Auto: mma64")), "{ran:?}");
-    // Slots listed many times (a prefill re-reading a small kv): the decode kernels' Auto.
+    // Slots listed many times (a prefill re-reading a small kv): the three-warpgroup gather
+    // form on sm_90, else the decode kernels' Auto; never the mma.sync kernel.
     let ran = check(&g, &Case::mla(64, 64, 512, (2, 64)));
     assert!(ran.iter().all(|r| !r.starts_with("Auto: mma")), "{ran:?}");
+    if g.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90) {
+        assert!(ran.iter().any(|r| r.starts_with("Auto: wgmma_3wg_cp")), "{ran:?}");
+    }
 }
 
 /// CacheIndexerKeys: bf16/f16/f32, block sizes 1/16/64, a strided k (a column slice of a
