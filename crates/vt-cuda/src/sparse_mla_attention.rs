@@ -196,7 +196,7 @@ const MMA_MIN_ROWS: i64 = 4096;
 /// --alt wgmma_3wg`, 128 heads, s_q 4096, topk 2048: 0-8% faster than the two-warpgroup wgmma
 /// kernel at s_kv 8192 - 131072; 64 heads not measured). Else the decode kernels' Auto: over an
 /// fp8_ds_mla cache its dequantizing 64-row kernel above 32 heads, which the same call measured
-/// 0.71 - 0.87x the time of the raw-ring kernel's gather form on every decode row (with
+/// 0.67 - 0.87x the time of the raw-ring kernel's gather form on every decode row (with
 /// F8R_VT, the twenty-fourth session's default; the twenty-third session had measured the raw
 /// ring ahead by 0.5-6% before it). With `VT_MLA_GATHER` on, a 16-bit cache always goes to the
 /// decode kernels' Auto, which then takes the three-warpgroup kernels' gather forms.
