@@ -461,7 +461,7 @@ template <int NT> __host__ __device__ constexpr int tma_smem(int chunks) {
     return 1024 + (chunks < tma_stages<NT>() ? chunks : tma_stages<NT>()) * tma_stage_bytes<NT>();
 }
 
-template <typename T, int NT>
+template <typename T, int NT, bool SHALLOW>
 __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* ws, i64 ws_b, i64 ws_n,
                             i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters,
                             int depth) {
@@ -469,12 +469,14 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     constexpr int MAX_STAGES = tma_stages<NT>(), SB = tma_stage_bytes<NT>(), ABOX = 8 * NT * 128;
     extern __shared__ unsigned char smem_raw[];
     __shared__ __align__(8) unsigned long long tma_bars[2 * MAX_STAGES];
-    // The host's ring depth (its shared memory holds that many stages; kept inside the
-    // barriers' array whatever it passes). Where the deepest ring is the planner's only depth
-    // (NT 4: skinny_gemm.rs, `TMA_MIN_DEPTH`) it is a constant: stage and phase then come from
-    // the chunk index, where counters for a run-time depth took the kernel from 128 to 134
-    // registers and q_b at 32 tokens 20% slower (a CTA an SM fewer; H100, twenty-fifth session).
-    constexpr bool FIXED = MAX_STAGES <= 4;
+    // SHALLOW (`skinny_w8tma_shallow_*`, launched only where the host's ring wraps at fewer
+    // stages than the deepest): the ring depth is the host's `depth` (its shared memory holds
+    // that many stages; kept inside the barriers' array whatever it passes), stage and phase
+    // run as counters. Else the deepest ring, a constant, stage and phase from the chunk index
+    // (and `depth` unused): the counters cost registers (NT 4: 128 -> 134, a CTA an SM fewer,
+    // q_b at 32 tokens 20% slower; NT 1: 62 -> 70, a_proj and q_b 2-4% slower; H100,
+    // twenty-fifth session).
+    constexpr bool FIXED = !SHALLOW;
     const int STAGES = FIXED ? MAX_STAGES : min(max(depth, 1), MAX_STAGES);
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     const uint32_t bars = smem_u32(tma_bars);
@@ -532,7 +534,8 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     constexpr int RW = 4 / NT;
     float acc[1][NT][4];
     zero(acc);
-    // This warp's rows' block scales, advanced a chunk at a time (null past N).
+    // This warp's rows' block scales (null past N; SHALLOW: advanced a chunk at a time, which
+    // keeps its counters' registers down).
     const float* wsr = n0 < n ? ws + batch * ws_b + (i64)(n0 >> 7) * ws_n + (i64)c_lo * ws_k : nullptr;
     // Swizzled offsets (16-byte unit u of row r at r * 128 + (u ^ r % 8) * 16; here r % 8 == g):
     // weight piece 2 s + h is row 16 warp + g + 8 h, unit 4 s + t; activation half s of token
@@ -540,8 +543,8 @@ __device__ void gemm_w8_tma(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n,
     const uint32_t wrow = (warp * 16 + g) * 128, arow = g * 128;
     for (int i = 0, st = 0, ph = 0; i < nck; ++i) {
         if (FIXED) st = i % MAX_STAGES, ph = (i / MAX_STAGES) & 1;
-        const float sc = wsr != nullptr ? *wsr : 0.0f;
-        if (wsr != nullptr) wsr += ws_k;
+        const float sc = wsr == nullptr ? 0.0f : FIXED ? wsr[(i64)i * ws_k] : *wsr;
+        if (!FIXED && wsr != nullptr) wsr += ws_k;
         mbar_wait(full(st), ph);
         const uint32_t sw = base + st * SB, sa = sw + ROWS * CHUNK;
         uint4 w[2][2], x0[2][NT], x1[2][NT];
@@ -587,18 +590,25 @@ VT_SKINNY_NT(f16, f16, w8, skinny::W8)
 VT_SKINNY_NT(bf16, bf16, w16n, skinny::W16N)
 VT_SKINNY_NT(f16, f16, w16n, skinny::W16N)
 
-// The TMA form: THREADS compute threads + one producer warp.
-#define VT_SKINNY_TMA(S, T, NT)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(skinny::THREADS + 32) skinny_w8tma_t##NT##_##S(                 \
+// The TMA form: THREADS compute threads + one producer warp; the deepest ring, and at NT 1 / 2
+// the shallower planned ring (`_shallow_`).
+#define VT_SKINNY_TMA_FORM(S, T, NT, NAME, SHALLOW)                                                            \
+    extern "C" __global__ void __launch_bounds__(skinny::THREADS + 32) NAME##_t##NT##_##S(                      \
         const __grid_constant__ skinny::Maps maps, T* out, i64 o_b, i64 o_m, i64 o_n, const float* ws, i64 ws_b,  \
         i64 ws_n, i64 ws_k, int m, int n, int k, int cpb, int splits, float* part, unsigned* counters,            \
         int depth) {                                                                                              \
-        skinny::gemm_w8_tma<T, NT>(maps, out, o_b, o_m, o_n, ws, ws_b, ws_n, ws_k, m, n, k, cpb, splits, part,    \
-                                   counters, depth);                                                             \
+        skinny::gemm_w8_tma<T, NT, SHALLOW>(maps, out, o_b, o_m, o_n, ws, ws_b, ws_n, ws_k, m, n, k, cpb, splits, \
+                                            part, counters, depth);                                              \
     }
+#define VT_SKINNY_TMA(S, T, NT) VT_SKINNY_TMA_FORM(S, T, NT, skinny_w8tma, false)
+#define VT_SKINNY_TMA_SHALLOW(S, T, NT) VT_SKINNY_TMA_FORM(S, T, NT, skinny_w8tma_shallow, true)
 VT_SKINNY_TMA(bf16, bf16, 1)
 VT_SKINNY_TMA(bf16, bf16, 2)
 VT_SKINNY_TMA(f16, f16, 1)
 VT_SKINNY_TMA(f16, f16, 2)
 VT_SKINNY_TMA(bf16, bf16, 4)
 VT_SKINNY_TMA(f16, f16, 4)
+VT_SKINNY_TMA_SHALLOW(bf16, bf16, 1)
+VT_SKINNY_TMA_SHALLOW(bf16, bf16, 2)
+VT_SKINNY_TMA_SHALLOW(f16, f16, 1)
+VT_SKINNY_TMA_SHALLOW(f16, f16, 2)

@@ -429,7 +429,7 @@ fn samples(dt: DType) -> Result<Samples> {
     }
     // The skinny GEMM (16-bit dtypes): 16-bit weights through MatmulBT / BatchedMatmul and
     // fp8 weights through MatmulBTFp8 at 1, 9, 17 and 33 tokens (t1, t2, t4, t8; w8tma t1, t2, t4),
-    // split and unsplit.
+    // split and unsplit, and at o_proj's shape (w8tma_shallow t1, t2).
     if dt != DType::F32 {
         use crate::fp8_matmul::{plan_matmul_bt, Device, Fp8Options, Kernel as FK};
         use crate::skinny_gemm::{plan, Problem};
@@ -455,6 +455,20 @@ fn samples(dt: DType) -> Result<Samples> {
                 let l = plan_matmul_bt(dev, &a, &Fp8Options { kernel: FK::Skinny, splits }, 6 << 40)?.1;
                 add(format!("MatmulBTFp8 (Skinny M {m}, sm_{sm})"), l);
             }
+        }
+        // o_proj's shape at 1 and 9 tokens: the shallow rings (w8tma_shallow t1, t2).
+        for m in [1, 9] {
+            let (n, k) = (7168, 16384);
+            let a = MatmulBTFp8Args {
+                out: f.c(dt, &[m, n]),
+                a: f.c(dt, &[m, k]),
+                a_scale: None,
+                b: f.c(DType::F8E4M3, &[n, k]),
+                b_scale: f.c(DType::F32, &[n / 128, k / 128]),
+            };
+            let dev = Device { sm: 90, sms: 132 };
+            let l = plan_matmul_bt(dev, &a, &Fp8Options { kernel: FK::Skinny, splits: None }, 6 << 40)?.1;
+            add(format!("MatmulBTFp8 (Skinny o_proj M {m}, sm_90)"), l);
         }
         let a = BatchedMatmulArgs {
             out: f.c(dt, &[4, 2, 128]),

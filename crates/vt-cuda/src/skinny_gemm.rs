@@ -99,11 +99,12 @@ pub(crate) fn tma_smem(nt: i64, chunks: i64) -> i64 {
     1024 + chunks.clamp(1, tma_stages(nt)) * (ROWS * CHUNK + 2 * 8 * nt * 128)
 }
 
-/// TMA-form CTAs an SM: by shared memory, and by registers (160 threads of 70 / 92 / 128 at
-/// NT 1 / 2 / 4, NVRTC sm_90a with the run-time ring depth: at most 5 / 4 / 3).
+/// TMA-form CTAs an SM: by shared memory, and by registers (160 threads of 62 / 86 / 128 at
+/// NT 1 / 2 / 4, NVRTC sm_90a: at most 6 / 4 / 3; the shallow-ring kernels' 70 / 92 allow 5 / 4,
+/// and their rings of 4+ stages hold an SM to 5 / 4 by shared memory anyway).
 fn tma_per_sm(nt: i64, chunks: i64) -> i64 {
     per_sm(tma_smem(nt, chunks)).min(match nt {
-        1 => 5,
+        1 => 6,
         2 => 4,
         _ => 3,
     })
@@ -461,13 +462,21 @@ pub(crate) fn plan(
         let maps = Arg::TensorMaps(vec![p.tma_map_w(), p.tma_map_a(nt)]);
         let args: Vec<Arg> =
             std::iter::once(maps).chain(out).chain(rest).chain([(depth as i32).into()]).collect();
-        let name = match nt {
-            1 => "skinny_w8tma_t1",
-            2 => "skinny_w8tma_t2",
+        // A ring shallower than the deepest that wraps takes the kernels whose depth is a
+        // run-time value; else the deepest ring's (a CTA of fewer chunks touches only those).
+        let shallow = depth < tma_stages(nt) && cpb > depth;
+        let name = match (nt, shallow) {
+            (1, false) => "skinny_w8tma_t1",
+            (2, false) => "skinny_w8tma_t2",
+            (1, true) => "skinny_w8tma_shallow_t1",
+            (2, true) => "skinny_w8tma_shallow_t2",
             _ => "skinny_w8tma_t4",
         };
-        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args)
-            .with_smem(tma_smem(nt, depth) as u32);
+        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args).with_smem(tma_smem(
+            nt,
+            if shallow { depth } else { cpb },
+        )
+            as u32);
         return Ok((vec![l], need));
     }
     // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
@@ -636,17 +645,20 @@ mod tests {
 
     #[test]
     fn fp8_weights_up_to_32_tokens_take_the_tma_form_where_allowed() {
-        for (m, base, nt) in
-            [(1, "skinny_w8tma_t1", 1), (16, "skinny_w8tma_t2", 2), (32, "skinny_w8tma_t4", 4)]
-        {
+        // o_proj: shallow rings of 4 at up to 16 tokens (they wrap), the deepest ring at 32.
+        for (m, base, nt) in [
+            (1, "skinny_w8tma_shallow_t1", 1),
+            (16, "skinny_w8tma_shallow_t2", 2),
+            (32, "skinny_w8tma_t4", 4),
+        ] {
             let (l, _) = plan(132, true, &problem(true, 1, m, 7168, 16384), None, 0).unwrap();
             let (depth, _) = tma_plan(nt, 112, 128, 132, 64, None);
             assert_eq!((l[0].base, l[0].block, l[0].smem), (base, 160, tma_smem(nt, depth) as u32));
             // A full ring: three CTAs an SM.
             assert_eq!(tma_per_sm(nt, 128), 3, "{}", tma_smem(nt, 128));
         }
-        // A CTA of one chunk (K split 8 ways) allocates one stage: five CTAs an SM (registers).
-        assert_eq!((tma_smem(1, 1), tma_per_sm(1, 1)), (1024 + 10240, 5));
+        // A CTA of one chunk (K split 8 ways) allocates one stage: six CTAs an SM (registers).
+        assert_eq!((tma_smem(1, 1), tma_per_sm(1, 1)), (1024 + 10240, 6));
         let (l, _) = plan(132, true, &problem(true, 1, 1, 64, 1024), Some(8), 0).unwrap();
         assert_eq!((l[0].base, l[0].smem, l[0].grid.2), ("skinny_w8tma_t1", tma_smem(1, 1) as u32, 8));
         // The absorbed BMMs' K (128, 512: fewer than 8 chunks) keeps the cp.async form.
@@ -714,7 +726,7 @@ mod tests {
         p.a.1[1] = 0;
         assert_eq!(plan(132, true, &p, None, 0).unwrap().0[0].base, "skinny_w8_t1");
         p.a.1[1] = 16384;
-        assert_eq!(plan(132, true, &p, None, 0).unwrap().0[0].base, "skinny_w8tma_t1");
+        assert_eq!(plan(132, true, &p, None, 0).unwrap().0[0].base, "skinny_w8tma_shallow_t1");
     }
 
     #[test]
@@ -740,8 +752,10 @@ mod tests {
         assert_eq!(tma_plan(1, 112, 128, 132, 64, None), (4, 5));
         assert_eq!(tma_plan(2, 112, 128, 132, 64, None), (4, 4));
         // q_b 24576 x 1536 (384 row blocks, 12 chunks): the deepest ring, no split (3 splits on
-        // rings of 4 cost 13 against 14: within the margin).
+        // rings of 4 cost 13 against 14: within the margin), its fixed-depth kernel.
         assert_eq!(tma_plan(1, 384, 12, 132, 64, None), (7, 1));
+        let (l, _) = plan(132, true, &problem(true, 1, 1, 24576, 1536), None, 0).unwrap();
+        assert_eq!((l[0].base, l[0].smem), ("skinny_w8tma_t1", tma_smem(1, 12) as u32));
         // At 32 tokens (3 CTAs an SM whatever the depth) the deepest ring.
         assert_eq!(tma_plan(4, 112, 128, 132, 64, None).0, 4);
         // a_proj 2112 x 7168 (33 row blocks, 56 chunks): 14 splits on rings of 5 cost 7
