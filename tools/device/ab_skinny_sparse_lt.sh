@@ -15,7 +15,8 @@
 # Needs, carried: $BIN (default .dev/bin: TESTS="skinny_gemm fp8_matmul sparse_mla"
 # tools/device/stage.sh), $OLD (default .dev/bin_old: the xtask and vt-mla before the change),
 # .dev/kcache.tar.xz (+ .dev/kcache_old.tar.xz for $OLD's kernels) and .peer/flashmla.tar.xz.
-# PART=a runs 1-3, PART=b 4-5 (each under the 600 s a call may take); unset, all. LT=0 skips 3.
+# PART=a runs 1-3, PART=b 4-5 (each under the 600 s a call may take); unset, all. LT=0 skips 3;
+# SPARSE_ARGS replaces 4's bench options after --iters 5 (default: --alt wgmma,wgmma_3wg).
 # Usage (in the repository root, on the GPU machine): PART=a bash tools/device/ab_skinny_sparse_lt.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,7 +75,7 @@ tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
 PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
   step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"
 step sparse_bench 200 "$BIN/xtask" bench sparse --peer "$OUT/flashmla_sparse.json" --json "$OUT/sparse.json" \
-  --iters 5 --alt wgmma,wgmma_3wg
+  --iters 5 ${SPARSE_ARGS:---alt wgmma,wgmma_3wg}
 grep -E "^\| |forced|^targets" "$OUT/sparse_bench.log" | cut -c1-200 | tee -a "$S"
 
 # 5. The V3 step with fp8 weights, old and new.
