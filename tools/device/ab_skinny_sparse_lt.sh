@@ -55,8 +55,8 @@ for r in 1 2; do
   for v in old new; do
     x=$OLD/xtask
     [ "$v" = new ] && x=$BIN/xtask
-    step "gemm_${v}_$r" 100 "$x" bench gemm --m 1,8,16,32 --only a_proj,q_b,o_proj --iters 20 --no-parity
-    grep -E "^(a_proj|q_b|o_proj) " "$OUT/gemm_${v}_$r.log" | cut -c1-100 | tee -a "$S"
+    step "gemm_${v}_$r" 100 "$x" bench gemm --m 1,8,16,32 --only a_proj,q_b,o_proj,q_absorb,v_up --iters 20 --no-parity
+    grep -E "^(a_proj|q_b|o_proj|q_absorb|v_up) " "$OUT/gemm_${v}_$r.log" | cut -c1-100 | tee -a "$S"
   done
 done
 
