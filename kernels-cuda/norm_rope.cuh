@@ -20,6 +20,9 @@ __device__ __forceinline__ void rms_norm_row(T* out, const T* x, const T* w, int
                                              T* out2 = nullptr) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        // The weights into L1 now, while the sum is reduced: the second pass then waits on no
+        // DRAM round trip of its own (a decode step's norms run one row, weights not in L2).
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(w + i));
         const float v = to_f32(x[i]);
         ss = __fmaf_rn(v, v, ss);
     }
