@@ -2,7 +2,7 @@
 # One GPU call (twenty-fifth session): the session's three changes, tested and timed against the
 # binaries before them and FlashMLA in the same call.
 #  1. Tests: skinny_gemm (the fp8 TMA form's planned ring depth), fp8_matmul (cuBLASLt
-#     candidate tuning, VT_LT_TUNE), sparse_mla (Auto's raw-ring fp8 kernel); memcheck,
+#     candidate tuning, VT_LT_TUNE), sparse_mla (Auto's kernels), `xtask parity`; memcheck,
 #     racecheck and synccheck over the TMA form's ring tests, memcheck and synccheck over the
 #     sparse fp8-cache test.
 #  2. The decode GEMMs, old binary ($OLD, fixed rings) against new, twice interleaved.
@@ -43,6 +43,8 @@ if [[ $PART == *a* ]]; then
 step skinny_tests 150 "$BIN/skinny_gemm" --test-threads 1
 step fp8mm_tests 150 "$BIN/fp8_matmul" --test-threads 1
 step sparse_tests 90 "$BIN/sparse_mla" --test-threads 1
+step parity 120 "$BIN/xtask" parity --backend cuda
+grep -E "cells:" "$OUT/parity.log" | tee -a "$S"
 san skinny_memcheck 150 memcheck skinny_gemm rings_wrap_over_long_k fp8_tma_form_handles_tails_and_short_splits
 san skinny_synccheck 120 synccheck skinny_gemm rings_wrap_over_long_k fp8_tma_form_handles_tails_and_short_splits
 RACE_ARGS="--racecheck-report hazard" \
