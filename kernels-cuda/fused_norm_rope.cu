@@ -52,17 +52,20 @@ __device__ void fused_norm_rope(T* latent, i64 lat_s, T* rope, i64 rope_s, const
     }
     // The kv rows: blocks 0..kv_blocks, one token at a time.
     for (i64 t = blockIdx.x; t < tokens; t += kv_blocks) {
+        // The position and the slot first, and the position's cos / sin row into L1 while the
+        // norm runs (at decode's few tokens each would otherwise be a DRAM round trip of its
+        // own after the norm).
+        const i64 p = pos[t * pos_s];
+        const i64 s = kvc != nullptr ? slots[t * slot_s] : -1;
+        if (p >= 0 && p < max_pos && threadIdx.x * 32 < r)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(cache + p * r + threadIdx.x * 32));
         T* crow = nullptr;
-        if (kvc != nullptr) {
-            const i64 s = slots[t * slot_s];
-            if (s >= 0 && s / bs < nb) crow = kvc + (s / bs) * c_sb + (s % bs) * c_sr;
-        }
+        if (s >= 0 && s / bs < nb) crow = kvc + (s / bs) * c_sb + (s % bs) * c_sr;
         const T* row = kv + t * kv_s;
         vt::rms_norm_row<T>(latent + t * lat_s, row, w, l, eps, crow);
         const T* in = row + l;
         T* out = rope + t * rope_s;
         T* out2 = crow != nullptr ? crow + l : nullptr;
-        const i64 p = pos[t * pos_s];
         if (p < 0 || p >= max_pos) {
             for (int i = threadIdx.x; i < r; i += blockDim.x) {
                 out[i] = in[i];
