@@ -16,7 +16,8 @@
 # tools/device/stage.sh), $OLD (default .dev/bin_old: the xtask and vt-mla before the change),
 # .dev/kcache.tar.xz (+ .dev/kcache_old.tar.xz for $OLD's kernels) and .peer/flashmla.tar.xz.
 # PART=a runs 1-3, PART=b 4-5 (each under the 600 s a call may take); unset, all. LT=0 skips 3;
-# SPARSE_ARGS replaces 4's bench options after --iters 5 (default: --alt wgmma,wgmma_3wg).
+# SPARSE_ARGS replaces 4's bench options after --iters 5 (default: --alt wgmma,wgmma_3wg); PEER=0
+# runs 4 without FlashMLA.
 # Usage (in the repository root, on the GPU machine): PART=a bash tools/device/ab_skinny_sparse_lt.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,7 @@ if [ -n "${VT_CACHE_DIR:-}" ] && [ -f .dev/kcache_old.tar.xz ]; then
   tar -C "$VT_CACHE_DIR" --strip-components=1 -xJf .dev/kcache_old.tar.xz
 fi
 PART=${PART:-ab}
-if [[ $PART == *b* ]]; then
+if [[ $PART == *b* ]] && [ "${PEER:-1}" = 1 ]; then
   bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
   BUILD=$!
 fi
@@ -45,6 +46,14 @@ step fp8mm_tests 150 "$BIN/fp8_matmul" --test-threads 1
 step sparse_tests 90 "$BIN/sparse_mla" --test-threads 1
 step parity 120 "$BIN/xtask" parity --backend cuda
 grep -E "cells:" "$OUT/parity.log" | tee -a "$S"
+# The block's CUDA tests where their binaries are carried ($BIN2, default .dev/bin2: `cargo test
+# --release -p mla-block --test NAME --no-run`, copied there by name).
+BIN2=${BIN2:-.dev/bin2}
+if [ -d "$BIN2" ]; then
+  for t in "$BIN2"/*; do
+    MLA_TEST_DEVICE=cuda step "block_$(basename "$t")" 150 "$t" --test-threads 4
+  done
+fi
 san skinny_memcheck 150 memcheck skinny_gemm rings_wrap_over_long_k fp8_tma_form_handles_tails_and_short_splits
 san skinny_synccheck 120 synccheck skinny_gemm rings_wrap_over_long_k fp8_tma_form_handles_tails_and_short_splits
 RACE_ARGS="--racecheck-report hazard" \
@@ -72,11 +81,15 @@ fi
 
 if [[ $PART == *b* ]]; then
 # 4. Sparse MLA against FlashMLA.
-wait "$BUILD"
-tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
-PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
-  step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"
-step sparse_bench 200 "$BIN/xtask" bench sparse --peer "$OUT/flashmla_sparse.json" --json "$OUT/sparse.json" \
+peer=()
+if [ -n "${BUILD:-}" ]; then
+  wait "$BUILD"
+  tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+  PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+    step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json" \
+    && peer=(--peer "$OUT/flashmla_sparse.json")
+fi
+step sparse_bench 200 "$BIN/xtask" bench sparse ${peer[@]+"${peer[@]}"} --json "$OUT/sparse.json" \
   --iters 5 ${SPARSE_ARGS:---alt wgmma,wgmma_3wg}
 grep -E "^\| |forced|^targets" "$OUT/sparse_bench.log" | cut -c1-200 | tee -a "$S"
 
