@@ -159,26 +159,13 @@ __device__ __forceinline__ void finish(float (&acc)[NT][4], T* out, i64 o_b, i64
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            // Slices loaded RED at a time, all loads before the adds (one L2 round trip a batch,
-            // not a slice), then added in split order as before (the same bits).
-            constexpr int RED = 4;
-            for (int s0 = 0; s0 < splits; s0 += RED) {
-                float4 v[RED];
-#pragma unroll
-                for (int u = 0; u < RED; ++u) {
-                    const int s = s0 + u;
-                    v[u] = s >= splits  ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                           : s == split ? make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3])
-                                        : __ldcg(all + (i64)s * (THREADS * NT) + j);
-                }
-#pragma unroll
-                for (int u = 0; u < RED; ++u) {
-                    if (s0 + u >= splits) break;
-                    sum.x += v[u].x;
-                    sum.y += v[u].y;
-                    sum.z += v[u].z;
-                    sum.w += v[u].w;
-                }
+            for (int s = 0; s < splits; ++s) {
+                const float4 v = s == split ? make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3])
+                                            : __ldcg(all + (i64)s * (THREADS * NT) + j);
+                sum.x += v.x;
+                sum.y += v.y;
+                sum.z += v.z;
+                sum.w += v.w;
             }
             acc[j][0] = sum.x;
             acc[j][1] = sum.y;
