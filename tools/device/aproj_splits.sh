@@ -13,6 +13,10 @@ BIN=${BIN:-.dev/bin}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 source tools/device/lib.sh  # step
+# This script's logs in their own archive (the 8-file limit on what comes back).
+trap '(cd "$OUT" && tar czf logs_aproj.tgz --remove-files ./aproj_*.log ./ncu_*.log ./skinny_tests.log 2>/dev/null)' EXIT
+# The skinny kernel's suite first, where its binary is carried.
+if [ -x "$BIN/skinny_gemm" ]; then step skinny_tests 150 "$BIN/skinny_gemm" --test-threads 1; fi
 for s in 1 2 3 4 6 8 12 16; do
   step "aproj_s$s" 60 "$BIN/xtask" bench gemm --m 1,8 --only a_proj --iters 20 --no-parity --splits "$s"
   grep -E "^a_proj " "$OUT/aproj_s$s.log" | cut -c1-100 | sed "s/^/splits $s: /" | tee -a "$S"
