@@ -356,6 +356,24 @@ const TMA_MIN_DEPTH: i64 = 4;
 /// SM) against 16.0 with 7 (21 an SM), same call as above.
 const TMA_MIN_SM_STAGES: i64 = 16;
 
+/// The K splits that give each SM one CTA of a full ring, where the row blocks are few
+/// (`base` at most half the SMs) and some split count fills 90%+ of the SMs with one CTA each:
+/// `sms / base` splits whose CTAs hold at least `depth` chunks. H100, twenty-fifth session, a_proj
+/// 2112 x 7168 at M 1 / 8 (33 row blocks, 56 chunks), forced splits against the wave planner's
+/// 12 (14.9 / 14.7 us): 4 splits (132 CTAs of 14 chunks) 13.3 / 13.5, 3 14.2 / 14.0, 6 14.5 /
+/// 14.3, 8 14.7 / 14.7; under ncu DRAM throughput 40% at 4 splits against 35% at 12 (several
+/// CTAs an SM share its bandwidth, each paying its own start and a slice of the reduction).
+fn one_cta_an_sm(base: i64, chunks: i64, sms: i64, cap: i64, depth: i64) -> Option<i64> {
+    let want = sms / base.max(1);
+    if want < 2 || want > cap.min(chunks) {
+        return None;
+    }
+    let cpb = cdiv(chunks, want);
+    let splits = cdiv(chunks, cpb);
+    let ctas = base * splits;
+    (10 * ctas >= 9 * sms && ctas <= sms && cpb >= depth).then_some(splits)
+}
+
 /// The TMA form's ring depth and K splits for `base` CTAs over `chunks` chunks on `sms` SMs.
 /// Per depth, from the deepest ring (`tma_stages`) down to [`TMA_MIN_DEPTH`]: the splits
 /// (`forced`, else [`choose_splits`] on that depth's resident-CTA slots) and their
@@ -368,6 +386,11 @@ const TMA_MIN_SM_STAGES: i64 = 16;
 /// Returns (depth, splits); the depth is at most the chunks a CTA runs.
 fn tma_plan(nt: i64, base: i64, chunks: i64, sms: i64, cap: i64, forced: Option<i64>) -> (i64, i64) {
     let deepest = tma_stages(nt);
+    if forced.is_none() {
+        if let Some(splits) = one_cta_an_sm(base, chunks, sms, cap, deepest) {
+            return (deepest, splits);
+        }
+    }
     let mut best: Option<(i64, i64, i64)> = None; // (cost, depth, splits)
     for depth in (TMA_MIN_DEPTH.min(deepest)..=deepest).rev() {
         let per_sm = tma_per_sm(nt, chunks.min(depth));
@@ -758,11 +781,18 @@ mod tests {
         assert_eq!((l[0].base, l[0].smem), ("skinny_w8tma_t1", tma_smem(1, 12) as u32));
         // At 32 tokens (3 CTAs an SM whatever the depth) the deepest ring.
         assert_eq!(tma_plan(4, 112, 128, 132, 64, None).0, 4);
-        // a_proj 2112 x 7168 (33 row blocks, 56 chunks): 14 splits on rings of 5 cost 7
-        // against 8 for 12 splits on the deepest ring (0.875, within the margin): 12 splits of
-        // 5 chunks, a CTA's ring its 5 chunks.
-        assert_eq!(tma_plan(1, 33, 56, 132, 64, None), (5, 12));
-        assert_eq!(tma_plan(2, 33, 56, 132, 64, None), (5, 12));
+        // a_proj 2112 x 7168 (33 row blocks, 56 chunks): one CTA an SM, 4 splits of 14 chunks
+        // on the deepest ring; forced to 12 splits, the waves' plan (a CTA's ring its 5 chunks).
+        assert_eq!(tma_plan(1, 33, 56, 132, 64, None), (7, 4));
+        assert_eq!(tma_plan(2, 33, 56, 132, 64, None), (6, 4));
+        assert_eq!(tma_plan(1, 33, 56, 132, 64, Some(12)), (5, 12));
+        // Row blocks that fill 90% of the SMs only at several CTAs an SM, or more than half the
+        // SMs: the waves' plan.
+        assert_eq!(one_cta_an_sm(48, 12, 132, 64, 7), None);
+        assert_eq!(one_cta_an_sm(112, 128, 132, 64, 7), None);
+        assert_eq!(one_cta_an_sm(44, 56, 132, 64, 7), Some(3));
+        // Too few chunks for a full ring a CTA: the waves' plan.
+        assert_eq!(one_cta_an_sm(33, 20, 132, 64, 7), None);
         // Forced splits keep the cheapest depth for them; the depth never exceeds a CTA's chunks.
         assert_eq!(tma_plan(1, 112, 128, 132, 64, Some(7)), (7, 7));
         assert_eq!(tma_plan(1, 1, 8, 132, 64, Some(8)), (1, 8));
