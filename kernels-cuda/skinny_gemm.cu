@@ -439,16 +439,16 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 // The fp8 weight-only form at up to 32 tokens (NT 1, 2, 4) on sm_90, taken by the host where K
 // has 8+ chunks (skinny_gemm.rs, `TMA_MIN_CHUNKS`): the same tile, fragments and epilogue as
 // `gemm<T, W8, NT>`, but the chunks arrive by the TMA. A fifth warp (one lane) keeps a ring of
-// `depth` chunks in flight (the host's choice, at most `tma_stages`: 7 / 6 / 4; shallower rings
-// let more CTAs an SM hold a grid of more K splits in one wave): per chunk one 64-row x 128-byte box of the weight
-// (rows past N and codes past K read as zeros) and two 64-element x 8 NT-token boxes of the
+// chunks in flight (`tma_stages`: 7 / 6 / 4; the `_shallow_` kernels a shallower depth the host
+// plans, so that more CTAs an SM hold a grid of more K splits in one wave): per chunk one
+// 64-row x 128-byte box of the weight (rows past N and codes past K read as zeros) and two 64-element x 8 NT-token boxes of the
 // activations (tokens past M zeros), all 128-byte swizzled, completing on the stage's `full`
 // mbarrier; the four compute warps read their fragments, then arrive on the stage's `empty`
 // mbarrier (every thread), which the producer waits for before refilling the stage. No block
 // barrier and no per-lane copy address in the loop (the cp.async form waits on both each chunk).
-// Dynamic shared memory (1024-aligned base): `depth` x (8 KB of weights + 2 x 1 KB NT of
-// activations); a CTA of c < depth chunks touches only stages 0..c-1, and the host passes
-// depth = min(its ring, c) and allocates those stages only (`tma_smem`). The mbarriers are
+// Dynamic shared memory (1024-aligned base): one stage of 8 KB of weights + 2 x 1 KB NT of
+// activations per ring slot; a CTA of c chunks, fewer than its ring, touches only stages
+// 0..c-1, and the host allocates min(ring, chunks a CTA) stages (`tma_smem`). The mbarriers are
 // static, sized for the deepest ring.
 struct Maps {
     TmaMap w;  // [G][N][K] bytes, boxes 128 x 64 x 1
