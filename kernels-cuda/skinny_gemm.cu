@@ -443,9 +443,10 @@ __device__ void gemm(T* out, i64 o_b, i64 o_m, i64 o_n, const T* a, i64 a_b, i64
 // plans, so that more CTAs an SM hold a grid of more K splits in one wave): per chunk one
 // 64-row x 128-byte box of the weight (rows past N and codes past K read as zeros) and two
 // 64-element x 8 NT-token boxes of the activations (tokens past M zeros), all 128-byte
-// swizzled, completing on the stage's `full` mbarrier; the four compute warps read their fragments, then arrive on the stage's `empty`
-// mbarrier (every thread), which the producer waits for before refilling the stage. No block
-// barrier and no per-lane copy address in the loop (the cp.async form waits on both each chunk).
+// swizzled, completing on the stage's `full` mbarrier; the four compute warps read their
+// fragments, then arrive on the stage's `empty` mbarrier (every thread), which the producer
+// waits for before refilling the stage. No block barrier and no per-lane copy address in the
+// loop (the cp.async form waits on both each chunk).
 // Dynamic shared memory (1024-aligned base): one stage of 8 KB of weights + 2 x 1 KB NT of
 // activations per ring slot; a CTA of c chunks, fewer than its ring, touches only stages
 // 0..c-1, and the host allocates min(ring, chunks a CTA) stages (`tma_smem`). The mbarriers are
