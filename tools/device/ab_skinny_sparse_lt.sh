@@ -2,14 +2,16 @@
 # One GPU call (twenty-fifth session): the session's three changes, tested and timed against the
 # binaries before them and FlashMLA in the same call.
 #  1. Tests: skinny_gemm (the fp8 TMA form's planned ring depth), fp8_matmul (cuBLASLt
-#     candidate tuning, VT_LT_TUNE), sparse_mla (Auto's kernels), `xtask parity`; memcheck,
-#     racecheck and synccheck over the TMA form's ring tests, memcheck and synccheck over the
-#     sparse fp8-cache test.
+#     candidate tuning, VT_LT_TUNE), sparse_mla (Auto's kernels), `xtask parity`, the block's
+#     CUDA tests where carried ($BIN2); memcheck, racecheck and synccheck over the TMA form's
+#     ring tests, memcheck and synccheck over the sparse fp8-cache test.
 #  2. The decode GEMMs, old binary ($OLD, fixed rings) against new, twice interleaved.
 #  3. The M 4096 GEMMs with VT_LT_TUNE=0 and 1 (cuBLASLt's first heuristic choice against the
 #     fastest of its candidates).
-#  4. Sparse MLA against FlashMLA: the op's default (now the raw-ring kernel on the fp8 decode
-#     rows) beside the forced dequantizing wgmma and the three-warpgroup gather kernels.
+#  4. Sparse MLA against FlashMLA: the op's default beside the forced two-warpgroup wgmma
+#     kernel (over the fp8 cache its dequantizing form) and the three-warpgroup gather kernel.
+#     (Calls 3-4 of docs/perf.md's twenty-fifth session ran it; the raw-ring default it then
+#     measured was reverted.)
 #  5. The V3 step with fp8 weights at B 1 and 32 (o_proj and a_proj take the new plans), old
 #     and new.
 # Needs, carried: $BIN (default .dev/bin: TESTS="skinny_gemm fp8_matmul sparse_mla"
