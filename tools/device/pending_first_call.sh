@@ -4,7 +4,8 @@
 # an H100 / H200 with the kernel cache carried. Each step has a time cap (a hang shows as a
 # timeout and the later steps still run); FlashMLA builds in the background while the GPU runs
 # the tests.
-#  1. the decode, fp8 and sparse suites on fresh inputs, `xtask parity --backend cuda`;
+#  1. the decode, fp8 and sparse suites on fresh inputs (and the GEMM suites where staged),
+#     `xtask parity --backend cuda`;
 #  2. the decode table against FlashMLA (issues 13, 16);
 #  3. the V3 decode step, bf16 and DeepSeek's fp8 weights, against torch + FlashMLA (issue 18).
 #  4. synccheck and memcheck over the two widest combine tests.
@@ -28,6 +29,10 @@ trap '(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log ./*.json 2>/dev/null
 step decode_tests 120 "$BIN/mla_decode_attention" --test-threads 1
 step fp8_tests 90 "$BIN/mla_decode_fp8" --test-threads 1
 step sparse_tests 90 "$BIN/sparse_mla" --test-threads 1
+# The GEMM suites where staged (TESTS="... skinny_gemm fp8_matmul" tools/device/stage.sh).
+for t in skinny_gemm fp8_matmul; do
+  if [ -x "$BIN/$t" ]; then step "${t}_tests" 150 "$BIN/$t" --test-threads 1; fi
+done
 step parity 240 "$BIN/xtask" parity --backend cuda
 grep -E "cells:" "$OUT/parity.log" | tee -a "$S"
 
