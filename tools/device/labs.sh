@@ -10,7 +10,9 @@ lab_overlay() {
   { for def in "$@"; do echo "#define ${def%%=*} ${def#*=}"; done; cat "kernels-cuda/mla_decode_attention/$h"; } > "$d/$h"
 }
 
-# The lab builds warm_kernels.sh compiles ahead, as "HEADER NAME=VALUE..." lines: timeline.sh's.
-# The other lab scripts' builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and
-# W3_CP_DEFER became the defaults in the twenty-fourth session; their =0 builds are the old forms.
-LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"
+# The lab builds warm_kernels.sh compiles ahead, as "HEADER NAME=VALUE..." lines: timeline.sh's
+# and fp8_idx_lab.sh's. The other lab scripts' builds (schedule_labs.sh, f8r_labs.sh) compile on
+# the device. F8R_VT and W3_CP_DEFER became the defaults in the twenty-fourth session; their =0
+# builds are the old forms.
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
+wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1"
