@@ -69,11 +69,24 @@ struct Fp8Raw {
     float4 sc;
 };
 
+// Lab build MLA_FP8_ROW_L1 1 (docs/perf.md, "Twenty-fifth session"; off in the kernels' own
+// build): the rows allocate in L1 (evict_last) instead of bypassing it. A 656-byte row is not
+// 32-byte aligned, so a row's 64-byte lane groups straddle sectors that the next group reads
+// again; from L1 the second read is a hit.
+#ifndef MLA_FP8_ROW_L1
+#define MLA_FP8_ROW_L1 0
+#endif
 __device__ __forceinline__ uint4 ld_nc_v4(const unsigned char* p) {
     uint4 v;
+#if MLA_FP8_ROW_L1
+    asm volatile("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+#else
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
+#endif
     return v;
 }
 

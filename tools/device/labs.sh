@@ -15,4 +15,5 @@ lab_overlay() {
 # the device. F8R_VT and W3_CP_DEFER became the defaults in the twenty-fourth session; their =0
 # builds are the old forms.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1"
+wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1
+wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1 MLA_FP8_ROW_L1=1"
