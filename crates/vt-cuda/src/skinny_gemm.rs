@@ -497,11 +497,10 @@ pub(crate) fn plan(
             (2, true) => "skinny_w8tma_shallow_t2",
             _ => "skinny_w8tma_t4",
         };
-        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args).with_smem(tma_smem(
-            nt,
-            if shallow { depth } else { cpb },
-        )
-            as u32);
+        // `depth` is at most `cpb` (tma_plan), so this is the deepest ring's stages clamped to a
+        // CTA's chunks, or the shallow ring's.
+        let l = Launch::new(&SRC, name, p.dtype, grid, (THREADS + 32) as u32, args)
+            .with_smem(tma_smem(nt, depth) as u32);
         return Ok((vec![l], need));
     }
     // The weight's row stride: along N for K-contiguous rows, along K for N-contiguous ones.
