@@ -31,6 +31,9 @@
 //   columns), TMA loads only.
 // - wgmma_fp8_sm90.cuh: mla_decode_wgmma_fp8_{bf16,f16}: the 64-row kernel over an
 //   fp8_ds_mla cache, a third warpgroup dequantizing rows into the 16-bit stages.
+// - wgmma_fp8_pair_sm90.cuh: mla_decode_wgmma_fp8x2_{bf16,f16}: the same kernel over CTA
+//   pairs (clusters of two along the row blocks), each CTA dequantizing half of every tile
+//   into both CTAs' stages.
 // - wgmma_narrow_sm90.cuh: mla_decode_wgmma_n{16,32}[_tma]_{bf16,f16}: the same roles with
 //   both products transposed (tokens on wgmma's M), for at most 16 / 32 query rows.
 // - wgmma_narrow_fp8_sm90.cuh: mla_decode_wgmma_n{16,32}_fp8_{bf16,f16}: the narrow
@@ -62,6 +65,7 @@
 #include "mla_decode_attention/wgmma_seesaw_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_sm90.cuh"
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
+#include "mla_decode_attention/wgmma_fp8_pair_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
 #include "mla_decode_attention/wgmma_3wg_sm90.cuh"
 
@@ -109,6 +113,17 @@ MLA_WGMMA_SS(f16, f16)
               mla::Layout<mla::WGMMA_ROWS>::SMEM, mla::Layout<mla::WGMMA_ROWS>::STAGES)
 MLA_WGMMA_FP8(bf16, bf16)
 MLA_WGMMA_FP8(f16, f16)
+// The same over CTA pairs (clusters of two along grid.y, which the host keeps even): each CTA
+// dequantizes half of every tile into both CTAs' stages.
+#define MLA_WGMMA_FP8_PAIR(S, T)                                                              \
+    extern "C" __global__ void __cluster_dims__(1, mla::PAIR_CTAS, 1) __launch_bounds__(mla::FP8_WG_THREADS, 1) \
+        mla_decode_wgmma_fp8x2_##S(const mla::Params p) {                                     \
+        mla::decode_wgmma_fp8_pair<T>(p);                                                     \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_fp8x2_##S, mla::FP8_WG_THREADS, mla::WGMMA_ROWS,                \
+              mla::Layout<mla::WGMMA_ROWS>::SMEM, mla::Layout<mla::WGMMA_ROWS>::STAGES)
+MLA_WGMMA_FP8_PAIR(bf16, bf16)
+MLA_WGMMA_FP8_PAIR(f16, f16)
 
 // The narrow kernels: MT = 16 or 32 query rows per CTA.
 #define MLA_WGMMA_NARROW(S, T, MT)                                                            \

@@ -206,6 +206,43 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 __device__ __forceinline__ void prefetch_map(const TmaMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+
+// Thread-block clusters (distributed shared memory). A shared::cluster address is 32 bits;
+// mapa turns a shared::cta address of this CTA into the same offset in CTA `rank` of the
+// cluster.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+    uint32_t d;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(d) : "r"(addr), "r"(rank));
+    return d;
+}
+// 16 bytes into (another CTA's) shared memory at the shared::cluster address `dst`; the
+// store completes 16 bytes of transactions on the mbarrier `bar` (in the CTA `dst` is in).
+__device__ __forceinline__ void st_async_v4(uint32_t dst, const uint32_t (&v)[4], uint32_t bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(dst),
+                 "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3]), "r"(bar)
+                 : "memory");
+}
+// One arrival on an mbarrier of any CTA of the cluster (a shared::cluster address). The
+// default semantics (release at CTA scope), as CUTLASS's cluster barriers: the kernels use it
+// to hand over shared memory whose reads are complete (wgmma waited, copy-out loads returned);
+// .release.cluster costs a MEMBAR.GPU that waits for the thread's global stores too.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Makes this thread's mbarrier.init visible to the other CTAs of the cluster (before the
+// cluster barrier that lets them arrive).
+__device__ __forceinline__ void fence_mbar_init_cluster() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Every thread of every CTA of the cluster (a warp's threads together).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 #endif  // sm_90
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -18,15 +18,34 @@ __device__ __forceinline__ unsigned char* align1024(unsigned char* ptr) {
     return ptr + ((1024 - (a & 1023)) & 1023);
 }
 
+// token_row in two steps, for a loader that looks rows up ahead of their use: the block-table
+// entry as loaded and the token's row in its block (-1 where the token does not exist), then
+// the offset (row_offset), computed only where it is used so that the lookup does not wait
+// for the load.
+struct RowRef {
+    int blk, in_blk;
+};
+__device__ __forceinline__ RowRef row_ref(const Params& p, const Segment& sg, int tile, int j) {
+    if (tile >= sg.t1 || j >= sg.len) return {0, -1};
+    const int bi = j / p.BS;
+    return {__ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm), j - bi * p.BS};
+}
+__device__ __forceinline__ i64 row_offset(const Params& p, RowRef r) {
+    if (r.in_blk < 0) return -1;
+    if (r.blk < 0 || r.blk >= p.NB) return -2;
+    return r.blk * p.c_sblk + (i64)r.in_blk * p.c_srow;
+}
+
 // The element offset of token j's row (j of sequence sg, in tile `tile` of the segment):
 // -1 when the token does not exist (past the part or the sequence), -2 when its block id is
 // outside the cache. Every loader of the tensor-core kernels looks rows up through this.
 __device__ __forceinline__ i64 token_row(const Params& p, const Segment& sg, int tile, int j) {
-        if (tile >= sg.t1 || j >= sg.len) return -1;
-        const int bi = j / p.BS;
-        const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (blk < 0 || blk >= p.NB) return -2;
-        return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
+    // (Not row_offset(row_ref(..)): the sentinel costs the kernels ~30 instructions.)
+    if (tile >= sg.t1 || j >= sg.len) return -1;
+    const int bi = j / p.BS;
+    const int blk = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+    if (blk < 0 || blk >= p.NB) return -2;
+    return blk * p.c_sblk + (i64)(j - bi * p.BS) * p.c_srow;
 }
 
 // Issues the cp.async copies of one KV tile from NTHR threads (local ids 0..NTHR-1): thread

@@ -151,6 +151,10 @@ struct Fp8RegLoader {
     __device__ __forceinline__ i64 row_of(const Params& p, const Segment& sg, int tile, int r) const {
         return token_row(p, sg, tile, tile * BN + tok0 + 32 * r);
     }
+    // The same row looked up only (row_offset finishes it where it is used).
+    __device__ __forceinline__ RowRef ref_of(const Params& p, const Segment& sg, int tile, int r) const {
+        return row_ref(p, sg, tile, tile * BN + tok0 + 32 * r);
+    }
 
     // Missing rows read as zeros (codes and scales 0 decode to 0).
     __device__ __forceinline__ void load(i64 off, Fp8Raw& r) const {
@@ -173,9 +177,10 @@ struct Fp8RegLoader {
     }
 
     // The latent codes of one round as 16-bit chunks (chunks 2q, 2q + 1 of every column
-    // block); one: warp-uniform, every lane's scales take the one-multiply form.
-    template <typename T>
-    __device__ __forceinline__ void store_codes(uint32_t dst, int tok, const Fp8Raw& raw, const float (&scs)[4],
+    // block); one: warp-uniform, every lane's scales take the one-multiply form. put(o, v)
+    // stores the 16 bytes v at byte offset o of the stage.
+    template <typename T, typename Put>
+    __device__ __forceinline__ void store_codes(const Put& put, int tok, const Fp8Raw& raw, const float (&scs)[4],
                                                 bool one) const {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
@@ -184,32 +189,44 @@ struct Fp8RegLoader {
             const Bf16Factor f = bf16_factor(sc, one);
             uint32_t out[4];
             dequant8<T>(c.x, c.y, sc, f, one, out);  // features 64 k + 16 q ..
-            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q), out);
+            put(k * SUB_BYTES + swz(tok, 2 * q), out);
             dequant8<T>(c.z, c.w, sc, f, one, out);
-            st_shared_v4(dst + k * SUB_BYTES + swz(tok, 2 * q + 1), out);
+            put(k * SUB_BYTES + swz(tok, 2 * q + 1), out);
         }
     }
 
-    // Stores round r of the tile as 16-bit rows into the stage at dst (swizzled column
-    // blocks, the 16-bit kernel's layout) and publishes the tokens' flags.
-    template <typename T>
-    __device__ __forceinline__ void store(uint32_t dst, int r, const Fp8Raw& raw, i64 off, unsigned char* valid,
-                                          unsigned char* flags) const {
+    // Stores round r's rows as 16-bit rows through put (swizzled column blocks, the 16-bit
+    // kernel's layout: see store_codes).
+    template <typename T, typename Put>
+    __device__ __forceinline__ void store_rows(const Put& put, int r, const Fp8Raw& raw) const {
         const int tok = tok0 + 32 * r;
         const float scs[4] = {raw.sc.x, raw.sc.y, raw.sc.z, raw.sc.w};
         // Warp-uniform: the one-multiply form unless a lane holds a scale >= 2^7 (a NaN scale
         // gives NaN either way).
         const bool one = fmaxf(fmaxf(scs[0], scs[1]), fmaxf(scs[2], scs[3])) < 0x1p7f;
-        store_codes<T>(dst, tok, raw, scs, __all_sync(0xffffffffu, one));
+        store_codes<T>(put, tok, raw, scs, __all_sync(0xffffffffu, one));
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             uint32_t rp[4] = {raw.rope[h].x, raw.rope[h].y, raw.rope[h].z, raw.rope[h].w};
             bf16x8_as<T>(rp);
-            st_shared_v4(dst + (NSUB - 1) * SUB_BYTES + swz(tok, q + 4 * h), rp);
+            put((NSUB - 1) * SUB_BYTES + swz(tok, q + 4 * h), rp);
         }
-        if (q == 0) valid[tok] = off >= 0 ? 1 : 0;
+    }
+
+    // Publishes round r's tokens: whether each row exists, and per warp whether a block id
+    // was outside the cache (every lane calls this: a ballot).
+    __device__ __forceinline__ void publish(int r, i64 off, unsigned char* valid, unsigned char* flags) const {
+        if (q == 0) valid[tok0 + 32 * r] = off >= 0 ? 1 : 0;
         const unsigned bad = __ballot_sync(0xffffffffu, off == -2);
         if (lane == 0) flags[2 * warp + r] = bad != 0u ? 1 : 0;
+    }
+
+    // Stores round r of the tile as 16-bit rows into the stage at dst and publishes its tokens.
+    template <typename T>
+    __device__ __forceinline__ void store(uint32_t dst, int r, const Fp8Raw& raw, i64 off, unsigned char* valid,
+                                          unsigned char* flags) const {
+        store_rows<T>([dst](uint32_t o, const uint32_t (&v)[4]) { st_shared_v4(dst + o, v); }, r, raw);
+        publish(r, off, valid, flags);
     }
 };
 
@@ -344,8 +361,9 @@ template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        consumer_tiles<T, false, FP8_WG_THREADS>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP,
-                                                 dp, wtid, r_lo, qd);
+        NamedStages<FP8_WG_THREADS> stages;
+        consumer_tiles<T, false>(p, sg, row0, sKV, valid, flags, bars, stages, o, s_alpha, s_fin, dq, sP, dp, wtid,
+                                 r_lo, qd);
         bar_arrive(BAR_EPI_WG0, 256);
         bar_sync(BAR_EPI_WG1, 256);
         stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);

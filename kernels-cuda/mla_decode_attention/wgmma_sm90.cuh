@@ -445,17 +445,26 @@ __device__ __forceinline__ void store_fin(float* s_fin, const float (&l_run)[2],
     }
 }
 
-// Warpgroup 0 of the 64-row wgmma kernels (decode_wgmma, decode_wgmma_fp8) over one segment:
-// per tile, wait for it (TMA: its mbarrier; else the K_FULL arrival of whoever loads it), S =
-// Q K^T, the online softmax, P and the rescale factors for warpgroup 1, O[:, 0:256] += P V,
-// and V_FREE (VFREE_N threads: 256 when warpgroup 1 reloads the stage, 384 when warpgroup 2
-// does after both halves of P V). Ends with the row sums and maxima in s_fin.
-template <typename T, bool TMA, int VFREE_N>
+// The hand-overs of a stage loaded without the TMA, between warpgroup 0 and whoever loads
+// it: K_FULL (the loader arrives once the tile is stored) and V_FREE (VFREE_N threads: 256
+// when warpgroup 1 reloads the stage, 384 when warpgroup 2 does after both halves of P V).
+// The CTA pair of wgmma_fp8_pair_sm90.cuh has its own (PairStages).
+template <int VFREE_N> struct NamedStages {
+    __device__ __forceinline__ void full(int st) { bar_sync(BAR_K_FULL + st, 256); }
+    __device__ __forceinline__ void release(int st) { bar_arrive(BAR_V_FREE + st, VFREE_N); }
+};
+
+// Warpgroup 0 of the 64-row wgmma kernels (decode_wgmma, decode_wgmma_fp8, decode_wgmma_fp8_pair)
+// over one segment: per tile, wait for it (TMA: its mbarrier; else stages.full), S = Q K^T,
+// the online softmax, P and the rescale factors for warpgroup 1, O[:, 0:256] += P V, and
+// stages.release once this warpgroup is done with the stage (not after a segment's last two
+// tiles: the epilogue hands the stages over). Ends with the row sums and maxima in s_fin.
+template <typename T, bool TMA, typename Stages>
 __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sKV,
                                                const unsigned char* valid, const unsigned char* flags,
-                                               StageBarriers<2, TMA>& bars, float (&o)[128], float* s_alpha,
-                                               float* s_fin, const GmmaDesc& dq, uint32_t sP, const GmmaDesc& dp, int wtid,
-                                               int r_lo, int qd) {
+                                               StageBarriers<2, TMA>& bars, Stages& stages, float (&o)[128],
+                                               float* s_alpha, float* s_fin, const GmmaDesc& dq, uint32_t sP,
+                                               const GmmaDesc& dp, int wtid, int r_lo, int qd) {
     const float c = p.scale_log2;
     const int t0 = sg.t0, t1 = sg.t1;
     const RowLimits rl(p, sg, row0, r_lo);
@@ -468,7 +477,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
             if (t == t0) bar_sync(BAR_K_FULL, 256);  // Q
             bars.wait(st);
         } else {
-            bar_sync(BAR_K_FULL + st, 256);
+            stages.full(st);
         }
 
         // (Three independent accumulator chains with a 128/384 column split measured
@@ -502,7 +511,7 @@ __device__ __forceinline__ void consumer_tiles(const Params& p, const Segment& s
         bar_arrive(BAR_P_FULL, 256);
         rescale(o, alpha[0], alpha[1]);
         pv_tile<T, 128>(o, dp, GmmaDesc(kst, SUB_BYTES, 1024));
-        if (t + 2 < t1) bar_arrive(BAR_V_FREE + st, VFREE_N);
+        if (t + 2 < t1) stages.release(st);
     }
     store_fin(s_fin, l_run, m_run, r_lo, qd);
 }
@@ -553,8 +562,9 @@ __device__ void decode_wgmma(const Params& p, const TmaMap* kv_map) {
                                            pv_tile<T, 128>(o, dp, GmmaDesc(kst + 4 * SUB_BYTES, SUB_BYTES, 1024));
                                        });
         } else {
-            consumer_tiles<T, TMA, 256>(p, sg, row0, sKV, valid, flags, bars, o, s_alpha, s_fin, dq, sP, dp, wtid,
-                                        r_lo, qd);
+            NamedStages<256> stages;
+            consumer_tiles<T, TMA>(p, sg, row0, sKV, valid, flags, bars, stages, o, s_alpha, s_fin, dq, sP, dp, wtid,
+                                   r_lo, qd);
         }
         // The epilogue sits between two block barriers: both warpgroups are done with the KV
         // stages (warpgroup 1's cp.async groups drained) and the row sums are in s_fin before

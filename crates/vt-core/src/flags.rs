@@ -7,6 +7,7 @@
 //! | `VT_MLA_SEESAW` | off | CUDA MlaDecodeAttention (sm_90) over a 16-bit cache, more than 64 query rows, 64+ sequences, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): with `1` Auto takes the 64-row kernel with FlashMLA's seesaw schedule (`mla_decode_wgmma_ss`: both warpgroups compute S for alternate tiles, O split by columns) instead of the one-consumer kernel (`mla_decode_wgmma_tma`). Off: racecheck reports its arrive / sync hand-overs of the row maxima (docs/perf.md, "Fifteenth session") |
 //! | `VT_MLA_3WG` | on | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): Auto takes the 64-row kernel with three warpgroups (`mla_decode_wgmma_3wg`: S and the softmax in one, P V split over two; over an fp8_ds_mla cache with bf16 queries its raw-ring form `mla_decode_wgmma_fp8r`); `0` restores the two-warpgroup kernels (`mla_decode_wgmma_tma`, `mla_decode_wgmma_fp8`) |
 //! | `VT_MLA_GATHER` | off | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, a cache the TMA does not read (block sizes that 64 does not divide, `VT_MLA_DECODE_TMA` off; the sparse op's view of block size 1): with `1` Auto takes the three-warpgroup kernels' gather forms (`mla_decode_wgmma_3wg_cp`, over an fp8_ds_mla cache with bf16 queries `mla_decode_wgmma_fp8r_cp`: rows copied by cp.async) instead of the two-warpgroup and mma.sync kernels, and SparseMlaAttention leaves its kernel to that choice. Off until they have run on a GPU (docs/perf.md, "Twentieth session") |
+//! | `VT_MLA_FP8_PAIR` | off | CUDA MlaDecodeAttention (sm_90) over an fp8_ds_mla cache where Auto takes the 64-row dequantizing kernel (`mla_decode_wgmma_fp8`: block sizes the TMA does not read, the sparse op's view), an even number of 64-row blocks (128 heads, or 64 heads x 2 query tokens): with `1` Auto takes its CTA-pair form (`mla_decode_wgmma_fp8x2`: clusters of two CTAs, each dequantizing half of every tile into both; docs/sparse-design.md, D3). Off until it has run on a GPU |
 //! | `VT_FP8_LT` | on | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (on the H200 at M 4096 1.9-3.5x faster than the Wgmma kernel and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b, o_proj; its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels, none in ours: docs/perf.md, "Nineteenth session"); `0` restores the Wgmma kernel |
 //! | `VT_LT_TUNE` | off | CUDA MatmulBTFp8 on cuBLASLt (`Kernel::Lt`, forced or Auto's choice under `VT_FP8_LT`): the first call per shape outside a CUDA graph capture times up to 8 of the heuristic's algorithms (one warm-up and 3 timed runs each, on the call's own operands) and keeps the fastest for that shape instead of the heuristic's first choice. The first call per shape synchronizes its queue and runs the GEMM ~30 times; warm up before capturing a graph (a shape first met inside a capture keeps the heuristic's first until its next call outside one). Off: no gain at the V3 M 4096 shapes on an H100 (docs/perf.md, twenty-fifth session) |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
@@ -38,10 +39,11 @@ pub enum Flag {
     Mla3wg,
     MlaGather,
     LtTune,
+    MlaFp8Pair,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 13] = [
+    pub const ALL: [Flag; 14] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -55,6 +57,7 @@ impl Flag {
         Flag::Mla3wg,
         Flag::MlaGather,
         Flag::LtTune,
+        Flag::MlaFp8Pair,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -72,6 +75,7 @@ impl Flag {
             Flag::Mla3wg => "VT_MLA_3WG",
             Flag::MlaGather => "VT_MLA_GATHER",
             Flag::LtTune => "VT_LT_TUNE",
+            Flag::MlaFp8Pair => "VT_MLA_FP8_PAIR",
         }
     }
 
@@ -99,6 +103,8 @@ impl Flag {
             Flag::MlaGather => false,
             // Off until a GPU call has measured tuned against untuned (`xtask bench gemm`).
             Flag::LtTune => false,
+            // Off until the pair kernel has run on a GPU (docs/sparse-design.md, D3).
+            Flag::MlaFp8Pair => false,
         }
     }
 
@@ -210,6 +216,11 @@ pub fn mla_seesaw() -> bool {
 /// `VT_MLA_3WG`.
 pub fn mla_three_wg() -> bool {
     get(Flag::Mla3wg)
+}
+
+/// `VT_MLA_FP8_PAIR`.
+pub fn mla_fp8_pair() -> bool {
+    get(Flag::MlaFp8Pair)
 }
 
 /// `VT_MLA_GATHER`.

@@ -63,6 +63,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("mla_decode_attention/wgmma_3wg_sm90.cuh"),
     header!("mla_decode_attention/wgmma_seesaw_sm90.cuh"),
     header!("mla_decode_attention/wgmma_fp8_sm90.cuh"),
+    header!("mla_decode_attention/wgmma_fp8_pair_sm90.cuh"),
     header!("mla_decode_attention/fp8_tiles.cuh"),
 ];
 

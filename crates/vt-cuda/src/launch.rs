@@ -344,6 +344,36 @@ impl CudaQueue {
         .map_err(|e| format!("launch: {e}"))
     }
 
+    /// How many clusters of `l`'s kernel can be resident at once, with `l`'s block size and
+    /// dynamic shared memory (the kernel's compile-time cluster shape, `__cluster_dims__`;
+    /// `l.grid` a multiple of it). A cluster's CTAs must share a GPC, so on a device whose GPCs
+    /// hold odd SM counts fewer than SMs / cluster size fit: a kernel sized for one wave of
+    /// clusters asks this first.
+    pub(crate) fn max_active_clusters(&self, op: OpId, l: &Launch) -> Result<u32> {
+        let f = self.kernel(op, l)?;
+        let config = sys::CUlaunchConfig {
+            gridDimX: l.grid.0,
+            gridDimY: l.grid.1,
+            gridDimZ: l.grid.2,
+            blockDimX: l.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: l.smem,
+            hStream: self.stream.cu_stream(),
+            attrs: std::ptr::null_mut(),
+            numAttrs: 0,
+        };
+        let mut n: std::ffi::c_int = 0;
+        self.device.ctx.bind_to_thread().map_err(drv("binding the context"))?;
+        // SAFETY: `n` and `config` outlive the call, which only reads `config` (no attributes:
+        // the kernel's own cluster shape applies) and writes `n`; the function belongs to this
+        // queue's context, which is current. Nothing is launched.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config) }
+            .result()
+            .map_err(|e| Error::op_failed(op, BACKEND, format!("{}: cluster occupancy: {e}", l.symbol())))?;
+        Ok(n.max(0) as u32)
+    }
+
     /// The device's streaming multiprocessor count.
     pub(crate) fn sm_count(&self) -> Result<u32> {
         let n = self

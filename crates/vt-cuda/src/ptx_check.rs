@@ -241,7 +241,7 @@ fn samples(dt: DType) -> Result<Samples> {
     // MlaDecodeAttention: the generic kernel (any dtype), and on 16-bit dtypes every
     // tensor-core kernel at 16, 32 and 64 query rows per CTA (the narrow wgmma kernel at 16
     // and 32).
-    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448 };
+    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448, pair_clusters: 66 };
     let (d, dv, bs) = (576, 512, 64);
     let mut kernels = vec![(Kernel::Generic, 2, false)];
     if dt != DType::F32 {
@@ -275,6 +275,8 @@ fn samples(dt: DType) -> Result<Samples> {
             kernels.push((Kernel::WgmmaNarrow, heads, true, DType::Fp8DsMla));
         }
         kernels.push((Kernel::Wgmma, 64, false, DType::Fp8DsMla));
+        // Its CTA pairs (two row blocks).
+        kernels.push((Kernel::WgmmaFp8Pair, 128, false, DType::Fp8DsMla));
         // The raw-ring kernel (bf16 queries only; two maps in one parameter).
         if dt == DType::BF16 {
             kernels.push((Kernel::WgmmaFp8Raw, 64, true, DType::Fp8DsMla));

@@ -332,6 +332,10 @@ fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
         if c.fp8 && c.dtype == DType::BF16 {
             v.push(o(Kernel::Decode(DK::WgmmaFp8Raw)));
         }
+        // Over an fp8 cache at 128 heads (two row blocks a token): the CTA-pair kernel.
+        if c.fp8 && c.n % 128 == 0 {
+            v.push(o(Kernel::Decode(DK::WgmmaFp8Pair)));
+        }
         // The narrow wgmma kernels (16 / 32 heads a CTA, several CTAs per token beyond 32),
         // over both caches; the op does not use them (docs/perf.md, Sparse MLA), so only with
         // VT_SPARSE_TEST_NARROW=1 (they are the decode kernels' to test).
@@ -371,7 +375,9 @@ fn check(g: &Queue, c: &Case) -> Vec<String> {
                 Err(e)
                     if matches!(
                         o.kernel,
-                        Kernel::Decode(DK::Wgmma | DK::WgmmaNarrow | DK::Wgmma3 | DK::WgmmaFp8Raw)
+                        Kernel::Decode(
+                            DK::Wgmma | DK::WgmmaNarrow | DK::Wgmma3 | DK::WgmmaFp8Raw | DK::WgmmaFp8Pair
+                        )
                     ) && e.to_string().contains("no sm_90a") =>
                 {
                     println!("wgmma not on this device: {e}");

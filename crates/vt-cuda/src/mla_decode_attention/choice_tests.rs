@@ -6,9 +6,11 @@ use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
 use super::{choose, wgmma_sm90, CacheMaps, ChoiceFlags, DecodeOptions, DeviceInfo, MAX_SMEM};
 
-const H200: DeviceInfo = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM };
-const SM80_LARGE: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM };
-const A100: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912 };
+const H200: DeviceInfo =
+    DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM, pair_clusters: 66 };
+const SM80_LARGE: DeviceInfo =
+    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM, pair_clusters: 0 };
+const A100: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912, pair_clusters: 0 };
 
 /// (kernel name, rows per CTA, row blocks, threads) of Auto for `heads` query heads, s_q 1,
 /// a bf16 query and a cache of `cache_dt` with block size `bs`.
@@ -303,4 +305,52 @@ fn three_warpgroup_flag_off_restores_the_two_warpgroup_kernels() {
             .expect("a plan");
         assert_eq!(c.plan.kernel, want, "{qdt:?} over {cdt:?}");
     }
+}
+
+/// `VT_MLA_FP8_PAIR` on: where Auto takes the dequantizing fp8 kernel (a cache the TMA does not
+/// read) with row blocks in pairs, it takes the CTA-pair form instead, its parts capped by the
+/// clusters the device holds at once; an odd number of row blocks, a 16-bit cache, a TMA-read
+/// cache (the raw-ring kernel's) and a device that reports no clusters keep their kernels, and
+/// forcing the pair where it cannot run is an error naming what it needs.
+#[test]
+fn pair_flag_makes_auto_take_the_cta_pair_form_of_the_fp8_kernel_over_paired_row_blocks() {
+    use super::Kernel;
+    let mem = vec![0u128; 1 << 16];
+    let on = ChoiceFlags { pair: true, ..ChoiceFlags::new(true, false) };
+    let plan = |a: &MlaDecodeAttentionArgs<'_>, info: &DeviceInfo, flags: ChoiceFlags| {
+        choose(a, info, &DecodeOptions::default(), flags).expect("a plan").plan
+    };
+    let h128 = heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 1);
+    let p = plan(&h128, &H200, on);
+    assert_eq!((p.kernel, p.row_blocks, p.parts), ("wgmma_fp8x2", 2, 66));
+    assert_eq!(plan(&h128, &H200, ChoiceFlags::new(true, false)).kernel, "wgmma_fp8");
+    // Fewer clusters resident than SMs / 2: one wave of them.
+    let odd_gpcs = DeviceInfo { pair_clusters: 60, ..H200 };
+    assert_eq!(plan(&h128, &odd_gpcs, on).parts, 60);
+    let none = DeviceInfo { pair_clusters: 0, ..H200 };
+    assert_eq!(plan(&h128, &none, on).kernel, "wgmma_fp8");
+    // The TMA reads block size 64: the raw-ring kernel stays Auto's choice.
+    assert_eq!(plan(&heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 64), &H200, on).kernel, "wgmma_fp8r");
+    assert_eq!(plan(&heads_128_args(&mem, DType::BF16, DType::BF16, 1), &H200, on).kernel, "wgmma");
+    // 64 heads, s_q 1: one row block.
+    assert_eq!(auto_flags(&H200, 64, DType::Fp8DsMla, 16, 2, on).0, "wgmma_fp8");
+    let forced = DecodeOptions { kernel: Kernel::WgmmaFp8Pair, ..DecodeOptions::default() };
+    let mem64 = vec![0u128; 1 << 16];
+    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
+        let s = contiguous_strides(shape);
+        crate::test_util::host_view(&mem64, dt, 0, shape, &s[..shape.len()])
+    };
+    let h64 = MlaDecodeAttentionArgs {
+        out: view(DType::BF16, &[2, 1, 64, 512]),
+        lse: None,
+        query: view(DType::BF16, &[2, 1, 64, 576]),
+        cache: view(DType::Fp8DsMla, &[8, 16, 656]),
+        block_table: view(DType::I32, &[2, 4]),
+        seq_lens: view(DType::I32, &[2]),
+        scale: 0.5,
+    };
+    let e = choose(&h64, &H200, &forced, ChoiceFlags::new(true, false)).expect_err("refused").to_string();
+    assert!(e.contains("pair kernel needs") && e.contains("s_q * N = 64"), "{e}");
+    let p = choose(&h128, &H200, &forced, ChoiceFlags::new(true, false)).expect("forced").plan;
+    assert_eq!(p.kernel, "wgmma_fp8x2");
 }

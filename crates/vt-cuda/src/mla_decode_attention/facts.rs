@@ -189,6 +189,10 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
         }
         for heads in [64, 128] {
             out.push((Kernel::Wgmma, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            // The CTA pairs: two row blocks at 128 heads.
+            if heads == 128 {
+                out.push((Kernel::WgmmaFp8Pair, heads, false, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
+            }
             // The raw-ring kernel: bf16 queries only.
             if dt == DType::BF16 {
                 out.push((Kernel::WgmmaFp8Raw, heads, true, dt, DType::Fp8DsMla, FAST_D, FAST_DV));
@@ -246,7 +250,7 @@ fn host_planning_facts_match_the_kernel_headers() {
     }
 
     // Every planned launch against its entry's facts.
-    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: super::MAX_SMEM };
+    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: super::MAX_SMEM, pair_clusters: 66 };
     let mem = vec![0u128; 1 << 18];
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
         let s = contiguous_strides(shape);
@@ -306,6 +310,11 @@ fn host_planning_facts_match_the_kernel_headers() {
                 }
             }
             Kernel::Wgmma | Kernel::WgmmaSeesaw => (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64),
+            // Clusters along grid.y: whole pairs of row blocks.
+            Kernel::WgmmaFp8Pair => {
+                check(format!("{what}: grid.y a multiple of the cluster"), main.grid.1 as i64 % 2, 0);
+                (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64)
+            }
             // The gather forms (`_cp_`) add each slot's flags.
             Kernel::Wgmma3 | Kernel::WgmmaFp8Raw => {
                 let (fp8, cp) = (kernel == Kernel::WgmmaFp8Raw, main.symbol().contains("_cp_"));

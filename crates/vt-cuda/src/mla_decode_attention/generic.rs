@@ -44,5 +44,6 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>) -> Result<MainKernel> {
         threads: THREADS,
         maps: CacheMaps::None,
         ctas_per_sm: CTAS_PER_SM,
+        cluster_y: 1,
     })
 }

@@ -159,6 +159,12 @@ pub enum Kernel {
     /// (`wgmma_fp8r`), else its gather form (`wgmma_fp8r_cp`: any block size, rows copied by
     /// cp.async; forced or `VT_MLA_GATHER` only).
     WgmmaFp8Raw,
+    /// The 64-row wgmma kernel over an fp8_ds_mla cache as CTA pairs (sm_90a; `wgmma_fp8x2`):
+    /// [`Kernel::Wgmma`]'s fp8 form in clusters of two CTAs along the row blocks, each CTA
+    /// gathering and dequantizing half of every tile into both CTAs' stages (distributed shared
+    /// memory). Needs an even number of 64-row blocks (128 heads, or 64 heads x 2 query tokens).
+    /// Auto takes it with `VT_MLA_FP8_PAIR` on where the two-warpgroup fp8 form would run.
+    WgmmaFp8Pair,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -212,6 +218,9 @@ pub(crate) struct DeviceInfo {
     /// A100): Auto takes the mma kernels' small KV ring where the full one does not fit,
     /// and the generic kernel where neither does.
     pub smem_optin: u32,
+    /// Clusters of the pair kernel (`mla_decode_wgmma_fp8x2`) resident at once (0: the module
+    /// has none, or the driver did not say): its parts are capped so that one wave holds them.
+    pub pair_clusters: u32,
 }
 
 static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceInfo>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -228,7 +237,16 @@ fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
     // The wgmma kernels exist only when the module was built for sm_90a.
     let wgmma = cq.sm() == 90 && cq.function(&SRC, "mla_decode_wgmma", DType::BF16).is_ok();
     let smem_optin = cq.smem_optin()?;
-    let info = DeviceInfo { sm: cq.sm(), sms, wgmma, smem_optin };
+    let pair_clusters = if wgmma && wgmma_sm90::SMEM <= smem_optin {
+        let pair = wgmma_sm90::fp8_pair();
+        let probe =
+            Launch::new(&SRC, pair.base, DType::BF16, (1, wgmma_sm90::PAIR_CTAS, 1), pair.threads, vec![])
+                .with_smem(pair.smem);
+        cq.max_active_clusters(OP, &probe).unwrap_or(0)
+    } else {
+        0
+    };
+    let info = DeviceInfo { sm: cq.sm(), sms, wgmma, smem_optin, pair_clusters };
     lock(&DEVICES)?.insert(ordinal, info);
     Ok(info)
 }
@@ -281,6 +299,7 @@ pub fn mla_decode_attention_with(
         seesaw: vt_core::flags::mla_seesaw(),
         three_wg: vt_core::flags::mla_three_wg(),
         gather: vt_core::flags::mla_gather(),
+        pair: vt_core::flags::mla_fp8_pair(),
     };
     let c = choose(a, &info, opts, flags)?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
@@ -300,6 +319,9 @@ pub(crate) struct MainKernel {
     /// Dynamic shared memory per CTA, bytes.
     pub smem: u32,
     pub threads: u32,
+    /// CTAs per cluster along grid.y, the kernel's `__cluster_dims__` (1: no cluster); grid.y
+    /// is then a multiple of it.
+    pub cluster_y: u32,
     /// The tensor maps of the cache the kernel takes as its second parameter.
     pub maps: CacheMaps,
     /// CTAs per SM the number of parts is sized for.
@@ -348,13 +370,15 @@ pub(crate) struct ChoiceFlags {
     pub three_wg: bool,
     /// `VT_MLA_GATHER` (Auto only): their gather forms where the TMA does not read the cache.
     pub gather: bool,
+    /// `VT_MLA_FP8_PAIR` (Auto only): the fp8 form of the 64-row kernel as CTA pairs.
+    pub pair: bool,
 }
 
 impl ChoiceFlags {
     /// `tma` and `seesaw` as given, the other flags at their defaults.
     #[cfg(test)]
     pub(crate) fn new(tma: bool, seesaw: bool) -> ChoiceFlags {
-        ChoiceFlags { tma, seesaw, three_wg: true, gather: false }
+        ChoiceFlags { tma, seesaw, three_wg: true, gather: false, pair: false }
     }
 }
 
@@ -366,8 +390,13 @@ pub(crate) fn choose(
     opts: &DecodeOptions,
     flags: ChoiceFlags,
 ) -> Result<Choice> {
-    let ChoiceFlags { tma: tma_flag, seesaw: seesaw_flag, three_wg: three_wg_flag, gather: gather_flag } =
-        flags;
+    let ChoiceFlags {
+        tma: tma_flag,
+        seesaw: seesaw_flag,
+        three_wg: three_wg_flag,
+        gather: gather_flag,
+        pair: pair_flag,
+    } = flags;
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
     let fits = |bytes: u32| bytes <= info.smem_optin;
@@ -463,6 +492,18 @@ pub(crate) fn choose(
         // More than 16 query rows (over an fp8_ds_mla cache: more than 32, fewer take the
         // narrow kernel above): the 64-row wgmma kernel (its fp8 form dequantizes in a third
         // warpgroup: docs/perf.md).
+        // With VT_MLA_FP8_PAIR on (off until it has run on a GPU), over an fp8_ds_mla cache
+        // with row blocks in pairs: the same kernel as CTA pairs (docs/sparse-design.md, D3).
+        Kernel::Auto
+            if fp8
+                && pair_flag
+                && info.wgmma
+                && info.pair_clusters > 0
+                && wgmma_sm90::pair_ok(m_total)
+                && fits(wgmma_sm90::SMEM) =>
+        {
+            Kernel::WgmmaFp8Pair
+        }
         Kernel::Auto if info.wgmma && m_total > 16 && fits(wgmma_sm90::SMEM) => Kernel::Wgmma,
         Kernel::Auto if mma_sm80::smem_for(m_total, false, fp8).is_some_and(fits) => Kernel::Mma,
         // Less shared memory per block than the full ring needs (an A100): the small ring.
@@ -475,6 +516,7 @@ pub(crate) fn choose(
         | Kernel::WgmmaSeesaw
         | Kernel::Wgmma3
         | Kernel::WgmmaFp8Raw
+        | Kernel::WgmmaFp8Pair
             if !fast =>
         {
             return Err(Error::backend(
@@ -485,7 +527,12 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw | Kernel::Wgmma3 | Kernel::WgmmaFp8Raw
+        Kernel::Wgmma
+        | Kernel::WgmmaNarrow
+        | Kernel::WgmmaSeesaw
+        | Kernel::Wgmma3
+        | Kernel::WgmmaFp8Raw
+        | Kernel::WgmmaFp8Pair
             if !info.wgmma =>
         {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
@@ -508,6 +555,16 @@ pub(crate) fn choose(
                 ),
             ))
         }
+        Kernel::WgmmaFp8Pair if !fp8 || !wgmma_sm90::pair_ok(m_total) || info.pair_clusters == 0 => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the pair kernel needs an fp8_ds_mla cache, an even number of 64-row blocks \
+                     (s_q * N = {m_total}) and a device that holds its clusters ({} resident)",
+                    info.pair_clusters
+                ),
+            ))
+        }
         Kernel::WgmmaFp8Raw if !wgmma_sm90::fp8_raw_dtypes(a) => {
             return Err(Error::backend(
                 BACKEND,
@@ -524,6 +581,7 @@ pub(crate) fn choose(
         Kernel::WgmmaSeesaw => wgmma_sm90::seesaw(),
         Kernel::Wgmma3 => wgmma_sm90::three_wg(a, tma_flag),
         Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(a, tma_flag),
+        Kernel::WgmmaFp8Pair => wgmma_sm90::fp8_pair(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?
@@ -553,6 +611,10 @@ pub(crate) fn choose(
     // One CTA per SM for the tensor-core kernels (their shared memory allows no more); the
     // small generic kernel gets 8.
     let mut parts = (info.sms as i64 * main.ctas_per_sm / row_blocks).max(1);
+    if main.cluster_y > 1 {
+        // One wave of clusters: a part is row_blocks / cluster_y clusters.
+        parts = parts.min((info.pair_clusters as i64 * main.cluster_y as i64 / row_blocks).max(1));
+    }
     if let Some(mp) = opts.max_parts {
         parts = parts.min(mp.max(1) as i64);
     }

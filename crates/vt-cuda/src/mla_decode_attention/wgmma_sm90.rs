@@ -84,6 +84,7 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel
         threads: THREADS,
         maps: CacheMaps::tiles(tma),
         ctas_per_sm: 1,
+        cluster_y: 1,
     }
 }
 
@@ -106,6 +107,7 @@ pub(super) fn seesaw() -> MainKernel {
         threads: THREADS,
         maps: CacheMaps::Tiles,
         ctas_per_sm: 1,
+        cluster_y: 1,
     }
 }
 
@@ -127,7 +129,26 @@ pub(super) fn fp8() -> MainKernel {
         threads: FP8_THREADS,
         maps: CacheMaps::None,
         ctas_per_sm: 1,
+        cluster_y: 1,
     }
+}
+
+/// CTAs per cluster of the pair kernel, along grid.y (`mla::PAIR_CTAS`).
+pub(super) const PAIR_CTAS: u32 = 2;
+
+/// The 64-row kernel over an fp8_ds_mla cache as CTA pairs (`mla_decode_wgmma_fp8x2`,
+/// `kernels-cuda/mla_decode_attention/wgmma_fp8_pair_sm90.cuh`): clusters of two CTAs along
+/// the row blocks, each dequantizing half of every tile into both CTAs' stages. The row
+/// blocks must come in pairs ([`pair_ok`]).
+pub(super) fn fp8_pair() -> MainKernel {
+    MainKernel { base: "mla_decode_wgmma_fp8x2", name: "wgmma_fp8x2", cluster_y: PAIR_CTAS, ..fp8() }
+}
+
+/// Whether the pair kernel can take `m_total` query rows: an even number of 64-row blocks
+/// (the two CTAs of a cluster are consecutive row blocks of the same parts).
+pub(super) fn pair_ok(m_total: i64) -> bool {
+    let blocks = (m_total + ROWS as i64 - 1) / ROWS as i64;
+    blocks > 0 && blocks % PAIR_CTAS as i64 == 0
 }
 
 /// Tiles in the ring of the three-warpgroup kernels (`mla::W3_SLOTS`).
@@ -187,7 +208,16 @@ fn w3_kernel(fp8: bool, tma: bool) -> MainKernel {
         (false, true) => (w3_smem(false), CacheMaps::Tiles),
         (true, true) => (w3_smem(true), CacheMaps::Fp8Rows),
     };
-    MainKernel { base, name, rows: ROWS as i64, smem, threads: FP8_THREADS, maps, ctas_per_sm: 1 }
+    MainKernel {
+        base,
+        name,
+        rows: ROWS as i64,
+        smem,
+        threads: FP8_THREADS,
+        maps,
+        ctas_per_sm: 1,
+        cluster_y: 1,
+    }
 }
 
 /// The three-warpgroup 64-row kernel over a 16-bit cache: warpgroup 0 computes S and the
@@ -321,6 +351,7 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
             threads: NARROW_FP8_THREADS,
             maps: CacheMaps::tiles(tma),
             ctas_per_sm: 1,
+            cluster_y: 1,
         };
     }
     let tma = tma_ok(&a.cache) && tma_flag;
@@ -338,5 +369,6 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
         threads: THREADS,
         maps: CacheMaps::tiles(tma),
         ctas_per_sm: 1,
+        cluster_y: 1,
     }
 }
