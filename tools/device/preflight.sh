@@ -17,6 +17,7 @@ run() {  # run NAME SCRIPT [ENV...]
 run pending tools/device/pending_first_call.sh
 run timeline tools/device/timeline.sh
 run schedule tools/device/schedule_labs.sh
+run pair tools/device/pair_first_run.sh
 for part in tests bench sanitize step; do
   run "gather_$part" tools/device/gather_first_run.sh PART=$part
 done
