@@ -123,7 +123,7 @@ impl Queue {
         // SAFETY: the span lies inside the view's allocation (checked when the view was
         // made) and the view's lifetime keeps the allocation alive.
         unsafe { self.inner.copy_d2h(t.base_addr() + lo as u64 * size as u64, &mut bytes)? };
-        let mut out = Vec::with_capacity(t.numel() as usize);
+        let mut out = crate::tensor::reserve_values(t)?;
         let base = bytes.as_ptr() as u64;
         crate::tensor::for_each_offset(t, |off| {
             // SAFETY: `off - lo` indexes inside `bytes`, which holds the whole span.

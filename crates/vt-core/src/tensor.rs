@@ -215,6 +215,11 @@ impl<'a> Tensor<'a> {
 
     /// No two index tuples map to the same element: required of every output.
     pub fn is_non_overlapping(&self) -> bool {
+        // An empty view writes nothing, whatever its strides (which `as_strided` does not
+        // bound for it, so the sums below could wrap).
+        if self.numel() == 0 {
+            return true;
+        }
         let mut dims: Vec<(i64, i64)> =
             (0..self.rank).filter(|&d| self.shape[d] > 1).map(|d| (self.strides[d], self.shape[d])).collect();
         dims.sort_unstable();
@@ -223,7 +228,9 @@ impl<'a> Tensor<'a> {
             if stride < reach {
                 return false;
             }
-            reach += stride * (size - 1);
+            // Never wraps for a non-empty view (its last offset fits i64); saturating keeps
+            // the answer conservative regardless.
+            reach = reach.saturating_add(stride.saturating_mul(size - 1));
         }
         true
     }
@@ -320,7 +327,15 @@ impl<'a> Tensor<'a> {
 
     /// Index `i` along `dim`, dropping that dim.
     pub fn select(&self, dim: usize, i: i64) -> Result<Tensor<'a>> {
-        let s = self.slice(dim, i, i + 1)?;
+        self.check_dim(dim)?;
+        let Some(end) = i.checked_add(1) else {
+            return Err(Error::invalid(
+                OP,
+                "select",
+                format!("index {i} out of 0..{} on dim {dim}", self.shape[dim]),
+            ));
+        };
+        let s = self.slice(dim, i, end)?;
         let mut shape: Vec<i64> = s.shape().to_vec();
         let mut strides: Vec<i64> = s.strides().to_vec();
         shape.remove(dim);
@@ -386,18 +401,22 @@ impl<'a> Tensor<'a> {
     }
 
     /// Reads a host-resident view's elements in logical (row-major) order as `f64`.
-    /// Returns `None` for views not on the CPU. Used by validation of index tensors.
-    pub fn host_values(&self) -> Option<Vec<f64>> {
+    /// Returns `Ok(None)` for views not on the CPU. Used by validation of index tensors.
+    ///
+    /// A view's element count is not bounded by its allocation (a stride-0 dim repeats
+    /// elements), so the values' memory is reserved fallibly: a view with more elements
+    /// than can be held is an error naming its shape and strides, not an abort.
+    pub fn host_values(&self) -> Result<Option<Vec<f64>>> {
         if self.device.kind != crate::DeviceType::Cpu {
-            return None;
+            return Ok(None);
         }
-        let mut out = Vec::with_capacity(self.numel().max(0) as usize);
+        let mut out = reserve_values(self)?;
         for_each_offset(self, |off| {
             // SAFETY: the view lies inside a live host allocation (checked by `as_strided`
             // against the extent, and the lifetime keeps the allocation alive).
             out.push(unsafe { read_host_elem(self.base, self.dtype, off) });
         });
-        Some(out)
+        Ok(Some(out))
     }
 
     fn check_dim(&self, dim: usize) -> Result<()> {
@@ -412,6 +431,26 @@ impl<'a> Tensor<'a> {
 // the queue that runs the ops, exactly as for the device allocations it describes.
 unsafe impl Send for Tensor<'_> {}
 unsafe impl Sync for Tensor<'_> {}
+
+/// An empty vector with room for every element of `t` as f64, or an error naming the view
+/// when that cannot be allocated (a broadcast view may have far more elements than its
+/// allocation).
+pub(crate) fn reserve_values(t: &Tensor<'_>) -> Result<Vec<f64>> {
+    let n = t.numel().max(0);
+    let mut out = Vec::new();
+    usize::try_from(n).ok().and_then(|n| out.try_reserve_exact(n).ok()).ok_or_else(|| {
+        Error::invalid(
+            OP,
+            "view",
+            format!(
+                "shape {:?} strides {:?}: its {n} elements cannot be read into host memory",
+                t.shape(),
+                t.strides()
+            ),
+        )
+    })?;
+    Ok(out)
+}
 
 /// Row-major strides for `shape` (first `shape.len()` entries are meaningful). A stride
 /// past `i64::MAX` saturates; [`Tensor::as_strided`] rejects any view it would describe.

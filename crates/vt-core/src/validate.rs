@@ -145,14 +145,19 @@ impl Check {
 
 /// Checks of index tensors' values. Only possible where the values are host-readable
 /// (the CPU device); GPU kernels instead skip out-of-range indices and never write
-/// outside their outputs (see each op's contract).
-pub(crate) fn host_ints(t: &Tensor<'_>) -> Option<Vec<i64>> {
-    t.host_values().map(|v| v.into_iter().map(|x| x as i64).collect())
+/// outside their outputs (see each op's contract). A view with more elements than host
+/// memory can hold (a huge stride-0 dim) is an error naming `arg`.
+pub(crate) fn host_ints(c: &Check, arg: &'static str, t: &Tensor<'_>) -> Result<Option<Vec<i64>>> {
+    let v = t.host_values().map_err(|e| match e {
+        Error::InvalidArgument { msg, .. } => c.err(arg, msg),
+        e => e,
+    })?;
+    Ok(v.map(|v| v.into_iter().map(|x| x as i64).collect()))
 }
 
 /// A cumulative-lengths tensor `[B+1]`: starts at 0, nondecreasing, ends at most at `total`.
 pub(crate) fn check_cu_seqlens(c: &Check, arg: &'static str, t: &Tensor<'_>, total: i64) -> Result<()> {
-    let Some(v) = host_ints(t) else { return Ok(()) };
+    let Some(v) = host_ints(c, arg, t)? else { return Ok(()) };
     if v.first().copied() != Some(0) {
         return Err(c.err(arg, format!("must start at 0, got {:?}", v.first())));
     }

@@ -75,6 +75,32 @@ fn slices_and_unsqueezes_of_huge_strides_do_not_wrap() {
     assert!(w.unsqueeze(1).is_ok());
 }
 
+#[test]
+fn an_empty_view_with_huge_strides_is_non_overlapping_without_wrapping() {
+    let r = root(16);
+    // An empty view reaches no element, so `as_strided` leaves its strides unbounded; the
+    // overlap test summed `stride * (size - 1)` and wrapped i64 (a panic in debug builds).
+    let e = r.as_strided(0, &[0, 2, 2], &[0, i64::MAX, i64::MAX]).unwrap();
+    assert!(e.is_non_overlapping());
+    let e = r.as_strided(0, &[2, 0, 3], &[i64::MAX / 2, 1, i64::MAX / 3]).unwrap();
+    assert!(e.is_non_overlapping());
+    // Non-empty views keep their answers.
+    assert!(!r.as_strided(0, &[2, 2], &[1, 1]).unwrap().is_non_overlapping());
+    assert!(r.as_strided(0, &[2, 2], &[2, 1]).unwrap().is_non_overlapping());
+}
+
+#[test]
+fn selecting_index_i64_max_is_an_error_naming_the_index() {
+    let r = root(16);
+    let v = r.as_strided(0, &[4, 4], &[4, 1]).unwrap();
+    // `i + 1` wrapped (a panic in debug builds) before the range check could run.
+    let m = err_msg(v.select(0, i64::MAX));
+    assert!(m.contains(&i64::MAX.to_string()) && m.contains("dim 0"), "{m}");
+    let m = err_msg(v.select(2, 0));
+    assert!(m.contains("dim 2"), "{m}");
+    assert_eq!(v.select(1, 3).unwrap().shape(), &[4]);
+}
+
 /// Sizes that stress the arithmetic: small ones, and ones near the powers where products wrap.
 fn size() -> impl Strategy<Value = i64> {
     prop_oneof![

@@ -1402,3 +1402,60 @@ fn merge_attn_states_rejects_malformed_arguments() {
     }
     merge_attn_states(&q, &good).unwrap();
 }
+
+/// A view of `shape` whose every element is the first element of `b` (all strides 0).
+fn broadcast<'a>(b: &'a Buffer, shape: &[i64]) -> Tensor<'a> {
+    b.view().as_strided(0, shape, &vec![0; shape.len()]).unwrap()
+}
+
+#[test]
+fn an_index_tensor_broadcast_past_host_memory_is_an_error_naming_it() {
+    let q = queue();
+    let op = OpId::ConcatAndCacheMla;
+    // T = 2^60 - 1 tokens, every one the same element (stride 0): the views are valid, but
+    // reading the slots for validation reserved T f64s (~8 EiB) and aborted the process.
+    let t = (1i64 << 60) - 1;
+    let one = zeros(&q, F, &[1]);
+    let slot = i64_buf(&q, &[0]);
+    let cache = nan_out(&q, F, &[1, 1, 2]);
+    let r = concat_and_cache_mla(
+        &q,
+        &ConcatAndCacheMlaArgs {
+            kv_c: broadcast(&one, &[t, 1]),
+            k_pe: broadcast(&one, &[t, 1]),
+            cache: cache.view(),
+            slot_mapping: broadcast(&slot, &[t]),
+        },
+    );
+    expect_invalid("slot_mapping of 2^60 - 1 broadcast slots", r, op, "slot_mapping", &q, &[&cache]);
+    // The host read of a view does the same.
+    let e = q.read_f64(&broadcast(&one, &[t])).unwrap_err().to_string();
+    assert!(e.contains(&t.to_string()) && e.contains("host memory"), "{e}");
+}
+
+#[test]
+fn a_block_table_times_block_size_past_i64_is_an_error_not_a_wrap() {
+    let q = queue();
+    let op = OpId::MlaDecodeAttention;
+    // MB = 2^14 (a broadcast block table) and BS = 2^50 (a broadcast cache): MB * BS wrapped
+    // i64 (a panic in debug builds) while the sequence lengths were checked.
+    let (mb, bs) = (1i64 << 14, 1i64 << 50);
+    let query = zeros(&q, F, &[1, 1, 1, 1]);
+    let one = zeros(&q, F, &[1]);
+    let out = nan_out(&q, F, &[1, 1, 1, 1]);
+    let bt = i32_buf(&q, &[1], &[7]); // block 7 of a 1-block cache
+    let lens = i32_buf(&q, &[1], &[5]);
+    let r = mla_decode_attention(
+        &q,
+        &MlaDecodeAttentionArgs {
+            out: out.view(),
+            lse: None,
+            query: query.view(),
+            cache: broadcast(&one, &[1, bs, 1]),
+            block_table: broadcast(&bt, &[1, mb]),
+            seq_lens: lens.view(),
+            scale: 1.0,
+        },
+    );
+    expect_invalid("MB * BS past i64", r, op, "block_table", &q, &[&out]);
+}

@@ -63,7 +63,7 @@ fn validate(q: &Queue, a: &ConcatAndCacheMlaArgs<'_>) -> Result<()> {
     c.typed("slot_mapping", &a.slot_mapping, 1, DType::I64)?;
     c.dim("slot_mapping", &a.slot_mapping, 0, t, "kv_c's T")?;
     c.disjoint("cache", &a.cache, "slot_mapping", &a.slot_mapping)?;
-    if let Some(v) = host_ints(&a.slot_mapping) {
+    if let Some(v) = host_ints(&c, "slot_mapping", &a.slot_mapping)? {
         let slots = a.cache.dim(0) * a.cache.dim(1);
         if let Some((i, s)) = v.iter().enumerate().find(|(_, &s)| s >= slots) {
             return Err(

@@ -151,7 +151,7 @@ fn validate(q: &Queue, a: &FusedNormRopeArgs<'_>) -> Result<()> {
         c.output("cache_write.cache", &cw.cache)?;
         c.typed("cache_write.slot_mapping", &cw.slot_mapping, 1, DType::I64)?;
         c.dim("cache_write.slot_mapping", &cw.slot_mapping, 0, t, "kv's T")?;
-        if let Some(v) = host_ints(&cw.slot_mapping) {
+        if let Some(v) = host_ints(&c, "slot_mapping", &cw.slot_mapping)? {
             let slots = cw.cache.dim(0) * cw.cache.dim(1);
             if let Some((i, s)) = v.iter().enumerate().find(|(_, &s)| s >= slots) {
                 return Err(c.err(

@@ -61,11 +61,13 @@ fn validate(q: &Queue, a: &GatherMlaCacheArgs<'_>) -> Result<()> {
     }
     c.disjoint("out", &a.out, "block_table", &a.block_table)?;
     c.disjoint("out", &a.out, "cu_seq_lens", &a.cu_seq_lens)?;
-    let (Some(cu), Some(bt)) = (host_ints(&a.cu_seq_lens), host_ints(&a.block_table)) else {
+    let (Some(cu), Some(bt)) =
+        (host_ints(&c, "cu_seq_lens", &a.cu_seq_lens)?, host_ints(&c, "block_table", &a.block_table)?)
+    else {
         return Ok(());
     };
     let starts = match &a.seq_starts {
-        Some(s) => host_ints(s).unwrap_or_default(),
+        Some(s) => host_ints(&c, "seq_starts", s)?.unwrap_or_default(),
         None => vec![0; b as usize],
     };
     for i in 0..b as usize {

@@ -113,9 +113,11 @@ fn validate(queue: &Queue, a: &IndexerTopKArgs<'_>) -> Result<()> {
     ] {
         c.disjoint("out", &a.out, name, x)?;
     }
-    let (Some(seqs), Some(pos), Some(bt)) =
-        (host_ints(&a.seq_ids), host_ints(&a.positions), host_ints(&a.block_table))
-    else {
+    let (Some(seqs), Some(pos), Some(bt)) = (
+        host_ints(&c, "seq_ids", &a.seq_ids)?,
+        host_ints(&c, "positions", &a.positions)?,
+        host_ints(&c, "block_table", &a.block_table)?,
+    ) else {
         return Ok(());
     };
     let nseq = a.block_table.dim(0);

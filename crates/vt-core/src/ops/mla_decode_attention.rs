@@ -96,14 +96,17 @@ fn validate(queue: &Queue, a: &MlaDecodeAttentionArgs<'_>) -> Result<()> {
             c.disjoint("lse", l, name, x)?;
         }
     }
-    let (Some(lens), Some(bt)) = (host_ints(&a.seq_lens), host_ints(&a.block_table)) else {
+    let (Some(lens), Some(bt)) =
+        (host_ints(&c, "seq_lens", &a.seq_lens)?, host_ints(&c, "block_table", &a.block_table)?)
+    else {
         return Ok(());
     };
     for (i, &len) in lens.iter().enumerate() {
         if len < 0 {
             return Err(c.err("seq_lens", format!("seq_lens[{i}] = {len} is negative")));
         }
-        let capacity = a.block_table.dim(1) * a.cache.dim(1);
+        // Two tensors' dims: their product may exceed i64 (a stride-0 block table).
+        let capacity = a.block_table.dim(1).saturating_mul(a.cache.dim(1));
         if len > capacity {
             return Err(c.err(
                 "seq_lens",

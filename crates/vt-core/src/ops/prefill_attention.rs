@@ -93,7 +93,7 @@ fn validate(queue: &Queue, a: &PrefillAttentionArgs<'_>) -> Result<()> {
     if a.max_seqlen_q < 0 {
         return Err(c.err("max_seqlen_q", format!("is negative ({})", a.max_seqlen_q)));
     }
-    if let Some(cu) = host_ints(&a.cu_seqlens_q) {
+    if let Some(cu) = host_ints(&c, "cu_seqlens_q", &a.cu_seqlens_q)? {
         if let Some(i) = cu.windows(2).position(|w| w[1] - w[0] > a.max_seqlen_q) {
             return Err(c.err(
                 "max_seqlen_q",

@@ -72,7 +72,7 @@ pub(crate) fn check_cache_and_positions(
     }
     c.typed("positions", positions, 1, DType::I64)?;
     c.dim("positions", positions, 0, t, "tokens")?;
-    if let Some(v) = host_ints(positions) {
+    if let Some(v) = host_ints(c, "positions", positions)? {
         let max_pos = cache.dim(0);
         if let Some((i, p)) = v.iter().enumerate().find(|(_, &p)| p < 0 || p >= max_pos) {
             return Err(

@@ -101,7 +101,7 @@ fn validate(queue: &Queue, a: &SparseMlaAttentionArgs<'_>) -> Result<()> {
         }
     }
     c.positive_finite("scale", a.scale)?;
-    if let Some(v) = host_ints(&a.indices) {
+    if let Some(v) = host_ints(&c, "indices", &a.indices)? {
         let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1));
         let topk = a.indices.dim(1).max(1) as usize;
         if let Some((i, s)) = v.iter().enumerate().find(|(_, &s)| s >= slots) {
