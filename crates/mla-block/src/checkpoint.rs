@@ -36,6 +36,29 @@ pub const FP8_BLOCK: i64 = 128;
 /// Bytes of source converted per chunk (then its mapped pages are released).
 const CHUNK_BYTES: usize = 4 << 20;
 
+/// The largest index `.json` read (DeepSeek-V3's lists 91k tensors in under 10 MB).
+pub const MAX_INDEX_BYTES: u64 = 256 << 20;
+
+/// The text of the small JSON file `path` (a config or an index), read through a limit: a
+/// file past `limit` bytes (a weights file given by mistake, or `/dev/zero`, which never
+/// ends) is an error naming it, not an unbounded read into memory.
+pub(crate) fn read_json_text(path: &Path, limit: u64) -> Result<String> {
+    use std::io::Read;
+    let ctx = || path.display().to_string();
+    let file = File::open(path).map_err(|e| Error::other(ctx(), format!("cannot read: {e}")))?;
+    let mut text = String::new();
+    file.take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::other(ctx(), format!("cannot read: {e}")))?;
+    if text.len() as u64 > limit {
+        return Err(Error::other(
+            ctx(),
+            format!("is more than {limit} bytes, larger than any such JSON file (is it the right file?)"),
+        ));
+    }
+    Ok(text)
+}
+
 /// A tensor's place in a mapped file.
 #[derive(Clone, Debug)]
 struct TensorInfo {
@@ -173,13 +196,20 @@ impl Checkpoint {
 
     fn from_index(path: &Path) -> Result<Checkpoint> {
         let ctx = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::other(ctx.clone(), format!("cannot read: {e}")))?;
+        let text = read_json_text(path, MAX_INDEX_BYTES)?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| Error::other(ctx.clone(), format!("not valid JSON: {e}")))?;
         let Some(map) = v.get("weight_map").and_then(Value::as_object) else {
             return Err(Error::other(ctx, "field `weight_map`: missing or not an object"));
         };
+        // Two entries for one tensor (in the map or anywhere else): the JSON parse keeps the
+        // last without a word, so which shard holds it would be a guess.
+        if let Some(key) = crate::safetensors_header::first_duplicate_key(&text) {
+            return Err(Error::other(
+                ctx,
+                format!("field `{key}`: listed twice (each key must appear once)"),
+            ));
+        }
         let dir = path.parent().unwrap_or_else(|| Path::new("."));
         let mut shards: Vec<Shard> = Vec::new();
         let mut by_file: HashMap<String, usize> = HashMap::new();
@@ -189,7 +219,8 @@ impl Checkpoint {
                 return Err(Error::other(ctx, format!("field `weight_map.{name}`: not a file name")));
             };
             let rel = Path::new(file);
-            if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+            // An empty name has no components at all, and would name the directory itself.
+            if file.is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
                 return Err(Error::other(
                     ctx,
                     format!("field `weight_map.{name}`: `{file}` is not a plain relative path inside the checkpoint"),
@@ -574,6 +605,10 @@ impl<'a> WeightSource<'a> {
 
     fn convert_rows(&self, r0: i64, r1: i64, src: &[u8], dtype: DType, out: &mut Vec<u8>) -> Result<()> {
         let cols = self.cols as usize;
+        if cols == 0 {
+            // Rows of no columns: nothing to convert (and `chunks_exact(0)` would panic).
+            return Ok(());
+        }
         out.reserve((r1 - r0) as usize * cols * dtype.size_of());
         let put = |out: &mut Vec<u8>, v: f32| match dtype {
             DType::BF16 => out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),

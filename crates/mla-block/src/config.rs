@@ -28,6 +28,9 @@ use crate::rope::{YarnRopeParams, YarnScaling};
 
 const CTX: &str = "config.json";
 
+/// The largest `config.json` read (the released ones are a few KB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 /// What the block needs from a model config.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MlaConfig {
@@ -44,8 +47,7 @@ pub struct MlaConfig {
 impl MlaConfig {
     /// Reads and parses a `config.json` file.
     pub fn from_file(path: &Path) -> Result<MlaConfig> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::other(path.display().to_string(), format!("cannot read: {e}")))?;
+        let text = crate::checkpoint::read_json_text(path, MAX_CONFIG_BYTES)?;
         MlaConfig::from_json_str(&text)
     }
 
@@ -56,6 +58,10 @@ impl MlaConfig {
         let Some(obj) = v.as_object() else {
             return Err(Error::other(CTX, "the top level is not a JSON object"));
         };
+        // `{"num_attention_heads": 128, ..., "num_attention_heads": 16}` parses as the last.
+        if let Some(key) = crate::safetensors_header::first_duplicate_key(text) {
+            return Err(field_err(&key, "is written twice (each key must appear once)"));
+        }
         MlaConfig::from_json(obj)
     }
 

@@ -27,17 +27,19 @@ pub fn input_from_bytes(bytes: &[u8]) -> Result<(HostTensor, Vec<i64>)> {
     const CTX: &str = "input.safetensors";
     let st = crate::safetensors_header::deserialize_safetensors(bytes, CTX)?;
     let hidden = HostTensor::from_safetensors(&st, "hidden_states", CTX)?;
-    let [s, t, _] = hidden.shape[..] else {
+    let [s, t, h] = hidden.shape[..] else {
         return Err(Error::other(
             CTX,
             format!("`hidden_states` has shape {:?}, expected [S, T, H]", hidden.shape),
         ));
     };
-    if !hidden.dtype.is_compute_float() || s <= 0 || t <= 0 {
+    // H > 0 as well: `[S, T, 0]` holds no bytes whatever S * T claims, and the default
+    // positions would be S * T entries.
+    if !hidden.dtype.is_compute_float() || s <= 0 || t <= 0 || h <= 0 {
         return Err(Error::other(
             CTX,
             format!(
-                "`hidden_states` is {} {:?}, expected f32/bf16/f16 [S, T, H] with S, T > 0",
+                "`hidden_states` is {} {:?}, expected f32/bf16/f16 [S, T, H] with S, T, H > 0",
                 hidden.dtype, hidden.shape
             ),
         ));

@@ -538,7 +538,26 @@ impl RowPlan {
 /// sequence.
 pub fn positions_or_default(positions: Option<&HostTensor>, s: i64, t: i64) -> Result<Vec<i64>> {
     match positions {
-        None => Ok((0..s).flat_map(|_| 0..t).collect()),
+        None => {
+            // S and T come from a file's header: an `[S, T, 0]` tensor holds no bytes
+            // whatever S * T is, so the count is checked and reserved fallibly.
+            let bad = |msg: String| {
+                Error::invalid(
+                    "input",
+                    "positions",
+                    format!("the default positions 0..{t} for {s} sequences: {msg}"),
+                )
+            };
+            let n = s
+                .checked_mul(t)
+                .filter(|_| s >= 0 && t >= 0)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad("S * T is negative or overflows".into()))?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|e| bad(format!("{n} entries cannot be allocated ({e})")))?;
+            v.extend((0..s).flat_map(|_| 0..t));
+            Ok(v)
+        }
         Some(p) => {
             if p.dtype != DType::I64 || p.shape != [s, t] {
                 return Err(Error::invalid(

@@ -37,6 +37,71 @@ pub fn dtype_size(name: &str) -> Option<usize> {
     })
 }
 
+/// The first key written twice in one JSON object of `text`, at any depth, as a dotted path
+/// from the top (`weight_map.x.weight`); `None` when every object's keys are distinct, or
+/// when `text` is not JSON (its parse reports that). serde_json's `Value` keeps the last of
+/// two equal keys without a word, so a file saying two things about one name would be read
+/// as saying only the second.
+pub(crate) fn first_duplicate_key(text: &str) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+    struct Walk;
+    impl<'de> DeserializeSeed<'de> for Walk {
+        type Value = Option<String>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Walk {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_str<E>(self, _: &str) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(d) = seq.next_element_seed(Walk)? {
+                found = found.or(d);
+            }
+            Ok(found)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut found = None;
+            while let Some(key) = map.next_key::<String>()? {
+                let inner = map.next_value_seed(Walk)?;
+                if found.is_none() {
+                    found = match inner {
+                        Some(d) => Some(format!("{key}.{d}")),
+                        None if !seen.insert(key.clone()) => Some(key),
+                        None => None,
+                    };
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    Walk.deserialize(&mut de).ok().flatten()
+}
+
 /// Checks the header of the safetensors bytes `bytes` (of the file `context`) and returns
 /// its tensors in file order. Every error names `context`, and the tensor where one is at
 /// fault.
@@ -61,6 +126,9 @@ pub fn check_safetensors_header(bytes: &[u8], context: &str) -> Result<Vec<Safet
     let Value::Object(map) = v else {
         return Err(err("the header is not a JSON object".into()));
     };
+    if let Some(key) = first_duplicate_key(text) {
+        return Err(err(format!("`{key}` is listed twice in the header (each name must appear once)")));
+    }
     let mut entries = Vec::with_capacity(map.len());
     for (name, info) in &map {
         if name == "__metadata__" {

@@ -96,7 +96,7 @@ struct RunArgs {
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = parse_weights_dtype)]
     weights_dtype: WeightsDtype,
     /// The layer to run: its weights are `model.layers.N.self_attn.*` (default 0).
-    #[arg(long, value_name = "N", conflicts_with = "layer_prefix")]
+    #[arg(long, value_name = "N", conflicts_with = "layer_prefix", allow_negative_numbers = true)]
     layer: Option<usize>,
     /// The name prefix of the layer's weights, for other layouts
     /// (default `model.layers.0.self_attn.`).
@@ -116,7 +116,7 @@ struct RunArgs {
     #[arg(long, value_name = "STEPS", value_parser = parse_schedule)]
     schedule: Option<Schedule>,
     /// Tokens per KV cache block.
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = positive_i64)]
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = positive_i64, allow_negative_numbers = true)]
     block_size: i64,
     /// The KV cache's dtype: `auto` (the input's dtype), `bf16` (bf16 inputs), or
     /// `fp8_ds_mla` (656-byte rows: e4m3 latents with per-128 scales, bf16 rope; needs
@@ -125,12 +125,12 @@ struct RunArgs {
     #[arg(long, value_name = "DTYPE", default_value = "auto", value_parser = parse_kv_cache_dtype)]
     kv_cache_dtype: KvCacheDtype,
     /// Split the heads over N ranks (N devices, or N CPU ranks).
-    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    #[arg(long, value_name = "N", value_parser = positive_usize, allow_negative_numbers = true)]
     tp: Option<usize>,
     /// Decode context parallelism: DCP groups of N ranks split the KV cache by token (token
     /// j on rank j % N); --tp defaults to N and must be a multiple of it. Prefill runs
     /// unsplit and may not follow cached tokens (no chunked-context prefill under DCP).
-    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    #[arg(long, value_name = "N", value_parser = positive_usize, allow_negative_numbers = true)]
     dcp: Option<usize>,
     /// How the ranks all-reduce (with --tp or --dcp).
     #[arg(long, value_enum, requires = "tp_or_dcp")]
@@ -303,7 +303,7 @@ fn run(a: &RunArgs) -> Result<()> {
             ),
         ));
     }
-    let (s, t) = (hidden.shape[0], hidden.shape[1]);
+    let (s, t, h) = (hidden.shape[0], hidden.shape[1], hidden.shape[2]);
     // An empty input is the input's fault, not the (default) schedule's.
     for (what, v) in [("S", s), ("T", t)] {
         if v <= 0 {
@@ -315,6 +315,17 @@ fn run(a: &RunArgs) -> Result<()> {
                 ),
             ));
         }
+    }
+    // H before anything sized by S * T: an `[S, T, 0]` tensor holds no bytes however large
+    // S * T is, so only a row width the block takes bounds them by the file's size.
+    if h != cfg.dims.hidden_size {
+        return Err(Error::other(
+            ctx,
+            format!(
+                "`hidden_states` has shape {:?} [S, T, H], H = {h}, but the config's hidden_size is {}",
+                hidden.shape, cfg.dims.hidden_size
+            ),
+        ));
     }
     if let Some(n) = ranks {
         let heads = cfg.dims.num_heads;

@@ -347,3 +347,96 @@ fn an_invalid_flag_value_warns_on_stderr_without_rust_log() {
     assert!(stderr.contains("VT_MLA_FUSED_NORM_ROPE=\"maybe\"") && stderr.contains("warning"), "{stderr}");
     assert_eq!(stderr.matches("VT_MLA_FUSED_NORM_ROPE=\"maybe\"").count(), 1, "warned once: {stderr}");
 }
+
+/// Exit status 2 (a usage error: the message and the usage, no panic).
+fn usage_with(o: &Output, needles: &[&str], what: &str) {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{what}: exit {:?}\n{stderr}", o.status);
+    assert!(!stderr.contains("panicked"), "{what}: panicked\n{stderr}");
+    for n in needles.iter().chain(&["Usage: vt-mla"]) {
+        assert!(stderr.contains(n), "{what}: stderr lacks {n:?}\n{stderr}");
+    }
+}
+
+#[test]
+fn bad_flag_values_are_usage_errors_naming_the_flag_and_the_value() {
+    let f = Files::new("flags");
+    let out = f.path("out.safetensors");
+    for (extra, needles) in [
+        (&["--schedule", "banana"][..], &["--schedule", "banana"][..]),
+        (&["--schedule", ""], &["--schedule"]),
+        (&["--schedule", "prefill:6,"], &["--schedule"]),
+        (&["--schedule", "decode:-1"], &["--schedule", "decode:-1"]),
+        (&["--schedule", "prefill:0"], &["--schedule", "prefill:0"]),
+        (&["--schedule", "prefill:99999999999999999999"], &["--schedule", "99999999999999999999"]),
+        (&["--schedule", "warmup:3"], &["--schedule", "warmup"]),
+        (&["--block-size", "0"], &["--block-size", "`0`"]),
+        // A negative number is the flag's value (it read as an unknown flag `-6`).
+        (&["--block-size", "-64"], &["--block-size", "`-64`"]),
+        (&["--tp", "-2"], &["--tp", "`-2`"]),
+        (&["--dcp", "-1"], &["--dcp", "`-1`"]),
+        (&["--block-size", "1e3"], &["--block-size", "`1e3`"]),
+        (&["--tp", "0"], &["--tp", "`0`"]),
+        (&["--dcp", "0"], &["--dcp", "`0`"]),
+        (&["--tp", "99999999999999999999"], &["--tp", "99999999999999999999"]),
+        (&["--layer", "-1"], &["--layer", "'-1'"]),
+        (&["--layer", "1", "--layer-prefix", "x."], &["--layer"]),
+        (&["--kv-cache-dtype", "fp4"], &["--kv-cache-dtype", "fp4"]),
+        (&["--weights-dtype", "int8"], &["--weights-dtype", "int8"]),
+    ] {
+        let what = format!("{extra:?}");
+        usage_with(&f.run(&out, extra), needles, &what);
+        assert!(!out.exists(), "{what}: wrote an output");
+    }
+}
+
+#[test]
+fn run_arguments_the_files_cannot_satisfy_are_errors_naming_them() {
+    let f = Files::new("run_args");
+    let out = f.path("out.safetensors");
+    // The synthetic layer has 2 heads and one layer (0).
+    fails_with(
+        &f.run(&out, &["--layer", "7"]),
+        &["model.layers.7.self_attn.", "missing tensor"],
+        "--layer 7",
+    );
+    fails_with(&f.run(&out, &["--tp", "3"]), &["--tp 3", "num_attention_heads = 2"], "--tp 3");
+    fails_with(
+        &f.run(&out, &["--schedule", "prefill:4"]),
+        &["prefill:4", "covers 4 tokens", "6"],
+        "schedule",
+    );
+    let i = f.path("input.safetensors").display().to_string();
+    // hidden_states of the wrong dtype, rank or width; positions of the wrong dtype.
+    let input = |name: &str, dtype: DType, shape: Vec<i64>| {
+        let n: i64 = shape.iter().product();
+        let t = HostTensor { dtype, shape, bytes: vt_core::encode_f64(dtype, &vec![0.5; n as usize]) };
+        std::fs::write(&i, safetensors_bytes(&[(name.into(), t)])).unwrap();
+    };
+    for (dtype, shape, needles) in [
+        (DType::I64, vec![2, 6, 16], &["i64", "[2, 6, 16]", "f32/bf16/f16"][..]),
+        (DType::F32, vec![12, 16], &["[12, 16]", "[S, T, H]"]),
+        (DType::F32, vec![1, 2, 6, 16], &["[1, 2, 6, 16]", "[S, T, H]"]),
+        (DType::F32, vec![2, 6, 8], &["H = 8", "hidden_size is 16"]),
+    ] {
+        input("hidden_states", dtype, shape.clone());
+        let what = format!("hidden_states {dtype} {shape:?}");
+        fails_with(
+            &f.run(&out, &[]),
+            &[&["input.safetensors", "`hidden_states`"][..], needles].concat(),
+            &what,
+        );
+    }
+    input("not_hidden", DType::F32, vec![2, 6, 16]);
+    fails_with(
+        &f.run(&out, &[]),
+        &["input.safetensors", "missing tensor `hidden_states`"],
+        "no hidden_states",
+    );
+    // [1, 2^40, 0] holds no bytes: the default positions (2^40 i64s) were allocated before
+    // H was looked at, and the process aborted.
+    let empty = HostTensor { dtype: DType::F32, shape: vec![1, 1 << 40, 0], bytes: vec![] };
+    std::fs::write(&i, safetensors_bytes(&[("hidden_states".into(), empty)])).unwrap();
+    fails_with(&f.run(&out, &[]), &["input.safetensors", "H = 0", "hidden_size is 16"], "H = 0");
+    assert!(!out.exists(), "a failed run wrote an output");
+}
