@@ -12,7 +12,11 @@
 // (block stride = BS * row stride), true of any cache that is a whole [NB, BS, D] tensor
 // or a layer of a [layers, NB, BS, D] pool.
 //
-// This file is the generic kernel for everything else: any head count, D, Dv, strides,
+// sparse_mla_attention/prefill_sm90.cuh: sparse_mla_prefill_{bf16,f16}, a kernel of its own for
+// prefill-shaped calls over a 16-bit cache on sm_90a (64 heads a CTA, a whole topk per CTA,
+// seesaw consumers and a gathering producer warpgroup; docs/sparse-design.md, P1).
+//
+// This file is also the generic kernel for everything else: any head count, D, Dv, strides,
 // float dtype, a float or fp8_ds_mla cache (dequantized on load by key_row.cuh, the f32
 // values the CPU reference attends over), caches whose blocks are not BS rows apart (a
 // layer of a [NB, layers, BS, D] pool). One CTA of 4 warps per query row (token t, head
@@ -22,7 +26,10 @@
 // lse = -inf.
 #include "common.cuh"
 #include "fp8_ds_mla.cuh"
+#include "tensor_core.cuh"
+#include "mla_decode_attention/params.cuh"
 #include "mla_decode_attention/key_row.cuh"
+#include "sparse_mla_attention/prefill_sm90.cuh"
 
 namespace sparse_mla {
 
@@ -105,3 +112,13 @@ __device__ void generic(const T* q, i64 q_st, i64 q_sh, T* out, i64 o_st, i64 o_
 #define VT_SPARSE_FP8(S, T) VT_SPARSE_GENERIC(sparse_mla_generic_fp8, S, T, true)
 VT_FOR_EACH_FLOAT(VT_SPARSE_FLOAT)
 VT_FOR_EACH_FLOAT(VT_SPARSE_FP8)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SPARSE_PREFILL(S, T)                                                                  \
+    extern "C" __global__ void __launch_bounds__(sparse_mla::PF_THREADS, 1)                    \
+        sparse_mla_prefill_##S(const __grid_constant__ sparse_mla::PrefillParams p) {         \
+        sparse_mla::prefill_sm90<T>(p);                                                       \
+    }
+SPARSE_PREFILL(bf16, bf16)
+SPARSE_PREFILL(f16, f16)
+#endif

@@ -60,7 +60,7 @@ pub struct Args {
     /// Also time these kernels per shape, forced (decode kernels `mma`, `mma_small`, `wgmma`,
     /// `wgmma_narrow`, `wgmma_3wg` and `wgmma_fp8r` (the three-warpgroup kernels' gather forms, over
     /// the bf16 and the fp8 cache), `wgmma_fp8x2` (the fp8 kernel as CTA pairs, 128 heads), `generic`;
-    /// `sparse_generic` =
+    /// `sparse_prefill` = this op's prefill kernel (16-bit cache, 64+ heads), `sparse_generic` =
     /// this op's own generic kernel), each beside
     /// a fresh time of the default so drift does not bias the A/B.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = alt_name)]
@@ -88,6 +88,7 @@ fn alt_of(s: &str) -> Option<Kernel> {
         "wgmma_fp8x2" => Kernel::Decode(DK::WgmmaFp8Pair),
         "generic" => Kernel::Decode(DK::Generic),
         "sparse_generic" => Kernel::Generic,
+        "sparse_prefill" => Kernel::Prefill,
         _ => return None,
     })
 }
@@ -95,7 +96,7 @@ fn alt_of(s: &str) -> Option<Kernel> {
 fn alt_name(s: &str) -> Result<String, String> {
     alt_of(s).map(|_| s.to_string()).ok_or_else(|| {
         format!(
-            "`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, wgmma_3wg, wgmma_fp8r, wgmma_fp8x2, generic, sparse_generic"
+            "`{s}` is not one of mma, mma_small, wgmma, wgmma_narrow, wgmma_3wg, wgmma_fp8r, wgmma_fp8x2, generic, sparse_generic, sparse_prefill"
         )
     })
 }

@@ -8,6 +8,7 @@
 //! | `VT_MLA_3WG` | on | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, TMA loads (block sizes that are multiples of 64, `VT_MLA_DECODE_TMA` on): Auto takes the 64-row kernel with three warpgroups (`mla_decode_wgmma_3wg`: S and the softmax in one, P V split over two; over an fp8_ds_mla cache with bf16 queries its raw-ring form `mla_decode_wgmma_fp8r`); `0` restores the two-warpgroup kernels (`mla_decode_wgmma_tma`, `mla_decode_wgmma_fp8`) |
 //! | `VT_MLA_GATHER` | off | CUDA MlaDecodeAttention (sm_90), more than 32 query rows, a cache the TMA does not read (block sizes that 64 does not divide, `VT_MLA_DECODE_TMA` off; the sparse op's view of block size 1): with `1` Auto takes the three-warpgroup kernels' gather forms (`mla_decode_wgmma_3wg_cp`, over an fp8_ds_mla cache with bf16 queries `mla_decode_wgmma_fp8r_cp`: rows copied by cp.async) instead of the two-warpgroup and mma.sync kernels, and SparseMlaAttention leaves its kernel to that choice. Off until they have run on a GPU (docs/perf.md, "Twentieth session") |
 //! | `VT_MLA_FP8_PAIR` | off | CUDA MlaDecodeAttention (sm_90) over an fp8_ds_mla cache where Auto takes the 64-row dequantizing kernel (`mla_decode_wgmma_fp8`: block sizes the TMA does not read, the sparse op's view), an even number of 64-row blocks (128 heads, or 64 heads x 2 query tokens): with `1` Auto takes its CTA-pair form (`mla_decode_wgmma_fp8x2`: clusters of two CTAs, each dequantizing half of every tile into both; docs/sparse-design.md, D3). Off until it has run on a GPU |
+//! | `VT_SPARSE_PREFILL` | off | CUDA SparseMlaAttention (sm_90) over a 16-bit cache where the op would take the three-warpgroup gather form (64+ heads, slots listed 4+ times: a prefill): with `1` it takes its own prefill kernel (`sparse_mla_prefill`: a CTA per token and 64 heads over the whole topk, seesaw consumers, a gathering producer warpgroup; docs/sparse-design.md, P1). Off until it has run on a GPU |
 //! | `VT_FP8_LT` | on | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (on the H200 at M 4096 1.9-3.5x faster than the Wgmma kernel and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b, o_proj; its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels, none in ours: docs/perf.md, "Nineteenth session"); `0` restores the Wgmma kernel |
 //! | `VT_LT_TUNE` | off | CUDA MatmulBTFp8 on cuBLASLt (`Kernel::Lt`, forced or Auto's choice under `VT_FP8_LT`): the first call per shape outside a CUDA graph capture times up to 8 of the heuristic's algorithms (one warm-up and 3 timed runs each, on the call's own operands) and keeps the fastest for that shape instead of the heuristic's first choice. The first call per shape synchronizes its queue and runs the GEMM ~30 times; warm up before capturing a graph (a shape first met inside a capture keeps the heuristic's first until its next call outside one). Off: no gain at the V3 M 4096 shapes on an H100 (docs/perf.md, twenty-fifth session) |
 //! | `VT_FUSE_DECODE_QUERY` | on | MLA block, fused kv path, dense block: the decode tokens' q rope rides in the `FusedNormRope` launch, written straight into the decode attention's query, and the absorbed q_nope BMM writes the query's latent columns directly (a decode-only step runs no `RopeFromCache` and no query `ConcatMlaNopeRope`) |
@@ -40,10 +41,11 @@ pub enum Flag {
     MlaGather,
     LtTune,
     MlaFp8Pair,
+    SparsePrefill,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 14] = [
+    pub const ALL: [Flag; 15] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -58,6 +60,7 @@ impl Flag {
         Flag::MlaGather,
         Flag::LtTune,
         Flag::MlaFp8Pair,
+        Flag::SparsePrefill,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -76,6 +79,7 @@ impl Flag {
             Flag::MlaGather => "VT_MLA_GATHER",
             Flag::LtTune => "VT_LT_TUNE",
             Flag::MlaFp8Pair => "VT_MLA_FP8_PAIR",
+            Flag::SparsePrefill => "VT_SPARSE_PREFILL",
         }
     }
 
@@ -105,6 +109,8 @@ impl Flag {
             Flag::LtTune => false,
             // Off until the pair kernel has run on a GPU (docs/sparse-design.md, D3).
             Flag::MlaFp8Pair => false,
+            // Off until the prefill kernel has run on a GPU (docs/sparse-design.md, P1).
+            Flag::SparsePrefill => false,
         }
     }
 
@@ -221,6 +227,11 @@ pub fn mla_three_wg() -> bool {
 /// `VT_MLA_FP8_PAIR`.
 pub fn mla_fp8_pair() -> bool {
     get(Flag::MlaFp8Pair)
+}
+
+/// `VT_SPARSE_PREFILL`.
+pub fn sparse_prefill() -> bool {
+    get(Flag::SparsePrefill)
 }
 
 /// `VT_MLA_GATHER`.

@@ -64,6 +64,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("mla_decode_attention/wgmma_seesaw_sm90.cuh"),
     header!("mla_decode_attention/wgmma_fp8_sm90.cuh"),
     header!("mla_decode_attention/wgmma_fp8_pair_sm90.cuh"),
+    header!("sparse_mla_attention/prefill_sm90.cuh"),
     header!("mla_decode_attention/fp8_tiles.cuh"),
 ];
 

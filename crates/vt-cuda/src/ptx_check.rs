@@ -342,6 +342,19 @@ fn samples(dt: DType) -> Result<Samples> {
             }
         }
     }
+    // SparseMlaAttention's prefill kernel (16-bit dtypes, 64 heads a CTA).
+    if dt != DType::F32 {
+        use crate::sparse_mla_attention::prefill_plan;
+        let a = SparseMlaAttentionArgs {
+            out: f.c(dt, &[3, 128, dv]),
+            lse: Some(f.c(DType::F32, &[128, 3])),
+            query: f.c(dt, &[3, 128, d]),
+            cache: f.c(dt, &[nb, bs, d]),
+            indices: f.c(DType::I32, &[3, 2048]),
+            scale: 0.5,
+        };
+        add("SparseMlaAttention (prefill)".into(), prefill_plan(&a)?);
+    }
     // CacheIndexerKeys: a column slice of a wider projection into a layer of a pool.
     let a = CacheIndexerKeysArgs {
         k: f.t(dt, &[t, 128], &[576, 1]),

@@ -58,6 +58,12 @@ pub enum Kernel {
     /// MlaDecodeAttention's kernels over the block-size-1 view, with that op's choice
     /// forced as given (an error for a cache without the view).
     Decode(decode::Kernel),
+    /// This op's sm_90a prefill kernel (`sparse_mla_prefill`,
+    /// `kernels-cuda/sparse_mla_attention/prefill_sm90.cuh`): a CTA per (token, 64 heads) over
+    /// the token's whole topk, no split, FlashMLA's seesaw consumers and a warpgroup gathering
+    /// the rows by cp.async ([`prefill_ok`]'s conditions; an error elsewhere). Auto takes it
+    /// with `VT_SPARSE_PREFILL` on where it would take the three-warpgroup gather form.
+    Prefill,
 }
 
 /// Knobs of [`sparse_mla_attention_with`]; `Default` is what the op uses.
@@ -88,7 +94,7 @@ pub const ROWS_PER_CALL: i64 = 1 << 17;
 /// What one call launched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// `sparse_generic`, or the decode kernel's name (`wgmma`, `mma64_fp8`, ...).
+    /// `sparse_generic`, `sparse_prefill`, or the decode kernel's name (`wgmma`, `mma64_fp8`, ...).
     pub kernel: &'static str,
     /// The decode kernels' plan (None for the generic kernel or an empty call).
     pub decode: Option<decode::Plan>,
@@ -127,8 +133,22 @@ pub fn sparse_mla_attention_with(
         return Ok(Plan { kernel: "none", decode: None });
     }
     let stride = slot_stride(&a.cache);
+    let prefill = match opts.kernel {
+        Kernel::Prefill => true,
+        Kernel::Auto => {
+            vt_core::flags::sparse_prefill()
+                && auto_kernel(a) == decode::Kernel::Wgmma3
+                && prefill_ok(a, prefill_device(cq)).is_ok()
+        }
+        _ => false,
+    };
+    if prefill {
+        prefill_ok(a, prefill_device(cq))?;
+        cq.run(OP, &prefill_plan(a)?)?;
+        return Ok(Plan { kernel: "sparse_prefill", decode: None });
+    }
     let forced = match (opts.kernel, stride) {
-        (Kernel::Generic, _) | (Kernel::Auto, None) => None,
+        (Kernel::Generic | Kernel::Prefill, _) | (Kernel::Auto, None) => None,
         (Kernel::Auto, Some(s)) => Some((auto_kernel(a), s)),
         (Kernel::Decode(k), Some(s)) => Some((k, s)),
         (Kernel::Decode(_), None) => {
@@ -269,6 +289,146 @@ pub(crate) fn decode_args<'a>(
         seq_lens: lens,
         scale: a.scale,
     })
+}
+
+/// The prefill kernel's argument block (`sparse_mla::PrefillParams`,
+/// `kernels-cuda/sparse_mla_attention/prefill_sm90.cuh`: the same fields in the same order;
+/// `prefill_facts_match_the_kernel` checks the layout). Strides in elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PrefillParams {
+    pub q: u64,
+    pub out: u64,
+    pub lse: u64,
+    pub kv: u64,
+    pub indices: u64,
+    pub q_st: i64,
+    pub q_sh: i64,
+    pub o_st: i64,
+    pub o_sh: i64,
+    pub l_sh: i64,
+    pub l_st: i64,
+    pub kv_row: i64,
+    pub i_st: i64,
+    pub i_sk: i64,
+    pub t0: i32,
+    pub topk: i32,
+    pub slots: i32,
+    pub scale_log2: f32,
+}
+
+// SAFETY: plain old data with the layout of `sparse_mla::PrefillParams` (checked against the
+// kernel by `prefill_facts_match_the_kernel` and by ptx_check's parameter sizes); its addresses
+// come from validated views.
+unsafe impl crate::launch::KernelStruct for PrefillParams {}
+
+/// Threads of the prefill kernel (`sparse_mla::PF_THREADS`): two consumer warpgroups and a
+/// producer.
+pub(crate) const PREFILL_THREADS: u32 = 384;
+/// Query heads a CTA of the prefill kernel (`sparse_mla::PF_ROWS`).
+pub(crate) const PREFILL_HEADS: i64 = 64;
+/// Dynamic shared memory of the prefill kernel (`sparse_mla::PrefillLayout::SMEM`): Q and two
+/// 16-bit tiles (9 column blocks of 64 x 128 bytes each), P1 (64 x 128 bytes), the maxima and
+/// row sums (2 x 64 floats each), the tiles' token flags (2 x 64 bytes), 11 mbarriers,
+/// alignment.
+pub(crate) const PREFILL_SMEM: u32 = 3 * 9 * 8192 + 8192 + 2 * 64 * 4 + 2 * 64 * 4 + 2 * 64 + 11 * 8 + 1024;
+const _: () = assert!(PREFILL_SMEM as i64 <= MAX_SMEM, "the prefill layout fits a Hopper block");
+/// Tokens a launch of the prefill kernel covers (grid.y).
+const PREFILL_MAX_TOKENS: i64 = 65_535;
+
+/// Whether the device runs the prefill kernel: sm_90 with the module built for sm_90a (its
+/// wgmma kernels present).
+fn prefill_device(cq: &CudaQueue) -> bool {
+    cq.sm() == 90 && cq.function(&SRC, "sparse_mla_prefill", DType::BF16).is_ok()
+}
+
+/// Whether the prefill kernel takes these arguments (the error says why not): `device`
+/// ([`prefill_device`]), a 16-bit query and cache of one dtype, D = 576, Dv = 512, N a multiple
+/// of 64, the cache's slots one stride apart ([`slot_stride`]), and every row movable with
+/// 16-byte copies (16-byte aligned starts, strides multiples of 8 elements).
+pub(crate) fn prefill_ok(a: &SparseMlaAttentionArgs<'_>, device: bool) -> Result<()> {
+    let (n, d, dv) = (a.query.dim(1), a.query.dim(2), a.out.dim(2));
+    let dt = a.query.dtype();
+    let no = |why: String| Err(Error::backend(BACKEND, format!("{OP}: the prefill kernel {why}")));
+    if !device {
+        return no("needs an sm_90 device and the module's sm_90a build".into());
+    }
+    if !matches!(dt, DType::BF16 | DType::F16) || a.cache.dtype() != dt {
+        return no(format!(
+            "needs a bf16 or f16 query and cache (query {dt:?}, cache {:?})",
+            a.cache.dtype()
+        ));
+    }
+    if d != 576 || dv != 512 || n % PREFILL_HEADS != 0 {
+        return no(format!("needs D 576, Dv 512 and N a multiple of 64 (D {d}, Dv {dv}, N {n})"));
+    }
+    let Some(kv_row) = slot_stride(&a.cache) else {
+        return no("needs the cache's slots one stride apart and NB x BS within i32".into());
+    };
+    let aligned = |t: &Tensor<'_>, strides: &[i64]| {
+        t.data_addr().is_multiple_of(16) && strides.iter().all(|s| s % 8 == 0)
+    };
+    if !aligned(&a.query, &[a.query.stride(0), a.query.stride(1)])
+        || !aligned(&a.out, &[a.out.stride(0), a.out.stride(1)])
+        || !aligned(&a.cache, &[kv_row])
+    {
+        return no("needs 16-byte aligned rows (starts and strides multiples of 8 elements)".into());
+    }
+    i32::try_from(a.indices.dim(1)).map_err(|_| {
+        Error::invalid(OP, "indices", format!("topk = {} exceeds the i32 range", a.indices.dim(1)))
+    })?;
+    Ok(())
+}
+
+/// The prefill kernel's launches (the caller checked [`prefill_ok`]): grid (N / 64, tokens),
+/// a launch per [`PREFILL_MAX_TOKENS`] tokens.
+pub(crate) fn prefill_plan(a: &SparseMlaAttentionArgs<'_>) -> Result<Vec<Launch>> {
+    let (t, n) = (a.query.dim(0), a.query.dim(1));
+    let kv_row = slot_stride(&a.cache).ok_or_else(|| {
+        Error::backend(BACKEND, format!("{OP}: the prefill kernel needs the block-size-1 view"))
+    })?;
+    let slots = a.cache.dim(0).saturating_mul(a.cache.dim(1));
+    let (l_addr, l_sh, l_st) =
+        a.lse.map_or((0u64, 0i64, 0i64), |l| (l.data_addr(), l.stride(0), l.stride(1)));
+    let mut launches = Vec::new();
+    let mut t0 = 0;
+    while t0 < t {
+        let rows = (t - t0).min(PREFILL_MAX_TOKENS);
+        let p = PrefillParams {
+            q: a.query.data_addr(),
+            out: a.out.data_addr(),
+            lse: l_addr,
+            kv: a.cache.data_addr(),
+            indices: a.indices.data_addr(),
+            q_st: a.query.stride(0),
+            q_sh: a.query.stride(1),
+            o_st: a.out.stride(0),
+            o_sh: a.out.stride(1),
+            l_sh,
+            l_st,
+            kv_row,
+            i_st: a.indices.stride(0),
+            i_sk: a.indices.stride(1),
+            t0: int(OP, "query", t0)?,
+            topk: int(OP, "indices", a.indices.dim(1))?,
+            slots: int(OP, "cache", slots)?,
+            scale_log2: a.scale * std::f32::consts::LOG2_E,
+        };
+        let grid = ((n / PREFILL_HEADS) as u32, rows as u32, 1);
+        launches.push(
+            Launch::new(
+                &SRC,
+                "sparse_mla_prefill",
+                a.query.dtype(),
+                grid,
+                PREFILL_THREADS,
+                vec![Arg::of_struct(p)],
+            )
+            .with_smem(PREFILL_SMEM),
+        );
+        t0 += rows;
+    }
+    Ok(launches)
 }
 
 /// The generic kernel's launch: `sparse_mla_generic_*` over a float cache,
@@ -420,6 +580,124 @@ mod tests {
             };
             assert_eq!(auto_kernel(&a), want, "{n} heads, a prefill");
         }
+    }
+
+    /// Without a GPU: the prefill kernel's facts as the kernel header has them (NVRTC, PTX for
+    /// compute_90a with a table appended) against the host's: threads, heads a CTA, dynamic
+    /// shared memory, and the size, alignment and field offsets of its argument block.
+    #[test]
+    fn prefill_facts_match_the_kernel() {
+        use crate::nvrtc::{self, Target};
+        if !nvrtc::available() || nvrtc::include_dirs().is_err() {
+            println!("SKIP: libnvrtc or the CUDA headers not found");
+            return;
+        }
+        let fields = [
+            "q",
+            "out",
+            "lse",
+            "kv",
+            "indices",
+            "q_st",
+            "q_sh",
+            "o_st",
+            "o_sh",
+            "l_sh",
+            "l_st",
+            "kv_row",
+            "i_st",
+            "i_sk",
+            "t0",
+            "topk",
+            "slots",
+            "scale_log2",
+        ];
+        let host_offsets = [
+            std::mem::offset_of!(PrefillParams, q),
+            std::mem::offset_of!(PrefillParams, out),
+            std::mem::offset_of!(PrefillParams, lse),
+            std::mem::offset_of!(PrefillParams, kv),
+            std::mem::offset_of!(PrefillParams, indices),
+            std::mem::offset_of!(PrefillParams, q_st),
+            std::mem::offset_of!(PrefillParams, q_sh),
+            std::mem::offset_of!(PrefillParams, o_st),
+            std::mem::offset_of!(PrefillParams, o_sh),
+            std::mem::offset_of!(PrefillParams, l_sh),
+            std::mem::offset_of!(PrefillParams, l_st),
+            std::mem::offset_of!(PrefillParams, kv_row),
+            std::mem::offset_of!(PrefillParams, i_st),
+            std::mem::offset_of!(PrefillParams, i_sk),
+            std::mem::offset_of!(PrefillParams, t0),
+            std::mem::offset_of!(PrefillParams, topk),
+            std::mem::offset_of!(PrefillParams, slots),
+            std::mem::offset_of!(PrefillParams, scale_log2),
+        ];
+        let (code, headers) = crate::kernels::texts(&SRC).expect("kernel text");
+        let offsets: Vec<String> = fields
+            .iter()
+            .map(|f| format!("(long long)((char*)&(((sparse_mla::PrefillParams*)0)->{f}) - (char*)0)"))
+            .collect();
+        let src = format!(
+            "{code}\n#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n\
+             extern \"C\" __device__ const long long sparse_prefill_facts[{}] = {{sparse_mla::PF_THREADS, \
+             sparse_mla::PF_ROWS, sparse_mla::PrefillLayout::SMEM, sizeof(sparse_mla::PrefillParams), \
+             alignof(sparse_mla::PrefillParams), {}}};\n#endif\n",
+            5 + fields.len(),
+            offsets.join(", ")
+        );
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let image = nvrtc::compile("sparse_prefill_facts.cu", &src, &headers, Target::PtxArchSpecific(90))
+            .expect("NVRTC compiles the facts build");
+        let ptx = String::from_utf8_lossy(&image.bytes).into_owned();
+        let t = crate::mla_decode_attention::facts::tables(&ptx);
+        let f = &t["sparse_prefill_facts"];
+        let mut want = vec![
+            PREFILL_THREADS as i64,
+            PREFILL_HEADS,
+            PREFILL_SMEM as i64,
+            std::mem::size_of::<PrefillParams>() as i64,
+            std::mem::align_of::<PrefillParams>() as i64,
+        ];
+        want.extend(host_offsets.iter().map(|&o| o as i64));
+        assert_eq!(f, &want, "device facts (threads, heads, smem, size, align, offsets of {fields:?})");
+    }
+
+    /// The prefill kernel's conditions: a 16-bit cache of the query's dtype with the
+    /// block-size-1 view, D 576, Dv 512, N a multiple of 64, 16-byte rows, an sm_90 device; its
+    /// launches cover every token in grid.y chunks of at most 65,535, 64 heads a CTA.
+    #[test]
+    fn prefill_kernel_takes_paired_16_bit_rows_and_covers_every_token() {
+        let mem = vec![0u128; 1 << 20];
+        // Tokens one stride 0 apart: 70,000 of them in a small allocation.
+        let view = |dt: DType, shape: &[i64]| {
+            let mut s = vt_core::contiguous_strides(shape);
+            if shape[0] == 70_000 {
+                s[0] = 0;
+            }
+            crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
+        };
+        let args = |n: i64, cache_dt: DType, w: i64| SparseMlaAttentionArgs {
+            out: view(DType::BF16, &[70_000, n, 512]),
+            lse: None,
+            query: view(DType::BF16, &[70_000, n, 576]),
+            cache: view(cache_dt, &[8, 64, w]),
+            indices: view(DType::I32, &[70_000, 16]),
+            scale: 0.5,
+        };
+        let a = args(128, DType::BF16, 576);
+        prefill_ok(&a, true).expect("takes it");
+        let e = prefill_ok(&a, false).expect_err("no device").to_string();
+        assert!(e.contains("needs an sm_90 device"), "{e}");
+        for (n, dt, w, what) in
+            [(96, DType::BF16, 576, "N a multiple of 64"), (128, DType::Fp8DsMla, 656, "bf16 or f16")]
+        {
+            let e = prefill_ok(&args(n, dt, w), true).expect_err("refused").to_string();
+            assert!(e.contains(what), "{e}");
+        }
+        let ls = prefill_plan(&a).expect("plan");
+        assert_eq!(ls.len(), 2);
+        assert_eq!(ls.iter().map(|l| l.grid.1 as i64).sum::<i64>(), 70_000);
+        assert!(ls.iter().all(|l| l.grid.0 == 2 && l.block == PREFILL_THREADS && l.smem == PREFILL_SMEM));
     }
 
     #[test]

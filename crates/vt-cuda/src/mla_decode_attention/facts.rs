@@ -85,7 +85,7 @@ fn param_fields() -> Vec<(&'static str, &'static str, i64, i64)> {
 
 /// The `.global .align 8 .b8 NAME[N] = {...}` arrays of a PTX text, as little-endian i64s
 /// (NVRTC leaves trailing zero bytes out of the initializer).
-fn tables(ptx: &str) -> BTreeMap<String, Vec<i64>> {
+pub(crate) fn tables(ptx: &str) -> BTreeMap<String, Vec<i64>> {
     let mut out = BTreeMap::new();
     for line in ptx.lines() {
         let Some(rest) = line.trim().strip_prefix(".global .align 8 .b8 ") else { continue };

@@ -49,7 +49,7 @@
 mod choice_tests;
 mod combine;
 #[cfg(test)]
-mod facts;
+pub(crate) mod facts;
 mod generic;
 mod mma_sm80;
 pub mod timeline;
