@@ -17,7 +17,8 @@ run() {  # run NAME SCRIPT [ENV...]
 run pending tools/device/pending_first_call.sh
 run timeline tools/device/timeline.sh
 run schedule tools/device/schedule_labs.sh
-run pair tools/device/pair_first_run.sh
+run new_tests tools/device/new_kernels_first_run.sh PART=tests
+run new_bench tools/device/new_kernels_first_run.sh PART=bench
 for part in tests bench sanitize step; do
   run "gather_$part" tools/device/gather_first_run.sh PART=$part
 done

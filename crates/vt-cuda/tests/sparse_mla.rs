@@ -353,11 +353,16 @@ fn kernels(c: &Case) -> Vec<Option<SparseOptions>> {
 /// Runs the case under every kernel choice and compares with the reference; returns the
 /// kernels that ran.
 fn check(g: &Queue, c: &Case) -> Vec<String> {
+    check_under(g, c, kernels(c))
+}
+
+/// [`check`] under the given kernel choices only.
+fn check_under(g: &Queue, c: &Case, choices: Vec<Option<SparseOptions>>) -> Vec<String> {
     let x = inputs(c);
     let (want, want_lse) = reference(c, &x);
     let lse_tol = lse_tolerances(c, &x, &want_lse);
     let mut ran = Vec::new();
-    for opts in kernels(c) {
+    for opts in choices {
         let b = upload(g, c, &x, &x.indices);
         let a = args(c, &b);
         let what = match &opts {
@@ -435,6 +440,38 @@ fn check(g: &Queue, c: &Case) -> Vec<String> {
         ran.push(what);
     }
     ran
+}
+
+/// This op's prefill kernel on its own (the sanitizers run over this test): 64 and 128 heads,
+/// topk 1, 64, 100 (a partial last tile), 2048 (32 tiles: 16 pairs), 2047, 3 and 4 tiles (pairs
+/// with and without the odd tile), bf16 and f16, strided q / out / cache rows and a pool
+/// layer; rows with -1 entries, repeated slots, slots past the cache and an empty row.
+#[test]
+fn sparse_prefill_kernel_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let prefill = vec![Some(SparseOptions { kernel: Kernel::Prefill, ..SparseOptions::default() })];
+    let mut ran = Vec::new();
+    for n in [64, 128] {
+        for (topk, nb, bs) in [
+            (1, 40, 1),
+            (64, 3, 64),
+            (100, 40, 16),
+            (2048, 40, 64),
+            (2047, 40, 64),
+            (192, 9, 64),
+            (256, 9, 64),
+        ] {
+            ran.extend(check_under(&g, &Case::mla(5, n, topk, (nb, bs)), prefill.clone()));
+        }
+    }
+    let mut c = Case::mla(7, 64, 300, (12, 64));
+    c.dtype = DType::F16;
+    ran.extend(check_under(&g, &c, prefill.clone()));
+    let mut c = Case::mla(3, 128, 512, (12, 64));
+    c.layout = Layout::PoolLayer;
+    c.strided = true;
+    ran.extend(check_under(&g, &c, prefill.clone()));
+    assert!(ran.iter().all(|r| r.contains("sparse_prefill")), "{ran:?}");
 }
 
 #[test]
