@@ -17,6 +17,12 @@
 //! attention's rope interleaved and needs `q_lora_rank`, so `rope_interleave: false` and
 //! `q_lora_rank: null` are errors there. The index fields on any other model type are an
 //! error too (they would be ignored).
+//!
+//! Sizes: every dimension has an upper bound ([`crate::MAX_DIM`], [`crate::MAX_HEADS`]), so
+//! do the weights and per-token rows they imply, the cos/sin cache that
+//! `max_position_embeddings` sizes ([`crate::MAX_COS_SIN_CACHE_BYTES`]) and V3.2's
+//! `index_topk` (at most `max_position_embeddings`); a value past one is an error naming
+//! the field and its value (docs/mla.md, "Size bounds and the cos/sin cache").
 
 use std::path::Path;
 
@@ -36,7 +42,8 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 pub struct MlaConfig {
     pub dims: MlaBlockDims,
     pub rope: YarnRopeParams,
-    /// `max_position_embeddings`: rows of the cos/sin cache (positions must be below it).
+    /// `max_position_embeddings`: rows of the cos/sin cache (positions must be below it);
+    /// the cache's bytes are at most [`crate::MAX_COS_SIN_CACHE_BYTES`].
     pub max_position_embeddings: i64,
     /// `quantization_config` of an fp8 checkpoint (DeepSeek-V3's form: `quant_method: fp8`,
     /// `fmt: e4m3`, `weight_block_size: [128, 128]`): the scale block `[rows, cols]`; the
@@ -132,13 +139,32 @@ impl MlaConfig {
             &rope,
         )
         .map_err(dims_err)?;
+        // The cos/sin cache is built whole, max_position_embeddings rows, when the weights
+        // are loaded (rope::MAX_COS_SIN_CACHE_BYTES says why and how much): refused here,
+        // with the bytes, once the rope dim is known to be sane.
+        crate::rope::cos_sin_cache_bytes(rope_dim, max_pos)
+            .map_err(|msg| field_err("max_position_embeddings", msg))?;
         let dims = if v32 {
             let indexer = IndexerDims {
                 n_heads: req_int(c, "index_n_heads")?,
                 head_dim: req_int(c, "index_head_dim")?,
                 topk: req_int(c, "index_topk")?,
             };
-            dims.with_indexer(indexer).map_err(dims_err)?
+            let dims = dims.with_indexer(indexer).map_err(dims_err)?;
+            // A query sees at most max_position_embeddings tokens (positions are below it),
+            // and DeepSeek's indexer selects min(index_topk, tokens seen): a larger index_topk
+            // selects nothing more, but every token's top-k row (index_topk i32s) is allocated.
+            if indexer.topk > max_pos {
+                return Err(field_err(
+                    "index_topk",
+                    format!(
+                        "{} is more than max_position_embeddings {max_pos}: a query never sees more \
+                         tokens than that to select from",
+                        indexer.topk
+                    ),
+                ));
+            }
+            dims
         } else {
             dims
         };

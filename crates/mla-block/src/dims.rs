@@ -6,6 +6,29 @@ use crate::rope::{mla_attention_scale, YarnRopeParams};
 
 const OP: &str = "MlaBlockDims";
 
+/// The largest width a dimension of the block may have: `hidden_size`, `q_lora_rank`,
+/// `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`, `index_head_dim`
+/// and `index_topk`. 2^20 is 146x DeepSeek-V3's widest (hidden 7168; kv_lora_rank 512,
+/// q_lora_rank 1536, heads of 128 + 64, top 2048 in V3.2), so no real model is near it, and
+/// a product of three such widths (2^60) still fits i64: the size checks below then compare
+/// exact values. A larger value is a typo or a hostile file, refused naming the field.
+pub const MAX_DIM: i64 = 1 << 20;
+
+/// The most heads (`num_attention_heads`, `index_n_heads`): 2^16, 512x DeepSeek-V3's 128
+/// (and 1024x V3.2's 64 indexer heads).
+pub const MAX_HEADS: i64 = 1 << 16;
+
+/// The most elements of one weight matrix the dims may imply (`q_b_proj`, `kv_b_proj`,
+/// `o_proj`, the fused A-projection, the indexer's): 2^32 (16 GiB in f32), 36x DeepSeek-V3's
+/// largest attention weight (`o_proj`, 7168 x 16384 = 2^26.8).
+pub const MAX_WEIGHT_ELEMENTS: i64 = 1 << 32;
+
+/// The most elements of one token's row in the widths the block allocates per token (the
+/// query `num_heads * (nope + rope)`, the absorbed query `num_heads * (kv_lora_rank + rope)`,
+/// `kv_b_proj`'s output, the attention output, the indexer query `index_n_heads *
+/// index_head_dim`, ...): 2^24, 227x DeepSeek-V3's widest (the absorbed query, 128 x 576).
+pub const MAX_TOKEN_ROW_ELEMENTS: i64 = 1 << 24;
+
 /// The dimensions of one MLA attention block (Hugging Face config names in brackets).
 ///
 /// Build with [`MlaBlockDims::new`], which sets `scale` through [`mla_attention_scale`]
@@ -121,6 +144,7 @@ impl MlaBlockDims {
     /// compute dtype) and the per-token widths the block allocates, in checked i64
     /// arithmetic. The error names the dimension whose product overflows.
     fn validate_sizes(&self) -> Result<()> {
+        self.validate_bounds()?;
         let (h, n, q) = (self.hidden_size, self.num_heads, self.q_lora_rank);
         let (l, p, r, v) = (self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim);
         let prod = |xs: &[i64]| xs.iter().try_fold(4i64, |acc, &x| acc.checked_mul(x.max(1)));
@@ -168,7 +192,99 @@ impl MlaBlockDims {
         Ok(())
     }
 
+    /// Every dim within its bound ([`MAX_DIM`], [`MAX_HEADS`]; lower bounds are
+    /// [`MlaBlockDims::validate`]'s), then every weight and per-token width the dims imply
+    /// within [`MAX_WEIGHT_ELEMENTS`] / [`MAX_TOKEN_ROW_ELEMENTS`]. The error names the
+    /// dimension (as its config field, but for `num_heads`) and its value. Runs first, so a
+    /// dimension past its bound is named before any product of it is computed.
+    fn validate_bounds(&self) -> Result<()> {
+        let heads = [("num_heads", self.num_heads)];
+        let widths = [
+            ("hidden_size", self.hidden_size),
+            ("q_lora_rank", self.q_lora_rank),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_nope_head_dim", self.qk_nope_head_dim),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+        ];
+        check_upper_bounds(&heads, &widths)?;
+        // Every factor is now at most 2^20: the products below (at most three factors, one
+        // a sum of at most three) are exact. Negative dims count as 0 here and are refused by
+        // `validate`'s lower bounds.
+        let [h, n, q, l, p, r, v] = [
+            self.hidden_size,
+            self.num_heads,
+            self.q_lora_rank,
+            self.kv_lora_rank,
+            self.qk_nope_head_dim,
+            self.qk_rope_head_dim,
+            self.v_head_dim,
+        ]
+        .map(|x| x.max(0));
+        let values = format!(
+            "num_attention_heads {n}, hidden_size {h}, q_lora_rank {q}, kv_lora_rank {l}, \
+             qk_nope_head_dim {p}, qk_rope_head_dim {r}, v_head_dim {v}"
+        );
+        let q_in = if q > 0 { q } else { h };
+        let weights: [(&str, &'static str, i64); 4] = [
+            (
+                "q_b_proj / q_proj [num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim), \
+                 q_lora_rank or hidden_size]",
+                "num_heads",
+                n * (p + r) * q_in,
+            ),
+            (
+                "kv_b_proj [num_attention_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]",
+                "num_heads",
+                n * (p + v) * l,
+            ),
+            ("o_proj [hidden_size, num_attention_heads * v_head_dim]", "num_heads", h * n * v),
+            (
+                "the fused A-projection [q_lora_rank + kv_lora_rank + qk_rope_head_dim, hidden_size]",
+                "hidden_size",
+                (q + l + r) * h,
+            ),
+        ];
+        let rows: [(&str, &'static str, i64); 3] = [
+            (
+                "the query num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)",
+                "num_heads",
+                n * (p + r),
+            ),
+            (
+                "the absorbed query num_attention_heads * (kv_lora_rank + qk_rope_head_dim)",
+                "num_heads",
+                n * (l + r),
+            ),
+            (
+                "kv_b_proj's output num_attention_heads * (qk_nope_head_dim + v_head_dim)",
+                "num_heads",
+                n * (p + v),
+            ),
+        ];
+        check_products(&weights, &rows, &values)
+    }
+
+    /// The indexer's dims within their bounds, and the sizes they imply.
+    fn validate_indexer_bounds(&self, ix: &IndexerDims) -> Result<()> {
+        check_upper_bounds(
+            &[("index_n_heads", ix.n_heads)],
+            &[("index_head_dim", ix.head_dim), ("index_topk", ix.topk)],
+        )?;
+        let [hi, di] = [ix.n_heads, ix.head_dim].map(|x| x.max(0));
+        let (h, q) = (self.hidden_size.max(0), self.q_lora_rank.max(0));
+        let values = format!("index_n_heads {hi}, index_head_dim {di}, q_lora_rank {q}, hidden_size {h}");
+        let weights: [(&str, &'static str, i64); 2] = [
+            ("indexer.wq_b [index_n_heads * index_head_dim, q_lora_rank]", "index_n_heads", hi * di * q),
+            ("indexer.wk [index_head_dim, hidden_size]", "index_head_dim", di * h),
+        ];
+        let rows: [(&str, &'static str, i64); 1] =
+            [("the indexer query index_n_heads * index_head_dim", "index_n_heads", hi * di)];
+        check_products(&weights, &rows, &values)
+    }
+
     fn validate_indexer(&self, ix: &IndexerDims) -> Result<()> {
+        self.validate_indexer_bounds(ix)?;
         for (name, v) in
             [("index_n_heads", ix.n_heads), ("index_head_dim", ix.head_dim), ("index_topk", ix.topk)]
         {
@@ -281,4 +397,50 @@ impl MlaBlockDims {
         }
         Ok(())
     }
+}
+
+/// Refuses a head count past [`MAX_HEADS`] or a width past [`MAX_DIM`], naming it and its
+/// value.
+fn check_upper_bounds(heads: &[(&'static str, i64)], widths: &[(&'static str, i64)]) -> Result<()> {
+    let limits = heads.iter().map(|&(n, v)| (n, v, MAX_HEADS, "2^16, 512x DeepSeek-V3's 128 heads"));
+    let limits = limits.chain(
+        widths.iter().map(|&(n, v)| (n, v, MAX_DIM, "2^20, 146x DeepSeek-V3's widest dim, hidden_size 7168")),
+    );
+    for (name, v, max, why) in limits {
+        if v > max {
+            return Err(Error::invalid(
+                OP,
+                name,
+                format!(
+                    "{v} is past its bound {max} ({why}): a dimension this large overflows the sizes the \
+                     block derives from it or any device's memory"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a weight past [`MAX_WEIGHT_ELEMENTS`] or a per-token width past
+/// [`MAX_TOKEN_ROW_ELEMENTS`] (`(what, blamed dim, elements)`), naming the blamed dim and
+/// every value (`values`).
+fn check_products(
+    weights: &[(&str, &'static str, i64)],
+    rows: &[(&str, &'static str, i64)],
+    values: &str,
+) -> Result<()> {
+    let all = weights
+        .iter()
+        .map(|&(w, a, e)| (w, a, e, MAX_WEIGHT_ELEMENTS, "a weight"))
+        .chain(rows.iter().map(|&(w, a, e)| (w, a, e, MAX_TOKEN_ROW_ELEMENTS, "one token's row")));
+    for (what, arg, elements, max, kind) in all {
+        if elements > max {
+            return Err(Error::invalid(
+                OP,
+                arg,
+                format!("{what} has {elements} elements, past the bound {max} for {kind} ({values})"),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -39,13 +39,13 @@ pub use block::{
 pub use checkpoint::{layer_prefix, Checkpoint};
 pub use config::MlaConfig;
 pub use decode_graphs::{DecodeGraphConfig, DecodeGraphs, StepMode};
-pub use dims::{IndexerDims, MlaBlockDims};
+pub use dims::{IndexerDims, MlaBlockDims, MAX_DIM, MAX_HEADS, MAX_TOKEN_ROW_ELEMENTS, MAX_WEIGHT_ELEMENTS};
 pub use fp8::{Fp8BlockWeights, Fp8Matrix, WeightsDtype};
 pub use kv_cache::{row_bytes, BlockAllocator, KvCacheDtype, LayeredKvCache, PagedKvCache, SeqId};
 pub use metadata::{ContextChunk, MlaBatchMetadata, StepSeq};
 pub use rope::{
-    mla_attention_scale, yarn_correction_range, yarn_find_correction_dim, yarn_get_mscale, YarnRopeParams,
-    YarnScaling,
+    cos_sin_cache_bytes, mla_attention_scale, yarn_correction_range, yarn_find_correction_dim,
+    yarn_get_mscale, YarnRopeParams, YarnScaling, MAX_COS_SIN_CACHE_BYTES,
 };
 pub use safetensors_header::{
     check_safetensors_header, deserialize_safetensors, dtype_size as safetensors_dtype_size, SafetensorsEntry,

@@ -203,16 +203,19 @@ impl YarnRopeParams {
     /// The cos/sin cache [rows, R] in f32: row t is `[cos(t*inv_freq) | sin(t*inv_freq)] *
     /// rotation_mscale`, computed in f64 and rounded once (the layout the rope ops read).
     ///
-    /// Errors, before allocating, when a value would not be finite
-    /// ([`YarnRopeParams::check_finite`], naming the parameter) and when the cache's bytes
-    /// overflow or cannot be allocated (naming `rows`, i.e. `max_position_embeddings`, and
-    /// the bytes needed).
+    /// Errors, before allocating, when the cache would be larger than
+    /// [`MAX_COS_SIN_CACHE_BYTES`] (naming `rows`, i.e. `max_position_embeddings`, and the
+    /// bytes needed), when a value would not be finite ([`YarnRopeParams::check_finite`],
+    /// naming the parameter) and when the cache cannot be allocated.
     pub fn cos_sin_cache(&self, rotary_dim: i64, rows: i64) -> Result<Vec<f32>> {
         const CTX: &str = "YarnRopeParams::cos_sin_cache";
         if rows <= 0 {
             return Err(Error::invalid(CTX, "rows", format!("must be > 0, got {rows}")));
         }
         check_rotary_dim(CTX, rotary_dim)?;
+        // Bounded before anything is computed or allocated (the cache is built whole).
+        cos_sin_cache_bytes(rotary_dim, rows)
+            .map_err(|msg| Error::invalid(CTX, "rows", format!("(max_position_embeddings) {msg}")))?;
         // The attention scale is checked with the dims; any head width works here.
         self.check_finite(rotary_dim, 1, rows).map_err(|(field, msg)| Error::invalid(CTX, field, msg))?;
         let inv = self.inv_freq(rotary_dim)?;
@@ -264,6 +267,30 @@ impl YarnRopeParams {
         let cache = self.cos_sin_cache(rotary_dim, rows)?;
         Buffer::from_slice(queue, &[rows, rotary_dim], &cache)
     }
+}
+
+/// The most bytes of one cos/sin cache (`max_position_embeddings` rows of `qk_rope_head_dim`
+/// f32): 1 GiB, 4194304 positions at DeepSeek's rope dim 64 (25.6x DeepSeek-V3's 163840,
+/// whose cache is 40 MiB). The cache is built whole when the weights are loaded, one per
+/// layer, and is not grown later: the block's views and every captured decode graph hold its
+/// device address (docs/mla.md, "The cos/sin cache"). A larger one is refused naming
+/// `max_position_embeddings` and the bytes it would take.
+pub const MAX_COS_SIN_CACHE_BYTES: i64 = 1 << 30;
+
+/// The bytes of a cos/sin cache of `rows` x `rotary_dim` f32, when within
+/// [`MAX_COS_SIN_CACHE_BYTES`]; otherwise the error text (the rows as
+/// `max_position_embeddings`, and the bytes). Exact for any i64 inputs.
+pub fn cos_sin_cache_bytes(rotary_dim: i64, rows: i64) -> std::result::Result<i64, String> {
+    let bytes = rows as i128 * rotary_dim as i128 * 4;
+    if bytes > MAX_COS_SIN_CACHE_BYTES as i128 {
+        return Err(format!(
+            "{rows} positions x qk_rope_head_dim {rotary_dim} f32 make a cos/sin cache of {bytes} bytes \
+             per layer, past the bound of {MAX_COS_SIN_CACHE_BYTES} bytes (1 GiB: {} positions at rope \
+             dim {rotary_dim}; DeepSeek-V3 has 163840)",
+            MAX_COS_SIN_CACHE_BYTES / (rotary_dim.max(1) * 4)
+        ));
+    }
+    Ok(bytes as i64)
 }
 
 /// The largest rope dim whose frequencies [`YarnRopeParams::check_finite`] computes.
