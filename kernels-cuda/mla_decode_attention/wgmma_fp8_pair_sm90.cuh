@@ -127,31 +127,15 @@ __device__ __forceinline__ void pair_producer_tiles(const Params& p, const Segme
 }
 
 template <typename T> __device__ void decode_wgmma_fp8_pair(const Params& p) {
-    constexpr int MT = WGMMA_ROWS;
-    using L = Layout<MT>;
+    using L = Layout<WGMMA_ROWS>;
     static_assert(L::MBARS >= 5, "epi_done, k_remote[2], v_free[2]");
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = align1024(smem_raw);
-    const uint32_t base = smem_u32(smem);
-    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
-    float* s_alpha = (float*)(smem + L::OFF_RED);
-    float* s_fin = s_alpha + MT;
-    unsigned char* valid = smem + L::OFF_VALID;
-    unsigned char* flags = smem + L::OFF_FLAGS;
-    int* sched = (int*)(smem + L::OFF_SCHED);
-    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);
+    const Fp8Cta c(align1024(smem_raw));
     grid_dep_launch();
-
-    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
-    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, qd = lane & 3;
-    const int row0 = blockIdx.y * MT;
-    const int r_lo = wwarp * 16 + g;
-    const GmmaDesc dq(sQ, 16, 1024), dp(sP, 16, 1024);
     // The layout is the same in both CTAs (one kernel, one dynamic size), so the peer's
     // barriers and stages are at this CTA's offsets: mapa maps them.
     const uint32_t rank = cluster_ctarank(), peer = rank ^ 1u;
-    const uint32_t epi_done = base + L::OFF_MBAR, k_remote = epi_done + 8, v_free = epi_done + 24;
+    const uint32_t epi_done = c.base + L::OFF_MBAR, k_remote = epi_done + 8, v_free = epi_done + 24;
 
     if (threadIdx.x == 0) {
         mbar_init(epi_done, PAIR_EPI);
@@ -163,19 +147,19 @@ template <typename T> __device__ void decode_wgmma_fp8_pair(const Params& p) {
         fence_mbar_init_cluster();
     }
     cluster_sync();  // both CTAs' barriers are initialized before any remote arrival or store
-    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);
+    const Part part = c.part(p);
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
-    if (wg == 2) {
+    if (c.wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[2]) : "memory");
-        const Fp8RegLoader ld(p, wtid);
-        const uint32_t peer_sKV = mapa_shared(sKV, peer), peer_k_remote = mapa_shared(k_remote, peer);
+        const Fp8RegLoader ld(p, c.wtid);
+        const uint32_t peer_sKV = mapa_shared(c.sKV, peer), peer_k_remote = mapa_shared(k_remote, peer);
         uint32_t vphases = 0;
         int phase = 0;
         while (next_segment(p, part, nb, pre, sg)) {
-            pair_producer_tiles<T>(p, sg, row0, sQ, sKV, peer_sKV, k_remote, peer_k_remote, v_free, vphases, valid,
-                                   flags, ld, (int)rank, wtid);
+            pair_producer_tiles<T>(p, sg, c.row0, c.sQ, c.sKV, peer_sKV, k_remote, peer_k_remote, v_free, vphases,
+                                   c.valid, c.flags, ld, (int)rank, c.wtid);
             mbar_wait(epi_done, phase);  // both CTAs' stages are free for the next segment
             phase ^= 1;
         }
@@ -183,24 +167,11 @@ template <typename T> __device__ void decode_wgmma_fp8_pair(const Params& p) {
         return;
     }
     const uint32_t v_free_peer = mapa_shared(v_free, peer), epi_peer = mapa_shared(epi_done, peer);
-    if (wg == 1) {
+    if (c.wg == 1) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[1]) : "memory");
+        const bool lead = c.lane == 0;
         while (next_segment(p, part, nb, pre, sg)) {
-            float o[128];
-#pragma unroll
-            for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-            bar_arrive(BAR_P_FREE, 256);
-            for (int t = sg.t0; t < sg.t1; ++t) {
-                const int st = (t - sg.t0) & 1;
-                bar_sync(BAR_P_FULL, 256);  // after warpgroup 0 saw both halves of the tile
-                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T, 128>(o, dp, GmmaDesc(sKV + st * TILE_BYTES + 4 * SUB_BYTES, SUB_BYTES, 1024));
-                if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
-                if (t + 2 < sg.t1) pair_release(v_free, v_free_peer, st, lane == 0);
-            }
-            bar_arrive(BAR_EPI_WG1, 256);
-            bar_sync(BAR_EPI_WG0, 256);
-            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
+            fp8_pv_segment<T>(p, sg, c, [&](int st) { pair_release(v_free, v_free_peer, st, lead); });
             mbar_arrive(epi_done);
             mbar_arrive_cluster(epi_peer);
         }
@@ -208,17 +179,10 @@ template <typename T> __device__ void decode_wgmma_fp8_pair(const Params& p) {
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[0]) : "memory");
-    StageBarriers<L::STAGES, false> bars(base + L::OFF_MBAR);  // never waited on (no TMA stages)
-    PairStages stages{k_remote, v_free, v_free_peer, 0u, lane == 0};
+    StageBarriers<L::STAGES, false> bars(c.base + L::OFF_MBAR);  // never waited on (no TMA stages)
+    PairStages stages{k_remote, v_free, v_free_peer, 0u, c.lane == 0};
     while (next_segment(p, part, nb, pre, sg)) {
-        float o[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        consumer_tiles<T, false>(p, sg, row0, sKV, valid, flags, bars, stages, o, s_alpha, s_fin, dq, sP, dp, wtid,
-                                 r_lo, qd);
-        bar_arrive(BAR_EPI_WG0, 256);
-        bar_sync(BAR_EPI_WG1, 256);
-        stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
+        fp8_s_segment<T>(p, sg, c, bars, stages);
         mbar_arrive(epi_done);
         mbar_arrive_cluster(epi_peer);
     }

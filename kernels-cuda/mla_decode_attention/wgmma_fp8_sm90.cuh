@@ -292,81 +292,109 @@ __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segmen
     }
 }
 
+// The 64-row fp8 kernels' shared memory (Layout<64>) and thread roles: what decode_wgmma_fp8
+// and its CTA pairs (wgmma_fp8_pair_sm90.cuh) both set up.
+struct Fp8Cta {
+    using L = Layout<WGMMA_ROWS>;
+    unsigned char* smem;
+    uint32_t base, sQ, sKV, sP;
+    float *s_alpha, *s_fin;  // [MT] rescale factors of the current tile; [2][MT] final row sums, maxima
+    unsigned char *valid, *flags;
+    int* sched;
+    const float* so;  // O staged at the end, over the KV stages
+    int wg, wtid, lane, qd, row0, r_lo;
+    GmmaDesc dq, dp;
+
+    __device__ __forceinline__ explicit Fp8Cta(unsigned char* sm)
+        : smem(sm), base(smem_u32(sm)), sQ(base + L::OFF_Q), sKV(base + L::OFF_KV), sP(base + L::OFF_P),
+          s_alpha((float*)(sm + L::OFF_RED)), s_fin((float*)(sm + L::OFF_RED) + WGMMA_ROWS),
+          valid(sm + L::OFF_VALID), flags(sm + L::OFF_FLAGS), sched((int*)(sm + L::OFF_SCHED)),
+          so(reinterpret_cast<const float*>(sm + L::OFF_KV)), wg(threadIdx.x >> 7), wtid(threadIdx.x & 127),
+          lane(threadIdx.x & 31), qd(threadIdx.x & 3), row0(blockIdx.y * WGMMA_ROWS),
+          r_lo(((threadIdx.x & 127) >> 5) * 16 + ((threadIdx.x & 31) >> 2)), dq(sQ, 16, 1024), dp(sP, 16, 1024) {}
+    // The schedule (every thread; the P buffer as scratch, free until the first tile).
+    __device__ __forceinline__ Part part(const Params& p) const {
+        return find_part(p, sched, (int*)(smem + L::OFF_P), WGMMA_ROWS * 128 / 4);
+    }
+};
+
+// Warpgroup 0 of the fp8 kernels over one segment: consumer_tiles (stages: the hand-over with
+// whoever fills the stages), then its half of the epilogue after warpgroup 1 is done with the
+// stages (BAR_EPI_*); returns once its copy-out has read the staged O.
+template <typename T, typename Stages>
+__device__ __forceinline__ void fp8_s_segment(const Params& p, const Segment& sg, const Fp8Cta& c,
+                                              StageBarriers<2, false>& bars, Stages& stages) {
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    consumer_tiles<T, false>(p, sg, c.row0, c.sKV, c.valid, c.flags, bars, stages, o, c.s_alpha, c.s_fin, c.dq, c.sP,
+                             c.dp, c.wtid, c.r_lo, c.qd);
+    bar_arrive(BAR_EPI_WG0, 256);
+    bar_sync(BAR_EPI_WG1, 256);
+    stage_and_store<T, WGMMA_ROWS>(p, sg, c.row0, c.sKV, c.so, o, c.r_lo, c.qd, 0, c.s_fin, c.wtid, BAR_WG0, true);
+}
+
+// Warpgroup 1 of the fp8 kernels over one segment: per tile, after warpgroup 0's P and rescale
+// factors (P_FULL), O[:, 256:512] += P V, then release(st) once done with the stage (not after
+// the segment's last two tiles: the epilogue hands the stages over); then its half of the
+// epilogue; returns once its copy-out has read the staged O.
+template <typename T, typename Release>
+__device__ __forceinline__ void fp8_pv_segment(const Params& p, const Segment& sg, const Fp8Cta& c, Release&& release) {
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    bar_arrive(BAR_P_FREE, 256);
+    for (int t = sg.t0; t < sg.t1; ++t) {
+        const int st = (t - sg.t0) & 1;
+        bar_sync(BAR_P_FULL, 256);  // after warpgroup 0 saw the whole tile
+        rescale(o, c.s_alpha[c.r_lo], c.s_alpha[c.r_lo + 8]);
+        pv_tile<T, 128>(o, c.dp, GmmaDesc(c.sKV + st * TILE_BYTES + 4 * SUB_BYTES, SUB_BYTES, 1024));
+        if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
+        if (t + 2 < sg.t1) release(st);
+    }
+    bar_arrive(BAR_EPI_WG1, 256);
+    bar_sync(BAR_EPI_WG0, 256);
+    stage_and_store<T, WGMMA_ROWS>(p, sg, c.row0, c.sKV, c.so, o, c.r_lo, c.qd, 256, c.s_fin, c.wtid, BAR_WG1, false);
+}
+
 template <typename T> __device__ void decode_wgmma_fp8(const Params& p) {
-    constexpr int MT = WGMMA_ROWS;
-    using L = Layout<MT>;
+    using L = Layout<WGMMA_ROWS>;
     extern __shared__ unsigned char smem_raw[];
-    unsigned char* smem = align1024(smem_raw);
-    const uint32_t base = smem_u32(smem);
-    const uint32_t sQ = base + L::OFF_Q, sKV = base + L::OFF_KV, sP = base + L::OFF_P;
-    float* s_alpha = (float*)(smem + L::OFF_RED);
-    float* s_fin = s_alpha + MT;
-    unsigned char* valid = smem + L::OFF_VALID;
-    unsigned char* flags = smem + L::OFF_FLAGS;
-    int* sched = (int*)(smem + L::OFF_SCHED);
-    const float* so = reinterpret_cast<const float*>(smem + L::OFF_KV);
+    const Fp8Cta c(align1024(smem_raw));
     grid_dep_launch();
 
-    const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127;
-    const int wwarp = wtid >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, qd = lane & 3;
-    const int row0 = blockIdx.y * MT;
-    const int r_lo = wwarp * 16 + g;
-    const GmmaDesc dq(sQ, 16, 1024), dp(sP, 16, 1024);
-
-    const uint32_t epi_done = base + L::OFF_MBAR;
+    const uint32_t epi_done = c.base + L::OFF_MBAR;
     if (threadIdx.x == 0) mbar_init(epi_done, 256);
     __syncthreads();  // initialized before any arrival
-    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);
+    const Part part = c.part(p);
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
     // One loop per warpgroup, each after its setmaxnreg (ptxas allocates per region).
-    if (wg == 2) {
+    if (c.wg == 2) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[2]) : "memory");
-        const Fp8RegLoader ld(p, wtid);
+        const Fp8RegLoader ld(p, c.wtid);
         int phase = 0;
         while (next_segment(p, part, nb, pre, sg)) {
-            fp8_producer_tiles<T>(p, sg, row0, sQ, sKV, valid, flags, ld, wtid);
+            fp8_producer_tiles<T>(p, sg, c.row0, c.sQ, c.sKV, c.valid, c.flags, ld, c.wtid);
             mbar_wait(epi_done, phase);  // the stages are free for the next segment
             phase ^= 1;
         }
         return;
     }
-    if (wg == 1) {
+    if (c.wg == 1) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[1]) : "memory");
         while (next_segment(p, part, nb, pre, sg)) {
-            float o[128];
-#pragma unroll
-            for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-            bar_arrive(BAR_P_FREE, 256);
-            for (int t = sg.t0; t < sg.t1; ++t) {
-                const int st = (t - sg.t0) & 1;
-                bar_sync(BAR_P_FULL, 256);  // after warpgroup 0 synced K_FULL: the tile is stored
-                rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
-                pv_tile<T, 128>(o, dp, GmmaDesc(sKV + st * TILE_BYTES + 4 * SUB_BYTES, SUB_BYTES, 1024));
-                if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256);
-                if (t + 2 < sg.t1) bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS);
-            }
-            bar_arrive(BAR_EPI_WG1, 256);
-            bar_sync(BAR_EPI_WG0, 256);
-            stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256, s_fin, wtid, BAR_WG1, false);
+            fp8_pv_segment<T>(p, sg, c, [](int st) { bar_arrive(BAR_V_FREE + st, FP8_WG_THREADS); });
             mbar_arrive(epi_done);
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FP8_REGS[0]) : "memory");
-    StageBarriers<L::STAGES, false> bars(base + L::OFF_MBAR);  // never waited on (no TMA stages); slot 0 is epi_done
+    StageBarriers<L::STAGES, false> bars(c.base + L::OFF_MBAR);  // never waited on (no TMA stages); slot 0 is epi_done
+    NamedStages<FP8_WG_THREADS> stages;
     while (next_segment(p, part, nb, pre, sg)) {
-        float o[128];
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-        NamedStages<FP8_WG_THREADS> stages;
-        consumer_tiles<T, false>(p, sg, row0, sKV, valid, flags, bars, stages, o, s_alpha, s_fin, dq, sP, dp, wtid,
-                                 r_lo, qd);
-        bar_arrive(BAR_EPI_WG0, 256);
-        bar_sync(BAR_EPI_WG1, 256);
-        stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0, s_fin, wtid, BAR_WG0, true);
+        fp8_s_segment<T>(p, sg, c, bars, stages);
         mbar_arrive(epi_done);
     }
 }

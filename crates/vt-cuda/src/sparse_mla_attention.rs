@@ -61,8 +61,10 @@ pub enum Kernel {
     /// This op's sm_90a prefill kernel (`sparse_mla_prefill`,
     /// `kernels-cuda/sparse_mla_attention/prefill_sm90.cuh`): a CTA per (token, 64 heads) over
     /// the token's whole topk, no split, FlashMLA's seesaw consumers and a warpgroup gathering
-    /// the rows by cp.async ([`prefill_ok`]'s conditions; an error elsewhere). Auto takes it
-    /// with `VT_SPARSE_PREFILL` on where it would take the three-warpgroup gather form.
+    /// the rows by cp.async. It needs sm_90, a bf16 or f16 query and cache, D 576, Dv 512, N a
+    /// multiple of 64, the cache's slots one stride apart and 16-byte rows (an error elsewhere).
+    /// Auto takes it with `VT_SPARSE_PREFILL` on where it would take the three-warpgroup
+    /// gather form.
     Prefill,
 }
 
