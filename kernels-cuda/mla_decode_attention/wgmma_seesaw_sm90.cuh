@@ -248,6 +248,93 @@ __device__ __forceinline__ void ss_zero_tail(const Segment& sg, int t, uint32_t 
     bar_sync(bar, 128);
 }
 
+// The seesaw's exchanges, shared with the sparse prefill kernel
+// (sparse_mla_attention/prefill_sm90.cuh). MT = 64 rows; s_m[r] holds m_A, s_m[MT + r] m_B.
+//
+// Warpgroup 0, tile A (S in s, masked, its raw row maxima mx): the running maximum moves to m_A
+// (published in s_m for warpgroup 1), O_L and l are rescaled, P_A = exp2(S c - m_A) goes to pk
+// (and s); returns the exponent bases in bs.
+template <typename T>
+__device__ __forceinline__ void ss_softmax_a(float (&s)[32], uint32_t (&pk)[16], float (&o)[128], float (&mx)[2],
+                                             float (&bs)[2], float (&m_run)[2], float (&l)[2], float c, float* s_m,
+                                             int r_lo, int qd) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        float a;
+        bs[hi] = online_max_step(mx[hi], c, m_run[hi], l[hi], a);
+        if (qd == 0) s_m[r_lo + 8 * hi] = m_run[hi];
+        mx[hi] = a;
+    }
+    rescale(o, mx[0], mx[1]);
+    ss_exp<T>(s, pk, l, bs, c);
+}
+
+// Warpgroup 0, after warpgroup 1 published m_B: P_A (in s) rescaled to it into pk, the running
+// maximum moved to m_B; returns the factor O_L and l take (a1).
+template <typename T, int MT>
+__device__ __forceinline__ void ss_rescale_p_a(const float (&s)[32], uint32_t (&pk)[16], const float (&bs)[2],
+                                               float (&m_run)[2], float (&a1)[2], const float* s_m, int r_lo) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const float mb = s_m[MT + r_lo + 8 * hi];
+        a1[hi] = ex2(bs[hi] - ss_base(mb));
+        m_run[hi] = mb;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+            pk[2 * i + hi] = pack2<T>(s[4 * i + 2 * hi] * a1[hi], s[4 * i + 2 * hi + 1] * a1[hi]);
+}
+
+// Warpgroup 1, tile B's raw row maxima mx (-inf without a tile B), after warpgroup 0 published
+// m_A: the running maximum moves to m_B = max(m_A, max S_B c) (published), l is rescaled; returns
+// the exponent bases in bs and O_R's factor in a.
+template <int MT>
+__device__ __forceinline__ void ss_max_b(const float (&mx)[2], float (&bs)[2], float (&a)[2], float (&m_run)[2],
+                                         float (&l)[2], float c, float* s_m, int r_lo, int qd) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const float ma = s_m[r_lo + 8 * hi];
+        const float mn = fmaxf(ma, mx[hi] * c);
+        bs[hi] = ss_base(mn);
+        a[hi] = ex2(m_run[hi] - bs[hi]);
+        m_run[hi] = mn;
+        l[hi] *= a[hi];
+        if (qd == 0) s_m[MT + r_lo + 8 * hi] = mn;
+    }
+}
+
+// The row sums of both warpgroups, in the same base: warpgroup 1 puts its quad-reduced sums in
+// s_fin[MT + r] and arrives on SS_LSUM; warpgroup 0 syncs there and writes the totals to
+// s_fin[r] and its running maxima (the final ones) to s_fin[MT + r].
+template <int MT>
+__device__ __forceinline__ void ss_row_sums(float (&l)[2], const float (&m_run)[2], float* s_fin, int wg, int r_lo,
+                                            int qd) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        l[hi] += __shfl_xor_sync(0xffffffffu, l[hi], 1);
+        l[hi] += __shfl_xor_sync(0xffffffffu, l[hi], 2);
+    }
+    if (wg == 1) {
+        if (qd == 0) {
+            s_fin[MT + r_lo] = l[0];
+            s_fin[MT + r_lo + 8] = l[1];
+        }
+        bar_arrive(SS_LSUM, 256);
+    } else {
+        bar_sync(SS_LSUM, 256);
+        if (qd == 0) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+                const int r = r_lo + 8 * hi;
+                s_fin[r] = l[hi] + s_fin[MT + r];
+                s_fin[MT + r] = m_run[hi];
+            }
+        }
+    }
+}
+
 template <typename T>
 __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
     constexpr int MT = WGMMA_ROWS;
@@ -348,18 +435,9 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
             for (int t = t0; t < t1; t += 2) {
                 const bool has_b = t + 1 < t1, has_a2 = t + 2 < t1, has_b2 = t + 3 < t1;
                 // Softmax of A against the running maximum; O_L rescaled; m_A published.
-                float mx[2];
+                float mx[2], bs[2];
                 ss_mask_max(s, mx, t, lim_min, lim, valid, flags, qd);
-                float bs[2];
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    float a;
-                    bs[hi] = online_max_step(mx[hi], c, m_run[hi], l[hi], a);
-                    if (qd == 0) s_m[r_lo + 8 * hi] = m_run[hi];
-                    mx[hi] = a;
-                }
-                rescale(o, mx[0], mx[1]);
-                ss_exp<T>(s, pk, l, bs, c);
+                ss_softmax_a<T>(s, pk, o, mx, bs, m_run, l, c, s_m, r_lo, qd);
                 bar_arrive(SS_SCALE0, 256);
                 ss_zero_tail(sg, t, st0, wtid, BAR_WG0);
                 pv_local<T>(o, pk, st0);
@@ -370,17 +448,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 bar_sync(SS_SCALE1, 256);
                 if (has_a2 && issuer) tma_half(p, sg, t + 2, st0, valid, flags, hb, 0, kv_map, lane, 0, 4);
                 float a1[2];
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const float mb = s_m[MT + r_lo + 8 * hi];
-                    a1[hi] = ex2(bs[hi] - ss_base(mb));
-                    m_run[hi] = mb;
-                }
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int hi = 0; hi < 2; ++hi)
-                        pk[2 * i + hi] = pack2<T>(s[4 * i + 2 * hi] * a1[hi], s[4 * i + 2 * hi + 1] * a1[hi]);
+                ss_rescale_p_a<T, MT>(s, pk, bs, m_run, a1, s_m, r_lo);
                 store_p_rows(sP0, pk, wwarp, lane);
                 fence_proxy_async();
                 bar_arrive(SS_P0_READY, 256);
@@ -421,16 +489,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 if (has_b) ss_mask_max(s, mx, t + 1, lim_min, lim, valid + BN, flags + 8, qd);
                 bar_sync(SS_SCALE0, 256);
                 float bs[2], a[2];
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const float ma = s_m[r_lo + 8 * hi];
-                    const float mn = fmaxf(ma, mx[hi] * c);
-                    bs[hi] = ss_base(mn);
-                    a[hi] = ex2(m_run[hi] - bs[hi]);
-                    m_run[hi] = mn;
-                    l[hi] *= a[hi];
-                    if (qd == 0) s_m[MT + r_lo + 8 * hi] = mn;
-                }
+                ss_max_b<MT>(mx, bs, a, m_run, l, c, s_m, r_lo, qd);
                 bar_arrive(SS_SCALE1, 256);
                 rescale(o, a[0], a[1]);
                 if (has_b) {
@@ -466,28 +525,7 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
 
         // Row sums: warpgroup 1 hands its half over; warpgroup 0 writes the totals and the
         // final maxima for the copy-out.
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-            l[hi] += __shfl_xor_sync(0xffffffffu, l[hi], 1);
-            l[hi] += __shfl_xor_sync(0xffffffffu, l[hi], 2);
-        }
-        if (wg == 1) {
-            if (qd == 0) {
-                s_fin[MT + r_lo] = l[0];
-                s_fin[MT + r_lo + 8] = l[1];
-            }
-            bar_arrive(SS_LSUM, 256);
-        } else {
-            bar_sync(SS_LSUM, 256);
-            if (qd == 0) {
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi) {
-                    const int r = r_lo + 8 * hi;
-                    s_fin[r] = l[hi] + s_fin[MT + r];
-                    s_fin[MT + r] = m_run[hi];
-                }
-            }
-        }
+        ss_row_sums<MT>(l, m_run, s_fin, wg, r_lo, qd);
         // As in decode_wgmma: the epilogue between two block barriers (both warpgroups done
         // with the stages, no load in flight: every issued tile was consumed).
         __syncthreads();

@@ -75,7 +75,7 @@ struct PrefillLayout {
     static constexpr int OFF_K = NSUB * SUB_BYTES;                // two buffers of TILE_BYTES
     static constexpr int OFF_P1 = OFF_K + 2 * TILE_BYTES;          // [64 x 64] 16-bit, swizzled
     static constexpr int OFF_M = OFF_P1 + PF_ROWS * 128;           // float [2][64]: m_A, m_B
-    static constexpr int OFF_L = OFF_M + 2 * PF_ROWS * 4;          // float [2][64]: row sums, totals
+    static constexpr int OFF_L = OFF_M + 2 * PF_ROWS * 4;          // float [2][64]: row sums, final maxima
     static constexpr int OFF_VALID = OFF_L + 2 * PF_ROWS * 4;      // u8 [2][64]
     static constexpr int OFF_MBAR = OFF_VALID + 2 * BN;            // q_full, full[2][2], free[2][2], vfull[2]
     static constexpr int MBARS = 1 + 4 + 4 + 2;
@@ -222,7 +222,7 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
     const uint32_t sQ = base + L::OFF_Q, st0 = base + L::OFF_K, st1 = st0 + TILE_BYTES;
     const uint32_t sP0 = st0 + (NSUB - 1) * SUB_BYTES, sP1 = base + L::OFF_P1;
     float* s_m = (float*)(smem + L::OFF_M);  // [0][r] m_A, [1][r] m_B of the current pair
-    float* s_l = (float*)(smem + L::OFF_L);  // [0][r] warpgroup 1's row sums, [1][r] the totals
+    float* s_l = (float*)(smem + L::OFF_L);  // ss_row_sums: [0][r] the totals, [1][r] the final maxima
     unsigned char* valid = smem + L::OFF_VALID;
     const PrefillBars bars{base + L::OFF_MBAR};
     if (threadIdx.x == 0) {
@@ -316,18 +316,9 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             const bool has_b = 2 * k + 1 < tiles, has_a2 = k + 1 < pairs;
             // Softmax of A against the running maximum; O_L rescaled; m_A published.
             mbar_wait(bars.vfull(0), par);
-            float mx[2];
+            float mx[2], bs[2];
             pf_mask_max(s, mx, valid, qd);
-            float bs[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                float a;
-                bs[hi] = online_max_step(mx[hi], c, m_run[hi], l[hi], a);
-                if (qd == 0) s_m[r_lo + 8 * hi] = m_run[hi];
-                mx[hi] = a;
-            }
-            rescale(o, mx[0], mx[1]);
-            ss_exp<T>(s, pk, l, bs, c);
+            ss_softmax_a<T>(s, pk, o, mx, bs, m_run, l, c, s_m, r_lo, qd);
             bar_arrive(SS_SCALE0, 256);
             pv_local<T>(o, pk, st0);
             wgmma_wait<0>();
@@ -337,17 +328,7 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             // m_B from warpgroup 1: P_A rescaled to it for warpgroup 1's half (P0).
             bar_sync(SS_SCALE1, 256);
             float a1[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const float mb = s_m[PF_ROWS + r_lo + 8 * hi];
-                a1[hi] = ex2(bs[hi] - ss_base(mb));
-                m_run[hi] = mb;
-            }
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int hi = 0; hi < 2; ++hi)
-                    pk[2 * i + hi] = pack2<T>(s[4 * i + 2 * hi] * a1[hi], s[4 * i + 2 * hi + 1] * a1[hi]);
+            ss_rescale_p_a<T, PF_ROWS>(s, pk, bs, m_run, a1, s_m, r_lo);
             store_p_rows(sP0, pk, wwarp, lane);  // over A's rope block: S(A) is done with it
             fence_proxy_async();
             bar_arrive(SS_P0_READY, 256);
@@ -391,16 +372,7 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             }
             bar_sync(SS_SCALE0, 256);
             float bs[2], a[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const float ma = s_m[r_lo + 8 * hi];
-                const float mn = fmaxf(ma, mx[hi] * c);
-                bs[hi] = ss_base(mn);
-                a[hi] = ex2(m_run[hi] - bs[hi]);
-                m_run[hi] = mn;
-                l[hi] *= a[hi];
-                if (qd == 0) s_m[PF_ROWS + r_lo + 8 * hi] = mn;
-            }
+            ss_max_b<PF_ROWS>(mx, bs, a, m_run, l, c, s_m, r_lo, qd);
             bar_arrive(SS_SCALE1, 256);
             rescale(o, a[0], a[1]);
             if (has_b) {
@@ -432,37 +404,19 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
         }
     }
 
-    // Row sums: warpgroup 1 hands its half over; warpgroup 0 writes the totals (s_l[1]); both
-    // then normalize and store their columns from buffer 0 (every product is complete: each
-    // warpgroup waited for its last group before the exchange, and every copy was consumed).
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        l[hi] += __shfl_xor_sync(0xffffffffu, l[hi], 1);
-        l[hi] += __shfl_xor_sync(0xffffffffu, l[hi], 2);
-    }
+    // Row sums (ss_row_sums over s_l: totals in s_l[r], the final maxima in s_l[64 + r]); both
+    // warpgroups then normalize and store their columns from buffer 0 (every product is
+    // complete: each warpgroup waited for its last group before the exchange, and every copy
+    // was consumed). Warpgroup 0's quad leaders wrote the totals: warpgroup 0 syncs before
+    // reading them, warpgroup 1 waits for PF_FIN.
+    ss_row_sums<PF_ROWS>(l, m_run, s_l, wg, r_lo, qd);
     if (wg == 1) {
-        if (qd == 0) {
-            s_l[r_lo] = l[0];
-            s_l[r_lo + 8] = l[1];
-        }
-        bar_arrive(SS_LSUM, 256);
         bar_sync(PF_FIN, 256);
     } else {
-        bar_sync(SS_LSUM, 256);
-        if (qd == 0) {
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                const int r = r_lo + 8 * hi;
-                s_l[PF_ROWS + r] = l[hi] + s_l[r];
-                s_m[r] = m_run[hi];  // the final maxima, for lse
-            }
-        }
         bar_arrive(PF_FIN, 256);
+        bar_sync(BAR_WG0, 128);
     }
-    // (Warpgroup 0's totals are read after PF_FIN by warpgroup 1 and after its own writes by
-    // itself: the quad leader wrote them, so its warpgroup syncs before reading.)
-    if (wg == 0) bar_sync(BAR_WG0, 128);
-    pf_store<T>(p, t, h0, st0, reinterpret_cast<const T*>(smem + L::OFF_K), o, s_l + PF_ROWS, s_m, r_lo, qd,
+    pf_store<T>(p, t, h0, st0, reinterpret_cast<const T*>(smem + L::OFF_K), o, s_l, s_l + PF_ROWS, r_lo, qd,
                 256 * wg, wtid, wg ? BAR_WG1 : BAR_WG0, wg == 0);
 }
 
