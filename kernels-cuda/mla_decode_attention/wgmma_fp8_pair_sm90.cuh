@@ -71,6 +71,7 @@ struct PairStages {
         bar_sync(BAR_K_FULL + st, 256);
         mbar_wait(k_remote + 8 * st, (phases >> st) & 1);
         phases ^= 1u << st;
+        fence_proxy_async();  // the peer's st.async bytes, read by wgmma (async proxy)
     }
     __device__ __forceinline__ void release(int st) { pair_release(v_free, v_free_peer, st, lead); }
 };

@@ -35,7 +35,9 @@
 //   SCALE0 / SCALE1 / P0_READY / RO1 / LSUM / FIN: named barriers between the two consumers,
 //                     as in the decode seesaw kernel (one side arrives, the other syncs).
 // Every mbarrier completes once per pair (free: from the second pair on); each side keeps its
-// parity as the pair index.
+// parity as the pair index. cp.async writes through the generic proxy and wgmma reads through
+// the async one: every consumer fences (fence.proxy.async) after its wait on q_full or full, as
+// the decode kernels' gather forms do.
 #pragma once
 
 #include "mla_decode_attention/wgmma_seesaw_sm90.cuh"
@@ -166,6 +168,7 @@ template <typename T, int CB0, int CB1>
 __device__ __forceinline__ void pf_qk(float (&s)[32], const GmmaDesc& dq, uint32_t kst, bool fresh, uint32_t bar,
                                       int parity) {
     mbar_wait(bar, parity);
+    fence_proxy_async();  // written by cp.async (generic proxy), read by wgmma (async proxy)
     const GmmaDesc dk(kst, 16, 1024);
     wgmma_fence();
 #pragma unroll
@@ -305,6 +308,7 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
     float s[32];
     uint32_t pk[16];
     mbar_wait(bars.q_full(), 0);
+    fence_proxy_async();  // Q: written by cp.async, read by wgmma
 
     if (wg == 0) {
         pf_qk<T, 0, 4>(s, dq, st0, true, bars.full(0, 0), 0);
@@ -337,6 +341,7 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             l[1] *= a1[1];
             if (has_b) {
                 mbar_wait(bars.full(1, 0), par);  // B's V columns 0..255 (landed: S(B) read them)
+                fence_proxy_async();
                 bar_sync(SS_RO1, 256);            // P1 written; warpgroup 1 is done with S(B)
                 pv_remote<T>(o, GmmaDesc(sP1, 16, 1024), st1);
             }
@@ -383,6 +388,7 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             }
             bar_sync(SS_P0_READY, 256);
             mbar_wait(bars.full(0, 1), par);  // A's V columns 256..511 (landed: S(A) read them)
+            fence_proxy_async();
             pv_remote<T>(o, GmmaDesc(sP0, 16, 1024), st0 + v_half);
             if (has_b) {
                 bar_arrive(SS_RO1, 256);
