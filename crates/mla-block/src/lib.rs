@@ -4,7 +4,8 @@
 //! - [`MlaConfig`]: a Hugging Face `config.json` (both rope forms) -> [`MlaBlockDims`] and
 //!   [`YarnRopeParams`].
 //! - [`MlaWeightStore`]: safetensors weights under HF names -> device buffers, including
-//!   the fused q_a/kv_a projection, the absorbed `W_UK_T`/`W_UV` and the f32 cos/sin cache;
+//!   the fused q_a/kv_a projection, the absorbed `W_UK_T`/`W_UV` and the f32 cos/sin cache
+//!   (one [`RopeCosSinCache`] per device and rope parameters, shared by the layers);
 //!   [`MlaBlockWeights`] are the views the forward reads.
 //! - [`PagedKvCache`] + [`MlaBatchMetadata::plan`]: blocks, block tables, slot mapping and
 //!   context chunks for a mixed decode/prefill step.
@@ -27,6 +28,7 @@ pub mod layers;
 pub mod loaders;
 mod metadata;
 mod rope;
+mod rope_cache;
 pub mod runner;
 mod safetensors_header;
 pub mod tp;
@@ -47,6 +49,7 @@ pub use rope::{
     cos_sin_cache_bytes, mla_attention_scale, yarn_correction_range, yarn_find_correction_dim,
     yarn_get_mscale, YarnRopeParams, YarnScaling, MAX_COS_SIN_CACHE_BYTES,
 };
+pub use rope_cache::RopeCosSinCache;
 pub use safetensors_header::{
     check_safetensors_header, deserialize_safetensors, dtype_size as safetensors_dtype_size, SafetensorsEntry,
 };

@@ -262,7 +262,9 @@ impl YarnRopeParams {
         Ok(cache)
     }
 
-    /// [`YarnRopeParams::cos_sin_cache`] uploaded to the queue's device as an f32 buffer.
+    /// [`YarnRopeParams::cos_sin_cache`] uploaded to the queue's device as an f32 buffer of
+    /// its own; the weight stores share one per device and parameters instead
+    /// ([`crate::RopeCosSinCache::shared`]).
     pub fn cos_sin_cache_buffer(&self, queue: &Queue, rotary_dim: i64, rows: i64) -> Result<Buffer> {
         let cache = self.cos_sin_cache(rotary_dim, rows)?;
         Buffer::from_slice(queue, &[rows, rotary_dim], &cache)
@@ -271,10 +273,11 @@ impl YarnRopeParams {
 
 /// The most bytes of one cos/sin cache (`max_position_embeddings` rows of `qk_rope_head_dim`
 /// f32): 1 GiB, 4194304 positions at DeepSeek's rope dim 64 (25.6x DeepSeek-V3's 163840,
-/// whose cache is 40 MiB). The cache is built whole when the weights are loaded, one per
-/// layer, and is not grown later: the block's views and every captured decode graph hold its
-/// device address (docs/mla.md, "The cos/sin cache"). A larger one is refused naming
-/// `max_position_embeddings` and the bytes it would take.
+/// whose cache is 40 MiB). The cache is built whole when the first layer of its rope
+/// parameters is loaded on a device (the layers after it share that one,
+/// [`crate::RopeCosSinCache`]), and is not grown later: the block's views and every captured
+/// decode graph hold its device address (docs/mla.md, "Size bounds and the cos/sin cache").
+/// A larger one is refused naming `max_position_embeddings` and the bytes it would take.
 pub const MAX_COS_SIN_CACHE_BYTES: i64 = 1 << 30;
 
 /// The bytes of a cos/sin cache of `rows` x `rotary_dim` f32, when within
@@ -284,8 +287,8 @@ pub fn cos_sin_cache_bytes(rotary_dim: i64, rows: i64) -> std::result::Result<i6
     let bytes = rows as i128 * rotary_dim as i128 * 4;
     if bytes > MAX_COS_SIN_CACHE_BYTES as i128 {
         return Err(format!(
-            "{rows} positions x qk_rope_head_dim {rotary_dim} f32 make a cos/sin cache of {bytes} bytes \
-             per layer, past the bound of {MAX_COS_SIN_CACHE_BYTES} bytes (1 GiB: {} positions at rope \
+            "{rows} positions x qk_rope_head_dim {rotary_dim} f32 make a cos/sin cache of {bytes} bytes, \
+             past the bound of {MAX_COS_SIN_CACHE_BYTES} bytes (1 GiB: {} positions at rope \
              dim {rotary_dim}; DeepSeek-V3 has 163840)",
             MAX_COS_SIN_CACHE_BYTES / (rotary_dim.max(1) * 4)
         ));

@@ -11,6 +11,7 @@ use crate::checkpoint::{Checkpoint, RawTensor, WeightSource};
 use crate::config::MlaConfig;
 use crate::dims::MlaBlockDims;
 use crate::fp8::{absorbed_keep_fp8, keeps_fp8, scale_name, Fp8BlockWeights, Fp8Matrix, WeightsDtype};
+use crate::rope_cache::RopeCosSinCache;
 
 /// The block's weights as device views. A field is `None` when it is not set; which ones
 /// are required depends on the q branch ([`MlaBlockWeights::check`]).
@@ -38,7 +39,8 @@ pub struct MlaBlockWeights<'a> {
     pub w_uv: Option<Tensor<'a>>,
     /// `[H, N*V]`.
     pub o_proj: Option<Tensor<'a>>,
-    /// `[max_pos, R]` f32, from [`crate::YarnRopeParams::cos_sin_cache`].
+    /// `[max_pos, R]` f32, from [`crate::YarnRopeParams::cos_sin_cache`] (a store's is its
+    /// shared [`RopeCosSinCache`]).
     pub rope_cos_sin_cache: Option<Tensor<'a>>,
     /// Weights kept in fp8 (issue 17, [`crate::fp8`]): each one set replaces its float field
     /// above (q_a / kv_a replace the fused A-projection's rows), which may then be `None`.
@@ -620,11 +622,16 @@ fn compute_dtype(sources: &[(&'static str, WeightSource<'_>)], dtype: Option<DTy
 }
 
 /// The block's weights in device memory: the checkpoint tensors, the fused q_a/kv_a
-/// projection, the absorbed `W_UK_T` / `W_UV`, and the f32 cos/sin cache.
+/// projection, the absorbed `W_UK_T` / `W_UV`, and a handle on the f32 cos/sin cache, which
+/// every store of the same rope parameters on the same device shares
+/// ([`MlaWeightStore::rope_cos_sin_cache`]).
 pub struct MlaWeightStore {
     dims: MlaBlockDims,
     dtype: DType,
     bufs: Vec<(&'static str, Buffer)>,
+    /// Shared, at a fixed device address for as long as this store (or any sharer) lives:
+    /// the views borrow `self`, so they and the graphs capturing them cannot outlive it.
+    rope_cache: RopeCosSinCache,
 }
 
 impl MlaWeightStore {
@@ -742,16 +749,44 @@ impl MlaWeightStore {
             fill(&b, 0, s)?;
             bufs.push((name, b));
         }
-        let cache =
-            cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
-        bufs.push(("rope_cos_sin_cache", cache));
-        Ok(MlaWeightStore { dims, dtype, bufs })
+        let rope_cache =
+            RopeCosSinCache::shared(queue, &cfg.rope, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
+        Ok(MlaWeightStore { dims, dtype, bufs, rope_cache })
     }
 
-    /// Bytes of device memory the store holds (every weight, derived ones and the cos/sin
-    /// cache included).
+    /// Bytes of device memory the store holds: every weight, the derived ones, and the
+    /// cos/sin cache in full although layers of the same rope parameters on one device share
+    /// it ([`MlaWeightStore::rope_cos_sin_cache`]); [`MlaWeightStore::total_device_bytes`]
+    /// counts a stack with each cache once.
     pub fn device_bytes(&self) -> u64 {
+        self.weight_bytes() + self.rope_cache.bytes()
+    }
+
+    /// Bytes of device memory the stores hold together: their weights, and each distinct
+    /// cos/sin cache once (one per device and rope parameters however many layers share it).
+    pub fn total_device_bytes<'s>(stores: impl IntoIterator<Item = &'s MlaWeightStore>) -> u64 {
+        let mut caches: Vec<&RopeCosSinCache> = Vec::new();
+        let mut total = 0;
+        for s in stores {
+            total += s.weight_bytes();
+            if !caches.iter().any(|c| c.same_buffer(&s.rope_cache)) {
+                total += s.rope_cache.bytes();
+                caches.push(&s.rope_cache);
+            }
+        }
+        total
+    }
+
+    /// The store's own buffers (all but the shared cos/sin cache).
+    fn weight_bytes(&self) -> u64 {
         self.bufs.iter().map(|(_, b)| b.numel() as u64 * b.dtype().size_of() as u64).sum()
+    }
+
+    /// The cos/sin cache this layer reads: one buffer shared (reference-counted) by every
+    /// store loaded on the same device with the same rope parameters, rope dim and
+    /// `max_position_embeddings` ([`RopeCosSinCache`]); it lives as long as any of them.
+    pub fn rope_cos_sin_cache(&self) -> &RopeCosSinCache {
+        &self.rope_cache
     }
 
     /// Uploads host weights and builds the derived ones (fused A-projection, absorption,
@@ -772,8 +807,8 @@ impl MlaWeightStore {
             }
         }
         // The cos/sin cache first: a huge max_position_embeddings fails before any upload.
-        let cache =
-            cfg.rope.cos_sin_cache_buffer(queue, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
+        let rope_cache =
+            RopeCosSinCache::shared(queue, &cfg.rope, dims.qk_rope_head_dim, cfg.max_position_embeddings)?;
         // fp8 weights stay fp8 where the block can multiply them so (crate::fp8), the rest
         // is dequantized to the compute dtype.
         let keep = |name: &str| w.is_fp8(name) && keeps_fp8(name, &dims);
@@ -863,8 +898,7 @@ impl MlaWeightStore {
         for (name, _) in indexer_shapes(&dims) {
             bufs.push((name, w.float(name)?.to_buffer(queue)?));
         }
-        bufs.push(("rope_cos_sin_cache", cache));
-        Ok(MlaWeightStore { dims, dtype, bufs })
+        Ok(MlaWeightStore { dims, dtype, bufs, rope_cache })
     }
 
     /// [`MlaWeightStore::load`] with the fp8 policy `weights` (issue 17): fp8 weights of the
@@ -979,7 +1013,7 @@ impl MlaWeightStore {
             w_uk_t: self.view("w_uk_t"),
             w_uv: self.view("w_uv"),
             o_proj: self.view("o_proj"),
-            rope_cos_sin_cache: self.view("rope_cos_sin_cache"),
+            rope_cos_sin_cache: Some(self.rope_cache.view()),
             fp8: self.fp8_views(),
             indexer: IndexerWeights {
                 wq_b: self.view("indexer.wq_b"),
