@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Executable model of the synchronization protocol of `decode_wgmma_fp8_pair`, the CTA-pair form of the
 dequantizing 64-row kernel (kernels-cuda/mla_decode_attention/wgmma_fp8_pair_sm90.cuh, with consumer_tiles,
-stage_and_store and copy_out of wgmma_sm90.cuh and Fp8RegLoader of wgmma_fp8_sm90.cuh), explored over
+stage_and_store and copy_out of wgmma_sm90.cuh, and Fp8RegLoader and the consumer warpgroups' segment
+bodies fp8_s_segment / fp8_pv_segment of wgmma_fp8_sm90.cuh, shared with decode_wgmma_fp8), explored over
 random interleavings to find deadlocks, barrier-phase mistakes and shared-memory races (local and across
 the two CTAs of a cluster) before the kernel runs on a GPU. Standard library only (Python 3.11); the
 conventions of tools/models/fp8raw_protocol.py.
@@ -12,17 +13,19 @@ A cluster of two CTAs, rank 0 and 1, that walk the same list of segments (t0, t1
 generator that steps through the code, one synchronization or shared-memory access per step; a step is
 atomic; names carry the rank: WG0@1 is warpgroup 0 of rank 1):
   WG0   warpgroup 0 (128 threads; thread 0 initializes the mbarriers): the initial cluster_sync; per
-        segment consumer_tiles with PairStages: per tile bar_sync(K_FULL + st), mbar_wait on this CTA's
-        k_remote[st] (its own parity bits, carried across segments), S (reads the stage and Q until
-        wgmma_wait), the softmax's valid / flags, bar_sync(P_FREE), P and s_alpha, bar_arrive(P_FULL),
-        P V (reads P and the stage), and when t + 2 < t1 pair_release: each warp's lane 0 arrives on this
-        CTA's v_free[st] and on the peer's (the actor arrives with weight 4 on each: its 4 warps);
-        store_fin (s_fin); the epilogue hand-over (bar_arrive(EPI_WG0), bar_sync(EPI_WG1)),
-        stage_and_store (O staged over the stages, then copy_out reads it and s_fin), mbar_arrive on
-        this CTA's epi_done and mbar_arrive_cluster on the peer's (128 each); the final cluster_sync.
-  WG1   warpgroup 1 (128): bar_arrive(P_FREE) per segment; per tile bar_sync(P_FULL), s_alpha, P V (P and
-        the stage), bar_arrive(P_FREE) (t + 1 < t1), pair_release (t + 2 < t1); bar_arrive(EPI_WG1),
-        bar_sync(EPI_WG0), stage_and_store / copy_out, both epi_done arrivals; the final cluster_sync.
+        segment fp8_s_segment (consumer_tiles with PairStages, then its half of the epilogue): per tile
+        bar_sync(K_FULL + st), mbar_wait on this CTA's k_remote[st] (its own parity bits, carried across
+        segments), S (reads the stage and Q until wgmma_wait), the softmax's valid / flags,
+        bar_sync(P_FREE), P and s_alpha, bar_arrive(P_FULL), P V (reads P and the stage), and when
+        t + 2 < t1 pair_release: each warp's lane 0 arrives on this CTA's v_free[st] and on the peer's
+        (the actor arrives with weight 4 on each: its 4 warps); store_fin (s_fin); the epilogue
+        hand-over (bar_arrive(EPI_WG0), bar_sync(EPI_WG1)), stage_and_store (O staged over the stages,
+        then copy_out reads it and s_fin); then mbar_arrive on this CTA's epi_done and
+        mbar_arrive_cluster on the peer's (128 each); the final cluster_sync.
+  WG1   warpgroup 1 (128): per segment fp8_pv_segment (its release: pair_release): bar_arrive(P_FREE);
+        per tile bar_sync(P_FULL), s_alpha, P V (P and the stage), bar_arrive(P_FREE) (t + 1 < t1),
+        pair_release (t + 2 < t1); bar_arrive(EPI_WG1), bar_sync(EPI_WG0), stage_and_store / copy_out;
+        then both epi_done arrivals; the final cluster_sync.
   W2A   warp 0 of warpgroup 2 (32 threads, thread 0 among them: it arms k_remote) and
   W2B   warps 1..3 of warpgroup 2 (96): pair_producer_tiles: load_q (cp.async of Q, a write open until
         cp_async_wait<0> at the segment's first tile); per tile: mbar_wait(v_free[st]) when t >= t0 + 2
@@ -75,7 +78,8 @@ Checks (a run stops at its first violation):
   each wait and arrival: tile index per stage, segment); --no-intent-checks keeps only the PTX-level
   rules, the data tags, exits and deadlocks; --self-test runs every bug both ways.
   The kernel line of each step is found through a chain of code snippets (SITES, in the three headers); a
-  snippet no longer found is reported (the kernel changed: the model may be out of date).
+  snippet no longer found is reported (the kernel changed: the model may be out of date) and fails
+  --self-test.
 The normal mode prints how often each wait had to wait and how often the runs went through the orders
   that matter here (the arming after some or all of the peer's bytes, the peer's bytes or remote
   arrival completing a phase), as a measure of what the runs exercised.
@@ -87,7 +91,8 @@ Removals the model finds no violation for are listed as ablations (--self-test p
 
 What it does not model
 ----------------------
-- The memory model beyond ordering by barriers: proxy fences (fence.proxy.async before wgmma), the
+- The memory model beyond ordering by barriers: proxy fences (fence.proxy.async before wgmma: the
+  producer's after its stores, PairStages::full's after the k_remote wait (site wg0.fence)), the
   default (CTA-scope) semantics of remote arrivals and of the waits, whether st.async data are visible
   to wgmma (async proxy) and to warpgroup 1 (which never waits on k_remote: only through WG0's wait and
   P_FULL), the mbarrier init fence (fence.mbarrier_init.release.cluster: the init is one step, ordered
@@ -132,9 +137,11 @@ FILES = {"pair": KERNEL, "sm90": "kernels-cuda/mla_decode_attention/wgmma_sm90.c
 # Kernel lines: per modelled step (file, chain of snippets), each searched from the line of the one
 # before; the last one is the step's line.
 K = "template <typename T> __device__ void decode_wgmma_fp8_pair("
-K0 = "StageBarriers<L::STAGES, false> bars(base + L::OFF_MBAR)"  # warpgroup 0's part of the kernel
-K1 = "if (wg == 1) {"
-K2 = "if (wg == 2) {"
+K0 = "StageBarriers<L::STAGES, false> bars(c.base + L::OFF_MBAR)"  # warpgroup 0's part of the kernel
+K1 = "if (c.wg == 1) {"
+K2 = "if (c.wg == 2) {"
+S0 = "__device__ __forceinline__ void fp8_s_segment("  # warpgroup 0's segment body (wgmma_fp8_sm90.cuh)
+S1 = "__device__ __forceinline__ void fp8_pv_segment("  # warpgroup 1's
 PT = "__device__ __forceinline__ void pair_producer_tiles("
 PS = "struct PairStages {"
 PR = "__device__ __forceinline__ void pair_release("
@@ -146,9 +153,12 @@ SITES = {
     "init.k_remote": ("pair", (K, "mbar_init(k_remote + 8 * st, 1)")),
     "init.v_free": ("pair", (K, "mbar_init(v_free + 8 * st, PAIR_RELEASES)")),
     "init.sync": ("pair", (K, "cluster_sync();  // both CTAs' barriers are initialized")),
-    "wg0.phases": ("pair", (K, K0, "PairStages stages{k_remote, v_free, v_free_peer, 0u, lane == 0}")),
+    "wg0.phases": ("pair", (K, K0, "PairStages stages{k_remote, v_free, v_free_peer, 0u, c.lane == 0}")),
+    "wg0.segment": ("pair", (K, K0, "fp8_s_segment<T>(p, sg, c, bars, stages)")),
+    "wg0.tiles": ("fp8", (S0, "consumer_tiles<T, false>(p, sg, c.row0, c.sKV, c.valid, c.flags, bars, stages,")),
     "wg0.k_full": ("pair", (PS, "bar_sync(BAR_K_FULL + st, 256)")),
     "wg0.k_remote": ("pair", (PS, "mbar_wait(k_remote + 8 * st, (phases >> st) & 1)")),
+    "wg0.fence": ("pair", (PS, "mbar_wait(k_remote + 8 * st", "fence_proxy_async();  // the peer's st.async bytes")),
     "wg0.qk": ("sm90", (CT, "qk_tile<T>(s, dq, kst)")),
     "wg0.softmax": ("sm90", (CT, "softmax_tile<T>(s, tile_is_full(t, rl.lim_min, flags + st * 8)")),
     "wg0.p_free": ("sm90", (CT, "bar_sync(BAR_P_FREE, 256)")),
@@ -160,23 +170,25 @@ SITES = {
     "rel.local": ("pair", (PR, "mbar_arrive(local + 8 * st)")),
     "rel.peer": ("pair", (PR, "mbar_arrive_cluster(peer + 8 * st)")),
     "wg0.fin": ("sm90", (CT, "store_fin(s_fin, l_run, m_run, r_lo, qd)")),
-    "wg0.epi_arrive": ("pair", (K, K0, "bar_arrive(BAR_EPI_WG0, 256)")),
-    "wg0.epi_sync": ("pair", (K, K0, "bar_sync(BAR_EPI_WG1, 256)")),
-    "wg0.stage": ("pair", (K, K0, "stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 0,")),
+    "wg0.epi_arrive": ("fp8", (S0, "bar_arrive(BAR_EPI_WG0, 256)")),
+    "wg0.epi_sync": ("fp8", (S0, "bar_sync(BAR_EPI_WG1, 256)")),
+    "wg0.stage": ("fp8", (S0, "stage_and_store<T, WGMMA_ROWS>(p, sg, c.row0, c.sKV, c.so, o, c.r_lo, c.qd, 0,")),
     "stage.write": ("sm90", (SS, "st_shared_f2(stage + ((r_lo + 8 * hi) * OSTR")),
     "copy_out": ("sm90", (CO, "const float4 v = *reinterpret_cast<const float4*>(so + r * OSTR + c)")),
     "wg0.epi_local": ("pair", (K, K0, "mbar_arrive(epi_done)")),
     "wg0.epi_peer": ("pair", (K, K0, "mbar_arrive_cluster(epi_peer)")),
     "wg0.final": ("pair", (K, K0, "cluster_sync()")),
-    "wg1.p_free0": ("pair", (K, K1, "bar_arrive(BAR_P_FREE, 256)")),
-    "wg1.p_full": ("pair", (K, K1, "bar_sync(BAR_P_FULL, 256)")),
-    "wg1.alpha": ("pair", (K, K1, "rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8])")),
-    "wg1.pv": ("pair", (K, K1, "pv_tile<T, 128>(o, dp, GmmaDesc(sKV + st * TILE_BYTES + 4 * SUB_BYTES")),
-    "wg1.p_free": ("pair", (K, K1, "if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256)")),
-    "wg1.release": ("pair", (K, K1, "if (t + 2 < sg.t1) pair_release(v_free, v_free_peer, st, lane == 0)")),
-    "wg1.epi_arrive": ("pair", (K, K1, "bar_arrive(BAR_EPI_WG1, 256)")),
-    "wg1.epi_sync": ("pair", (K, K1, "bar_sync(BAR_EPI_WG0, 256)")),
-    "wg1.stage": ("pair", (K, K1, "stage_and_store<T, MT>(p, sg, row0, sKV, so, o, r_lo, qd, 256,")),
+    "wg1.segment": ("pair", (K, K1, "fp8_pv_segment<T>(p, sg, c, [&](int st) { pair_release(v_free, v_free_peer, st, lead); })")),
+    "wg1.lead": ("pair", (K, K1, "const bool lead = c.lane == 0;")),
+    "wg1.p_free0": ("fp8", (S1, "bar_arrive(BAR_P_FREE, 256)")),
+    "wg1.p_full": ("fp8", (S1, "bar_sync(BAR_P_FULL, 256)")),
+    "wg1.alpha": ("fp8", (S1, "rescale(o, c.s_alpha[c.r_lo], c.s_alpha[c.r_lo + 8])")),
+    "wg1.pv": ("fp8", (S1, "pv_tile<T, 128>(o, c.dp, GmmaDesc(c.sKV + st * TILE_BYTES + 4 * SUB_BYTES")),
+    "wg1.p_free": ("fp8", (S1, "if (t + 1 < sg.t1) bar_arrive(BAR_P_FREE, 256)")),
+    "wg1.release": ("fp8", (S1, "if (t + 2 < sg.t1) release(st)")),
+    "wg1.epi_arrive": ("fp8", (S1, "bar_arrive(BAR_EPI_WG1, 256)")),
+    "wg1.epi_sync": ("fp8", (S1, "bar_sync(BAR_EPI_WG0, 256)")),
+    "wg1.stage": ("fp8", (S1, "stage_and_store<T, WGMMA_ROWS>(p, sg, c.row0, c.sKV, c.so, o, c.r_lo, c.qd, 256,")),
     "wg1.epi_local": ("pair", (K, K1, "mbar_arrive(epi_done)")),
     "wg1.epi_peer": ("pair", (K, K1, "mbar_arrive_cluster(epi_peer)")),
     "wg1.final": ("pair", (K, K1, "cluster_sync()")),
@@ -227,7 +239,7 @@ def locate_sites():
 def lineno(site):
     fk, ln, _ = LINES.get(site, (None, None, ""))
     if ln is None:
-        return "?" if fk else "-"
+        return ("?" if fk == "pair" else f"{os.path.basename(FILES[fk])}:?") if fk else "-"
     return f"L{ln}" if fk == "pair" else f"{os.path.basename(FILES[fk])}:{ln}"
 
 

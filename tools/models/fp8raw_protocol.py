@@ -58,7 +58,8 @@ Checks (a run stops at its first violation):
   wait and arrival (tile u, segment k): the intent checks. --no-intent-checks leaves only the
   PTX-level rules (counts, tx, parity), the data tags and deadlocks; --self-test runs both ways.
   The kernel line of each step is found by searching the kernel file for a snippet of its
-  code (SITES); a snippet that is no longer there is reported (the model may be out of date).
+  code (SITES); a snippet that is no longer there is reported (the model may be out of date) and
+  fails --self-test.
 
 What it does not model
 ----------------------

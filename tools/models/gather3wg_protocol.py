@@ -54,7 +54,7 @@ Checks (a run stops at its first violation)
   deadlock  nobody can step, no copy in flight: each actor's blocking op is printed with its kernel line.
   The instance and meant-phase checks are the intent checks (--no-intent-checks keeps only the PTX-level
   rules, the tags and deadlocks; --self-test runs both ways). Each step's kernel line is found by a chain
-  of code snippets (SITES); a snippet no longer found is reported.
+  of code snippets (SITES); a snippet no longer found is reported and fails --self-test.
 What it does not model
   The TMA forms (fp8raw_protocol.py models the fp8 one), F8R_VT's loop, EMPTY, __syncwarp, BAR_WG0;
   addresses (the parts are disjoint, as the gathers' addresses make them: tools/models/gather_maps.py);

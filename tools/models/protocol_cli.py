@@ -1,4 +1,4 @@
-"""The command line both protocol models share (fp8raw_protocol.py, gather3wg_protocol.py): the
+"""The command line the protocol models share (fp8raw_, fp8pair_, gather3wg_, sparse_prefill_protocol.py): the
 options, the kernel-site check, --list-bugs, --self-test, the exploration run (bugs checked, fixed
 segments parsed, the random runs, the report of what the waits exercised and what was found) and
 the entry point. Standard library only."""
@@ -10,7 +10,7 @@ import time
 def main(doc, kernel, locate_sites, missing_sites, bugs, ablations, where, self_test, explore, waits,
          options=(), configure=None):
     """A model's main(): `doc` its docstring, `kernel` the kernel file its sites are found in
-    (`locate_sites` fills `missing_sites` with those not found), `bugs` / `ablations` the
+    (`locate_sites` fills `missing_sites` with those not found: a warning, and --self-test fails), `bugs` / `ablations` the
     injectable changes (name -> (what, sites)), `self_test(seed, runs) -> bool`,
     `explore(...)` the random runs, `waits` the sites whose blocking the report counts.
     `options`: the model's own options, (flags, add_argument keywords) each; `configure(args)`,
@@ -43,6 +43,12 @@ def main(doc, kernel, locate_sites, missing_sites, bugs, ablations, where, self_
             print(f"{name:26s} {what}\n{'':26s} at {'; '.join(where(s) for s in sites)}")
         return 0
     if args.self_test:
+        if missing_sites:  # a stale model fails CI: its report would point at the wrong code
+            print(f"self-test FAILED: {len(missing_sites)} kernel site(s) not found (update the model's SITES "
+                  "to the kernel, and the model to any change in its protocol):")
+            for s in missing_sites:
+                print(f"  {s:20s} sought: {where(s)}")
+            return 1
         return 0 if self_test(args.seed, args.self_test_runs) else 1
     return explore_and_report(ap, args, set(bugs) | set(ablations), explore, where, waits)
 

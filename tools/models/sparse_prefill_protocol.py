@@ -78,7 +78,7 @@ Checks (a run stops at its first violation)
   The instance and meant-phase checks are the intent checks (--no-intent-checks keeps only the
   PTX-level rules, the tags and deadlocks; --self-test runs both ways). Each step's kernel line is found
   by a chain of code snippets (SITES); a snippet no longer found is reported (the model may be out of
-  date).
+  date) and fails --self-test.
 What it does not model
   Races inside a warpgroup (its warps in step: BAR_WG0 / BAR_WG1 are modelled but cannot matter;
   per-thread addresses, swizzles, the group leads' 4 flags each); the memory model beyond ordering by
