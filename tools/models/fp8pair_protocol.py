@@ -5,7 +5,8 @@ stage_and_store and copy_out of wgmma_sm90.cuh, and Fp8RegLoader and the consume
 bodies fp8_s_segment / fp8_pv_segment of wgmma_fp8_sm90.cuh, shared with decode_wgmma_fp8), explored over
 random interleavings to find deadlocks, barrier-phase mistakes and shared-memory races (local and across
 the two CTAs of a cluster) before the kernel runs on a GPU. Standard library only (Python 3.11); the
-conventions of tools/models/fp8raw_protocol.py.
+conventions of tools/models/fp8raw_protocol.py; the machinery of protocol_sim.py (barriers, race bookkeeping,
+scheduler, reports, self-test) and the command line of protocol_cli.py.
 
 What it models
 --------------
@@ -122,12 +123,12 @@ protocol clean), 1 otherwise.
 
 import collections
 import os
-import random
-import re
-import time
 
 import protocol_cli
+import protocol_sim
 from protocol_cli import run
+from protocol_sim import (MBar, NamedBar, Part, Violation, actor_lines, begin_read, begin_write, check_wait, end_checks,
+                          end_read, end_write, explore_segments, fixed_cases, random_segments, record_step, run_once)
 
 KERNEL = "kernels-cuda/mla_decode_attention/wgmma_fp8_pair_sm90.cuh"
 FILES = {"pair": KERNEL, "sm90": "kernels-cuda/mla_decode_attention/wgmma_sm90.cuh",
@@ -178,7 +179,7 @@ SITES = {
     "wg0.epi_local": ("pair", (K, K0, "mbar_arrive(epi_done)")),
     "wg0.epi_peer": ("pair", (K, K0, "mbar_arrive_cluster(epi_peer)")),
     "wg0.final": ("pair", (K, K0, "cluster_sync()")),
-    "wg1.segment": ("pair", (K, K1, "fp8_pv_segment<T>(p, sg, c, [&](int st) { pair_release(v_free, v_free_peer, st, lead); })")),
+    "wg1.segment": ("pair", (K, K1, "fp8_pv_segment<T>(p, sg, c, [&](int st) { pair_release(v_free, v_free_peer, st")),
     "wg1.lead": ("pair", (K, K1, "const bool lead = c.lane == 0;")),
     "wg1.p_free0": ("fp8", (S1, "bar_arrive(BAR_P_FREE, 256)")),
     "wg1.p_full": ("fp8", (S1, "bar_sync(BAR_P_FULL, 256)")),
@@ -206,48 +207,9 @@ SITES = {
     "wg2.final": ("pair", (K, K2, "cluster_sync()")),
     "land": None,
 }
-LINES = {}  # site -> (file key, line number or None, code text)
-MISSING_SITES = []
-
-
-def locate_sites():
-    here = os.path.dirname(os.path.abspath(__file__))
-    texts = {}
-    for fk, rel in FILES.items():
-        path = os.path.normpath(os.path.join(here, "..", "..", rel))
-        try:
-            with open(path, encoding="utf-8") as f:
-                texts[fk] = f.read().split("\n")
-        except OSError:
-            texts[fk] = []
-    for key, spec in SITES.items():
-        if spec is None:
-            LINES[key] = (None, None, "(the cluster's network)")
-            continue
-        fk, chain = spec
-        text = texts[fk]
-        LINES[key], i = (fk, None, chain[-1]), 0
-        for snip in chain:
-            i = next((j for j in range(i, len(text)) if snip in text[j]), None)
-            if i is None:
-                MISSING_SITES.append(key)
-                break
-        else:
-            LINES[key] = (fk, i + 1, text[i].strip())
-
-
-def lineno(site):
-    fk, ln, _ = LINES.get(site, (None, None, ""))
-    if ln is None:
-        return ("?" if fk == "pair" else f"{os.path.basename(FILES[fk])}:?") if fk else "-"
-    return f"L{ln}" if fk == "pair" else f"{os.path.basename(FILES[fk])}:{ln}"
-
-
-def where(site):
-    fk, ln, code = LINES.get(site, (None, None, site))
-    if fk is None:
-        return code
-    return f"{lineno(site)}: {code}"
+S = protocol_sim.Sites(FILES, {k: None if v is None else (v[0], v[1], 0) for k, v in SITES.items()},
+                       "(the cluster's network)")
+locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,12 +266,6 @@ ABLATIONS = {
 
 
 # ---------------------------------------------------------------------------------------------
-class Violation(Exception):
-    def __init__(self, kind, msg):
-        super().__init__(msg)
-        self.kind, self.msg = kind, msg
-
-
 def tagstr(tag):
     if tag is None:
         return "nothing (never written)"
@@ -320,94 +276,7 @@ def tagstr(tag):
     return f"seg {tag[1]}"
 
 
-class MBar:
-    """An mbarrier: phase = number of completed phases (current parity = phase & 1)."""
-
-    def __init__(self, name, count, cta, intent=True):
-        self.name, self.count, self.cta, self.intent = name, count, cta, intent
-        self.pending, self.tx, self.phase = count, 0, 0
-        self.init = False
-
-    def check_init(self, who, site):
-        if not self.init:
-            raise Violation("mbarrier", f"{who} reaches {self.name} before it is initialized ({where(site)})")
-
-    def _complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, n, meant, who, site):
-        self.check_init(who, site)
-        while n > 0:
-            if self.pending == 0:
-                raise Violation("mbarrier", f"{who} arrives on {self.name} beyond its count {self.count} while "
-                                f"phase {self.phase} still waits for {self.tx} bytes ({where(site)})")
-            if self.intent and meant is not None and meant != self.phase:
-                raise Violation("mbarrier", f"{who}'s arrival on {self.name} meant for phase {meant} counts in "
-                                f"phase {self.phase} ({where(site)})")
-            take = min(n, self.pending)
-            self.pending -= take
-            n -= take
-            self._complete()
-
-    def expect_tx(self, nbytes, meant, who, site):
-        self.check_init(who, site)
-        self.tx += nbytes
-        self.arrive(1, meant, who, site)
-
-    def complete_tx(self, nbytes, meant, what, site):
-        self.check_init(what, site)
-        if self.intent and meant is not None and meant != self.phase:
-            raise Violation("mbarrier", f"{what}: its bytes on {self.name} meant for phase {meant} land in phase "
-                            f"{self.phase}")
-        self.tx -= nbytes
-        self._complete()
-
-    def __str__(self):
-        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), "
-                f"{self.count - self.pending}/{self.count} arrived, tx {self.tx}")
-
-
-class NamedBar:
-    def __init__(self, name, intent=True):
-        self.name, self.intent = name, intent
-        self.count, self.arrived, self.labels, self.gen = None, 0, collections.Counter(), 0
-
-    def arrive(self, n, w, label, who, site):
-        """Adds w arrivals; returns the generation (instance number) arrived on."""
-        if self.count is None:
-            self.count = n
-        elif self.count != n:
-            raise Violation("named", f"{who} arrives on {self.name} with count {n} while the pending instance has "
-                            f"count {self.count} ({where(site)})")
-        if self.intent and label is not None and self.labels and label not in self.labels:
-            raise Violation("named", f"{who} arrives on {self.name} for {label} while arrivals for "
-                            f"{dict(self.labels)} are pending: two instances on one id ({where(site)})")
-        self.arrived += w
-        self.labels[label] += w
-        gen = self.gen
-        if self.arrived > self.count:
-            raise Violation("named", f"{who} brings {self.name} to {self.arrived} arrivals, beyond its count "
-                            f"{self.count} ({dict(self.labels)}) ({where(site)})")
-        if self.arrived == self.count:
-            self.gen += 1
-            self.count, self.arrived, self.labels = None, 0, collections.Counter()
-        return gen
-
-    def __str__(self):
-        if self.count is None:
-            return f"{self.name}: idle ({self.gen} instances completed)"
-        return f"{self.name}: {self.arrived}/{self.count} arrived for {dict(self.labels)} ({self.gen} completed)"
-
-
-class Cell:
-    __slots__ = ("tag", "writing", "writer", "pending", "open")
-
-    def __init__(self):
-        self.tag, self.writing, self.writer = None, None, None
-        self.pending = collections.Counter()  # reader -> reads still owed to the current contents
-        self.open = collections.Counter()  # reader -> open read intervals
+protocol_sim.bind(S, tagstr)
 
 
 class Op:
@@ -462,9 +331,9 @@ class Actor:
 class Cta:
     def __init__(self, rank, bugs, intent):
         self.rank = rank
-        self.epi = MBar(f"epi_done@{rank}", 256 if "epi_local_only" in bugs else EPI, rank, intent)
-        self.k_remote = [MBar(f"k_remote[{s}]@{rank}", 1, rank, intent) for s in range(2)]
-        self.v_free = [MBar(f"v_free[{s}]@{rank}", 8 if "v_free_count_8" in bugs else RELEASES, rank, intent)
+        self.epi = MBar(f"epi_done@{rank}", 256 if "epi_local_only" in bugs else EPI, intent, False, rank)
+        self.k_remote = [MBar(f"k_remote[{s}]@{rank}", 1, intent, False, rank) for s in range(2)]
+        self.v_free = [MBar(f"v_free[{s}]@{rank}", 8 if "v_free_count_8" in bugs else RELEASES, intent, False, rank)
                        for s in range(2)]
         self.mbars = [self.epi] + self.k_remote + self.v_free
         self.nbars = {b: NamedBar(f"{BAR_NAMES[b]}@{rank}", intent) for b in (0, 1, 2, 5, 6, 11, 12)}
@@ -475,10 +344,10 @@ class Cta:
             self.stage.append(names)
         for names in self.stage:
             for n in names:
-                self.cells[n] = Cell()
+                self.cells[n] = Part()
         for n in ["Q.w0", "Q.w123", "valid[0].w0", "valid[0].w123", "valid[1].w0", "valid[1].w123", "P",
                   "s_alpha", "s_fin"]:
-            self.cells[n] = Cell()
+            self.cells[n] = Part()
         self.exited = False
         self.done = 0
 
@@ -521,44 +390,17 @@ class Sim:
         if c.exited:
             raise Violation("exit", f"{who} writes {cellset(cells)} of rank {r}, which has exited ({where(site)})")
         for name in cells:
-            p = c.cells[name]
-            loc = f"{name}@{r}"
-            if p.writing is not None:
-                raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {p.writer} still writes "
-                                f"{tagstr(p.writing)} into it ({where(site)})")
-            opened = {x: n for x, n in p.open.items() if n}
-            if opened:
-                raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {', '.join(opened)} "
-                                f"still read(s) its {tagstr(p.tag)} ({where(site)})")
-            owed = {x: n for x, n in p.pending.items() if n}
-            if owed:
-                raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} with {tagstr(tag)} before "
-                                + ", ".join(f"{x} read it ({n} read(s) owed)" for x, n in owed.items())
-                                + f" ({where(site)})")
-            p.writing, p.writer = tag, who
-            p.pending = collections.Counter(self.readers(r, name, tag))
+            begin_write(c.cells[name], f"{name}@{r}", who, tag, self.readers(r, name, tag), site)
 
     def wend(self, r, cells):
         for name in cells:
-            p = self.ctas[r].cells[name]
-            p.tag, p.writing, p.writer = p.writing, None, None
+            end_write(self.ctas[r].cells[name])
 
     def rbegin(self, who, r, reads, site):
         c = self.ctas[r]
         for cells, tag in reads:
             for name in cells:
-                p = c.cells[name]
-                loc = f"{name}@{r}"
-                if p.writing is not None:
-                    raise Violation("race", f"{who} reads {loc} expecting {tagstr(tag)} while {p.writer} still writes "
-                                    f"{tagstr(p.writing)} into it ({where(site)})")
-                if p.tag != tag:
-                    raise Violation("race", f"{who} reads {loc} expecting {tagstr(tag)} but it holds {tagstr(p.tag)} "
-                                    f"({where(site)})")
-                if p.pending[who] <= 0:
-                    raise Violation("race", f"{who} reads {loc} ({tagstr(tag)}) more often than the model expects "
-                                    f"({where(site)})")
-                p.open[who] += 1
+                begin_read(c.cells[name], f"{name}@{r}", who, tag, site)
 
     def rend(self, who, r, reads, site):
         c = self.ctas[r]
@@ -567,8 +409,7 @@ class Sim:
                 p = c.cells[name]
                 if p.tag != tag or p.writing is not None:  # (a write start would have been caught)
                     raise Violation("race", f"{who}'s read of {name}@{r} ({tagstr(tag)}) saw it change ({where(site)})")
-                p.open[who] -= 1
-                p.pending[who] -= 1
+                end_read(p, who)
 
     # -- program pieces -------------------------------------------------------------------------
     def read(self, reads, site):
@@ -751,12 +592,7 @@ class Sim:
     def step(self, a):
         op = a.op
         k = op.kind
-        desc = op.describe()
-        if k == "mwait" or (k == "bsync" and op.arrived):
-            desc = desc.replace(" [arrived, waiting]", "") + " -> passes"
-            if op.blocked:
-                self.blocked_waits[op.site] += 1
-        self.trace.append((a.name, a.ctx, op.site, desc))
+        record_step(op, self.trace, self.blocked_waits, a.name, a.ctx)
         who = f"{a.name} ({a.ctx})"
         advance = True
         if k == "init":
@@ -764,9 +600,7 @@ class Sim:
                 mb.init = True
         elif k == "mwait":
             op.bar.check_init(who, op.site)
-            if self.intent and op.meant is not None and op.bar.phase <= op.meant:
-                raise Violation("mbarrier", f"{who}: mbar_wait({op.bar.name}, parity {op.parity}) returns before "
-                                f"phase {op.meant} has completed ({op.bar.phase} phases done) ({where(op.site)})")
+            check_wait(op, who, self.intent)
         elif k == "marrive":
             op.bar.arrive(op.n, op.meant, who, op.site)
         elif k == "expect_tx":
@@ -834,35 +668,19 @@ class Sim:
             if bar.phase > before:
                 self.events["bytes_last"] += 1
 
+    def engine(self):
+        return self.flight
+
+    def engine_step(self, ev, i):
+        self.land(i)
+
     def final_checks(self):
-        for nb in [self.cluster] + [nb for c in self.ctas for nb in c.nbars.values()]:
-            if nb.count is not None:
-                raise Violation("named", f"at the end: barrier {nb}")
-        for c in self.ctas:
-            for mb in c.mbars:
-                if mb.pending != mb.count or mb.tx != 0:
-                    raise Violation("mbarrier", f"at the end: {mb} (a phase left half-done)")
-            for name, p in c.cells.items():
-                owed = {x: n for x, n in p.pending.items() if n}
-                if owed:
-                    raise Violation("race", f"at the end: {name}@{c.rank} holds {tagstr(p.tag)} that {owed} never "
-                                    "read")
+        end_checks([mb for c in self.ctas for mb in c.mbars],
+                   [self.cluster] + [nb for c in self.ctas for nb in c.nbars.values()],
+                   [(f"{name}@{c.rank}", p) for c in self.ctas for name, p in c.cells.items()])
 
     def state(self):
-        out = ["  actors:"]
-        for a in self.actors:
-            if a.op is None:
-                out.append(f"    {a.name:6s} done ({a.ctx})")
-            else:
-                blocked = "blocked" if not self.enabled(a) else "ready  "
-                extra = ""
-                if a.op.kind == "mwait":
-                    b = a.op.bar
-                    extra = f"  [{b.name} at {b.phase} phases done, parity {b.phase & 1}]"
-                    if b.phase > a.op.meant and not self.enabled(a):
-                        extra += (f" <- phase {a.op.meant} has completed, but parity {a.op.parity} is the current "
-                                  f"phase's ({b.phase}): the wait cannot return")
-                out.append(f"    {a.name:6s} {blocked} {a.ctx}: {a.op.describe()} at {where(a.op.site)}{extra}")
+        out = actor_lines(self, 6)
         for c in self.ctas:
             out.append(f"  rank {c.rank}{' (exited)' if c.exited else ''} mbarriers: "
                        + "; ".join(str(m) for m in c.mbars))
@@ -879,134 +697,17 @@ class Sim:
         return "\n".join(out)
 
 
-def run_once(segs, bugs, rng, intent=True, max_steps=400000):
-    """One random interleaving. Returns (result, info): result 'ok' / 'violation' / 'deadlock'."""
-    sim = Sim(segs, bugs, rng, intent)
-    actors = sim.actors
-    paces = (0.03, 0.3, 1.0, 1.0, 4.0)
-    speeds = [rng.choice(paces) for _ in range(len(actors) + 1)]  # last: the network
-    steps = 0
-    try:
-        while True:
-            steps += 1
-            if steps > max_steps:
-                return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
-            if rng.random() < 0.02:  # now and then, one actor (or the network) changes its pace
-                speeds[rng.randrange(len(speeds))] = rng.choice((0.03, 0.3, 1.0, 4.0))
-            cand, wts = [], []
-            for i, a in enumerate(actors):
-                if a.op is not None:
-                    if sim.enabled(a):
-                        cand.append(a)
-                        wts.append(speeds[i])
-                    else:
-                        a.op.blocked = True
-            if sim.flight:
-                cand.append(None)
-                wts.append(speeds[-1])
-            if not cand:
-                if all(a.op is None for a in actors):
-                    sim.final_checks()
-                    return "ok", (None, sim, steps)
-                stuck = ", ".join(f"{a.name} at {lineno(a.op.site)}" for a in actors if a.op is not None)
-                return "deadlock", (Violation("deadlock", f"no actor can step: {stuck}"), sim, steps)
-            a = rng.choices(cand, wts)[0] if len(cand) > 1 else cand[0]
-            if a is None:
-                sim.land(rng.randrange(len(sim.flight)))
-            else:
-                sim.step(a)
-    except Violation as v:
-        return "violation", (v, sim, steps)
-
-
 # ---------------------------------------------------------------------------------------------
-FIXED_CASES = [
-    ("zero segments", []),
-    ("one segment of one tile", [(0, 1)]),
-    ("many one-tile segments", [(0, 1)] * 10),
-    ("many two-tile segments", [(0, 2)] * 6),
-    ("three short segments", [(0, 3), (0, 1), (0, 2)]),
-    ("one tile mid-sequence", [(5, 6)]),
-    ("one long segment", [(2, 17)]),
-    ("odd lengths", [(1, 4), (0, 1), (0, 5), (0, 2), (0, 1)]),
-]
-
-
-def random_segments(rng):
-    r = rng.random()
-    if r < 0.04:
-        return "zero segments", []
-    if r < 0.08:
-        return "one segment of one tile", [(0, 1)]
-    if r < 0.30:
-        n = rng.randint(4, 12)
-        return "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(n)]
-    if r < 0.40:
-        t0 = rng.randint(0, 4)
-        return "one long segment", [(t0, t0 + rng.randint(2, 14))]
-    n = rng.randint(1, 5)
-    segs = []
-    for i in range(n):
-        t0 = rng.randint(0, 3) if i == 0 else 0
-        segs.append((t0, t0 + rng.randint(1, 6)))
-    return "random segments", segs
-
-
-def case_for(run, seed, fixed_segs):
-    rng = random.Random(f"{seed}:{run}")
-    if fixed_segs is not None:
-        return rng, "given segments", fixed_segs
-    if run < len(FIXED_CASES):
-        name, segs = FIXED_CASES[run]
-        return rng, name, segs
-    name, segs = random_segments(rng)
-    return rng, name, segs
-
-
-def report(run, seed, cname, segs, bugs, res, v, sim, steps, ntrace):
-    print(f"\n=== run {run} (seed {seed}, replay: --seed {seed} --run {run}"
-          + (f" --bug {','.join(bugs)}" if bugs else "") + f"): {res.upper()}, kind {v.kind}")
-    print(f"  segments ({cname}): {segs}")
-    print(f"  {v.msg}")
-    print(sim.state())
-    if ntrace:
-        print(f"  last {min(ntrace, len(sim.trace))} steps:")
-        for who, ctx, site, desc in list(sim.trace)[-ntrace:]:
-            print(f"    {who:6s} {ctx:38s} {lineno(site):18s} {desc}")
+FIXED_CASES = fixed_cases(10, 6, 17)
 
 
 def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, max_reports=3, intent=True,
             stop_after=None):
-    """Returns a dict: runs, ok, caught (run count), kinds (Counter), first (message), steps, tiles.
-    stop_after: stop once that many runs were flagged (the self-test's bugs)."""
-    stats = {"runs": 0, "ok": 0, "caught": 0, "kinds": collections.Counter(), "first": None, "steps": 0,
-             "tiles": 0, "cases": collections.Counter(), "msgs": collections.Counter(),
-             "blocked": collections.Counter(), "events": collections.Counter()}
-    reported = 0
-    rr = range(runs) if only_run is None else [only_run]
-    for run in rr:
-        rng, cname, segs = case_for(run, seed, fixed_segs)
-        res, (v, sim, steps) = run_once(segs, bugs, rng, intent)
-        stats["runs"] += 1
-        stats["steps"] += steps
-        stats["tiles"] += sum(t1 - t0 for t0, t1 in segs)
-        stats["cases"][cname] += 1
-        stats["blocked"].update(sim.blocked_waits)
-        stats["events"].update(sim.events)
-        if res == "ok":
-            stats["ok"] += 1
-            continue
-        stats["caught"] += 1
-        stats["kinds"][v.kind] += 1
-        key = v.msg if v.kind == "deadlock" else re.sub(r"\d+", "#", v.msg.split(" (L")[0])
-        stats["msgs"][key] += 1
-        if stats["first"] is None:
-            stats["first"] = (run, v)
-        if not quiet and reported < max_reports and stats["msgs"][key] == 1:
-            report(run, seed, cname, segs, bugs, res, v, sim, steps, ntrace)
-            reported += 1
-        if stop_after is not None and stats["caught"] >= stop_after:
-            break
+    """The random runs (protocol_sim.explore's statistics) and, unless quiet, the orders they went through."""
+    stats = explore_segments(runs, seed, bugs, fixed_segs, only_run, ntrace, quiet, max_reports, stop_after,
+                             FIXED_CASES, lambda rng: random_segments(rng, 12, 14),
+                             lambda segs, rng: run_once(Sim(segs, bugs, rng, intent), rng, 400000),
+                             "" if intent else "--no-intent-checks ", (6, 38, 18))
     if not quiet:
         print("\norders the runs went through (counts over all runs, both ranks):")
         for key, what in EVENTS.items():
@@ -1015,44 +716,8 @@ def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=F
 
 
 def self_test(seed, runs_per_bug):
-    t_start = time.time()
-    ok = True
-    print(f"self-test: the unmodified protocol, then each injected bug, up to {runs_per_bug} runs each (seed {seed}; "
-          "a bug's runs stop at its 20th flagged run);")
-    print("  'plain': the same runs with the intent checks off (no phase / instance labels: only the PTX-level")
-    print("  barrier rules, the data tags, exits and deadlocks)")
-    for intent in (True, False):
-        clean = explore(max(runs_per_bug, 1000), seed, [], quiet=True, intent=intent)
-        ok &= clean["caught"] == 0
-        print(f"  {'(none: the kernel as written)':28s} {clean['caught']:4d}/{clean['runs']} runs flagged"
-              f"{'' if intent else ' (plain)'}  -> {'clean' if clean['caught'] == 0 else 'VIOLATIONS'}")
-        if clean["first"]:
-            run, v = clean["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    for name, (what, sites) in BUGS.items():
-        st = explore(runs_per_bug, seed, [name], quiet=True, stop_after=20)
-        plain = explore(runs_per_bug, seed, [name], quiet=True, intent=False, stop_after=20)
-        lines = ",".join(lineno(s) for s in sites)
-        caught = st["caught"] > 0 and plain["caught"] > 0
-        ok &= caught
-        kinds = ", ".join(f"{k} {n}" for k, n in st["kinds"].most_common())
-        pk = ", ".join(f"{k} {n}" for k, n in plain["kinds"].most_common())
-        print(f"  {name:28s} {st['caught']:4d}/{st['runs']} runs flagged [{kinds}]; plain {plain['caught']}/"
-              f"{plain['runs']} [{pk}]  -> {'CAUGHT' if caught else 'MISSED'}")
-        print(f"      bug: {what} ({lines})")
-        if st["first"]:
-            run, v = st["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    print("  removals the model finds no violation for (information, not part of the verdict):")
-    for name, (what, sites) in ABLATIONS.items():
-        st = explore(runs_per_bug, seed, [name], quiet=True)
-        lines = ",".join(lineno(s) for s in sites)
-        print(f"  {name:28s} {st['caught']:4d}/{st['runs']} runs flagged  ({what}; {lines})")
-        if st["first"]:
-            run, v = st["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    print(f"self-test {'PASSED' if ok else 'FAILED'} in {time.time() - t_start:.1f} s")
-    return ok
+    return protocol_sim.self_test(explore, BUGS, ABLATIONS, seed, runs_per_bug, 28, 1000, stop_after=20,
+                                  plain_checks="the data tags, exits and deadlocks")
 
 
 EVENTS = {

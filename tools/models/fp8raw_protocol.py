@@ -2,7 +2,8 @@
 """Executable model of the synchronization protocol of `decode_wgmma_fp8r`
 (kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh, its fp8 form), explored over random interleavings
 to find deadlocks and shared-memory races before the kernel runs on a GPU. Standard library
-only (Python 3.11).
+only (Python 3.11). The kernel-independent machinery (barriers, race bookkeeping, scheduler,
+reports, self-test) is tools/models/protocol_sim.py's, the command line protocol_cli.py's.
 
 What it models
 --------------
@@ -95,14 +96,13 @@ unmodified protocol clean), 1 otherwise.
 """
 
 import collections
-import os
-import random
-import re
-import sys
-import time
 
 import protocol_cli
+import protocol_sim
 from protocol_cli import run
+from protocol_sim import (MBar, NamedBar, Part, SimBase, Violation, actor_lines, barrier_lines, begin_read, begin_write,
+                          check_wait, end_checks, end_read, end_write, explore_segments, fixed_cases, random_segments,
+                          record_step, run_once)
 
 KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
 
@@ -146,43 +146,9 @@ SITES = {
     "wg12.store": ("w3_store<T>(p, sg, row0, o, s_fin", 0),
     "tma.land": (None, 0),
 }
-LINES = {}  # site -> (line number or None, code text)
-MISSING_SITES = []
-
-
-def locate_sites():
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.normpath(os.path.join(here, "..", "..", KERNEL))
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().split("\n")
-    except OSError:
-        text = None
-    for key, (snip, nth) in SITES.items():
-        LINES[key] = (None, snip or "(the copy engine)")
-        if snip is None or text is None:
-            if snip is not None:
-                MISSING_SITES.append(key)
-            continue
-        seen = 0
-        for i, line in enumerate(text):
-            if snip in line:
-                if seen == nth:
-                    LINES[key] = (i + 1, line.strip())
-                    break
-                seen += 1
-        else:
-            MISSING_SITES.append(key)
-
-
-def where(site):
-    ln, code = LINES.get(site, (None, site))
-    return f"L{ln if ln else '?'}: {code}"
-
-
-def lineno(site):
-    return LINES.get(site, (None, ""))[0] or "?"
-
+S = protocol_sim.Sites({"": KERNEL}, {k: None if snip is None else ("", (snip,), nth)
+                                         for k, (snip, nth) in SITES.items()}, "(the copy engine)")
+locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.line
 
 # ---------------------------------------------------------------------------------------------
 # Constants of the kernel.
@@ -235,12 +201,6 @@ ABLATIONS = {
 
 
 # ---------------------------------------------------------------------------------------------
-class Violation(Exception):
-    def __init__(self, kind, msg):
-        super().__init__(msg)
-        self.kind, self.msg = kind, msg
-
-
 def tagstr(tag):
     if tag is None:
         return "nothing (never written)"
@@ -249,89 +209,7 @@ def tagstr(tag):
     return f"seg {tag[0]} tile {tag[1]}"
 
 
-class MBar:
-    """An mbarrier: phase = number of completed phases (current parity = phase & 1)."""
-
-    def __init__(self, name, count, intent=True):
-        self.name, self.count, self.intent = name, count, intent
-        self.pending, self.tx, self.phase = count, 0, 0
-
-    def _complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, n, meant, who, site):
-        while n > 0:
-            if self.pending == 0:
-                raise Violation("mbarrier", f"{who} arrives on {self.name} beyond its count {self.count} while "
-                                f"phase {self.phase} still waits for {self.tx} bytes ({where(site)})")
-            if self.intent and meant is not None and meant != self.phase:
-                raise Violation("mbarrier", f"{who}'s arrival on {self.name} meant for phase {meant} counts in "
-                                f"phase {self.phase} ({where(site)})")
-            take = min(n, self.pending)
-            self.pending -= take
-            n -= take
-            self._complete()
-
-    def expect_tx(self, nbytes, meant, who, site):
-        self.tx += nbytes
-        self.arrive(1, meant, who, site)
-
-    def complete_tx(self, nbytes, meant, what):
-        if self.intent and meant is not None and meant != self.phase:
-            raise Violation("mbarrier", f"{what}: its bytes on {self.name} meant for phase {meant} land in phase "
-                            f"{self.phase}")
-        self.tx -= nbytes
-        self._complete()
-
-    def __str__(self):
-        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), "
-                f"{self.count - self.pending}/{self.count} arrived, tx {self.tx}")
-
-
-class NamedBar:
-    def __init__(self, bid, intent=True):
-        self.bid, self.intent = bid, intent
-        self.name = BAR_NAMES[bid]
-        self.count, self.arrived, self.labels, self.gen = None, 0, collections.Counter(), 0
-
-    def arrive(self, n, w, label, who, site):
-        """Adds w arrivals; returns the generation (instance number) arrived on."""
-        if self.count is None:
-            self.count = n
-        elif self.count != n:
-            raise Violation("named", f"{who} arrives on barrier {self.bid} ({self.name}) with count {n} while the "
-                            f"pending instance has count {self.count} ({where(site)})")
-        if self.intent and label is not None and self.labels and label not in self.labels:
-            raise Violation("named", f"{who} arrives on barrier {self.bid} ({self.name}) for {label} while "
-                            f"arrivals for {dict(self.labels)} are pending: two instances on one id "
-                            f"({where(site)})")
-        self.arrived += w
-        self.labels[label] += w
-        gen = self.gen
-        if self.arrived > self.count:
-            raise Violation("named", f"{who} brings barrier {self.bid} ({self.name}) to {self.arrived} arrivals, "
-                            f"beyond its count {self.count} ({dict(self.labels)}) ({where(site)})")
-        if self.arrived == self.count:
-            self.gen += 1
-            self.count, self.arrived, self.labels = None, 0, collections.Counter()
-        return gen
-
-    def __str__(self):
-        if self.count is None:
-            return f"{self.bid} {self.name}: idle ({self.gen} instances completed)"
-        return (f"{self.bid} {self.name}: {self.arrived}/{self.count} arrived for {dict(self.labels)} "
-                f"({self.gen} instances completed)")
-
-
-class Part:
-    __slots__ = ("tag", "writing", "pending", "open")
-
-    def __init__(self):
-        self.tag, self.writing = None, None
-        self.pending = collections.Counter()  # reader -> reads still owed to the current contents
-        self.open = collections.Counter()  # reader -> open read intervals
+protocol_sim.bind(S, tagstr)
 
 
 class Buf:
@@ -399,14 +277,14 @@ class TileWalk:
 
 
 # ---------------------------------------------------------------------------------------------
-class Sim:
+class Sim(SimBase):
     def __init__(self, segs, bugs, rng, intent=True):
         self.segs, self.bugs, self.rng, self.intent = segs, set(bugs), rng, intent
         self.full = [MBar(f"FULL[{s}]", 1, intent) for s in range(SLOTS)]
         self.empty = [MBar(f"EMPTY[{s}]", THREADS, intent) for s in range(SLOTS)]
         self.pfree = MBar("P_FREE", 256, intent)
         self.mbars = self.full + self.empty + [self.pfree]
-        self.nbars = {b: NamedBar(b, intent) for b in (1, 2, 3, 4, 5, "warp4")}
+        self.nbars = {b: NamedBar(BAR_NAMES[b], intent, bid=b) for b in (1, 2, 3, 4, 5, "warp4")}
         self.bufs = {}
         for s in range(SLOTS):
             self.bufs[f"ring[{s}]"] = Buf(f"ring[{s}]", ["TMA"])
@@ -445,42 +323,18 @@ class Sim:
 
     # -- buffer accesses ------------------------------------------------------------------
     def wbegin(self, who, bufname, part, tag, site):
-        p = self.bufs[bufname].parts[part]
-        loc = f"{bufname}[{part}]" if len(self.bufs[bufname].parts) > 1 else bufname
-        if p.writing is not None:
-            raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {tagstr(p.writing)} is "
-                            f"still being written into it ({where(site)})")
-        opened = {r: n for r, n in p.open.items() if n}
-        if opened:
-            raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {', '.join(opened)} "
-                            f"still read(s) its {tagstr(p.tag)} ({where(site)})")
-        owed = {r: n for r, n in p.pending.items() if n}
-        if owed:
-            raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} with {tagstr(tag)} before "
-                            + ", ".join(f"{r} read it ({n} read(s) owed)" for r, n in owed.items())
-                            + f" ({where(site)})")
-        p.writing = tag
-        p.pending = collections.Counter(self.readers(bufname, tag))
+        buf = self.bufs[bufname]
+        loc = f"{bufname}[{part}]" if len(buf.parts) > 1 else bufname
+        begin_write(buf.parts[part], loc, who, tag, self.readers(bufname, tag), site)
 
     def wend(self, bufname, part):
-        p = self.bufs[bufname].parts[part]
-        p.tag, p.writing = p.writing, None
+        end_write(self.bufs[bufname].parts[part])
 
     def rbegin(self, who, reads, site):
         for bufname, tag in reads:
             buf = self.bufs[bufname]
             for pname, p in buf.parts.items():
-                loc = f"{bufname}[{pname}]" if len(buf.parts) > 1 else bufname
-                if p.writing is not None:
-                    raise Violation("race", f"{who} reads {loc} expecting {tagstr(tag)} while {pname} is still "
-                                    f"writing {tagstr(p.writing)} into it ({where(site)})")
-                if p.tag != tag:
-                    raise Violation("race", f"{who} reads {loc} expecting {tagstr(tag)} but it holds "
-                                    f"{tagstr(p.tag)} ({where(site)})")
-                if p.pending[who] <= 0:
-                    raise Violation("race", f"{who} reads {loc} ({tagstr(tag)}) more often than the model "
-                                    f"expects ({where(site)})")
-                p.open[who] += 1
+                begin_read(p, f"{bufname}[{pname}]" if len(buf.parts) > 1 else bufname, who, tag, site)
 
     def rend(self, who, reads, site):
         for bufname, tag in reads:
@@ -488,8 +342,7 @@ class Sim:
                 if p.tag != tag or p.writing is not None:  # (a write start would have been caught)
                     raise Violation("race", f"{who}'s read of {bufname} ({tagstr(tag)}) saw it change "
                                     f"({where(site)})")
-                p.open[who] -= 1
-                p.pending[who] -= 1
+                end_read(p, who)
 
     # -- programs ---------------------------------------------------------------------------
     def read(self, reads, site):
@@ -540,7 +393,7 @@ class Sim:
         tag, meant = (walk.k, walk.t), walk.n >> 1
         assert walk.n & 1 == slot
         ctx = me.ctx
-        me.ctx = f"{ctx} (L{lineno(site)}: issuing {tagstr(tag)})"
+        me.ctx = f"{ctx} ({lineno(site)}: issuing {tagstr(tag)})"
         yield from self.write(f"nvalid[{slot}]", tag, "issue.nvalid")
         nbytes = SLOT_BYTES - (64 * 16 if "short_tx" in self.bugs else 0)
         yield Op("expect_tx", "issue.expect", bar=self.full[slot], nbytes=nbytes, meant=meant)
@@ -609,30 +462,14 @@ class Sim:
             yield from self.read([("s_fin", (k,))], "wg12.store")
         me.ctx = "returned"
 
-    # -- scheduling -------------------------------------------------------------------------
-    def enabled(self, a):
-        op = a.op
-        if op.kind == "mwait":
-            return (op.bar.phase & 1) != op.parity
-        if op.kind == "bsync":
-            return not op.arrived or op.bar.gen > op.gen
-        return True
-
+    # -- scheduling (enabled: SimBase's) ------------------------------------------------------
     def step(self, a):
         op = a.op
         k = op.kind
-        desc = op.describe()
-        if k == "mwait" or (k == "bsync" and op.arrived):
-            desc = desc.replace(" [arrived, waiting]", "") + " -> passes"
-            if op.blocked:
-                self.blocked_waits[op.site] += 1
-        self.trace.append((a.name, a.ctx, op.site, desc))
+        record_step(op, self.trace, self.blocked_waits, a.name, a.ctx)
         advance = True
         if k == "mwait":
-            if self.intent and op.meant is not None and op.bar.phase <= op.meant:
-                raise Violation("mbarrier", f"{a.name} ({a.ctx}): mbar_wait({op.bar.name}, parity {op.parity}) "
-                                f"returns before phase {op.meant} has completed ({op.bar.phase} phases done) "
-                                f"({where(op.site)})")
+            check_wait(op, f"{a.name} ({a.ctx})", self.intent)
         elif k == "marrive":
             op.bar.arrive(a.weight, op.meant, f"{a.name} ({a.ctx})", op.site)
         elif k == "expect_tx":
@@ -669,205 +506,40 @@ class Sim:
             self.wend(f"ring[{slot}]", "TMA")
         self.full[slot].complete_tx(nbytes, meant, what)
 
+    def engine(self):
+        return self.tma
+
+    def engine_step(self, ev, i):
+        self.tma_step(i)
+
     def final_checks(self):
-        for nb in self.nbars.values():
-            if nb.count is not None:
-                raise Violation("named", f"at the end: barrier {nb}")
-        for mb in self.mbars:
-            if mb.pending != mb.count or mb.tx != 0:
-                raise Violation("mbarrier", f"at the end: {mb} (a phase left half-done)")
-        for buf in self.bufs.values():
-            for pname, p in buf.parts.items():
-                owed = {r: n for r, n in p.pending.items() if n}
-                if owed:
-                    raise Violation("race", f"at the end: {buf.name}[{pname}] holds {tagstr(p.tag)} that "
-                                    f"{owed} never read")
+        end_checks(self.mbars, self.nbars.values(),
+                   [(f"{b.name}[{pname}]", p) for b in self.bufs.values() for pname, p in b.parts.items()])
 
     def state(self):
-        out = ["  actors:"]
-        for a in self.actors:
-            if a.op is None:
-                out.append(f"    {a.name:4s} done ({a.ctx})")
-            else:
-                blocked = "blocked" if not self.enabled(a) else "ready  "
-                extra = ""
-                if a.op.kind == "mwait":
-                    b = a.op.bar
-                    extra = f"  [{b.name} at {b.phase} phases done, parity {b.phase & 1}]"
-                    if b.phase > a.op.meant and not self.enabled(a):
-                        extra += (f" <- phase {a.op.meant} has completed, but parity {a.op.parity} is the "
-                                  f"current phase's ({b.phase}): the wait cannot return")
-                out.append(f"    {a.name:4s} {blocked} {a.ctx}: {a.op.describe()} at {where(a.op.site)}{extra}")
-        out.append("  mbarriers: " + "; ".join(str(m) for m in self.mbars))
-        out.append("  named barriers: " + ("; ".join(str(n) for n in self.nbars.values() if n.count is not None)
-                                           or "no arrivals pending"))
+        out = actor_lines(self, 4) + barrier_lines(self.mbars, self.nbars.values())
         out.append("  TMA in flight: " + (", ".join(f"slot {s} box {BOXES[b][0]} ({tagstr(t)})"
                                                     for s, b, _, t, _ in self.tma) or "none"))
         return "\n".join(out)
 
 
-def run_once(segs, bugs, rng, intent=True, max_steps=200000):
-    """One random interleaving. Returns (result, info): result 'ok' / 'violation' / 'deadlock'."""
-    sim = Sim(segs, bugs, rng, intent)
-    actors = sim.actors
-    speeds = [rng.choice((0.03, 0.3, 1.0, 1.0, 4.0)) for _ in range(len(actors) + 1)]  # last: TMA
-    steps = 0
-    try:
-        while True:
-            steps += 1
-            if steps > max_steps:
-                return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
-            if rng.random() < 0.02:  # now and then, one actor changes its pace
-                speeds[rng.randrange(len(speeds))] = rng.choice((0.03, 0.3, 1.0, 4.0))
-            cand, wts = [], []
-            for i, a in enumerate(actors):
-                if a.op is not None:
-                    if sim.enabled(a):
-                        cand.append(a)
-                        wts.append(speeds[i])
-                    else:
-                        a.op.blocked = True
-            if sim.tma:
-                cand.append(None)
-                wts.append(speeds[-1])
-            if not cand:
-                if all(a.op is None for a in actors):
-                    sim.final_checks()
-                    return "ok", (None, sim, steps)
-                stuck = ", ".join(f"{a.name} at L{lineno(a.op.site)}" for a in actors if a.op is not None)
-                return "deadlock", (Violation("deadlock", f"no actor can step: {stuck}"), sim, steps)
-            a = rng.choices(cand, wts)[0] if len(cand) > 1 else cand[0]
-            if a is None:
-                sim.tma_step(rng.randrange(len(sim.tma)))
-            else:
-                sim.step(a)
-    except Violation as v:
-        return "violation", (v, sim, steps)
-
-
 # ---------------------------------------------------------------------------------------------
-FIXED_CASES = [
-    ("zero segments", []),
-    ("one segment of one tile", [(0, 1)]),
-    ("many one-tile segments", [(0, 1)] * 12),
-    ("many two-tile segments", [(0, 2)] * 7),
-    ("three short segments", [(0, 3), (0, 1), (0, 2)]),
-    ("one tile mid-sequence", [(5, 6)]),
-    ("one long segment", [(2, 19)]),
-    ("odd lengths", [(1, 4), (0, 1), (0, 5), (0, 2), (0, 1)]),
-]
+FIXED_CASES = fixed_cases(12, 7, 19)
 
 
-def random_segments(rng):
-    r = rng.random()
-    if r < 0.04:
-        return "zero segments", []
-    if r < 0.08:
-        return "one segment of one tile", [(0, 1)]
-    if r < 0.30:
-        n = rng.randint(4, 14)
-        return "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(n)]
-    if r < 0.40:
-        t0 = rng.randint(0, 4)
-        return "one long segment", [(t0, t0 + rng.randint(2, 16))]
-    n = rng.randint(1, 5)
-    segs = []
-    for i in range(n):
-        t0 = rng.randint(0, 3) if i == 0 else 0
-        segs.append((t0, t0 + rng.randint(1, 6)))
-    return "random segments", segs
-
-
-def case_for(run, seed, fixed_segs):
-    rng = random.Random(f"{seed}:{run}")
-    if fixed_segs is not None:
-        return rng, "given segments", fixed_segs
-    if run < len(FIXED_CASES):
-        name, segs = FIXED_CASES[run]
-        return rng, name, segs
-    name, segs = random_segments(rng)
-    return rng, name, segs
-
-
-def report(run, seed, cname, segs, bugs, res, v, sim, steps, ntrace):
-    print(f"\n=== run {run} (seed {seed}, replay: --seed {seed} --run {run}"
-          + (f" --bug {','.join(bugs)}" if bugs else "") + f"): {res.upper()}, kind {v.kind}")
-    print(f"  segments ({cname}): {segs}")
-    print(f"  {v.msg}")
-    print(sim.state())
-    if ntrace:
-        print(f"  last {min(ntrace, len(sim.trace))} steps:")
-        for who, ctx, site, desc in list(sim.trace)[-ntrace:]:
-            ln = f"L{lineno(site)}" if site != "tma.land" else "-"
-            print(f"    {who:4s} {ctx:34s} {ln:5s} {desc}")
-
-
-def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, max_reports=3, intent=True):
-    """Returns a dict: runs, ok, caught (run count), kinds (Counter), first (message), steps, tiles."""
-    stats = {"runs": 0, "ok": 0, "caught": 0, "kinds": collections.Counter(), "first": None, "steps": 0,
-             "tiles": 0, "cases": collections.Counter(), "msgs": collections.Counter(),
-             "blocked": collections.Counter()}
-    reported = 0
-    rr = range(runs) if only_run is None else [only_run]
-    for run in rr:
-        rng, cname, segs = case_for(run, seed, fixed_segs)
-        res, (v, sim, steps) = run_once(segs, bugs, rng, intent)
-        stats["runs"] += 1
-        stats["steps"] += steps
-        stats["tiles"] += sum(t1 - t0 for t0, t1 in segs)
-        stats["cases"][cname] += 1
-        stats["blocked"].update(sim.blocked_waits)
-        if res == "ok":
-            stats["ok"] += 1
-            continue
-        stats["caught"] += 1
-        stats["kinds"][v.kind] += 1
-        key = v.msg if v.kind == "deadlock" else re.sub(r"\d+", "#", v.msg.split(" (L")[0])
-        stats["msgs"][key] += 1
-        if stats["first"] is None:
-            stats["first"] = (run, v)
-        if not quiet and reported < max_reports and stats["msgs"][key] == 1:
-            report(run, seed, cname, segs, bugs, res, v, sim, steps, ntrace)
-            reported += 1
-    return stats
+def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, max_reports=3, intent=True,
+            stop_after=None):
+    """The random runs (protocol_sim.explore's statistics)."""
+    return explore_segments(runs, seed, bugs, fixed_segs, only_run, ntrace, quiet, max_reports, stop_after, FIXED_CASES,
+                            lambda rng: random_segments(rng, 14, 16),
+                            lambda segs, rng: run_once(Sim(segs, bugs, rng, intent), rng, 200000),
+                            "" if intent else "--no-intent-checks ", (4, 34, 5))
 
 
 def self_test(seed, runs_per_bug):
-    t_start = time.time()
-    ok = True
-    print(f"self-test: the unmodified protocol, then each injected bug, {runs_per_bug} runs each (seed {seed});")
-    print("  'plain': the same runs with the intent checks off (no phase / instance labels: only the PTX-level")
-    print("  barrier rules, the data tags and deadlocks)")
-    for intent in (True, False):
-        clean = explore(max(runs_per_bug, 500), seed, [], quiet=True, intent=intent)
-        ok &= clean["caught"] == 0
-        print(f"  {'(none: the kernel as written)':24s} {clean['caught']:4d}/{clean['runs']} runs flagged"
-              f"{'' if intent else ' (plain)'}  -> {'clean' if clean['caught'] == 0 else 'VIOLATIONS'}")
-    for name, (what, sites) in BUGS.items():
-        st = explore(runs_per_bug, seed, [name], quiet=True)
-        plain = explore(runs_per_bug, seed, [name], quiet=True, intent=False)
-        lines = ",".join(f"L{lineno(s)}" for s in sites)
-        caught = st["caught"] > 0 and plain["caught"] > 0
-        ok &= caught
-        kinds = ", ".join(f"{k} {n}" for k, n in st["kinds"].most_common())
-        pk = ", ".join(f"{k} {n}" for k, n in plain["kinds"].most_common())
-        print(f"  {name:24s} {st['caught']:4d}/{st['runs']} runs flagged [{kinds}]; plain {plain['caught']}/"
-              f"{plain['runs']} [{pk}]  -> {'CAUGHT' if caught else 'MISSED'}")
-        print(f"      bug: {what} ({lines})")
-        if st["first"]:
-            run, v = st["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    print("  removals the model finds no violation for (information, not part of the verdict; the model")
-    print("  ignores convergence for bar.sync.aligned and proxy fences):")
-    for name, (what, sites) in ABLATIONS.items():
-        st = explore(runs_per_bug, seed, [name], quiet=True)
-        lines = ",".join(f"L{lineno(s)}" for s in sites)
-        print(f"  {name:24s} {st['caught']:4d}/{st['runs']} runs flagged  ({what}, {lines})")
-        if st["first"]:
-            run, v = st["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    print(f"self-test {'PASSED' if ok else 'FAILED'} in {time.time() - t_start:.1f} s")
-    return ok
+    return protocol_sim.self_test(explore, BUGS, ABLATIONS, seed, runs_per_bug, 24, 500,
+                                  ablation_note="; the model\n  ignores convergence for bar.sync.aligned and proxy "
+                                  "fences")
 
 
 def main():

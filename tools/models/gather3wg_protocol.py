@@ -5,7 +5,8 @@ explored over random interleavings to find deadlocks and shared-memory races bef
 GPU. --form 16 (the default): the 16-bit form (RAW = false: w3_gather, w3_load_q_regs); --form fp8: the
 fp8_ds_mla form (RAW = true: w3_gather_raw, f8r_split_q, f8r_qk, f8r_dequant_v; the default loop, not
 F8R_VT's f8r_vt_loop). Standard library only (Python 3.11); the conventions of
-tools/models/fp8raw_protocol.py (the fp8 TMA form's model).
+tools/models/fp8raw_protocol.py (the fp8 TMA form's model); the machinery of protocol_sim.py (barriers,
+race bookkeeping, scheduler, reports, self-test) and the command line of protocol_cli.py.
 
 What it models
   Actors, generators that step through the code (prog_wg0, prog_wg12, gather) one synchronization or
@@ -82,14 +83,13 @@ Exit status 0 when clean (--self-test: every bug caught both ways, the protocol 
 """
 
 import collections
-import os
-import random
-import re
-import sys
-import time
 
 import protocol_cli
+import protocol_sim
 from protocol_cli import run
+from protocol_sim import (MBar, NamedBar, Part, SimBase, Violation, actor_lines, barrier_lines, begin_read, begin_write,
+                          check_wait, end_checks, end_read, end_write, explore_segments, fixed_cases, record_step,
+                          run_once)
 
 KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
 # Kernel lines: per modelled step a chain of snippets, each searched from the line of the one before (the
@@ -150,31 +150,9 @@ SITES = {
     "gather.scales": (GRAW, "cp_async8(dst + F8R_SCALES"),
     "ce.land": None,  # the copy engine
 }
-LINES, MISSING_SITES = {}, []
-
-
-def locate_sites():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", KERNEL)
-    text = open(path, encoding="utf-8").read().split("\n") if os.path.exists(path) else []
-    for key, chain in SITES.items():
-        LINES[key], i = (None, chain[-1] if chain else "(the copy engine)"), 0
-        for snip in chain or ():
-            i = next((j for j in range(i, len(text)) if snip in text[j]), None)
-            if i is None:
-                MISSING_SITES.append(key)
-                break
-        else:
-            if chain:
-                LINES[key] = (i + 1, text[i].strip())
-
-
-def where(site):
-    ln, code = LINES.get(site, (None, site))
-    return f"L{ln or '?'}: {code}"
-
-
-def lineno(site):
-    return LINES.get(site, (None, ""))[0] or "?"
+S = protocol_sim.Sites({"": KERNEL}, {k: ("", chain, 0) if chain else None for k, chain in SITES.items()},
+                      "(the copy engine)")
+locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,83 +235,11 @@ WAITS_FP8 = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.pv_pair", "wg12.full"
 WAITS = list(WAITS_16)
 
 
-class Violation(Exception):
-    def __init__(self, kind, msg):
-        super().__init__(msg)
-        self.kind, self.msg = kind, msg
-
-
 def tagstr(tag):
     return "nothing" if tag is None else f"seg {tag[0]}" if len(tag) == 1 else f"seg {tag[0]} tile {tag[1]}"
 
 
-class MBar:
-    """phase: completed phases (current parity: phase & 1); pending: arrivals and tracks still owed."""
-
-    def __init__(self, name, count, intent):
-        self.name, self.count, self.intent = name, count, intent
-        self.pending, self.phase, self.tracked = count, 0, 0
-
-    def _check(self, meant, who, site, what):
-        if self.intent and meant != self.phase:
-            raise Violation("mbarrier", f"{who}'s {what} on {self.name} meant for phase {meant} counts in phase "
-                            f"{self.phase} ({where(site)})")
-
-    def arrive(self, n, meant, who, site, what="arrival"):
-        """Returns the phase the last of the n arrivals counted in."""
-        last = self.phase
-        while n > 0:  # a warpgroup's 128 arrivals are 128 threads': those beyond the count go to the next phase
-            self._check(meant, who, site, what)
-            last = self.phase
-            take = min(n, self.pending)
-            self.pending -= take
-            n -= take
-            if self.pending == 0:
-                self.phase, self.pending = self.phase + 1, self.count
-        return last
-
-    def track(self, n, meant, who, site):  # cp.async.mbarrier.arrive without .noinc: the count is raised now
-        self._check(meant, who, site, "track")
-        self.pending += n
-        self.tracked += n
-
-    def __str__(self):
-        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), pending {self.pending} of "
-                f"{self.count}" + (f" ({self.tracked} for copies in flight)" if self.tracked else ""))
-
-
-class NamedBar:
-    def __init__(self, bid, intent):
-        self.bid, self.intent, self.name = bid, intent, BAR_NAMES[bid]
-        self.count, self.arrived, self.labels, self.gen = None, 0, collections.Counter(), 0
-
-    def arrive(self, n, label, who, site):
-        """Adds one actor's 128 threads; returns the instance (generation) arrived on."""
-        bar = f"{self.bid} ({self.name})"
-        if self.count is not None and self.count != n:
-            raise Violation("named", f"{who} arrives on {bar} with count {n}, its pending instance has {self.count} "
-                            f"({where(site)})")
-        if self.intent and self.labels and label not in self.labels:
-            raise Violation("named", f"{who} arrives on {bar} for {label} while arrivals for {dict(self.labels)} "
-                            f"are pending: two instances on one id ({where(site)})")
-        self.count, self.arrived, gen = n, self.arrived + W, self.gen
-        self.labels[label] += W
-        if self.arrived > n:
-            raise Violation("named", f"{who} brings {bar} to {self.arrived} arrivals, beyond {n} ({where(site)})")
-        if self.arrived == n:
-            self.gen, self.count, self.arrived, self.labels = gen + 1, None, 0, collections.Counter()
-        return gen
-
-    def __str__(self):
-        return f"{self.bid} {self.name}: {self.arrived}/{self.count} arrived for {dict(self.labels)}"
-
-
-class Part:
-    def __init__(self):
-        self.tag = self.writing = None  # the contents' tag; the tag of a write in progress
-        self.pending = collections.Counter()  # reader -> reads owed to the current contents
-        self.open = collections.Counter()  # reader -> open read intervals
-        self.lag = collections.Counter()  # fp8: who -> its reads / write here that a warp may still be in
+protocol_sim.bind(S, tagstr)
 
 
 class Op:
@@ -366,14 +272,14 @@ class Actor:  # a warpgroup: gen its program, op the step it is at, ctx where it
 
 
 # ---------------------------------------------------------------------------------------------
-class Sim:
+class Sim(SimBase):
     def __init__(self, segs, bugs, intent=True, form=None):
         self.segs, self.B, self.intent, self.f8 = segs, set(bugs), intent, (form or FORM) == "fp8"
         self.tiles = [(k, t) for k, (t0, t1) in enumerate(segs) for t in range(t0, t1)]  # the CTA's walk
         self.full = [MBar(f"FULL[{s}]", 128 if "full_count_128" in self.B else 256, intent) for s in range(SLOTS)]
         self.pfree = MBar("P_FREE", 256, intent)
         self.mbars = self.full + [self.pfree]
-        self.nbars = {b: NamedBar(b, intent) for b in BAR_NAMES}
+        self.nbars = {b: NamedBar(BAR_NAMES[b], intent, bid=b) for b in BAR_NAMES}
         self.bufs = {f"slot[{s}]": {p: Part() for p in (SLOT_PARTS8 if self.f8 else SLOT_PARTS)} for s in range(SLOTS)}
         self.bufs.update({f"flags[{s}]": {"WG1": Part()} for s in range(SLOTS)})
         self.bufs["Q"] = {"WG1": Part(), "WG2": Part()}  # w3_load_q_regs / f8r_split_q: WG1 and WG2 a share each
@@ -417,40 +323,22 @@ class Sim:
                 "threads joined after it has completed)") if +p.lag else ""
 
     def wbegin(self, who, buf, part, tag, site):
-        p, loc = self.bufs[buf][part], f"{buf}[{part}] ({tagstr(tag)})"
-        if p.writing is not None:
-            raise Violation("race", f"{who} starts writing {loc} while {tagstr(p.writing)} is still being written "
-                            f"into it{self.lagnote(p)} ({where(site)})")
-        if +p.open:
-            raise Violation("race", f"{who} starts writing {loc} while {', '.join(+p.open)} still read(s) its "
-                            f"{tagstr(p.tag)}{self.lagnote(p)} ({where(site)})")
-        if +p.pending:
-            raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} before " + ", ".join(
-                f"{r} read it ({n} read(s) owed)" for r, n in (+p.pending).items()) + f" ({where(site)})")
-        p.writing, p.pending = tag, collections.Counter(self.readers(buf, part, tag))
+        p = self.bufs[buf][part]
+        begin_write(p, f"{buf}[{part}]", who, tag, self.readers(buf, part, tag), site, self.lagnote(p))
 
     def wend(self, buf, part):
-        p = self.bufs[buf][part]
-        p.tag, p.writing = p.writing, None
+        end_write(self.bufs[buf][part])
 
     def rbegin(self, who, reads, site):
         for buf, ps, tag in reads:  # ps: the parts read (None: all)
             for name in ps or self.bufs[buf]:
-                p, loc = self.bufs[buf][name], f"{buf}[{name}] expecting {tagstr(tag)}"
-                if p.writing is not None:
-                    raise Violation("race", f"{who} reads {loc} while {tagstr(p.writing)} is still being written "
-                                    f"into it{self.lagnote(p)} ({where(site)})")
-                if p.tag != tag:
-                    raise Violation("race", f"{who} reads {loc} but it holds {tagstr(p.tag)} ({where(site)})")
-                if p.pending[who] <= 0:
-                    raise Violation("race", f"{who} reads {loc} more often than the model expects ({where(site)})")
-                p.open[who] += 1
+                p = self.bufs[buf][name]
+                begin_read(p, f"{buf}[{name}]", who, tag, site, self.lagnote(p))
 
     def rend(self, who, reads):  # (a write that starts during the read is caught at its start)
         for buf, ps, tag in reads:
             for name in ps or self.bufs[buf]:
-                self.bufs[buf][name].open[who] -= 1
-                self.bufs[buf][name].pending[who] -= 1
+                end_read(self.bufs[buf][name], who)
 
     # fp8: the end of an access a warp of the warpgroup may lag in (see the docstring). Each barrier instance
     # or mbarrier phase `who` arrives on after it is recorded; the first of them to complete ends it.
@@ -537,7 +425,7 @@ class Sim:
     def gather(self, me, w, n, slot, site):
         """w3_gather of walk tile n into `slot`, called at `site`: its FULL phase is fill n >> 1."""
         B, tag, meant, full = self.B, self.tiles[n], n >> 1, self.full[slot]
-        ctx, me.ctx = me.ctx, f"{me.ctx} (L{lineno(site)}: gathering {tagstr(tag)} into slot {slot})"
+        ctx, me.ctx = me.ctx, f"{me.ctx} ({lineno(site)}: gathering {tagstr(tag)} into slot {slot})"
         if self.f8:  # w3_gather_raw: code groups 2w, 2w + 1, the rope's half, the two groups' scales
             cw = 1 - w if "gather_other_groups" in B else w
             for g in (2 * cw, 2 * cw + 1):
@@ -652,24 +540,16 @@ class Sim:
 
     # -- scheduling ---------------------------------------------------------------------------
     def enabled(self, a):
-        op = a.op
-        if op.kind == "mwait":  # try_wait.parity returns once the current phase's parity differs
-            return (op.bar.phase & 1) != op.parity
-        if op.kind == "cpwait":  # cp.async.wait_group 0: this actor's copies have all landed
+        if a.op.kind == "cpwait":  # cp.async.wait_group 0: this actor's copies have all landed
             return not any(c[0] == a.name for c in self.copies.values())
-        return op.kind != "bsync" or not op.arrived or op.bar.gen > op.gen
+        return SimBase.enabled(self, a)
 
     def step(self, a):
         op, k, who = a.op, a.op.kind, f"{a.name} ({a.ctx})"
-        desc = op.describe()
-        if k == "mwait" or (k == "bsync" and op.arrived):
-            desc = desc.replace(" [arrived]", "") + " -> passes"
-            self.blocked_waits[op.site] += op.blocked
-        self.trace.append((a.name, a.ctx, op.site, desc))
+        record_step(op, self.trace, self.blocked_waits, a.name, a.ctx)
         advance = True
-        if k == "mwait" and self.intent and op.bar.phase <= op.meant:
-            raise Violation("mbarrier", f"{who}: mbar_wait({op.bar.name}, parity {op.parity}) returns before phase "
-                            f"{op.meant} has completed ({op.bar.phase} phases done) ({where(op.site)})")
+        if k == "mwait":
+            check_wait(op, who, self.intent)
         elif k == "marrive":
             ph = op.bar.arrive(W, op.meant, who, op.site)
             if self.lagging:
@@ -681,11 +561,11 @@ class Sim:
             self.tracks[a.name].append((op.bar, op.meant, ids, who))
             self.fire_tracks(a.name)
         elif k == "barrive":
-            gen = op.bar.arrive(op.n, op.label, who, op.site)
+            gen = op.bar.arrive(op.n, W, op.label, who, op.site)
             if self.lagging:
                 self.joined(a.name, op.bar, gen)
         elif k == "bsync" and not op.arrived:
-            op.gen, op.arrived, advance = op.bar.arrive(op.n, op.label, who, op.site), True, False
+            op.gen, op.arrived, advance = op.bar.arrive(op.n, W, op.label, who, op.site), True, False
             if self.lagging:
                 self.joined(a.name, op.bar, op.gen)
         elif k == "rbegin":
@@ -728,152 +608,54 @@ class Sim:
         if self.lagging:
             self.settle()
 
+    def engine(self):
+        return self.copies
+
+    def engine_step(self, ev, i):
+        self.land(list(ev)[i])
+
     def final_checks(self):
         if self.lagging:
             who, item, _ = self.lagging[0]
             raise Violation("race", f"at the end: {who}'s warps' {self.lagdesc(item)} never followed by a completed "
                             "barrier all its threads joined")
-        left = [f"barrier {nb}" for nb in self.nbars.values() if nb.count is not None]
-        left += [f"{mb} (a phase half-done)" for mb in self.mbars if mb.pending != mb.count or mb.tracked]
-        if left:
-            raise Violation("named" if left[0].startswith("barrier") else "mbarrier", "at the end: " + left[0])
-        for buf, parts in self.bufs.items():
-            for name, p in parts.items():
-                if +p.pending:
-                    raise Violation("race", f"at the end: {buf}[{name}] holds {tagstr(p.tag)} that "
-                                    f"{dict(+p.pending)} never read")
+        end_checks(self.mbars, self.nbars.values(),
+                   [(f"{buf}[{name}]", p) for buf, parts in self.bufs.items() for name, p in parts.items()])
 
     def state(self):
-        out = ["  actors:"]
-        for a in self.actors:
-            if a.op is None:
-                out.append(f"    {a.name} done ({a.ctx})")
-                continue
-            b = a.op.bar if a.op.kind == "mwait" else None
-            extra = f"  [{b.name}: {b.phase} phases done, parity {b.phase & 1}]" if b else ""
-            out.append(f"    {a.name} {'ready  ' if self.enabled(a) else 'blocked'} {a.ctx}: {a.op.describe()} at "
-                       f"{where(a.op.site)}{extra}")
-        pend = "; ".join(str(n) for n in self.nbars.values() if n.count is not None)
         fly = ", ".join(f"{c[0]}: {c[1]}[{c[2]}] {tagstr(c[3])}" for c in self.copies.values())
-        out += ["  mbarriers: " + "; ".join(str(m) for m in self.mbars),
-                "  named barriers: " + (pend or "no arrivals pending"), "  copies in flight: " + (fly or "none")]
-        return "\n".join(out)
-
-
-def run_once(segs, bugs, rng, intent=True, max_steps=200000):
-    """One random interleaving: ('ok' | 'violation' | 'deadlock', (Violation or None, sim, steps))."""
-    sim = Sim(segs, bugs, intent)
-    speeds = [rng.choice((0.03, 0.3, 1.0, 1.0, 4.0)) for _ in range(4)]  # WG0, WG1, WG2, the copy engine
-    steps = 0
-    try:
-        while steps < max_steps:
-            steps += 1
-            if rng.random() < 0.02:  # now and then one actor (or the copy engine) changes its pace
-                speeds[rng.randrange(4)] = rng.choice((0.03, 0.3, 1.0, 4.0))
-            live = [a for a in sim.actors if a.op is not None]
-            for a in live:
-                a.op.blocked |= not sim.enabled(a)
-            cand = [(a, speeds[i]) for i, a in enumerate(sim.actors) if a.op is not None and sim.enabled(a)]
-            cand += [(None, speeds[3])] if sim.copies else []
-            if not cand:
-                if not live:
-                    sim.final_checks()
-                    return "ok", (None, sim, steps)
-                stuck = ", ".join(f"{a.name} at L{lineno(a.op.site)}" for a in live)
-                return "deadlock", (Violation("deadlock", f"no actor can step: {stuck}"), sim, steps)
-            a = rng.choices([c[0] for c in cand], [c[1] for c in cand])[0]
-            if a is None:
-                sim.land(rng.choice(list(sim.copies)))
-            else:
-                sim.step(a)
-        return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
-    except Violation as v:
-        return "violation", (v, sim, steps)
+        return "\n".join(actor_lines(self) + barrier_lines(self.mbars, self.nbars.values())
+                         + ["  copies in flight: " + (fly or "none")])
 
 
 # ---------------------------------------------------------------------------------------------
-FIXED_CASES = [("zero segments", []), ("one segment of one tile", [(0, 1)]),
-               ("many one-tile segments", [(0, 1)] * 12), ("many two-tile segments", [(0, 2)] * 7),
-               ("three short segments", [(0, 3), (0, 1), (0, 2)]), ("one tile mid-sequence", [(5, 6)]),
-               ("one long segment", [(2, 19)]), ("odd lengths", [(1, 4), (0, 1), (0, 5), (0, 2), (0, 1)])]
+FIXED_CASES = fixed_cases(12, 7, 19)
 
 
-def case_for(run, seed, fixed_segs):
-    rng = random.Random(f"{seed}:{run}")
-    if fixed_segs is not None:
-        return rng, "given segments", fixed_segs
-    if run < len(FIXED_CASES):
-        return (rng,) + FIXED_CASES[run]
+def random_segments(rng):
     r, n = rng.random(), rng.randint(1, 5)
     if r < 0.25:
-        return rng, "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(3 * n)]
+        return "many short segments", [(0, rng.choice((1, 1, 1, 2, 3))) for _ in range(3 * n)]
     t0 = rng.randint(0, 4)
     if r < 0.35:
-        return rng, "one long segment", [(t0, t0 + rng.randint(2, 16))]
-    return rng, "random segments", [(t0 if i == 0 else 0, (t0 if i == 0 else 0) + rng.randint(1, 6)) for i in range(n)]
+        return "one long segment", [(t0, t0 + rng.randint(2, 16))]
+    return "random segments", [(t0 if i == 0 else 0, (t0 if i == 0 else 0) + rng.randint(1, 6)) for i in range(n)]
 
 
-def report(run, seed, cname, segs, bugs, res, v, sim, ntrace):
-    form = " --form fp8" if FORM == "fp8" else ""
-    print(f"\n=== run {run} (replay:{form} --seed {seed} --run {run}" + (f" --bug {','.join(bugs)}" if bugs else "")
-          + f"): {res.upper()}, kind {v.kind}\n  segments ({cname}): {segs}\n  {v.msg}\n{sim.state()}")
-    if ntrace:
-        print(f"  last {min(ntrace, len(sim.trace))} steps:")
-        for who, ctx, site, desc in list(sim.trace)[-ntrace:]:
-            print(f"    {who:3s} {ctx:40s} {'L' + str(lineno(site)) if SITES.get(site) else '-':5s} {desc}")
-
-
-def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, intent=True):
-    st = {"runs": 0, "caught": 0, "first": None, "steps": 0, "tiles": 0}
-    for c in ("kinds", "cases", "msgs", "blocked"):
-        st[c] = collections.Counter()
-    reported = 0
-    for run in (range(runs) if only_run is None else [only_run]):
-        rng, cname, segs = case_for(run, seed, fixed_segs)
-        res, (v, sim, steps) = run_once(segs, bugs, rng, intent)
-        st["runs"], st["steps"] = st["runs"] + 1, st["steps"] + steps
-        st["tiles"] += sum(t1 - t0 for t0, t1 in segs)
-        st["cases"][cname] += 1
-        st["blocked"].update(sim.blocked_waits)
-        if res == "ok":
-            continue
-        st["caught"] += 1
-        st["kinds"][v.kind] += 1
-        key = v.msg if v.kind == "deadlock" else re.sub(r"\d+", "#", v.msg.split(" (L")[0])
-        st["msgs"][key] += 1
-        st["first"] = st["first"] or (run, v)
-        if not quiet and reported < 3 and st["msgs"][key] == 1:
-            report(run, seed, cname, segs, bugs, res, v, sim, ntrace)
-            reported += 1
-    return st
+def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, max_reports=3, intent=True,
+            stop_after=None):
+    """The random runs (protocol_sim.explore's statistics)."""
+    replay = (("--form fp8 " if FORM == "fp8" else "") + ("--defer " if DEFER else "")
+              + ("" if intent else "--no-intent-checks "))
+    return explore_segments(runs, seed, bugs, fixed_segs, only_run, ntrace, quiet, max_reports, stop_after, FIXED_CASES,
+                            random_segments,
+                            lambda segs, rng: run_once(Sim(segs, bugs, intent), rng, 200000, draw_always=True),
+                            replay, (3, 40, 5))
 
 
 def self_test(seed, runs):
-    t0, ok = time.time(), True
-    kinds = lambda s: ", ".join(f"{k} {n}" for k, n in s["kinds"].most_common())  # noqa: E731
-    print(f"self-test of the {'fp8' if FORM == 'fp8' else '16-bit'} gather form: the unmodified protocol, then each "
-          f"injected bug, {runs} runs each (seed {seed});\n"
-          "  'plain': the same runs without the intent checks (PTX-level barrier rules, data tags, deadlocks)")
-    for intent in (True, False):
-        st = explore(max(runs, 500), seed, [], quiet=True, intent=intent)
-        ok &= st["caught"] == 0
-        print(f"  {'(none: the kernel as written)':26s} {st['caught']:4d}/{st['runs']} runs flagged"
-              f"{'' if intent else ' (plain)'}  -> {'clean' if st['caught'] == 0 else 'VIOLATIONS'}")
-    for name, (what, sites) in list(BUGS.items()) + list(ABLATIONS.items()):
-        if name == next(iter(ABLATIONS)):
-            print("  removals the model finds nothing against (information, not part of the verdict):")
-        st = explore(runs, seed, [name], quiet=True)
-        line = f"  {name:26s} {st['caught']:4d}/{st['runs']} flagged [{kinds(st)}]"
-        if name in BUGS:
-            pl = explore(runs, seed, [name], quiet=True, intent=False)
-            caught = st["caught"] > 0 and pl["caught"] > 0
-            ok &= caught
-            line += f"; plain {pl['caught']}/{pl['runs']} [{kinds(pl)}]  -> {'CAUGHT' if caught else 'MISSED'}"
-        print(f"{line}\n      {what} ({','.join(f'L{lineno(s)}' for s in sites)})")
-        if st["first"]:
-            print(f"      e.g. run {st['first'][0]}: {st['first'][1].kind}: {st['first'][1].msg}")
-    print(f"self-test {'PASSED' if ok else 'FAILED'} in {time.time() - t0:.1f} s")
-    return ok
+    return protocol_sim.self_test(explore, BUGS, ABLATIONS, seed, runs, 26, 500,
+                                  title=f" of the {'fp8' if FORM == 'fp8' else '16-bit'} gather form")
 
 
 def configure(args):

@@ -1,7 +1,7 @@
 """The command line the protocol models share (fp8raw_, fp8pair_, gather3wg_, sparse_prefill_protocol.py): the
 options, the kernel-site check, --list-bugs, --self-test, the exploration run (bugs checked, fixed
 segments parsed, the random runs, the report of what the waits exercised and what was found) and
-the entry point. Standard library only."""
+the entry point; the simulation machinery behind it is protocol_sim.py's. Standard library only."""
 import argparse
 import sys
 import time

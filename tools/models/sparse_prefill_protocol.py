@@ -4,7 +4,8 @@
 kernels-cuda/mla_decode_attention/wgmma_seesaw_sm90.cuh), explored over random interleavings to find
 deadlocks, barrier-phase mistakes and shared-memory races before the kernel runs on a GPU. Standard
 library only (Python 3.11); the conventions of tools/models/fp8raw_protocol.py and
-tools/models/gather3wg_protocol.py.
+tools/models/gather3wg_protocol.py; the machinery of protocol_sim.py (barriers, race bookkeeping, scheduler,
+reports, self-test) and the command line of protocol_cli.py.
 
 What it models
   One CTA (one query token, 64 heads) over its whole topk: tiles = ceil(topk / 64) in pairs (A, B) =
@@ -104,14 +105,13 @@ Exit status 0 when clean (--self-test: every bug caught both ways, the protocol 
 """
 
 import collections
-import os
 import random
-import re
-import sys
-import time
 
 import protocol_cli
+import protocol_sim
 from protocol_cli import run
+from protocol_sim import (MBar, NamedBar, Part, SimBase, Violation, actor_lines, barrier_lines, begin_read, begin_write,
+                          check_wait, end_checks, end_read, end_write, print_report, record_step, run_once)
 
 KERNEL = "kernels-cuda/sparse_mla_attention/prefill_sm90.cuh"
 FILES = {"": KERNEL, "@ss": "kernels-cuda/mla_decode_attention/wgmma_seesaw_sm90.cuh"}
@@ -223,39 +223,9 @@ SITES = {
     "store.lse": (PS, "const float l = l_tot[wtid];"),
     "ce.land": None,  # the copy engine
 }
-LINES, MISSING_SITES = {}, []
-
-
-def locate_sites():
-    here = os.path.dirname(os.path.abspath(__file__))
-    texts = {}
-    for key, path in FILES.items():
-        p = os.path.normpath(os.path.join(here, "..", "..", path))
-        texts[key] = open(p, encoding="utf-8").read().split("\n") if os.path.exists(p) else []
-    for key, chain in SITES.items():
-        if not chain:
-            LINES[key] = (None, "(the copy engine)")
-            continue
-        fkey = chain[0] if chain[0] in FILES else ""
-        chain = chain[1:] if fkey else chain
-        text, i = texts[fkey], 0
-        LINES[key] = (None, chain[-1])
-        for snip in chain:
-            i = next((j for j in range(i, len(text)) if snip in text[j]), None)
-            if i is None:
-                MISSING_SITES.append(key)
-                break
-        else:
-            LINES[key] = (i + 1 if not fkey else f"{os.path.basename(FILES[fkey])}:{i + 1}", text[i].strip())
-
-
-def where(site):
-    ln, code = LINES.get(site, (None, site))
-    return f"L{ln or '?'}: {code}"
-
-
-def lineno(site):
-    return LINES.get(site, (None, ""))[0] or "?"
+S = protocol_sim.Sites(FILES, {k: None if not chain else (chain[0], chain[1:], 0) if chain[0] in FILES
+                              else ("", chain, 0) for k, chain in SITES.items()}, "(the copy engine)")
+locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,12 +293,6 @@ WAITS = ["c.q_full", "wg0.sa_l0", "wg0.sa_r0", "wg0.sa_l", "wg0.sa_r", "wg1.sb_r
          "pr.free10", "pr.cpwait"]
 
 
-class Violation(Exception):
-    def __init__(self, kind, msg):
-        super().__init__(msg)
-        self.kind, self.msg = kind, msg
-
-
 def tagstr(tag):
     if tag is None:
         return "nothing (never written)"
@@ -349,63 +313,7 @@ def partstr(parts):
     return "" if list(parts) == [""] else f"[{','.join(parts)}]"
 
 
-class MBar:
-    """phase: completed phases (current parity: phase & 1); pending: arrivals still owed to it."""
-
-    def __init__(self, name, count, intent):
-        self.name, self.count, self.intent = name, count, intent
-        self.pending, self.phase = count, 0
-
-    def arrive(self, n, meant, who, site, what="arrival"):
-        while n > 0:  # arrivals beyond a phase's count go to the next one
-            if self.intent and meant is not None and meant != self.phase:
-                raise Violation("mbarrier", f"{who}'s {what} on {self.name} meant for phase {meant} counts in phase "
-                                f"{self.phase} ({where(site)})")
-            take = min(n, self.pending)
-            self.pending -= take
-            n -= take
-            if self.pending == 0:
-                self.phase, self.pending = self.phase + 1, self.count
-
-    def __str__(self):
-        return (f"{self.name}: {self.phase} phases done (parity {self.phase & 1}), "
-                f"{self.count - self.pending}/{self.count} arrived")
-
-
-class NamedBar:
-    def __init__(self, bid, intent):
-        self.bid, self.intent, self.name = bid, intent, BAR_NAMES[bid]
-        self.count, self.arrived, self.labels, self.gen = None, 0, collections.Counter(), 0
-
-    def arrive(self, n, label, who, site):
-        """Adds one warpgroup's 128 threads; returns the instance (generation) arrived on."""
-        bar = f"{self.bid} ({self.name})"
-        if self.count is not None and self.count != n:
-            raise Violation("named", f"{who} arrives on {bar} with count {n}, its pending instance has {self.count} "
-                            f"({where(site)})")
-        if self.intent and self.labels and label not in self.labels:
-            raise Violation("named", f"{who} arrives on {bar} for {label} while arrivals for {dict(self.labels)} "
-                            f"are pending: two instances on one id ({where(site)})")
-        self.count, self.arrived, gen = n, self.arrived + W, self.gen
-        self.labels[label] += W
-        if self.arrived > n:
-            raise Violation("named", f"{who} brings {bar} to {self.arrived} arrivals, beyond {n} ({where(site)})")
-        if self.arrived == n:
-            self.gen, self.count, self.arrived, self.labels = gen + 1, None, 0, collections.Counter()
-        return gen
-
-    def __str__(self):
-        if self.count is None:
-            return f"{self.bid} {self.name}: idle ({self.gen} instances completed)"
-        return f"{self.bid} {self.name}: {self.arrived}/{self.count} arrived for {dict(self.labels)}"
-
-
-class Part:
-    def __init__(self):
-        self.tag = self.writing = None  # the contents' tag; the tag of a write in progress
-        self.writer = None
-        self.pending = collections.Counter()  # reader -> reads owed to the current contents
-        self.open = collections.Counter()  # reader -> open read intervals
+protocol_sim.bind(S, tagstr)
 
 
 class Op:
@@ -441,7 +349,7 @@ class Actor:  # a warpgroup: gen its program, op the step it is at, ctx where it
 
 
 # ---------------------------------------------------------------------------------------------
-class Sim:
+class Sim(SimBase):
     def __init__(self, tiles, bugs, intent=True):
         self.tiles, self.B, self.intent = tiles, set(bugs), intent
         self.pairs = (tiles + 1) // 2
@@ -451,7 +359,7 @@ class Sim:
         self.free = [[MBar(f"free[{b}][{h}]", 128, intent) for h in range(2)] for b in range(2)]
         self.vfull = [MBar(f"vfull[{b}]", 16, intent) for b in range(2)]
         self.mbars = [self.q_full] + self.full[0] + self.full[1] + self.free[0] + self.free[1] + self.vfull
-        self.nbars = {b: NamedBar(b, intent) for b in BAR_NAMES}
+        self.nbars = {b: NamedBar(BAR_NAMES[b], intent, bid=b) for b in BAR_NAMES}
         self.bufs = {"Q": {"L": Part(), "R": Part()},
                      "buf0": {f"{p}/{c}": Part() for p in ("L", "R", "R8") for c in (0, 1)},
                      "buf1": {p: Part() for p in ("L", "R", "R8")},
@@ -502,42 +410,22 @@ class Sim:
     # -- buffer accesses ------------------------------------------------------------------
     def wbegin(self, who, buf, parts, tag, site):
         for name in parts:
-            p, loc = self.bufs[buf][name], f"{buf}{'[' + name + ']' if name else ''}"
-            if p.writing is not None:
-                raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {tagstr(p.writing)} is "
-                                f"still being written into it ({where(site)})")
-            if +p.open:
-                raise Violation("race", f"{who} starts writing {loc} ({tagstr(tag)}) while {', '.join(+p.open)} "
-                                f"still read(s) its {tagstr(p.tag)} ({where(site)})")
-            if +p.pending:
-                raise Violation("race", f"{who} overwrites {loc} holding {tagstr(p.tag)} with {tagstr(tag)} before "
-                                + ", ".join(f"{r} read it ({n} read(s) owed)" for r, n in (+p.pending).items())
-                                + f" ({where(site)})")
-            p.writing, p.writer, p.pending = tag, who, collections.Counter(self.readers(buf, name, tag))
+            begin_write(self.bufs[buf][name], f"{buf}{'[' + name + ']' if name else ''}", who, tag,
+                        self.readers(buf, name, tag), site)
 
     def wend(self, buf, parts):
         for name in parts:
-            p = self.bufs[buf][name]
-            p.tag, p.writing = p.writing, None
+            end_write(self.bufs[buf][name])
 
     def rbegin(self, who, reads, site):
         for buf, ps, tag in reads:
             for name in ps:
-                p, loc = self.bufs[buf][name], f"{buf}{'[' + name + ']' if name else ''} expecting {tagstr(tag)}"
-                if p.writing is not None:
-                    raise Violation("race", f"{who} reads {loc} while {p.writer} is still writing "
-                                    f"{tagstr(p.writing)} into it ({where(site)})")
-                if p.tag != tag:
-                    raise Violation("race", f"{who} reads {loc} but it holds {tagstr(p.tag)} ({where(site)})")
-                if p.pending[who] <= 0:
-                    raise Violation("race", f"{who} reads {loc} more often than the model expects ({where(site)})")
-                p.open[who] += 1
+                begin_read(self.bufs[buf][name], f"{buf}{'[' + name + ']' if name else ''}", who, tag, site)
 
     def rend(self, who, reads):  # (a write that starts during the read is caught at its start)
         for buf, ps, tag in reads:
             for name in ps:
-                self.bufs[buf][name].open[who] -= 1
-                self.bufs[buf][name].pending[who] -= 1
+                end_read(self.bufs[buf][name], who)
 
     # -- programs -----------------------------------------------------------------------------
     def read(self, reads, site):
@@ -740,31 +628,17 @@ class Sim:
 
     # -- scheduling -------------------------------------------------------------------------
     def enabled(self, a):
-        op = a.op
-        if op.kind == "mwait":
-            return (op.bar.phase & 1) != op.parity
-        if op.kind == "bsync":
-            return not op.arrived or op.bar.gen > op.gen
-        if op.kind == "cpwait":
+        if a.op.kind == "cpwait":  # cp.async.wait_group 0: the producer's copies have all landed
             return not self.batches
-        return True
+        return SimBase.enabled(self, a)
 
     def step(self, a):
         op, k = a.op, a.op.kind
-        desc = op.describe()
         who = f"{a.name} ({a.ctx})"
-        if k == "mwait" or (k == "bsync" and op.arrived):
-            desc = desc.replace(" [arrived]", "") + " -> passes"
-            if op.blocked:
-                self.blocked_waits[op.site] += 1
-        elif k == "cpwait" and op.blocked:
-            self.blocked_waits[op.site] += 1
-        self.trace.append((a.name, a.ctx, op.site, desc))
+        record_step(op, self.trace, self.blocked_waits, a.name, a.ctx)
         advance = True
         if k == "mwait":
-            if self.intent and op.meant is not None and op.bar.phase <= op.meant:
-                raise Violation("mbarrier", f"{who}: mbar_wait({op.bar.name}, parity {op.parity}) returns before "
-                                f"phase {op.meant} has completed ({op.bar.phase} phases done) ({where(op.site)})")
+            check_wait(op, who, self.intent)
         elif k == "marrive":
             op.bar.arrive(op.n, op.meant, who, op.site)
         elif k == "noinc":
@@ -780,10 +654,10 @@ class Sim:
                 self.batches[self.nid] = (s, wid)
                 self.nid += 1
         elif k == "barrive":
-            op.bar.arrive(op.n, op.label, who, op.site)
+            op.bar.arrive(op.n, W, op.label, who, op.site)
         elif k == "bsync":
             if not op.arrived:
-                op.gen = op.bar.arrive(op.n, op.label, who, op.site)
+                op.gen = op.bar.arrive(op.n, W, op.label, who, op.site)
                 op.arrived = True
                 advance = False
         elif k == "rbegin":
@@ -828,84 +702,26 @@ class Sim:
         self.trace.append(("CE", "", site, f"set {s}'s noinc arrival on {bar.name} (phase {meant}) lands"))
         bar.arrive(128 // COPY_SETS, meant, f"WG2 set {s} (noinc)", site, "noinc arrival")
 
+    def engine(self):
+        return self.ce_events()
+
+    def engine_step(self, ev, i):
+        self.ce_step(ev[i])
+
     def final_checks(self):
-        for nb in self.nbars.values():
-            if nb.count is not None:
-                raise Violation("named", f"at the end: barrier {nb} (an instance left incomplete)")
-        for mb in self.mbars:
-            if mb.pending != mb.count:
-                raise Violation("mbarrier", f"at the end: {mb} (a phase left half-done)")
-        for buf, parts in self.bufs.items():
-            for name, p in parts.items():
-                if +p.pending:
-                    raise Violation("race", f"at the end: {buf}{'[' + name + ']' if name else ''} holds "
-                                    f"{tagstr(p.tag)} that {dict(+p.pending)} never read")
+        end_checks(self.mbars, self.nbars.values(), [(f"{buf}{'[' + name + ']' if name else ''}", p)
+                                                    for buf, parts in self.bufs.items() for name, p in parts.items()])
 
     def state(self):
-        out = ["  actors:"]
-        for a in self.actors:
-            if a.op is None:
-                out.append(f"    {a.name} done ({a.ctx})")
-                continue
-            extra = ""
-            if a.op.kind == "mwait":
-                b = a.op.bar
-                extra = f"  [{b.name} at {b.phase} phases done, parity {b.phase & 1}]"
-                if b.phase > a.op.meant and not self.enabled(a):
-                    extra += (f" <- phase {a.op.meant} has completed, but parity {a.op.parity} is the current "
-                              f"phase's ({b.phase}): the wait cannot return")
-            state = "blocked" if not self.enabled(a) else "ready  "
-            out.append(f"    {a.name} {state} {a.ctx}: {a.op.describe()} at {where(a.op.site)}{extra}")
-            if a.groups:
-                out.append(f"        wgmma groups pending: " + "; ".join(f"L{lineno(s)}" for _, s in a.groups))
-        out.append("  mbarriers: " + "; ".join(str(m) for m in self.mbars))
-        out.append("  named barriers: " + ("; ".join(str(n) for n in self.nbars.values() if n.count is not None)
-                                           or "no arrivals pending"))
+        def groups(a):
+            return [f"        wgmma groups pending: " + "; ".join(lineno(s) for _, s in a.groups)] if a.groups else []
+
+        out = actor_lines(self, extra=groups) + barrier_lines(self.mbars, self.nbars.values())
         inflight = [f"set {s} -> {self.writes[w][0]}{partstr(self.writes[w][1])} ({tagstr(self.writes[w][3])})"
                     for s, w in self.batches.values()]
         inflight += [f"set {n[0]} noinc on {n[1].name} (phase {n[2]})" for n in self.noincs]
         out.append("  copy engine: " + (", ".join(inflight) or "nothing in flight"))
         return "\n".join(out)
-
-
-def run_once(tiles, bugs, rng, intent=True, max_steps=100000):
-    """One random interleaving. Returns (result, (violation, sim, steps)): 'ok' / 'violation' / 'deadlock'."""
-    sim = Sim(tiles, bugs, intent)
-    actors = sim.actors
-    speeds = [rng.choice((0.03, 0.3, 1.0, 1.0, 4.0)) for _ in range(len(actors) + 1)]  # last: the copy engine
-    steps = 0
-    try:
-        while True:
-            steps += 1
-            if steps > max_steps:
-                return "violation", (Violation("livelock", f"no end after {max_steps} steps"), sim, steps)
-            if rng.random() < 0.02:  # now and then, one actor changes its pace
-                speeds[rng.randrange(len(speeds))] = rng.choice((0.03, 0.3, 1.0, 4.0))
-            cand, wts = [], []
-            for i, a in enumerate(actors):
-                if a.op is not None:
-                    if sim.enabled(a):
-                        cand.append(a)
-                        wts.append(speeds[i])
-                    else:
-                        a.op.blocked = True
-            ev = sim.ce_events()
-            if ev:
-                cand.append(None)
-                wts.append(speeds[-1])
-            if not cand:
-                if all(a.op is None for a in actors) and not sim.noincs:
-                    sim.final_checks()
-                    return "ok", (None, sim, steps)
-                stuck = ", ".join(f"{a.name} at L{lineno(a.op.site)}" for a in actors if a.op is not None)
-                return "deadlock", (Violation("deadlock", f"no actor can step: {stuck or 'none left'}"), sim, steps)
-            a = rng.choices(cand, wts)[0] if len(cand) > 1 else cand[0]
-            if a is None:
-                sim.ce_step(ev[rng.randrange(len(ev))])
-            else:
-                sim.step(a)
-    except Violation as v:
-        return "violation", (v, sim, steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -922,90 +738,31 @@ def case_for(run, seed, fixed):
     return rng, "random topk", (topk + BN - 1) // BN, topk
 
 
-def report(run, seed, cname, tiles, topk, bugs, res, v, sim, ntrace, intent):
-    print(f"\n=== run {run} (seed {seed}, replay: --seed {seed} --run {run}"
-          + (f" --bug {','.join(bugs)}" if bugs else "") + ("" if intent else " --no-intent-checks")
-          + f"): {res.upper()}, kind {v.kind}")
-    print(f"  {cname}: topk {topk}, {tiles} tile(s), {(tiles + 1) // 2} pair(s)"
-          + (" (the last without B)" if tiles % 2 else ""))
-    print(f"  {v.msg}")
-    print(sim.state())
-    if ntrace:
-        print(f"  last {min(ntrace, len(sim.trace))} steps:")
-        for who, ctx, site, desc in list(sim.trace)[-ntrace:]:
-            ln = f"L{lineno(site)}" if site != "ce.land" else "-"
-            print(f"    {who:3s} {ctx:18s} {ln:6s} {desc}")
-
-
-def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, max_reports=3, intent=True):
+def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=False, max_reports=3, intent=True,
+            stop_after=None):
     """`fixed_segs` (--segments): [(0, tiles), ...], the tile counts the runs take in turn."""
-    stats = {"runs": 0, "ok": 0, "caught": 0, "kinds": collections.Counter(), "first": None, "steps": 0,
-             "tiles": 0, "cases": collections.Counter(), "msgs": collections.Counter(),
-             "blocked": collections.Counter()}
     fixed = None if fixed_segs is None else [t1 - t0 for t0, t1 in fixed_segs]
-    reported = 0
-    for run in (range(runs) if only_run is None else [only_run]):
+
+    def case(run):
         rng, cname, tiles, topk = case_for(run, seed, fixed)
-        res, (v, sim, steps) = run_once(tiles, bugs, rng, intent)
-        stats["runs"] += 1
-        stats["steps"] += steps
-        stats["tiles"] += tiles
-        stats["cases"][f"{tiles} tile{'s' if tiles > 1 else ''}"] += 1
-        stats["blocked"].update(sim.blocked_waits)
-        if res == "ok":
-            stats["ok"] += 1
-            continue
-        stats["caught"] += 1
-        stats["kinds"][v.kind] += 1
-        key = v.msg if v.kind == "deadlock" else re.sub(r"\d+", "#", v.msg.split(" (L")[0])
-        stats["msgs"][key] += 1
-        if stats["first"] is None:
-            stats["first"] = (run, v)
-        if not quiet and reported < max_reports and stats["msgs"][key] == 1:
-            report(run, seed, cname, tiles, topk, bugs, res, v, sim, ntrace, intent)
-            reported += 1
-    return stats
+        return rng, cname, (tiles, topk), tiles, f"{tiles} tile{'s' if tiles > 1 else ''}"
+
+    def report(run, cname, c, res, v, sim):
+        tiles, topk = c
+        what = (f"{cname}: topk {topk}, {tiles} tile(s), {(tiles + 1) // 2} pair(s)"
+                + (" (the last without B)" if tiles % 2 else ""))
+        print_report(run, seed, bugs, "" if intent else "--no-intent-checks ", res, v, [what], sim, ntrace,
+                     (3, 18, 6))
+
+    return protocol_sim.explore(runs, seed, bugs, case,
+                                lambda c, rng: run_once(Sim(c[0], bugs, intent), rng, 100000), report, only_run,
+                                quiet, max_reports, stop_after)
 
 
 def self_test(seed, runs_per_bug):
-    t_start = time.time()
-    ok = True
-    print(f"self-test: the unmodified protocol, then each injected bug, {runs_per_bug} runs each (seed {seed});")
-    print("  'plain': the same runs with the intent checks off (no phase / instance labels: only the PTX-level")
-    print("  barrier rules, the data tags and deadlocks)")
-    for intent in (True, False):
-        clean = explore(max(runs_per_bug, 1000), seed, [], quiet=True, intent=intent)
-        ok &= clean["caught"] == 0
-        print(f"  {'(none: the kernel as written)':24s} {clean['caught']:4d}/{clean['runs']} runs flagged"
-              f"{'' if intent else ' (plain)'}  -> {'clean' if clean['caught'] == 0 else 'VIOLATIONS'}")
-        if clean["first"]:
-            run, v = clean["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    for name, (what, sites) in BUGS.items():
-        st = explore(runs_per_bug, seed, [name], quiet=True)
-        plain = explore(runs_per_bug, seed, [name], quiet=True, intent=False)
-        lines = ",".join(f"L{lineno(s)}" for s in sites)
-        caught = st["caught"] > 0 and plain["caught"] > 0
-        ok &= caught
-        kinds = ", ".join(f"{k} {n}" for k, n in st["kinds"].most_common())
-        pk = ", ".join(f"{k} {n}" for k, n in plain["kinds"].most_common())
-        print(f"  {name:24s} {st['caught']:4d}/{st['runs']} runs flagged [{kinds}]; plain {plain['caught']}/"
-              f"{plain['runs']} [{pk}]  -> {'CAUGHT' if caught else 'MISSED'}")
-        print(f"      bug: {what} ({lines})")
-        if st["first"]:
-            run, v = st["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    print("  removals the model finds no violation for (information, not part of the verdict; the model")
-    print("  ignores proxy fences and the order between a warpgroup's own threads):")
-    for name, (what, sites) in ABLATIONS.items():
-        st = explore(runs_per_bug, seed, [name], quiet=True)
-        lines = ",".join(f"L{lineno(s)}" for s in sites)
-        print(f"  {name:24s} {st['caught']:4d}/{st['runs']} runs flagged  ({what}, {lines})")
-        if st["first"]:
-            run, v = st["first"]
-            print(f"      e.g. run {run}: {v.kind}: {v.msg}")
-    print(f"self-test {'PASSED' if ok else 'FAILED'} in {time.time() - t_start:.1f} s")
-    return ok
+    return protocol_sim.self_test(explore, BUGS, ABLATIONS, seed, runs_per_bug, 24, 1000,
+                                  ablation_note="; the model\n  ignores proxy fences and the order between a "
+                                  "warpgroup's own threads")
 
 
 def main():
