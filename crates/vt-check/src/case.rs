@@ -88,11 +88,13 @@ impl View {
 
     /// Marks every element of the view in `mask` (a mask over its whole buffer).
     pub fn mark(&self, mask: &mut [bool]) {
-        for_each_strided_offset(self.offset, &self.shape, &self.strides, |off| {
-            if let Some(m) = mask.get_mut(off as usize) {
+        let walked = for_each_strided_offset(self.offset, &self.shape, &self.strides, |off| {
+            if let Some(m) = usize::try_from(off).ok().and_then(|o| mask.get_mut(o)) {
                 *m = true;
             }
         });
+        // Views come from Builder::push and slicing, inside a buffer of `mask.len()` elements.
+        debug_assert!(walked.is_ok(), "{walked:?}");
     }
 }
 

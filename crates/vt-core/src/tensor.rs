@@ -494,30 +494,63 @@ pub fn checked_bytes(dtype: DType, shape: &[i64]) -> Result<usize> {
 
 /// Calls `f` with the element offset (from base) of every element, in row-major order.
 pub fn for_each_offset(t: &Tensor<'_>, f: impl FnMut(i64)) {
-    for_each_strided_offset(t.offset(), t.shape(), t.strides(), f)
+    // A Tensor's views were checked to lie inside their buffer when made, so every offset
+    // fits; the walk cannot stop early.
+    let _ = walk_offsets(t.offset(), t.shape(), t.strides(), f);
 }
 
 /// [`for_each_offset`] of a view described by its first element's `offset`, `shape` and
 /// `strides` (elements; any rank), without a buffer behind it.
-pub fn for_each_strided_offset(offset: i64, shape: &[i64], strides: &[i64], mut f: impl FnMut(i64)) {
-    if shape.contains(&0) {
-        return;
+///
+/// # Errors
+/// `shape` and `strides` of different lengths, or an element offset outside i64 (checked before
+/// `f` sees it: `f` may have been called for the elements before it).
+pub fn for_each_strided_offset(
+    offset: i64,
+    shape: &[i64],
+    strides: &[i64],
+    f: impl FnMut(i64),
+) -> Result<()> {
+    const OP: &str = "for_each_strided_offset";
+    if shape.len() != strides.len() {
+        return Err(Error::invalid(
+            OP,
+            "strides",
+            format!("{} strides for the {} dims of shape {shape:?}", strides.len(), shape.len()),
+        ));
     }
-    let rank = shape.len();
+    walk_offsets(offset, shape, strides, f).ok_or_else(|| {
+        Error::invalid(
+            OP,
+            "strides",
+            format!("an element offset of shape {shape:?}, strides {strides:?} from {offset} overflows i64"),
+        )
+    })
+}
+
+/// The row-major walk: the offset moves by one stride per step (checked), and back by
+/// `(shape[d] - 1) * strides[d]` when dim `d` wraps. None on overflow.
+fn walk_offsets(offset: i64, shape: &[i64], strides: &[i64], mut f: impl FnMut(i64)) -> Option<()> {
+    if shape.iter().any(|&n| n <= 0) {
+        return Some(());
+    }
+    let rank = shape.len().min(strides.len());
     let mut idx = vec![0i64; rank];
+    let mut off = offset;
     loop {
-        let off = offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<i64>();
         f(off);
         let mut d = rank;
         loop {
             if d == 0 {
-                return;
+                return Some(());
             }
             d -= 1;
-            idx[d] += 1;
-            if idx[d] < shape[d] {
+            if idx[d] + 1 < shape[d] {
+                idx[d] += 1;
+                off = off.checked_add(strides[d])?;
                 break;
             }
+            off = off.checked_sub(idx[d].checked_mul(strides[d])?)?;
             idx[d] = 0;
         }
     }

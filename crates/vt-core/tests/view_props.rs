@@ -7,7 +7,10 @@
 //! Case budget: 256 per property, or `PROPTEST_CASES`.
 
 use proptest::prelude::*;
-use vt_core::{checked_bytes, checked_numel, contiguous_strides, for_each_offset, DType, Device, Tensor};
+use vt_core::{
+    checked_bytes, checked_numel, contiguous_strides, for_each_offset, for_each_strided_offset, DType,
+    Device, Tensor,
+};
 
 /// A root view of `extent` f32 elements at a fake address (never dereferenced).
 fn root(extent: i64) -> Tensor<'static> {
@@ -102,6 +105,26 @@ fn selecting_index_i64_max_is_an_error_naming_the_index() {
 }
 
 /// Sizes that stress the arithmetic: small ones, and ones near the powers where products wrap.
+#[test]
+fn strided_offsets_walk_row_major_with_negative_and_zero_strides() {
+    let mut got = Vec::new();
+    for_each_strided_offset(10, &[2, 3], &[-5, 0], |o| got.push(o)).unwrap();
+    assert_eq!(got, vec![10, 10, 10, 5, 5, 5]);
+    got.clear();
+    for_each_strided_offset(1, &[2, 0, 3], &[1, 1, 1], |o| got.push(o)).unwrap();
+    assert!(got.is_empty(), "an empty view visits nothing: {got:?}");
+}
+
+#[test]
+fn strided_offsets_that_overflow_i64_are_an_error_before_f_sees_them() {
+    let mut got = Vec::new();
+    let m = err_msg(for_each_strided_offset(i64::MAX - 1, &[3], &[1], |o| got.push(o)));
+    assert!(m.contains("overflows i64") && m.contains("for_each_strided_offset"), "{m}");
+    assert_eq!(got, vec![i64::MAX - 1, i64::MAX], "only the offsets that fit were visited");
+    let m = err_msg(for_each_strided_offset(0, &[2, 2], &[1], |_| ()));
+    assert!(m.contains("strides"), "{m}");
+}
+
 fn size() -> impl Strategy<Value = i64> {
     prop_oneof![
         6 => 0i64..5,
