@@ -5,21 +5,22 @@
 #            the dequantizing fp8 kernel as CTA pairs (Kernel::WgmmaFp8Pair, VT_MLA_FP8_PAIR);
 #   prefill: sparse_mla_prefill (kernels-cuda/sparse_mla_attention/prefill_sm90.cuh), the sparse
 #            op's own prefill kernel (sparse Kernel::Prefill, VT_SPARSE_PREFILL).
-# PART=tests (default first): each kernel's own test (forced: every block size / topk shape and
-#   schedule), then the fp8 decode and sparse suites (which force both too); compute-sanitizer
-#   memcheck, synccheck and racecheck over each kernel's own test.
+# PART=quick (first, under 600 s): each kernel's own test (forced: every block size / topk shape
+#   and schedule) and compute-sanitizer memcheck over each. PART=checks: the fp8 decode and
+#   sparse suites (which force both too), synccheck and racecheck over each kernel's own test.
+#   PART=tests: both.
 # PART=bench (only after tests passed): `xtask bench sparse` (decode and prefill rows) with both
 #   forced beside the op's kernels, and `xtask bench decode --only kv8,h128` with the pair beside
 #   the default (block size 64: the raw-ring kernel), FlashMLA built and timed in the same call.
 # PART=all: both (~8-9 minutes; over one call's 600 s on a slow start).
 # Needs, carried: $BIN (default .dev/bin: xtask, mla_decode_fp8, sparse_mla from
 # tools/device/stage.sh), .dev/kcache.tar.xz (optional) and, for bench, .peer/flashmla.tar.xz.
-# Usage (in the repository root, on the GPU machine): PART=tests bash tools/device/new_kernels_first_run.sh
+# Usage (in the repository root, on the GPU machine): PART=quick bash tools/device/new_kernels_first_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
-PART=${PART:-tests}
+PART=${PART:-quick}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S" || true
@@ -28,19 +29,26 @@ trap '(cd "$OUT" && tar czf logs_new_kernels.tgz --remove-files ./*.log ./*.json
 PAIR=fp8_decode_on_the_cta_pair_kernel_matches_reference
 PREFILL=sparse_prefill_kernel_matches_reference
 
-if [ "$PART" = tests ] || [ "$PART" = all ]; then
-  ok=0
-  step pair_test 240 "$BIN/mla_decode_fp8" --exact "$PAIR" --nocapture --test-threads 1 || ok=1
+want() { for p in "$@"; do [ "$PART" = "$p" ] && return 0; done; return 1; }
+ok=0
+if want quick tests all; then
+  step pair_test 120 "$BIN/mla_decode_fp8" --exact "$PAIR" --nocapture --test-threads 1 || ok=1
   grep -E "wgmma_fp8x2" "$OUT/pair_test.log" | head -4 | tee -a "$S"
-  step prefill_test 240 "$BIN/sparse_mla" --exact "$PREFILL" --nocapture --test-threads 1 || ok=1
+  step prefill_test 120 "$BIN/sparse_mla" --exact "$PREFILL" --nocapture --test-threads 1 || ok=1
   grep -E "sparse_prefill" "$OUT/prefill_test.log" | head -4 | tee -a "$S"
-  step fp8_tests 240 "$BIN/mla_decode_fp8" --test-threads 1 || ok=1
-  step sparse_tests 300 "$BIN/sparse_mla" --test-threads 1 || ok=1
-  for tool in memcheck synccheck racecheck; do
-    san "pair_$tool" 300 "$tool" mla_decode_fp8 "$PAIR" || ok=1
-    san "prefill_$tool" 300 "$tool" sparse_mla "$PREFILL" || ok=1
+  san pair_memcheck 160 memcheck mla_decode_fp8 "$PAIR" || ok=1
+  san prefill_memcheck 160 memcheck sparse_mla "$PREFILL" || ok=1
+fi
+if want checks tests all; then
+  step fp8_tests 200 "$BIN/mla_decode_fp8" --test-threads 1 || ok=1
+  step sparse_tests 200 "$BIN/sparse_mla" --test-threads 1 || ok=1
+  for tool in synccheck racecheck; do
+    san "pair_$tool" 150 "$tool" mla_decode_fp8 "$PAIR" || ok=1
+    san "prefill_$tool" 150 "$tool" sparse_mla "$PREFILL" || ok=1
   done
-  echo "new kernels: tests $([ $ok = 0 ] && echo passed || echo FAILED)" | tee -a "$S"
+fi
+if want quick checks tests all; then
+  echo "new kernels ($PART): tests $([ $ok = 0 ] && echo passed || echo FAILED)" | tee -a "$S"
   [ "$PART" = all ] && [ "$ok" != 0 ] && exit 1
 fi
 
