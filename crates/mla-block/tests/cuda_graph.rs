@@ -10,7 +10,7 @@ mod common;
 #[path = "support/serving.rs"]
 mod serving;
 
-use common::{golden_case, Case};
+use common::{capture_and_replay_decode_step, golden_case, Case};
 use mla_block::tp::RandomLayerSpec;
 use mla_block::{MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepMode, StepSeq};
 use serving::{serve, to_f64, Serving};
@@ -60,105 +60,11 @@ fn capture_and_replay_a_decode_step(fuse: Option<bool>) {
                 "{name}: fusions not taken"
             );
         }
-        let (s, t, h) = (case.s(), case.t(), case.hidden.shape[2]);
-        let dt = case.dtype();
-        let hidden = case.hidden.to_f64();
-        // Rows of token `tok` of every sequence, [S, H].
-        let rows = |tok: i64| -> Buffer {
-            let mut v = Vec::with_capacity((s * h) as usize);
-            for seq in 0..s {
-                let at = ((seq * t + tok) * h) as usize;
-                v.extend_from_slice(&hidden[at..at + h as usize]);
-            }
-            Buffer::from_f64(&q, dt, &[s, h], &v).unwrap()
-        };
-        let bs = 16;
-        let mut cache =
-            PagedKvCache::new(&q, dt, s * ((t + bs - 1) / bs), bs, block.dims().cache_row_dim()).unwrap();
-        let limits = MlaLimits {
-            max_tokens: s * t,
-            max_seqs: s,
-            max_blocks_per_seq: ((t + bs - 1) / bs),
-            chunk_workspace_tokens: s * t,
-        };
-        let mut ws = MlaWorkspace::new(limits).unwrap();
-        let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
-        let pos = |seq: i64, from: i64, to: i64| {
-            &case.positions[(seq * t + from) as usize..(seq * t + to) as usize]
-        };
-        let mut meta = MlaBatchMetadata::default();
-
-        // Prefill all but the last 3 tokens of every sequence, one sequence per step.
-        let pre = t - 3;
-        for seq in 0..s {
-            let steps = [StepSeq { seq: ids[seq as usize], positions: pos(seq, 0, pre), decode: false }];
-            meta.plan(&mut cache, &steps, s * t).unwrap();
-            let mut v = Vec::new();
-            let at = (seq * t * h) as usize;
-            v.extend_from_slice(&hidden[at..at + (pre * h) as usize]);
-            let x = Buffer::from_f64(&q, dt, &[pre, h], &v).unwrap();
-            let y = Buffer::nan(&q, dt, &[pre, h]).unwrap();
-            block.forward(&q, &mut ws, &x.view(), &meta, &cache.view(), &y.view()).unwrap();
-        }
-
-        let decode_step = |tok: i64, cache: &mut PagedKvCache, meta: &mut MlaBatchMetadata| {
-            let steps: Vec<_> = (0..s)
-                .map(|seq| StepSeq {
-                    seq: ids[seq as usize],
-                    positions: pos(seq, tok, tok + 1),
-                    decode: true,
-                })
-                .collect();
-            meta.plan(cache, &steps, s * t).unwrap();
-        };
-        let out = Buffer::nan(&q, dt, &[s, h]).unwrap();
-
-        // Warm-up decode (token pre): modules compiled, decode partials allocated.
-        let x0 = rows(pre);
-        decode_step(pre, &mut cache, &mut meta);
-        block.prepare(&q, &mut ws, &meta).unwrap();
-        block.launch(&q, &ws, &x0.view(), &meta, &cache.view(), &out.view()).unwrap();
-        let allocations = ws.allocations();
-
-        // Token pre+1: direct run, then the same step captured and replayed.
-        let x1 = rows(pre + 1);
-        decode_step(pre + 1, &mut cache, &mut meta);
-        block.prepare(&q, &mut ws, &meta).unwrap();
-        block.launch(&q, &ws, &x1.view(), &meta, &cache.view(), &out.view()).unwrap();
-        let direct1 = out.to_bytes(&q).unwrap();
-        let graph = vt_cuda::graph::capture(&q, || {
-            block.launch(&q, &ws, &x1.view(), &meta, &cache.view(), &out.view())
-        })
-        .unwrap_or_else(|e| panic!("{name}: the decode step is not capturable: {e}"));
-        out.fill_pattern(&q, dt.nan_bytes()).unwrap();
-        graph.launch().unwrap();
-        assert_eq!(out.to_bytes(&q).unwrap(), direct1, "{name}: graph replay differs from the direct run");
-
-        // Token pre+2: new metadata uploaded in place by `prepare`, then only the graph runs.
-        let x2 = rows(pre + 2);
-        decode_step(pre + 2, &mut cache, &mut meta);
-        block.prepare(&q, &mut ws, &meta).unwrap();
-        // The graph reads x1's buffer: feed it token pre+2's rows.
-        x1.write_bytes(&q, &x2.to_bytes(&q).unwrap()).unwrap();
-        out.fill_pattern(&q, dt.nan_bytes()).unwrap();
-        graph.launch().unwrap();
-        let replayed2 = out.to_bytes(&q).unwrap();
-        block.launch(&q, &ws, &x2.view(), &meta, &cache.view(), &out.view()).unwrap();
-        assert_eq!(
-            replayed2,
-            out.to_bytes(&q).unwrap(),
-            "{name}: replay with new metadata differs from a direct run"
-        );
-        assert_eq!(ws.allocations(), allocations, "{name}: decode steps allocated after warm-up");
+        let step = capture_and_replay_decode_step(&q, &case, &block, case.dtype(), "decode step");
 
         // And the replayed step is the full-causal answer for that token.
-        let got = out.to_f64(&q).unwrap();
-        let want: Vec<f64> = (0..s)
-            .flat_map(|seq| {
-                let at = ((seq * t + pre + 2) * h) as usize;
-                case.expected[at..at + h as usize].to_vec()
-            })
-            .collect();
+        let got = step.out.to_f64(&q).unwrap();
+        let want = step.step_rows(&case.expected);
         let err = common::rel_frobenius(&got, &want);
         eprintln!("{name}: graph-replayed decode step vs transformers: rel err {err:.3e}");
         assert!(err <= case.tolerance(), "{name}: {err:.3e}");

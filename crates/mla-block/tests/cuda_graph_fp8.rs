@@ -11,12 +11,12 @@ mod common;
 #[path = "support/serving.rs"]
 mod serving;
 
-use common::{golden_case, Case};
+use common::{capture_and_replay_decode_step, golden_case, Case};
 use mla_block::runner::{run_schedule_with_cache, RunOptions, Schedule};
 use mla_block::tp::RandomLayerSpec;
-use mla_block::{KvCacheDtype, MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepMode, StepSeq};
+use mla_block::{KvCacheDtype, StepMode};
 use serving::{serve, to_f64, Serving};
-use vt_core::{Buffer, DType, Device, DeviceType, Queue};
+use vt_core::{DType, Device, DeviceType, Queue};
 
 /// The fp8_ds_mla bound against transformers (docs/mla.md, "The fp8_ds_mla cache").
 const FP8_BOUND: f64 = 6e-2;
@@ -51,113 +51,21 @@ fn a_decode_step_on_an_fp8_cache_captures_into_a_cuda_graph_and_replays_bit_for_
         let case = Case::load(&dir);
         let store = case.store(&q);
         let block = case.block(&store, None);
-        let (s, t, h) = (case.s(), case.t(), case.hidden.shape[2]);
         let dt = case.dtype();
-        let hidden = case.hidden.to_f64();
-        let rows = |tok: i64| -> Buffer {
-            let mut v = Vec::with_capacity((s * h) as usize);
-            for seq in 0..s {
-                let at = ((seq * t + tok) * h) as usize;
-                v.extend_from_slice(&hidden[at..at + h as usize]);
-            }
-            Buffer::from_f64(&q, dt, &[s, h], &v).unwrap()
-        };
-        let bs = 16;
-        let blocks_per_seq = (t + bs - 1) / bs;
-        let mut cache =
-            PagedKvCache::new(&q, DType::Fp8DsMla, s * blocks_per_seq, bs, block.dims().cache_row_dim())
-                .unwrap();
-        let mut ws = MlaWorkspace::new(MlaLimits {
-            max_tokens: s * t,
-            max_seqs: s,
-            max_blocks_per_seq: blocks_per_seq,
-            chunk_workspace_tokens: s * t,
-        })
-        .unwrap();
-        let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
-        let pos = |seq: i64, from: i64, to: i64| {
-            &case.positions[(seq * t + from) as usize..(seq * t + to) as usize]
-        };
-        let mut meta = MlaBatchMetadata::default();
-
-        // Prefill all but the last 3 tokens of every sequence (the writer encodes fp8 rows).
-        let pre = t - 3;
-        for seq in 0..s {
-            let steps = [StepSeq { seq: ids[seq as usize], positions: pos(seq, 0, pre), decode: false }];
-            meta.plan(&mut cache, &steps, s * t).unwrap();
-            let at = (seq * t * h) as usize;
-            let x = Buffer::from_f64(&q, dt, &[pre, h], &hidden[at..at + (pre * h) as usize]).unwrap();
-            let y = Buffer::nan(&q, dt, &[pre, h]).unwrap();
-            block.forward(&q, &mut ws, &x.view(), &meta, &cache.view(), &y.view()).unwrap();
-        }
-        let decode_step = |tok: i64, cache: &mut PagedKvCache, meta: &mut MlaBatchMetadata| {
-            let steps: Vec<_> = (0..s)
-                .map(|seq| StepSeq {
-                    seq: ids[seq as usize],
-                    positions: pos(seq, tok, tok + 1),
-                    decode: true,
-                })
-                .collect();
-            meta.plan(cache, &steps, s * t).unwrap();
-        };
-        let out = Buffer::nan(&q, dt, &[s, h]).unwrap();
-
-        // Warm-up decode (token pre).
-        let x0 = rows(pre);
-        decode_step(pre, &mut cache, &mut meta);
-        block.prepare(&q, &mut ws, &meta).unwrap();
-        block.launch(&q, &ws, &x0.view(), &meta, &cache.view(), &out.view()).unwrap();
-        let allocations = ws.allocations();
-
-        // Token pre+1: direct, then captured and replayed (the replay writes token pre+1's
-        // fp8 rows again, the same bytes).
-        let x1 = rows(pre + 1);
-        decode_step(pre + 1, &mut cache, &mut meta);
-        block.prepare(&q, &mut ws, &meta).unwrap();
-        block.launch(&q, &ws, &x1.view(), &meta, &cache.view(), &out.view()).unwrap();
-        let direct1 = out.to_bytes(&q).unwrap();
-        let graph = vt_cuda::graph::capture(&q, || {
-            block.launch(&q, &ws, &x1.view(), &meta, &cache.view(), &out.view())
-        })
-        .unwrap_or_else(|e| panic!("{name}: the fp8-cache decode step is not capturable: {e}"));
-        out.fill_pattern(&q, dt.nan_bytes()).unwrap();
-        graph.launch().unwrap();
-        assert_eq!(out.to_bytes(&q).unwrap(), direct1, "{name}: graph replay differs from the direct run");
-
-        // Token pre+2: new metadata uploaded in place, only the graph runs; then directly.
-        let x2 = rows(pre + 2);
-        decode_step(pre + 2, &mut cache, &mut meta);
-        block.prepare(&q, &mut ws, &meta).unwrap();
-        x1.write_bytes(&q, &x2.to_bytes(&q).unwrap()).unwrap();
-        out.fill_pattern(&q, dt.nan_bytes()).unwrap();
-        graph.launch().unwrap();
-        let replayed2 = out.to_bytes(&q).unwrap();
-        block.launch(&q, &ws, &x2.view(), &meta, &cache.view(), &out.view()).unwrap();
-        assert_eq!(
-            replayed2,
-            out.to_bytes(&q).unwrap(),
-            "{name}: replay with new metadata differs from a direct run"
-        );
-        assert_eq!(ws.allocations(), allocations, "{name}: decode steps allocated after warm-up");
+        let step =
+            capture_and_replay_decode_step(&q, &case, &block, DType::Fp8DsMla, "fp8-cache decode step");
+        let pre = step.pre;
 
         // The replayed step against transformers (fp8 bound) and against the CPU running the
         // same schedule on an fp8 cache (prefill:T-3, then 3 decode steps).
-        let got = to_f64(dt, &replayed2);
+        let got = to_f64(dt, &step.replayed);
         assert!(got.iter().all(|v| v.is_finite()), "{name}: non-finite output");
-        let last = |all: &[f64]| -> Vec<f64> {
-            (0..s)
-                .flat_map(|seq| {
-                    let at = ((seq * t + pre + 2) * h) as usize;
-                    all[at..at + h as usize].to_vec()
-                })
-                .collect()
-        };
-        let vs_gold = common::rel_frobenius(&got, &last(&case.expected));
+        let vs_gold = common::rel_frobenius(&got, &step.step_rows(&case.expected));
         let cpu = common::cpu_queue();
         let cpu_store = case.store(&cpu);
         let cpu_block = case.block(&cpu_store, None);
         let sch: Schedule = format!("prefill:{pre},decode:3").parse().unwrap();
-        let opts = RunOptions { block_size: bs, chunk_workspace_tokens: None };
+        let opts = RunOptions { block_size: step.block_size, chunk_workspace_tokens: None };
         let cpu_out = run_schedule_with_cache(
             &cpu,
             &cpu_block,
@@ -171,7 +79,7 @@ fn a_decode_step_on_an_fp8_cache_captures_into_a_cuda_graph_and_replays_bit_for_
         .unwrap()
         .0
         .to_f64();
-        let vs_cpu = common::rel_frobenius(&got, &last(&cpu_out));
+        let vs_cpu = common::rel_frobenius(&got, &step.step_rows(&cpu_out));
         eprintln!(
             "{name}: graph-replayed decode step on an fp8_ds_mla cache: vs transformers {vs_gold:.3e}, vs the CPU \
              fp8 run {vs_cpu:.3e}"

@@ -4,10 +4,13 @@
 use std::path::{Path, PathBuf};
 
 use mla_block::runner::{run_schedule, run_steps, RunOptions, RunStats, Schedule, SeqPart};
-use mla_block::{HostTensor, HostWeights, MlaBlock, MlaConfig, MlaWeightStore, DEFAULT_LAYER_PREFIX};
+use mla_block::{
+    HostTensor, HostWeights, MlaBatchMetadata, MlaBlock, MlaConfig, MlaLimits, MlaWeightStore, MlaWorkspace,
+    PagedKvCache, StepSeq, DEFAULT_LAYER_PREFIX,
+};
 use rand::Rng;
 use safetensors::SafeTensors;
-use vt_core::{DType, Device, Queue};
+use vt_core::{Buffer, DType, Device, Queue};
 
 /// `tests/golden` of the workspace, found from this crate's manifest directory.
 pub fn golden_root() -> PathBuf {
@@ -280,4 +283,134 @@ pub fn mutate(rng: &mut impl Rng, seed: &[u8]) -> Vec<u8> {
         }
     }
     b
+}
+
+/// What [`capture_and_replay_decode_step`] leaves for its caller's accuracy checks.
+pub struct ReplayedDecodeStep {
+    /// Tokens of every sequence prefilled before the three decode steps (`T - 3`).
+    pub pre: i64,
+    /// The paged cache's block size.
+    pub block_size: i64,
+    /// The graph's output for token `pre + 2`, `[S, H]` bytes.
+    pub replayed: Vec<u8>,
+    /// The output buffer, holding the direct run of that step (equal to `replayed`).
+    pub out: Buffer,
+    s: i64,
+    t: i64,
+    h: i64,
+}
+
+impl ReplayedDecodeStep {
+    /// Token `pre + 2`'s rows of every sequence, `[S, H]`, out of a whole `[S, T, H]` output.
+    pub fn step_rows(&self, all: &[f64]) -> Vec<f64> {
+        let (s, t, h, pre) = (self.s, self.t, self.h, self.pre);
+        (0..s)
+            .flat_map(|seq| {
+                let at = ((seq * t + pre + 2) * h) as usize;
+                all[at..at + h as usize].to_vec()
+            })
+            .collect()
+    }
+}
+
+/// The golden decode step under a CUDA graph, shared by `cuda_graph.rs` (float cache) and
+/// `cuda_graph_fp8.rs` (fp8_ds_mla cache), which differ only in the cache's dtype and in what
+/// they check the replay against. Prefills `T - 3` tokens of every sequence, warms up on
+/// token `T - 3`, captures token `T - 2`'s `launch` (replay = direct run, bit for bit), then
+/// replays it for token `T - 1` after `prepare` uploads new metadata (= a direct run, bit for
+/// bit, and no workspace allocation after the warm-up). `what` names the step in the panic
+/// when it cannot be captured.
+pub fn capture_and_replay_decode_step(
+    q: &Queue,
+    case: &Case,
+    block: &MlaBlock<'_>,
+    cache_dtype: DType,
+    what: &str,
+) -> ReplayedDecodeStep {
+    let name = &case.name;
+    let (s, t, h) = (case.s(), case.t(), case.hidden.shape[2]);
+    let dt = case.dtype();
+    let hidden = case.hidden.to_f64();
+    // Rows of token `tok` of every sequence, [S, H].
+    let rows = |tok: i64| -> Buffer {
+        let mut v = Vec::with_capacity((s * h) as usize);
+        for seq in 0..s {
+            let at = ((seq * t + tok) * h) as usize;
+            v.extend_from_slice(&hidden[at..at + h as usize]);
+        }
+        Buffer::from_f64(q, dt, &[s, h], &v).unwrap()
+    };
+    let bs = 16;
+    let blocks_per_seq = (t + bs - 1) / bs;
+    let mut cache =
+        PagedKvCache::new(q, cache_dtype, s * blocks_per_seq, bs, block.dims().cache_row_dim()).unwrap();
+    let mut ws = MlaWorkspace::new(MlaLimits {
+        max_tokens: s * t,
+        max_seqs: s,
+        max_blocks_per_seq: blocks_per_seq,
+        chunk_workspace_tokens: s * t,
+    })
+    .unwrap();
+    let ids: Vec<_> = (0..s).map(|_| cache.add_sequence()).collect();
+    let pos =
+        |seq: i64, from: i64, to: i64| &case.positions[(seq * t + from) as usize..(seq * t + to) as usize];
+    let mut meta = MlaBatchMetadata::default();
+
+    // Prefill all but the last 3 tokens of every sequence, one sequence per step.
+    let pre = t - 3;
+    for seq in 0..s {
+        let steps = [StepSeq { seq: ids[seq as usize], positions: pos(seq, 0, pre), decode: false }];
+        meta.plan(&mut cache, &steps, s * t).unwrap();
+        let at = (seq * t * h) as usize;
+        let x = Buffer::from_f64(q, dt, &[pre, h], &hidden[at..at + (pre * h) as usize]).unwrap();
+        let y = Buffer::nan(q, dt, &[pre, h]).unwrap();
+        block.forward(q, &mut ws, &x.view(), &meta, &cache.view(), &y.view()).unwrap();
+    }
+    let decode_step = |tok: i64, cache: &mut PagedKvCache, meta: &mut MlaBatchMetadata| {
+        let steps: Vec<_> = (0..s)
+            .map(|seq| StepSeq { seq: ids[seq as usize], positions: pos(seq, tok, tok + 1), decode: true })
+            .collect();
+        meta.plan(cache, &steps, s * t).unwrap();
+    };
+    let out = Buffer::nan(q, dt, &[s, h]).unwrap();
+
+    // Warm-up decode (token pre): modules compiled, decode partials allocated.
+    let x0 = rows(pre);
+    decode_step(pre, &mut cache, &mut meta);
+    block.prepare(q, &mut ws, &meta).unwrap();
+    block.launch(q, &ws, &x0.view(), &meta, &cache.view(), &out.view()).unwrap();
+    let allocations = ws.allocations();
+
+    // Token pre+1: direct run, then the same step captured and replayed (the replay writes
+    // token pre+1's cache rows again, the same bytes).
+    let x1 = rows(pre + 1);
+    decode_step(pre + 1, &mut cache, &mut meta);
+    block.prepare(q, &mut ws, &meta).unwrap();
+    block.launch(q, &ws, &x1.view(), &meta, &cache.view(), &out.view()).unwrap();
+    let direct1 = out.to_bytes(q).unwrap();
+    let graph =
+        vt_cuda::graph::capture(q, || block.launch(q, &ws, &x1.view(), &meta, &cache.view(), &out.view()))
+            .unwrap_or_else(|e| panic!("{name}: the {what} is not capturable: {e}"));
+    out.fill_pattern(q, dt.nan_bytes()).unwrap();
+    graph.launch().unwrap();
+    assert_eq!(out.to_bytes(q).unwrap(), direct1, "{name}: graph replay differs from the direct run");
+
+    // Token pre+2: new metadata uploaded in place by `prepare`, then only the graph runs;
+    // then the same step directly.
+    let x2 = rows(pre + 2);
+    decode_step(pre + 2, &mut cache, &mut meta);
+    block.prepare(q, &mut ws, &meta).unwrap();
+    // The graph reads x1's buffer: feed it token pre+2's rows.
+    x1.write_bytes(q, &x2.to_bytes(q).unwrap()).unwrap();
+    out.fill_pattern(q, dt.nan_bytes()).unwrap();
+    graph.launch().unwrap();
+    let replayed = out.to_bytes(q).unwrap();
+    block.launch(q, &ws, &x2.view(), &meta, &cache.view(), &out.view()).unwrap();
+    assert_eq!(
+        replayed,
+        out.to_bytes(q).unwrap(),
+        "{name}: replay with new metadata differs from a direct run"
+    );
+    assert_eq!(ws.allocations(), allocations, "{name}: decode steps allocated after warm-up");
+    ReplayedDecodeStep { pre, block_size: bs, replayed, out, s, t, h }
 }
