@@ -3,7 +3,7 @@
 use rand::seq::SliceRandom;
 
 use super::{as_f64, block_table, cumulative, paged_cache};
-use crate::case::{Builder, Cases, Exec, Ty};
+use crate::case::{Builder, Cases, Exec, Ty, View};
 
 /// Writes `t` tokens' `[kv_c | k_pe]` rows into a paged cache of `nb` blocks of `bs`
 /// rows (layer `pool.1` of a pool of `pool.0` layers) at distinct random slots, `padding`
@@ -38,24 +38,39 @@ impl Concat {
             slots[i] = -1;
         }
         let cache = paged_cache(b, nb, bs, w, pool, true);
-        let mut mask = vec![false; b.len_of(cache.buf)];
-        for &s in slots.iter().filter(|&&s| s >= 0) {
-            cache.slice(0, s / bs, s / bs + 1).slice(1, s % bs, s % bs + 1).mark(&mut mask);
-        }
-        b.output_mask("cache", cache.buf, mask);
-        let slot_mapping = b.values("slot_mapping", Ty::I64, &[t], as_f64(&slots));
-        Box::new(move |q, bufs| {
-            vt_core::concat_and_cache_mla(
-                q,
-                &vt_core::ConcatAndCacheMlaArgs {
-                    kv_c: kv_c.tensor(bufs)?,
-                    k_pe: k_pe.tensor(bufs)?,
-                    cache: cache.tensor(bufs)?,
-                    slot_mapping: slot_mapping.tensor(bufs)?,
-                },
-            )
-        })
+        concat_exec(b, kv_c, k_pe, cache, bs, t, &slots)
     }
+}
+
+/// The output and the call of a ConcatAndCacheMla case, shared with the fp8_ds_mla cases
+/// (which differ only in their inputs and cache): the cache rows of `slots` (block `s / bs`,
+/// row `s % bs`; -1 is padding, nothing written) are the output; `t` tokens.
+pub(super) fn concat_exec(
+    b: &mut Builder,
+    kv_c: View,
+    k_pe: View,
+    cache: View,
+    bs: i64,
+    t: i64,
+    slots: &[i64],
+) -> Exec {
+    let mut mask = vec![false; b.len_of(cache.buf)];
+    for &s in slots.iter().filter(|&&s| s >= 0) {
+        cache.slice(0, s / bs, s / bs + 1).slice(1, s % bs, s % bs + 1).mark(&mut mask);
+    }
+    b.output_mask("cache", cache.buf, mask);
+    let slot_mapping = b.values("slot_mapping", Ty::I64, &[t], as_f64(slots));
+    Box::new(move |q, bufs| {
+        vt_core::concat_and_cache_mla(
+            q,
+            &vt_core::ConcatAndCacheMlaArgs {
+                kv_c: kv_c.tensor(bufs)?,
+                k_pe: k_pe.tensor(bufs)?,
+                cache: cache.tensor(bufs)?,
+                slot_mapping: slot_mapping.tensor(bufs)?,
+            },
+        )
+    })
 }
 
 pub(super) fn concat_and_cache_mla(c: &mut Cases) {
@@ -103,20 +118,32 @@ impl Gather {
         let ld = d + out_pad;
         let out = b.poison("out", Ty::Float, &[total + spare, ld]).sub(0, &[total + spare, d], &[ld, 1]);
         b.output("out", &out.slice(0, 0, total));
-        Box::new(move |q, bufs| {
-            let seq_starts = seq_starts.as_ref().map(|s| s.tensor(bufs)).transpose()?;
-            vt_core::gather_mla_cache(
-                q,
-                &vt_core::GatherMlaCacheArgs {
-                    out: out.tensor(bufs)?,
-                    cache: cache.tensor(bufs)?,
-                    block_table: block_table.tensor(bufs)?,
-                    cu_seq_lens: cu.tensor(bufs)?,
-                    seq_starts: (seq_starts.as_ref()).copied(),
-                },
-            )
-        })
+        gather_exec(out, cache, block_table, cu, seq_starts)
     }
+}
+
+/// The call of a GatherMlaCache case, shared with the fp8_ds_mla cases (which differ only
+/// in their cache and workspace).
+pub(super) fn gather_exec(
+    out: View,
+    cache: View,
+    block_table: View,
+    cu_seq_lens: View,
+    seq_starts: Option<View>,
+) -> Exec {
+    Box::new(move |q, bufs| {
+        let seq_starts = seq_starts.as_ref().map(|s| s.tensor(bufs)).transpose()?;
+        vt_core::gather_mla_cache(
+            q,
+            &vt_core::GatherMlaCacheArgs {
+                out: out.tensor(bufs)?,
+                cache: cache.tensor(bufs)?,
+                block_table: block_table.tensor(bufs)?,
+                cu_seq_lens: cu_seq_lens.tensor(bufs)?,
+                seq_starts: (seq_starts.as_ref()).copied(),
+            },
+        )
+    })
 }
 
 pub(super) fn gather_mla_cache(c: &mut Cases) {

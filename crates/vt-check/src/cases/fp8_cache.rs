@@ -11,6 +11,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use vt_core::fp8_ds_mla::{encode_row, GROUP, GROUPS, LATENT, ROPE, ROW_BYTES};
 
+use super::cache::{concat_exec, gather_exec};
 use super::{as_f64, block_table, cumulative};
 use crate::case::{Builder, Cases, Exec, Ty, View};
 
@@ -87,23 +88,7 @@ fn concat(b: &mut Builder, t: i64, bs: i64, nb: i64, padding: usize, pool: (i64,
         slots[i] = -1;
     }
     let cache = fp8_cache(b, nb, bs, pool, true);
-    let mut mask = vec![false; b.len_of(cache.buf)];
-    for &s in slots.iter().filter(|&&s| s >= 0) {
-        cache.slice(0, s / bs, s / bs + 1).slice(1, s % bs, s % bs + 1).mark(&mut mask);
-    }
-    b.output_mask("cache", cache.buf, mask);
-    let slot_mapping = b.values("slot_mapping", Ty::I64, &[t], as_f64(&slots));
-    Box::new(move |q, bufs| {
-        vt_core::concat_and_cache_mla(
-            q,
-            &vt_core::ConcatAndCacheMlaArgs {
-                kv_c: kv_c.tensor(bufs)?,
-                k_pe: k_pe.tensor(bufs)?,
-                cache: cache.tensor(bufs)?,
-                slot_mapping: slot_mapping.tensor(bufs)?,
-            },
-        )
-    })
+    concat_exec(b, kv_c, k_pe, cache, bs, t, &slots)
 }
 
 pub(super) fn concat_and_cache_mla(c: &mut Cases) {
@@ -135,19 +120,7 @@ fn gather(
     let total: i64 = lens.iter().sum();
     let out = b.poison("out", Ty::Float, &[total + spare, D]);
     b.output("out", &out.slice(0, 0, total));
-    Box::new(move |q, bufs| {
-        let seq_starts = seq_starts.as_ref().map(|s| s.tensor(bufs)).transpose()?;
-        vt_core::gather_mla_cache(
-            q,
-            &vt_core::GatherMlaCacheArgs {
-                out: out.tensor(bufs)?,
-                cache: cache.tensor(bufs)?,
-                block_table: block_table.tensor(bufs)?,
-                cu_seq_lens: cu.tensor(bufs)?,
-                seq_starts: (seq_starts.as_ref()).copied(),
-            },
-        )
-    })
+    gather_exec(out, cache, block_table, cu, seq_starts)
 }
 
 pub(super) fn gather_mla_cache(c: &mut Cases) {
