@@ -71,24 +71,10 @@ fn floats(rng: &mut ChaCha8Rng, dt: DType, n: i64) -> Vec<u8> {
 }
 
 /// Compares the whole output buffers: every element the op writes within `tol` (relative
-/// Frobenius), no NaN there, and every other element still NaN on the GPU.
+/// Frobenius, vt-check's NaN- and infinity-aware measure), no NaN there, and every other
+/// element still NaN on the GPU.
 fn check(what: &str, c: &Queue, g: &Queue, out: &Twin, written: &Tensor<'_>, tol: f64) {
-    let (want, got) = (out.cpu.to_f64(c).unwrap(), out.gpu.to_f64(g).unwrap());
-    let mut inside = vec![false; want.len()];
-    for_each_offset(written, |o| inside[o as usize] = true);
-    let (mut w, mut o) = (Vec::new(), Vec::new());
-    for i in 0..want.len() {
-        if inside[i] {
-            assert!(!got[i].is_nan(), "{what}: element {i} is NaN (unwritten?)");
-            w.push(want[i]);
-            o.push(got[i]);
-        } else {
-            assert!(got[i].is_nan(), "{what}: element {i} outside the output was written ({})", got[i]);
-        }
-    }
-    let err = vt_check::rel_fro_error(&o, &w);
-    println!("{what}: relative error {err:.3e} (tolerance {tol:.0e})");
-    assert!(err <= tol, "{what}: relative error {err:.3e} > {tol:.0e}");
+    common::check_written(what, c, g, out, written, tol, vt_check::rel_fro_error)
 }
 
 fn tol(dt: DType) -> f64 {

@@ -34,25 +34,10 @@ fn scale_bytes(r: &mut ChaCha8Rng, n: i64) -> Vec<u8> {
     (0..n).flat_map(|_| 2f32.powf(r.gen_range(-10.0..-4.0)).to_le_bytes()).collect()
 }
 
-/// Every element the op writes within `tol` (relative Frobenius) and not NaN; every other
-/// element of the buffer still NaN on the GPU.
+/// Every element the op writes within `tol` (relative Frobenius, `common::rel_err`) and not
+/// NaN; every other element of the buffer still NaN on the GPU.
 fn check(what: &str, c: &Queue, g: &Queue, out: &Twin, written: &Tensor<'_>, tol: f64) {
-    let (want, got) = (out.cpu.to_f64(c).unwrap(), out.gpu.to_f64(g).unwrap());
-    let mut inside = vec![false; want.len()];
-    for_each_offset(written, |o| inside[o as usize] = true);
-    let (mut w, mut o) = (Vec::new(), Vec::new());
-    for i in 0..want.len() {
-        if inside[i] {
-            assert!(!got[i].is_nan(), "{what}: element {i} is NaN (unwritten?)");
-            w.push(want[i]);
-            o.push(got[i]);
-        } else {
-            assert!(got[i].is_nan(), "{what}: element {i} outside the output was written ({})", got[i]);
-        }
-    }
-    let err = common::rel_err(&o, &w);
-    println!("{what}: relative error {err:.3e} (tolerance {tol:.0e})");
-    assert!(err <= tol, "{what}: relative error {err:.3e} > {tol:.0e}");
+    common::check_written(what, c, g, out, written, tol, common::rel_err)
 }
 
 /// The kernel Auto must pick: the skinny one up to the measured M limit (unless

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use vt_core::{Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
+use vt_core::{for_each_offset, Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
 
 /// This run's seed: VT_SEED (to replay a failure) or the clock (fresh inputs every run),
 /// drawn once per test binary and printed at every call (so each test's output holds it).
@@ -89,6 +89,37 @@ impl Twin {
             self.gpu.view().as_strided(offset, shape, strides).unwrap(),
         )
     }
+}
+
+/// Compares a [`Twin`] output's whole buffers, shared by the GEMM tests (fp8_matmul.rs,
+/// skinny_gemm.rs): every element of `written` not NaN on the GPU and, together, within `tol`
+/// of the CPU's by `err` (each file keeps its own relative Frobenius measure: they differ on a
+/// zero or infinite reference); every other element still NaN on the GPU.
+pub fn check_written(
+    what: &str,
+    c: &Queue,
+    g: &Queue,
+    out: &Twin,
+    written: &Tensor<'_>,
+    tol: f64,
+    err: fn(&[f64], &[f64]) -> f64,
+) {
+    let (want, got) = (out.cpu.to_f64(c).unwrap(), out.gpu.to_f64(g).unwrap());
+    let mut inside = vec![false; want.len()];
+    for_each_offset(written, |o| inside[o as usize] = true);
+    let (mut w, mut o) = (Vec::new(), Vec::new());
+    for i in 0..want.len() {
+        if inside[i] {
+            assert!(!got[i].is_nan(), "{what}: element {i} is NaN (unwritten?)");
+            w.push(want[i]);
+            o.push(got[i]);
+        } else {
+            assert!(got[i].is_nan(), "{what}: element {i} outside the output was written ({})", got[i]);
+        }
+    }
+    let err = err(&o, &w);
+    println!("{what}: relative error {err:.3e} (tolerance {tol:.0e})");
+    assert!(err <= tol, "{what}: relative error {err:.3e} > {tol:.0e}");
 }
 
 /// How far a token's lse over an fp8_ds_mla cache may sit from the CPU's by rounding alone,
