@@ -25,7 +25,15 @@ pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Launch>> {
     if a.cache.dtype() == DType::Fp8DsMla {
         return Ok(vec![fp8_plan(a, t, nb, bs)]);
     }
-    let args: [Arg; 14] = [
+    let mut args = row_args(a, t);
+    args.extend([int(OP, "kv_c", l)?.into(), int(OP, "k_pe", r)?.into(), nb.into(), bs.into()]);
+    Ok(vec![Launch::new(&SRC, "concat_and_cache_mla", a.cache.dtype(), (grid_1d(t), 1, 1), 128, args)])
+}
+
+/// The leading parameters that both kernels take (`kv_c, kvc_s, k_pe, kpe_s, cache, c_sb,
+/// c_sr, slots, slot_s, tokens`); the float one adds `l, r, nb, bs`, the fp8 one `nb, bs`.
+fn row_args(a: &ConcatAndCacheMlaArgs<'_>, t: i64) -> Vec<Arg> {
+    vec![
         a.kv_c.data_addr().into(),
         a.kv_c.stride(0).into(),
         a.k_pe.data_addr().into(),
@@ -36,32 +44,15 @@ pub(crate) fn plan(a: &ConcatAndCacheMlaArgs<'_>) -> Result<Vec<Launch>> {
         a.slot_mapping.data_addr().into(),
         a.slot_mapping.stride(0).into(),
         t.into(),
-        int(OP, "kv_c", l)?.into(),
-        int(OP, "k_pe", r)?.into(),
-        nb.into(),
-        bs.into(),
-    ];
-    Ok(vec![Launch::new(&SRC, "concat_and_cache_mla", a.cache.dtype(), (grid_1d(t), 1, 1), 128, args)])
+    ]
 }
 
 /// An fp8_ds_mla cache: `concat_and_cache_mla_fp8_{kv dtype}`, one block of 128 threads
 /// (a warp per 128-value scale group) per token; validation fixed L = 512, R = 64. Cache
 /// strides are in bytes (one-byte elements).
 fn fp8_plan(a: &ConcatAndCacheMlaArgs<'_>, t: i64, nb: i64, bs: i64) -> Launch {
-    let args: [Arg; 12] = [
-        a.kv_c.data_addr().into(),
-        a.kv_c.stride(0).into(),
-        a.k_pe.data_addr().into(),
-        a.k_pe.stride(0).into(),
-        a.cache.data_addr().into(),
-        a.cache.stride(0).into(),
-        a.cache.stride(1).into(),
-        a.slot_mapping.data_addr().into(),
-        a.slot_mapping.stride(0).into(),
-        t.into(),
-        nb.into(),
-        bs.into(),
-    ];
+    let mut args = row_args(a, t);
+    args.extend([nb.into(), bs.into()]);
     Launch::new(&SRC, "concat_and_cache_mla_fp8", a.kv_c.dtype(), (grid_1d(t), 1, 1), 128, args)
 }
 
