@@ -181,6 +181,24 @@ impl Problem {
         self.out.dtype
     }
 
+    /// The run of kernel parameters that `fp8_gemv_t*` and `fp8_gemm_mma` share (`b, b_b,
+    /// b_n, bs, bs_b, bs_n, bs_k, m, n, k`): the K-contiguous weight, its scales in
+    /// `[batch, N, K]` order, and M, N, K as i32 (an error past i32).
+    fn weight_args(&self) -> Result<[Arg; 10]> {
+        Ok([
+            self.b.addr.into(),
+            self.b.s[0].into(),
+            self.b.s[2].into(),
+            self.b_scale.addr.into(),
+            self.b_scale.s[0].into(),
+            self.b_scale.s[2].into(),
+            self.b_scale.s[1].into(),
+            int(self.op, "a", self.m)?.into(),
+            int(self.op, "b", self.n)?.into(),
+            int(self.op, "a", self.k)?.into(),
+        ])
+    }
+
     /// Rows along K are unit-stride and start 16-byte aligned in every batch entry and
     /// every row of both operands; sizes fit the kernels' i32 and grid limits.
     fn vector_ok(&self) -> bool {
@@ -525,7 +543,7 @@ fn plan_problem(
                 _ => "fp8_gemv_t4",
             };
             let part_arg = if splits > 1 { part } else { 0 };
-            let args: Vec<Arg> = vec![
+            let mut args: Vec<Arg> = vec![
                 p.out.addr.into(),
                 p.out.s[0].into(),
                 p.out.s[1].into(),
@@ -533,22 +551,15 @@ fn plan_problem(
                 p.a.addr.into(),
                 p.a.s[0].into(),
                 p.a.s[1].into(),
-                p.b.addr.into(),
-                p.b.s[0].into(),
-                p.b.s[2].into(),
-                p.b_scale.addr.into(),
-                p.b_scale.s[0].into(),
-                p.b_scale.s[2].into(),
-                p.b_scale.s[1].into(),
-                int(p.op, "a", p.m)?.into(),
-                int(p.op, "b", p.n)?.into(),
-                int(p.op, "a", p.k)?.into(),
+            ];
+            args.extend(p.weight_args()?);
+            args.extend([
                 (wk as i32).into(),
                 part_arg.into(),
                 gmn.into(),
                 (splits as i32).into(),
                 (gps as i32).into(),
-            ];
+            ]);
             launches.push(Launch::new(&SRC, base, dt, grid, 32 * GEMV_WARPS, args));
             if splits > 1 {
                 part_elems = splits * gmn;
@@ -565,7 +576,7 @@ fn plan_problem(
             if grid.1 > 65535 {
                 return Err(Error::invalid(p.op, "a", format!("M {} exceeds the Mma kernel's grid", p.m)));
             }
-            let args: Vec<Arg> = vec![
+            let mut args: Vec<Arg> = vec![
                 p.out.addr.into(),
                 p.out.s[0].into(),
                 p.out.s[1].into(),
@@ -577,17 +588,8 @@ fn plan_problem(
                 a_scale.s[0].into(),
                 a_scale.s[1].into(),
                 a_scale.s[2].into(),
-                p.b.addr.into(),
-                p.b.s[0].into(),
-                p.b.s[2].into(),
-                p.b_scale.addr.into(),
-                p.b_scale.s[0].into(),
-                p.b_scale.s[2].into(),
-                p.b_scale.s[1].into(),
-                int(p.op, "a", p.m)?.into(),
-                int(p.op, "b", p.n)?.into(),
-                int(p.op, "a", p.k)?.into(),
             ];
+            args.extend(p.weight_args()?);
             launches.push(Launch::new(&SRC, "fp8_gemm_mma", dt, grid, MMA_THREADS, args).with_smem(MMA_SMEM));
         }
         Kernel::Wgmma => {
