@@ -339,6 +339,39 @@ fn rope_from_cache_without_k_rotates_only_q() {
 
 // ---------------------------------------------------------------- FusedNormRope
 
+/// FusedNormRope with neither the query nor the cache write: `kv`'s rows split into the
+/// RMS-normed `latent` and the rotated `rope`. One place for the call, so the reference test
+/// and the bit-identity test below check the very same call.
+#[allow(clippy::too_many_arguments)]
+fn norm_rope_only(
+    q: &Queue,
+    latent: &Pool,
+    rope: &Pool,
+    kv: &Pool,
+    w: &Pool,
+    positions: &Buffer,
+    cache: &Buffer,
+    eps: f32,
+    neox: bool,
+) {
+    fused_norm_rope(
+        q,
+        &FusedNormRopeArgs {
+            latent_out: latent.view(),
+            rope_out: rope.view(),
+            kv: kv.view(),
+            weight: w.view(),
+            positions: positions.view(),
+            cos_sin_cache: cache.view(),
+            eps,
+            is_neox: neox,
+            query: None,
+            cache_write: None,
+        },
+    )
+    .unwrap();
+}
+
 #[test]
 fn fused_norm_rope_matches_reference() {
     let q = queue();
@@ -354,22 +387,7 @@ fn fused_norm_rope_matches_reference() {
             let rope = Pool::output(&q, dt, &[t, r], Layout::Padded);
             let pos: Vec<i64> = (0..t).map(|_| rng.gen_range(0..max_pos as i64)).collect();
             let positions = i64_buf(&q, &pos);
-            fused_norm_rope(
-                &q,
-                &FusedNormRopeArgs {
-                    latent_out: latent.view(),
-                    rope_out: rope.view(),
-                    kv: kv.view(),
-                    weight: w.view(),
-                    positions: positions.view(),
-                    cos_sin_cache: cache.view(),
-                    eps,
-                    is_neox: neox,
-                    query: None,
-                    cache_write: None,
-                },
-            )
-            .unwrap();
+            norm_rope_only(&q, &latent, &rope, &kv, &w, &positions, &cache, eps, neox);
 
             let kvv = kv.values(&q);
             let (lat_in, rope_in): (Vec<f64>, Vec<f64>) = {
@@ -416,22 +434,7 @@ fn fused_norm_rope_is_bit_identical_to_rms_norm_then_rope_from_cache() {
 
             let latent = Pool::output(&q, dt, &[t, l], Layout::Contiguous);
             let rope = Pool::output(&q, dt, &[t, r], Layout::Contiguous);
-            fused_norm_rope(
-                &q,
-                &FusedNormRopeArgs {
-                    latent_out: latent.view(),
-                    rope_out: rope.view(),
-                    kv: kv.view(),
-                    weight: w.view(),
-                    positions: positions.view(),
-                    cos_sin_cache: cache.view(),
-                    eps,
-                    is_neox: neox,
-                    query: None,
-                    cache_write: None,
-                },
-            )
-            .unwrap();
+            norm_rope_only(&q, &latent, &rope, &kv, &w, &positions, &cache, eps, neox);
 
             // Split path: RmsNorm on the latent slice, RopeFromCache on a copy of the rope slice.
             let kv_view = kv.view();
