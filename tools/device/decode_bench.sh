@@ -13,21 +13,7 @@
 # Usage (in the repository root): bash tools/device/decode_bench.sh [BENCH ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-out}
-XTASK=${XTASK:-.dev/xtask}
-FLASHMLA_BUILD_SCRIPT=${FLASHMLA_BUILD_SCRIPT:-tools/peers/build_flashmla.sh}
-FLASHMLA_DIR=${FLASHMLA_DIR:-.peer/flashmla}
-mkdir -p "$OUT"
-if [ ! -x "$XTASK" ]; then
-  echo "no $XTASK: build it with 'cargo build --release -p xtask', copy it there and carry it" >&2
-  exit 1
-fi
-if [ ! -f "$FLASHMLA_DIR/setup.py" ]; then
-  echo "no FlashMLA source at $FLASHMLA_DIR: write it with prepare_flashmla.sh and carry it" >&2
-  exit 1
-fi
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt" || true
-bash "$FLASHMLA_BUILD_SCRIPT" "$FLASHMLA_DIR" 2>&1 | tee "$OUT/flashmla_build.log"
+source tools/device/peer_setup.sh  # OUT, XTASK and FLASHMLA_DIR checked, gpu.txt, FlashMLA built
 # The peer first (its GPU memory is released when it exits).
 PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
   python3 tools/peers/flashmla_decode.py --json "$OUT/flashmla.json" 2>&1 | tee "$OUT/peer.log"
