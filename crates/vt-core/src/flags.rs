@@ -1,4 +1,6 @@
-//! The one place where `VT_*` environment flags are read.
+//! The one place where the `VT_*` on/off flags are read (the paths and lab variables,
+//! `VT_CACHE_DIR`, `VT_CUDA_INCLUDE`, `VT_CUDA_KERNELS_DIR`, `VT_LAB_PREFILL_ORDER`, are read
+//! where they are used: docs/architecture.md lists them).
 //!
 //! | flag | default | effect |
 //! |---|---|---|

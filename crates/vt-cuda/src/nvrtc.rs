@@ -8,7 +8,7 @@
 //! - Headers of this crate (`common.cuh`, ...) are handed to NVRTC in memory, so a kernel
 //!   file compiles the same here, in `cargo xtask kernels` and on a GPU machine.
 //! - The cache key is a SHA-256 of the source, every in-memory header, the options and the
-//!   NVRTC version, plus the target; files live in `$VT_CACHE_DIR`, else
+//!   NVRTC version, plus the target; files live in `$VT_CACHE_DIR/cuda`, else
 //!   `$XDG_CACHE_HOME/vt/cuda`, else `~/.cache/vt/cuda`. A second start compiles nothing.
 //!   A cache that cannot be written is logged and skipped.
 //! - A failed compile is an error that carries NVRTC's log.

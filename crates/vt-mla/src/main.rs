@@ -3,8 +3,9 @@
 //! ```text
 //! vt-mla run --config C.json --weights W.safetensors|INDEX.json|DIR --input IN.safetensors --output OUT.safetensors
 //!            [--layer N | --layer-prefix P] [--backend auto|cpu|cuda|hip] [--schedule prefill:N,decode:N,...]
-//!            [--block-size 64] [--tp N] [--dcp M] [--transport auto|host|nccl]
-//! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|small] ... (decode-step time per TP)
+//!            [--block-size 64] [--kv-cache-dtype auto|bf16|fp8_ds_mla] [--weights-dtype auto|fp8|dequantize]
+//!            [--tp N] [--dcp M] [--transport auto|host|nccl]
+//! vt-mla bench [--backend ...] [--tp 1,2] [--layer v3|v32|small|small-v32] ... (decode-step time per TP)
 //! vt-mla bench-prefill [--tokens 1024,4096,8192] [--context C] [--peer FILE] ... (prefill forward, per op)
 //! vt-mla info
 //! ```

@@ -65,8 +65,15 @@ const TILE_MAJOR_KV_BYTES: i64 = 40 << 20;
 /// grid) for causal attention over small K/V, else 0 (query tiles of one head together).
 /// `VT_LAB_PREFILL_ORDER=0|1` forces one (measurements in docs/perf.md).
 fn grid_order(a: &PrefillAttentionArgs<'_>) -> i32 {
-    if let Some(v) = std::env::var("VT_LAB_PREFILL_ORDER").ok().and_then(|v| v.trim().parse::<i32>().ok()) {
-        return v.clamp(0, 1);
+    match std::env::var("VT_LAB_PREFILL_ORDER").ok().as_deref().map(str::trim) {
+        Some("0") => return 0,
+        Some("1") => return 1,
+        Some(v) => {
+            // Read per call (a lab switch); said once.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| tracing::warn!("VT_LAB_PREFILL_ORDER={v:?} ignored: it takes 0 or 1"));
+        }
+        None => {}
     }
     let kv =
         a.k.dim(0)
