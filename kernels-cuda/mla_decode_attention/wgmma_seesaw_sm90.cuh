@@ -277,7 +277,9 @@ __device__ __forceinline__ void ss_rescale_p_a(const float (&s)[32], uint32_t (&
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const float mb = s_m[MT + r_lo + 8 * hi];
-        a1[hi] = ex2(bs[hi] - ss_base(mb));
+        // From m_A itself, not its base: with no valid column yet (m_A = -inf, base 0) a1 must
+        // be 0, and exp2(0 - m_B) overflows to inf (0 x inf = NaN) once m_B <= -128.
+        a1[hi] = ex2(m_run[hi] - ss_base(mb));
         m_run[hi] = mb;
     }
 #pragma unroll

@@ -56,6 +56,12 @@ struct Case {
     empty_row: bool,
     /// A few entries are slots >= NB * BS.
     past_cache: bool,
+    /// Every listed row's first 64 entries are -1 (its first tile has no valid key).
+    lead_invalid: bool,
+    /// q in [0.5, 1) and 16-bit cache values in [-1, -0.5): every logit scale x q.k is far
+    /// below zero (about -130 natural units at scale 0.3), under where exp2 of its negation
+    /// overflows.
+    negative_logits: bool,
     scale: f32,
     seed: u64,
 }
@@ -77,6 +83,8 @@ impl Case {
             q_offset: 0,
             empty_row: true,
             past_cache: true,
+            lead_invalid: false,
+            negative_logits: false,
             scale: 0.1,
             seed: 7,
         }
@@ -161,6 +169,9 @@ fn inputs(c: &Case) -> Inputs {
                 row[i] = slots + rng.gen_range(0..3 * slots.max(1));
             }
         }
+        if c.lead_invalid {
+            row.iter_mut().take(64).for_each(|s| *s = -1);
+        }
         for &s in &row {
             indices.push(s as f64);
             ref_indices.push(if s >= slots { -1.0 } else { s as f64 });
@@ -195,14 +206,16 @@ fn inputs(c: &Case) -> Inputs {
         for &s in &listed {
             let base = (phys_row(c, s) * rw) as usize;
             for v in &mut vals[base..base + w as usize] {
-                *v = rng.gen_range(-1.0..1.0);
+                *v = if c.negative_logits { rng.gen_range(-1.0..-0.5) } else { rng.gen_range(-1.0..1.0) };
             }
         }
         encode_f64(c.dtype, &vals)
     };
     let (qp, _) = c.pads();
     let qn = (c.t * c.n * (c.d + qp) + c.q_offset) as usize;
-    let q = (0..qn).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let q = (0..qn)
+        .map(|_| if c.negative_logits { rng.gen_range(0.5..1.0) } else { rng.gen_range(-1.0..1.0) })
+        .collect();
     Inputs { q, cache, indices, ref_indices }
 }
 
@@ -445,7 +458,9 @@ fn check_under(g: &Queue, c: &Case, choices: Vec<Option<SparseOptions>>) -> Vec<
 /// This op's prefill kernel on its own (the sanitizers run over this test): 64 and 128 heads,
 /// topk 1, 64, 100 (a partial last tile), 2048 (32 tiles: 16 pairs), 2047, 3 and 4 tiles (pairs
 /// with and without the odd tile), bf16 and f16, strided q / out / cache rows and a pool
-/// layer; rows with -1 entries, repeated slots, slots past the cache and an empty row.
+/// layer; rows with -1 entries, repeated slots, slots past the cache and an empty row; rows
+/// whose first tile has no valid key before tiles of very negative logits (the softmax's
+/// rescale of an empty tile A must be 0, not exp2(-m_B) = inf).
 #[test]
 fn sparse_prefill_kernel_matches_reference() {
     let Some(g) = gpu() else { return };
@@ -471,6 +486,11 @@ fn sparse_prefill_kernel_matches_reference() {
     c.layout = Layout::PoolLayer;
     c.strided = true;
     ran.extend(check_under(&g, &c, prefill.clone()));
+    for topk in [128, 192, 300] {
+        let mut c = Case::mla(4, 64, topk, (12, 64));
+        (c.lead_invalid, c.negative_logits, c.scale) = (true, true, 0.3);
+        ran.extend(check_under(&g, &c, prefill.clone()));
+    }
     assert!(ran.iter().all(|r| r.contains("sparse_prefill")), "{ran:?}");
 }
 
