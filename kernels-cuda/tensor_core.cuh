@@ -187,6 +187,20 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
     } while (!done);
 }
 
+// mbar_wait with acquire at cluster scope (the form PTX's st.async examples wait with; it
+// compiles to an L1 invalidation per wait): a lab switch of the CTA-pair kernel.
+__device__ __forceinline__ void mbar_wait_acquire_cluster(uint32_t bar, int parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, "
+            "p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
 // One box of `map` at coordinates (c0, c1, c2) into shared memory at dst; its bytes
 // complete on the mbarrier `bar`. Coordinates outside the map read zeros.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar) {

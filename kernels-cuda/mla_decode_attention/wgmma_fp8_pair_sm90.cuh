@@ -42,6 +42,13 @@
 
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
 
+// Lab switch (tools/device/labs.sh overlays): 1 makes the k_remote wait acquire at cluster
+// scope, for a first run whose peer rows read stale (see above; the default is the CTA scope
+// CUTLASS's multicast pipelines wait with).
+#ifndef MLA_PAIR_ACQUIRE_CLUSTER
+#define MLA_PAIR_ACQUIRE_CLUSTER 0
+#endif
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mla {
 
@@ -69,7 +76,11 @@ struct PairStages {
     bool lead;  // lane 0 of its warp
     __device__ __forceinline__ void full(int st) {
         bar_sync(BAR_K_FULL + st, 256);
+#if MLA_PAIR_ACQUIRE_CLUSTER
+        mbar_wait_acquire_cluster(k_remote + 8 * st, (phases >> st) & 1);
+#else
         mbar_wait(k_remote + 8 * st, (phases >> st) & 1);
+#endif
         phases ^= 1u << st;
         fence_proxy_async();  // the peer's st.async bytes, read by wgmma (async proxy)
     }
