@@ -242,7 +242,12 @@ fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
         let probe =
             Launch::new(&SRC, pair.base, DType::BF16, (1, wgmma_sm90::PAIR_CTAS, 1), pair.threads, vec![])
                 .with_smem(pair.smem);
-        cq.max_active_clusters(OP, &probe).unwrap_or(0)
+        // A failed query only takes the pair kernel off this device: said once (device_info
+        // runs once per device), and the forced kernel's refusal shows 0 resident.
+        cq.max_active_clusters(OP, &probe).unwrap_or_else(|e| {
+            tracing::warn!("{OP}: the CTA-pair kernel's occupancy query failed, the kernel is off: {e}");
+            0
+        })
     } else {
         0
     };
