@@ -12,7 +12,7 @@
 # PART=bench (only after tests passed): `xtask bench sparse` (decode and prefill rows) with both
 #   forced beside the op's kernels, and `xtask bench decode --only kv8,h128` with the pair beside
 #   the default (block size 64: the raw-ring kernel), FlashMLA built and timed in the same call.
-# PART=all: both (~8-9 minutes; over one call's 600 s on a slow start).
+# PART=first: see below (tests, bench and memcheck in one call). PART=all: both (~8-9 minutes; over one call's 600 s on a slow start).
 # Needs, carried: $BIN (default .dev/bin: xtask, mla_decode_fp8, sparse_mla from
 # tools/device/stage.sh), .dev/kcache.tar.xz (optional) and, for bench, .peer/flashmla.tar.xz.
 # Usage (in the repository root, on the GPU machine): PART=quick bash tools/device/new_kernels_first_run.sh
@@ -50,6 +50,38 @@ fi
 if want quick checks tests all; then
   echo "new kernels ($PART): tests $([ $ok = 0 ] && echo passed || echo FAILED)" | tee -a "$S"
   [ "$PART" = all ] && [ "$ok" != 0 ] && exit 1
+fi
+
+# PART=first: all one call can hold when the device budget allows a single call (under
+# DEADLINE seconds, default 570): FlashMLA builds in the background while each kernel's own
+# test runs; then, if both passed, the sparse bench with both kernels forced beside the op's
+# and FlashMLA, then memcheck over each kernel's test in the time left.
+if want first; then
+  DEADLINE=${DEADLINE:-570}
+  left() { local l=$((DEADLINE - SECONDS)); [ "$l" -gt "$1" ] && l=$1; echo "$l"; }
+  bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
+  build=$!
+  step pair_test "$(left 120)" "$BIN/mla_decode_fp8" --exact "$PAIR" --nocapture --test-threads 1 || ok=1
+  grep -E "wgmma_fp8x2" "$OUT/pair_test.log" | head -4 | tee -a "$S"
+  step prefill_test "$(left 120)" "$BIN/sparse_mla" --exact "$PREFILL" --nocapture --test-threads 1 || ok=1
+  grep -E "sparse_prefill" "$OUT/prefill_test.log" | head -4 | tee -a "$S"
+  echo "new kernels (first): tests $([ $ok = 0 ] && echo passed || echo FAILED)" | tee -a "$S"
+  wait "$build"
+  tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+  if [ "$ok" = 0 ]; then
+    PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+      step sparse_peer "$(left 120)" python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"
+    peer=()  # without the peer's JSON (its build or run failed) the bench still runs, unpaired
+    [ -f "$OUT/flashmla_sparse.json" ] && peer=(--peer "$OUT/flashmla_sparse.json")
+    step sparse_new "$(left 200)" "$BIN/xtask" bench sparse --iters 5 --alt wgmma_fp8x2,sparse_prefill "${peer[@]}"
+    grep -E "^(decode|prefill)|forced|^\|" "$OUT/sparse_new.log" | cut -c1-260 | tee -a "$S"
+  fi
+  for k in pair prefill; do
+    t=$(left 160)
+    [ "$t" -lt 40 ] && { echo "no time left for ${k}_memcheck" | tee -a "$S"; continue; }
+    if [ $k = pair ]; then san pair_memcheck "$t" memcheck mla_decode_fp8 "$PAIR"; else
+      san prefill_memcheck "$t" memcheck sparse_mla "$PREFILL"; fi
+  done
 fi
 
 if [ "$PART" = bench ] || [ "$PART" = all ]; then
