@@ -17,7 +17,7 @@
 # tools/device/stage.sh), .dev/kcache.tar.xz (optional) and, for bench, .peer/flashmla.tar.xz.
 # Usage (in the repository root, on the GPU machine): PART=quick bash tools/device/new_kernels_first_run.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 PART=${PART:-quick}
