@@ -63,8 +63,8 @@ pub enum Kernel {
     /// the token's whole topk, no split, FlashMLA's seesaw consumers and a warpgroup gathering
     /// the rows by cp.async. It needs sm_90, a bf16 or f16 query and cache, D 576, Dv 512, N a
     /// multiple of 64, the cache's slots one stride apart and 16-byte rows (an error elsewhere).
-    /// Auto takes it with `VT_SPARSE_PREFILL` on where it would take the three-warpgroup
-    /// gather form.
+    /// Auto takes it with `VT_SPARSE_PREFILL` on (the default) where it would take the
+    /// three-warpgroup gather form.
     Prefill,
 }
 
