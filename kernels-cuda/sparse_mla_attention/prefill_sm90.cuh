@@ -293,7 +293,9 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
                 ga.request(2 * k + 3, sb);
             }
         }
-        cp_async_wait<0>();  // nothing in flight at exit (every copy was also waited for by a consumer)
+        // Waits for the committed groups (Q's) only; the gathers are uncommitted (noinc mbarrier
+        // arrivals) and complete before the consumers' waits on them end.
+        cp_async_wait<0>();
         return;
     }
 
