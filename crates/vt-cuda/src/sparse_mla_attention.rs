@@ -135,17 +135,21 @@ pub fn sparse_mla_attention_with(
         return Ok(Plan { kernel: "none", decode: None });
     }
     let stride = slot_stride(&a.cache);
-    // Forced, the prefill kernel's refusal is the caller's error; under Auto (opt-in by
-    // VT_SPARSE_PREFILL, where the decode kernels would take Wgmma3) it only moves the call on.
+    // Forced, the prefill kernel's refusal is the caller's error; under Auto (VT_SPARSE_PREFILL,
+    // on by default, where the decode kernels would take Wgmma3) it only moves the call on.
     let prefill = match opts.kernel {
-        Kernel::Prefill => Some(prefill_ok(a, prefill_device(cq))),
-        Kernel::Auto if vt_core::flags::sparse_prefill() && auto_kernel(a) == decode::Kernel::Wgmma3 => {
-            prefill_ok(a, prefill_device(cq)).ok().map(Ok)
+        Kernel::Prefill => {
+            prefill_ok(a, prefill_device(cq))?;
+            true
         }
-        _ => None,
+        Kernel::Auto => {
+            vt_core::flags::sparse_prefill()
+                && auto_kernel(a) == decode::Kernel::Wgmma3
+                && prefill_ok(a, prefill_device(cq)).is_ok()
+        }
+        _ => false,
     };
-    if let Some(ok) = prefill {
-        ok?;
+    if prefill {
         cq.run(OP, &prefill_plan(a)?)?;
         return Ok(Plan { kernel: "sparse_prefill", decode: None });
     }
