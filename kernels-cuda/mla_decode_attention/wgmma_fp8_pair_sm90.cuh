@@ -76,11 +76,7 @@ struct PairStages {
     bool lead;  // lane 0 of its warp
     __device__ __forceinline__ void full(int st) {
         bar_sync(BAR_K_FULL + st, 256);
-#if MLA_PAIR_ACQUIRE_CLUSTER
-        mbar_wait_acquire_cluster(k_remote + 8 * st, (phases >> st) & 1);
-#else
-        mbar_wait(k_remote + 8 * st, (phases >> st) & 1);
-#endif
+        mbar_wait<MLA_PAIR_ACQUIRE_CLUSTER != 0>(k_remote + 8 * st, (phases >> st) & 1);
         phases ^= 1u << st;
         fence_proxy_async();  // the peer's st.async bytes, read by wgmma (async proxy)
     }
