@@ -39,10 +39,21 @@ trap kcache_report EXIT
 # as rc 124 and the later steps still run), appends its exit status and the lines that matter
 # (test results, failures, sanitizer summaries, the decode kernels' errors) to
 # $OUT/summary.txt, and returns the exit status.
+# With DEADLINE set (seconds since the script started), a step's cap shrinks to the time left
+# and a step with under 10 s left is skipped (said in the summary), so the call ends itself and
+# its EXIT trap still packs the logs before the device's own limit kills it.
 step() {
   local name=$1 cap=$2
   shift 2
   local t0=$SECONDS
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt 10 ]; then
+      echo "== $name: skipped (DEADLINE $DEADLINE s reached)" | tee -a "$OUT/summary.txt"
+      return 124
+    fi
+    [ "$left" -lt "$cap" ] && cap=$left
+  fi
   timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc $rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"

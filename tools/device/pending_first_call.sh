@@ -9,8 +9,13 @@
 #  2. the decode table against FlashMLA (issues 13, 16);
 #  3. the V3 decode step, bf16 and DeepSeek's fp8 weights, against torch + FlashMLA (issue 18).
 #  4. synccheck and memcheck over the two widest combine tests.
+# Between 1 and 2 the block's CUDA tests where staged; after 2 the CTA-pair fp8 kernel forced
+# beside the dense fp8 cache's default at 128 heads.
 # Needs, carried: $BIN (default .dev/bin: tools/device/stage.sh), its kernel cache
 # (.dev/kcache.tar.xz) and .peer/flashmla.tar.xz (or the tree at .peer/flashmla).
+# Optional: $BIN2 (default .dev/bin2) with the block's CUDA test binaries, MANIFEST (the staging
+# checkout's crates/mla-block, e.g. /work/main/crates/mla-block, linked here when absent so the
+# golden tests find their files), DEADLINE (seconds: steps are cut to fit, lib.sh).
 # Usage (in the repository root, on the GPU machine): bash tools/device/pending_first_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +40,21 @@ for t in skinny_gemm fp8_matmul; do
 done
 step parity 240 "$BIN/xtask" parity --backend cuda
 grep -E "cells:" "$OUT/parity.log" | tee -a "$S"
+# The block's CUDA tests where their binaries are carried ($BIN2, default .dev/bin2: `cargo test
+# --release -p mla-block --test NAME --no-run`, copied there by name). They find the goldens by
+# the path compiled in (the development checkout's crates/mla-block/../../tests/golden): where
+# that checkout's path does not exist here, it is made a link to this tree's crate.
+BIN2=${BIN2:-.dev/bin2}
+if [ -d "$BIN2" ]; then
+  if [ -n "${MANIFEST:-}" ] && [ ! -e "$MANIFEST" ]; then
+    mkdir -p "$(dirname "$MANIFEST")" && ln -s "$PWD/crates/mla-block" "$MANIFEST" \
+      || echo "could not link $MANIFEST: golden tests will skip" | tee -a "$S"
+  fi
+  for t in "$BIN2"/*; do
+    MLA_TEST_DEVICE=cuda step "block_$(basename "$t")" 150 "$t" --test-threads 1
+    grep -m1 "SKIPPED" "$OUT/block_$(basename "$t").log" | tee -a "$S"
+  done
+fi
 
 # 2. The decode table against FlashMLA.
 wait "$BUILD"
@@ -44,6 +64,11 @@ PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
 step bench 120 "$BIN/xtask" bench decode --peer "$OUT/flashmla.json" --json "$OUT/decode.json" --plot "$OUT/decode.svg"
 grep -E "^\| " "$OUT/bench.log" | cut -c1-120 | tee -a "$S"
 grep -E "^targets" "$OUT/bench.log" | tee -a "$S"
+# The CTA-pair fp8 kernel (Auto's default since the twenty-seventh session where it applies)
+# forced beside the dense fp8 cache's default at 128 heads.
+step decode_pair 120 "$BIN/xtask" bench decode --only kv8,h128 --iters 10 --alt wgmma_fp8x2 \
+  --peer "$OUT/flashmla.json"
+grep -E "h128|forced" "$OUT/decode_pair.log" | cut -c1-220 | tee -a "$S"
 
 # 3. The V3 decode step against torch + FlashMLA (same call).
 PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
