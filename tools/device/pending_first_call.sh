@@ -15,7 +15,8 @@
 # (.dev/kcache.tar.xz) and .peer/flashmla.tar.xz (or the tree at .peer/flashmla).
 # Optional: $BIN2 (default .dev/bin2) with the block's CUDA test binaries, MANIFEST (the staging
 # checkout's crates/mla-block, e.g. /work/main/crates/mla-block, linked here when absent so the
-# golden tests find their files), DEADLINE (seconds: steps are cut to fit, lib.sh).
+# golden tests find their files), DEADLINE (seconds: steps are cut to fit, lib.sh), STEPS=0
+# (skips 3).
 # Usage (in the repository root, on the GPU machine): bash tools/device/pending_first_call.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,19 +72,21 @@ step decode_pair 120 "$BIN/xtask" bench decode --only kv8,h128 --iters 10 --alt 
 grep -E "h128|forced" "$OUT/decode_pair.log" | cut -c1-220 | tee -a "$S"
 
 # 3. The V3 decode step against torch + FlashMLA (same call).
-PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
-  step step_peer 120 python3 tools/peers/block_step.py --json "$OUT/block_step.json"
-grep -E "^B=" "$OUT/step_peer.log" | tee -a "$S"
-for w in bf16 fp8; do
-  for bc in "1 8192" "32 4096" "128 4096"; do
-    set -- $bc
-    wd=()
-    [ "$w" = fp8 ] && wd=(--weights-dtype fp8)
-    step "step_${w}_b$1" 90 "$BIN/vt-mla" bench --graph --backend cuda --tp 1 --batch "$1" --context "$2" --iters 20 \
-      --profile 3 --steps 5 --rounds 2 --warmup 2 ${wd[@]+"${wd[@]}"} --peer "$OUT/block_step.json"
-    grep -E "one step|^peer" "$OUT/step_${w}_b$1.log" | cut -c1-160 | tee -a "$S"
+if [ "${STEPS:-1}" = 1 ]; then
+  PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
+    step step_peer 120 python3 tools/peers/block_step.py --json "$OUT/block_step.json"
+  grep -E "^B=" "$OUT/step_peer.log" | tee -a "$S"
+  for w in bf16 fp8; do
+    for bc in "1 8192" "32 4096" "128 4096"; do
+      set -- $bc
+      wd=()
+      [ "$w" = fp8 ] && wd=(--weights-dtype fp8)
+      step "step_${w}_b$1" 90 "$BIN/vt-mla" bench --graph --backend cuda --tp 1 --batch "$1" --context "$2" --iters 20 \
+        --profile 3 --steps 5 --rounds 2 --warmup 2 ${wd[@]+"${wd[@]}"} --peer "$OUT/block_step.json"
+      grep -E "one step|^peer" "$OUT/step_${w}_b$1.log" | cut -c1-160 | tee -a "$S"
+    done
   done
-done
+fi
 
 # 4. The combine's batch-of-2 default under synccheck and memcheck (its two widest tests).
 COMBINE_TESTS=(decode_attention_handles_strided_views_other_head_dims_and_misalignment
