@@ -7,16 +7,11 @@ mod common;
 use common::*;
 use vt_core::*;
 
-/// Asserts `r` is `InvalidArgument { op, arg }` and that every pool in `untouched` is
-/// unchanged. `case` describes the malformation.
+/// Asserts `r` is `InvalidArgument { op, arg }` ([`common::expect_invalid`]) with a message,
+/// and that every pool in `untouched` is unchanged. `case` describes the malformation.
 fn expect_invalid(case: &str, r: Result<()>, op: OpId, arg: &str, q: &Queue, untouched: &[&Pool]) {
-    match r {
-        Err(Error::InvalidArgument { op: o, arg: a, msg }) => {
-            assert_eq!((o, a), (Subject::Op(op), arg), "{case}: wrong op/arg (message: {msg})");
-            assert!(!msg.is_empty(), "{case}: empty message");
-        }
-        other => panic!("{case}: expected InvalidArgument {{ op: {op}, arg: {arg} }}, got {other:?}"),
-    }
+    let msg = common::expect_invalid(case, r, op, arg);
+    assert!(!msg.is_empty(), "{case}: empty message");
     for p in untouched {
         p.assert_unchanged(q);
     }
@@ -71,6 +66,27 @@ fn nan_out(q: &Queue, dt: DType, shape: &[i64]) -> Pool {
 }
 
 const F: DType = DType::F32;
+
+/// A change that makes a good argument struct `A` malformed.
+type Edit<'a, A> = Box<dyn Fn(&mut A) + 'a>;
+
+/// Runs `call` on `good` with each `(case, edit, arg)` applied to a copy and checks it with
+/// [`expect_invalid`] (the pools in `untouched` unchanged); then `good` itself must run.
+fn expect_edits_invalid<A: Copy>(
+    q: &Queue,
+    op: OpId,
+    call: impl Fn(&Queue, &A) -> Result<()>,
+    good: A,
+    cases: Vec<(&str, Edit<'_, A>, &str)>,
+    untouched: &[&Pool],
+) {
+    for (case, edit, arg) in cases {
+        let mut a = good;
+        edit(&mut a);
+        expect_invalid(case, call(q, &a), op, arg, q, untouched);
+    }
+    call(q, &good).unwrap();
+}
 
 /// Runs each `(case, call, arg)` and checks it with [`expect_invalid`] before the next.
 macro_rules! invalid_cases {
@@ -1279,8 +1295,7 @@ fn prefill_attention_rejects_malformed_arguments() {
     let kvp = kv_pool.view();
     let both = Pool::output(&q, F, &[tq * n * dv + n * tq], Layout::Contiguous);
     let bv = both.view();
-    type Edit<'a> = Box<dyn Fn(&mut PrefillAttentionArgs<'a>) + 'a>;
-    let cases: Vec<(&str, Edit, &str)> = vec![
+    let cases: Vec<(&str, Edit<PrefillAttentionArgs>, &str)> = vec![
         ("k head count mismatch", Box::new(|a| a.k = k5.view()), "k"),
         ("v Tk mismatch", Box::new(|a| a.v = v5.view()), "v"),
         ("out Dv mismatch", Box::new(|a| a.out = o4.view()), "out"),
@@ -1330,12 +1345,7 @@ fn prefill_attention_rejects_malformed_arguments() {
             "lse",
         ),
     ];
-    for (case, edit, arg) in cases {
-        let mut a = good;
-        edit(&mut a);
-        expect_invalid(case, prefill_attention(&q, &a), op, arg, &q, &[&out, &lse, &kv_pool, &both]);
-    }
-    prefill_attention(&q, &good).unwrap();
+    expect_edits_invalid(&q, op, prefill_attention, good, cases, &[&out, &lse, &kv_pool, &both]);
 }
 
 #[test]
@@ -1364,8 +1374,7 @@ fn merge_attn_states_rejects_malformed_arguments() {
     );
     let lse_pool = Pool::with_values(&q, F, &[n, t], n * t, 0, vec![t, 1], &vec![0.0; (n * t) as usize]);
     let io = Pool::output(&q, F, &[t, n, v], Layout::Contiguous);
-    type Edit<'a> = Box<dyn Fn(&mut MergeAttnStatesArgs<'a>) + 'a>;
-    let cases: Vec<(&str, Edit, &str)> = vec![
+    let cases: Vec<(&str, Edit<MergeAttnStatesArgs>, &str)> = vec![
         ("prefix shape mismatch", Box::new(|a| a.prefix = p_sh.view()), "prefix"),
         ("prefix of rank 2", Box::new(|a| a.prefix = p2.view()), "prefix"),
         ("suffix dtype", Box::new(|a| a.suffix = s16.view()), "suffix"),
@@ -1395,12 +1404,7 @@ fn merge_attn_states_rejects_malformed_arguments() {
             "out",
         ),
     ];
-    for (case, edit, arg) in cases {
-        let mut a = good;
-        edit(&mut a);
-        expect_invalid(case, merge_attn_states(&q, &a), op, arg, &q, &[&out, &out_lse, &lse_pool, &io]);
-    }
-    merge_attn_states(&q, &good).unwrap();
+    expect_edits_invalid(&q, op, merge_attn_states, good, cases, &[&out, &out_lse, &lse_pool, &io]);
 }
 
 /// A view of `shape` whose every element is the first element of `b` (all strides 0).

@@ -12,19 +12,6 @@ use vt_core::*;
 
 const W: i64 = 656;
 
-/// e4m3fn from its bit fields, in f64.
-fn e4m3(b: u8) -> f64 {
-    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = (((b >> 3) & 0xf) as i32, (b & 7) as f64);
-    if b & 0x7f == 0x7f {
-        f64::NAN
-    } else if e == 0 {
-        s * m * 2f64.powi(-9)
-    } else {
-        s * (8.0 + m) * 2f64.powi(e - 10)
-    }
-}
-
 /// A row's 576 values, decoded naively: `e4m3(byte i) * scale (i / 128)`, the product
 /// rounded to f32 as the contract says (exact in f64, so rounding it once to f32 is the
 /// f32 multiply), bf16 rope.

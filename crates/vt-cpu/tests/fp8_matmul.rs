@@ -9,19 +9,6 @@ use common::*;
 use rand::Rng;
 use vt_core::*;
 
-/// e4m3fn from its bit fields, in f64.
-fn e4m3(b: u8) -> f64 {
-    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
-    let (e, m) = (((b >> 3) & 0xf) as i32, (b & 7) as f64);
-    if b & 0x7f == 0x7f {
-        f64::NAN
-    } else if e == 0 {
-        s * m * 2f64.powi(-9)
-    } else {
-        s * (8.0 + m) * 2f64.powi(e - 10)
-    }
-}
-
 /// A random finite e4m3 code.
 fn code(rng: &mut impl Rng) -> u8 {
     let c: u8 = rng.gen_range(0..0x7f);
@@ -214,15 +201,6 @@ fn quantize_fp8_gives_amax_over_448_scales_and_nearest_even_codes() {
                 }
             }
         }
-    }
-}
-
-fn expect_invalid(case: &str, r: Result<()>, op: OpId, arg: &str) {
-    match r {
-        Err(Error::InvalidArgument { op: o, arg: a, msg }) => {
-            assert_eq!((o, a), (Subject::Op(op), arg), "{case}: wrong op/arg (message: {msg})");
-        }
-        other => panic!("{case}: expected InvalidArgument {{ op: {op}, arg: {arg} }}, got {other:?}"),
     }
 }
 

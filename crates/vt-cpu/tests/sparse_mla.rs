@@ -440,15 +440,6 @@ fn indexer_top_k_breaks_ties_by_lower_position() {
 
 // ---------------------------------------------------------------- malformed arguments
 
-fn expect_invalid(case: &str, r: Result<()>, op: OpId, arg: &str) {
-    match r {
-        Err(Error::InvalidArgument { op: o, arg: a, msg }) => {
-            assert_eq!((o, a), (Subject::Op(op), arg), "{case}: wrong op/arg (message: {msg})");
-        }
-        other => panic!("{case}: expected InvalidArgument {{ op: {op}, arg: {arg} }}, got {other:?}"),
-    }
-}
-
 #[test]
 fn sparse_mla_attention_rejects_malformed_arguments() {
     let q = queue();
@@ -469,103 +460,36 @@ fn sparse_mla_attention_rejects_malformed_arguments() {
         scale: 0.5,
     };
     sparse_mla_attention(&q, &ok).unwrap();
+    let rejects = |case: &str, args: SparseMlaAttentionArgs, arg: &str| {
+        expect_invalid(case, sparse_mla_attention(&q, &args), op, arg);
+    };
     let past = i32_buf(&q, &[t, 2], &[0, 8, -1, 3, 5, 5]);
-    expect_invalid(
-        "slot = NB * BS",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { indices: past.view(), ..ok }),
-        op,
-        "indices",
-    );
+    rejects("slot = NB * BS", SparseMlaAttentionArgs { indices: past.view(), ..ok }, "indices");
     let i64s = Buffer::zeros(&q, DType::I64, &[t, 2]).unwrap();
-    expect_invalid(
-        "i64 indices",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { indices: i64s.view(), ..ok }),
-        op,
-        "indices",
-    );
+    rejects("i64 indices", SparseMlaAttentionArgs { indices: i64s.view(), ..ok }, "indices");
     let short = i32_buf(&q, &[2, 2], &[0, 1, 2, 3]);
-    expect_invalid(
-        "indices rows != T",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { indices: short.view(), ..ok }),
-        op,
-        "indices",
-    );
+    rejects("indices rows != T", SparseMlaAttentionArgs { indices: short.view(), ..ok }, "indices");
     let empty = Buffer::zeros(&q, DType::I32, &[t, 0]).unwrap();
-    expect_invalid(
-        "topk 0",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { indices: empty.view(), ..ok }),
-        op,
-        "indices",
-    );
+    rejects("topk 0", SparseMlaAttentionArgs { indices: empty.view(), ..ok }, "indices");
     let wide = Buffer::zeros(&q, dt, &[2, 4, d + 1]).unwrap();
-    expect_invalid(
-        "cache D != query D",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { cache: wide.view(), ..ok }),
-        op,
-        "cache",
-    );
+    rejects("cache D != query D", SparseMlaAttentionArgs { cache: wide.view(), ..ok }, "cache");
     let f16 = Buffer::zeros(&q, DType::F16, &[2, 4, d]).unwrap();
-    expect_invalid(
-        "cache dtype",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { cache: f16.view(), ..ok }),
-        op,
-        "cache",
-    );
+    rejects("cache dtype", SparseMlaAttentionArgs { cache: f16.view(), ..ok }, "cache");
     let big = Buffer::nan(&q, dt, &[t, n, d + 1]).unwrap();
-    expect_invalid(
-        "Dv > D",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { out: big.view(), ..ok }),
-        op,
-        "out",
-    );
+    rejects("Dv > D", SparseMlaAttentionArgs { out: big.view(), ..ok }, "out");
     let lse_tn = Buffer::nan(&q, DType::F32, &[t, n]).unwrap();
-    expect_invalid(
-        "lse [T, N]",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { lse: Some(lse_tn.view()), ..ok }),
-        op,
-        "lse",
-    );
+    rejects("lse [T, N]", SparseMlaAttentionArgs { lse: Some(lse_tn.view()), ..ok }, "lse");
     let lse16 = Buffer::nan(&q, DType::F16, &[n, t]).unwrap();
-    expect_invalid(
-        "f16 lse",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { lse: Some(lse16.view()), ..ok }),
-        op,
-        "lse",
-    );
+    rejects("f16 lse", SparseMlaAttentionArgs { lse: Some(lse16.view()), ..ok }, "lse");
     let col = Buffer::zeros(&q, dt, &[t, n, 2 * d]).unwrap();
     let strided_q = col.view().as_strided(0, &[t, n, d], &[n * 2 * d, 2 * d, 2]).unwrap();
-    expect_invalid(
-        "query inner stride 2",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { query: strided_q, ..ok }),
-        op,
-        "query",
-    );
+    rejects("query inner stride 2", SparseMlaAttentionArgs { query: strided_q, ..ok }, "query");
     let alias = query.view().slice(2, 0, dv).unwrap();
-    expect_invalid(
-        "out = part of query",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { out: alias, ..ok }),
-        op,
-        "out",
-    );
-    expect_invalid(
-        "scale 0",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { scale: 0.0, ..ok }),
-        op,
-        "scale",
-    );
-    expect_invalid(
-        "scale NaN",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { scale: f32::NAN, ..ok }),
-        op,
-        "scale",
-    );
+    rejects("out = part of query", SparseMlaAttentionArgs { out: alias, ..ok }, "out");
+    rejects("scale 0", SparseMlaAttentionArgs { scale: 0.0, ..ok }, "scale");
+    rejects("scale NaN", SparseMlaAttentionArgs { scale: f32::NAN, ..ok }, "scale");
     let fp8 = Buffer::zeros(&q, DType::Fp8DsMla, &[2, 4, ROW_BYTES as i64]).unwrap();
-    expect_invalid(
-        "fp8 cache with D != 576",
-        sparse_mla_attention(&q, &SparseMlaAttentionArgs { cache: fp8.view(), ..ok }),
-        op,
-        "query",
-    );
+    rejects("fp8 cache with D != 576", SparseMlaAttentionArgs { cache: fp8.view(), ..ok }, "query");
 }
 
 #[test]
@@ -592,54 +516,31 @@ fn indexer_top_k_rejects_malformed_arguments() {
         scale: 0.25,
     };
     indexer_top_k(&q, &ok).unwrap();
+    let rejects = |case: &str, args: IndexerTopKArgs, arg: &str| {
+        expect_invalid(case, indexer_top_k(&q, &args), op, arg);
+    };
     let bad_seq = i32_buf(&q, &[t], &[0, 2, 0]);
-    expect_invalid(
-        "seq_ids past B",
-        indexer_top_k(&q, &IndexerTopKArgs { seq_ids: bad_seq.view(), ..ok }),
-        op,
-        "seq_ids",
-    );
+    rejects("seq_ids past B", IndexerTopKArgs { seq_ids: bad_seq.view(), ..ok }, "seq_ids");
     let far = i32_buf(&q, &[t], &[8, 3, -1]);
-    expect_invalid(
-        "position past MB * BS",
-        indexer_top_k(&q, &IndexerTopKArgs { positions: far.view(), ..ok }),
-        op,
-        "positions",
-    );
+    rejects("position past MB * BS", IndexerTopKArgs { positions: far.view(), ..ok }, "positions");
     let unmapped = i32_buf(&q, &[t], &[7, 4, -1]);
-    expect_invalid(
+    rejects(
         "position in an unmapped block",
-        indexer_top_k(&q, &IndexerTopKArgs { positions: unmapped.view(), ..ok }),
-        op,
+        IndexerTopKArgs { positions: unmapped.view(), ..ok },
         "block_table",
     );
     let fpos = Buffer::zeros(&q, DType::F32, &[t]).unwrap();
-    expect_invalid(
-        "f32 positions",
-        indexer_top_k(&q, &IndexerTopKArgs { positions: fpos.view(), ..ok }),
-        op,
-        "positions",
-    );
+    rejects("f32 positions", IndexerTopKArgs { positions: fpos.view(), ..ok }, "positions");
     let w16 = Buffer::zeros(&q, DType::F16, &[t, h]).unwrap();
-    expect_invalid(
-        "f16 weights with bf16 query",
-        indexer_top_k(&q, &IndexerTopKArgs { weights: w16.view(), ..ok }),
-        op,
-        "weights",
-    );
+    rejects("f16 weights with bf16 query", IndexerTopKArgs { weights: w16.view(), ..ok }, "weights");
     let wh = Buffer::zeros(&q, DType::F32, &[t, h + 1]).unwrap();
-    expect_invalid(
-        "weights H",
-        indexer_top_k(&q, &IndexerTopKArgs { weights: wh.view(), ..ok }),
-        op,
-        "weights",
-    );
+    rejects("weights H", IndexerTopKArgs { weights: wh.view(), ..ok }, "weights");
     let c2 = Buffer::zeros(&q, dt, &[3, bs, di + 1]).unwrap();
-    expect_invalid("cache Di", indexer_top_k(&q, &IndexerTopKArgs { cache: c2.view(), ..ok }), op, "cache");
+    rejects("cache Di", IndexerTopKArgs { cache: c2.view(), ..ok }, "cache");
     let o64 = Buffer::zeros(&q, DType::I64, &[t, 4]).unwrap();
-    expect_invalid("i64 out", indexer_top_k(&q, &IndexerTopKArgs { out: o64.view(), ..ok }), op, "out");
+    rejects("i64 out", IndexerTopKArgs { out: o64.view(), ..ok }, "out");
     let o0 = Buffer::zeros(&q, DType::I32, &[t, 0]).unwrap();
-    expect_invalid("topk 0", indexer_top_k(&q, &IndexerTopKArgs { out: o0.view(), ..ok }), op, "out");
+    rejects("topk 0", IndexerTopKArgs { out: o0.view(), ..ok }, "out");
     let o_on_bt = bt.view().as_strided(0, &[1, 3], &[3, 1]).unwrap();
     let sid1 = i32_buf(&q, &[1], &[0]);
     let pos1 = i32_buf(&q, &[1], &[0]);
@@ -653,8 +554,8 @@ fn indexer_top_k_rejects_malformed_arguments() {
         positions: pos1.view(),
         ..ok
     };
-    expect_invalid("out over block_table", indexer_top_k(&q, &aliased), op, "out");
-    expect_invalid("scale -1", indexer_top_k(&q, &IndexerTopKArgs { scale: -1.0, ..ok }), op, "scale");
+    rejects("out over block_table", aliased, "out");
+    rejects("scale -1", IndexerTopKArgs { scale: -1.0, ..ok }, "scale");
 }
 
 // ---------------------------------------------------------------- CacheIndexerKeys
@@ -718,53 +619,21 @@ fn cache_indexer_keys_rejects_malformed_arguments() {
     let sm = i64_buf(&q, &[0, -1, 7]);
     let ok = CacheIndexerKeysArgs { k: k.view(), cache: cache.view(), slot_mapping: sm.view() };
     cache_indexer_keys(&q, &ok).unwrap();
+    let rejects = |case: &str, args: CacheIndexerKeysArgs, arg: &str| {
+        expect_invalid(case, cache_indexer_keys(&q, &args), op, arg);
+    };
     let past = i64_buf(&q, &[0, 8, 1]);
-    expect_invalid(
-        "slot = NB * BS",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { slot_mapping: past.view(), ..ok }),
-        op,
-        "slot_mapping",
-    );
+    rejects("slot = NB * BS", CacheIndexerKeysArgs { slot_mapping: past.view(), ..ok }, "slot_mapping");
     let i32s = i32_buf(&q, &[3], &[0, 1, 2]);
-    expect_invalid(
-        "i32 slot_mapping",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { slot_mapping: i32s.view(), ..ok }),
-        op,
-        "slot_mapping",
-    );
+    rejects("i32 slot_mapping", CacheIndexerKeysArgs { slot_mapping: i32s.view(), ..ok }, "slot_mapping");
     let short = i64_buf(&q, &[0, 1]);
-    expect_invalid(
-        "slot_mapping length",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { slot_mapping: short.view(), ..ok }),
-        op,
-        "slot_mapping",
-    );
+    rejects("slot_mapping length", CacheIndexerKeysArgs { slot_mapping: short.view(), ..ok }, "slot_mapping");
     let wide = Buffer::nan(&q, dt, &[2, 4, 9]).unwrap();
-    expect_invalid(
-        "cache Di",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { cache: wide.view(), ..ok }),
-        op,
-        "cache",
-    );
+    rejects("cache Di", CacheIndexerKeysArgs { cache: wide.view(), ..ok }, "cache");
     let k32 = Buffer::zeros(&q, DType::F32, &[3, 8]).unwrap();
-    expect_invalid(
-        "f32 k into a bf16 cache",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { k: k32.view(), ..ok }),
-        op,
-        "k",
-    );
+    rejects("f32 k into a bf16 cache", CacheIndexerKeysArgs { k: k32.view(), ..ok }, "k");
     let fp8 = Buffer::zeros(&q, DType::Fp8DsMla, &[2, 4, 8]).unwrap();
-    expect_invalid(
-        "fp8 cache",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { cache: fp8.view(), ..ok }),
-        op,
-        "cache",
-    );
+    rejects("fp8 cache", CacheIndexerKeysArgs { cache: fp8.view(), ..ok }, "cache");
     let alias = cache.view().reshape(&[8, 8]).unwrap().slice(0, 0, 3).unwrap();
-    expect_invalid(
-        "k inside the cache",
-        cache_indexer_keys(&q, &CacheIndexerKeysArgs { k: alias, ..ok }),
-        op,
-        "cache",
-    );
+    rejects("k inside the cache", CacheIndexerKeysArgs { k: alias, ..ok }, "cache");
 }

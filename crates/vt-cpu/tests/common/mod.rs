@@ -4,7 +4,10 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vt_core::{contiguous_strides, encode_f64, for_each_offset, Buffer, DType, Device, Queue, Tensor};
+use vt_core::{
+    contiguous_strides, encode_f64, for_each_offset, Buffer, DType, Device, Error, OpId, Queue, Result,
+    Subject, Tensor,
+};
 
 pub const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -157,6 +160,31 @@ impl Pool {
 /// Equal, or both NaN.
 pub fn same(a: f64, b: f64) -> bool {
     a == b || (a.is_nan() && b.is_nan())
+}
+
+/// Asserts `r` is `Error::InvalidArgument` naming `op` and `arg` (`case` describes the
+/// malformation); returns the error's message.
+pub fn expect_invalid(case: &str, r: Result<()>, op: OpId, arg: &str) -> String {
+    match r {
+        Err(Error::InvalidArgument { op: o, arg: a, msg }) => {
+            assert_eq!((o, a), (Subject::Op(op), arg), "{case}: wrong op/arg (message: {msg})");
+            msg
+        }
+        other => panic!("{case}: expected InvalidArgument {{ op: {op}, arg: {arg} }}, got {other:?}"),
+    }
+}
+
+/// e4m3fn from its bit fields, in f64 (naive: written from the format, not from vt-core).
+pub fn e4m3(b: u8) -> f64 {
+    let s = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = (((b >> 3) & 0xf) as i32, (b & 7) as f64);
+    if b & 0x7f == 0x7f {
+        f64::NAN
+    } else if e == 0 {
+        s * m * 2f64.powi(-9)
+    } else {
+        s * (8.0 + m) * 2f64.powi(e - 10)
+    }
 }
 
 /// An i64 index tensor.
