@@ -18,17 +18,6 @@ use vt_core::{
     DeviceType, FusedNormRopeArgs, NormRopeCacheWrite, NormRopeQuery, Probe, Queue, RopeFromCacheArgs,
 };
 
-fn cos_sin(max_pos: i64, r: i64) -> Vec<f64> {
-    let half = r / 2;
-    let mut v = Vec::new();
-    for p in 0..max_pos {
-        let ang: Vec<f64> = (0..half).map(|i| p as f64 / 10000f64.powf(2.0 * i as f64 / r as f64)).collect();
-        v.extend(ang.iter().map(|a| a.cos()));
-        v.extend(ang.iter().map(|a| a.sin()));
-    }
-    v
-}
-
 fn random(rng: &mut ChaCha8Rng, n: i64) -> Vec<f64> {
     (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
 }
@@ -83,7 +72,8 @@ fn check(dev: Device) {
                 }
                 let pos_b = Buffer::from_slice(&q, &[t], &pos).unwrap();
                 let slots_b = Buffer::from_slice(&q, &[t], &slots).unwrap();
-                let cs = Buffer::from_f64(&q, DType::F32, &[max_pos, r], &cos_sin(max_pos, r)).unwrap();
+                let cs =
+                    Buffer::from_f64(&q, DType::F32, &[max_pos, r], &common::cos_sin(max_pos, r)).unwrap();
                 let q_vals = random(&mut rng, t * n * dqk);
                 let q_f = Buffer::from_f64(&q, dt, &[t, n, dqk], &q_vals).unwrap();
                 let q_s = Buffer::from_f64(&q, dt, &[t, n, dqk], &q_vals).unwrap();

@@ -5,13 +5,12 @@
 //! slots past each sequence's length hold NaN. Skips (with a line saying so) without a
 //! CUDA device.
 
-use rand::seq::SliceRandom;
 use rand::Rng;
 use vt_core::{encode_f64, Buffer, DType, MlaDecodeAttentionArgs, Queue, Tensor};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
 
 mod common;
-use common::{cpu, gpu, rel_err};
+use common::{assert_every_case_ran_on_sm90, cpu, gpu, rel_err, Paged};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -61,24 +60,13 @@ struct Inputs {
 fn inputs(c: &Case) -> Inputs {
     let mut rng = common::case_rng(c.seed);
     let b = c.lens.len() as i64;
-    let blocks: Vec<i64> = c.lens.iter().map(|&l| (l as i64 + c.bs - 1) / c.bs).collect();
-    let mb = blocks.iter().copied().max().unwrap_or(0).max(1);
-    let nb = blocks.iter().sum::<i64>() + 3;
-    let mut ids: Vec<i64> = (0..nb).collect();
-    ids.shuffle(&mut rng);
-    let mut next = 0;
-    let mut block_table = vec![0f64; (b * mb) as usize];
+    let paged = Paged::new(&mut rng, &c.lens, c.bs);
     let row = c.d + c.pad;
     // NaN everywhere no sequence's token lives: reading it would poison the output.
-    let mut cache = vec![f64::NAN; (nb * c.bs * row) as usize];
+    let mut cache = vec![f64::NAN; (paged.nb * c.bs * row) as usize];
     for (i, &len) in c.lens.iter().enumerate() {
-        for j in 0..blocks[i] {
-            block_table[(i as i64 * mb + j) as usize] = ids[next] as f64;
-            next += 1;
-        }
         for t in 0..len as i64 {
-            let blk = block_table[(i as i64 * mb + t / c.bs) as usize] as i64;
-            let base = ((blk * c.bs + t % c.bs) * row) as usize;
+            let base = (paged.row(i, t) * row) as usize;
             for e in 0..c.d as usize {
                 cache[base + e] = rng.gen_range(-1.0..1.0);
             }
@@ -87,7 +75,7 @@ fn inputs(c: &Case) -> Inputs {
     let qn = (b * c.s_q * c.n * row + c.q_offset) as usize;
     let q: Vec<f64> = (0..qn).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let seq_lens = c.lens.iter().map(|&l| l as f64).collect();
-    Inputs { q, cache, block_table, seq_lens, nb, mb }
+    Inputs { q, cache, block_table: paged.block_table, seq_lens, nb: paged.nb, mb: paged.mb }
 }
 
 /// Device buffers of one case on one queue, outputs poisoned with NaN.
@@ -396,11 +384,7 @@ fn three_warpgroup_kernel_matches_reference() {
     let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3, &cases);
     assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg")), "{ran:?}");
     // On sm_90 the kernel takes every case here: an error must not pass as a skip.
-    if g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm()) == 90 {
-        assert_eq!(ran.len(), cases.len() * TMA_SCHEDULES.len(), "every case ran");
-    } else {
-        println!("SKIP: no sm_90a device, the three-warpgroup kernel does not run here");
-    }
+    assert_every_case_ran_on_sm90(&g, &ran, cases.len() * TMA_SCHEDULES.len(), "three-warpgroup kernel");
 }
 
 /// Block ids outside the cache on the three-warpgroup kernel: their pages take no part.
@@ -428,11 +412,7 @@ fn three_warpgroup_gather_form_matches_reference_with_block_sizes_1_16_and_32() 
     ];
     let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3, &cases);
     assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_cp ")), "{ran:?}");
-    if g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm()) == 90 {
-        assert_eq!(ran.len(), cases.len() * TMA_SCHEDULES.len(), "every case ran");
-    } else {
-        println!("SKIP: no sm_90a device, the three-warpgroup kernel does not run here");
-    }
+    assert_every_case_ran_on_sm90(&g, &ran, cases.len() * TMA_SCHEDULES.len(), "three-warpgroup kernel");
 }
 
 /// Block ids outside the cache on the gather form (block size 16: a tile holds four blocks, two

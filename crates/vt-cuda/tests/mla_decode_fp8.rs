@@ -9,15 +9,14 @@
 //! query row into two e4m3 parts: exact for bf16 values near the row's largest, 2^-8 for f16).
 //! Skips without a CUDA device (the host check of that split runs everywhere).
 
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
+use vt_core::fp8_ds_mla::{LATENT, ROW_BYTES};
 use vt_core::{Buffer, DType, Device, MlaDecodeAttentionArgs, Queue};
 use vt_cuda::mla_decode_attention::{mla_decode_attention_with, DecodeOptions, Kernel};
 
 mod common;
-use common::{gpu, rel_err};
+use common::{assert_every_case_ran_on_sm90, gpu, random_fp8_row, rel_err, Paged};
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -49,44 +48,21 @@ struct Inputs {
 fn inputs(c: &Case) -> Inputs {
     let mut rng = common::case_rng(c.seed);
     let b = c.lens.len() as i64;
-    let blocks: Vec<i64> = c.lens.iter().map(|&l| (l as i64 + c.bs - 1) / c.bs).collect();
-    let mb = blocks.iter().copied().max().unwrap_or(0).max(1);
-    let nb = blocks.iter().sum::<i64>() + 3;
-    let mut ids: Vec<i64> = (0..nb).collect();
-    ids.shuffle(&mut rng);
+    let paged = Paged::new(&mut rng, &c.lens, c.bs);
     let row = ROW_BYTES as i64 + c.row_pad;
     // 0x7f everywhere no token lives: e4m3 NaN codes (and NaN scales / rope), so reading an
     // unowned row poisons the output.
-    let mut cache = vec![0x7fu8; (nb * c.bs * row) as usize];
-    let mut block_table = vec![0f64; (b * mb) as usize];
-    let mut next = 0;
+    let mut cache = vec![0x7fu8; (paged.nb * c.bs * row) as usize];
     for (i, &len) in c.lens.iter().enumerate() {
-        for j in 0..blocks[i] {
-            block_table[(i as i64 * mb + j) as usize] = ids[next] as f64;
-            next += 1;
-        }
         for t in 0..len as i64 {
-            let blk = block_table[(i as i64 * mb + t / c.bs) as usize] as i64;
-            let base = ((blk * c.bs + t % c.bs) * row) as usize;
-            // Groups of different magnitudes (one all zero) so the scales matter.
-            let mut latent = [0f32; LATENT];
-            for (k, v) in latent.iter_mut().enumerate() {
-                let mag = [1.0f32, 0.05, 0.0, 7.0][(k / 128 + t as usize) % 4];
-                *v = rng.gen_range(-1.0f32..1.0) * mag;
-            }
-            let mut rope = [0f32; ROPE];
-            for v in rope.iter_mut() {
-                *v = rng.gen_range(-1.0f32..1.0);
-            }
-            let mut bytes = [0u8; ROW_BYTES];
-            encode_row(&latent, &rope, &mut bytes);
-            cache[base..base + ROW_BYTES].copy_from_slice(&bytes);
+            let base = (paged.row(i, t) * row) as usize;
+            cache[base..base + ROW_BYTES].copy_from_slice(&random_fp8_row(&mut rng, t as usize));
         }
     }
     let qn = (b * c.s_q * c.n * 576) as usize;
     let q: Vec<f64> = (0..qn).map(|_| rng.gen_range(-0.3..0.3)).collect();
     let seq_lens = c.lens.iter().map(|&l| l as f64).collect();
-    Inputs { q, cache, block_table, seq_lens, nb, mb }
+    Inputs { q, cache, block_table: paged.block_table, seq_lens, nb: paged.nb, mb: paged.mb }
 }
 
 /// Runs the op on `queue` (the entry point for default options on the CPU; the forced kernel
@@ -307,12 +283,7 @@ fn fp8_decode_on_the_cta_pair_kernel_matches_reference() {
     ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Pair], &SCHEDULES[..2]));
     // On sm_90 every case here is one the kernel takes: a refusal (a cluster launch or
     // occupancy error) must not pass as a skip.
-    let sm = g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm());
-    if sm == 90 {
-        assert_eq!(ran.len(), 4 * SCHEDULES.len() + 3 * SCHEDULES.len() + 2, "every case ran: {ran:?}");
-    } else {
-        println!("SKIP: no sm_90a device, the CTA-pair kernel does not run here");
-    }
+    assert_every_case_ran_on_sm90(&g, &ran, 4 * SCHEDULES.len() + 3 * SCHEDULES.len() + 2, "CTA-pair kernel");
     assert!(ran.iter().all(|w| w.starts_with("wgmma_fp8x2 ")), "{ran:?}");
 }
 
@@ -340,12 +311,7 @@ fn fp8_decode_on_the_raw_ring_kernel_matches_reference() {
     ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Raw], &SCHEDULES[..2]));
     // On sm_90 every case here is one the kernel takes: a launch or map-encoding error (which
     // `run` reports as a refusal) must not pass as a skip.
-    let sm = g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm());
-    if sm == 90 {
-        assert_eq!(ran.len(), 2 * SCHEDULES.len() + 4 * SCHEDULES.len() + 2, "every case ran: {ran:?}");
-    } else {
-        println!("SKIP: no sm_90a device, the raw-ring kernel does not run here");
-    }
+    assert_every_case_ran_on_sm90(&g, &ran, 2 * SCHEDULES.len() + 4 * SCHEDULES.len() + 2, "raw-ring kernel");
     assert!(ran.iter().all(|w| w.starts_with("wgmma_fp8r")), "{ran:?}");
 }
 
@@ -368,12 +334,7 @@ fn fp8_decode_on_the_raw_ring_kernel_gather_form_matches_reference() {
     let mut c = Case::new(&[300, 64, 1, 4100], 64, 16);
     c.row_pad = 48;
     ran.extend(check(&g, &c, &[Kernel::WgmmaFp8Raw], &SCHEDULES[..2]));
-    let sm = g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm());
-    if sm == 90 {
-        assert_eq!(ran.len(), 2 * SCHEDULES.len() + 5 * 2, "every case ran: {ran:?}");
-    } else {
-        println!("SKIP: no sm_90a device, the raw-ring kernel does not run here");
-    }
+    assert_every_case_ran_on_sm90(&g, &ran, 2 * SCHEDULES.len() + 5 * 2, "raw-ring kernel");
     assert!(ran.iter().all(|w| w.starts_with("wgmma_fp8r_cp ")), "{ran:?}");
 }
 

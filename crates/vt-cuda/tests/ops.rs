@@ -66,17 +66,6 @@ fn random(rng: &mut ChaCha8Rng, n: i64) -> Vec<f64> {
     (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
 }
 
-fn cos_sin(max_pos: i64, r: i64) -> Vec<f64> {
-    let half = r / 2;
-    let mut v = Vec::new();
-    for p in 0..max_pos {
-        let ang: Vec<f64> = (0..half).map(|i| p as f64 / 10000f64.powf(2.0 * i as f64 / r as f64)).collect();
-        v.extend(ang.iter().map(|a| a.cos()));
-        v.extend(ang.iter().map(|a| a.sin()));
-    }
-    v
-}
-
 #[test]
 fn fused_norm_rope_is_bit_identical_to_rms_norm_then_rope_from_cache() {
     if let Some(dev) = cuda() {
@@ -104,7 +93,8 @@ fn fused_matches_split_bitwise(dev: Device) {
             let w = Buffer::from_f64(&q, dt, &[l], &random(&mut rng, l)).unwrap();
             let pos: Vec<i64> = (0..t).map(|_| rng.gen_range(0..max_pos)).collect();
             let pos = Buffer::from_slice(&q, &[t], &pos).unwrap();
-            let cache = Buffer::from_f64(&q, DType::F32, &[max_pos, r], &cos_sin(max_pos, r)).unwrap();
+            let cache =
+                Buffer::from_f64(&q, DType::F32, &[max_pos, r], &common::cos_sin(max_pos, r)).unwrap();
 
             let lat_f = Buffer::nan(&q, dt, &[t, l]).unwrap();
             let rope_f = Buffer::nan(&q, dt, &[t, r]).unwrap();
@@ -212,7 +202,7 @@ impl Step {
             latent: Buffer::nan(q, dt, &[T, L])?,
             k_pe: Buffer::nan(q, dt, &[T, R])?,
             pos: Buffer::from_slice(q, &[T], &[5i64, 2])?,
-            cos_sin: Buffer::from_f64(q, DType::F32, &[16, R], &cos_sin(16, R))?,
+            cos_sin: Buffer::from_f64(q, DType::F32, &[16, R], &common::cos_sin(16, R))?,
             cache: f(&[NB, BS, L + R], rng)?,
             slots: Buffer::from_slice(q, &[T], &[5i64, 9])?,
             w_q: f(&[N * (P + R), H], rng)?,

@@ -17,7 +17,7 @@
 
 use rand::seq::SliceRandom;
 use rand::Rng;
-use vt_core::fp8_ds_mla::{decode_row, encode_row, DECODED, LATENT, ROPE, ROW_BYTES};
+use vt_core::fp8_ds_mla::{decode_row, DECODED, ROW_BYTES};
 use vt_core::{encode_f64, Buffer, CacheIndexerKeysArgs, DType, Queue, SparseMlaAttentionArgs};
 use vt_cuda::mla_decode_attention::Kernel as DK;
 use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, Kernel, SparseOptions};
@@ -185,20 +185,8 @@ fn inputs(c: &Case) -> Inputs {
         // 0x7f: e4m3 NaN codes, NaN scales and rope, on every row no index lists.
         let mut bytes = vec![0x7fu8; (rows * rw) as usize];
         for &s in &listed {
-            let mut latent = [0f32; LATENT];
-            for (e, v) in latent.iter_mut().enumerate() {
-                // Groups of different magnitudes (one all zero) so the scales matter.
-                let mag = [1.0f32, 0.05, 0.0, 7.0][(e / 128 + s as usize) % 4];
-                *v = rng.gen_range(-1.0f32..1.0) * mag;
-            }
-            let mut rope = [0f32; ROPE];
-            for v in rope.iter_mut() {
-                *v = rng.gen_range(-1.0f32..1.0);
-            }
-            let mut row = [0u8; ROW_BYTES];
-            encode_row(&latent, &rope, &mut row);
             let base = (phys_row(c, s) * rw) as usize;
-            bytes[base..base + ROW_BYTES].copy_from_slice(&row);
+            bytes[base..base + ROW_BYTES].copy_from_slice(&common::random_fp8_row(&mut rng, s as usize));
         }
         bytes
     } else {

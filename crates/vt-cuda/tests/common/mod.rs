@@ -1,9 +1,13 @@
-//! What the GPU test files share: the CUDA queue (or a skip), the CPU queue, the error measure.
+//! What the GPU test files share: the CUDA queue (or a skip), the CPU queue, the error measure,
+//! paged cache layouts and random fp8_ds_mla rows.
 // Each test file uses what it needs of this module.
 #![allow(dead_code)]
 
 use std::sync::OnceLock;
 
+use rand::seq::SliceRandom;
+use rand::Rng;
+use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
 use vt_core::{for_each_offset, Buffer, DType, Device, DeviceType, Probe, Queue, Tensor};
 
 /// This run's seed: VT_SEED (to replay a failure) or the clock (fresh inputs every run),
@@ -64,6 +68,83 @@ pub fn rel_err(got: &[f64], want: &[f64]) -> f64 {
         den += w * w;
     }
     (num / den.max(1e-30)).sqrt()
+}
+
+/// On sm_90, where the kernel a test forces takes every case the test gives it, asserts that
+/// `want` cases ran (a refusal or launch error, which the tests' runners report as a skip,
+/// must not pass as one); elsewhere prints a SKIP line naming `kernel`.
+pub fn assert_every_case_ran_on_sm90(g: &Queue, ran: &[String], want: usize, kernel: &str) {
+    if g.downcast::<vt_cuda::CudaQueue>().map_or(0, |c| c.sm()) == 90 {
+        assert_eq!(ran.len(), want, "every case ran: {ran:?}");
+    } else {
+        println!("SKIP: no sm_90a device, the {kernel} does not run here");
+    }
+}
+
+/// A paged cache for sequences of `lens` tokens in blocks of `bs` tokens: each sequence's
+/// blocks at distinct ids, shuffled over a cache of all their blocks plus 3 no sequence owns.
+pub struct Paged {
+    /// `[B, MB]` block ids (f64, for upload as i32); entries past a sequence's blocks hold 0.
+    pub block_table: Vec<f64>,
+    /// Blocks in the cache.
+    pub nb: i64,
+    /// Block table columns: the longest sequence's blocks, at least 1.
+    pub mb: i64,
+    bs: i64,
+}
+
+impl Paged {
+    pub fn new(rng: &mut impl Rng, lens: &[i32], bs: i64) -> Paged {
+        let blocks: Vec<i64> = lens.iter().map(|&l| (l as i64 + bs - 1) / bs).collect();
+        let mb = blocks.iter().copied().max().unwrap_or(0).max(1);
+        let nb = blocks.iter().sum::<i64>() + 3;
+        let mut ids: Vec<i64> = (0..nb).collect();
+        ids.shuffle(rng);
+        let mut next = ids.into_iter();
+        let mut block_table = vec![0f64; (lens.len() as i64 * mb) as usize];
+        for (i, &count) in blocks.iter().enumerate() {
+            for j in 0..count {
+                block_table[(i as i64 * mb + j) as usize] = next.next().unwrap() as f64;
+            }
+        }
+        Paged { block_table, nb, mb, bs }
+    }
+
+    /// The cache row (block id x BS + offset in the block) of token `t` of sequence `i`.
+    pub fn row(&self, i: usize, t: i64) -> i64 {
+        let blk = self.block_table[(i as i64 * self.mb + t / self.bs) as usize] as i64;
+        blk * self.bs + t % self.bs
+    }
+}
+
+/// A random fp8_ds_mla cache row: latent values in groups of 128 of different magnitudes
+/// (one all zero, so the scales matter; `shift` rotates which group has which), rope values
+/// in [-1, 1).
+pub fn random_fp8_row(rng: &mut impl Rng, shift: usize) -> [u8; ROW_BYTES] {
+    let mut latent = [0f32; LATENT];
+    for (k, v) in latent.iter_mut().enumerate() {
+        let mag = [1.0f32, 0.05, 0.0, 7.0][(k / 128 + shift) % 4];
+        *v = rng.gen_range(-1.0f32..1.0) * mag;
+    }
+    let mut rope = [0f32; ROPE];
+    for v in rope.iter_mut() {
+        *v = rng.gen_range(-1.0f32..1.0);
+    }
+    let mut bytes = [0u8; ROW_BYTES];
+    encode_row(&latent, &rope, &mut bytes);
+    bytes
+}
+
+/// A rotary cos/sin cache `[max_pos, r]`: row p = [cos(p f_i) | sin(p f_i)], f_i = 10000^(-2i/r).
+pub fn cos_sin(max_pos: i64, r: i64) -> Vec<f64> {
+    let half = r / 2;
+    let mut v = Vec::new();
+    for p in 0..max_pos {
+        let ang: Vec<f64> = (0..half).map(|i| p as f64 / 10000f64.powf(2.0 * i as f64 / r as f64)).collect();
+        v.extend(ang.iter().map(|a| a.cos()));
+        v.extend(ang.iter().map(|a| a.sin()));
+    }
+    v
 }
 
 /// The same host bytes on the CPU and on the GPU.
