@@ -37,17 +37,17 @@
 //!   Mma when the views allow, else Generic.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{LazyLock, Mutex};
 
-use cudarc::driver::CudaStream;
 use vt_core::fp8_block::blocks;
 use vt_core::{
-    BatchedMatmulFp8Args, Buffer, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
+    BatchedMatmulFp8Args, DType, Error, MatmulBTFp8Args, OpId, QuantizeFp8Args, Queue, Result, Tensor,
 };
 
 use crate::cublaslt::LtGemm;
 use crate::launch::TensorMapSpec;
 use crate::rope_from_cache::int;
+use crate::scratch::{self, Fill, PerQueue};
 use crate::{grid_1d, kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("fp8_matmul");
@@ -780,42 +780,16 @@ pub(crate) fn run_batched(q: &Queue, x: &BatchedMatmulFp8Args<'_>) -> Result<()>
     batched_matmul_fp8_with(q, x, Kernel::Auto).map(|_| ())
 }
 
-/// The split-K partials of one queue (stream), grown only when a larger call arrives, so
-/// that after warm-up a call allocates nothing (CUDA graph capture); a buffer outgrown after
-/// a graph was captured on the queue is kept until the queue goes (the graph may use it).
-struct Partials {
-    stream: Weak<CudaStream>,
-    buf: Option<Buffer>,
-    retired: Vec<Buffer>,
-}
-
-static PARTIALS: LazyLock<Mutex<HashMap<usize, Partials>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The split-K partials of every queue.
+static PARTIALS: PerQueue<1> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The address of at least `elems` f32 partials for this queue.
 fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
     let mut all = PARTIALS
         .lock()
         .map_err(|_| Error::op_failed(OpId::MatmulBTFp8, "cuda", "a lock was poisoned by a panic"))?;
-    if !crate::graph::capturing() {
-        all.retain(|_, w| w.stream.strong_count() > 0);
-    }
-    let key = Arc::as_ptr(&cq.stream) as usize;
-    let w = all.entry(key).or_insert_with(|| Partials {
-        stream: Arc::downgrade(&cq.stream),
-        buf: None,
-        retired: Vec::new(),
-    });
-    if w.buf.as_ref().is_none_or(|b| b.numel() < elems) {
-        match w.buf.take() {
-            Some(old) if cq.has_captured() => w.retired.push(old),
-            old => drop(old),
-        }
-        w.buf = Some(Buffer::uninit(q, DType::F32, &[elems.max(1)])?);
-    }
-    match &w.buf {
-        Some(b) => Ok(b.view().data_addr()),
-        None => Err(Error::op_failed(OpId::MatmulBTFp8, "cuda", "split-K partials missing")),
-    }
+    let [addr] = scratch::buffers(&mut all, q, cq, [(DType::F32, elems)], Fill::Uninit)?;
+    Ok(addr)
 }
 
 /// QuantizeFp8: a warp per (row, 128-group), 8 warps a block.

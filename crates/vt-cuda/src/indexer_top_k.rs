@@ -33,13 +33,13 @@
 //! pairs, 137 GFLOP (compute-bound, ~0.14 ms dense bf16), keys 1 MB (L2-resident).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{LazyLock, Mutex};
 
-use cudarc::driver::CudaStream;
-use vt_core::{Buffer, DType, Error, IndexerTopKArgs, OpId, Queue, Result, Tensor};
+use vt_core::{DType, Error, IndexerTopKArgs, OpId, Queue, Result, Tensor};
 
 use crate::device::BACKEND;
 use crate::rope_from_cache::int;
+use crate::scratch::{self, Fill, PerQueue};
 use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("indexer_top_k");
@@ -315,44 +315,16 @@ pub(crate) fn plan(
     Ok((name, launches))
 }
 
-/// The score workspace of one queue (stream), grown on a larger call.
-struct Workspace {
-    stream: Weak<CudaStream>,
-    buf: Option<Buffer>,
-    /// Buffers outgrown after a graph was captured on the queue: a captured graph may still
-    /// use them, so they live as long as the queue.
-    retired: Vec<Buffer>,
-}
-
-static WORKSPACES: LazyLock<Mutex<HashMap<usize, Workspace>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The score workspace of every queue.
+static WORKSPACES: PerQueue<1> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The address of at least `n` u32 of workspace on this queue.
 fn workspace(q: &Queue, cq: &CudaQueue, n: i64) -> Result<u64> {
     let mut all = WORKSPACES
         .lock()
         .map_err(|_| Error::op_failed(OP, BACKEND, "a cache lock was poisoned by a panic"))?;
-    // Free the workspaces of queues that are gone (not during a capture, which a free fails).
-    if !crate::graph::capturing() {
-        all.retain(|_, w| w.stream.strong_count() > 0);
-    }
-    let key = Arc::as_ptr(&cq.stream) as usize;
-    let w = all.entry(key).or_insert_with(|| Workspace {
-        stream: Arc::downgrade(&cq.stream),
-        buf: None,
-        retired: Vec::new(),
-    });
-    let n = n.max(1);
-    if w.buf.as_ref().is_none_or(|b| b.numel() < n) {
-        match w.buf.take() {
-            Some(old) if cq.has_captured() => w.retired.push(old),
-            old => drop(old),
-        }
-        w.buf = Some(Buffer::uninit(q, DType::I32, &[n])?);
-    }
-    match &w.buf {
-        Some(b) => Ok(b.view().data_addr()),
-        None => Err(Error::backend(BACKEND, format!("{OP}: workspace missing"))),
-    }
+    let [addr] = scratch::buffers(&mut all, q, cq, [(DType::I32, n)], Fill::Uninit)?;
+    Ok(addr)
 }
 
 #[cfg(test)]

@@ -65,6 +65,7 @@ pub mod nvrtc;
 #[cfg(test)]
 mod ptx_check;
 mod queue;
+mod scratch;
 
 pub mod bench;
 

@@ -540,12 +540,7 @@ fn samples(dt: DType) -> Result<Samples> {
 
 #[test]
 fn planned_launches_match_the_ptx_parameter_lists() {
-    if !nvrtc::available() {
-        println!("SKIP: libnvrtc not found");
-        return;
-    }
-    if let Err(e) = nvrtc::include_dirs() {
-        println!("SKIP: {e}");
+    if !crate::test_util::nvrtc_ready() {
         return;
     }
     let mut plans = Vec::new();

@@ -34,13 +34,13 @@
 //! weight-only); else cuBLAS (16-bit) or the fp8 ops' other kernels.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{LazyLock, Mutex};
 
-use cudarc::driver::CudaStream;
-use vt_core::{BatchedMatmulArgs, Buffer, DType, Error, MatmulBTArgs, OpId, Queue, Result, Tensor};
+use vt_core::{BatchedMatmulArgs, DType, Error, MatmulBTArgs, OpId, Queue, Result, Tensor};
 
 use crate::launch::TensorMapSpec;
 use crate::rope_from_cache::int;
+use crate::scratch::{self, Fill, PerQueue};
 use crate::{kernel_source, Arg, CudaQueue, KernelSource, Launch};
 
 static SRC: KernelSource = kernel_source!("skinny_gemm");
@@ -586,41 +586,15 @@ pub fn batched_matmul_with(q: &Queue, x: &BatchedMatmulArgs<'_>, opts: &GemmOpti
     run_16(q, &Problem::of_batched(x), opts, || crate::matmul::cublas_batched_matmul(q, x))
 }
 
-/// The split-K workspace of one queue (stream): counters then partials, zeroed when
-/// allocated (every launch leaves its counters zero), grown only when a larger call arrives,
-/// so after warm-up a call allocates nothing (CUDA graph capture); a buffer outgrown after a
-/// graph was captured on the queue is kept until the queue goes (the graph may use it).
-struct Workspace {
-    stream: Weak<CudaStream>,
-    buf: Option<Buffer>,
-    retired: Vec<Buffer>,
-}
-
-static WORKSPACES: LazyLock<Mutex<HashMap<usize, Workspace>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The split-K workspace of every queue: counters then partials, zeroed when allocated
+/// (every launch leaves its counters zero).
+static WORKSPACES: PerQueue<1> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 pub(crate) fn workspace(q: &Queue, cq: &CudaQueue, op: OpId, elems: i64) -> Result<u64> {
     let mut all =
         WORKSPACES.lock().map_err(|_| Error::op_failed(op, "cuda", "a lock was poisoned by a panic"))?;
-    if !crate::graph::capturing() {
-        all.retain(|_, w| w.stream.strong_count() > 0);
-    }
-    let key = Arc::as_ptr(&cq.stream) as usize;
-    let w = all.entry(key).or_insert_with(|| Workspace {
-        stream: Arc::downgrade(&cq.stream),
-        buf: None,
-        retired: Vec::new(),
-    });
-    if w.buf.as_ref().is_none_or(|b| b.numel() < elems) {
-        match w.buf.take() {
-            Some(old) if cq.has_captured() => w.retired.push(old),
-            old => drop(old),
-        }
-        w.buf = Some(Buffer::zeros(q, DType::F32, &[elems.max(1)])?);
-    }
-    match &w.buf {
-        Some(b) => Ok(b.view().data_addr()),
-        None => Err(Error::op_failed(op, "cuda", "skinny GEMM workspace missing")),
-    }
+    let [addr] = scratch::buffers(&mut all, q, cq, [(DType::F32, elems)], Fill::Zeros)?;
+    Ok(addr)
 }
 
 #[cfg(test)]
@@ -710,8 +684,7 @@ mod tests {
     #[test]
     fn kernel_facts_match_the_host_plan() {
         use crate::nvrtc::{self, Target};
-        if !nvrtc::available() || nvrtc::include_dirs().is_err() {
-            println!("SKIP: libnvrtc or the CUDA headers not found");
+        if !crate::test_util::nvrtc_ready() {
             return;
         }
         let (code, headers) = crate::kernels::texts(&SRC).expect("kernel text");

@@ -594,8 +594,7 @@ mod tests {
     #[test]
     fn prefill_facts_match_the_kernel() {
         use crate::nvrtc::{self, Target};
-        if !nvrtc::available() || nvrtc::include_dirs().is_err() {
-            println!("SKIP: libnvrtc or the CUDA headers not found");
+        if !crate::test_util::nvrtc_ready() {
             return;
         }
         let fields = [

@@ -18,3 +18,17 @@ pub(crate) fn host_view<'a>(
     };
     t.expect("a valid test view")
 }
+
+/// Whether NVRTC and the CUDA headers are here for the tests that compile kernels; prints
+/// why such a test skips when not.
+pub(crate) fn nvrtc_ready() -> bool {
+    if !crate::nvrtc::available() {
+        println!("SKIP: libnvrtc not found");
+        return false;
+    }
+    if let Err(e) = crate::nvrtc::include_dirs() {
+        println!("SKIP: {e}");
+        return false;
+    }
+    true
+}

@@ -206,12 +206,7 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
 
 #[test]
 fn host_planning_facts_match_the_kernel_headers() {
-    if !nvrtc::available() {
-        println!("SKIP: libnvrtc not found");
-        return;
-    }
-    if let Err(e) = nvrtc::include_dirs() {
-        println!("SKIP: {e}");
+    if !crate::test_util::nvrtc_ready() {
         return;
     }
     let ptx = facts_ptx();
