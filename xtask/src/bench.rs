@@ -311,13 +311,22 @@ struct Row {
     sweep: Vec<(String, f64)>,
 }
 
-/// Splitmix64 step: the host side's only randomness (page permutation).
-fn mix(x: &mut u64) -> u64 {
+/// Splitmix64 step: the host side's randomness in the benches (page permutations, indices,
+/// fp8 cache rows).
+pub(crate) fn mix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *x;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// A uniform permutation of `v` (Fisher-Yates) drawn from [`mix`] seeded with `seed`.
+pub(crate) fn shuffle<T>(v: &mut [T], seed: u64) {
+    let mut st = seed;
+    for i in (1..v.len()).rev() {
+        v.swap(i, (mix(&mut st) % (i as u64 + 1)) as usize);
+    }
 }
 
 /// Device buffers of one shape.
@@ -342,11 +351,7 @@ fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Input
     let mb = blocks.iter().copied().max().unwrap_or(1).max(1);
     let nb: i64 = blocks.iter().sum();
     let mut ids: Vec<i32> = (0..nb as i32).collect();
-    let mut rng = 0x5eed_u64 ^ (s.h as u64) << 32 ^ s.bs as u64;
-    for i in (1..ids.len()).rev() {
-        let j = (mix(&mut rng) % (i as u64 + 1)) as usize;
-        ids.swap(i, j);
-    }
+    shuffle(&mut ids, 0x5eed_u64 ^ (s.h as u64) << 32 ^ s.bs as u64);
     let mut table = vec![0i32; (s.b * mb) as usize];
     let mut next = 0;
     for (i, &n) in blocks.iter().enumerate() {
@@ -358,7 +363,7 @@ fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Input
     let qb = Buffer::uninit(q, DType::BF16, &[s.b, s.s_q, s.h, D])?;
     bench.fill(&qb.view(), Q_SEED, 1.0)?;
     let (cache, fp8_bytes) = if s.fp8 {
-        let bytes = fp8_cache_bytes(nb * s.bs);
+        let bytes = fp8_ds_mla_rows(nb * s.bs, KV_SEED, 1.0);
         (Buffer::from_bytes(q, DType::Fp8DsMla, &[nb, s.bs, ROW8], &bytes)?, bytes)
     } else {
         let cache = Buffer::uninit(q, DType::BF16, &[nb, s.bs, D])?;
@@ -381,9 +386,9 @@ fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Input
 
 const ROW8: i64 = vt_core::fp8_ds_mla::ROW_BYTES as i64;
 
-/// `rows` fp8_ds_mla rows of pseudo-random latent and rope values in [-1, 1) (the host
-/// encoder: amax / 448 scales), row i from a hash of i, on all cores.
-fn fp8_cache_bytes(rows: i64) -> Vec<u8> {
+/// `rows` fp8_ds_mla rows of pseudo-random latent and rope values in [-amp, amp) (the host
+/// encoder: amax / 448 scales), row i from a hash of i and `seed`, on all cores.
+pub(crate) fn fp8_ds_mla_rows(rows: i64, seed: u64, amp: f32) -> Vec<u8> {
     use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
     let mut out = vec![0u8; rows as usize * ROW_BYTES];
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
@@ -392,8 +397,8 @@ fn fp8_cache_bytes(rows: i64) -> Vec<u8> {
         for (ci, chunk) in out.chunks_mut(per * ROW_BYTES).enumerate() {
             sc.spawn(move || {
                 for (ri, row) in chunk.chunks_mut(ROW_BYTES).enumerate() {
-                    let mut st = ((ci * per + ri) as u64) ^ KV_SEED << 40;
-                    let mut val = || (mix(&mut st) >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                    let mut st = ((ci * per + ri) as u64) ^ seed << 40;
+                    let mut val = || ((mix(&mut st) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * amp;
                     let mut latent = [0f32; LATENT];
                     latent.iter_mut().for_each(|v| *v = val());
                     let mut rope = [0f32; ROPE];

@@ -55,8 +55,7 @@ use vt_core::{
 };
 use vt_cuda::bench::{median, Bench};
 use vt_cuda::fp8_matmul::{
-    batched_matmul_fp8_with, batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options,
-    Fp8Options, Kernel,
+    batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options, Fp8Options, Kernel,
 };
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
@@ -277,8 +276,22 @@ impl Row {
     /// The best fp8 time with the activations as the op receives them at decode (bf16): the
     /// weight-only kernel or quantize + both-fp8.
     fn best_decode_fp8(&self) -> Option<f64> {
-        let q = self.best_w8a8().zip(self.quant_us).map(|(a, b)| a + b);
-        [self.w8_us, self.sk8_us, q].into_iter().flatten().reduce(f64::min)
+        [self.w8_us, self.sk8_us, self.w8a8_quant()].into_iter().flatten().reduce(f64::min)
+    }
+
+    /// The better both-fp8 time plus the activations' quantization (the `w8a8+q` column).
+    fn w8a8_quant(&self) -> Option<f64> {
+        self.best_w8a8().zip(self.quant_us).map(|(a, b)| a + b)
+    }
+
+    /// The floors of the bf16, weight-only fp8 and both-fp8 columns (us) under the copy
+    /// bandwidth `bw` and the peaks.
+    fn floors(&self, bw: f64, bf16_peak: f64, fp8_peak: f64) -> (f64, f64, f64) {
+        (
+            floor_us(self.bytes_bf16, self.flops, bw, bf16_peak),
+            floor_us(self.bytes_w8, self.flops, bw, fp8_peak),
+            floor_us(self.bytes_w8a8, self.flops, bw, fp8_peak),
+        )
     }
 
     /// The better both-fp8 time: the Auto kernel or cuBLASLt.
@@ -484,6 +497,58 @@ fn runs_at(g: &Gemm, m: i64) -> bool {
     (m <= DECODE_MAX_M && g.decode) || (m > DECODE_MAX_M && g.prefill)
 }
 
+/// The activations of a cell's fp8 products: bf16 (weight-only fp8) or quantized to fp8.
+#[derive(Clone, Copy, Debug)]
+enum Act {
+    Bf16,
+    Fp8,
+}
+
+/// A cell's three products in the form of its GEMM, so that one sequence of calls times
+/// the columns of both forms: the forms differ only in their entry points.
+enum Products<'a> {
+    Linear { b16: MatmulBTArgs<'a>, w8: MatmulBTFp8Args<'a>, w8a8: MatmulBTFp8Args<'a> },
+    Absorbed { b16: BatchedMatmulArgs<'a>, w8: BatchedMatmulFp8Args<'a>, w8a8: BatchedMatmulFp8Args<'a> },
+}
+
+impl Products<'_> {
+    /// The bf16 product through vt-core's dispatch (as the block runs it).
+    fn bf16_default(&self, q: &Queue) -> vt_core::Result<()> {
+        match self {
+            Products::Linear { b16, .. } => vt_core::matmul_bt(q, b16),
+            Products::Absorbed { b16, .. } => vt_core::batched_matmul(q, b16),
+        }
+    }
+
+    /// The bf16 product on the kernel `opts` forces.
+    fn bf16(&self, q: &Queue, opts: &GemmOptions) -> vt_core::Result<()> {
+        match self {
+            Products::Linear { b16, .. } => matmul_bt_with(q, b16, opts).map(|_| ()),
+            Products::Absorbed { b16, .. } => batched_matmul_with(q, b16, opts).map(|_| ()),
+        }
+    }
+
+    /// The fp8 product on `act` activations through vt-core's dispatch.
+    fn fp8_default(&self, q: &Queue, act: Act) -> vt_core::Result<()> {
+        match (self, act) {
+            (Products::Linear { w8, .. }, Act::Bf16) => vt_core::matmul_bt_fp8(q, w8),
+            (Products::Linear { w8a8, .. }, Act::Fp8) => vt_core::matmul_bt_fp8(q, w8a8),
+            (Products::Absorbed { w8, .. }, Act::Bf16) => vt_core::batched_matmul_fp8(q, w8),
+            (Products::Absorbed { w8a8, .. }, Act::Fp8) => vt_core::batched_matmul_fp8(q, w8a8),
+        }
+    }
+
+    /// The fp8 product on `act` activations on the kernel `opts` forces: the kernel that ran.
+    fn fp8(&self, q: &Queue, act: Act, opts: &Fp8Options) -> vt_core::Result<Kernel> {
+        match (self, act) {
+            (Products::Linear { w8, .. }, Act::Bf16) => matmul_bt_fp8_with_options(q, w8, opts),
+            (Products::Linear { w8a8, .. }, Act::Fp8) => matmul_bt_fp8_with_options(q, w8a8, opts),
+            (Products::Absorbed { w8, .. }, Act::Bf16) => batched_matmul_fp8_with_options(q, w8, opts),
+            (Products::Absorbed { w8a8, .. }, Act::Fp8) => batched_matmul_fp8_with_options(q, w8a8, opts),
+        }
+    }
+}
+
 /// One (GEMM, M) cell: bf16, w8, quantize, w8a8.
 #[allow(clippy::too_many_arguments)]
 fn cell(
@@ -527,106 +592,73 @@ fn cell(
         parity: true,
         ..Row::default()
     };
-    match s.form {
-        Form::Linear => {
-            let b16 = MatmulBTArgs { out: o, a: xa, b: v.w16 };
-            vt_core::matmul_bt(q, &b16)?;
-            let cublas = GemmOptions { kernel: GemmKernel::Cublas, splits: None };
-            let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits };
-            row.bf16_us = time(bench, iters, || matmul_bt_with(q, &b16, &cublas).map(|_| ()))?;
-            if m <= DECODE_MAX_M {
-                let want = q.read_f64(&o)?;
-                matmul_bt_with(q, &b16, &skinny)?;
-                row.err16 = vt_check::rel_fro_error(&q.read_f64(&o)?, &want);
-                row.sk16_us = Some(time(bench, iters, || matmul_bt_with(q, &b16, &skinny).map(|_| ()))?);
-            }
-            let w8 = MatmulBTFp8Args { out: o, a: xa, a_scale: None, b: v.w8, b_scale: v.w8s };
-            let w8a8 = MatmulBTFp8Args { out: o, a: xq, a_scale: Some(xsv), b: v.w8, b_scale: v.w8s };
-            vt_core::matmul_bt_fp8(q, &w8)?;
-            vt_core::matmul_bt_fp8(q, &w8a8)?;
-            let mut errs = Vec::new();
-            matmul_bt_fp8_with(q, &w8, Kernel::Gemv)?;
-            if check {
-                errs.push(parity(q, s, w, m, &xa, None, &o)?);
-            }
-            row.w8_us = Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8, Kernel::Gemv).map(|_| ()))?);
-            if m <= DECODE_MAX_M {
-                matmul_bt_fp8_with_options(q, &w8, &sk8)?;
-                if check {
-                    errs.push(parity(q, s, w, m, &xa, None, &o)?);
-                }
-                row.sk8_us =
-                    Some(time(bench, iters, || matmul_bt_fp8_with_options(q, &w8, &sk8).map(|_| ()))?);
-            }
-            // Our tensor-core kernel, forced on sm_90 (Auto takes cuBLASLt there unless
-            // VT_FP8_LT=0: the `lt` column below), Auto elsewhere (Mma on sm_89/100).
-            let ours = if q.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90) {
-                Kernel::Wgmma
-            } else {
-                Kernel::Auto
-            };
-            let kernel = matmul_bt_fp8_with(q, &w8a8, ours)?;
-            row.w8a8_kernel = format!("{kernel:?}");
-            if check {
-                errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
-            }
-            row.w8a8_us = Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, ours).map(|_| ()))?);
-            // cuBLASLt on the same operands (the activation scales are stored [KB, M], the
-            // weight scales row-major: its layouts for these shapes); refused shapes print why.
-            match matmul_bt_fp8_with(q, &w8a8, Kernel::Lt) {
-                Ok(_) => {
-                    if check {
-                        errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
-                    }
-                    row.lt_us =
-                        Some(time(bench, iters, || matmul_bt_fp8_with(q, &w8a8, Kernel::Lt).map(|_| ()))?);
-                }
-                Err(er) => lt_refused(s.name, m, &er),
-            }
-            row.err = errs.into_iter().fold(0.0, f64::max);
+    let p = match s.form {
+        Form::Linear => Products::Linear {
+            b16: MatmulBTArgs { out: o, a: xa, b: v.w16 },
+            w8: MatmulBTFp8Args { out: o, a: xa, a_scale: None, b: v.w8, b_scale: v.w8s },
+            w8a8: MatmulBTFp8Args { out: o, a: xq, a_scale: Some(xsv), b: v.w8, b_scale: v.w8s },
+        },
+        // The weights N-contiguous, as the block keeps W_UK_T / W_UV in 16 bits.
+        Form::Absorbed => Products::Absorbed {
+            b16: BatchedMatmulArgs { out: o, a: xa, b: v.w16 },
+            w8: BatchedMatmulFp8Args { out: o, a: xa, a_scale: None, b: v.w8, b_scale: v.w8s },
+            w8a8: BatchedMatmulFp8Args { out: o, a: xq, a_scale: Some(xsv), b: v.w8, b_scale: v.w8s },
+        },
+    };
+    p.bf16_default(q)?;
+    let cublas = GemmOptions { kernel: GemmKernel::Cublas, splits: None };
+    let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits };
+    row.bf16_us = time(bench, iters, || p.bf16(q, &cublas))?;
+    if m <= DECODE_MAX_M {
+        let want = q.read_f64(&o)?;
+        p.bf16(q, &skinny)?;
+        row.err16 = vt_check::rel_fro_error(&q.read_f64(&o)?, &want);
+        row.sk16_us = Some(time(bench, iters, || p.bf16(q, &skinny))?);
+    }
+    p.fp8_default(q, Act::Bf16)?;
+    p.fp8_default(q, Act::Fp8)?;
+    let mut errs = Vec::new();
+    let gemv = Fp8Options { kernel: Kernel::Gemv, splits: None };
+    p.fp8(q, Act::Bf16, &gemv)?;
+    if check {
+        errs.push(parity(q, s, w, m, &xa, None, &o)?);
+    }
+    row.w8_us = Some(time(bench, iters, || p.fp8(q, Act::Bf16, &gemv).map(|_| ()))?);
+    if m <= DECODE_MAX_M {
+        p.fp8(q, Act::Bf16, &sk8)?;
+        if check {
+            errs.push(parity(q, s, w, m, &xa, None, &o)?);
         }
-        Form::Absorbed => {
-            let b16 = BatchedMatmulArgs { out: o, a: xa, b: v.w16 };
-            vt_core::batched_matmul(q, &b16)?;
-            let cublas = GemmOptions { kernel: GemmKernel::Cublas, splits: None };
-            let skinny = GemmOptions { kernel: GemmKernel::Skinny, splits };
-            row.bf16_us = time(bench, iters, || batched_matmul_with(q, &b16, &cublas).map(|_| ()))?;
-            // The weights N-contiguous, as the block keeps W_UK_T / W_UV in 16 bits.
-            if m <= DECODE_MAX_M {
-                let want = q.read_f64(&o)?;
-                batched_matmul_with(q, &b16, &skinny)?;
-                row.err16 = vt_check::rel_fro_error(&q.read_f64(&o)?, &want);
-                row.sk16_us = Some(time(bench, iters, || batched_matmul_with(q, &b16, &skinny).map(|_| ()))?);
-            }
-            let w8 = BatchedMatmulFp8Args { out: o, a: xa, a_scale: None, b: v.w8, b_scale: v.w8s };
-            let w8a8 = BatchedMatmulFp8Args { out: o, a: xq, a_scale: Some(xsv), b: v.w8, b_scale: v.w8s };
-            vt_core::batched_matmul_fp8(q, &w8)?;
-            vt_core::batched_matmul_fp8(q, &w8a8)?;
-            let mut errs = Vec::new();
-            batched_matmul_fp8_with(q, &w8, Kernel::Gemv)?;
-            if check {
-                errs.push(parity(q, s, w, m, &xa, None, &o)?);
-            }
-            row.w8_us =
-                Some(time(bench, iters, || batched_matmul_fp8_with(q, &w8, Kernel::Gemv).map(|_| ()))?);
-            if m <= DECODE_MAX_M {
-                batched_matmul_fp8_with_options(q, &w8, &sk8)?;
+        row.sk8_us = Some(time(bench, iters, || p.fp8(q, Act::Bf16, &sk8).map(|_| ()))?);
+    }
+    // Our tensor-core kernel: on the linear layers forced to Wgmma on sm_90 (Auto takes
+    // cuBLASLt there unless VT_FP8_LT=0: the `lt` column below), Auto elsewhere (Mma on
+    // sm_89/100); Auto on the BMMs.
+    let sm90 = || q.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90);
+    let ours = if s.form == Form::Linear && sm90() { Kernel::Wgmma } else { Kernel::Auto };
+    let ours = Fp8Options { kernel: ours, splits: None };
+    let kernel = p.fp8(q, Act::Fp8, &ours)?;
+    row.w8a8_kernel = format!("{kernel:?}");
+    if check {
+        errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
+    }
+    row.w8a8_us = Some(time(bench, iters, || p.fp8(q, Act::Fp8, &ours).map(|_| ()))?);
+    // cuBLASLt on the same operands (the activation scales are stored [KB, M], the weight
+    // scales row-major: its layouts for these shapes); refused shapes print why. The linear
+    // layers only: the absorbed BMMs are not routed to it.
+    if s.form == Form::Linear {
+        let lt = Fp8Options { kernel: Kernel::Lt, splits: None };
+        match p.fp8(q, Act::Fp8, &lt) {
+            Ok(_) => {
                 if check {
-                    errs.push(parity(q, s, w, m, &xa, None, &o)?);
+                    errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
                 }
-                row.sk8_us =
-                    Some(time(bench, iters, || batched_matmul_fp8_with_options(q, &w8, &sk8).map(|_| ()))?);
+                row.lt_us = Some(time(bench, iters, || p.fp8(q, Act::Fp8, &lt).map(|_| ()))?);
             }
-            let kernel = batched_matmul_fp8_with(q, &w8a8, Kernel::Auto)?;
-            row.w8a8_kernel = format!("{kernel:?}");
-            if check {
-                errs.push(parity(q, s, w, m, &xq, Some(&xsv), &o)?);
-            }
-            row.w8a8_us =
-                Some(time(bench, iters, || batched_matmul_fp8_with(q, &w8a8, Kernel::Auto).map(|_| ()))?);
-            row.err = errs.into_iter().fold(0.0, f64::max);
+            Err(er) => lt_refused(s.name, m, &er),
         }
     }
+    row.err = errs.into_iter().fold(0.0, f64::max);
     row.quant_us = Some(time(bench, iters, || vt_core::quantize_fp8(q, &quant))?);
     let tol = vt_check::tolerance(OpId::MatmulBTFp8, DType::BF16).unwrap_or(2e-2);
     row.parity = (!check || row.err <= tol) && row.err16 <= tol;
@@ -652,10 +684,8 @@ fn cell_str(us: Option<f64>, floor: f64) -> String {
 }
 
 fn format_row(r: &Row, bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
-    let f16 = floor_us(r.bytes_bf16, r.flops, bw, bf16_peak);
-    let f8 = floor_us(r.bytes_w8, r.flops, bw, fp8_peak);
-    let f8a8 = floor_us(r.bytes_w8a8, r.flops, bw, fp8_peak);
-    let wq = r.best_w8a8().zip(r.quant_us).map(|(a, b)| a + b);
+    let (f16, f8, f8a8) = r.floors(bw, bf16_peak, fp8_peak);
+    let wq = r.w8a8_quant();
     format!(
         "{:<9} M {:>5}  bf16 {:>14}  sk16 {:>14}  w8 {:>14}  sk8 {:>14}  w8a8[{}] {:>14}  lt {:>14}  quant {:>7}  w8a8+q {:>14}  {:>5.0} TFLOP/s bf16, {:>5.0} fp8, {:>5.0} lt ({}x bf16)  parity {} ({:.1e}, sk16 {:.1e})",
         r.name,
@@ -755,10 +785,8 @@ fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64
     let _ = writeln!(o, "\n| GEMM | M | bf16 cuBLAS us (% floor) | bf16 skinny us (% floor) | fp8 w8 Gemv us (% floor) | fp8 w8 skinny us (% floor) | fp8 w8a8 us (% floor) | fp8 cuBLASLt us (% floor) | quantize us | best w8a8 + quantize us | bf16 TFLOP/s | w8a8 TFLOP/s | cuBLASLt TFLOP/s | cuBLASLt / bf16 | parity |");
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
-        let f16 = floor_us(r.bytes_bf16, r.flops, bw, bf16_peak);
-        let f8 = floor_us(r.bytes_w8, r.flops, bw, fp8_peak);
-        let f8a8 = floor_us(r.bytes_w8a8, r.flops, bw, fp8_peak);
-        let wq = r.best_w8a8().zip(r.quant_us).map(|(a, b)| a + b);
+        let (f16, f8, f8a8) = r.floors(bw, bf16_peak, fp8_peak);
+        let wq = r.w8a8_quant();
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} | {} | {} | {} | {} ({:.1e}) |",

@@ -29,7 +29,7 @@ use vt_core::{Buffer, DType, Device, IndexerTopKArgs, Queue};
 use vt_cuda::bench::{filled_value, median, Bench};
 use vt_cuda::indexer_top_k::{indexer_scores_only, indexer_top_k_with, Kernel};
 
-use crate::bench::{ceilings, cuda_queue, device_name, positive};
+use crate::bench::{ceilings, cuda_queue, device_name, positive, shuffle};
 use crate::progress::Progress;
 
 /// `cargo xtask bench indexer` options.
@@ -150,15 +150,6 @@ fn shapes() -> Vec<Shape> {
     v
 }
 
-/// Splitmix64 step (the page permutation).
-fn mix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 struct Inputs {
     q: Buffer,
     w: Buffer,
@@ -175,10 +166,7 @@ fn make_inputs(q: &Queue, bench: &Bench<'_>, s: &Shape) -> vt_core::Result<Input
     let (t, mb) = (s.t(), s.s / BS);
     let nb = s.b * mb;
     let mut perm: Vec<i32> = (0..nb as i32).collect();
-    let mut st = 0x5EED_u64;
-    for i in (1..perm.len()).rev() {
-        perm.swap(i, (mix(&mut st) % (i as u64 + 1)) as usize);
-    }
+    shuffle(&mut perm, 0x5EED_u64);
     let qb = Buffer::uninit(q, DType::BF16, &[t, H, DI])?;
     bench.fill(&qb.view(), Q_SEED, 1.0)?;
     let w = Buffer::uninit(q, DType::F32, &[t, H])?;

@@ -139,6 +139,11 @@ impl Shape {
     fn single(heads: i64, t: i64, kind: Kind) -> Shape {
         Shape { kind, heads, q_lens: vec![t], k_lens: vec![t], causal: true, lse: false }
     }
+    /// The table's causal varlen batch ([`varlen_lens`], queries and keys alike) at 128 heads.
+    fn varlen() -> Shape {
+        let lens = varlen_lens();
+        Shape { kind: Kind::Varlen, heads: 128, q_lens: lens.clone(), k_lens: lens, causal: true, lse: false }
+    }
     pub fn tq(&self) -> i64 {
         self.q_lens.iter().sum()
     }
@@ -213,15 +218,7 @@ pub fn shapes() -> Vec<Shape> {
             v.push(Shape::single(heads, t, Kind::Single));
         }
     }
-    let lens = varlen_lens();
-    let varlen = Shape {
-        kind: Kind::Varlen,
-        heads: 128,
-        q_lens: lens.clone(),
-        k_lens: lens,
-        causal: true,
-        lse: false,
-    };
+    let varlen = Shape::varlen();
     v.push(Shape::single(128, same_work_len(varlen.pairs()), Kind::VarlenRef));
     v.push(varlen);
     for heads in [128, 16] {
@@ -862,15 +859,7 @@ mod tests {
         let (_, peer) = parse_peer(PEER).expect("parses");
         let h128 = Shape::single(128, 4096, Kind::Single);
         let cudnn = h128.flops() / 2e-3 / 1e12;
-        let lens = varlen_lens();
-        let varlen = Shape {
-            kind: Kind::Varlen,
-            heads: 128,
-            q_lens: lens.clone(),
-            k_lens: lens,
-            causal: true,
-            lse: false,
-        };
+        let varlen = Shape::varlen();
         let rows = vec![
             measured(h128.clone(), cudnn * 1.05),
             measured(Shape::single(16, 4096, Kind::Single), cudnn * 0.9),

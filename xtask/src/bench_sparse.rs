@@ -41,7 +41,7 @@ use vt_cuda::bench::{filled_value, median, Bench};
 use vt_cuda::mla_decode_attention::Kernel as DK;
 use vt_cuda::sparse_mla_attention::{sparse_mla_attention_with, Kernel, SparseOptions};
 
-use crate::bench::{ceilings, cuda_queue, device_name, positive};
+use crate::bench::{ceilings, cuda_queue, device_name, fp8_ds_mla_rows, mix, positive, shuffle};
 use crate::peer_json;
 use crate::progress::Progress;
 
@@ -276,15 +276,6 @@ impl Row {
     }
 }
 
-/// Splitmix64 step: the host side's randomness (page permutation, indices).
-fn mix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// `k` distinct positions of `0..n` per row (k <= n), `rows` rows, on all cores.
 fn distinct_rows(rows: i64, n: i64, k: i64, seed: u64) -> Vec<i32> {
     let mut out = vec![0i32; (rows * k) as usize];
@@ -327,33 +318,6 @@ struct Inputs {
     fp8: Option<std::sync::Arc<Vec<u8>>>,
 }
 
-/// The fp8_ds_mla rows of the decode shapes: one cache for all of them (the largest b x
-/// s_kv), rows from a hash of their index, encoded on all cores.
-fn fp8_cache_bytes(rows: i64) -> Vec<u8> {
-    use vt_core::fp8_ds_mla::{encode_row, LATENT, ROPE, ROW_BYTES};
-    let mut out = vec![0u8; rows as usize * ROW_BYTES];
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let per = (rows as usize).div_ceil(threads).max(1);
-    std::thread::scope(|sc| {
-        for (ci, chunk) in out.chunks_mut(per * ROW_BYTES).enumerate() {
-            sc.spawn(move || {
-                for (ri, row) in chunk.chunks_mut(ROW_BYTES).enumerate() {
-                    let mut st = ((ci * per + ri) as u64) ^ KV_SEED << 40;
-                    let mut val = || ((mix(&mut st) >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * 0.1;
-                    let mut latent = [0f32; LATENT];
-                    latent.iter_mut().for_each(|v| *v = val());
-                    let mut rope = [0f32; ROPE];
-                    rope.iter_mut().for_each(|v| *v = val());
-                    let mut bytes = [0u8; ROW_BYTES];
-                    encode_row(&latent, &rope, &mut bytes);
-                    row.copy_from_slice(&bytes);
-                }
-            });
-        }
-    });
-    out
-}
-
 fn make_inputs(
     q: &Queue,
     bench: &Bench<'_>,
@@ -370,10 +334,7 @@ fn make_inputs(
             let per_seq = s.s_kv / DECODE_BS;
             let nb = s.b * per_seq;
             let mut ids: Vec<i64> = (0..nb).collect();
-            let mut st = 0xb10c_u64 ^ s.b as u64;
-            for i in (1..ids.len()).rev() {
-                ids.swap(i, (mix(&mut st) % (i as u64 + 1)) as usize);
-            }
+            shuffle(&mut ids, 0xb10c_u64 ^ s.b as u64);
             let idx: Vec<i32> = pos
                 .iter()
                 .enumerate()
@@ -390,8 +351,10 @@ fn make_inputs(
                 return finish(q, s, qb, idx, Some(cache), None);
             }
             if fp8.as_ref().is_none_or(|(b, _)| (b.len() as i64) < need * ROW8) {
+                // One cache for all the decode shapes (the largest b x s_kv).
                 let rows = shapes().iter().filter(|x| x.kind == Kind::Decode).map(|x| x.b * x.s_kv).max();
-                let bytes = std::sync::Arc::new(fp8_cache_bytes(rows.unwrap_or(need).max(need)));
+                let bytes =
+                    std::sync::Arc::new(fp8_ds_mla_rows(rows.unwrap_or(need).max(need), KV_SEED, 0.1));
                 let n = bytes.len() as i64 / ROW8;
                 let buf = Buffer::from_bytes(q, DType::Fp8DsMla, &[n / DECODE_BS, DECODE_BS, ROW8], &bytes)?;
                 *fp8 = Some((bytes, buf));
