@@ -114,6 +114,37 @@ impl Check {
         Ok(())
     }
 
+    /// Rank, device and dtype of the operands of an fp8 block-scaled matmul, all of `rank`:
+    /// `out` bf16, f16 or f32; `b` e4m3 with an f32 `b_scale`; `a` in `out`'s dtype without
+    /// `a_scale` (weight-only fp8), or e4m3 with an f32 `a_scale`. Shapes are each op's own.
+    pub fn fp8_matmul_dtypes(&self, rank: usize, x: &Fp8MatmulOperands<'_, '_>) -> Result<()> {
+        self.float("out", x.out, rank)?;
+        self.typed("b", x.b, rank, DType::F8E4M3)?;
+        self.typed("b_scale", x.b_scale, rank, DType::F32)?;
+        match x.a_scale {
+            None => {
+                self.float("a", x.a, rank)?;
+                self.same_dtype("a", x.a, x.out.dtype())
+            }
+            Some(s) => {
+                self.typed("a", x.a, rank, DType::F8E4M3)?;
+                self.typed("a_scale", s, rank, DType::F32)
+            }
+        }
+    }
+
+    /// The output of an fp8 block-scaled matmul overlaps neither itself nor any input.
+    pub fn fp8_matmul_output(&self, x: &Fp8MatmulOperands<'_, '_>) -> Result<()> {
+        self.output("out", x.out)?;
+        self.disjoint("out", x.out, "a", x.a)?;
+        self.disjoint("out", x.out, "b", x.b)?;
+        self.disjoint("out", x.out, "b_scale", x.b_scale)?;
+        if let Some(s) = x.a_scale {
+            self.disjoint("out", x.out, "a_scale", s)?;
+        }
+        Ok(())
+    }
+
     /// Whether an MLA cache is an fp8_ds_mla cache; if it is, also its rank (3), device
     /// and row bytes ([`crate::fp8_ds_mla::ROW_BYTES`]). A float cache is left to the op's
     /// own checks, which keep naming the argument they always named.
@@ -141,6 +172,18 @@ impl Check {
         }
         Ok(())
     }
+}
+
+/// The operands of an fp8 block-scaled matmul as [`crate::matmul_bt_fp8`] and
+/// [`crate::batched_matmul_fp8`] both name them: their contracts agree on the operands'
+/// dtypes and aliasing, checked once by [`Check::fp8_matmul_dtypes`] and
+/// [`Check::fp8_matmul_output`].
+pub(crate) struct Fp8MatmulOperands<'t, 'a> {
+    pub out: &'t Tensor<'a>,
+    pub a: &'t Tensor<'a>,
+    pub a_scale: Option<&'t Tensor<'a>>,
+    pub b: &'t Tensor<'a>,
+    pub b_scale: &'t Tensor<'a>,
 }
 
 /// Checks of index tensors' values. Only possible where the values are host-readable

@@ -1,7 +1,7 @@
 use crate::fp8_block::blocks;
 use crate::registry::dispatch;
-use crate::validate::Check;
-use crate::{DType, OpId, Queue, Result, Tensor};
+use crate::validate::{Check, Fp8MatmulOperands};
+use crate::{OpId, Queue, Result, Tensor};
 
 /// Arguments of [`batched_matmul_fp8`].
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +29,8 @@ pub struct BatchedMatmulFp8Args<'a> {
 ///   transposed is a valid `b`; its 128-blocks are counted from the view's first element).
 ///   Kernels are fastest with stride 1 along K of `a` and `b`.
 /// - f32 accumulation; `out` must not overlap itself or any input.
+///
+/// [`DType::F8E4M3`]: crate::DType::F8E4M3
 pub fn batched_matmul_fp8(q: &Queue, args: &BatchedMatmulFp8Args<'_>) -> Result<()> {
     validate(q, args)?;
     dispatch!(q, BatchedMatmulFp8, args)
@@ -36,19 +38,11 @@ pub fn batched_matmul_fp8(q: &Queue, args: &BatchedMatmulFp8Args<'_>) -> Result<
 
 fn validate(q: &Queue, x: &BatchedMatmulFp8Args<'_>) -> Result<()> {
     let c = Check::new(OpId::BatchedMatmulFp8, q.device());
-    c.float("out", &x.out, 3)?;
-    c.typed("b", &x.b, 3, DType::F8E4M3)?;
-    c.typed("b_scale", &x.b_scale, 3, DType::F32)?;
-    match &x.a_scale {
-        None => {
-            c.float("a", &x.a, 3)?;
-            c.same_dtype("a", &x.a, x.out.dtype())?;
-        }
-        Some(_) => c.typed("a", &x.a, 3, DType::F8E4M3)?,
-    }
+    let ops =
+        Fp8MatmulOperands { out: &x.out, a: &x.a, a_scale: x.a_scale.as_ref(), b: &x.b, b_scale: &x.b_scale };
+    c.fp8_matmul_dtypes(3, &ops)?;
     let (g, m, k, n) = (x.a.dim(0), x.a.dim(1), x.a.dim(2), x.b.dim(2));
     if let Some(s) = &x.a_scale {
-        c.typed("a_scale", s, 3, DType::F32)?;
         c.dim("a_scale", s, 0, g, "a's G")?;
         c.dim("a_scale", s, 1, m, "a's M")?;
         c.dim("a_scale", s, 2, blocks(k), "ceil(K / 128)")?;
@@ -61,12 +55,5 @@ fn validate(q: &Queue, x: &BatchedMatmulFp8Args<'_>) -> Result<()> {
     c.dim("out", &x.out, 0, g, "a's G")?;
     c.dim("out", &x.out, 1, m, "a's M")?;
     c.dim("out", &x.out, 2, n, "b's N")?;
-    c.output("out", &x.out)?;
-    c.disjoint("out", &x.out, "a", &x.a)?;
-    c.disjoint("out", &x.out, "b", &x.b)?;
-    c.disjoint("out", &x.out, "b_scale", &x.b_scale)?;
-    if let Some(s) = &x.a_scale {
-        c.disjoint("out", &x.out, "a_scale", s)?;
-    }
-    Ok(())
+    c.fp8_matmul_output(&ops)
 }

@@ -1,7 +1,7 @@
 use crate::fp8_block::blocks;
 use crate::registry::dispatch;
-use crate::validate::Check;
-use crate::{DType, OpId, Queue, Result, Tensor};
+use crate::validate::{Check, Fp8MatmulOperands};
+use crate::{OpId, Queue, Result, Tensor};
 
 /// Arguments of [`matmul_bt_fp8`].
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +38,8 @@ pub struct MatmulBTFp8Args<'a> {
 ///   `b_scale` the matching scale rows).
 /// - `b_scale` `[ceil(N/128), ceil(K/128)]` f32; `a_scale` `[M, ceil(K/128)]` f32; any strides.
 /// - K may be 0 (out = 0). `out` must not overlap any input.
+///
+/// [`DType::F8E4M3`]: crate::DType::F8E4M3
 pub fn matmul_bt_fp8(q: &Queue, args: &MatmulBTFp8Args<'_>) -> Result<()> {
     validate(q, args)?;
     dispatch!(q, MatmulBTFp8, args)
@@ -45,19 +47,11 @@ pub fn matmul_bt_fp8(q: &Queue, args: &MatmulBTFp8Args<'_>) -> Result<()> {
 
 fn validate(q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
     let c = Check::new(OpId::MatmulBTFp8, q.device());
-    c.float("out", &x.out, 2)?;
-    c.typed("b", &x.b, 2, DType::F8E4M3)?;
-    c.typed("b_scale", &x.b_scale, 2, DType::F32)?;
-    match &x.a_scale {
-        None => {
-            c.float("a", &x.a, 2)?;
-            c.same_dtype("a", &x.a, x.out.dtype())?;
-        }
-        Some(_) => c.typed("a", &x.a, 2, DType::F8E4M3)?,
-    }
+    let ops =
+        Fp8MatmulOperands { out: &x.out, a: &x.a, a_scale: x.a_scale.as_ref(), b: &x.b, b_scale: &x.b_scale };
+    c.fp8_matmul_dtypes(2, &ops)?;
     let (m, k, n) = (x.a.dim(0), x.a.dim(1), x.b.dim(0));
     if let Some(s) = &x.a_scale {
-        c.typed("a_scale", s, 2, DType::F32)?;
         c.dim("a_scale", s, 0, m, "a's M")?;
         c.dim("a_scale", s, 1, blocks(k), "ceil(K / 128)")?;
     }
@@ -69,12 +63,5 @@ fn validate(q: &Queue, x: &MatmulBTFp8Args<'_>) -> Result<()> {
     for (name, t) in [("out", &x.out), ("a", &x.a), ("b", &x.b)] {
         c.unit_inner(name, t)?;
     }
-    c.output("out", &x.out)?;
-    c.disjoint("out", &x.out, "a", &x.a)?;
-    c.disjoint("out", &x.out, "b", &x.b)?;
-    c.disjoint("out", &x.out, "b_scale", &x.b_scale)?;
-    if let Some(s) = &x.a_scale {
-        c.disjoint("out", &x.out, "a_scale", s)?;
-    }
-    Ok(())
+    c.fp8_matmul_output(&ops)
 }
