@@ -346,9 +346,7 @@ impl<'w> MlaBlock<'w> {
         kv_cache: &Tensor<'_>,
         out: &Tensor<'_>,
     ) -> Result<()> {
-        self.check_step(q, hidden, meta, kv_cache, out)?;
-        self.prepare(q, ws, meta)?;
-        self.launch(q, ws, hidden, meta, kv_cache, out)
+        self.forward_with(&PlainDecode, q, ws, hidden, meta, kv_cache, out)
     }
 
     /// The host-side half of a step: sizes `ws` for `meta` (allocating only past its

@@ -285,13 +285,10 @@ impl MlaBlockDims {
 
     fn validate_indexer(&self, ix: &IndexerDims) -> Result<()> {
         self.validate_indexer_bounds(ix)?;
-        for (name, v) in
-            [("index_n_heads", ix.n_heads), ("index_head_dim", ix.head_dim), ("index_topk", ix.topk)]
-        {
-            if v <= 0 {
-                return Err(Error::invalid(OP, name, format!("must be > 0, got {v}")));
-            }
-        }
+        check_positive(
+            OP,
+            &[("index_n_heads", ix.n_heads), ("index_head_dim", ix.head_dim), ("index_topk", ix.topk)],
+        )?;
         if ix.head_dim < self.qk_rope_head_dim {
             return Err(Error::invalid(
                 OP,
@@ -397,6 +394,16 @@ impl MlaBlockDims {
         }
         Ok(())
     }
+}
+
+/// Refuses (naming `op`) the first of `sizes` that is not > 0, with its name and value.
+pub(crate) fn check_positive(op: &'static str, sizes: &[(&'static str, i64)]) -> Result<()> {
+    for &(name, v) in sizes {
+        if v <= 0 {
+            return Err(Error::invalid(op, name, format!("must be > 0, got {v}")));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a head count past [`MAX_HEADS`] or a width past [`MAX_DIM`], naming it and its

@@ -128,38 +128,9 @@ pub fn bench_decode_layers(
     let Some(first) = blocks.first() else {
         return Err(Error::invalid(CTX, "blocks", "no layers"));
     };
-    for (name, v) in [
-        ("batch", o.batch),
-        ("context", o.context),
-        ("block_size", o.block_size),
-        ("prefill_tokens", o.prefill_tokens),
-    ] {
-        if v <= 0 {
-            return Err(Error::invalid(CTX, name, format!("must be > 0, got {v}")));
-        }
-    }
-    if o.steps == 0 || o.rounds == 0 {
-        return Err(Error::invalid(CTX, "steps", "steps and rounds must be > 0"));
-    }
+    let total = o.checked_positions(CTX, first.max_position())?;
     let d = *first.dims();
     let dt = first.dtype();
-    let decode_steps = o
-        .steps
-        .checked_mul(o.rounds)
-        .and_then(|n| n.checked_add(o.warmup))
-        .and_then(|n| i64::try_from(n).ok())
-        .ok_or_else(|| Error::invalid(CTX, "steps", "warmup + steps * rounds overflows"))?;
-    let total = o
-        .context
-        .checked_add(decode_steps)
-        .ok_or_else(|| Error::invalid(CTX, "context", "context + decode steps overflows"))?;
-    if total > first.max_position() {
-        return Err(Error::invalid(
-            CTX,
-            "context",
-            format!("context + decode steps = {total} exceed the {} rope positions", first.max_position()),
-        ));
-    }
     let bs = o.block_size;
     let blocks_per_seq = total / bs + i64::from(total % bs != 0);
     let num_blocks = o
@@ -168,8 +139,7 @@ pub fn bench_decode_layers(
         .ok_or_else(|| Error::invalid(CTX, "batch", "batch x blocks per sequence overflows"))?;
     let mut cache = LayeredKvCache::new(q, dt, blocks.len() as i64, num_blocks, bs, d.cache_row_dim())?;
     check_layers(blocks, &cache)?;
-    let seqs_per_prefill = (o.prefill_tokens / o.context).clamp(1, o.batch);
-    let prefill_rows = seqs_per_prefill * o.context;
+    let (seqs_per_prefill, prefill_rows) = o.prefill_seqs_and_rows();
     let rows = prefill_rows.max(o.batch);
     let mut ws = MlaWorkspace::new(MlaLimits {
         max_tokens: rows,
@@ -234,13 +204,11 @@ pub fn bench_decode_layers(
     if out.iter().any(|v| !v.is_finite()) {
         return Err(Error::other(CTX, "a decode step produced a non-finite output"));
     }
-    let mut sorted = rounds_ms.clone();
-    sorted.sort_by(f64::total_cmp);
-    let ms = sorted[sorted.len() / 2];
+    let (ms, min_ms_per_step) = crate::tp::median_and_fastest(&rounds_ms);
     Ok(LayersBenchResult {
         layers: blocks.len(),
         ms_per_step: ms,
-        min_ms_per_step: sorted[0],
+        min_ms_per_step,
         ms_per_layer: ms / blocks.len() as f64,
         rounds_ms,
     })

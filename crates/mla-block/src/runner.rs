@@ -184,7 +184,7 @@ pub fn run_schedule_with_progress(
     progress: &dyn Fn(usize, usize),
 ) -> Result<(HostTensor, RunStats)> {
     let forwards = checked_schedule_forwards(hidden, schedule)?;
-    run_steps_with_progress(queue, block, hidden, positions, &forwards, opts, progress)
+    run_forwards("run_steps", queue, block, hidden, positions, &forwards, opts, block.dtype(), progress)
 }
 
 /// [`run_schedule_with_progress`] with the KV cache in `cache` (`--kv-cache-dtype`):
@@ -202,23 +202,7 @@ pub fn run_schedule_with_cache(
 ) -> Result<(HostTensor, RunStats)> {
     let forwards = checked_schedule_forwards(hidden, schedule)?;
     let cache_dt = cache.resolve(block.dtype())?;
-    let plan = RowPlan::new("run_schedule", block, hidden, positions, &forwards, opts)?;
-    let mut done = 0;
-    let (got, stats) = plan.run_with_cache(
-        queue,
-        block,
-        positions,
-        &forwards,
-        opts,
-        cache_dt,
-        |ws, xin, meta, kv, yout| {
-            block.forward(queue, ws, xin, meta, kv, yout)?;
-            done += 1;
-            progress(done, forwards.len());
-            Ok(())
-        },
-    )?;
-    Ok((plan.unstage(block.dtype(), &got), stats))
+    run_forwards("run_schedule", queue, block, hidden, positions, &forwards, opts, cache_dt, progress)
 }
 
 /// [`schedule_forwards`] for the S sequences of `hidden` `[S,T,H]`, after checking that
@@ -261,27 +245,33 @@ pub fn run_steps(
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
 ) -> Result<(HostTensor, RunStats)> {
-    run_steps_with_progress(queue, block, hidden, positions, forwards, opts, &|_, _| {})
+    run_forwards("run_steps", queue, block, hidden, positions, forwards, opts, block.dtype(), &|_, _| {})
 }
 
-/// [`run_steps`] with a `progress(done, total)` call after each forward.
-fn run_steps_with_progress(
+/// One block's run of `forwards` with a cache of `cache_dt`, behind [`run_steps`] and the
+/// `run_schedule*` entry points (errors name `op`): plans and stages the rows, runs each
+/// forward with a `progress(done, total)` call after it, and unstages `out` `[S,T,H]`.
+#[allow(clippy::too_many_arguments)]
+fn run_forwards(
+    op: &'static str,
     queue: &Queue,
     block: &MlaBlock<'_>,
     hidden: &HostTensor,
     positions: &[i64],
     forwards: &[Vec<SeqPart>],
     opts: &RunOptions,
+    cache_dt: DType,
     progress: &dyn Fn(usize, usize),
 ) -> Result<(HostTensor, RunStats)> {
-    let plan = RowPlan::new("run_steps", block, hidden, positions, forwards, opts)?;
+    let plan = RowPlan::new(op, block, hidden, positions, forwards, opts)?;
     let mut done = 0;
-    let (got, stats) = plan.run(queue, block, positions, forwards, opts, |ws, xin, meta, cache, yout| {
-        block.forward(queue, ws, xin, meta, cache, yout)?;
-        done += 1;
-        progress(done, forwards.len());
-        Ok(())
-    })?;
+    let (got, stats) =
+        plan.run_with_cache(queue, block, positions, forwards, opts, cache_dt, |ws, xin, meta, kv, yout| {
+            block.forward(queue, ws, xin, meta, kv, yout)?;
+            done += 1;
+            progress(done, forwards.len());
+            Ok(())
+        })?;
     Ok((plan.unstage(block.dtype(), &got), stats))
 }
 
@@ -406,28 +396,10 @@ impl RowPlan {
         Ok(RowPlan { s, t, h, order, max_step, staged })
     }
 
-    /// Runs the planned forwards on `queue` with a fresh paged cache and workspace:
-    /// `forward(ws, hidden, meta, kv_cache, out)` is one step of `block` (or of its rank).
-    /// Returns the output rows in staged order, and what the run observed.
-    pub(crate) fn run(
-        &self,
-        queue: &Queue,
-        block: &MlaBlock<'_>,
-        positions: &[i64],
-        forwards: &[Vec<SeqPart>],
-        opts: &RunOptions,
-        forward: impl FnMut(
-            &mut MlaWorkspace,
-            &Tensor<'_>,
-            &MlaBatchMetadata,
-            &Tensor<'_>,
-            &Tensor<'_>,
-        ) -> Result<()>,
-    ) -> Result<(Vec<u8>, RunStats)> {
-        self.run_with_cache(queue, block, positions, forwards, opts, block.dtype(), forward)
-    }
-
-    /// [`RowPlan::run`] with a cache of `cache_dt` (the activation dtype or fp8_ds_mla).
+    /// Runs the planned forwards on `queue` with a fresh paged cache of `cache_dt` (the
+    /// activation dtype or fp8_ds_mla) and workspace: `forward(ws, hidden, meta, kv_cache,
+    /// out)` is one step of `block` (or of its rank). Returns the output rows in staged
+    /// order, and what the run observed.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_with_cache(
         &self,

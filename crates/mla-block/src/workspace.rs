@@ -98,16 +98,15 @@ impl MlaWorkspace {
     /// An empty workspace; buffers are allocated on first use, sized for `limits` at least.
     pub fn new(limits: MlaLimits) -> Result<MlaWorkspace> {
         let l = limits;
-        for (name, v) in [
-            ("max_tokens", l.max_tokens),
-            ("max_seqs", l.max_seqs),
-            ("max_blocks_per_seq", l.max_blocks_per_seq),
-            ("chunk_workspace_tokens", l.chunk_workspace_tokens),
-        ] {
-            if v <= 0 {
-                return Err(Error::invalid("MlaLimits", name, format!("must be > 0, got {v}")));
-            }
-        }
+        crate::dims::check_positive(
+            "MlaLimits",
+            &[
+                ("max_tokens", l.max_tokens),
+                ("max_seqs", l.max_seqs),
+                ("max_blocks_per_seq", l.max_blocks_per_seq),
+                ("chunk_workspace_tokens", l.chunk_workspace_tokens),
+            ],
+        )?;
         Ok(MlaWorkspace {
             limits,
             bufs: (0..NUM_SLOTS).map(|_| None).collect(),

@@ -14,14 +14,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{cpu_queue, mutate};
+use common::{checkpoint_fixtures, cpu_queue, mutate};
 use mla_block::{layer_prefix, Checkpoint, HostWeights, MlaConfig, MlaWeightStore, WeightsDtype};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/checkpoints")
-}
 
 /// Every file of `dir` (not recursive), sorted.
 fn files(dir: &Path) -> Vec<PathBuf> {
@@ -141,7 +137,7 @@ fn loading_a_malformed_checkpoint_returns_an_error_and_never_writes_it() {
     let kinds: Vec<(PathBuf, PathBuf, &str)> =
         [("qlora_yarn_neox_bf16/sharded", ""), ("qlora_yarn_neox_bf16/fp8", "weights.safetensors")]
             .iter()
-            .map(|(k, file)| (fixtures().join(k), scratch.join(k), *file))
+            .map(|(k, file)| (checkpoint_fixtures().join(k), scratch.join(k), *file))
             .collect();
     let originals: Vec<Vec<(PathBuf, Vec<u8>)>> = kinds
         .iter()

@@ -16,10 +16,6 @@ use safetensors::tensor::TensorView;
 use safetensors::Dtype as StDtype;
 use vt_core::{DType, Queue};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/checkpoints")
-}
-
 /// `out` of `case`'s input under `schedule` through the weights `store`.
 fn run(q: &Queue, case: &Case, cfg: &MlaConfig, store: &MlaWeightStore, schedule: &str) -> HostTensor {
     let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox).unwrap();
@@ -63,7 +59,7 @@ fn a_sharded_checkpoint_reproduces_the_single_file_bit_for_bit() {
         let single =
             MlaWeightStore::load(&q, &case.cfg, &dir.join("weights.safetensors"), &layer_prefix(0), None)
                 .unwrap();
-        let sharded_dir = fixtures().join(name).join("sharded");
+        let sharded_dir = checkpoint_fixtures().join(name).join("sharded");
         // The directory, and the index file itself.
         for path in [sharded_dir.clone(), sharded_dir.join("model.safetensors.index.json")] {
             let ckpt = Checkpoint::open(&path).unwrap();
@@ -98,9 +94,10 @@ fn streaming_into_device_buffers_equals_loading_through_host_weights() {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
-            for path in
-                [fixtures().join(name).join("sharded"), fixtures().join(name).join("fp8/weights.safetensors")]
-            {
+            for path in [
+                checkpoint_fixtures().join(name).join("sharded"),
+                checkpoint_fixtures().join(name).join("fp8/weights.safetensors"),
+            ] {
                 let sub = path.display().to_string();
                 let ckpt = Checkpoint::open(&path).unwrap();
                 let host = HostWeights::from_checkpoint(&ckpt, &case.cfg.dims, &layer_prefix(0), Some(dtype))
@@ -126,8 +123,7 @@ fn an_fp8_checkpoint_matches_the_block_on_its_dequantized_weights_bit_for_bit() 
     for name in CASES {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
-        let fp8_dir = fixtures().join(name).join("fp8");
-        let cfg = MlaConfig::from_file(&fp8_dir.join("config.json")).unwrap();
+        let (fp8_dir, cfg) = fp8_fixture(name);
         assert_eq!(cfg.fp8_weight_block, Some([128, 128]));
         assert_eq!(cfg.dims, case.cfg.dims);
         let dt = case.dtype();

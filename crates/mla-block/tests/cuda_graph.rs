@@ -10,11 +10,11 @@ mod common;
 #[path = "support/serving.rs"]
 mod serving;
 
-use common::{capture_and_replay_decode_step, golden_case, Case};
+use common::{capture_and_replay_decode_step, cuda_queue, golden_case, Case};
 use mla_block::tp::RandomLayerSpec;
-use mla_block::{MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepMode, StepSeq};
-use serving::{serve, to_f64, Serving};
-use vt_core::{Buffer, DType, Device, DeviceType, Queue};
+use mla_block::{MlaBatchMetadata, MlaLimits, MlaWorkspace, PagedKvCache, StepSeq};
+use serving::{check_replay, serve, serve_on_gpu_and_cpu, to_f64, Serving};
+use vt_core::{Buffer, DType};
 
 /// One CUDA test of this file at a time: another test's thread may make an implicit device
 /// synchronization (a free, say) while this one records, which can invalidate the capture and
@@ -42,11 +42,7 @@ fn a_decode_step_with_the_fusions_on_captures_into_a_cuda_graph_and_replays_bit_
 
 fn capture_and_replay_a_decode_step(fuse: Option<bool>) {
     let _gpu = one_at_a_time();
-    vt_backends::init();
-    let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
-        eprintln!("SKIP: no CUDA device");
-        return;
-    };
+    let Some(q) = cuda_queue() else { return };
     for name in ["qlora_yarn_neox_bf16", "v2lite_yarn_f32"] {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
@@ -110,11 +106,7 @@ fn launch_without_a_matching_prepare_is_an_error_naming_the_workspace() {
 #[test]
 fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
     let _gpu = one_at_a_time();
-    vt_backends::init();
-    let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
-        eprintln!("SKIP: no CUDA device");
-        return;
-    };
+    let Some(q) = cuda_queue() else { return };
     let cpu = common::cpu_queue();
     // The V3 cache row (512 + 64: the tensor-core decode kernels) in bf16 with 8 heads (the
     // mma.sync kernel) and with V3's 128 heads (sm_90: the wgmma kernel, TMA loads), and the
@@ -126,24 +118,13 @@ fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
         (RandomLayerSpec::SMALL, DType::F32, 1e-4),
     ] {
         let s = Serving { spec, decode_steps: 24, ..Serving::small(dt) };
-        let gpu = serve(&q, &s);
-        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
-        let host = serve(&cpu, &s);
-        assert_eq!(gpu.steps.len(), host.steps.len());
+        let (gpu, host) = serve_on_gpu_and_cpu(&q, &cpu, &s);
         assert!(gpu.buckets_used.len() >= 3, "{dt}: buckets used {:?}", gpu.buckets_used);
         let (mut same_unpadded, mut worst_unpadded, mut worst_cpu) = (0, 0f64, 0f64);
         for (g, c) in gpu.steps.iter().zip(&host.steps) {
-            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
-            assert_eq!(
-                g.graph, g.padded_eager,
-                "{dt} step {}: graph replay differs from the same padded step run op by op (B = {}, bucket {})",
-                g.step, g.rows, g.bucket
-            );
-            let got = to_f64(dt, &g.graph);
-            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
+            let (got, ec) = check_replay(dt, g, c);
             same_unpadded += usize::from(g.graph == g.unpadded);
             let eu = common::rel_frobenius(&got, &to_f64(dt, &g.unpadded));
-            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
             assert!(eu <= tol, "{dt} step {}: graph vs unpadded eager {eu:.3e}", g.step);
             assert!(ec <= tol, "{dt} step {}: graph vs CPU {ec:.3e}", g.step);
             worst_unpadded = worst_unpadded.max(eu);
@@ -172,11 +153,7 @@ fn decode_graphs_replay_new_metadata_while_sequences_join_and_leave() {
 #[test]
 fn decode_graphs_replay_v32_sparse_steps() {
     let _gpu = one_at_a_time();
-    vt_backends::init();
-    let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
-        eprintln!("SKIP: no CUDA device");
-        return;
-    };
+    let Some(q) = cuda_queue() else { return };
     let cpu = common::cpu_queue();
     let v32_wide = RandomLayerSpec {
         num_heads: 128,
@@ -187,21 +164,10 @@ fn decode_graphs_replay_v32_sparse_steps() {
         [(RandomLayerSpec::SMALL_V32, DType::F32, Some(1e-4)), (v32_wide, DType::BF16, None)]
     {
         let s = Serving { spec, decode_steps: 24, ..Serving::small(dt) };
-        let gpu = serve(&q, &s);
-        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
-        let host = serve(&cpu, &s);
-        assert_eq!(gpu.steps.len(), host.steps.len());
+        let (gpu, host) = serve_on_gpu_and_cpu(&q, &cpu, &s);
         let mut worst_cpu = 0f64;
         for (g, c) in gpu.steps.iter().zip(&host.steps) {
-            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
-            assert_eq!(
-                g.graph, g.padded_eager,
-                "{dt} step {}: graph replay differs from the padded eager step",
-                g.step
-            );
-            let got = to_f64(dt, &g.graph);
-            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
-            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
+            let (_, ec) = check_replay(dt, g, c);
             if let Some(tol) = tol {
                 assert!(ec <= tol, "{dt} step {}: graph vs CPU {ec:.3e}", g.step);
             }
@@ -223,32 +189,17 @@ fn decode_graphs_replay_v32_sparse_steps() {
 #[test]
 fn decode_graphs_replay_with_the_decode_step_fusions_on() {
     let _gpu = one_at_a_time();
-    vt_backends::init();
-    let Ok(q) = Queue::new(Device::new(DeviceType::Cuda, 0)) else {
-        eprintln!("SKIP: no CUDA device");
-        return;
-    };
+    let Some(q) = cuda_queue() else { return };
     let cpu = common::cpu_queue();
     let v3_heads = RandomLayerSpec { num_heads: 128, ..RandomLayerSpec::SMALL_FP8 };
     for (spec, dt, tol) in [(v3_heads, DType::BF16, 2e-2), (RandomLayerSpec::SMALL, DType::F32, 1e-4)] {
         let on = Serving { spec, decode_steps: 16, fuse: Some(true), ..Serving::small(dt) };
-        let gpu = serve(&q, &on);
-        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
+        let (gpu, host) = serve_on_gpu_and_cpu(&q, &cpu, &on);
         let off = serve(&q, &Serving { fuse: Some(false), ..on.clone() });
-        let host = serve(&cpu, &on);
-        assert_eq!(gpu.steps.len(), host.steps.len());
         assert_eq!(gpu.steps.len(), off.steps.len());
         let (mut worst_cpu, mut worst_off, mut same_off) = (0f64, 0f64, 0);
         for ((g, c), o) in gpu.steps.iter().zip(&host.steps).zip(&off.steps) {
-            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
-            assert_eq!(
-                g.graph, g.padded_eager,
-                "{dt} step {}: fused graph replay differs from the same padded step run op by op",
-                g.step
-            );
-            let got = to_f64(dt, &g.graph);
-            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
-            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
+            let (got, ec) = check_replay(dt, g, c);
             let eo = common::rel_frobenius(&got, &to_f64(dt, &o.graph));
             assert!(ec <= tol, "{dt} step {}: fused graph vs CPU {ec:.3e}", g.step);
             assert!(eo <= tol, "{dt} step {}: fused vs unfused graph {eo:.3e}", g.step);

@@ -11,12 +11,12 @@ mod common;
 #[path = "support/serving.rs"]
 mod serving;
 
-use common::{capture_and_replay_decode_step, golden_case, Case};
+use common::{capture_and_replay_decode_step, cuda_queue, golden_case, Case};
 use mla_block::runner::{run_schedule_with_cache, RunOptions, Schedule};
 use mla_block::tp::RandomLayerSpec;
-use mla_block::{KvCacheDtype, StepMode};
-use serving::{serve, to_f64, Serving};
-use vt_core::{DType, Device, DeviceType, Queue};
+use mla_block::KvCacheDtype;
+use serving::{check_replay, serve, serve_on_gpu_and_cpu, to_f64, Serving};
+use vt_core::DType;
 
 /// The fp8_ds_mla bound against transformers (docs/mla.md, "The fp8_ds_mla cache").
 const FP8_BOUND: f64 = 6e-2;
@@ -32,20 +32,9 @@ fn cpu_tolerance(dt: DType) -> f64 {
     }
 }
 
-fn cuda() -> Option<Queue> {
-    vt_backends::init();
-    match Queue::new(Device::new(DeviceType::Cuda, 0)) {
-        Ok(q) => Some(q),
-        Err(_) => {
-            eprintln!("SKIP: no CUDA device");
-            None
-        }
-    }
-}
-
 #[test]
 fn a_decode_step_on_an_fp8_cache_captures_into_a_cuda_graph_and_replays_bit_for_bit() {
-    let Some(q) = cuda() else { return };
+    let Some(q) = cuda_queue() else { return };
     for name in ["latent512_yarn_bf16", "latent512_qproj_f32"] {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
@@ -104,27 +93,16 @@ fn fp8_serving(dt: DType) -> Serving {
 /// the CPU serving the same schedule on an fp8 cache.
 #[test]
 fn decode_graphs_replay_on_an_fp8_cache_while_sequences_join_and_leave() {
-    let Some(q) = cuda() else { return };
+    let Some(q) = cuda_queue() else { return };
     let cpu = common::cpu_queue();
     for dt in [DType::BF16, DType::F32] {
         let s = fp8_serving(dt);
-        let gpu = serve(&q, &s);
-        assert_eq!(gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
-        let host = serve(&cpu, &s);
-        assert_eq!(gpu.steps.len(), host.steps.len());
+        let (gpu, host) = serve_on_gpu_and_cpu(&q, &cpu, &s);
         let tol = cpu_tolerance(dt);
         let (mut worst_unpadded, mut worst_cpu) = (0f64, 0f64);
         for (g, c) in gpu.steps.iter().zip(&host.steps) {
-            assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
-            assert_eq!(
-                g.graph, g.padded_eager,
-                "{dt} step {}: replay differs from the padded eager step",
-                g.step
-            );
-            let got = to_f64(dt, &g.graph);
-            assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
+            let (got, ec) = check_replay(dt, g, c);
             let eu = common::rel_frobenius(&got, &to_f64(dt, &g.unpadded));
-            let ec = common::rel_frobenius(&got, &to_f64(dt, &c.graph));
             assert!(eu <= tol && ec <= tol, "{dt} step {}: vs unpadded {eu:.3e}, vs CPU {ec:.3e}", g.step);
             worst_unpadded = worst_unpadded.max(eu);
             worst_cpu = worst_cpu.max(ec);

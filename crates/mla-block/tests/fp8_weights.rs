@@ -22,8 +22,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use common::*;
 use mla_block::runner::{run_schedule, RunOptions, Schedule};
 use mla_block::tp::{RandomLayerSpec, TpGroup, TpModel, Transport};
@@ -32,10 +30,6 @@ use mla_block::{
     WeightsDtype,
 };
 use vt_core::{DType, DeviceType, Queue};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/checkpoints")
-}
 
 /// fp8 vs transformers on the unquantized weights: the weight quantization error (measured
 /// 5.6e-2..7.1e-2 in tests/checkpoints.rs) and, for forwards of FP8_QUANT_MIN_TOKENS rows or
@@ -95,8 +89,7 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
     for name in CASES {
         let Some(dir) = golden_case(name) else { return };
         let case = Case::load(&dir);
-        let fp8_dir = fixtures().join(name).join("fp8");
-        let cfg = MlaConfig::from_file(&fp8_dir.join("config.json")).unwrap();
+        let (fp8_dir, cfg) = fp8_fixture(name);
         let dt = case.dtype();
         let path = fp8_dir.join("weights.safetensors");
         let fp8 = MlaWeightStore::load_with(&q, &cfg, &path, &layer_prefix(0), Some(dt), WeightsDtype::Fp8)
@@ -160,8 +153,7 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
 fn auto_keeps_fp8_on_cuda_only_and_dequantize_never() {
     let Some(_) = golden_case(CASES[0]) else { return };
     let q = cpu_queue();
-    let fp8_dir = fixtures().join(CASES[0]).join("fp8");
-    let cfg = MlaConfig::from_file(&fp8_dir.join("config.json")).unwrap();
+    let (fp8_dir, cfg) = fp8_fixture(CASES[0]);
     let path = fp8_dir.join("weights.safetensors");
     for (wd, want) in
         [(WeightsDtype::Auto, false), (WeightsDtype::Dequantize, false), (WeightsDtype::Fp8, true)]

@@ -5,33 +5,9 @@
 
 mod common;
 
-use common::{cpu_queue, golden_case, test_queue, Case};
+use common::{cpu_queue, golden_case, golden_schedules, test_queue, Case};
 use mla_block::runner::{RunOptions, SeqPart};
 use vt_core::{op_registered, DeviceType, OpId};
-
-/// (schedule, block size, chunk workspace rows) for a sequence of `t` tokens.
-fn schedules(t: i64) -> Vec<(String, i64, Option<i64>)> {
-    let chunked = if t > 24 {
-        format!("prefill:16,prefill:8,prefill:{}", t - 24)
-    } else {
-        "prefill:16,prefill:8".into()
-    };
-    let half = t / 2;
-    vec![
-        // all at once
-        (format!("prefill:{t}"), 64, None),
-        // chunked prefill: later chunks attend to cached context (one gather chunk) ...
-        (chunked.clone(), 16, None),
-        // ... and with a 6-row gather workspace, so the context is split into many chunks
-        (chunked, 1, Some(6)),
-        // prefill then decodes
-        (format!("prefill:{half},decode:{}", t - half), 16, None),
-        // prefill:1 then decodes
-        (format!("prefill:1,decode:{}", t - 1), 1, None),
-        // interleaved, with a 4-row workspace
-        (format!("prefill:5,decode:3,prefill:9,decode:{}", t - 17), 64, Some(4)),
-    ]
-}
 
 fn check_case(name: &str) {
     let Some(dir) = golden_case(name) else { return };
@@ -40,7 +16,7 @@ fn check_case(name: &str) {
     let store = case.store(&q);
     let block = case.block(&store, None);
     let mut worst: f64 = 0.0;
-    for (schedule, block_size, ws) in schedules(case.t()) {
+    for (schedule, block_size, ws) in golden_schedules(case.t()) {
         let opts = RunOptions { block_size, chunk_workspace_tokens: ws };
         let (out, stats) = case.run(&q, &block, &schedule, &opts);
         let err = case.rel_err(&out);
@@ -124,7 +100,7 @@ fn v32_sparse_attention_in_token_chunks_matches_the_goldens() {
         for rows in [7, 1] {
             let mut chunked = case.block(&store, None);
             chunked.set_sparse_rows(rows).unwrap();
-            for (schedule, block_size, ws) in schedules(case.t()) {
+            for (schedule, block_size, ws) in golden_schedules(case.t()) {
                 let opts = RunOptions { block_size, chunk_workspace_tokens: ws };
                 let (a, _) = case.run(&q, &chunked, &schedule, &opts);
                 let err = case.rel_err(&a);

@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{golden_case, rel_frobenius, test_queue, Case};
+use common::{golden_case, golden_schedules, rel_frobenius, test_queue, Case};
 use mla_block::runner::{run_schedule_with_cache, RunOptions, Schedule};
 use mla_block::KvCacheDtype;
 use vt_core::fp8_ds_mla;
@@ -27,20 +27,6 @@ const FP8_CASES: [&str; 2] = ["latent512_yarn_bf16", "latent512_qproj_f32"];
 
 /// The fp8_ds_mla cache's bound against transformers (relative Frobenius).
 const BOUND: f64 = 6e-2;
-
-/// `golden.rs`'s schedules: (schedule, block size, chunk workspace rows).
-fn schedules(t: i64) -> Vec<(String, i64, Option<i64>)> {
-    let chunked = format!("prefill:16,prefill:8,prefill:{}", t - 24);
-    let half = t / 2;
-    vec![
-        (format!("prefill:{t}"), 64, None),
-        (chunked.clone(), 16, None),
-        (chunked, 1, Some(6)),
-        (format!("prefill:{half},decode:{}", t - half), 16, None),
-        (format!("prefill:1,decode:{}", t - 1), 1, None),
-        (format!("prefill:5,decode:3,prefill:9,decode:{}", t - 17), 64, Some(4)),
-    ]
-}
 
 #[test]
 fn goldens_with_an_fp8_cache_stay_within_6e_2_of_transformers_under_every_schedule() {
@@ -61,7 +47,7 @@ fn goldens_with_an_fp8_cache_stay_within_6e_2_of_transformers_under_every_schedu
         );
         let store = case.store(&q);
         let block = case.block(&store, None);
-        for (schedule, block_size, ws) in schedules(case.t()) {
+        for (schedule, block_size, ws) in golden_schedules(case.t()) {
             let sch: Schedule = schedule.parse().unwrap();
             let opts = RunOptions { block_size, chunk_workspace_tokens: ws };
             let run = |cache: KvCacheDtype| {

@@ -32,7 +32,7 @@ use vt_core::{
 };
 
 use super::group::TpGroup;
-use super::run::{on_every_rank, TpRunStats};
+use super::run::{check_rank_blocks, on_every_rank, rank0_result, TpRunStats};
 use crate::block::{DecodeAttention, MlaBlock};
 use crate::kv_cache::{BlockAllocator, KvCacheDtype, PagedKvCache};
 use crate::metadata::{MlaBatchMetadata, StepSeq};
@@ -198,13 +198,7 @@ pub fn run_steps_dcp_with_cache(
             &|_, _| {},
         );
     }
-    if blocks.len() != group.tp() || blocks.is_empty() {
-        return Err(Error::invalid(
-            OP,
-            "blocks",
-            format!("{} blocks for {} ranks", blocks.len(), group.tp()),
-        ));
-    }
+    check_rank_blocks(OP, group, blocks)?;
     let plan = RowPlan::new(OP, &blocks[0], hidden, positions, forwards, opts)?;
     let cache_dt = cache.resolve(blocks[0].dtype())?;
     let dcp = group.dcp();
@@ -215,12 +209,7 @@ pub fn run_steps_dcp_with_cache(
         let reduce = |out: &vt_core::Tensor<'_>| comm.all_reduce_sum(q, out);
         rank_run(&plan, &blocks[r], q, &hook, positions, forwards, (opts, cache_dt), reduce)
     })?;
-    let (out0, stats0) = &results[0];
-    let ranks_identical = results.iter().all(|(o, _)| o == out0);
-    Ok((
-        plan.unstage(blocks[0].dtype(), out0),
-        TpRunStats { run: stats0.clone(), all_reduces: stats0.forwards, ranks_identical },
-    ))
+    Ok(rank0_result(&plan, blocks[0].dtype(), &results))
 }
 
 fn bad(arg: &'static str, msg: String) -> Error {
@@ -232,9 +221,9 @@ fn blocks_for(n: i64, bs: i64) -> i64 {
     n / bs + i64::from(n % bs != 0)
 }
 
-/// One rank's run: [`RowPlan::run`] with a host-only allocator of the whole sequences (the
-/// step's positions and prefill layout) and the rank's cache of its share (slots, decode
-/// tables and lengths).
+/// One rank's run: [`RowPlan::run_with_cache`] with a host-only allocator of the whole
+/// sequences (the step's positions and prefill layout) and the rank's cache of its share
+/// (slots, decode tables and lengths).
 #[allow(clippy::too_many_arguments)]
 fn rank_run(
     plan: &RowPlan,

@@ -34,6 +34,7 @@ mod shard;
 pub use group::{device_count, TpGroup, Transport};
 pub use parity::{compare_tp, compare_tp_against, rel_frobenius, tp1_reference, TpCase, TpComparison};
 pub use random::RandomLayerSpec;
+pub(crate) use run::median_and_fastest;
 pub use run::{
     bench_decode, forward_rank, run_schedule_tp, run_schedule_tp_with_cache, run_schedule_tp_with_progress,
     run_steps_tp, DecodeBenchOptions, DecodeBenchResult, TpModel, TpRunStats,

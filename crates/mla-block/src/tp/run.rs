@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use vt_core::{Buffer, Error, Queue, Result, Tensor};
+use vt_core::{Buffer, DType, Error, Queue, Result, Tensor};
 
 use super::group::TpGroup;
 use super::shard::shard_weights;
@@ -271,13 +271,7 @@ pub(super) fn run_steps_tp_with_progress(
     cache: KvCacheDtype,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<(HostTensor, TpRunStats)> {
-    if blocks.len() != group.tp() {
-        return Err(Error::invalid(
-            OP,
-            "blocks",
-            format!("{} blocks for {} ranks", blocks.len(), group.tp()),
-        ));
-    }
+    check_rank_blocks(OP, group, blocks)?;
     for (r, (b, q)) in blocks.iter().zip(group.queues()).enumerate() {
         if b.device() != q.device() || b.dims() != blocks[0].dims() || b.dtype() != blocks[0].dtype() {
             return Err(Error::invalid(
@@ -307,12 +301,35 @@ pub(super) fn run_steps_tp_with_progress(
             Ok(())
         })
     })?;
+    Ok(rank0_result(&plan, blocks[0].dtype(), &results))
+}
+
+/// Errors (naming `op`) unless `blocks` holds one block per rank of `group`.
+pub(super) fn check_rank_blocks(op: &'static str, group: &TpGroup, blocks: &[MlaBlock<'_>]) -> Result<()> {
+    if blocks.len() != group.tp() || blocks.is_empty() {
+        return Err(Error::invalid(
+            op,
+            "blocks",
+            format!("{} blocks for {} ranks", blocks.len(), group.tp()),
+        ));
+    }
+    Ok(())
+}
+
+/// Rank 0's `out` `[S,T,H]` and stats from every rank's output rows (in `plan`'s staged
+/// order) and stats, shared by the TP and DCP runs: each forward ends with one all-reduce,
+/// and the ranks must agree bit for bit.
+pub(super) fn rank0_result(
+    plan: &RowPlan,
+    dt: DType,
+    results: &[(Vec<u8>, RunStats)],
+) -> (HostTensor, TpRunStats) {
     let (out0, stats0) = &results[0];
     let ranks_identical = results.iter().all(|(o, _)| o == out0);
-    Ok((
-        plan.unstage(blocks[0].dtype(), out0),
+    (
+        plan.unstage(dt, out0),
         TpRunStats { run: stats0.clone(), all_reduces: stats0.forwards, ranks_identical },
-    ))
+    )
 }
 
 /// Sizes of [`bench_decode`].
@@ -332,6 +349,58 @@ pub struct DecodeBenchOptions {
     pub block_size: i64,
     /// Prefill token budget of one forward while filling the cache.
     pub prefill_tokens: i64,
+}
+
+impl DecodeBenchOptions {
+    /// Checks the sizes (errors name `op`) and returns how many positions each sequence
+    /// takes, `context` plus every decode step, at most `max_position` (the rope's). Shared
+    /// by [`bench_decode`] and [`crate::layers::bench_decode_layers`].
+    pub(crate) fn checked_positions(&self, op: &'static str, max_position: i64) -> Result<i64> {
+        crate::dims::check_positive(
+            op,
+            &[
+                ("batch", self.batch),
+                ("context", self.context),
+                ("block_size", self.block_size),
+                ("prefill_tokens", self.prefill_tokens),
+            ],
+        )?;
+        if self.steps == 0 || self.rounds == 0 {
+            return Err(Error::invalid(op, "steps", "steps and rounds must be > 0"));
+        }
+        let decode_steps = self
+            .steps
+            .checked_mul(self.rounds)
+            .and_then(|n| n.checked_add(self.warmup))
+            .and_then(|n| i64::try_from(n).ok())
+            .ok_or_else(|| Error::invalid(op, "steps", "warmup + steps * rounds overflows"))?;
+        let total = self
+            .context
+            .checked_add(decode_steps)
+            .ok_or_else(|| Error::invalid(op, "context", "context + decode steps overflows"))?;
+        if total > max_position {
+            return Err(Error::invalid(
+                op,
+                "context",
+                format!("context + decode steps = {total} exceed the {max_position} rope positions"),
+            ));
+        }
+        Ok(total)
+    }
+
+    /// Whole sequences per prefill forward (at least one, at most `batch`) while filling
+    /// the cache, and that forward's rows. Call after [`Self::checked_positions`].
+    pub(crate) fn prefill_seqs_and_rows(&self) -> (i64, i64) {
+        let seqs = (self.prefill_tokens / self.context).clamp(1, self.batch);
+        (seqs, seqs * self.context)
+    }
+}
+
+/// The median and the fastest of the rounds' times (at least one round).
+pub(crate) fn median_and_fastest(rounds_ms: &[f64]) -> (f64, f64) {
+    let mut sorted = rounds_ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (sorted[sorted.len() / 2], sorted[0])
 }
 
 impl Default for DecodeBenchOptions {
@@ -372,42 +441,11 @@ pub fn bench_decode(
     seed: u64,
 ) -> Result<DecodeBenchResult> {
     let o = *opts;
-    if blocks.len() != group.tp() {
-        return Err(Error::invalid(
-            OP,
-            "blocks",
-            format!("{} blocks for {} ranks", blocks.len(), group.tp()),
-        ));
-    }
-    for (name, v) in [
-        ("batch", o.batch),
-        ("context", o.context),
-        ("block_size", o.block_size),
-        ("prefill_tokens", o.prefill_tokens),
-    ] {
-        if v <= 0 {
-            return Err(Error::invalid("bench_decode", name, format!("must be > 0, got {v}")));
-        }
-    }
-    if o.steps == 0 || o.rounds == 0 {
-        return Err(Error::invalid("bench_decode", "steps", "steps and rounds must be > 0"));
-    }
+    check_rank_blocks(OP, group, blocks)?;
+    let total = o.checked_positions("bench_decode", blocks[0].max_position())?;
     let d = *blocks[0].dims();
     let dt = blocks[0].dtype();
-    let total = o.context + (o.warmup + o.steps * o.rounds) as i64;
-    if total > blocks[0].max_position() {
-        return Err(Error::invalid(
-            "bench_decode",
-            "context",
-            format!(
-                "context + decode steps = {total} exceed the {} rope positions",
-                blocks[0].max_position()
-            ),
-        ));
-    }
-    // Whole sequences per prefill forward, at least one.
-    let seqs_per_prefill = (o.prefill_tokens / o.context).clamp(1, o.batch);
-    let prefill_rows = seqs_per_prefill * o.context;
+    let (seqs_per_prefill, prefill_rows) = o.prefill_seqs_and_rows();
     let mut rng = super::random::SplitMix64::new(seed);
     let prefill_hidden =
         super::random::uniform_bytes(&mut rng, dt, (prefill_rows * d.hidden_size) as usize, 1.0);
@@ -473,12 +511,6 @@ pub fn bench_decode(
     })?;
     // A round lasts until its slowest rank has finished.
     let rounds_ms: Vec<f64> = (0..o.rounds).map(|i| times.iter().map(|t| t[i]).fold(0.0, f64::max)).collect();
-    let mut sorted = rounds_ms.clone();
-    sorted.sort_by(f64::total_cmp);
-    Ok(DecodeBenchResult {
-        tp: group.tp(),
-        ms_per_step: sorted[sorted.len() / 2],
-        min_ms_per_step: sorted[0],
-        rounds_ms,
-    })
+    let (ms_per_step, min_ms_per_step) = median_and_fastest(&rounds_ms);
+    Ok(DecodeBenchResult { tp: group.tp(), ms_per_step, min_ms_per_step, rounds_ms })
 }

@@ -30,6 +30,55 @@ pub fn golden_case(name: &str) -> Option<PathBuf> {
     Some(dir)
 }
 
+/// The checkpoint fixtures of the workspace (`tests/fixtures/checkpoints`).
+pub fn checkpoint_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/checkpoints")
+}
+
+/// Golden case `name`'s fp8 checkpoint fixture: its directory and its config.
+pub fn fp8_fixture(name: &str) -> (PathBuf, MlaConfig) {
+    let dir = checkpoint_fixtures().join(name).join("fp8");
+    let cfg = MlaConfig::from_file(&dir.join("config.json")).unwrap();
+    (dir, cfg)
+}
+
+/// The schedules every golden case runs under, for a sequence of `t` tokens:
+/// (schedule, block size, chunk workspace rows).
+pub fn golden_schedules(t: i64) -> Vec<(String, i64, Option<i64>)> {
+    let chunked = if t > 24 {
+        format!("prefill:16,prefill:8,prefill:{}", t - 24)
+    } else {
+        "prefill:16,prefill:8".into()
+    };
+    let half = t / 2;
+    vec![
+        // all at once
+        (format!("prefill:{t}"), 64, None),
+        // chunked prefill: later chunks attend to cached context (one gather chunk) ...
+        (chunked.clone(), 16, None),
+        // ... and with a 6-row gather workspace, so the context is split into many chunks
+        (chunked, 1, Some(6)),
+        // prefill then decodes
+        (format!("prefill:{half},decode:{}", t - half), 16, None),
+        // prefill:1 then decodes
+        (format!("prefill:1,decode:{}", t - 1), 1, None),
+        // interleaved, with a 4-row workspace
+        (format!("prefill:5,decode:3,prefill:9,decode:{}", t - 17), 64, Some(4)),
+    ]
+}
+
+/// A queue on CUDA device 0, or `None` (with a SKIP message) without one.
+pub fn cuda_queue() -> Option<Queue> {
+    vt_backends::init();
+    match Queue::new(Device::new(vt_core::DeviceType::Cuda, 0)) {
+        Ok(q) => Some(q),
+        Err(_) => {
+            eprintln!("SKIP: no CUDA device");
+            None
+        }
+    }
+}
+
 pub fn cpu_queue() -> Queue {
     vt_backends::init();
     Queue::new(Device::CPU).expect("the CPU backend registers")

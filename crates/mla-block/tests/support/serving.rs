@@ -88,6 +88,33 @@ pub struct Served {
     pub buckets_used: Vec<i64>,
 }
 
+/// Serves `s` on a CUDA queue `gpu`, which must replay graphs, and on the CPU queue `cpu`:
+/// the two runs, with the same number of steps.
+pub fn serve_on_gpu_and_cpu(gpu: &Queue, cpu: &Queue, s: &Serving) -> (Served, Served) {
+    let dt = s.dtype;
+    let on_gpu = serve(gpu, s);
+    assert_eq!(on_gpu.mode, StepMode::Graph, "{dt}: CUDA must replay graphs");
+    let on_cpu = serve(cpu, s);
+    assert_eq!(on_gpu.steps.len(), on_cpu.steps.len());
+    (on_gpu, on_cpu)
+}
+
+/// The checks of every step `g` replayed on a GPU against the CPU's same step `c`: the same
+/// sequences, the replay equal to the same padded step run op by op (bit for bit), a finite
+/// output. Returns the replay's output and its relative distance to the CPU's.
+pub fn check_replay(dt: DType, g: &StepRecord, c: &StepRecord) -> (Vec<f64>, f64) {
+    assert_eq!(g.seqs, c.seqs, "{dt} step {}: the schedules differ", g.step);
+    assert_eq!(
+        g.graph, g.padded_eager,
+        "{dt} step {}: graph replay differs from the same padded step run op by op (B = {}, bucket {})",
+        g.step, g.rows, g.bucket
+    );
+    let got = to_f64(dt, &g.graph);
+    assert!(got.iter().all(|v| v.is_finite()), "{dt} step {}: non-finite output", g.step);
+    let vs_cpu = super::common::rel_frobenius(&got, &to_f64(dt, &c.graph));
+    (got, vs_cpu)
+}
+
 /// Runs the loop on `q` (see the module docs).
 pub fn serve(q: &Queue, s: &Serving) -> Served {
     let dt = s.dtype;
