@@ -195,10 +195,10 @@ __device__ __forceinline__ void pv_local(float (&o)[128], const uint32_t (&pk)[1
     wgmma_commit();
 }
 
-// O[:, half] += P V with P from shared memory (dp: its descriptor); one commit group.
+// O[:, half] += P V with P from shared memory (sp: its 64 x 64 swizzled tile); one commit group.
 template <typename T>
-__device__ __forceinline__ void pv_remote(float (&o)[128], const GmmaDesc& dp, uint32_t v_base) {
-    const GmmaDesc dv(v_base, SUB_BYTES, 1024);
+__device__ __forceinline__ void pv_remote(float (&o)[128], uint32_t sp, uint32_t v_base) {
+    const GmmaDesc dp(sp, 16, 1024), dv(v_base, SUB_BYTES, 1024);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) Wg<T>::pv(o, dp.at(2 * ks), dv.at(128 * ks));
@@ -248,12 +248,17 @@ __device__ __forceinline__ void ss_zero_tail(const Segment& sg, int t, uint32_t 
     bar_sync(bar, 128);
 }
 
-// The seesaw's exchanges, shared with the sparse prefill kernel
-// (sparse_mla_attention/prefill_sm90.cuh). MT = 64 rows; s_m[r] holds m_A, s_m[MT + r] m_B.
+// The seesaw's consumer steps, shared with the sparse prefill kernel
+// (sparse_mla_attention/prefill_sm90.cuh), whose warpgroups 0 and 1 run the same exchanges and
+// differ only in how a tile's columns land and are freed (TMA boxes here; cp.async halves and
+// mbarriers there). MT = 64 rows; s_m[r] holds m_A, s_m[MT + r] m_B. The scratch arrays (bs, a,
+// a1) are the caller's and land() gets its state as arguments, not captures: a helper-local array
+// or a capturing lambda moves ptxas's register assignment off the SASS the kernels were measured
+// with.
 //
 // Warpgroup 0, tile A (S in s, masked, its raw row maxima mx): the running maximum moves to m_A
-// (published in s_m for warpgroup 1), O_L and l are rescaled, P_A = exp2(S c - m_A) goes to pk
-// (and s); returns the exponent bases in bs.
+// (published in s_m for warpgroup 1: SS_SCALE0), O_L and l are rescaled, P_A = exp2(S c - m_A)
+// goes to pk (and s); returns the exponent bases in bs.
 template <typename T>
 __device__ __forceinline__ void ss_softmax_a(float (&s)[32], uint32_t (&pk)[16], float (&o)[128], float (&mx)[2],
                                              float (&bs)[2], float (&m_run)[2], float (&l)[2], float c, float* s_m,
@@ -267,13 +272,16 @@ __device__ __forceinline__ void ss_softmax_a(float (&s)[32], uint32_t (&pk)[16],
     }
     rescale(o, mx[0], mx[1]);
     ss_exp<T>(s, pk, l, bs, c);
+    bar_arrive(SS_SCALE0, 256);
 }
 
-// Warpgroup 0, after warpgroup 1 published m_B: P_A (in s) rescaled to it into pk, the running
-// maximum moved to m_B; returns the factor O_L and l take (a1).
+// Warpgroup 0, after warpgroup 1 published m_B (SS_SCALE1 synced): P_A (in s) rescaled to m_B
+// into pk and handed to warpgroup 1 at sP0 (SS_P0_READY); the running maximum moves to m_B and
+// O_L and l take the same factor (a1).
 template <typename T, int MT>
-__device__ __forceinline__ void ss_rescale_p_a(const float (&s)[32], uint32_t (&pk)[16], const float (&bs)[2],
-                                               float (&m_run)[2], float (&a1)[2], const float* s_m, int r_lo) {
+__device__ __forceinline__ void ss_hand_p0(const float (&s)[32], uint32_t (&pk)[16], float (&o)[128],
+                                           float (&m_run)[2], float (&l)[2], float (&a1)[2], const float* s_m,
+                                           uint32_t sP0, int r_lo, int wwarp, int lane) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const float mb = s_m[MT + r_lo + 8 * hi];
@@ -287,14 +295,24 @@ __device__ __forceinline__ void ss_rescale_p_a(const float (&s)[32], uint32_t (&
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi)
             pk[2 * i + hi] = pack2<T>(s[4 * i + 2 * hi] * a1[hi], s[4 * i + 2 * hi + 1] * a1[hi]);
+    store_p_rows(sP0, pk, wwarp, lane);
+    fence_proxy_async();
+    bar_arrive(SS_P0_READY, 256);
+    rescale(o, a1[0], a1[1]);
+    l[0] *= a1[0];
+    l[1] *= a1[1];
 }
 
-// Warpgroup 1, tile B's raw row maxima mx (-inf without a tile B), after warpgroup 0 published
-// m_A: the running maximum moves to m_B = max(m_A, max S_B c) (published), l is rescaled; returns
-// the exponent bases in bs and O_R's factor in a.
-template <int MT>
-__device__ __forceinline__ void ss_max_b(const float (&mx)[2], float (&bs)[2], float (&a)[2], float (&m_run)[2],
-                                         float (&l)[2], float c, float* s_m, int r_lo, int qd) {
+// Warpgroup 1, tile B's raw row maxima mx (-inf without a tile B), once warpgroup 0 published
+// m_A (SS_SCALE0): the running maximum moves to m_B = max(m_A, max S_B c) (published: SS_SCALE1),
+// O_R and l are rescaled (by a); with a tile B, P_B = exp2(S_B c - m_B) (bases bs) goes to pk
+// (and s) and to warpgroup 0 at sP1 (handed over later, on SS_RO1).
+template <typename T, int MT>
+__device__ __forceinline__ void ss_softmax_b(float (&s)[32], uint32_t (&pk)[16], float (&o)[128], const float (&mx)[2],
+                                             float (&bs)[2], float (&a)[2], float (&m_run)[2], float (&l)[2], float c,
+                                             float* s_m, uint32_t sP1, bool has_b, int r_lo, int wwarp, int lane,
+                                             int qd) {
+    bar_sync(SS_SCALE0, 256);
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const float ma = s_m[r_lo + 8 * hi];
@@ -305,6 +323,25 @@ __device__ __forceinline__ void ss_max_b(const float (&mx)[2], float (&bs)[2], f
         l[hi] *= a[hi];
         if (qd == 0) s_m[MT + r_lo + 8 * hi] = mn;
     }
+    bar_arrive(SS_SCALE1, 256);
+    rescale(o, a[0], a[1]);
+    if (has_b) {
+        ss_exp<T>(s, pk, l, bs, c);
+        store_p_rows(sP1, pk, wwarp, lane);
+        fence_proxy_async();
+    }
+}
+
+// Warpgroup 1's P0 product: once warpgroup 0 handed P0 over (SS_P0_READY) and land(args...) made
+// A's V columns 256..511 (at v) readable, O_R += P0 V_A[:, 256:512] (one commit group); with a
+// tile B, then hands sP1 to warpgroup 0 (SS_RO1).
+template <typename T, typename Land, typename... Args>
+__device__ __forceinline__ void ss_pv_p0(float (&o)[128], uint32_t sP0, uint32_t v, bool has_b, Land land,
+                                         Args&&... args) {
+    bar_sync(SS_P0_READY, 256);
+    land(args...);
+    pv_remote<T>(o, sP0, v);
+    if (has_b) bar_arrive(SS_RO1, 256);
 }
 
 // The row sums of both warpgroups, in the same base: warpgroup 1 puts its quad-reduced sums in
@@ -440,7 +477,6 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 float mx[2], bs[2];
                 ss_mask_max(s, mx, t, lim_min, lim, valid, flags, qd);
                 ss_softmax_a<T>(s, pk, o, mx, bs, m_run, l, c, s_m, r_lo, qd);
-                bar_arrive(SS_SCALE0, 256);
                 ss_zero_tail(sg, t, st0, wtid, BAR_WG0);
                 pv_local<T>(o, pk, st0);
                 wgmma_wait<0>();
@@ -450,18 +486,12 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 bar_sync(SS_SCALE1, 256);
                 if (has_a2 && issuer) tma_half(p, sg, t + 2, st0, valid, flags, hb, 0, kv_map, lane, 0, 4);
                 float a1[2];
-                ss_rescale_p_a<T, MT>(s, pk, bs, m_run, a1, s_m, r_lo);
-                store_p_rows(sP0, pk, wwarp, lane);
-                fence_proxy_async();
-                bar_arrive(SS_P0_READY, 256);
-                rescale(o, a1[0], a1[1]);
-                l[0] *= a1[0];
-                l[1] *= a1[1];
+                ss_hand_p0<T, MT>(s, pk, o, m_run, l, a1, s_m, sP0, r_lo, wwarp, lane);
                 if (has_b) {
                     ss_wait_boxes<0, 4>(hb, 1);  // B's V columns 0..255
                     bar_sync(SS_RO1, 256);  // sP1 written; warpgroup 1 is done with S_B
                     ss_zero_tail(sg, t + 1, st1, wtid, BAR_WG0);
-                    pv_remote<T>(o, GmmaDesc(sP1, 16, 1024), st1);
+                    pv_remote<T>(o, sP1, st1);
                 }
                 if (has_a2) qk_boxes<T, 0, 4>(s, dq, st0, rq8, true, hb, 0);
                 if (has_b) {
@@ -489,23 +519,19 @@ __device__ void decode_wgmma_seesaw(const Params& p, const TmaMap* kv_map) {
                 const bool has_b = t + 1 < t1, has_a2 = t + 2 < t1, has_b2 = t + 3 < t1;
                 float mx[2] = {vt::neg_inf(), vt::neg_inf()};
                 if (has_b) ss_mask_max(s, mx, t + 1, lim_min, lim, valid + BN, flags + 8, qd);
-                bar_sync(SS_SCALE0, 256);
                 float bs[2], a[2];
-                ss_max_b<MT>(mx, bs, a, m_run, l, c, s_m, r_lo, qd);
-                bar_arrive(SS_SCALE1, 256);
-                rescale(o, a[0], a[1]);
+                ss_softmax_b<T, MT>(s, pk, o, mx, bs, a, m_run, l, c, s_m, sP1, has_b, r_lo, wwarp, lane, qd);
                 if (has_b) {
-                    ss_exp<T>(s, pk, l, bs, c);
-                    store_p_rows(sP1, pk, wwarp, lane);
-                    fence_proxy_async();
                     ss_zero_tail(sg, t + 1, st1 + v_half, wtid, BAR_WG1);
                     pv_local<T>(o, pk, st1 + v_half);
                 }
-                bar_sync(SS_P0_READY, 256);
-                ss_wait_boxes<4, 8>(hb, 0);  // A's V columns 256..511
-                ss_zero_tail(sg, t, st0 + v_half, wtid, BAR_WG1);
-                pv_remote<T>(o, GmmaDesc(sP0, 16, 1024), st0 + v_half);
-                if (has_b) bar_arrive(SS_RO1, 256);
+                ss_pv_p0<T>(
+                    o, sP0, st0 + v_half, has_b,
+                    [](BoxBarriers& hb, const Segment& sg, int t, uint32_t v, int wtid) {
+                        ss_wait_boxes<4, 8>(hb, 0);  // A's V columns 256..511
+                        ss_zero_tail(sg, t, v, wtid, BAR_WG1);
+                    },
+                    hb, sg, t, st0 + v_half, wtid);
                 if (has_b2) {
                     wgmma_wait<1>();  // P_B V_B done: B's hi half is free
                     pin(o);

@@ -325,7 +325,6 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             float mx[2], bs[2];
             pf_mask_max(s, mx, valid, qd);
             ss_softmax_a<T>(s, pk, o, mx, bs, m_run, l, c, s_m, r_lo, qd);
-            bar_arrive(SS_SCALE0, 256);
             pv_local<T>(o, pk, st0);
             wgmma_wait<0>();
             pin(o);
@@ -333,19 +332,13 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
             mbar_arrive(bars.free_(0, 0));  // A.L: S(A) and P_A V done
             // m_B from warpgroup 1: P_A rescaled to it for warpgroup 1's half (P0).
             bar_sync(SS_SCALE1, 256);
-            float a1[2];
-            ss_rescale_p_a<T, PF_ROWS>(s, pk, bs, m_run, a1, s_m, r_lo);
-            store_p_rows(sP0, pk, wwarp, lane);  // over A's rope block: S(A) is done with it
-            fence_proxy_async();
-            bar_arrive(SS_P0_READY, 256);
-            rescale(o, a1[0], a1[1]);
-            l[0] *= a1[0];
-            l[1] *= a1[1];
+            float a1[2];  // P0 over A's rope block: S(A) is done with it
+            ss_hand_p0<T, PF_ROWS>(s, pk, o, m_run, l, a1, s_m, sP0, r_lo, wwarp, lane);
             if (has_b) {
                 mbar_wait(bars.full(1, 0), par);  // B's V columns 0..255 (landed: S(B) read them)
                 fence_proxy_async();
                 bar_sync(SS_RO1, 256);            // P1 written; warpgroup 1 is done with S(B)
-                pv_remote<T>(o, GmmaDesc(sP1, 16, 1024), st1);
+                pv_remote<T>(o, sP1, st1);
             }
             if (has_a2) pf_qk<T, 0, 4>(s, dq, st0, true, bars.full(0, 0), par ^ 1);
             if (has_b) {
@@ -377,23 +370,17 @@ template <typename T> __device__ void prefill_sm90(const PrefillParams& p) {
                 mbar_wait(bars.vfull(1), par);
                 pf_mask_max(s, mx, valid + BN, qd);
             }
-            bar_sync(SS_SCALE0, 256);
             float bs[2], a[2];
-            ss_max_b<PF_ROWS>(mx, bs, a, m_run, l, c, s_m, r_lo, qd);
-            bar_arrive(SS_SCALE1, 256);
-            rescale(o, a[0], a[1]);
+            ss_softmax_b<T, PF_ROWS>(s, pk, o, mx, bs, a, m_run, l, c, s_m, sP1, has_b, r_lo, wwarp, lane, qd);
+            if (has_b) pv_local<T>(o, pk, st1 + v_half);
+            ss_pv_p0<T>(
+                o, sP0, st0 + v_half, has_b,
+                [](uint32_t full01, int par) {
+                    mbar_wait(full01, par);  // A's V columns 256..511 (landed: S(A) read them)
+                    fence_proxy_async();
+                },
+                bars.full(0, 1), par);
             if (has_b) {
-                ss_exp<T>(s, pk, l, bs, c);
-                store_p_rows(sP1, pk, wwarp, lane);
-                fence_proxy_async();
-                pv_local<T>(o, pk, st1 + v_half);
-            }
-            bar_sync(SS_P0_READY, 256);
-            mbar_wait(bars.full(0, 1), par);  // A's V columns 256..511 (landed: S(A) read them)
-            fence_proxy_async();
-            pv_remote<T>(o, GmmaDesc(sP0, 16, 1024), st0 + v_half);
-            if (has_b) {
-                bar_arrive(SS_RO1, 256);
                 wgmma_wait<1>();
                 pin(o);
                 pin(pk);

@@ -15,17 +15,17 @@ What it models
     WG0  warpgroup 0: q_full; S(A) of pair 0 (pf_qk over L then R, wgmma_wait<0>); per pair vfull[0],
          the flags (pf_mask_max), m_A into s_m[A] (ss_softmax_a), bar_arrive(SCALE0), P_A V over buffer
          0's L (pv_local), wgmma_wait<0>, arrive free[0][0], bar_sync(SCALE1), m_B from s_m[B]
-         (ss_rescale_p_a), P0 into block
+         (ss_hand_p0), P0 into block
          8 of buffer 0, bar_arrive(P0_READY); with B: full[1][0], bar_sync(RO1), P1 V over buffer 1's L
          (pv_remote); with a next pair: S(A') L (full[0][0]); with B: wgmma_wait<1> / <0>, arrive
          free[1][0]; S(A') R (full[0][1]); wgmma_wait<0>. Then ss_row_sums over s_l (its s_fin):
          bar_sync(LSUM), WG1's sums read from s_l[1], the totals written to s_l[0], the final maxima to
          s_l[1]; bar_arrive(PF_FIN), bar_sync(BAR_WG0), pf_store.
     WG1  warpgroup 1: q_full; S(B) of pair 0 (R then L) when tiles > 1; per pair (with B) vfull[1] and
-         the flags, bar_sync(SCALE0), m_A read, m_B written (ss_max_b), bar_arrive(SCALE1); with B: P1
+         the flags, bar_sync(SCALE0), m_A read, m_B written (ss_softmax_b), bar_arrive(SCALE1); with B: P1
          written,
          P_B V over buffer 1's R (pv_local); bar_sync(P0_READY), full[0][1], P0 V over buffer 0's R
-         (pv_remote, P0 read from block 8); with B: bar_arrive(RO1), wgmma_wait<1>, arrive free[1][1];
+         (ss_pv_p0, P0 read from block 8); with B: bar_arrive(RO1), wgmma_wait<1>, arrive free[1][1];
          wgmma_wait<0>, arrive free[0][1]; with a next B: S(B') R, L, wgmma_wait<0>. Then ss_row_sums:
          its sums into s_l[1], bar_arrive(LSUM); bar_sync(PF_FIN), pf_store.
     pf_store (both): the totals read (s_l[0]), the warpgroup's O columns staged over buffer 0,
@@ -125,6 +125,10 @@ W1P = "if (tiles > 1) {"  # warpgroup 1's prologue
 W1 = "has_b2 = 2 * k + 3 < tiles"  # warpgroup 1's loop
 END = "ss_row_sums<PF_ROWS>(l, m_run, s_l, wg, r_lo, qd)"  # the end: the row sums, the stores
 RS = "__device__ __forceinline__ void ss_row_sums("  # (seesaw header)
+SA = "__device__ __forceinline__ void ss_softmax_a("  # the seesaw header's consumer steps
+HP = "__device__ __forceinline__ void ss_hand_p0("
+SB = "__device__ __forceinline__ void ss_softmax_b("
+PP = "__device__ __forceinline__ void ss_pv_p0("
 GA = "template <typename T> struct PrefillGather {"
 QK = "__device__ __forceinline__ void pf_qk("
 PS = "__device__ __forceinline__ void pf_store("
@@ -164,19 +168,19 @@ SITES = {
     "wg0.vfull": (K, W0, "mbar_wait(bars.vfull(0), par)"),
     "wg0.mask": (K, W0, "pf_mask_max(s, mx, valid, qd)"),
     "wg0.m_a": (K, W0, "ss_softmax_a<T>(s, pk, o, mx, bs, m_run, l, c, s_m, r_lo, qd)"),
-    "ss.m_a": ("@ss", "__device__ __forceinline__ void ss_softmax_a(", "if (qd == 0) s_m[r_lo + 8 * hi] = m_run[hi]"),
-    "wg0.scale0": (K, W0, "bar_arrive(SS_SCALE0, 256)"),
+    "ss.m_a": ("@ss", SA, "if (qd == 0) s_m[r_lo + 8 * hi] = m_run[hi]"),
+    "wg0.scale0": ("@ss", SA, "bar_arrive(SS_SCALE0, 256)"),
     "wg0.pv_local": (K, W0, "pv_local<T>(o, pk, st0)"),
     "wg0.pv_wait": (K, W0, "pv_local<T>(o, pk, st0)", "wgmma_wait<0>();"),
     "wg0.free00": (K, W0, "mbar_arrive(bars.free_(0, 0))"),
     "wg0.scale1": (K, W0, "bar_sync(SS_SCALE1, 256)"),
-    "wg0.m_b": (K, W0, "ss_rescale_p_a<T, PF_ROWS>(s, pk, bs, m_run, a1, s_m, r_lo)"),
-    "ss.m_b": ("@ss", "__device__ __forceinline__ void ss_rescale_p_a(", "const float mb = s_m[MT + r_lo + 8 * hi]"),
-    "wg0.p0": (K, W0, "store_p_rows(sP0, pk, wwarp, lane)"),
-    "wg0.p0_ready": (K, W0, "bar_arrive(SS_P0_READY, 256)"),
+    "wg0.m_b": (K, W0, "ss_hand_p0<T, PF_ROWS>(s, pk, o, m_run, l, a1, s_m, sP0, r_lo, wwarp, lane)"),
+    "ss.m_b": ("@ss", HP, "const float mb = s_m[MT + r_lo + 8 * hi]"),
+    "wg0.p0": ("@ss", HP, "store_p_rows(sP0, pk, wwarp, lane)"),
+    "wg0.p0_ready": ("@ss", HP, "bar_arrive(SS_P0_READY, 256)"),
     "wg0.full10": (K, W0, "mbar_wait(bars.full(1, 0), par)"),
     "wg0.ro1": (K, W0, "bar_sync(SS_RO1, 256)"),
-    "wg0.pv_remote": (K, W0, "pv_remote<T>(o, GmmaDesc(sP1, 16, 1024), st1)"),
+    "wg0.pv_remote": (K, W0, "pv_remote<T>(o, sP1, st1)"),
     "wg0.sa_l": (K, W0, "if (has_a2) pf_qk<T, 0, 4>(s, dq, st0, true, bars.full(0, 0), par ^ 1)"),
     "wg0.wait1": (K, W0, "wgmma_wait<1>();"),
     "wg0.wait0b": (K, W0, "wgmma_wait<1>();", "wgmma_wait<0>();"),
@@ -188,17 +192,17 @@ SITES = {
     "wg1.sb_wait0": (K, W0, W1P, "wgmma_wait<0>();"),
     "wg1.vfull": (K, W1, "mbar_wait(bars.vfull(1), par)"),
     "wg1.mask": (K, W1, "pf_mask_max(s, mx, valid + BN, qd)"),
-    "wg1.scale0": (K, W1, "bar_sync(SS_SCALE0, 256)"),
-    "wg1.m_a": (K, W1, "ss_max_b<PF_ROWS>(mx, bs, a, m_run, l, c, s_m, r_lo, qd)"),
-    "wg1.m_b": (K, W1, "ss_max_b<PF_ROWS>(mx, bs, a, m_run, l, c, s_m, r_lo, qd)"),
-    "ss.max_b": ("@ss", "__device__ __forceinline__ void ss_max_b(", "if (qd == 0) s_m[MT + r_lo + 8 * hi] = mn"),
-    "wg1.scale1": (K, W1, "bar_arrive(SS_SCALE1, 256)"),
-    "wg1.p1": (K, W1, "store_p_rows(sP1, pk, wwarp, lane)"),
+    "wg1.scale0": ("@ss", SB, "bar_sync(SS_SCALE0, 256)"),
+    "wg1.m_a": (K, W1, "ss_softmax_b<T, PF_ROWS>(s, pk, o, mx, bs, a, m_run, l, c, s_m, sP1, has_b"),
+    "wg1.m_b": (K, W1, "ss_softmax_b<T, PF_ROWS>(s, pk, o, mx, bs, a, m_run, l, c, s_m, sP1, has_b"),
+    "ss.max_b": ("@ss", SB, "if (qd == 0) s_m[MT + r_lo + 8 * hi] = mn"),
+    "wg1.scale1": ("@ss", SB, "bar_arrive(SS_SCALE1, 256)"),
+    "wg1.p1": ("@ss", SB, "store_p_rows(sP1, pk, wwarp, lane)"),
     "wg1.pv_local": (K, W1, "pv_local<T>(o, pk, st1 + v_half)"),
-    "wg1.p0_ready": (K, W1, "bar_sync(SS_P0_READY, 256)"),
-    "wg1.full01": (K, W1, "mbar_wait(bars.full(0, 1), par)"),
-    "wg1.pv_remote": (K, W1, "pv_remote<T>(o, GmmaDesc(sP0, 16, 1024), st0 + v_half)"),
-    "wg1.ro1": (K, W1, "bar_arrive(SS_RO1, 256)"),
+    "wg1.p0_ready": ("@ss", PP, "bar_sync(SS_P0_READY, 256)"),
+    "wg1.full01": (K, W1, "mbar_wait(full01, par)"),
+    "wg1.pv_remote": ("@ss", PP, "pv_remote<T>(o, sP0, v)"),
+    "wg1.ro1": ("@ss", PP, "bar_arrive(SS_RO1, 256)"),
     "wg1.wait1": (K, W1, "wgmma_wait<1>();"),
     "wg1.free11": (K, W1, "mbar_arrive(bars.free_(1, 1))"),
     "wg1.wait0": (K, W1, "mbar_arrive(bars.free_(1, 1))", "wgmma_wait<0>();"),
