@@ -83,14 +83,6 @@ struct PairStages {
     __device__ __forceinline__ void release(int st) { pair_release(v_free, v_free_peer, st, lead); }
 };
 
-// Lab build MLA_PAIR_ARRIVE_FIRST 1 (docs/perf.md, "Twenty-eighth session"; off in the kernels'
-// own build): tile t's proxy fence and hand-over come before tile t + 2's row loads are issued,
-// not after. The fence compiles to MEMBAR.ALL.CTA; if that waits for the thread's loads in
-// flight, the default order pays a full row-load latency every tile.
-#ifndef MLA_PAIR_ARRIVE_FIRST
-#define MLA_PAIR_ARRIVE_FIRST 0
-#endif
-
 // Warpgroup 2 of CTA `rank` over one segment: Q, then per tile its own round (rows 32 rank ..)
 // into both CTAs' stage, and the other round's token flags from the block table alone.
 // Registers: round a holds the even tiles of the segment, b the odd ones; `ahead` is the own
@@ -129,16 +121,15 @@ __device__ __forceinline__ void pair_producer_tiles(const Params& p, const Segme
             own, cur);
         ld.publish(own, oc, valid + st * BN, flags + st * 8);
         ld.publish(oth, row_offset(p, other), valid + st * BN, flags + st * 8);
-        auto hand_over = [&] {
-            if (t == t0) cp_async_wait<0>();  // Q
-            fence_proxy_async();              // read by wgmma (async proxy)
-            bar_arrive(BAR_K_FULL + st, 256);
-        };
-        if (MLA_PAIR_ARRIVE_FIRST) hand_over();
+        if (t == t0) cp_async_wait<0>();  // Q
+        // Read by wgmma (async proxy). The fence (MEMBAR.ALL.CTA) and the hand-over come before
+        // tile t + 2's loads are issued: issued first, the loads made the hand-over 3-4% slower
+        // (docs/perf.md, "Twenty-eighth session").
+        fence_proxy_async();
+        bar_arrive(BAR_K_FULL + st, 256);
         oc = row_offset(p, ahead);
         if (t + 2 < t1) ld.load(oc, cur);      // tile t + 2, in flight behind tile t + 1's stores
         ahead = ld.ref_of(p, sg, t + 3, own);  // its load is issued a step from now
-        if (!MLA_PAIR_ARRIVE_FIRST) hand_over();
     };
     for (int t = t0; t < t1; t += 2) {
         step(t, a, oa);

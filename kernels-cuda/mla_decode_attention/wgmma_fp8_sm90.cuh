@@ -69,24 +69,16 @@ struct Fp8Raw {
     float4 sc;
 };
 
-// Lab build MLA_FP8_ROW_L1 1 (docs/perf.md, "Twenty-fifth session"; off in the kernels' own
-// build): the rows allocate in L1 (evict_last) instead of bypassing it. A 656-byte row is not
-// 32-byte aligned, so a row's 64-byte lane groups straddle sectors that the next group reads
-// again; from L1 the second read is a hit.
-#ifndef MLA_FP8_ROW_L1
-#define MLA_FP8_ROW_L1 0
-#endif
+// The rows allocate in L1 (evict_last), not bypass it: a 656-byte row is not 32-byte aligned,
+// so a row's 64-byte lane groups straddle sectors that the next group reads again, and from L1
+// the second read is a hit (with the next tile's offsets loaded a tile ahead, below: sparse
+// decode 0.79-0.85x its time at 64 heads, 0.91-0.92x at 128 on the CTA pair, which shares this
+// loader; docs/perf.md, "Twenty-eighth session").
 __device__ __forceinline__ uint4 ld_nc_v4(const unsigned char* p) {
     uint4 v;
-#if MLA_FP8_ROW_L1
     asm volatile("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
-#else
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-#endif
     return v;
 }
 
@@ -238,12 +230,8 @@ struct Fp8RegLoader {
 // any time, as before, where the unpipelined loop waited for both loads of a tile before
 // dequantizing it).
 //
-// Lab build MLA_FP8_IDX_AHEAD 1 (docs/perf.md, "Twenty-fifth session"; off in the kernels' own
-// build): the row offsets of tile t + 1 (their block-table entries: a sparse call's indices)
-// are loaded a tile ahead, so a tile's row loads wait on no index load of their own.
-#ifndef MLA_FP8_IDX_AHEAD
-#define MLA_FP8_IDX_AHEAD 0
-#endif
+// The row offsets of tile t + 1 (their block-table entries: a sparse call's indices) are
+// loaded a tile ahead, so a tile's row loads wait on no index load of their own.
 template <typename T>
 __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segment& sg, int row0, uint32_t sQ,
                                                    uint32_t sKV, unsigned char* valid, unsigned char* flags,
@@ -255,10 +243,8 @@ __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segmen
     i64 oa = ld.row_of(p, sg, t0, 0), ob = ld.row_of(p, sg, t0, 1);
     ld.load(oa, a);
     ld.load(ob, b);
-#if MLA_FP8_IDX_AHEAD
     // Tile t + 1's offsets (-1 past the segment), loaded while tile t is stored.
     i64 na_ahead = ld.row_of(p, sg, t0 + 1, 0), nb_ahead = ld.row_of(p, sg, t0 + 1, 1);
-#endif
     for (int t = t0; t < t1; ++t) {
         const int st = (t - t0) & 1;
         // The first two tiles fill empty stages; later ones wait until both halves of
@@ -267,11 +253,7 @@ __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segmen
         const uint32_t dst = sKV + st * TILE_BYTES;
         ld.store<T>(dst, 0, a, oa, valid + st * BN, flags + st * 8);
         const bool more = t + 1 < t1;
-#if MLA_FP8_IDX_AHEAD
         const i64 na = na_ahead;
-#else
-        const i64 na = more ? ld.row_of(p, sg, t + 1, 0) : -1;
-#endif
         if (more) ld.load(na, a);  // round 0 of the next tile in flight ...
         ld.store<T>(dst, 1, b, ob, valid + st * BN, flags + st * 8);  // ... while round 1 is stored
         if (t == t0) cp_async_wait<0>();  // Q
@@ -279,15 +261,10 @@ __device__ __forceinline__ void fp8_producer_tiles(const Params& p, const Segmen
         bar_arrive(BAR_K_FULL + st, 256);
         oa = na;
         if (more) {
-#if MLA_FP8_IDX_AHEAD
             ob = nb_ahead;
             ld.load(ob, b);
             na_ahead = ld.row_of(p, sg, t + 2, 0);  // used a tile from now
             nb_ahead = ld.row_of(p, sg, t + 2, 1);
-#else
-            ob = ld.row_of(p, sg, t + 1, 1);
-            ld.load(ob, b);
-#endif
         }
     }
 }

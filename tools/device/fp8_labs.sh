@@ -2,12 +2,12 @@
 # One GPU call: lab builds of the dequantizing fp8 decode kernels (which the sparse op runs over
 # the fp8 cache) against the kernels' own build, on the sparse decode rows, with FlashMLA in
 # the same call. Each lab is a line of $LABS, "NAME HEADER DEFINE=VALUE..." (the header under
-# kernels-cuda/mla_decode_attention/ with those defines on top; tools/device/labs.sh). Default:
-#   pair:   wgmma_fp8_pair_sm90.cuh MLA_PAIR_ARRIVE_FIRST=1, the CTA pair's proxy fence and
-#           hand-over before the next tile's row loads (docs/perf.md, "Twenty-eighth session");
-#   idx:    wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1, the single-CTA kernel's next-tile row
-#           offsets (a sparse call's indices) a tile ahead ("Twenty-fifth session", D1);
-#   idx_l1: that and MLA_FP8_ROW_L1=1, the rows allocating in L1 (D2).
+# kernels-cuda/mla_decode_attention/ with those defines on top, tools/device/labs.sh; several
+# headers joined by '+' each get all the defines). No default: the twenty-eighth session's
+# labs (the pair's fence ahead of its loads, MLA_PAIR_ARRIVE_FIRST; the single-CTA producer's
+# next-tile offsets a tile ahead, MLA_FP8_IDX_AHEAD; rows allocating in L1, MLA_FP8_ROW_L1)
+# are the kernels' own code since (docs/perf.md, "Twenty-eighth session"). E.g.
+#   LABS="mine wgmma_fp8_sm90.cuh MY_SWITCH=1" bash tools/device/fp8_labs.sh
 #  1. Each lab's correctness: the sparse and fp8 decode suites through its overlay; memcheck
 #     and synccheck over the sparse fp8-cache test through the first lab.
 #  2. `xtask bench sparse --only decode`: the kernels' build, each lab, the kernels' build
@@ -15,14 +15,12 @@
 # Needs, carried: $BIN (default .dev/bin: xtask, sparse_mla, mla_decode_fp8 from
 # tools/device/stage.sh), .dev/kcache.tar.xz (it holds labs.sh's LAB_BUILDS) and
 # .peer/flashmla.tar.xz.
-# Usage (in the repository root, on the GPU machine): bash tools/device/fp8_labs.sh
+# Usage (in the repository root, on the GPU machine): LABS="..." bash tools/device/fp8_labs.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
-LABS=${LABS:-"pair wgmma_fp8_pair_sm90.cuh MLA_PAIR_ARRIVE_FIRST=1
-idx wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1
-idx_l1 wgmma_fp8_sm90.cuh MLA_FP8_IDX_AHEAD=1 MLA_FP8_ROW_L1=1"}
+LABS=${LABS:?"name the labs: LABS=\"NAME HEADER DEFINE=VALUE...\" (see the header)"}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S" || true
@@ -30,7 +28,7 @@ source tools/device/lib.sh  # step, san, lab_overlay, FLASHMLA_DIR
 names=()
 while read -r name header defs; do
   [ -n "$name" ] || continue
-  lab_overlay "/tmp/lab_$name" "$header" $defs
+  for h in ${header//+/ }; do lab_overlay "/tmp/lab_$name" "$h" $defs; done  # HEADER: one or h1+h2
   names+=("$name")
 done <<< "$LABS"
 bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &

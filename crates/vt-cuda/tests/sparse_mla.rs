@@ -590,12 +590,14 @@ fn sparse_mla_picks_the_tensor_core_kernels_for_deepseek_shapes() {
     // A 16-bit cache listed about once per slot, T x N >= 4096 rows: the mma.sync kernel.
     let ran = check(&g, &Case::mla(64, 64, 64, (40, 64)));
     assert!(ran.iter().any(|r| r.starts_with("Auto: mma64")), "{ran:?}");
-    // Slots listed many times (a prefill re-reading a small kv): the three-warpgroup gather
-    // form on sm_90, else the decode kernels' Auto; never the mma.sync kernel.
+    // Slots listed many times (a prefill re-reading a small kv): on sm_90 the op's own prefill
+    // kernel (the three-warpgroup gather form with VT_SPARSE_PREFILL=0), else the decode
+    // kernels' Auto; never the mma.sync kernel.
     let ran = check(&g, &Case::mla(64, 64, 512, (2, 64)));
     assert!(ran.iter().all(|r| !r.starts_with("Auto: mma")), "{ran:?}");
     if g.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90) {
-        assert!(ran.iter().any(|r| r.starts_with("Auto: wgmma_3wg_cp")), "{ran:?}");
+        let want = if vt_core::flags::sparse_prefill() { "Auto: sparse_prefill" } else { "Auto: wgmma_3wg_cp" };
+        assert!(ran.iter().any(|r| r.starts_with(want)), "want {want}: {ran:?}");
     }
 }
 
