@@ -596,7 +596,8 @@ fn sparse_mla_picks_the_tensor_core_kernels_for_deepseek_shapes() {
     let ran = check(&g, &Case::mla(64, 64, 512, (2, 64)));
     assert!(ran.iter().all(|r| !r.starts_with("Auto: mma")), "{ran:?}");
     if g.downcast::<vt_cuda::CudaQueue>().is_some_and(|c| c.sm() == 90) {
-        let want = if vt_core::flags::sparse_prefill() { "Auto: sparse_prefill" } else { "Auto: wgmma_3wg_cp" };
+        let want =
+            if vt_core::flags::sparse_prefill() { "Auto: sparse_prefill" } else { "Auto: wgmma_3wg_cp" };
         assert!(ran.iter().any(|r| r.starts_with(want)), "want {want}: {ran:?}");
     }
 }
