@@ -161,6 +161,123 @@ __device__ void indexer_scores(u32* ws, i64 ws_ld, i64 row0, const T* q, i64 q_s
 VT_FOR_EACH_FLOAT(VT_IDX_SCORES)
 
 // ---------------------------------------------------------------------------------------
+// Pieces of the tensor-core score kernels (mma and pair), warp (mw, nw) of a 4-warp group.
+namespace {
+
+// Key tile [j0, j0 + KT) of sequence b into stage st of ks (row stride rs, cpr 16-byte chunks
+// a row) by cp.async, threads tid, tid + nth, ...; rows at or past lim, or with a block id
+// outside the cache, are zero-filled. valid[st * KT + row]: whether row's block id was in the
+// cache (so the epilogue does not look it up again). (The stage's address is formed here: a
+// pointer to it passed in compiled to other address arithmetic.)
+template <typename T>
+__device__ __forceinline__ void load_key_tile(T* ks, int st, unsigned char* valid, const T* cache, i64 c_sb,
+                                              i64 c_sr, int nb, int bs, const int* bt, i64 bt_sb, i64 bt_sc, int b,
+                                              i64 j0, i64 lim, int rs, int cpr, int tid, int nth) {
+    using namespace vt::tc;
+    T* dst = ks + st * KT * rs;
+    // Tiles start at multiples of 64: with bs a multiple of 64 a tile is one block.
+    u32 off0 = 0;
+    const int id0 = bs % KT == 0 ? block_of(bt, bt_sb, bt_sc, b, j0, bs, nb, &off0) : -1;
+    for (int c = tid; c < KT * cpr; c += nth) {
+        const int row = c / cpr, ch = c % cpr;
+        const i64 j = j0 + row;
+        u32 off = off0 + (u32)row;
+        const int id =
+            j >= lim ? -1 : bs % KT == 0 ? id0 : block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off);
+        const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
+        cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
+        if (ch == 0) valid[st * KT + row] = id >= 0;
+    }
+}
+
+// B fragments of k-step k0 for this warp's 32 keys (2 x 16 keys) of the tile at kt.
+template <typename T>
+__device__ __forceinline__ void load_b(const T* kt, int rs, int k0, int nw, int lane, u32 (&bf)[2][4]) {
+    using namespace vt::tc;
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+        const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        ldsm_x4(smem_u32(kt + key * rs + k0 + ((lane >> 3) & 1) * 8), bf[np]);
+    }
+}
+
+// acc += A B^T for one k-step: A the warp's 32 heads (a0: 16 heads, a1: the next 16), B its 32 keys.
+template <typename T>
+__device__ __forceinline__ void mma_step(float (&acc)[2][4][4], const u32 (&a0)[4], const u32 (&a1)[4],
+                                         const u32 (&bf)[2][4]) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+        vt::tc::MmaSync<T>::run(acc[0][ni], a0, bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+        vt::tc::MmaSync<T>::run(acc[1][ni], a1, bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
+}
+
+// The warp's Q A fragments (rows hr0 + [0, 32), NK k-steps) from shared memory.
+template <typename T, int NK>
+__device__ __forceinline__ void load_q_frags(const T* qs, int rs, int hr0, int lane, u32 (&aq)[2][NK][4]) {
+    using namespace vt::tc;
+#pragma unroll
+    for (int mg = 0; mg < 2; ++mg)
+#pragma unroll
+        for (int ks = 0; ks < NK; ++ks) {
+            const int row = hr0 + mg * 16 + (lane & 15);
+            ldsm_x4(smem_u32(qs + row * rs + ks * 16 + (lane >> 4) * 8), aq[mg][ks]);
+        }
+}
+
+// acc += Q K^T of the warp's 32 heads (fragments in registers) and 32 keys of the tile at kt.
+template <typename T, int NK>
+__device__ __forceinline__ void scores_from_regs(float (&acc)[2][4][4], const u32 (&aq)[2][NK][4], const T* kt,
+                                                 int rs, int nw, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) {
+        u32 bf[2][4];
+        load_b(kt, rs, ks * 16, nw, lane, bf);
+        mma_step<T>(acc, aq[0][ks], aq[1][ks], bf);
+    }
+}
+
+// relu, head weight (wsm[hr0 + head]) and the sum over this thread's rows of the warp's 32 heads.
+__device__ __forceinline__ void weigh(float (&part)[4][2], const float (&acc)[2][4][4], const float* wsm, int hr0,
+                                      int lane) {
+#pragma unroll
+    for (int mg = 0; mg < 2; ++mg) {
+        const int hr = hr0 + mg * 16 + (lane >> 2);
+        const float w0 = wsm[hr], w1 = wsm[hr + 8];
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                part[ni][c] = fmaf(w0, fmaxf(acc[mg][ni][c], 0.f), part[ni][c]);
+                part[ni][c] = fmaf(w1, fmaxf(acc[mg][ni][2 + c], 0.f), part[ni][c]);
+            }
+    }
+}
+
+// Sum over the warp's rows (lanes with equal lane % 4 hold the same keys) into red[r0 + key].
+__device__ __forceinline__ void reduce_part(float (&part)[4][2], float* red, int r0, int nw, int lane) {
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float v = part[ni][c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            part[ni][c] = v;
+        }
+    if (lane < 4) {
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) red[r0 + nw * 32 + ni * 8 + lane * 2 + c] = part[ni][c];
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
 // Tensor-core scores. Shared memory (dynamic): Q [hp][di + PAD] T, keys [STAGES][KT][di + PAD]
 // T, weights [hp] f32, the head halves' partial sums [2][KT] f32. hp = h rounded up to 64.
 // DQ = 0: any hp and di (Q's fragments loaded from shared memory for every tile); DQ = 128:
@@ -205,23 +322,9 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
     // Tile i goes to stage i % STAGES; one commit group per tile (an empty group past the
     // last), so "all but the newest STAGES - 1 groups done" means tile i has landed.
     auto load_tile = [&](int i) {
-        if (i < ntiles) {
-            T* dst = ks + (i % STAGES) * KT * rs;
-            const i64 j0 = jc + (i64)i * KT;
-            // Tiles start at multiples of 64: with bs a multiple of 64 a tile is one block.
-            u32 off0 = 0;
-            const int id0 = bs % KT == 0 ? block_of(bt, bt_sb, bt_sc, b, j0, bs, nb, &off0) : -1;
-            for (int c = tid; c < KT * cpr; c += THREADS) {
-                const int row = c / cpr, ch = c % cpr;
-                const i64 j = j0 + row;
-                u32 off = off0 + (u32)row;
-                const int id =
-                    j >= n ? -1 : bs % KT == 0 ? id0 : block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off);
-                const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
-                cp_async16(smem_u32(dst + row * rs + ch * 8), src, id >= 0);
-                if (ch == 0) valid[(i % STAGES) * KT + row] = id >= 0;
-            }
-        }
+        if (i < ntiles)
+            load_key_tile(ks, i % STAGES, valid, cache, c_sb, c_sr, nb, bs, bt, bt_sb, bt_sc, b, jc + (i64)i * KT, n,
+                          rs, cpr, tid, THREADS);
         cp_async_commit();
     };
 #pragma unroll
@@ -237,51 +340,11 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
         // part[ni][c]: this thread's share of the weighted sum over heads of key
         // nw*32 + ni*8 + 2*(lane%4) + c.
         float part[4][2] = {};
-        // relu, head weight and the sum over this thread's rows of one 64-head pass.
-        auto weigh = [&](int h0, const float (&acc)[2][4][4]) {
-#pragma unroll
-            for (int mg = 0; mg < 2; ++mg) {
-                const int hr = h0 + mw * 32 + mg * 16 + (lane >> 2);
-                const float w0 = wsm[hr], w1 = wsm[hr + 8];
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        part[ni][c] = fmaf(w0, fmaxf(acc[mg][ni][c], 0.f), part[ni][c]);
-                        part[ni][c] = fmaf(w1, fmaxf(acc[mg][ni][2 + c], 0.f), part[ni][c]);
-                    }
-            }
-        };
-        // B fragments of k-step k0 for this warp's 32 keys (2 x 16 keys).
-        auto load_b = [&](int k0, uint32_t (&bf)[2][4]) {
-#pragma unroll
-            for (int np = 0; np < 2; ++np) {
-                const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                ldsm_x4(smem_u32(kt + key * rs + k0 + ((lane >> 3) & 1) * 8), bf[np]);
-            }
-        };
         if constexpr (DQ > 0) {
-            if (i == 0) {
-#pragma unroll
-                for (int mg = 0; mg < 2; ++mg)
-#pragma unroll
-                    for (int ks = 0; ks < DQ / 16; ++ks) {
-                        const int row = mw * 32 + mg * 16 + (lane & 15);
-                        ldsm_x4(smem_u32(qs + row * rs + ks * 16 + (lane >> 4) * 8), aq[mg][ks]);
-                    }
-            }
+            if (i == 0) load_q_frags(qs, rs, mw * 32, lane, aq);
             float acc[2][4][4] = {};
-#pragma unroll
-            for (int ks = 0; ks < DQ / 16; ++ks) {
-                uint32_t bf[2][4];
-                load_b(ks * 16, bf);
-#pragma unroll
-                for (int mg = 0; mg < 2; ++mg)
-#pragma unroll
-                    for (int ni = 0; ni < 4; ++ni)
-                        MmaSync<T>::run(acc[mg][ni], aq[mg][ks], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
-            }
-            weigh(0, acc);
+            scores_from_regs<T>(acc, aq, kt, rs, nw, lane);
+            weigh(part, acc, wsm, mw * 32, lane);
         } else {
             for (int h0 = 0; h0 < hp; h0 += 64) {
                 float acc[2][4][4] = {};
@@ -292,33 +355,13 @@ __device__ void indexer_scores_mma(u32* ws, i64 ws_ld, i64 row0, const T* q, i64
                         const int row = h0 + mw * 32 + mg * 16 + (lane & 15);
                         ldsm_x4(smem_u32(qs + row * rs + k0 + (lane >> 4) * 8), a[mg]);
                     }
-                    load_b(k0, bf);
-#pragma unroll
-                    for (int mg = 0; mg < 2; ++mg)
-#pragma unroll
-                        for (int ni = 0; ni < 4; ++ni)
-                            MmaSync<T>::run(acc[mg][ni], a[mg], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
+                    load_b(kt, rs, k0, nw, lane, bf);
+                    mma_step<T>(acc, a[0], a[1], bf);
                 }
-                weigh(h0, acc);
+                weigh(part, acc, wsm, h0 + mw * 32, lane);
             }
         }
-        // Sum over the warp's rows (lanes with equal lane % 4 hold the same keys).
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                float v = part[ni][c];
-                v += __shfl_xor_sync(0xffffffffu, v, 4);
-                v += __shfl_xor_sync(0xffffffffu, v, 8);
-                v += __shfl_xor_sync(0xffffffffu, v, 16);
-                part[ni][c] = v;
-            }
-        if (lane < 4) {
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) red[mw * KT + nw * 32 + ni * 8 + lane * 2 + c] = part[ni][c];
-        }
+        reduce_part(part, red, mw * KT, nw, lane);
         __syncthreads();
         if (tid < KT) {
             const i64 j = jc + (i64)i * KT + tid;
@@ -420,20 +463,8 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
             int who, b;
             i64 j0, lim;
             tile(v, who, b, j0, lim);
-            T* dst = ks + (v % STAGES) * KT * RS;
-            // Tiles start at multiples of 64: with bs a multiple of 64 a tile is one block.
-            u32 off0 = 0;
-            const int id0 = bs % KT == 0 ? block_of(bt, bt_sb, bt_sc, b, j0, bs, nb, &off0) : -1;
-            for (int c = tid; c < KT * CPR; c += NTH) {
-                const int row = c / CPR, ch = c % CPR;
-                const i64 j = j0 + row;
-                u32 off = off0 + (u32)row;
-                const int id =
-                    j >= lim ? -1 : bs % KT == 0 ? id0 : block_of(bt, bt_sb, bt_sc, b, j, bs, nb, &off);
-                const T* src = id >= 0 ? cache + (i64)id * c_sb + (i64)off * c_sr + ch * 8 : cache;
-                cp_async16(smem_u32(dst + row * RS + ch * 8), src, id >= 0);
-                if (ch == 0) valid[(v % STAGES) * KT + row] = id >= 0;
-            }
+            load_key_tile(ks, v % STAGES, valid, cache, c_sb, c_sr, nb, bs, bt, bt_sb, bt_sc, b, j0, lim, RS, CPR,
+                          tid, NTH);
         }
         cp_async_commit();
     };
@@ -445,15 +476,7 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
         load_tile(v + STAGES - 1);
         cp_async_wait<STAGES - 1>();
         __syncthreads();
-        if (v == 0) {
-#pragma unroll
-            for (int mg = 0; mg < 2; ++mg)
-#pragma unroll
-                for (int kk = 0; kk < DI / 16; ++kk) {
-                    const int row = g * HP + mw * 32 + mg * 16 + (lane & 15);
-                    ldsm_x4(smem_u32(qs + row * RS + kk * 16 + (lane >> 4) * 8), aq[mg][kk]);
-                }
-        }
+        if (v == 0) load_q_frags(qs, RS, g * HP + mw * 32, lane, aq);
         int who, b;
         i64 j0, lim;
         tile(v, who, b, j0, lim);
@@ -461,50 +484,10 @@ __device__ void indexer_scores_pair(u32* ws, i64 ws_ld, i64 row0, int rows, cons
         if (active) {
             const T* kt = ks + (v % STAGES) * KT * RS;
             float acc[2][4][4] = {};
-#pragma unroll
-            for (int kk = 0; kk < DI / 16; ++kk) {
-                uint32_t bf[2][4];
-#pragma unroll
-                for (int np = 0; np < 2; ++np) {
-                    const int key = nw * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    ldsm_x4(smem_u32(kt + key * RS + kk * 16 + ((lane >> 3) & 1) * 8), bf[np]);
-                }
-#pragma unroll
-                for (int mg = 0; mg < 2; ++mg)
-#pragma unroll
-                    for (int ni = 0; ni < 4; ++ni)
-                        MmaSync<T>::run(acc[mg][ni], aq[mg][kk], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
-            }
+            scores_from_regs<T>(acc, aq, kt, RS, nw, lane);
             float part[4][2] = {};
-#pragma unroll
-            for (int mg = 0; mg < 2; ++mg) {
-                const int hr = g * HP + mw * 32 + mg * 16 + (lane >> 2);
-                const float w0 = wsm[hr], w1 = wsm[hr + 8];
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        part[ni][c] = fmaf(w0, fmaxf(acc[mg][ni][c], 0.f), part[ni][c]);
-                        part[ni][c] = fmaf(w1, fmaxf(acc[mg][ni][2 + c], 0.f), part[ni][c]);
-                    }
-            }
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    float x = part[ni][c];
-                    x += __shfl_xor_sync(0xffffffffu, x, 4);
-                    x += __shfl_xor_sync(0xffffffffu, x, 8);
-                    x += __shfl_xor_sync(0xffffffffu, x, 16);
-                    part[ni][c] = x;
-                }
-            if (lane < 4) {
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c)
-                        red[(g * 2 + mw) * KT + nw * 32 + ni * 8 + lane * 2 + c] = part[ni][c];
-            }
+            weigh(part, acc, wsm, g * HP + mw * 32, lane);
+            reduce_part(part, red, (g * 2 + mw) * KT, nw, lane);
         }
         __syncthreads();
         if (active && gt < KT) {

@@ -55,46 +55,9 @@
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace mla {
 
-// wgmma with A from registers (four 32-bit registers: rows g and g + 8, columns 2 q (+1) and
-// 8 + 2 q (+1) of the 64 x 16 A tile, lane = 4 g + q, as an accumulator row pair packs them).
-#define VT_WGMMA_M64N64K16_RS(NAME, TY)                                                                 \
-    __device__ __forceinline__ void NAME(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d) { \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                    \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                        \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                                   \
-                     : VT_ACC32(0)                                                                      \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));             \
-    }
-#define VT_WGMMA_M64N256K16_RS_TB(NAME, TY)                                                             \
-    __device__ __forceinline__ void NAME(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {       \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                   \
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "                       \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                                                  \
-                     : VT_ACC32(0), VT_ACC32(32), VT_ACC32(64), VT_ACC32(96)                            \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));                  \
-    }
-VT_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_bf16, "bf16")
-VT_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_f16, "f16")
-VT_WGMMA_M64N256K16_RS_TB(wgmma_m64n256k16_rs_bf16_tb, "bf16")
-VT_WGMMA_M64N256K16_RS_TB(wgmma_m64n256k16_rs_f16_tb, "f16")
-
-template <typename T> struct SsRs;
-template <> struct SsRs<bf16> {
-    static __device__ __forceinline__ void qk(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int sc) {
-        wgmma_m64n64k16_rs_bf16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void pv(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-        wgmma_m64n256k16_rs_bf16_tb(d, a, b);
-    }
-};
-template <> struct SsRs<f16> {
-    static __device__ __forceinline__ void qk(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int sc) {
-        wgmma_m64n64k16_rs_f16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void pv(float (&d)[128], const uint32_t (&a)[4], uint64_t b) {
-        wgmma_m64n256k16_rs_f16_tb(d, a, b);
-    }
-};
+// SsRs: the wgmma with A from registers, now overloads of Wg (wgmma_sm90.cuh); the name
+// stays for wgmma_3wg_sm90.cuh.
+template <typename T> using SsRs = Wg<T>;
 
 // Named barriers of the seesaw kernel (BAR_WG0 / BAR_WG1 as in wgmma_sm90.cuh).
 constexpr int SS_SCALE0 = 1, SS_SCALE1 = 2, SS_P0_READY = 3, SS_RO1 = 4, SS_Q = 5, SS_LSUM = 6;
@@ -121,16 +84,9 @@ struct BoxBarriers {
 __device__ __forceinline__ void tma_half(const Params& p, const Segment& sg, int tile, uint32_t dst,
                                          unsigned char* valid, unsigned char* flags, const BoxBarriers& bb,
                                          int st, const TmaMap* map, int lane, int cb0, int cb1) {
-    int blk = p.NB, row = 0;
     const int j = tile * BN;  // every box holds the tile's 64 rows of one block (64 | BS)
-    if (tile < sg.t1 && j < sg.len) {
-        const int bi = j / p.BS;
-        const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-        if (v >= 0 && v < p.NB) {
-            blk = v;
-            row = j - bi * p.BS;
-        }
-    }
+    const BoxBlock bk = box_block(p, sg, tile, 0);
+    const int blk = bk.blk, row = bk.row;
     if (valid != nullptr) {
         const bool bad_blk = tile < sg.t1 && j < sg.len && blk == p.NB;
 #pragma unroll
@@ -165,7 +121,7 @@ __device__ __forceinline__ void qk_boxes(float (&s)[32], const GmmaDesc& dq, uin
             const uint32_t o16 = (uint32_t)((cb * SUB_BYTES + kk * 32) >> 4);
             const int sc = (fresh && cb == CB0 && kk == 0) ? 0 : 1;
             if (cb == NSUB - 1) {
-                SsRs<T>::qk(s, rq8[kk], dk.at(o16), sc);
+                Wg<T>::qk(s, rq8[kk], dk.at(o16), sc);
             } else {
                 Wg<T>::qk(s, dq.at(o16), dk.at(o16), sc);
             }
@@ -190,7 +146,7 @@ __device__ __forceinline__ void pv_local(float (&o)[128], const uint32_t (&pk)[1
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ++ks) {
         const uint32_t a[4] = {pk[4 * ks], pk[4 * ks + 1], pk[4 * ks + 2], pk[4 * ks + 3]};
-        SsRs<T>::pv(o, a, dv.at(128 * ks));
+        Wg<T>::pv(o, a, dv.at(128 * ks));
     }
     wgmma_commit();
 }

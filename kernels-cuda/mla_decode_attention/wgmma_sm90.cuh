@@ -53,6 +53,27 @@ template <int MT> struct Layout {
     static constexpr int SMEM = END + 1024;                     // slack to align the base
 };
 
+// The block holding token tok of KV tile `tile` of segment sg (the first token of a TMA box)
+// and the token's row in it: block NB (out of the map: the box reads zeros) past the sequence
+// or for a bad block id. (Token and result as here: a token index passed in, or results
+// through references, compiled to other code.)
+struct BoxBlock {
+    int blk, row;
+};
+__device__ __forceinline__ BoxBlock box_block(const Params& p, const Segment& sg, int tile, int tok) {
+    const int j = tile * BN + tok;
+    int blk = p.NB, row = 0;
+    if (tile < sg.t1 && j < sg.len) {
+        const int bi = j / p.BS;
+        const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
+        if (v >= 0 && v < p.NB) {
+            blk = v;
+            row = j - bi * p.BS;
+        }
+    }
+    return {blk, row};
+}
+
 // Warp 0 of warpgroup 1 loads KV tile `tile` of segment sg into the stage at dst through the
 // TMA: every box of the tile is issued (pages past the sequence or with a bad block id read
 // block NB, out of the map: zeros), so the stage's barrier always completes with TILE_BYTES.
@@ -83,15 +104,8 @@ __device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int
     for (int idx = lane; idx < nbox; idx += 32) {
         const int pb = idx / NSUB, cb = idx - pb * NSUB;
         const int j = tile * BN + pb * R;  // first token of the box
-        int blk = p.NB, row = 0;
-        if (tile < sg.t1 && j < sg.len) {
-            const int bi = j / p.BS;
-            const int v = __ldg(p.block_table + sg.b * p.bt_sb + bi * p.bt_sm);
-            if (v >= 0 && v < p.NB) {
-                blk = v;
-                row = j - bi * p.BS;
-            }
-        }
+        const BoxBlock bb = box_block(p, sg, tile, pb * R);
+        const int blk = bb.blk, row = bb.row;
         tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
     }
 }
@@ -130,23 +144,50 @@ VT_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16")
 VT_WGMMA_M64N256K16_TB(wgmma_m64n256k16_bf16_tb, "bf16")
 VT_WGMMA_M64N256K16_TB(wgmma_m64n256k16_f16_tb, "f16")
 
+// wgmma with A from registers (four 32-bit registers: rows g and g + 8, columns 2 q (+1) and
+// 8 + 2 q (+1) of the 64 x 16 A tile, lane = 4 g + q, as an accumulator row pair packs them).
+#define VT_WGMMA_M64N64K16_RS(NAME, TY)                                                                 \
+    __device__ __forceinline__ void NAME(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int scale_d) { \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                    \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                        \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                                   \
+                     : VT_ACC32(0)                                                                      \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));             \
+    }
+#define VT_WGMMA_M64N256K16_RS_TB(NAME, TY)                                                             \
+    __device__ __forceinline__ void NAME(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {       \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                                   \
+                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " "                       \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                                                                  \
+                     : VT_ACC32(0), VT_ACC32(32), VT_ACC32(64), VT_ACC32(96)                            \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));                  \
+    }
+VT_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_bf16, "bf16")
+VT_WGMMA_M64N64K16_RS(wgmma_m64n64k16_rs_f16, "f16")
+VT_WGMMA_M64N256K16_RS_TB(wgmma_m64n256k16_rs_bf16_tb, "bf16")
+VT_WGMMA_M64N256K16_RS_TB(wgmma_m64n256k16_rs_f16_tb, "f16")
+
+// Wg<T>: the wgmma of one 16-bit type (T is bf16 or f16, the functions' suffix), A from shared
+// memory (a descriptor) or from registers (four 32-bit registers, see VT_WGMMA_M64N64K16_RS).
 template <typename T> struct Wg;
-template <> struct Wg<bf16> {
-    static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
-        wgmma_m64n64k16_bf16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
-        wgmma_m64n256k16_bf16_tb(d, a, b, 1);
-    }
-};
-template <> struct Wg<f16> {
-    static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {
-        wgmma_m64n64k16_f16(d, a, b, sc);
-    }
-    static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {
-        wgmma_m64n256k16_f16_tb(d, a, b, 1);
-    }
-};
+#define VT_WG(T)                                                                                       \
+    template <> struct Wg<T> {                                                                         \
+        static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int sc) {    \
+            wgmma_m64n64k16_##T(d, a, b, sc);                                                          \
+        }                                                                                              \
+        static __device__ __forceinline__ void pv(float (&d)[128], uint64_t a, uint64_t b) {           \
+            wgmma_m64n256k16_##T##_tb(d, a, b, 1);                                                     \
+        }                                                                                              \
+        static __device__ __forceinline__ void qk(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int sc) { \
+            wgmma_m64n64k16_rs_##T(d, a, b, sc);                                                       \
+        }                                                                                              \
+        static __device__ __forceinline__ void pv(float (&d)[128], const uint32_t (&a)[4], uint64_t b) { \
+            wgmma_m64n256k16_rs_##T##_tb(d, a, b);                                                     \
+        }                                                                                              \
+    };
+VT_WG(bf16)
+VT_WG(f16)
+#undef VT_WG
 
 // O[:, cols] += P V[:, cols] for one tile: 4 wgmma (A = P, B = V MN-major, in place in the
 // K tile; dv: GmmaDesc(first column block, SUB_BYTES, 1024)). N = 128 accumulator registers

@@ -60,4 +60,31 @@ __device__ __forceinline__ int key_end(const Params& p, const Seq& s, int r1) {
     return (int)max((i64)0, min((i64)s.lk, e));
 }
 
+// Both kernels' softmax rows: a thread holds rows g and g + 8 ([hi]) of its warp's
+// accumulators, each row spread over one quad of lanes.
+
+// The online-softmax step of one tile (vt::tc::online_max_step) from this thread's row maxima
+// mx, reduced over the quad first: muse, what the exponents subtract; alpha, O's rescale.
+__device__ __forceinline__ void quad_max_step(float (&mx)[2], float c, float (&m_run)[2], float (&l_run)[2],
+                                              float (&alpha)[2], float (&muse)[2]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+        muse[hi] = vt::tc::online_max_step(mx[hi], c, m_run[hi], l_run[hi], alpha[hi]);
+    }
+}
+
+// The epilogue's row sums: l_run summed over the quad, and inv = 1 / l (0 for an empty row).
+__device__ __forceinline__ void quad_row_sums(float (&l_run)[2], float (&inv)[2]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        float l = l_run[hi];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        l_run[hi] = l;
+        inv[hi] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+}
+
 }  // namespace pf

@@ -210,12 +210,7 @@ __device__ __forceinline__ void attention(const Params& p) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) mx[i >> 1] = fmaxf(mx[i >> 1], sc[nt][i]);
             float muse[2], alpha[2];
-#pragma unroll
-            for (int hi = 0; hi < 2; ++hi) {
-                mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-                mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-                muse[hi] = online_max_step(mx[hi], c, m_run[hi], l_run[hi], alpha[hi]);
-            }
+            quad_max_step(mx, c, m_run, l_run, alpha, muse);
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
@@ -261,14 +256,7 @@ __device__ __forceinline__ void attention(const Params& p) {
     // Epilogue: the warp's rows of O / l into its own rows of the Q tile (read only by this
     // warp, and only before the loop), then 16-byte stores of the rows inside the sequence.
     float inv[2];
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        float l = l_run[hi];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        l_run[hi] = l;
-        inv[hi] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
+    quad_row_sums(l_run, inv);
 #pragma unroll
     for (int nt = 0; nt < NTV; ++nt)
 #pragma unroll

@@ -155,12 +155,7 @@ __device__ __forceinline__ void softmax_tile(const float (&s)[64], float (&x)[64
         mx[1] = fmaxf(mx[1], fmaxf(x[4 * i + 2], x[4 * i + 3]));
     }
     float muse[2];
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
-        mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
-        muse[hi] = online_max_step(mx[hi], c, m_run[hi], l_run[hi], alpha[hi]);
-    }
+    quad_max_step(mx, c, m_run, l_run, alpha, muse);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -396,14 +391,7 @@ __device__ void prefill_wgmma(const Params& p, const Maps& maps) {
     // Epilogue: normalise, stage 16-bit rows in this warpgroup's Q region (swizzled by
     // 16-byte chunk so the fragment stores hit distinct banks), copy out with 16-byte stores.
     float inv[2];
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-        float l = l_run[hi];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        l_run[hi] = l;
-        inv[hi] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
+    quad_row_sums(l_run, inv);
     constexpr int CH = DV / 8;  // 16-byte chunks per output row
 #pragma unroll
     for (int i = 0; i < DV / 8; ++i)
