@@ -57,30 +57,28 @@ fi
 # test runs; then, if both passed, the sparse bench with both kernels forced beside the op's
 # and FlashMLA, then memcheck over each kernel's test in the time left.
 if want first; then
-  DEADLINE=${DEADLINE:-570}
-  left() { local l=$((DEADLINE - SECONDS)); [ "$l" -gt "$1" ] && l=$1; echo "$l"; }
+  DEADLINE=${DEADLINE:-570}  # step (lib.sh) cuts each cap to the time left
   bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
   build=$!
-  step pair_test "$(left 120)" "$BIN/mla_decode_fp8" --exact "$PAIR" --nocapture --test-threads 1 || ok=1
+  step pair_test 120 "$BIN/mla_decode_fp8" --exact "$PAIR" --nocapture --test-threads 1 || ok=1
   grep -E "wgmma_fp8x2" "$OUT/pair_test.log" | head -4 | tee -a "$S"
-  step prefill_test "$(left 120)" "$BIN/sparse_mla" --exact "$PREFILL" --nocapture --test-threads 1 || ok=1
+  step prefill_test 120 "$BIN/sparse_mla" --exact "$PREFILL" --nocapture --test-threads 1 || ok=1
   grep -E "sparse_prefill" "$OUT/prefill_test.log" | head -4 | tee -a "$S"
   echo "new kernels (first): tests $([ $ok = 0 ] && echo passed || echo FAILED)" | tee -a "$S"
   wait "$build"
   tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
   if [ "$ok" = 0 ]; then
     PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
-      step sparse_peer "$(left 120)" python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"
+      step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"
     peer=()  # without the peer's JSON (its build or run failed) the bench still runs, unpaired
     [ -f "$OUT/flashmla_sparse.json" ] && peer=(--peer "$OUT/flashmla_sparse.json")
-    step sparse_new "$(left 200)" "$BIN/xtask" bench sparse --iters 5 --alt wgmma_fp8x2,sparse_prefill "${peer[@]}"
+    step sparse_new 200 "$BIN/xtask" bench sparse --iters 5 --alt wgmma_fp8x2,sparse_prefill "${peer[@]}"
     grep -E "^(decode|prefill)|forced|^\|" "$OUT/sparse_new.log" | cut -c1-260 | tee -a "$S"
   fi
   for k in pair prefill; do
-    t=$(left 160)
-    [ "$t" -lt 40 ] && { echo "no time left for ${k}_memcheck" | tee -a "$S"; continue; }
-    if [ $k = pair ]; then san pair_memcheck "$t" memcheck mla_decode_fp8 "$PAIR"; else
-      san prefill_memcheck "$t" memcheck sparse_mla "$PREFILL"; fi
+    [ $((DEADLINE - SECONDS)) -lt 40 ] && { echo "no time left for ${k}_memcheck" | tee -a "$S"; continue; }
+    if [ $k = pair ]; then san pair_memcheck 160 memcheck mla_decode_fp8 "$PAIR"; else
+      san prefill_memcheck 160 memcheck sparse_mla "$PREFILL"; fi
   done
 fi
 
