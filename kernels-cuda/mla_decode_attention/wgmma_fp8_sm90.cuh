@@ -127,13 +127,6 @@ __device__ __forceinline__ void dequant8(uint32_t lo, uint32_t hi, float s, cons
     }
 }
 
-// Lab build MLA_FP8_HOIST 1 (docs/perf.md, "Twenty-eighth session"; off in the kernels' own
-// build): store_rows takes the warp-uniform one-multiply test once a round instead of in every
-// dequant8, and store_codes computes each scale group's bf16 factor once, not per 64 values.
-#ifndef MLA_FP8_HOIST
-#define MLA_FP8_HOIST 0
-#endif
-
 // Warpgroup 2's rows: lane (tok, q) of warp w holds token w * 8 + (lane & 7) + 32 round of a
 // tile and its 16-byte column chunks q + 4 k: four lanes read 64 contiguous bytes of a row
 // per load (whole sectors), and the 8 tokens of a store hit 8 distinct swizzled chunks.
@@ -181,20 +174,15 @@ struct Fp8RegLoader {
     template <typename T, typename Put>
     __device__ __forceinline__ void store_codes(const Put& put, int tok, const Fp8Raw& raw, const float (&scs)[4],
                                                 bool one) const {
-#if MLA_FP8_HOIST
+        // A scale group's factor once, not per 64-value block (twenty-ninth session).
         Bf16Factor fs[4];
 #pragma unroll
         for (int g = 0; g < 4; ++g) fs[g] = bf16_factor(scs[g], one);
-#endif
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const uint4 c = raw.code[k];
             const float sc = scs[k >> 1];
-#if MLA_FP8_HOIST
             const Bf16Factor f = fs[k >> 1];
-#else
-            const Bf16Factor f = bf16_factor(sc, one);
-#endif
             uint32_t out[4];
             dequant8<T>(c.x, c.y, sc, f, one, out);  // features 64 k + 16 q ..
             put(k * SUB_BYTES + swz(tok, 2 * q), out);
@@ -212,18 +200,15 @@ struct Fp8RegLoader {
         // Warp-uniform: the one-multiply form unless a lane holds a scale >= 2^7 (a NaN scale
         // gives NaN either way).
         const bool one = fmaxf(fmaxf(scs[0], scs[1]), fmaxf(scs[2], scs[3])) < 0x1p7f;
-#if MLA_FP8_HOIST
         // Taken once a round: as an argument, each bf16 dequant8 branched on it (16 branches a
-        // round, each a scheduling barrier between chunks). f16 does not use it: one copy.
+        // round, each a scheduling barrier between chunks; 1-1.5% of sparse decode, twenty-ninth
+        // session). f16 does not use it: one copy.
         const bool all_one = __all_sync(0xffffffffu, one);
         if (Same<T, bf16>::value && all_one) {
             store_codes<T>(put, tok, raw, scs, true);
         } else {
             store_codes<T>(put, tok, raw, scs, Same<T, bf16>::value ? false : all_one);
         }
-#else
-        store_codes<T>(put, tok, raw, scs, __all_sync(0xffffffffu, one));
-#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             uint32_t rp[4] = {raw.rope[h].x, raw.rope[h].y, raw.rope[h].z, raw.rope[h].w};
