@@ -5,9 +5,11 @@
 // Work is split over CTAs by KV tiles of BN = 64 tokens (flash-decoding):
 // - The grid is (num_parts, m_blocks). The tiles of all sequences, laid end to end, are cut
 //   into num_parts equal ranges ("parts"), at least min_tiles long; part p covers tiles
-//   [p*Q, (p+1)*Q). Each CTA computes this schedule itself from seq_lens (a block-wide
-//   scan; one pass when B <= blockDim), so there is no host sync and no metadata kernel,
-//   and mixed lengths balance.
+//   [p*Q, (p+1)*Q). Where B <= blockDim and min_tiles <= 1 the ranges are equal in a cost
+//   stream that also counts SEG_COST tiles for each sequence start (cost_cut, below), so a
+//   part holding two segments gets fewer tiles. Each CTA computes this schedule itself from
+//   seq_lens (a block-wide scan; one pass when B <= blockDim), so there is no host sync and
+//   no metadata kernel, and mixed lengths balance.
 // - Whole-sequence mode (find_part with a scratch array, one pass when B <= blockDim): when
 //   the batch is balanced enough that giving every part whole sequences costs no more than
 //   cutting (below), each sequence goes to the part holding its midpoint in the "cost
@@ -133,7 +135,8 @@ __device__ __forceinline__ int block_scan_incl(int v, int* s, int& total) {
 
 struct Part {
     i64 begin, end;  // global tile range of this part
-    i64 q;           // tiles per part; 0 in whole-sequence mode (no sequence is cut)
+    i64 q;           // tiles per part; 0 in whole-sequence mode (no sequence is cut); -1 in
+                     // the cost-stream cut (find_part wrote seq_info)
     int b;           // first sequence with a tile in the range (B if none)
     i64 pre;         // global index of that sequence's first tile
 };
@@ -215,6 +218,72 @@ __device__ __forceinline__ bool whole_sequences(const Params& p, int* s, int* lo
     return whole;
 }
 
+// What a segment start costs the cut schedule, in tiles of KV (0: the even cut by tiles). In
+// the cut, a part that crosses a sequence boundary pays a second Q load, a second epilogue and
+// the tensor cores' idle time between them: at h128 b32 s4096 the parts with two segments ended
+// 15 us after those with one, at the same tile count (the timeline, twenty-ninth session), so
+// the grid waited for them. With SEG_COST > 0 the cut is even over a cost stream in which
+// sequence b weighs its tiles plus SEG_COST (FlashMLA's scheduler counts a fixed overhead per
+// batch the same way), so a part that starts a sequence gets SEG_COST fewer tiles. Measured on
+// an H100 beside FlashMLA (lab builds 4 / 6 / 8 against 0, docs/perf.md "Twenty-ninth
+// session"): b32 s4096 at 128 heads 108.8 -> 104.3 us (4), at 64 heads 93.3 -> 89.4 (4) / 87.3
+// (6), the other rows within 1%. A macro so that a lab build can change it (0: the even cut).
+#ifndef MLA_SEG_COST
+#define MLA_SEG_COST 4
+#endif
+constexpr int SEG_COST = MLA_SEG_COST;
+
+// The cost-stream cut for thread b's sequence (t tiles, the first `pre` tiles of the batch
+// before it, t_total in all): part x covers cost positions [x qc, (x + 1) qc), where the cost
+// stream lays out each nonempty sequence as SEG_COST positions, then one per tile. A cost
+// position maps to the tile it reaches in its sequence (its overhead positions map to the
+// sequence's first tile), so the parts' tile ranges tile the batch in order. Returns false (r
+// untouched) where a part could fall inside one sequence's overhead (qc <= SEG_COST: a few
+// tiles a part, where the even cut is as good). Writes seq_info for the sequences whose first
+// tile is in this part (part.q = -1: next_segment does not), since the number of parts a
+// sequence spans needs its cost position, which only the scan has.
+__device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, int pre, int t_total, Part& r) {
+    const int c = t > 0 ? t + SEG_COST : 0;
+    int c_total = 0;
+    const int cpre = block_scan_incl(c, s, c_total) - c;
+    const int np = p.num_parts;
+    const i64 qc = ((i64)c_total + np - 1) / np;
+    if (qc <= SEG_COST) return false;  // the same in every thread
+    const i64 x0 = (i64)blockIdx.x * qc, x1 = x0 + qc < c_total ? x0 + qc : c_total;
+    if (threadIdx.x == 0) {
+        s[33] = p.B;
+        s[34] = t_total;
+        s[35] = t_total;
+        s[36] = t_total;
+    }
+    __syncthreads();
+    if (c > 0) {
+        auto tile_at = [&](i64 x) {
+            const i64 k = x - cpre - SEG_COST;
+            return pre + (int)(k < 0 ? 0 : k > t ? t : k);
+        };
+        if (cpre <= x0 && x0 < cpre + c) {
+            s[33] = b;
+            s[34] = pre;
+            s[35] = tile_at(x0);
+        }
+        if (cpre <= x1 && x1 < cpre + c) s[36] = tile_at(x1);
+        const int first = (int)((cpre + SEG_COST) / qc), last = (int)((cpre + c - 1) / qc);
+        if (first == (int)blockIdx.x && blockIdx.y == 0) {
+            p.seq_info[2 * b] = first + b;  // the slot next_segment gives the part's segment
+            p.seq_info[2 * b + 1] = last - first + 1;
+        }
+    }
+    __syncthreads();
+    r.q = -1;
+    r.b = s[33];
+    r.pre = s[34];
+    r.begin = s[35];
+    r.end = s[36];
+    __syncthreads();
+    return true;
+}
+
 // The part of this CTA (blockIdx.x). Called by the whole block; every thread gets the same
 // result. `s` is 40 ints of shared memory; `loads` (nullptr: never) `cap` ints of shared
 // memory for whole-sequence mode, which is tried when B <= blockDim and num_parts <= cap.
@@ -230,6 +299,7 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
         if (loads != nullptr && p.num_parts <= cap && p.min_tiles <= 1 &&
             whole_sequences(p, s, loads, b, t, incl - t, t_total, r))
             return r;
+        if (SEG_COST > 0 && p.min_tiles <= 1 && cost_cut(p, s, b, t, incl - t, t_total, r)) return r;
         if (r.begin >= total) return r;
         const i64 pre = incl - t;
         if (t > 0 && pre <= r.begin && r.begin < pre + t) {
@@ -292,7 +362,7 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.t1 = (int)((part.end < pre ? part.end : pre) - first);
         sg.whole = first >= part.begin && pre <= part.end;
         sg.slot = (int)blockIdx.x + cur;
-        if (first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
+        if ((SEG_COST == 0 || part.q >= 0) && first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
             const int n = part.q > 0 ? (int)((pre - 1) / part.q - blockIdx.x + 1) : 1;
             p.seq_info[2 * cur] = sg.slot;
             p.seq_info[2 * cur + 1] = n;

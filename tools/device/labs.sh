@@ -11,10 +11,10 @@ lab_overlay() {
 }
 
 # The lab builds warm_kernels.sh compiles ahead, as "HEADER NAME=VALUE..." lines: timeline.sh's
-# and the one fp8_labs.sh runs next (its three before became the kernels' own code in the
-# twenty-eighth session; add a line here for a new lab so its call does not compile it on the
-# device). The other lab scripts' builds (schedule_labs.sh, f8r_labs.sh) compile on
+# and the next lab (W3_OWNQ, the 16-bit three-warpgroup kernel's own Q loads; the fp8 loader's
+# labs became the kernels' own code in the twenty-eighth and twenty-ninth sessions). Add a line
+# here for a new lab so its call does not compile it on the device. The other lab scripts' builds (schedule_labs.sh, f8r_labs.sh) compile on
 # the device. F8R_VT and W3_CP_DEFER became the defaults in the twenty-fourth session; their =0
 # builds are the old forms.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-wgmma_fp8_sm90.cuh MLA_FP8_HOIST=1"
+wgmma_3wg_sm90.cuh W3_OWNQ=1"
