@@ -117,18 +117,6 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
-// 1 (lab build, twenty-ninth session): in the 16-bit TMA form (mla_decode_wgmma_3wg_{bf16,f16})
-// warpgroup 0 loads each segment's Q itself, right after its last S of the segment before (Q is
-// read by warpgroup 0's wgmma only), instead of waiting for warpgroups 1 and 2 to end that
-// segment's P V and store its output and then load Q (the timeline: ~11 us of Q wait at each
-// segment start after the first, at 128 heads). Warpgroups 1 and 2 then store while warpgroup 0
-// runs the next segment's first S. s_fin (the segment's row sums and maxima, which their stores
-// read) is then guarded by W3_EPI: they arrive once their stores of the segment before are done,
-// warpgroup 0 syncs before it writes s_fin again (a one-tile segment would otherwise overwrite
-// it under their stores).
-#ifndef W3_OWNQ
-#define W3_OWNQ 0
-#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -174,8 +162,6 @@ template <bool RAW> using W3Maps = typename Cond<RAW, RawMaps, TmaMap>::type;
 // Named barriers (0: __syncthreads; BAR_WG0 = 7, warpgroup 0's own, is wgmma_sm90.cuh's).
 constexpr int W3_P_FULL = 1, W3_Q_READY = 2, W3_FIN = 3, W3_WG1 = 4;  // W3_WG1 + 1: warpgroup 2's
 constexpr int W3_PV_PAIR = 6;  // warpgroups 1 and 2 together (256)
-// W3_OWNQ's 16-bit TMA form: no Q_READY there, so its id guards s_fin (above).
-constexpr int W3_EPI = W3_Q_READY;
 
 // S's latent part: D (m64n64, f32) += A (Q's e4m3 part, shared) x B (the codes, shared), k = 32.
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
@@ -870,11 +856,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     Segment sg;
     int u = 0;  // the CTA's running tile count: slot u & 1, fill u >> 1
 
-    // W3_OWNQ: warpgroup 0 loads Q (16-bit TMA form only; the others keep Q_READY).
-    constexpr bool OWNQ = W3_OWNQ && !RAW && !CP;
     if (wg == 0) {
         const GmmaDesc dq(sQ, 16, 1024);
-        int tl_segs = 0, nseg = 0;
+        int tl_segs = 0;
         while (next_segment(p, part, nb, pre, sg)) {
             uint32_t rq[4][4];
             if constexpr (RAW) f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
@@ -882,16 +866,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             const float c = p.scale_log2;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
             const unsigned long long tq = MLA_TL_NOW();
-            if constexpr (OWNQ) {
-                // This warpgroup's wgmma reads of the last segment's Q are done (S waited for them).
-                load_q<T, MT, 128>(p, sg.b, row0, sQ, threadIdx.x);
-                cp_async_commit();
-                cp_async_wait<0>();
-                fence_proxy_async();     // Q is read by wgmma (async proxy)
-                bar_sync(BAR_WG0, 128);  // every thread's part of Q is written
-            } else {
-                bar_sync(W3_Q_READY, W3_THREADS);  // Q (fp8: its parts and 2^-e) of this segment
-            }
+            bar_sync(W3_Q_READY, W3_THREADS);  // Q (fp8: its parts and 2^-e) of this segment
             if (tl0) {
                 const unsigned long long now = MLA_TL_NOW();
                 MLA_TL_ADD(TL_WAIT_Q0, now - tq);
@@ -944,11 +919,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
                 bar_arrive(W3_P_FULL, W3_THREADS);
             }
-            if (OWNQ && nseg > 0) bar_sync(W3_EPI, W3_THREADS);  // the last segment's s_fin is read
             store_fin(s_fin, l_run, m_run, r_lo, qd);
             bar_sync(BAR_WG0, 128);  // (racecheck, as above; it also orders this segment's s_pinv reads)
             bar_arrive(W3_FIN, W3_THREADS);
-            ++nseg;
             if (tl0) {
                 const unsigned long long now = MLA_TL_NOW();
                 if (tl_segs == 1) MLA_TL_SET(TL_SEG0_END, now);
@@ -1000,14 +973,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     constexpr bool VT = RAW && F8R_VT;
     if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
-    int nseg = 0;
     while (!VT && next_segment(p, part, nb, pre, sg)) {
-        if constexpr (OWNQ) {
-            if (nseg > 0) {
-                bar_sync(W3_PV_PAIR, 256);  // racecheck: the last segment's s_fin reads
-                bar_arrive(W3_EPI, W3_THREADS);
-            }
-        } else if constexpr (RAW) {
+        if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else if constexpr (CP) {
             w3_load_q_regs<T>(p, sg.b, row0, sQ, threadIdx.x - 128);
@@ -1016,12 +983,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             cp_async_commit();
             cp_async_wait<0>();
         }
-        if constexpr (!OWNQ) {
-            fence_proxy_async();         // Q is read by wgmma (async proxy)
-            bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
-            bar_arrive(W3_Q_READY, W3_THREADS);
-        }
-        ++nseg;
+        fence_proxy_async();         // Q is read by wgmma (async proxy)
+        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
+        bar_arrive(W3_Q_READY, W3_THREADS);
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;

@@ -11,10 +11,9 @@ lab_overlay() {
 }
 
 # The lab builds warm_kernels.sh compiles ahead, as "HEADER NAME=VALUE..." lines: timeline.sh's
-# and the next lab (W3_OWNQ, the 16-bit three-warpgroup kernel's own Q loads; the fp8 loader's
-# labs became the kernels' own code in the twenty-eighth and twenty-ninth sessions). Add a line
-# here for a new lab so its call does not compile it on the device. The other lab scripts' builds (schedule_labs.sh, f8r_labs.sh) compile on
+# (the fp8 loader's labs became the kernels' own code in the twenty-eighth and twenty-ninth
+# sessions; W3_OWNQ was measured and removed in the twenty-ninth). Add a line here for a new lab
+# so its call does not compile it on the device. The other lab scripts' builds (schedule_labs.sh, f8r_labs.sh) compile on
 # the device. F8R_VT and W3_CP_DEFER became the defaults in the twenty-fourth session; their =0
 # builds are the old forms.
-LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-wgmma_3wg_sm90.cuh W3_OWNQ=1"
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"

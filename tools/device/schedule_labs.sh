@@ -7,8 +7,9 @@
 # - KNOB=MLA_SEG_COST (default; twenty-ninth session): the cost-stream cut, each sequence start
 #   weighing SEG_COST tiles, so parts that cross a sequence boundary get fewer tiles.
 # - KNOB=MLA_SPLIT_COST (twentieth session): the whole-sequence threshold.
-# - HEADER=wgmma_3wg_sm90.cuh KNOB=W3_OWNQ COSTS=1: warpgroup 0 loads its own Q (a new
-#   hand-over; SAN_TEST=three_warpgroup_kernel_matches_reference for the sanitizers).
+# - HEADER=wgmma_3wg_sm90.cuh KNOB=NAME COSTS=1: a lab switch of the three-warpgroup kernel
+#   (the twenty-ninth session's W3_OWNQ ran so; SAN_TEST=three_warpgroup_kernel_matches_reference
+#   for the sanitizers when it changes a hand-over).
 # Each lab first runs the decode suite and the sparse suite through its overlay (the schedule
 # decides which parts write which partials: a wrong cut fails the mixed-length tests) and
 # memcheck, racecheck and synccheck over $SAN_TEST (default: the mixed-length test) through the
