@@ -871,7 +871,9 @@ impl MlaWeightStore {
         bufs.push(("kv_a_layernorm", w.require("kv_a_layernorm")?.to_buffer(queue)?));
         let (n, p, l, v) = (dims.num_heads, dims.qk_nope_head_dim, dims.kv_lora_rank, dims.v_head_dim);
         bufs.extend(weight("kv_b_proj")?);
-        if keep("kv_b_proj") && absorbed_keep_fp8(&dims) {
+        // VT_FP8_ABSORBED (on): the absorbed weights stay fp8; off, they are dequantized once
+        // here, which the views below see (no `w_uk_t#fp8` buffer).
+        if keep("kv_b_proj") && absorbed_keep_fp8(&dims) && vt_core::flags::fp8_absorbed() {
             // W_UK_T as a per-head transposed copy of the codes ([N, L, P]); W_UV and both
             // scale tensors are views of kv_b_proj's (`views`).
             let codes = &w.require("kv_b_proj")?.bytes;
@@ -971,7 +973,8 @@ impl MlaWeightStore {
         let b = vt_core::fp8_block::BLOCK as i64;
         let lb = vt_core::fp8_block::blocks(l);
         let head_rows = (p + v) / b * lb; // scale elements per head
-        let absorbed = kv_b.filter(|_| absorbed_keep_fp8(&d));
+                                          // Whether the load kept them fp8 (absorbed_keep_fp8 and VT_FP8_ABSORBED when it ran).
+        let absorbed = kv_b.filter(|_| absorbed_keep_fp8(&d) && self.view("w_uk_t#fp8").is_some());
         let w_uk_t = absorbed.and_then(|m| {
             Some(Fp8Matrix {
                 w: self.view("w_uk_t#fp8")?.as_strided(0, &[n, p, l], &[l * p, 1, p]).ok()?,

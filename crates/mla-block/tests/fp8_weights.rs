@@ -24,7 +24,7 @@ mod common;
 
 use common::*;
 use mla_block::runner::{run_schedule, RunOptions, Schedule};
-use mla_block::tp::{RandomLayerSpec, TpGroup, TpModel, Transport};
+use mla_block::tp::{TpGroup, TpModel, Transport};
 use mla_block::{
     fp8::FP8_QUANT_MIN_TOKENS, layer_prefix, HostTensor, HostWeights, MlaBlock, MlaConfig, MlaWeightStore,
     WeightsDtype,
@@ -170,20 +170,6 @@ fn auto_keeps_fp8_on_cuda_only_and_dequantize_never() {
     assert_eq!(WeightsDtype::parse("dequantize"), Some(WeightsDtype::Dequantize));
     assert_eq!(WeightsDtype::parse("int4"), None);
 }
-
-/// A layer with DeepSeek's block-aligned widths, small elsewhere: hidden 256, 4 heads, q_lora
-/// 128, kv_lora 512, nope 128, rope 64, v 128 (every weight stays fp8).
-const ALIGNED: RandomLayerSpec = RandomLayerSpec {
-    hidden_size: 256,
-    num_heads: 4,
-    q_lora_rank: 128,
-    kv_lora_rank: 512,
-    qk_nope_head_dim: 128,
-    qk_rope_head_dim: 64,
-    v_head_dim: 128,
-    max_position_embeddings: 4096,
-    indexer: None,
-};
 
 /// The layer's weights block-quantized as DeepSeek's checkpoints are (amax / 448 per
 /// 128x128 block): the fp8 form and its dequantization in `dtype`.

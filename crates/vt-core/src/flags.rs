@@ -19,6 +19,7 @@
 //! | `VT_PDL` | off | CUDA skinny GEMM: launched as a programmatic dependent launch on sm_90, so it may start while the previous kernel on the stream runs, requesting its first weight chunks before it waits for that kernel (`griddepcontrol.wait`); the step's small kernels let it start early (`griddepcontrol.launch_dependents`). Needs weights that the kernel right before the GEMM does not write (true of a model's weights in a step) |
 //! | `VT_SKINNY_TMA` | on | CUDA (sm_90) skinny GEMM with fp8 weights at up to 32 tokens and K of 8+ chunks: the weight and activation chunks arrive by the TMA into a 4-7 deep ring fed by a producer warp (`skinny_w8tma_*`); `0` restores the cp.async ring (`skinny_w8_*`) |
 //! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`: 128 for fp8 weights, 0 for 16-bit ones) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
+//! | `VT_FP8_ABSORBED` | on | MLA block with fp8 weights (`mla_block::fp8`): the absorbed decode weights `W_UK_T` / `W_UV` stay fp8 (views and a transposed copy of `kv_b_proj`'s codes; the weight-only fp8 BMM); `0` keeps them dequantized in the compute dtype (as vLLM does: twice their bytes, cuBLAS's batched GEMM, which at 64+ tokens a step is 2x faster than the fp8 kernels on these shapes: docs/perf.md, "Twenty-ninth session"). Read when the weights are loaded |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
 //! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code
@@ -44,10 +45,11 @@ pub enum Flag {
     LtTune,
     MlaFp8Pair,
     SparsePrefill,
+    Fp8Absorbed,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 15] = [
+    pub const ALL: [Flag; 16] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -63,6 +65,7 @@ impl Flag {
         Flag::LtTune,
         Flag::MlaFp8Pair,
         Flag::SparsePrefill,
+        Flag::Fp8Absorbed,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -82,6 +85,7 @@ impl Flag {
             Flag::LtTune => "VT_LT_TUNE",
             Flag::MlaFp8Pair => "VT_MLA_FP8_PAIR",
             Flag::SparsePrefill => "VT_SPARSE_PREFILL",
+            Flag::Fp8Absorbed => "VT_FP8_ABSORBED",
         }
     }
 
@@ -113,6 +117,9 @@ impl Flag {
             Flag::MlaFp8Pair => true,
             // Measured faster (docs/perf.md, "Twenty-seventh session").
             Flag::SparsePrefill => true,
+            // On (the absorbed weights stay fp8, half the bytes) until a decode step measures
+            // the dequantized form ahead (docs/perf.md, "Twenty-ninth session").
+            Flag::Fp8Absorbed => true,
         }
     }
 
@@ -234,6 +241,11 @@ pub fn mla_fp8_pair() -> bool {
 /// `VT_SPARSE_PREFILL`.
 pub fn sparse_prefill() -> bool {
     get(Flag::SparsePrefill)
+}
+
+/// `VT_FP8_ABSORBED`.
+pub fn fp8_absorbed() -> bool {
+    get(Flag::Fp8Absorbed)
 }
 
 /// `VT_MLA_GATHER`.

@@ -141,13 +141,14 @@ pub fn step_model(d: &MlaBlockDims, layers: usize, b: i64, ctx: i64, elt: f64) -
 
 /// Weight bytes of one decode step of `layers` layers with fp8 weights: 1 byte an element
 /// plus an f32 scale per 128 x 128 block for each weight the block keeps in fp8
-/// (`mla_block::fp8::keeps_fp8`, `absorbed_keep_fp8`), `elt` bytes an element for the rest.
+/// (`mla_block::fp8::keeps_fp8`, `absorbed_keep_fp8` under `VT_FP8_ABSORBED`), `elt` bytes an
+/// element for the rest.
 pub fn fp8_weight_bytes(d: &MlaBlockDims, layers: usize, elt: f64) -> f64 {
     use mla_block::fp8::{absorbed_keep_fp8, keeps_fp8};
     use vt_core::fp8_block::blocks;
     let (h, n, ql) = (d.hidden_size, d.num_heads, d.q_lora_rank);
     let (l, p, r, v) = (d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim);
-    let absorbed = absorbed_keep_fp8(d);
+    let absorbed = absorbed_keep_fp8(d) && vt_core::flags::fp8_absorbed();
     // (heads, rows, cols, kept in fp8): q_a (or none), kv_a, q_b (or q_proj), W_UK_T, W_UV, o_proj.
     let mut w = vec![(1, l + r, h, keeps_fp8("kv_a_proj_with_mqa", d))];
     if d.has_q_lora() {
@@ -519,8 +520,10 @@ pub fn command(
         };
         println!(
             "fp8 weights: {step}; the prefills that fill the cache quantize their activations (both operands fp8; \
-             cuBLASLt unless VT_FP8_LT=0 (default on): {})",
-            on_off(vt_core::flags::fp8_lt())
+             cuBLASLt unless VT_FP8_LT=0 (default on): {}); the absorbed W_UK_T / W_UV {} (VT_FP8_ABSORBED {})",
+            on_off(vt_core::flags::fp8_lt()),
+            if vt_core::flags::fp8_absorbed() { "fp8" } else { "dequantized" },
+            on_off(vt_core::flags::fp8_absorbed())
         );
     }
     if tp_note {

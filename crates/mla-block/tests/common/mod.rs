@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use mla_block::runner::{run_schedule, run_steps, RunOptions, RunStats, Schedule, SeqPart};
+use mla_block::tp::RandomLayerSpec;
 use mla_block::{
     HostTensor, HostWeights, MlaBatchMetadata, MlaBlock, MlaConfig, MlaLimits, MlaWeightStore, MlaWorkspace,
     PagedKvCache, StepSeq, DEFAULT_LAYER_PREFIX,
@@ -463,3 +464,18 @@ pub fn capture_and_replay_decode_step(
     assert_eq!(ws.allocations(), allocations, "{name}: decode steps allocated after warm-up");
     ReplayedDecodeStep { pre, block_size: bs, replayed, out, s, t, h }
 }
+
+/// A layer with DeepSeek's block-aligned widths, small elsewhere: hidden 256, 4 heads, q_lora
+/// 128, kv_lora 512, nope 128, rope 64, v 128 (every weight can stay fp8, the absorbed ones
+/// included).
+pub const ALIGNED: RandomLayerSpec = RandomLayerSpec {
+    hidden_size: 256,
+    num_heads: 4,
+    q_lora_rank: 128,
+    kv_lora_rank: 512,
+    qk_nope_head_dim: 128,
+    qk_rope_head_dim: 64,
+    v_head_dim: 128,
+    max_position_embeddings: 4096,
+    indexer: None,
+};
