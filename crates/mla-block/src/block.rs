@@ -823,7 +823,7 @@ impl<'w> MlaBlock<'w> {
             // q_nope as [N, B, P] (a transposed view, no copy) times W_UK_T [N, P, L].
             let q_nope = q_raw.as_strided(0, &[n, b, p], &[dqk, n * dqk, 1])?;
             let mqa_q = mqa_q.ok_or_else(|| Error::backend(OP, "no decode query view"))?;
-            let w_uk_t = Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?;
+            let w_uk_t = Weight::pick_by_rows(f8.w_uk_t, w.w_uk_t, "w_uk_t", b)?;
             if fuse_query {
                 // Straight into the query's latent columns, as [N, B, L] (its rope columns
                 // were written by FusedNormRope).
@@ -853,7 +853,7 @@ impl<'w> MlaBlock<'w> {
             // Back from latent to value space: [N, B, L] x W_UV [N, L, V] into attn[:D] as [N, B, V].
             let x = mqa_out.as_strided(0, &[n, b, l], &[l, n * l, 1])?;
             let v_out = attn.as_strided(0, &[n, b, v], &[v, n * v, 1])?;
-            fp8::bmm(q, v_out, x, Weight::pick(f8.w_uv, w.w_uv, "w_uv")?)?;
+            fp8::bmm(q, v_out, x, Weight::pick_by_rows(f8.w_uv, w.w_uv, "w_uv", b)?)?;
         }
 
         // ---- 6. o_proj ----
@@ -964,11 +964,13 @@ impl<'w> MlaBlock<'w> {
 
         // ---- 4. absorbed sparse attention for every token, `sparse_rows` tokens at a time ----
         let v = d.v_head_dim;
-        let (w_uk_t, w_uv) =
-            (Weight::pick(f8.w_uk_t, w.w_uk_t, "w_uk_t")?, Weight::pick(f8.w_uv, w.w_uv, "w_uv")?);
         let mut c0 = 0;
         while c0 < t {
             let rows = (t - c0).min(self.sparse_rows);
+            let (w_uk_t, w_uv) = (
+                Weight::pick_by_rows(f8.w_uk_t, w.w_uk_t, "w_uk_t", rows)?,
+                Weight::pick_by_rows(f8.w_uv, w.w_uv, "w_uv", rows)?,
+            );
             let q_nope = st.q_raw.as_strided(c0 * n * dqk, &[n, rows, p], &[dqk, n * dqk, 1])?;
             let ql_nope = ws.view(Slot::QlNope, 0, &[n, rows, l])?;
             fp8::bmm(q, ql_nope, q_nope, w_uk_t)?;

@@ -89,6 +89,12 @@ impl WeightsDtype {
 /// 107.2), tied on the A-projection; at 32 tokens weight-only won (q_b 25.5 against 35.9).
 pub const FP8_QUANT_MIN_TOKENS: i64 = 64;
 
+/// Steps with at least this many tokens multiply the absorbed weights in their dequantized
+/// form where the store holds both (`VT_FP8_ABSORBED_BY_STEP`). `VT_FP8_ABSORBED`'s A/B on an
+/// H100 (docs/perf.md, "Twenty-ninth session"): the fp8 BMMs 4 us faster at 1 token, the float
+/// ones 1.5-3% of the step faster at 32 and 7% at 128.
+pub const ABSORBED_FLOAT_MIN_TOKENS: i64 = 32;
+
 /// The name of a weight's scale tensor in [`crate::HostWeights`] (the checkpoint's name).
 pub fn scale_name(name: &str) -> Option<&'static str> {
     Some(match name {
@@ -255,6 +261,21 @@ impl<'a> Weight<'a> {
             (None, None) => {
                 Err(Error::invalid("MlaBlock", name, format!("required weight `{name}` is not set")))
             }
+        }
+    }
+
+    /// The absorbed weight `name` for a step of `rows` tokens: the float view from
+    /// [`ABSORBED_FLOAT_MIN_TOKENS`] rows when both forms are held (`VT_FP8_ABSORBED_BY_STEP`),
+    /// else as [`Weight::pick`].
+    pub fn pick_by_rows(
+        fp8: Option<Fp8Matrix<'a>>,
+        float: Option<Tensor<'a>>,
+        name: &'static str,
+        rows: i64,
+    ) -> Result<Weight<'a>> {
+        match (fp8, float) {
+            (Some(_), Some(t)) if rows >= ABSORBED_FLOAT_MIN_TOKENS => Ok(Weight::Float(t)),
+            (f, t) => Weight::pick(f, t, name),
         }
     }
 

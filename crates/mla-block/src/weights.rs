@@ -100,17 +100,28 @@ impl<'a> MlaBlockWeights<'a> {
         let branch = if dims.has_q_lora() { "q_lora" } else { "q_proj" };
         let mut want: Vec<(&'static str, Option<Tensor<'a>>, Vec<i64>)> = Vec::new();
         let f8 = &self.fp8;
-        // A weight kept in fp8 is checked as such; otherwise its float view is required.
-        let mut either =
-            |name: &'static str, fp8: Option<Fp8Matrix<'a>>, float, shape: Vec<i64>| -> Result<()> {
-                match fp8 {
-                    Some(m) => check_fp8(name, &m, &shape, device),
-                    None => {
+        // A weight kept in fp8 is checked as such; otherwise its float view is required. A
+        // float view set beside an fp8 one (the absorbed weights under
+        // VT_FP8_ABSORBED_BY_STEP) is checked too.
+        let mut either = |name: &'static str,
+                          fp8: Option<Fp8Matrix<'a>>,
+                          float: Option<Tensor<'a>>,
+                          shape: Vec<i64>|
+         -> Result<()> {
+            match fp8 {
+                Some(m) => {
+                    check_fp8(name, &m, &shape, device)?;
+                    if float.is_some() {
                         want.push((name, float, shape));
-                        Ok(())
                     }
+                    Ok(())
                 }
-            };
+                None => {
+                    want.push((name, float, shape));
+                    Ok(())
+                }
+            }
+        };
         if dims.has_q_lora() {
             // q_a: fp8, or rows 0..Q of the fused float weight. kv_a: fp8, a float
             // kv_a_proj_with_mqa, or rows Q.. of the fused float weight.
@@ -888,6 +899,13 @@ impl MlaWeightStore {
                 }
             }
             bufs.push(("w_uk_t#fp8", Buffer::from_bytes(queue, DType::F8E4M3, &[n, l, p], &uk)?));
+            // VT_FP8_ABSORBED_BY_STEP: the dequantized form too, which steps of
+            // fp8::ABSORBED_FLOAT_MIN_TOKENS tokens or more multiply (block.rs).
+            if vt_core::flags::fp8_absorbed_by_step() {
+                let (uk, uv) = absorb_bytes(&w.float("kv_b_proj")?, &dims)?;
+                bufs.push(("w_uk_t", Buffer::from_bytes(queue, dtype, &[n, p, l], &uk)?));
+                bufs.push(("w_uv", Buffer::from_bytes(queue, dtype, &[n, l, v], &uv)?));
+            }
         } else {
             let kv_b = w.float("kv_b_proj")?;
             let (uk, uv) = absorb_bytes(&kv_b, &dims)?;

@@ -520,10 +520,16 @@ pub fn command(
         };
         println!(
             "fp8 weights: {step}; the prefills that fill the cache quantize their activations (both operands fp8; \
-             cuBLASLt unless VT_FP8_LT=0 (default on): {}); the absorbed W_UK_T / W_UV {} (VT_FP8_ABSORBED {})",
+             cuBLASLt unless VT_FP8_LT=0 (default on): {}); the absorbed W_UK_T / W_UV {} (VT_FP8_ABSORBED {}, \
+             VT_FP8_ABSORBED_BY_STEP {})",
             on_off(vt_core::flags::fp8_lt()),
-            if vt_core::flags::fp8_absorbed() { "fp8" } else { "dequantized" },
-            on_off(vt_core::flags::fp8_absorbed())
+            match (vt_core::flags::fp8_absorbed(), vt_core::flags::fp8_absorbed_by_step()) {
+                (false, _) => "dequantized",
+                (true, false) => "fp8",
+                (true, true) => "in both forms, the float one from 32 tokens a step",
+            },
+            on_off(vt_core::flags::fp8_absorbed()),
+            on_off(vt_core::flags::fp8_absorbed_by_step())
         );
     }
     if tp_note {
