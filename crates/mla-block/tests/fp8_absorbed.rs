@@ -9,24 +9,9 @@ mod common;
 
 use common::*;
 use mla_block::fp8::ABSORBED_FLOAT_MIN_TOKENS;
-use mla_block::runner::{run_schedule, RunOptions, Schedule};
-use mla_block::{HostTensor, MlaBlock, MlaConfig, MlaWeightStore};
+use mla_block::MlaWeightStore;
 use vt_core::flags::{set_override, Flag};
-use vt_core::{DType, DeviceType, Queue};
-
-fn run(
-    q: &Queue,
-    cfg: &MlaConfig,
-    store: &MlaWeightStore,
-    hidden: &HostTensor,
-    pos: &[i64],
-    sch: &str,
-) -> HostTensor {
-    let block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox).unwrap();
-    let sch: Schedule = sch.parse().unwrap();
-    let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(8) };
-    run_schedule(q, &block, hidden, pos, &sch, &opts).unwrap().0
-}
+use vt_core::{DType, DeviceType};
 
 #[test]
 fn absorbed_weights_dequantized_or_held_both_ways_match_the_fp8_ones() {
@@ -69,20 +54,20 @@ fn absorbed_weights_dequantized_or_held_both_ways_match_the_fp8_ones() {
         for (s, t, sch) in [(2, 24, "prefill:8,decode:4,prefill:4,decode:8"), (36, 4, "prefill:2,decode:2")] {
             let hidden = ALIGNED.hidden(s, t, dt, 9);
             let pos: Vec<i64> = (0..s).flat_map(|i| (0..t).map(move |p| p + 40 * i)).collect();
-            let a = run(&q, &cfg, &kept, &hidden, &pos, sch);
+            let a = run_store_schedule(&q, &cfg, &kept, &hidden, &pos, sch, None);
             // On the CPU the choice shows bit for bit: BY_STEP's store runs the fp8 form at 2
             // sequences and the float form at 36 (in bf16 the two differ by rounding).
             if q.device().kind == DeviceType::Cpu {
-                let b = run(&q, &cfg, &both, &hidden, &pos, sch);
+                let b = run_store_schedule(&q, &cfg, &both, &hidden, &pos, sch, None);
                 let same = if s >= ABSORBED_FLOAT_MIN_TOKENS {
-                    run(&q, &cfg, &deq, &hidden, &pos, sch)
+                    run_store_schedule(&q, &cfg, &deq, &hidden, &pos, sch, None)
                 } else {
                     a.clone()
                 };
                 assert_eq!(b.bytes, same.bytes, "{dt} {s} seqs: BY_STEP took the other form");
             }
             for (form, st) in [("dequantized", &deq), ("both", &both)] {
-                let b = run(&q, &cfg, st, &hidden, &pos, sch);
+                let b = run_store_schedule(&q, &cfg, st, &hidden, &pos, sch, None);
                 let e = rel_frobenius(&a.to_f64(), &b.to_f64());
                 let bound = if dt == DType::F32 { 1e-4 } else { 2e-2 };
                 eprintln!("{dt} {s} seqs: absorbed fp8 vs {form} {e:.3e} (bound {bound:.0e})");

@@ -23,7 +23,7 @@
 mod common;
 
 use common::*;
-use mla_block::runner::{run_schedule, RunOptions, Schedule};
+use mla_block::runner::{RunOptions, Schedule};
 use mla_block::tp::{TpGroup, TpModel, Transport};
 use mla_block::{
     fp8::FP8_QUANT_MIN_TOKENS, layer_prefix, HostTensor, HostWeights, MlaBlock, MlaConfig, MlaWeightStore,
@@ -61,22 +61,6 @@ const ACT_QUANT_TOLERANCE: f64 = 0.15;
 /// 7.5e-2, so a GPU that skipped the quantization still fails; a wrong scale or group is O(1).
 const GPU_ACT_QUANT_TOLERANCE: f64 = 5e-2;
 
-fn run(
-    q: &Queue,
-    cfg: &MlaConfig,
-    store: &MlaWeightStore,
-    hidden: &HostTensor,
-    pos: &[i64],
-    sch: &str,
-    fused: Option<bool>,
-) -> HostTensor {
-    let mut block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox).unwrap();
-    block.set_fused_norm_rope(fused);
-    let sch: Schedule = sch.parse().unwrap();
-    let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(8) };
-    run_schedule(q, &block, hidden, pos, &sch, &opts).unwrap().0
-}
-
 fn on_gpu(q: &Queue) -> bool {
     q.device().kind != DeviceType::Cpu
 }
@@ -101,10 +85,10 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
         assert!(fp8.device_bytes() < deq.device_bytes(), "{name}: fp8 weights take less memory");
         let t = case.t();
         for sch in [format!("prefill:{t}"), format!("prefill:5,decode:3,prefill:9,decode:{}", t - 17)] {
-            let a = run(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, None);
-            let b = run(&q, &cfg, &deq, &case.hidden, &case.positions, &sch, None);
-            let split = run(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, Some(false));
-            let fused = run(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, Some(true));
+            let a = run_store_schedule(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, None);
+            let b = run_store_schedule(&q, &cfg, &deq, &case.hidden, &case.positions, &sch, None);
+            let split = run_store_schedule(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, Some(false));
+            let fused = run_store_schedule(&q, &cfg, &fp8, &case.hidden, &case.positions, &sch, Some(true));
             // A forward of FP8_QUANT_MIN_TOKENS rows or more quantizes its activations (the
             // whole prefill of the larger fixtures); the others are weight-only, which in f32
             // on the CPU is bit for bit the dequantized weights.
@@ -139,7 +123,7 @@ fn fp8_fixtures_keep_their_projections_in_fp8() {
                     WeightsDtype::Fp8,
                 )
                 .unwrap();
-                let c = run(&cpu, &cfg, &store_c, &case.hidden, &case.positions, &sch, None);
+                let c = run_store_schedule(&cpu, &cfg, &store_c, &case.hidden, &case.positions, &sch, None);
                 let e = rel_frobenius(&a.to_f64(), &c.to_f64());
                 eprintln!("{name} {sch}: GPU fp8 vs CPU fp8 {e:.3e}");
                 assert!(e <= gpu_bound, "{name} {sch}: GPU vs CPU {e} (bound {gpu_bound})");
@@ -239,9 +223,9 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
             assert_eq!(bound != tol, largest_step_rows(&sch, s) >= FP8_QUANT_MIN_TOKENS, "{sch}");
             let hidden = ALIGNED.hidden(s, t, dt, 9);
             let pos: Vec<i64> = (0..s).flat_map(|i| (0..t).map(move |p| p + 40 * i)).collect();
-            let a = run(&q, &cfg, &s8, &hidden, &pos, &sch, None);
-            let b = run(&q, &cfg, &sd, &hidden, &pos, &sch, None);
-            let split = run(&q, &cfg, &s8, &hidden, &pos, &sch, Some(false));
+            let a = run_store_schedule(&q, &cfg, &s8, &hidden, &pos, &sch, None);
+            let b = run_store_schedule(&q, &cfg, &sd, &hidden, &pos, &sch, None);
+            let split = run_store_schedule(&q, &cfg, &s8, &hidden, &pos, &sch, Some(false));
             if !on_gpu(&q) {
                 assert_eq!(a.bytes, split.bytes, "{dt} {sch}: fused and split differ");
             }
@@ -251,7 +235,7 @@ fn an_aligned_layer_runs_every_weight_in_fp8() {
             if on_gpu(&q) {
                 let cpu = cpu_queue();
                 let sc = MlaWeightStore::from_host(&cpu, &cfg, &w8).unwrap();
-                let c = run(&cpu, &cfg, &sc, &hidden, &pos, &sch, None);
+                let c = run_store_schedule(&cpu, &cfg, &sc, &hidden, &pos, &sch, None);
                 let e = rel_frobenius(&a.to_f64(), &c.to_f64());
                 eprintln!("{dt} {sch}: GPU fp8 vs CPU fp8 {e:.3e} (bound {gpu:.0e})");
                 assert!(e <= gpu, "{dt} {sch}: GPU vs CPU {e}");
@@ -358,11 +342,11 @@ fn quantized_activation_prefill_is_this_sensitive_to_input_noise() {
         assert_eq!(largest_step_rows(sch, s) >= FP8_QUANT_MIN_TOKENS, sch == prefill);
         let (cfg, w8, hidden, pos) = setup(dt, t);
         let store = MlaWeightStore::from_host(&q, &cfg, &w8).unwrap();
-        let base = run(&q, &cfg, &store, &hidden, &pos, sch, None);
+        let base = run_store_schedule(&q, &cfg, &store, &hidden, &pos, sch, None);
         let (out, flips) = if what == "hidden" {
             let noisy = with_noise(&hidden, eps, 1);
             assert_ne!(noisy.bytes, hidden.bytes);
-            (run(&q, &cfg, &store, &noisy, &pos, sch, None), flipped_codes(&noisy, &hidden))
+            (run_store_schedule(&q, &cfg, &store, &noisy, &pos, sch, None), flipped_codes(&noisy, &hidden))
         } else {
             let mut w = w8.clone();
             for (name, t) in w.tensors.iter_mut() {
@@ -371,7 +355,7 @@ fn quantized_activation_prefill_is_this_sensitive_to_input_noise() {
                 }
             }
             let noisy = MlaWeightStore::from_host(&q, &cfg, &w).unwrap();
-            (run(&q, &cfg, &noisy, &hidden, &pos, sch, None), 0)
+            (run_store_schedule(&q, &cfg, &noisy, &hidden, &pos, sch, None), 0)
         };
         let e = rel_frobenius(&out.to_f64(), &base.to_f64());
         eprintln!(

@@ -479,3 +479,21 @@ pub const ALIGNED: RandomLayerSpec = RandomLayerSpec {
     max_position_embeddings: 4096,
     indexer: None,
 };
+
+/// Runs the schedule `sch` through a block over `store` (block size 16, 8-token chunk
+/// workspace); `fused` overrides the fused norm+rope path (`None`: the block's default).
+pub fn run_store_schedule(
+    q: &Queue,
+    cfg: &MlaConfig,
+    store: &MlaWeightStore,
+    hidden: &HostTensor,
+    pos: &[i64],
+    sch: &str,
+    fused: Option<bool>,
+) -> HostTensor {
+    let mut block = MlaBlock::new(cfg.dims, store.views(), cfg.rope.is_neox).unwrap();
+    block.set_fused_norm_rope(fused);
+    let sch: Schedule = sch.parse().unwrap();
+    let opts = RunOptions { block_size: 16, chunk_workspace_tokens: Some(8) };
+    run_schedule(q, &block, hidden, pos, &sch, &opts).unwrap().0
+}
