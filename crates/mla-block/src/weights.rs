@@ -991,7 +991,8 @@ impl MlaWeightStore {
         let b = vt_core::fp8_block::BLOCK as i64;
         let lb = vt_core::fp8_block::blocks(l);
         let head_rows = (p + v) / b * lb; // scale elements per head
-                                          // Whether the load kept them fp8 (absorbed_keep_fp8 and VT_FP8_ABSORBED when it ran).
+
+        // Whether the load kept them fp8 (absorbed_keep_fp8 and VT_FP8_ABSORBED when it ran).
         let absorbed = kv_b.filter(|_| absorbed_keep_fp8(&d) && self.view("w_uk_t#fp8").is_some());
         let w_uk_t = absorbed.and_then(|m| {
             Some(Fp8Matrix {
