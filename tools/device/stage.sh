@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 DEST=${DEST:-.dev/bin}
 TESTS=${TESTS:-"mla_decode_fp8 mla_decode_attention sparse_mla"}
 DEST2=${DEST2:-.dev/bin2}
-BLOCK_TESTS=${BLOCK_TESTS-"cuda_graph cuda_graph_fp8 golden golden_fp8 decode_fusions"}
+BLOCK_TESTS=${BLOCK_TESTS-"cuda_graph cuda_graph_fp8 golden golden_fp8 decode_fusions fp8_absorbed"}
 mkdir -p "$DEST"
 cargo build --release -p xtask -p vt-mla
 cp target/release/xtask target/release/vt-mla "$DEST/"
