@@ -21,12 +21,9 @@ BIN2=${BIN2:-.dev/bin2}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S" || true
-source tools/device/lib.sh  # step, the kernel cache
+source tools/device/lib.sh  # step, the kernel cache, link_manifest
 trap '(cd "$OUT" && tar czf logs_absorbed.tgz --remove-files ./*.log 2>/dev/null); kcache_report' EXIT
-if [ -n "${MANIFEST:-}" ] && [ ! -e "$MANIFEST" ]; then
-  mkdir -p "$(dirname "$MANIFEST")" && ln -s "$PWD/crates/mla-block" "$MANIFEST" \
-    || echo "could not link $MANIFEST: golden tests will skip" | tee -a "$S"
-fi
+link_manifest
 for t in "$BIN2"/*; do
   n=$(basename "$t")
   if [ "$n" = fp8_absorbed ]; then

@@ -15,38 +15,27 @@ OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 mkdir -p "$OUT/prof"
 S=$OUT/summary.txt
-source tools/device/lib.sh  # step, FLASHMLA_DIR
+source tools/device/lib.sh  # step, FLASHMLA_DIR, NCU, ncu_pages
 trap '(cd "$OUT" && tar cJf decode_profile.tar.xz --remove-files prof ./ncu_*.log ./flashmla_build.log 2>/dev/null); kcache_report' EXIT
 bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
 build=$!
-NCU=(ncu --clock-control none --set full --import-source yes --launch-skip 2 --launch-count 1)
-# export NAME: the report's pages as text beside the summary's key lines.
-export_pages() {
-  local rep=$OUT/prof/$1.ncu-rep
-  [ -f "$rep" ] || { echo "no report for $1" | tee -a "$S"; return; }
-  ncu --import "$rep" --page details > "$OUT/prof/$1_details.txt" 2>&1
-  ncu --import "$rep" --page source --csv --print-source sass > "$OUT/prof/$1_source.csv" 2>&1
-  grep -E "^\s+(Duration|Elapsed Cycles|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|No Eligible|Registers Per Thread|Grid Size|Achieved Occupancy|Executed Instructions  )" \
-    "$OUT/prof/$1_details.txt" | sed "s/^ */$1: /" | tee -a "$S"
-  rm -f "$rep"
-}
 for b in 128 32; do
   step "ncu_vt_b$b" 150 "${NCU[@]}" -k regex:mla_decode_wgmma_3wg --export "$OUT/prof/vt_b$b" \
     "$BIN/xtask" bench decode --only "h128,b$b,s4096,bs64,sq1,kv16" --iters 3 --no-parity
-  export_pages "vt_b$b"
+  ncu_pages "vt_b$b"
 done
 step ncu_vt_combine_b32 120 "${NCU[@]}" -k regex:mla_decode_combine --export "$OUT/prof/vt_combine_b32" \
   "$BIN/xtask" bench decode --only h128,b32,s4096,bs64,sq1,kv16 --iters 3 --no-parity
-export_pages vt_combine_b32
+ncu_pages vt_combine_b32
 wait "$build"
 tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
 for b in 128 32; do
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
     step "ncu_fmla_b$b" 150 "${NCU[@]}" -k regex:flash_fwd_splitkv_mla --export "$OUT/prof/fmla_b$b" \
     python3 tools/peers/flashmla_decode_one.py 128 "$b" 4096
-  export_pages "fmla_b$b"
+  ncu_pages "fmla_b$b"
 done
 PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
   step ncu_fmla_combine_b32 120 "${NCU[@]}" -k regex:combine --export "$OUT/prof/fmla_combine_b32" \
   python3 tools/peers/flashmla_decode_one.py 128 32 4096
-export_pages fmla_combine_b32
+ncu_pages fmla_combine_b32

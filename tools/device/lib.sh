@@ -86,3 +86,30 @@ preflight_check() {
     echo "PREFLIGHT FAIL $1: no test matched" | tee -a "$OUT/summary.txt"
   fi
 }
+
+# The profile scripts' ncu run (sparse_profile.sh, decode_profile.sh): the full section set
+# with source counters over the third launch of the kernels a regex matches, into
+# $OUT/prof/NAME.ncu-rep. Use as "${NCU[@]}" -k regex:... --export "$OUT/prof/NAME" COMMAND.
+NCU=(ncu --clock-control none --set full --import-source yes --launch-skip 2 --launch-count 1)
+# ncu_pages NAME: the report's details page and SASS source counters as text
+# ($OUT/prof/NAME_details.txt, NAME_source.csv), its key lines into the summary; the report is
+# then removed (the text is what the call brings back).
+ncu_pages() {
+  local rep=$OUT/prof/$1.ncu-rep
+  [ -f "$rep" ] || { echo "no report for $1" | tee -a "$OUT/summary.txt"; return; }
+  ncu --import "$rep" --page details > "$OUT/prof/$1_details.txt" 2>&1
+  ncu --import "$rep" --page source --csv --print-source sass > "$OUT/prof/$1_source.csv" 2>&1
+  grep -E "^\s+(Duration|Elapsed Cycles|DRAM Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|No Eligible|Registers Per Thread|Grid Size|Cluster Size|Achieved Occupancy|Executed Instructions  )" \
+    "$OUT/prof/$1_details.txt" | sed "s/^ */$1: /" | tee -a "$OUT/summary.txt"
+  rm -f "$rep"
+}
+
+# link_manifest: the block's test binaries find their goldens through the crate path compiled
+# in ($MANIFEST, the development checkout's crates/mla-block); where that path does not exist
+# here it is made a link to this tree's crate (nothing without MANIFEST).
+link_manifest() {
+  if [ -n "${MANIFEST:-}" ] && [ ! -e "$MANIFEST" ]; then
+    mkdir -p "$(dirname "$MANIFEST")" && ln -s "$PWD/crates/mla-block" "$MANIFEST" \
+      || echo "could not link $MANIFEST: golden tests will skip" | tee -a "$OUT/summary.txt"
+  fi
+}

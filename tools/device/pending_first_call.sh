@@ -59,10 +59,7 @@ if part tests; then
   # that checkout's path does not exist here, it is made a link to this tree's crate.
   BIN2=${BIN2:-.dev/bin2}
   if [ -d "$BIN2" ]; then
-    if [ -n "${MANIFEST:-}" ] && [ ! -e "$MANIFEST" ]; then
-      mkdir -p "$(dirname "$MANIFEST")" && ln -s "$PWD/crates/mla-block" "$MANIFEST" \
-        || echo "could not link $MANIFEST: golden tests will skip" | tee -a "$S"
-    fi
+    link_manifest
     for t in "$BIN2"/*; do
       MLA_TEST_DEVICE=cuda step "block_$(basename "$t")" 150 "$t" --test-threads 1
       grep -m1 "SKIPPED" "$OUT/block_$(basename "$t").log" | tee -a "$S"

@@ -14,25 +14,14 @@ OUT=${OUT:-out}
 BIN=${BIN:-.dev/bin}
 mkdir -p "$OUT/prof"
 S=$OUT/summary.txt
-source tools/device/lib.sh  # step, FLASHMLA_DIR
+source tools/device/lib.sh  # step, FLASHMLA_DIR, NCU, ncu_pages
 trap '(cd "$OUT" && tar cJf sparse_profile.tar.xz --remove-files prof ./ncu_*.log ./flashmla_build.log 2>/dev/null); kcache_report' EXIT
 bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
 build=$!
-NCU=(ncu --clock-control none --set full --import-source yes --launch-skip 2 --launch-count 1)
-# export NAME: the report's pages as text beside the summary's key lines.
-export_pages() {
-  local rep=$OUT/prof/$1.ncu-rep
-  [ -f "$rep" ] || { echo "no report for $1" | tee -a "$S"; return; }
-  ncu --import "$rep" --page details > "$OUT/prof/$1_details.txt" 2>&1
-  ncu --import "$rep" --page source --csv --print-source sass > "$OUT/prof/$1_source.csv" 2>&1
-  grep -E "^\s+(Duration|Elapsed Cycles|DRAM Throughput|Memory Throughput|L2 Hit Rate|Compute \(SM\) Throughput|Executed Ipc Active|Issue Slots Busy|No Eligible|Registers Per Thread|Grid Size|Cluster Size|Achieved Occupancy|Executed Instructions  )" \
-    "$OUT/prof/$1_details.txt" | sed "s/^ */$1: /" | tee -a "$S"
-  rm -f "$rep"
-}
 for h in 128 64; do
   step "ncu_vt_h$h" 150 "${NCU[@]}" -k regex:mla_decode_wgmma_fp8 --export "$OUT/prof/vt_h$h" \
     "$BIN/xtask" bench sparse --only "decode,h$h,b128,k2048" --iters 3 --no-parity
-  export_pages "vt_h$h"
+  ncu_pages "vt_h$h"
 done
 wait "$build"
 tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
@@ -40,5 +29,5 @@ for h in 128 64; do
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
     step "ncu_fmla_h$h" 150 "${NCU[@]}" -k regex:fp8_sparse --export "$OUT/prof/fmla_h$h" \
     python3 tools/peers/flashmla_sparse_one.py "$h" 128
-  export_pages "fmla_h$h"
+  ncu_pages "fmla_h$h"
 done
