@@ -117,6 +117,15 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
+// 1 (the default since the thirtieth session): the 16-bit TMA form's FULL barrier per column
+// block (nine a slot, as FlashMLA's per-box barriers): warpgroup 0 starts S's k steps over
+// column block cb as soon as that box has landed, warpgroups 1 and 2 wait for their own four V
+// blocks. 0 (lab build): one FULL barrier a slot, S waits for the whole tile. Why (docs/perf.md,
+// "Thirtieth session"): ncu at h128 b128 put 25% of warpgroup 0's stall samples on the FULL
+// wait; measured on an H100, h128 b128 s8192 -7%, b64 s16384 -4%, b32 -3%, the rest within 1%.
+#ifndef W3_SPLIT_FULL
+#define W3_SPLIT_FULL 1
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -135,12 +144,17 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int OFF_Q = OFF_V + (RAW ? (NSUB - 1) * SUB_BYTES : 0);  // fp8: V's 8 latent blocks
     static constexpr int OFF_P = OFF_Q + (RAW ? 8 * F8R_BOX : NSUB * SUB_BYTES);  // fp8 Q: [4 groups][hi, lo]
     static constexpr int OFF_RED = OFF_P + WGMMA_ROWS * 128;      // float s_alpha[64], s_fin[128], s_pinv[64]
+    // FULL barriers a slot: one, or (W3_SPLIT_FULL, 16-bit TMA form) one per column block, in
+    // the words of s_pinv, which only the fp8 form uses: [SLOTS][NSUB] u64.
+    static constexpr int NFULL = (!RAW && !CP && W3_SPLIT_FULL) ? NSUB : 1;
+    static constexpr int FULL_STRIDE = 8 * NFULL;  // bytes from one slot's FULL barriers to the next's
     static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
     static constexpr int OFF_SCHED = OFF_NVALID + W3_SLOTS * 4;   // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS], EMPTY [SLOTS], P_FREE
     // Gather form: per slot 64 token flags (the token exists) and 8 bad-block flags (a block
     // id outside the cache among rows 8 k .. 8 k + 7), read as one u64.
     static constexpr int OFF_VALID = OFF_MBAR + (2 * W3_SLOTS + 1) * 8;
+    static constexpr int OFF_FULL = NFULL > 1 ? OFF_RED + 192 * 4 : OFF_MBAR;  // (at OFF_MBAR unused then)
     static constexpr int VALID_BYTES = BN + 8;
     static constexpr int END = OFF_VALID + (CP ? W3_SLOTS * VALID_BYTES : 0);
     static constexpr int SMEM = END + 1024;                       // slack to align the base
@@ -148,6 +162,7 @@ template <bool RAW, bool CP = false> struct W3Layout {
                       OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
                   "alignment");
     static_assert(SMEM <= 232448, "fits the 227 KB a block may have");
+    static_assert(NFULL == 1 || OFF_FULL + W3_SLOTS * FULL_STRIDE <= OFF_RED + 256 * 4, "FULL fits s_pinv's words");
 };
 
 // The two maps of an fp8_ds_mla cache's rows (4-byte words, dims (164, BS, NB)): `rows` with
@@ -203,6 +218,15 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     const bool ok = v >= 0 && v < p.NB;
     const int blk = ok ? v : p.NB, row = ok ? j - bi * p.BS : 0;
     *nvalid = ok ? min(BN, w.sg.len - j) : 0;
+    if constexpr (W3Layout<RAW>::NFULL > 1) {
+        // Each column block on its own barrier (each arrival publishes nvalid).
+#pragma unroll
+        for (int cb = 0; cb < NSUB; ++cb) {
+            mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
+            if (F8R_LAB != 4) tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
+        }
+        return;
+    }
     mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
     if (F8R_LAB == 4) return;
     if constexpr (RAW) {
@@ -225,7 +249,7 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     const int slot = u & 1;
     if (issuer && walk.next(p, part)) {
         mbar_wait(empty + 8 * slot, (u >> 1) & 1);
-        w3_issue<RAW>(p, walk, dst, nvalid + slot, full + 8 * slot, maps);
+        w3_issue<RAW>(p, walk, dst, nvalid + slot, full + W3Layout<RAW>::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
 }
@@ -778,6 +802,35 @@ __device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint
     qk_tile<T>(s, dq, kst);
 }
 
+// W3_SPLIT_FULL: qk_tile with column block cb's four k steps issued once its own FULL barrier
+// (at bars + 8 cb) has completed phase `parity`, so S runs while the tile's later boxes land.
+// The products stay in flight across the waits (one commit and one wait at the end).
+template <typename T>
+__device__ __forceinline__ void w3_qk16_split(float (&s)[32], const GmmaDesc& dq, uint32_t kst, uint32_t bars,
+                                              int parity) {
+    const GmmaDesc dk(kst, 16, 1024);
+#pragma unroll
+    for (int cb = 0; cb < NSUB; ++cb) {
+        mbar_wait(bars + 8 * cb, parity);
+        wgmma_fence();
+        if (F8R_LAB != 2) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int ks = 4 * cb + k;
+                const uint32_t o16 = (uint32_t)((cb * SUB_BYTES + k * 32) >> 4);
+                Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
+            }
+        }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(s);
+    if (F8R_LAB == 2) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    }
+}
+
 // Warpgroups 1 and 2, 16-bit form: zeroes rows [nv, 64) of the warpgroup's V columns (column
 // blocks 4 w' .. 4 w' + 3 of the stage at kst) and publishes them to its wgmma.
 __device__ __forceinline__ void w3_zero_tail(uint32_t kst, int nv, int w, int wtid) {
@@ -832,14 +885,15 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     float* s_pinv = s_fin + 2 * MT;                 // [64] fp8: 2^-e of each query row
     int* nvalid = (int*)(smem + L::OFF_NVALID);
     int* sched = (int*)(smem + L::OFF_SCHED);
-    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
+    // FULL: slot s's barrier (or its first column block's) at full + L::FULL_STRIDE * s.
+    const uint32_t full = base + L::OFF_FULL, empty = base + L::OFF_MBAR + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
     auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * L::SLOT + F8R_SCALES); };
     auto flags_of = [&](int slot) { return smem + L::OFF_VALID + slot * L::VALID_BYTES; };  // gather form
     const bool tl0 = MLA_TIMELINE && threadIdx.x == 0, tl1 = MLA_TIMELINE && threadIdx.x == 128;  // lab stamps
     if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
     if (threadIdx.x == 0) {
         for (int s = 0; s < W3_SLOTS; ++s) {
-            mbar_init(full + 8 * s, CP ? 256 : 1);
+            for (int cb = 0; cb < L::NFULL; ++cb) mbar_init(full + L::FULL_STRIDE * s + 8 * cb, CP ? 256 : 1);
             mbar_init(empty + 8 * s, W3_THREADS);
         }
         mbar_init(pfree, 256);
@@ -879,7 +933,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u & 1;
                 const unsigned long long tf = MLA_TL_NOW();
-                mbar_wait(full + 8 * slot, (u >> 1) & 1);
+                mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);  // (split: column block 0)
                 if (tl0) {
                     const unsigned long long now = MLA_TL_NOW();
                     MLA_TL_ADD(TL_WAIT_FULL0, now - tf);
@@ -891,6 +945,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 float s[32];
                 if constexpr (RAW) {
                     f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
+                } else if constexpr (L::NFULL > 1) {
+                    w3_qk16_split<T>(s, dq, sRing + slot * L::SLOT, full + L::FULL_STRIDE * slot, (u >> 1) & 1);
                 } else {
                     w3_qk16<T>(s, dq, sRing + slot * L::SLOT);
                 }
@@ -967,7 +1023,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             prefetch_map(maps);
         }
         for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v)
-            w3_issue<RAW>(p, walk, sRing + v * L::SLOT, nvalid + v, full + 8 * v, maps);
+            w3_issue<RAW>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
     }
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;
@@ -993,7 +1049,13 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             const int slot = u & 1;
             const uint32_t kst = sRing + slot * L::SLOT;
             const unsigned long long tf = MLA_TL_NOW();
-            mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            if constexpr (L::NFULL > 1) {
+                // Split: the warpgroup's own V blocks 4 w .. 4 w + 3 (each arrival publishes nvalid).
+#pragma unroll
+                for (int cb = 4 * w; cb < 4 * w + 4; ++cb) mbar_wait(full + L::FULL_STRIDE * slot + 8 * cb, (u >> 1) & 1);
+            } else {
+                mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+            }
             if (tl1) MLA_TL_ADD(TL_WAIT_FULL1, MLA_TL_NOW() - tf);
             // Gather form: tile u + 2's rows are looked up below, after this tile's proxy fence
             // (a fence would wait for their loads), and copied once this tile is done with the slot.

@@ -92,7 +92,8 @@ pub const FP8_QUANT_MIN_TOKENS: i64 = 64;
 /// Steps with at least this many tokens multiply the absorbed weights in their dequantized
 /// form where the store holds both (`VT_FP8_ABSORBED_BY_STEP`). `VT_FP8_ABSORBED`'s A/B on an
 /// H100 (docs/perf.md, "Twenty-ninth session"): the fp8 BMMs 4 us faster at 1 token, the float
-/// ones 1.5-3% of the step faster at 32 and 7% at 128.
+/// ones 1.5-3% of the step faster at 32 and 7% at 128; with both held and this cut, the step
+/// matched the faster form at 1, 32 and 128 tokens ("Thirtieth session").
 pub const ABSORBED_FLOAT_MIN_TOKENS: i64 = 32;
 
 /// The name of a weight's scale tensor in [`crate::HostWeights`] (the checkpoint's name).

@@ -20,7 +20,7 @@
 //! | `VT_SKINNY_TMA` | on | CUDA (sm_90) skinny GEMM with fp8 weights at up to 32 tokens and K of 8+ chunks: the weight and activation chunks arrive by the TMA into a 4-7 deep ring fed by a producer warp (`skinny_w8tma_*`); `0` restores the cp.async ring (`skinny_w8_*`) |
 //! | `VT_SKINNY_GEMM` | on | CUDA MatmulBT / BatchedMatmul (bf16, f16) and the fp8 weight-only matmuls: decode-shaped calls (M up to a per-shape limit, `vt_cuda::skinny_gemm::auto_max_m`: 128 for fp8 weights, 0 for 16-bit ones) take the skinny swap-AB kernel (`kernels-cuda/skinny_gemm.cu`); `0` keeps cuBLAS and the fp8 Gemv kernel |
 //! | `VT_FP8_ABSORBED` | on | MLA block with fp8 weights (`mla_block::fp8`): the absorbed decode weights `W_UK_T` / `W_UV` stay fp8 (views and a transposed copy of `kv_b_proj`'s codes; the weight-only fp8 BMM); `0` keeps them dequantized in the compute dtype (as vLLM does: twice their bytes, cuBLAS's batched GEMM, which at 64 and 128 tokens a step is 1.7-2x faster than the best fp8 kernel on these shapes (`xtask bench gemm`, H100): docs/perf.md, "Twenty-ninth session"). Read when the weights are loaded |
-//! | `VT_FP8_ABSORBED_BY_STEP` | off | MLA block with fp8 weights and `VT_FP8_ABSORBED` on: the load also keeps the absorbed weights dequantized (33.5 MB more a V3 layer at TP 1), and each step picks: the fp8 BMM below `mla_block::fp8::ABSORBED_FLOAT_MIN_TOKENS` (32) tokens, the float one from there (`VT_FP8_ABSORBED`'s A/B: fp8 4 us faster at B 1, float 1.5-3% faster at B 32 and 7% at B 128; docs/perf.md, "Twenty-ninth session"). Not yet measured itself. Read when the weights are loaded |
+//! | `VT_FP8_ABSORBED_BY_STEP` | on | MLA block with fp8 weights and `VT_FP8_ABSORBED` on: the load also keeps the absorbed weights dequantized (33.5 MB more a V3 layer at TP 1), and each step picks: the fp8 BMM below `mla_block::fp8::ABSORBED_FLOAT_MIN_TOKENS` (32) tokens, the float one from there (`VT_FP8_ABSORBED`'s A/B: fp8 4 us faster at B 1, float 1.5-3% faster at B 32 and 7% at B 128; docs/perf.md, "Twenty-ninth session"). Measured on an H100: the V3 fp8 step at 137.5 / 227.8 / 453.2 us at B 1 / 32 / 128 against the fp8 form's 138.0 / 229.3 / 486.2 (docs/perf.md, "Thirtieth session"); off saves the memory. Read when the weights are loaded |
 //!
 //! Values: `1/0`, `true/false`, `on/off`, `yes/no` (case-insensitive). Anything else prints
 //! a warning to stderr (with or without a log subscriber) and keeps the default. The environment is read once, at first use; a code
@@ -124,9 +124,9 @@ impl Flag {
             // On (the absorbed weights stay fp8, half the bytes) until a decode step measures
             // the dequantized form ahead (docs/perf.md, "Twenty-ninth session").
             Flag::Fp8Absorbed => true,
-            // Off until a decode step measures it (written in the twenty-ninth session after
-            // the last device call).
-            Flag::Fp8AbsorbedByStep => false,
+            // Measured: the V3 fp8 step as fast as the fp8 form at B 1 and 7% faster at B 128
+            // (docs/perf.md, "Thirtieth session"), for 33.5 MB more a layer at TP 1.
+            Flag::Fp8AbsorbedByStep => true,
         }
     }
 
