@@ -174,6 +174,17 @@ MLA_WGMMA_NARROW_FP8(f16, f16, 32)
               mla::W3_SLOTS)
 MLA_WGMMA_3WG(bf16, bf16)
 MLA_WGMMA_3WG(f16, f16)
+// Their CTA-pair form: clusters of two consecutive row blocks reading each tile once.
+#define MLA_WGMMA_3WG_X2(S, T)                                                                \
+    extern "C" __global__ void __cluster_dims__(1, mla::PAIR_CTAS, 1) __launch_bounds__(mla::W3_THREADS, 1) \
+        mla_decode_wgmma_3wg_x2_##S(const __grid_constant__ mla::Params p,                    \
+                                    const __grid_constant__ mla::TmaMap kv_map) {             \
+        mla::decode_wgmma_3wg<T, false, false, true>(p, &kv_map);                             \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_3wg_x2_##S, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<false>::SMEM, \
+              mla::W3_SLOTS)
+MLA_WGMMA_3WG_X2(bf16, bf16)
+MLA_WGMMA_3WG_X2(f16, f16)
 // Their gather form over any block size (the rows copied by cp.async, no tensor map).
 #define MLA_WGMMA_3WG_CP(S, T)                                                                \
     extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)                          \

@@ -5,6 +5,9 @@
 // decode --alt wgmma_3wg,wgmma_fp8r`). Part of mla_decode_attention.cu.
 // - mla_decode_wgmma_3wg_{bf16,f16}: a 16-bit cache read through the TMA (64 divides the block
 //   size), two 72 KB stages, V read in place from the stage as in the two-warpgroup kernel.
+// - mla_decode_wgmma_3wg_x2_{bf16,f16}: the TMA form as CTA pairs (PAIR, Kernel::Wgmma3Pair,
+//   `VT_MLA_3WG_PAIR`): the two row blocks of a part as a cluster reading each tile once, each
+//   CTA issuing every other column block multicast to both (decode_wgmma_3wg's comment).
 // - mla_decode_wgmma_3wg_cp_{bf16,f16}: the same over any block size (the gather form, CP): the
 //   tiles' rows looked up token by token and copied by cp.async (what block sizes 1 and 16 and
 //   the sparse op's gathered rows need, where a 64-token box of one page does not exist).
@@ -117,15 +120,6 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
-// 1 (the default since the thirtieth session): the 16-bit TMA form's FULL barrier per column
-// block (nine a slot, as FlashMLA's per-box barriers): warpgroup 0 starts S's k steps over
-// column block cb as soon as that box has landed, warpgroups 1 and 2 wait for their own four V
-// blocks. 0 (lab build): one FULL barrier a slot, S waits for the whole tile. Why (docs/perf.md,
-// "Thirtieth session"): ncu at h128 b128 put 25% of warpgroup 0's stall samples on the FULL
-// wait; measured on an H100, h128 b128 s8192 -7%, b64 s16384 -4%, b32 -3%, the rest within 1%.
-#ifndef W3_SPLIT_FULL
-#define W3_SPLIT_FULL 1
-#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -144,9 +138,13 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int OFF_Q = OFF_V + (RAW ? (NSUB - 1) * SUB_BYTES : 0);  // fp8: V's 8 latent blocks
     static constexpr int OFF_P = OFF_Q + (RAW ? 8 * F8R_BOX : NSUB * SUB_BYTES);  // fp8 Q: [4 groups][hi, lo]
     static constexpr int OFF_RED = OFF_P + WGMMA_ROWS * 128;      // float s_alpha[64], s_fin[128], s_pinv[64]
-    // FULL barriers a slot: one, or (W3_SPLIT_FULL, 16-bit TMA form) one per column block, in
-    // the words of s_pinv, which only the fp8 form uses: [SLOTS][NSUB] u64.
-    static constexpr int NFULL = (!RAW && !CP && W3_SPLIT_FULL) ? NSUB : 1;
+    // FULL barriers a slot: the 16-bit TMA form's one per column block (nine, as FlashMLA's
+    // per-box barriers: warpgroup 0 starts S's k steps over block cb once that box has landed,
+    // warpgroups 1 and 2 wait for their own four V blocks; docs/perf.md, "Thirtieth session":
+    // ncu had put 25% of warpgroup 0's stall samples on the whole tile's wait; H100, -3.5 to -7%
+    // at 128 heads s8192 / s16384), in the words of s_pinv, which only the fp8 form uses:
+    // [SLOTS][NSUB] u64. The fp8 and gather forms: one a slot.
+    static constexpr int NFULL = (!RAW && !CP) ? NSUB : 1;
     static constexpr int FULL_STRIDE = 8 * NFULL;  // bytes from one slot's FULL barriers to the next's
     static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
     static constexpr int OFF_SCHED = OFF_NVALID + W3_SLOTS * 4;   // int [40]
@@ -188,6 +186,17 @@ __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t da
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// The pair form: one box of `map` into shared memory at dst of every CTA of `mask` (same
+// offset), its bytes completing on each one's mbarrier at bar's offset.
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
+                                               unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+        : "memory");
+}
+
 // Lane 0 of warp 4: the CTA's tiles in the consumers' order, segment by segment.
 struct TileWalk {
     int nb;
@@ -210,7 +219,7 @@ struct TileWalk {
 // records how many of its tokens exist (0 for a block id outside the cache, whose boxes read
 // block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block. fp8:
 // the four code groups, the rope and the scales; 16-bit: the nine 64-feature column blocks.
-template <bool RAW>
+template <bool RAW, bool PAIR = false>
 __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
                                          const W3Maps<RAW>* maps) {
     const int j = w.t * BN, bi = j / p.BS;
@@ -218,38 +227,41 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     const bool ok = v >= 0 && v < p.NB;
     const int blk = ok ? v : p.NB, row = ok ? j - bi * p.BS : 0;
     *nvalid = ok ? min(BN, w.sg.len - j) : 0;
-    if constexpr (W3Layout<RAW>::NFULL > 1) {
-        // Each column block on its own barrier (each arrival publishes nvalid).
+    if constexpr (!RAW) {
+        // Each column block on its own barrier (each arrival publishes nvalid). PAIR: this
+        // CTA's column blocks (cb % 2 = its rank) go to both CTAs of the cluster; its barriers
+        // still expect all nine (the peer's bytes complete on them).
+        const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
 #pragma unroll
         for (int cb = 0; cb < NSUB; ++cb) {
             mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
-            if (F8R_LAB != 4) tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
+            if (F8R_LAB == 4) continue;
+            if (!PAIR) {
+                tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
+            } else if ((uint32_t)(cb & 1) == rank) {
+                tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3);
+            }
         }
-        return;
-    }
-    mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
-    if (F8R_LAB == 4) return;
-    if constexpr (RAW) {
+    } else {
+        mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
+        if (F8R_LAB == 4) return;
 #pragma unroll
         for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
         tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
         tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
-    } else {
-#pragma unroll
-        for (int cb = 0; cb < NSUB; ++cb) tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full);
     }
 }
 
 // The issuing lane (thread 128): tile u + 2 into tile u's slot (at dst) once every thread is
 // done with tile u (its EMPTY phase); then the warp reconverges.
-template <bool RAW>
+template <bool RAW, bool PAIR = false>
 __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Params& p, const Part& part, int u,
                                           uint32_t dst, uint32_t empty, uint32_t full, int* nvalid,
                                           const W3Maps<RAW>* maps) {
     const int slot = u & 1;
     if (issuer && walk.next(p, part)) {
         mbar_wait(empty + 8 * slot, (u >> 1) & 1);
-        w3_issue<RAW>(p, walk, dst, nvalid + slot, full + W3Layout<RAW>::FULL_STRIDE * slot, maps);
+        w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + W3Layout<RAW>::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
 }
@@ -802,7 +814,7 @@ __device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint
     qk_tile<T>(s, dq, kst);
 }
 
-// W3_SPLIT_FULL: qk_tile with column block cb's four k steps issued once its own FULL barrier
+// The 16-bit TMA form: qk_tile with column block cb's four k steps issued once its own FULL barrier
 // (at bars + 8 cb) has completed phase `parity`, so S runs while the tile's later boxes land.
 // The products stay in flight across the waits (one commit and one wait at the end).
 template <typename T>
@@ -870,8 +882,12 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
     }
 }
 
-// CP: the gather form (maps unused: null).
-template <typename T, bool RAW, bool CP = false>
+// CP: the gather form (maps unused: null). PAIR: the 16-bit TMA form as CTA pairs (the entry
+// point's __cluster_dims__(1, 2, 1)): the two row blocks of a part read each tile once, each
+// CTA's issuer taking every other column block, multicast to both; EMPTY then counts both
+// CTAs' warps (one arrival a warp, local and remote), so neither CTA refills a slot the other
+// still reads, and the CTAs leave together (cluster barriers at the start and the end).
+template <typename T, bool RAW, bool CP = false, bool PAIR = false>
 __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     static_assert(!RAW || Same<T, bf16>::value, "fp8: bf16 queries (the rope product takes the cache's bf16 rope)");
     using L = W3Layout<RAW, CP>;
@@ -891,13 +907,30 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     auto flags_of = [&](int slot) { return smem + L::OFF_VALID + slot * L::VALID_BYTES; };  // gather form
     const bool tl0 = MLA_TIMELINE && threadIdx.x == 0, tl1 = MLA_TIMELINE && threadIdx.x == 128;  // lab stamps
     if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
+    constexpr bool MC = PAIR;
+    static_assert(!PAIR || (!RAW && !CP), "the pair form: 16-bit TMA tiles");
+    const uint32_t peer = MC ? cluster_ctarank() ^ 1u : 0u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < W3_SLOTS; ++s) {
             for (int cb = 0; cb < L::NFULL; ++cb) mbar_init(full + L::FULL_STRIDE * s + 8 * cb, CP ? 256 : 1);
-            mbar_init(empty + 8 * s, W3_THREADS);
+            mbar_init(empty + 8 * s, MC ? 2 * W3_THREADS / 32 : W3_THREADS);
         }
         mbar_init(pfree, 256);
+        if (MC) fence_mbar_init_cluster();
     }
+    if constexpr (MC) cluster_sync();  // both CTAs' barriers exist before any remote arrival or multicast
+    // A thread's release of a slot: MC, one arrival a warp on both CTAs' EMPTY.
+    auto release = [&](uint32_t bar) {
+        if constexpr (MC) {
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0) {
+                mbar_arrive(bar);
+                mbar_arrive_cluster(mapa_shared(bar, peer));
+            }
+        } else {
+            mbar_arrive(bar);
+        }
+    };
     grid_dep_launch();
     // find_part's block barriers also publish the mbarriers' initialization.
     const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
@@ -959,7 +992,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                                     alpha, pk);
                 } else {
                     const int nv = nvalid[slot];
-                    mbar_arrive(empty + 8 * slot);  // this thread's reads of the slot are done
+                    release(empty + 8 * slot);  // this thread's reads of the slot are done
                     softmax_tile<T>(s, t * BN + BN <= rl.lim_min && nv == BN, t * BN, rl,
                                     [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
                 }
@@ -985,6 +1018,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             }
         }
         if (tl0) MLA_TL_SET(TL_TILES, u);
+        if constexpr (MC) cluster_sync();  // the peer may still arrive here or multicast into this CTA
         return;
     }
 
@@ -1023,7 +1057,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             prefetch_map(maps);
         }
         for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v)
-            w3_issue<RAW>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
+            w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
     }
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;
@@ -1113,9 +1147,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                     pending = slot;
                 }
             } else {
-                mbar_arrive(empty + 8 * slot);  // this thread's P V has read V in the slot
+                release(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read
-                w3_refill<RAW>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
+                w3_refill<RAW, PAIR>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
             }
         }
         bar_sync(W3_FIN, W3_THREADS);
@@ -1127,6 +1161,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             MLA_TL_SET(TL_END1, now);
         }
     }
+    if constexpr (MC) cluster_sync();  // (as warpgroup 0's)
 }
 
 }  // namespace mla

@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long)]
     pub sweep: bool,
     /// Also time these kernels per shape, forced (`mma`, `mma_small`, `wgmma`, `wgmma_ss`,
-    /// `wgmma_3wg`, `wgmma_fp8r`, `wgmma_fp8x2`, `wgmma_narrow`, `generic`), interleaved with the default so run-to-run
+    /// `wgmma_3wg`, `wgmma_3wg_x2`, `wgmma_fp8r`, `wgmma_fp8x2`, `wgmma_narrow`, `generic`), interleaved with the default so run-to-run
     /// drift does not bias the A/B; each is first checked against the CPU on poisoned outputs
     /// (unless `--no-parity`), its parity printed beside its time.
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = kernel_name)]
@@ -87,7 +87,10 @@ pub struct Args {
 /// A kernel name of `--alt` (clap value parser).
 fn kernel_name(s: &str) -> Result<String, String> {
     kernel_of(s).map(|_| s.to_string()).ok_or_else(|| {
-        format!("`{s}` is not one of mma, mma_small, wgmma, wgmma_ss, wgmma_3wg, wgmma_fp8r, wgmma_fp8x2, wgmma_narrow, generic")
+        format!(
+            "`{s}` is not one of mma, mma_small, wgmma, wgmma_ss, wgmma_3wg, wgmma_3wg_x2, wgmma_fp8r, wgmma_fp8x2, \
+             wgmma_narrow, generic"
+        )
     })
 }
 
@@ -98,6 +101,7 @@ fn kernel_of(s: &str) -> Option<Kernel> {
         "wgmma" => Some(Kernel::Wgmma),
         "wgmma_ss" => Some(Kernel::WgmmaSeesaw),
         "wgmma_3wg" => Some(Kernel::Wgmma3),
+        "wgmma_3wg_x2" => Some(Kernel::Wgmma3Pair),
         "wgmma_fp8r" => Some(Kernel::WgmmaFp8Raw),
         "wgmma_fp8x2" => Some(Kernel::WgmmaFp8Pair),
         "wgmma_narrow" => Some(Kernel::WgmmaNarrow),

@@ -255,6 +255,8 @@ fn samples(dt: DType) -> Result<Samples> {
             (Kernel::Wgmma3, 64, true),
             // Without the TMA: the three-warpgroup kernel's gather form.
             (Kernel::Wgmma3, 64, false),
+            // Its CTA pairs (two row blocks).
+            (Kernel::Wgmma3Pair, 128, true),
         ]);
         for heads in [8, 32] {
             kernels.extend([(Kernel::WgmmaNarrow, heads, false), (Kernel::WgmmaNarrow, heads, true)]);

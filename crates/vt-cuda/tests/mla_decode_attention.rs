@@ -387,6 +387,27 @@ fn three_warpgroup_kernel_matches_reference() {
     assert_every_case_ran_on_sm90(&g, &ran, cases.len() * TMA_SCHEDULES.len(), "three-warpgroup kernel");
 }
 
+/// The three-warpgroup kernel's CTA pairs (`wgmma_3wg_x2`: the two row blocks of a cluster read
+/// each tile once, every other column block multicast by each CTA) on row counts with an even
+/// number of 64-row blocks: 128 heads, a padded second block (120 heads), 64 heads x 2 query
+/// tokens, two clusters along the rows (128 heads x 2 tokens), f16 at 32 heads x 4 tokens,
+/// block sizes 64 and 128, under the whole-sequence, cut and one-part schedules (one part: the
+/// pair's ring runs across every segment).
+#[test]
+fn three_warpgroup_pair_kernel_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let cases = [
+        (128, 64, 1, DType::BF16, 8),
+        (120, 64, 1, DType::BF16, 0),
+        (64, 128, 2, DType::BF16, 0),
+        (128, 64, 2, DType::BF16, 0),
+        (32, 64, 4, DType::F16, 0),
+    ];
+    let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3Pair, &cases);
+    assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_x2 ")), "{ran:?}");
+    assert_every_case_ran_on_sm90(&g, &ran, cases.len() * TMA_SCHEDULES.len(), "three-warpgroup pair kernel");
+}
+
 /// Block ids outside the cache on the three-warpgroup kernel: their pages take no part.
 #[test]
 fn three_warpgroup_kernel_skips_out_of_range_block_ids() {

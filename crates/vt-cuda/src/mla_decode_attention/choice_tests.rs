@@ -163,17 +163,22 @@ fn fp8_raw_maps_take_swizzled_32_word_boxes_and_4_word_scale_boxes() {
 /// Views over `mem` of a call with 2 sequences, s_q 1, 128 heads, `qdt` query and out, a cache
 /// of `cdt` (656-byte rows for fp8_ds_mla, else D = 576) with 8 blocks of `bs` tokens.
 fn heads_128_args(mem: &[u128], qdt: DType, cdt: DType, bs: i64) -> MlaDecodeAttentionArgs<'_> {
+    heads_128_batch_args(mem, qdt, cdt, bs, 2)
+}
+
+/// [`heads_128_args`] with `b` sequences (`mem` holds b x 128 x 576 16-bit values or more).
+fn heads_128_batch_args(mem: &[u128], qdt: DType, cdt: DType, bs: i64, b: i64) -> MlaDecodeAttentionArgs<'_> {
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
         let s = contiguous_strides(shape);
         crate::test_util::host_view(mem, dt, 0, shape, &s[..shape.len()])
     };
     MlaDecodeAttentionArgs {
-        out: view(qdt, &[2, 1, 128, 512]),
+        out: view(qdt, &[b, 1, 128, 512]),
         lse: None,
-        query: view(qdt, &[2, 1, 128, 576]),
+        query: view(qdt, &[b, 1, 128, 576]),
         cache: view(cdt, &[8, bs, if cdt == DType::Fp8DsMla { 656 } else { 576 }]),
-        block_table: view(DType::I32, &[2, 4]),
-        seq_lens: view(DType::I32, &[2]),
+        block_table: view(DType::I32, &[b, 4]),
+        seq_lens: view(DType::I32, &[b]),
         scale: 0.5,
     }
 }
@@ -353,4 +358,45 @@ fn pair_flag_makes_auto_take_the_cta_pair_form_of_the_fp8_kernel_over_paired_row
     assert!(e.contains("pair kernel needs") && e.contains("s_q * N = 64"), "{e}");
     let p = choose(&h128, &H200, &forced, ChoiceFlags::new(true, false)).expect("forced").plan;
     assert_eq!(p.kernel, "wgmma_fp8x2");
+}
+
+/// `VT_MLA_3WG_PAIR` on: where Auto takes the three-warpgroup kernel's TMA form with row blocks
+/// in pairs and 32+ sequences, it takes its CTA-pair form, parts capped by the clusters the
+/// device holds; fewer sequences, an odd number of row blocks, a cache the TMA does not read, an
+/// fp8_ds_mla cache and a device with no clusters keep their kernels, and forcing the pair where
+/// it cannot run is an error naming what it needs.
+#[test]
+fn three_wg_pair_flag_makes_auto_take_the_cta_pair_form_over_paired_row_blocks() {
+    use super::Kernel;
+    let mem = vec![0u128; 1 << 16];
+    let on = ChoiceFlags { three_wg_pair: true, ..ChoiceFlags::new(true, false) };
+    let plan = |a: &MlaDecodeAttentionArgs<'_>, info: &DeviceInfo, flags: ChoiceFlags| {
+        choose(a, info, &DecodeOptions::default(), flags).expect("a plan").plan
+    };
+    // 32 sequences at 128 heads, block size 64.
+    let mem32 = vec![0u128; (32 * 128 * 576) / 8 + 1];
+    let b32 = heads_128_batch_args(&mem32, DType::BF16, DType::BF16, 64, 32);
+    let p = plan(&b32, &H200, on);
+    assert_eq!((p.kernel, p.row_blocks, p.parts), ("wgmma_3wg_x2", 2, 66));
+    assert_eq!(plan(&b32, &H200, ChoiceFlags::new(true, false)).kernel, "wgmma_3wg");
+    let odd_gpcs = DeviceInfo { pair_clusters: 60, ..H200 };
+    assert_eq!(plan(&b32, &odd_gpcs, on).parts, 60);
+    let none = DeviceInfo { pair_clusters: 0, ..H200 };
+    assert_eq!(plan(&b32, &none, on).kernel, "wgmma_3wg");
+    // Two sequences: below THREE_WG_PAIR_MIN_BATCH.
+    let h128 = heads_128_args(&mem, DType::BF16, DType::BF16, 64);
+    assert_eq!(plan(&h128, &H200, on).kernel, "wgmma_3wg");
+    // Block size 1: no TMA form, so no pair.
+    assert_ne!(plan(&heads_128_args(&mem, DType::BF16, DType::BF16, 1), &H200, on).kernel, "wgmma_3wg_x2");
+    assert_eq!(plan(&heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 64), &H200, on).kernel, "wgmma_fp8r");
+    // 64 heads, s_q 1: one row block.
+    assert_eq!(auto_flags(&H200, 64, DType::BF16, 64, 32, on).0, "wgmma_3wg");
+    let forced = DecodeOptions { kernel: Kernel::Wgmma3Pair, ..DecodeOptions::default() };
+    let p = choose(&h128, &H200, &forced, ChoiceFlags::new(true, false)).expect("forced").plan;
+    assert_eq!(p.kernel, "wgmma_3wg_x2");
+    let e = choose(&h128, &none, &forced, ChoiceFlags::new(true, false)).expect_err("refused").to_string();
+    assert!(e.contains("pair kernel needs") && e.contains("0 resident"), "{e}");
+    let bs1 = heads_128_args(&mem, DType::BF16, DType::BF16, 1);
+    let e = choose(&bs1, &H200, &forced, ChoiceFlags::new(true, false)).expect_err("refused").to_string();
+    assert!(e.contains("read through the TMA"), "{e}");
 }

@@ -177,6 +177,8 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
                 (Kernel::Wgmma3, heads, false, dt, dt, FAST_D, FAST_DV),
             ]);
         }
+        // The three-warpgroup kernel's CTA pairs: two row blocks at 128 heads.
+        out.push((Kernel::Wgmma3Pair, 128, true, dt, dt, FAST_D, FAST_DV));
         for heads in [8, 32, 64] {
             out.extend([
                 (Kernel::WgmmaNarrow, heads, false, dt, dt, FAST_D, FAST_DV),
@@ -309,6 +311,10 @@ fn host_planning_facts_match_the_kernel_headers() {
             Kernel::WgmmaFp8Pair => {
                 check(format!("{what}: grid.y a multiple of the cluster"), main.grid.1 as i64 % 2, 0);
                 (wgmma_sm90::SMEM as i64, wgmma_sm90::STAGES as i64)
+            }
+            Kernel::Wgmma3Pair => {
+                check(format!("{what}: grid.y a multiple of the cluster"), main.grid.1 as i64 % 2, 0);
+                (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64)
             }
             // The gather forms (`_cp_`) add each slot's flags.
             Kernel::Wgmma3 | Kernel::WgmmaFp8Raw => {

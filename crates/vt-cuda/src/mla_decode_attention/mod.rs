@@ -166,6 +166,12 @@ pub enum Kernel {
     /// Auto takes it with `VT_MLA_FP8_PAIR` on (the default) where the two-warpgroup fp8 form
     /// would run.
     WgmmaFp8Pair,
+    /// [`Kernel::Wgmma3`] over a 16-bit cache read through the TMA as CTA pairs (sm_90a;
+    /// `wgmma_3wg_x2`): the two CTAs of a cluster are consecutive row blocks of the same parts,
+    /// each issues every other column block of a tile multicast to both, so the pair reads each
+    /// tile once. Needs an even number of 64-row blocks and a block size 64 divides. Auto takes
+    /// it with `VT_MLA_3WG_PAIR` on (off by default).
+    Wgmma3Pair,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -306,6 +312,7 @@ pub fn mla_decode_attention_with(
         three_wg: vt_core::flags::mla_three_wg(),
         gather: vt_core::flags::mla_gather(),
         pair: vt_core::flags::mla_fp8_pair(),
+        three_wg_pair: vt_core::flags::mla_3wg_pair(),
     };
     let c = choose(a, &info, opts, flags)?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
@@ -378,13 +385,16 @@ pub(crate) struct ChoiceFlags {
     pub gather: bool,
     /// `VT_MLA_FP8_PAIR` (Auto only): the fp8 form of the 64-row kernel as CTA pairs.
     pub pair: bool,
+    /// `VT_MLA_3WG_PAIR` (Auto only): the 16-bit three-warpgroup kernel as CTA pairs.
+    pub three_wg_pair: bool,
 }
 
 impl ChoiceFlags {
-    /// `tma` and `seesaw` as given, the other flags at their defaults.
+    /// `tma` and `seesaw` as given, `three_wg` on, the CTA pairs and the gather forms off (the
+    /// tests that check those turn them on).
     #[cfg(test)]
     pub(crate) fn new(tma: bool, seesaw: bool) -> ChoiceFlags {
-        ChoiceFlags { tma, seesaw, three_wg: true, gather: false, pair: false }
+        ChoiceFlags { tma, seesaw, three_wg: true, gather: false, pair: false, three_wg_pair: false }
     }
 }
 
@@ -402,6 +412,7 @@ pub(crate) fn choose(
         three_wg: three_wg_flag,
         gather: gather_flag,
         pair: pair_flag,
+        three_wg_pair: three_wg_pair_flag,
     } = flags;
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
@@ -451,6 +462,26 @@ pub(crate) fn choose(
                 && wgmma_sm90::seesaw_ok(a, tma_flag) =>
         {
             Kernel::WgmmaSeesaw
+        }
+        // With VT_MLA_3WG_PAIR on (off by default until the block's step and its CUDA graphs
+        // have run with it), over a 16-bit cache read through the TMA with
+        // row blocks in pairs and at least THREE_WG_PAIR_MIN_BATCH sequences: the
+        // three-warpgroup kernel below as CTA pairs reading each tile once (thirtieth session,
+        // same calls as FlashMLA: on an H100 0.92-0.95x the single CTAs' time at 128 heads b128
+        // s8192 and b64 s16384, 0.95-0.99x at b128 s4096 and b32, 1.03-1.04x at b1; on an H200,
+        // interleaved, 0.98-1.00x at b >= 64, 0.98x at b32, 1.00x at b1; docs/perf.md).
+        Kernel::Auto
+            if !fp8
+                && info.wgmma
+                && three_wg_flag
+                && three_wg_pair_flag
+                && b >= wgmma_sm90::THREE_WG_PAIR_MIN_BATCH
+                && info.pair_clusters > 0
+                && wgmma_sm90::pair_ok(m_total)
+                && wgmma_sm90::three_wg_ok(a, tma_flag)
+                && fits(wgmma_sm90::w3_smem(false)) =>
+        {
+            Kernel::Wgmma3Pair
         }
         // More than 32 query rows over a cache read through the TMA (block sizes that 64
         // divides): the 64-row kernel with three warpgroups, S and the softmax in one, P V split
@@ -525,6 +556,7 @@ pub(crate) fn choose(
         | Kernel::Wgmma3
         | Kernel::WgmmaFp8Raw
         | Kernel::WgmmaFp8Pair
+        | Kernel::Wgmma3Pair
             if !fast =>
         {
             return Err(Error::backend(
@@ -541,6 +573,7 @@ pub(crate) fn choose(
         | Kernel::Wgmma3
         | Kernel::WgmmaFp8Raw
         | Kernel::WgmmaFp8Pair
+        | Kernel::Wgmma3Pair
             if !info.wgmma =>
         {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
@@ -573,6 +606,22 @@ pub(crate) fn choose(
                 ),
             ))
         }
+        Kernel::Wgmma3Pair
+            if fp8
+                || !wgmma_sm90::pair_ok(m_total)
+                || !wgmma_sm90::three_wg_ok(a, tma_flag)
+                || info.pair_clusters == 0 =>
+        {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the three-warpgroup pair kernel needs a 16-bit cache read through the TMA \
+                     (block size a multiple of 64, VT_MLA_DECODE_TMA on), an even number of 64-row \
+                     blocks (s_q * N = {m_total}) and a device that holds its clusters ({} resident)",
+                    info.pair_clusters
+                ),
+            ))
+        }
         Kernel::WgmmaFp8Raw if !wgmma_sm90::fp8_raw_dtypes(a) => {
             return Err(Error::backend(
                 BACKEND,
@@ -590,6 +639,7 @@ pub(crate) fn choose(
         Kernel::Wgmma3 => wgmma_sm90::three_wg(a, tma_flag),
         Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(a, tma_flag),
         Kernel::WgmmaFp8Pair => wgmma_sm90::fp8_pair(),
+        Kernel::Wgmma3Pair => wgmma_sm90::three_wg_pair(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?

@@ -229,6 +229,21 @@ pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKe
     w3_kernel(false, three_wg_ok(a, tma_flag))
 }
 
+/// Fewest sequences for which Auto takes [`three_wg_pair`] (at one sequence the two cluster
+/// barriers cost an H100 3-4%; at 32 and more the pair was as fast or faster on both cards).
+pub(super) const THREE_WG_PAIR_MIN_BATCH: i64 = 32;
+
+/// The three-warpgroup kernel's TMA form as CTA pairs (`mla_decode_wgmma_3wg_x2`, clusters of
+/// [`PAIR_CTAS`] along the row blocks, each tile read once for both; [`pair_ok`] rows).
+pub(super) fn three_wg_pair() -> MainKernel {
+    MainKernel {
+        base: "mla_decode_wgmma_3wg_x2",
+        name: "wgmma_3wg_x2",
+        cluster_y: PAIR_CTAS,
+        ..w3_kernel(false, true)
+    }
+}
+
 /// Whether the raw-ring kernel can take this call at all: bf16 queries (its rope product takes
 /// the cache's bf16 rope as it lies) over an fp8_ds_mla cache.
 pub(super) fn fp8_raw_dtypes(a: &MlaDecodeAttentionArgs<'_>) -> bool {
