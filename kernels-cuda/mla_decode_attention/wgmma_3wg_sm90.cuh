@@ -148,7 +148,7 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int FULL_STRIDE = 8 * NFULL;  // bytes from one slot's FULL barriers to the next's
     static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
     static constexpr int OFF_SCHED = OFF_NVALID + W3_SLOTS * 4;   // int [40]
-    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS], EMPTY [SLOTS], P_FREE
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS] (see OFF_FULL), EMPTY [SLOTS], P_FREE
     // Gather form: per slot 64 token flags (the token exists) and 8 bad-block flags (a block
     // id outside the cache among rows 8 k .. 8 k + 7), read as one u64.
     static constexpr int OFF_VALID = OFF_MBAR + (2 * W3_SLOTS + 1) * 8;
@@ -907,21 +907,20 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     auto flags_of = [&](int slot) { return smem + L::OFF_VALID + slot * L::VALID_BYTES; };  // gather form
     const bool tl0 = MLA_TIMELINE && threadIdx.x == 0, tl1 = MLA_TIMELINE && threadIdx.x == 128;  // lab stamps
     if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
-    constexpr bool MC = PAIR;
     static_assert(!PAIR || (!RAW && !CP), "the pair form: 16-bit TMA tiles");
-    const uint32_t peer = MC ? cluster_ctarank() ^ 1u : 0u;
+    const uint32_t peer = PAIR ? cluster_ctarank() ^ 1u : 0u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < W3_SLOTS; ++s) {
             for (int cb = 0; cb < L::NFULL; ++cb) mbar_init(full + L::FULL_STRIDE * s + 8 * cb, CP ? 256 : 1);
-            mbar_init(empty + 8 * s, MC ? 2 * W3_THREADS / 32 : W3_THREADS);
+            mbar_init(empty + 8 * s, PAIR ? 2 * W3_THREADS / 32 : W3_THREADS);
         }
         mbar_init(pfree, 256);
-        if (MC) fence_mbar_init_cluster();
+        if (PAIR) fence_mbar_init_cluster();
     }
-    if constexpr (MC) cluster_sync();  // both CTAs' barriers exist before any remote arrival or multicast
-    // A thread's release of a slot: MC, one arrival a warp on both CTAs' EMPTY.
+    if constexpr (PAIR) cluster_sync();  // both CTAs' barriers exist before any remote arrival or multicast
+    // A thread's release of a slot: PAIR, one arrival a warp on both CTAs' EMPTY.
     auto release = [&](uint32_t bar) {
-        if constexpr (MC) {
+        if constexpr (PAIR) {
             __syncwarp();
             if ((threadIdx.x & 31) == 0) {
                 mbar_arrive(bar);
@@ -966,7 +965,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u & 1;
                 const unsigned long long tf = MLA_TL_NOW();
-                mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);  // (split: column block 0)
+                mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);  // (16-bit TMA form: column block 0)
                 if (tl0) {
                     const unsigned long long now = MLA_TL_NOW();
                     MLA_TL_ADD(TL_WAIT_FULL0, now - tf);
@@ -1018,7 +1017,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             }
         }
         if (tl0) MLA_TL_SET(TL_TILES, u);
-        if constexpr (MC) cluster_sync();  // the peer may still arrive here or multicast into this CTA
+        if constexpr (PAIR) cluster_sync();  // the peer may still arrive here or multicast into this CTA
         return;
     }
 
@@ -1084,7 +1083,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             const uint32_t kst = sRing + slot * L::SLOT;
             const unsigned long long tf = MLA_TL_NOW();
             if constexpr (L::NFULL > 1) {
-                // Split: the warpgroup's own V blocks 4 w .. 4 w + 3 (each arrival publishes nvalid).
+                // The 16-bit TMA form: the warpgroup's own V blocks 4 w .. + 3 (each publishes nvalid).
 #pragma unroll
                 for (int cb = 4 * w; cb < 4 * w + 4; ++cb) mbar_wait(full + L::FULL_STRIDE * slot + 8 * cb, (u >> 1) & 1);
             } else {
@@ -1161,7 +1160,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             MLA_TL_SET(TL_END1, now);
         }
     }
-    if constexpr (MC) cluster_sync();  // (as warpgroup 0's)
+    if constexpr (PAIR) cluster_sync();  // (as warpgroup 0's)
 }
 
 }  // namespace mla
