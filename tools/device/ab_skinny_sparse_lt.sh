@@ -36,8 +36,7 @@ if [ -n "${VT_CACHE_DIR:-}" ] && [ -f .dev/kcache_old.tar.xz ]; then
 fi
 PART=${PART:-ab}
 if [[ $PART == *b* ]] && [ "${PEER:-1}" = 1 ]; then
-  bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-  BUILD=$!
+  flashmla_build
 fi
 trap '(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log ./*.json 2>/dev/null); kcache_report' EXIT
 
@@ -84,9 +83,8 @@ fi
 if [[ $PART == *b* ]]; then
 # 4. Sparse MLA against FlashMLA.
 peer=()
-if [ -n "${BUILD:-}" ]; then
-  wait "$BUILD"
-  tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+if [ -n "${FLASHMLA_BUILD:-}" ]; then
+  flashmla_built
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
     step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json" \
     && peer=(--peer "$OUT/flashmla_sparse.json")

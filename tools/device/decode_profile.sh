@@ -17,8 +17,7 @@ mkdir -p "$OUT/prof"
 S=$OUT/summary.txt
 source tools/device/lib.sh  # step, FLASHMLA_DIR, NCU, ncu_pages
 trap '(cd "$OUT" && tar cJf decode_profile.tar.xz --remove-files prof ./ncu_*.log ./flashmla_build.log 2>/dev/null); kcache_report' EXIT
-bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-build=$!
+flashmla_build
 for b in 128 32; do
   step "ncu_vt_b$b" 150 "${NCU[@]}" -k regex:mla_decode_wgmma_3wg --export "$OUT/prof/vt_b$b" \
     "$BIN/xtask" bench decode --only "h128,b$b,s4096,bs64,sq1,kv16" --iters 3 --no-parity
@@ -27,8 +26,7 @@ done
 step ncu_vt_combine_b32 120 "${NCU[@]}" -k regex:mla_decode_combine --export "$OUT/prof/vt_combine_b32" \
   "$BIN/xtask" bench decode --only h128,b32,s4096,bs64,sq1,kv16 --iters 3 --no-parity
 ncu_pages vt_combine_b32
-wait "$build"
-tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+flashmla_built
 for b in 128 32; do
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
     step "ncu_fmla_b$b" 150 "${NCU[@]}" -k regex:flash_fwd_splitkv_mla --export "$OUT/prof/fmla_b$b" \

@@ -31,8 +31,7 @@ while read -r name header defs; do
   for h in ${header//+/ }; do lab_overlay "/tmp/lab_$name" "$h" $defs; done  # HEADER: one or h1+h2
   names+=("$name")
 done <<< "$LABS"
-bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-BUILD=$!
+flashmla_build
 trap '(cd "$OUT" && tar czf logs_labs.tgz --remove-files ./*.log ./*.json 2>/dev/null); kcache_report' EXIT
 
 # 1. The labs' correctness.
@@ -46,8 +45,7 @@ VT_CUDA_KERNELS_DIR=/tmp/lab_${names[0]} san "${names[0]}_sparse_synccheck" 120 
   sparse_mla_fp8_cache_matches_reference_for_head_counts_and_topk
 
 # 2. Kernels' build / labs / kernels' build, FlashMLA beside them.
-wait "$BUILD"
-tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+flashmla_built
 PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
   step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json" --only decode
 for v in main "${names[@]}" main2; do

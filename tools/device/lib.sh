@@ -9,6 +9,19 @@ if [ ! -f "$FLASHMLA_DIR/setup.py" ] && [ -f .peer/flashmla.tar.xz ]; then
   FLASHMLA_DIR=/tmp/flashmla/flashmla
   mkdir -p /tmp/flashmla && tar -C /tmp/flashmla -xJf .peer/flashmla.tar.xz
 fi
+# flashmla_build: FlashMLA built into $FLASHMLA_DIR in the background while the GPU runs other
+# steps (its log: $OUT/flashmla_build.log). flashmla_built [LINES]: waits for that build (at
+# once when none is pending) and copies the log's last LINES (default 1) into the summary.
+flashmla_build() {
+  bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
+  FLASHMLA_BUILD=$!
+}
+flashmla_built() {
+  [ -n "${FLASHMLA_BUILD:-}" ] || return 0
+  wait "$FLASHMLA_BUILD"
+  tail -"${1:-1}" "$OUT/flashmla_build.log" | tee -a "$OUT/summary.txt"
+  FLASHMLA_BUILD=
+}
 
 # The kernels compiled ahead of time on the development machine (tools/device/warm_kernels.sh,
 # run by stage.sh): unpacked once into a cache folder that vt-cuda reads (VT_CACHE_DIR), so a

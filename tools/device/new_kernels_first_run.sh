@@ -58,15 +58,13 @@ fi
 # and FlashMLA, then memcheck over each kernel's test in the time left.
 if want first; then
   DEADLINE=${DEADLINE:-570}  # step (lib.sh) cuts each cap to the time left
-  bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-  build=$!
+  flashmla_build
   step pair_test 120 "$BIN/mla_decode_fp8" --exact "$PAIR" --nocapture --test-threads 1 || ok=1
   grep -E "wgmma_fp8x2" "$OUT/pair_test.log" | head -4 | tee -a "$S"
   step prefill_test 120 "$BIN/sparse_mla" --exact "$PREFILL" --nocapture --test-threads 1 || ok=1
   grep -E "sparse_prefill" "$OUT/prefill_test.log" | head -4 | tee -a "$S"
   echo "new kernels (first): tests $([ $ok = 0 ] && echo passed || echo FAILED)" | tee -a "$S"
-  wait "$build"
-  tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+  flashmla_built
   if [ "$ok" = 0 ]; then
     PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
       step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"

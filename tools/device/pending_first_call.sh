@@ -32,15 +32,9 @@ PARTS=${PARTS:-"tests table steps san"}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 # FlashMLA (2 and 3 time it) builds while 1 runs.
 if part table || part steps; then
-  bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-  BUILD=$!
+  flashmla_build
 fi
-built() {
-  [ -n "${BUILD:-}" ] || return 0
-  wait "$BUILD"
-  tail -2 "$OUT/flashmla_build.log" | tee -a "$S"
-  BUILD=
-}
+built() { flashmla_built 2; }
 
 # 1. Correctness on fresh inputs.
 if part tests; then

@@ -40,8 +40,7 @@ ARGS=("$@")
 PEERARG=()
 trap '(cd "$OUT" && tar czf logs_sched.tgz --remove-files ./*.log ./*.json 2>/dev/null); kcache_report' EXIT
 if [ "$PEER" = 1 ]; then
-  bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-  BUILD=$!
+  flashmla_build
 fi
 for c in $COSTS; do
   lab_overlay "$LAB/c$c" "$HEADER" "$KNOB=$c"
@@ -53,8 +52,7 @@ for tool in memcheck racecheck synccheck; do
   VT_CUDA_KERNELS_DIR=$LAB/c$first san "c${first}_decode_$tool" 150 $tool mla_decode_attention "$SAN_TEST"
 done
 if [ "$PEER" = 1 ]; then
-  wait "$BUILD"
-  tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+  flashmla_built
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
     step peer 90 python3 tools/peers/flashmla_decode.py --json "$OUT/flashmla.json"
   [ -s "$OUT/flashmla.json" ] && PEERARG=(--peer "$OUT/flashmla.json")

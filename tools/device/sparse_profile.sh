@@ -16,15 +16,13 @@ mkdir -p "$OUT/prof"
 S=$OUT/summary.txt
 source tools/device/lib.sh  # step, FLASHMLA_DIR, NCU, ncu_pages
 trap '(cd "$OUT" && tar cJf sparse_profile.tar.xz --remove-files prof ./ncu_*.log ./flashmla_build.log 2>/dev/null); kcache_report' EXIT
-bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-build=$!
+flashmla_build
 for h in 128 64; do
   step "ncu_vt_h$h" 150 "${NCU[@]}" -k regex:mla_decode_wgmma_fp8 --export "$OUT/prof/vt_h$h" \
     "$BIN/xtask" bench sparse --only "decode,h$h,b128,k2048" --iters 3 --no-parity
   ncu_pages "vt_h$h"
 done
-wait "$build"
-tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+flashmla_built
 for h in 128 64; do
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
     step "ncu_fmla_h$h" 150 "${NCU[@]}" -k regex:fp8_sparse --export "$OUT/prof/fmla_h$h" \

@@ -19,15 +19,13 @@ S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee -a "$S" || true
 source tools/device/lib.sh  # step, san, FLASHMLA_DIR, kcache_report
 trap '(cd "$OUT" && tar czf logs_pair3.tgz --remove-files ./*.log ./*.json 2>/dev/null); kcache_report' EXIT
-bash tools/peers/build_flashmla.sh "$FLASHMLA_DIR" > "$OUT/flashmla_build.log" 2>&1 &
-build=$!
+flashmla_build
 step decode_tests 150 "$BIN/mla_decode_attention" --test-threads 1
 san pair_memcheck 120 memcheck mla_decode_attention three_warpgroup_pair_kernel_matches_reference
 san pair_synccheck "$SANCAP" synccheck mla_decode_attention three_warpgroup_pair_kernel_matches_reference
 san pair_racecheck "$SANCAP" racecheck mla_decode_attention three_warpgroup_pair_kernel_matches_reference
 san fp8_pair_synccheck "$SANCAP" synccheck mla_decode_fp8 fp8_decode_on_the_cta_pair_kernel_matches_reference
-wait "$build"
-tail -1 "$OUT/flashmla_build.log" | tee -a "$S"
+flashmla_built
 PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" \
   step peer 90 python3 tools/peers/flashmla_decode.py --json "$OUT/flashmla.json"
 P=()
