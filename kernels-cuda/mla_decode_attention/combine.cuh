@@ -32,13 +32,6 @@ namespace mla {
 #define MLA_COMBINE_MIN_CTAS 3
 #endif
 #define MLA_COMBINE_BOUNDS __launch_bounds__(mla::THREADS, MLA_COMBINE_MIN_CTAS)
-// 1 (lab build, thirtieth session, not yet measured): a lane writes each run of four 16-bit
-// outputs as one 8-byte store where the row's runs are 8-byte aligned (ncu at h128 b32: the
-// combine's stores use 8 of 32 bytes a sector, 13.4 us against FlashMLA's 9.8). 0: one
-// 2-byte store a value.
-#ifndef MLA_COMBINE_VST
-#define MLA_COMBINE_VST 0
-#endif
 
 // (Enumerators, not constexpr ints: NVRTC emits every namespace-scope constant into the PTX
 // as a .global, and these keep the module's PTX what it was before they were named.)
@@ -178,30 +171,13 @@ __device__ void combine(const Params& p) {
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int s = row / p.N, h = row - s * p.N;
     T* o = (T*)p.out + b * p.o_sb + s * p.o_ss + h * p.o_sh;
-    // MLA_COMBINE_VST: whole runs of a 16-bit row whose runs start 8-byte aligned (uniform over
-    // the warp: the row's base and Dv decide it).
-    bool vst = false;
-    if constexpr (MLA_COMBINE_VST && sizeof(T) == 2) {
-        vst = (p.dv & 3) == 0 && (reinterpret_cast<unsigned long long>(o + c0) & 7ull) == 0;
-        if (vst) {
 #pragma unroll
-            for (int k = 0; k < COMBINE_RUNS; ++k) {
-                const int col = c0 + 128 * k + 4 * lane;
-                if (col < p.dv)
-                    *reinterpret_cast<uint2*>(o + col) = make_uint2(
-                        pack2<T>(acc[4 * k] * inv, acc[4 * k + 1] * inv), pack2<T>(acc[4 * k + 2] * inv, acc[4 * k + 3] * inv));
-            }
+    for (int k = 0; k < COMBINE_RUNS; ++k)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = c0 + 128 * k + 4 * lane + j;
+            if (col < p.dv) o[col] = vt::from_f32<T>(acc[4 * k + j] * inv);
         }
-    }
-    if (!vst) {
-#pragma unroll
-        for (int k = 0; k < COMBINE_RUNS; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int col = c0 + 128 * k + 4 * lane + j;
-                if (col < p.dv) o[col] = vt::from_f32<T>(acc[4 * k + j] * inv);
-            }
-    }
     if (p.lse != nullptr && blockIdx.z == 0 && lane == 0)
         p.lse[b * p.l_sb + h * p.l_sh + s * p.l_ss] = sum > 0.0f ? (mx + log2f(sum)) * LN2 : vt::neg_inf();
 #if MLA_TIMELINE

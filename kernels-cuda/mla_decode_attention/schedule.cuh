@@ -60,6 +60,10 @@ enum : int {
     TL_WAIT_PFULL1,  // thread 128, ns summed: P_FULL waits
     TL_WAIT_FULL1,   // thread 128, ns summed: FULL waits
     TL_STORE1,       // thread 128, ns summed: the output stores
+    TL_WAIT_S0,      // warpgroup 0, ns summed: waits for S's products (after their issue)
+    TL_SOFTMAX0,     // warpgroup 0, ns summed: the softmax and P's store (P_FREE's wait left out)
+    TL_LANDED0,      // warpgroup 0 (16-bit TMA form), count: tiles t whose tile t + 1 had landed
+                     // when S(t) completed (what issuing S(t + 1) before t's softmax could use)
     TL_EVENTS
 };
 enum : int { TL_CTAS = 1024 };

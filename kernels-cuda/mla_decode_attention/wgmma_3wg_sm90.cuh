@@ -816,9 +816,10 @@ __device__ __forceinline__ void w3_qk16(float (&s)[32], const GmmaDesc& dq, uint
 
 // The 16-bit TMA form: qk_tile with column block cb's four k steps issued once its own FULL barrier
 // (at bars + 8 cb) has completed phase `parity`, so S runs while the tile's later boxes land.
-// The products stay in flight across the waits (one commit and one wait at the end).
+// The products stay in flight across the waits and after the return (one commit; then
+// w3_qk16_wait).
 template <typename T>
-__device__ __forceinline__ void w3_qk16_split(float (&s)[32], const GmmaDesc& dq, uint32_t kst, uint32_t bars,
+__device__ __forceinline__ void w3_qk16_issue(float (&s)[32], const GmmaDesc& dq, uint32_t kst, uint32_t bars,
                                               int parity) {
     const GmmaDesc dk(kst, 16, 1024);
 #pragma unroll
@@ -835,6 +836,9 @@ __device__ __forceinline__ void w3_qk16_split(float (&s)[32], const GmmaDesc& dq
         }
     }
     wgmma_commit();
+}
+// S complete in s (after w3_qk16_issue; lab 2: zeroed).
+__device__ __forceinline__ void w3_qk16_wait(float (&s)[32]) {
     wgmma_wait<0>();
     pin(s);
     if (F8R_LAB == 2) {
@@ -964,31 +968,48 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             if constexpr (RAW) pinv[0] = s_pinv[r_lo], pinv[1] = s_pinv[r_lo + 8];
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
                 const int slot = u & 1;
-                const unsigned long long tf = MLA_TL_NOW();
-                mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);  // (16-bit TMA form: column block 0)
-                if (tl0) {
-                    const unsigned long long now = MLA_TL_NOW();
-                    MLA_TL_ADD(TL_WAIT_FULL0, now - tf);
-                    if (u == 0) MLA_TL_SET(TL_TILE0, now);
-                }
-                // Gather form: the tile was written by cp.async (the generic proxy), S reads it as
-                // wgmma operands (the async proxy).
-                if constexpr (CP) fence_proxy_async();
                 float s[32];
-                if constexpr (RAW) {
-                    f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
-                } else if constexpr (L::NFULL > 1) {
-                    w3_qk16_split<T>(s, dq, sRing + slot * L::SLOT, full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+                if constexpr (L::NFULL > 1) {
+                    // The 16-bit TMA form: S's products issued as each column block lands.
+                    const unsigned long long tf = MLA_TL_NOW();
+                    w3_qk16_issue<T>(s, dq, sRing + slot * L::SLOT, full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+                    const unsigned long long tw = MLA_TL_NOW();
+                    w3_qk16_wait(s);
+                    if (tl0) {
+                        const unsigned long long now = MLA_TL_NOW();
+                        MLA_TL_ADD(TL_WAIT_FULL0, tw - tf);
+                        MLA_TL_ADD(TL_WAIT_S0, now - tw);
+                        if (u == 0) MLA_TL_SET(TL_TILE0, now);
+                        const int un = u + 1;  // has tile t + 1 landed already?
+                        if (t + 1 < sg.t1 && mbar_test(full + L::FULL_STRIDE * (un & 1) + 8 * (NSUB - 1), (un >> 1) & 1))
+                            MLA_TL_ADD(TL_LANDED0, 1);
+                    }
                 } else {
-                    w3_qk16<T>(s, dq, sRing + slot * L::SLOT);
+                    const unsigned long long tf = MLA_TL_NOW();
+                    mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+                    if (tl0) {
+                        const unsigned long long now = MLA_TL_NOW();
+                        MLA_TL_ADD(TL_WAIT_FULL0, now - tf);
+                        if (u == 0) MLA_TL_SET(TL_TILE0, now);
+                    }
+                    // Gather form: the tile was written by cp.async (the generic proxy), S
+                    // reads it as wgmma operands (the async proxy).
+                    if constexpr (CP) fence_proxy_async();
+                    if constexpr (RAW) {
+                        f8r_qk(s, dq, sRing + slot * F8R_SLOT, scales_of(slot), rq, pinv, qd);
+                    } else {
+                        w3_qk16<T>(s, dq, sRing + slot * L::SLOT);
+                    }
                 }
                 float alpha[2];
                 uint32_t pk[16];
+                const unsigned long long tsm = MLA_TL_NOW();
                 if constexpr (CP) {
                     const unsigned char* fl = flags_of(slot);
-                    const bool whole = t * BN + BN <= rl.lim_min && *reinterpret_cast<const unsigned long long*>(fl + BN) == 0ull;
-                    softmax_tile<T>(s, whole, t * BN, rl, [&](int col) { return fl[col] != 0; }, qd, c, m_run, l_run,
-                                    alpha, pk);
+                    const bool whole =
+                        t * BN + BN <= rl.lim_min && *reinterpret_cast<const unsigned long long*>(fl + BN) == 0ull;
+                    softmax_tile<T>(s, whole, t * BN, rl, [&](int col) { return fl[col] != 0; }, qd, c, m_run,
+                                    l_run, alpha, pk);
                 } else {
                     const int nv = nvalid[slot];
                     release(empty + 8 * slot);  // this thread's reads of the slot are done
@@ -997,7 +1018,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 }
                 const unsigned long long tp = MLA_TL_NOW();
                 if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
-                if (tl0) MLA_TL_ADD(TL_WAIT_PFREE0, MLA_TL_NOW() - tp);
+                const unsigned long long ts = MLA_TL_NOW();
                 store_p_rows(sP, pk, wwarp, lane);
                 if (qd == 0) {
                     s_alpha[r_lo] = alpha[0];
@@ -1006,6 +1027,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 fence_proxy_async();     // P is read by wgmma (async proxy)
                 bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
                 bar_arrive(W3_P_FULL, W3_THREADS);
+                if (tl0) {
+                    MLA_TL_ADD(TL_SOFTMAX0, (tp - tsm) + (MLA_TL_NOW() - ts));
+                    MLA_TL_ADD(TL_WAIT_PFREE0, ts - tp);
+                }
             }
             store_fin(s_fin, l_run, m_run, r_lo, qd);
             bar_sync(BAR_WG0, 128);  // (racecheck, as above; it also orders this segment's s_pinv reads)

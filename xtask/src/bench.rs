@@ -752,23 +752,23 @@ fn timeline_summary(
 
 /// The summary of [`timeline_summary`] (pure: tested on a made-up timeline).
 fn format_timeline(t: &vt_cuda::mla_decode_attention::timeline::Timeline) -> String {
-    use vt_cuda::mla_decode_attention::timeline::ev;
-    let rows: Vec<&[u64; 16]> = t.ctas.iter().filter(|r| r[ev::ENTRY] != 0 && r[ev::TILES] > 0).collect();
+    use vt_cuda::mla_decode_attention::timeline::{ev, EVENTS};
+    let rows: Vec<&[u64; EVENTS]> = t.ctas.iter().filter(|r| r[ev::ENTRY] != 0 && r[ev::TILES] > 0).collect();
     if rows.is_empty() {
         return "    timeline: no CTA ran a tile (not a three-warpgroup kernel?)".into();
     }
     let t0 = rows.iter().map(|r| r[ev::ENTRY]).min().unwrap_or(0);
-    let end = |r: &[u64; 16]| r[ev::END0].max(r[ev::END1]);
+    let end = |r: &[u64; EVENTS]| r[ev::END0].max(r[ev::END1]);
     let t_end = rows.iter().map(|r| end(r)).max().unwrap_or(t0);
     let us = |ns: u64| ns as f64 / 1e3;
     // Median and maximum of a per-CTA quantity, in us.
-    let stat = |f: &dyn Fn(&[u64; 16]) -> f64| {
+    let stat = |f: &dyn Fn(&[u64; EVENTS]) -> f64| {
         let mut v: Vec<f64> = rows.iter().map(|r| f(r)).collect();
         v.sort_by(|a, b| a.total_cmp(b));
         (v[v.len() / 2], v[v.len() - 1])
     };
     let d = |a: u64, b: u64| us(b.saturating_sub(a));
-    let per_tile = |r: &[u64; 16], k: usize| us(r[k]) / r[ev::TILES].max(1) as f64;
+    let per_tile = |r: &[u64; EVENTS], k: usize| us(r[k]) / r[ev::TILES].max(1) as f64;
     let line = |name: &str, (m, x): (f64, f64)| format!("{name} {m:.1} / {x:.1}");
     let parts = [
         line("launch spread", stat(&|r| d(t0, r[ev::ENTRY]))),
@@ -784,6 +784,9 @@ fn format_timeline(t: &vt_cuda::mla_decode_attention::timeline::Timeline) -> Str
         line("WG0 P_FREE", stat(&|r| per_tile(r, ev::WAIT_PFREE0))),
         line("WG1 P_FULL", stat(&|r| per_tile(r, ev::WAIT_PFULL1))),
         line("WG1 FULL", stat(&|r| per_tile(r, ev::WAIT_FULL1))),
+        line("WG0 S wait", stat(&|r| per_tile(r, ev::WAIT_S0))),
+        line("WG0 softmax", stat(&|r| per_tile(r, ev::SOFTMAX0))),
+        line("WG0 next tile landed (tiles)", stat(&|r| r[ev::LANDED0] as f64)),
     ];
     let seg = stat(&|r| r[ev::SEGS] as f64);
     let tiles = stat(&|r| r[ev::TILES] as f64);
@@ -1169,11 +1172,15 @@ mod tests {
             r[ev::SEGS] = 1;
             r[ev::TILES] = 16;
             r[ev::WAIT_FULL0] = 16_000;
+            r[ev::SOFTMAX0] = 8_000;
+            r[ev::LANDED0] = 15;
         }
         let s = format_timeline(&Timeline { ctas, combine: [1_030_000, 1_043_000, 1_050_000, 64] });
         assert!(s.contains("(2 CTAs"), "{s}");
         assert!(s.contains("find_part 2.0 / 2.0"), "{s}");
         assert!(s.contains("WG0 FULL 1.0 / 1.0"), "{s}");
+        assert!(s.contains("WG0 softmax 0.5 / 0.5"), "{s}");
+        assert!(s.contains("WG0 next tile landed (tiles) 15.0 / 15.0"), "{s}");
         assert!(s.contains("main kernel 43.0 us"), "{s}");
         assert!(s.contains("past the main grid +43.0, ends +50.0 (64 CTAs merged)"), "{s}");
         let none =

@@ -170,7 +170,7 @@ pub enum Kernel {
     /// `wgmma_3wg_x2`): the two CTAs of a cluster are consecutive row blocks of the same parts,
     /// each issues every other column block of a tile multicast to both, so the pair reads each
     /// tile once. Needs an even number of 64-row blocks and a block size 64 divides. Auto takes
-    /// it with `VT_MLA_3WG_PAIR` on (off by default).
+    /// it with `VT_MLA_3WG_PAIR` on (the default).
     Wgmma3Pair,
 }
 
@@ -463,8 +463,8 @@ pub(crate) fn choose(
         {
             Kernel::WgmmaSeesaw
         }
-        // With VT_MLA_3WG_PAIR on (off by default until the block's step and its CUDA graphs
-        // have run with it), over a 16-bit cache read through the TMA with
+        // With VT_MLA_3WG_PAIR on (the default since the thirty-first session, when the block's
+        // step and its CUDA graphs ran with it), over a 16-bit cache read through the TMA with
         // row blocks in pairs and at least THREE_WG_PAIR_MIN_BATCH sequences: the
         // three-warpgroup kernel below as CTA pairs reading each tile once (thirtieth session,
         // same calls as FlashMLA: on an H100 0.92-0.95x the single CTAs' time at 128 heads b128

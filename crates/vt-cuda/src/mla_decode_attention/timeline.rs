@@ -12,7 +12,7 @@ use super::SRC;
 use crate::queue::CudaQueue;
 
 /// Events per CTA (`mla::TL_EVENTS`), in `mla::TL_*` order.
-pub const EVENTS: usize = 16;
+pub const EVENTS: usize = 19;
 /// CTAs the table holds (`mla::TL_CTAS`): the first ones by `blockIdx.y * gridDim.x + blockIdx.x`.
 pub const CTAS: usize = 1024;
 
@@ -34,6 +34,9 @@ pub mod ev {
     pub const WAIT_PFULL1: usize = 13;
     pub const WAIT_FULL1: usize = 14;
     pub const STORE1: usize = 15;
+    pub const WAIT_S0: usize = 16;
+    pub const SOFTMAX0: usize = 17;
+    pub const LANDED0: usize = 18;
 }
 
 /// One call's timeline: a row per CTA (all zero for a CTA that did not run or is past
