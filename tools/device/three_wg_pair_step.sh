@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `VT_MLA_3WG_PAIR` needs before it can default on (docs/perf.md, "Thirtieth session"): the
+# The A/B that made `VT_MLA_3WG_PAIR` the default (docs/perf.md, "Thirty-first session"): the
 # decode suite, the block's CUDA tests with the flag on (CUDA graphs, goldens, fusions, both
 # caches) and the V3 layer step in graph replay at B 32 / 128 (128 heads: Auto takes the pair
 # there) with the flag on and off, bf16 weights, and on with fp8 weights.
