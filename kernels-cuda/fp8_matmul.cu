@@ -7,7 +7,7 @@
 // with per-token scales), and s(m, n, kb) = b_scale[g, kb, n / 128] (* a_scale[g, m, kb]):
 // each 128-wide K group is summed in f32 and then scaled (the promotion of DeepGEMM).
 //
-// - quantize_fp8_{T}: a warp per (row, 128-group); bit for bit vt_core::fp8_block.
+// - quantize_fp8_{T}: a warp per (row, 128-group), grid (groups / 8, rows); bit for bit vt_core::fp8_block.
 // - fp8_matmul_generic_{T}: any strides, any dtype, both activation forms; a thread per
 //   output element. The reference-shaped fallback.
 // - fp8_gemv_t{1,2,4}_{bf16,f16}: the weight-only decode kernel (M small). A warp streams 16
@@ -35,27 +35,51 @@ using vt::fp8ds::f32_to_e4m3;
 
 // ------------------------------------------------------------------------- QuantizeFp8
 
+// Four consecutive elements of a row, loaded as one vector.
+template <typename T> struct alignas(4 * sizeof(T)) Quad {
+    T e[4];
+};
+
+// A warp per (row, 128-group): grid x covers the groups (8 warps a CTA), y the rows (looping
+// past 65535), so no index is divided. A lane's four elements are one vector load and its four
+// codes one 32-bit store where the row is aligned for them (every lane's offset is a multiple
+// of four elements), else element by element (the row's tail too).
 template <typename T>
 __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
                          i64 k) {
-    const i64 groups = (k + 127) / 128, total = m * groups;
     const int lane = threadIdx.x & 31;
-    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 p = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); p < total; p += warps) {
-        const i64 row = p / groups, grp = p % groups;
-        const i64 c0 = grp * 128 + 4 * lane;
+    const i64 grp = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (grp * 128 >= k) return;
+    const i64 c0 = grp * 128 + 4 * lane;
+    const bool whole = c0 + 4 <= k;
+    for (i64 row = blockIdx.y; row < m; row += gridDim.y) {
+        const T* xr = x + row * x0 + c0;
+        unsigned char* orow = out + row * o0 + c0;
         float v[4];
+        if (whole && (reinterpret_cast<unsigned long long>(xr) & (4 * sizeof(T) - 1)) == 0) {
+            const Quad<T> q = *reinterpret_cast<const Quad<T>*>(xr);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = vt::to_f32(q.e[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = c0 + j < k ? vt::to_f32(xr[j]) : 0.0f;
+        }
         float amax = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            v[j] = c0 + j < k ? vt::to_f32(x[row * x0 + c0 + j]) : 0.0f;
-            amax = fmaxf(amax, fabsf(v[j]));
-        }
+        for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
         amax = vt::warp_max(amax);
         const float s = __fdiv_rn(amax, 448.0f);
+        unsigned char q[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            if (c0 + j < k) out[row * o0 + c0 + j] = s == 0.0f ? 0 : f32_to_e4m3(__fdiv_rn(v[j], s));
+        for (int j = 0; j < 4; ++j) q[j] = s == 0.0f ? 0 : f32_to_e4m3(__fdiv_rn(v[j], s));
+        if (whole && (reinterpret_cast<unsigned long long>(orow) & 3) == 0) {
+            *reinterpret_cast<uint32_t*>(orow) =
+                (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (c0 + j < k) orow[j] = q[j];
+        }
         if (lane == 0) scale[row * s0 + grp * s1] = s;
     }
 }

@@ -792,15 +792,17 @@ fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
     Ok(addr)
 }
 
-/// QuantizeFp8: a warp per (row, 128-group), 8 warps a block.
+/// QuantizeFp8: a warp per (row, 128-group), 8 warps a block; grid x the groups, y the rows
+/// (the kernel loops over rows past 65535).
 pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
     let (m, k) = (x.x.dim(0), x.x.dim(1));
     if m == 0 || k == 0 {
         return Ok(Vec::new());
     }
-    let work = m
-        .checked_mul(blocks(k))
-        .ok_or_else(|| Error::invalid(OpId::QuantizeFp8, "x", "M x groups overflows i64"))?;
+    let gx = i32::try_from(cdiv(blocks(k), 8))
+        .map_err(|_| Error::invalid(OpId::QuantizeFp8, "x", "ceil(K / 1024) does not fit a grid's x"))?
+        as u32;
+    let gy = m.min(65535) as u32;
     let args: [Arg; 9] = [
         x.out.data_addr().into(),
         x.out.stride(0).into(),
@@ -812,7 +814,7 @@ pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
         m.into(),
         k.into(),
     ];
-    Ok(vec![Launch::new(&SRC, "quantize_fp8", x.x.dtype(), (grid_1d((work + 7) / 8), 1, 1), 256, args)])
+    Ok(vec![Launch::new(&SRC, "quantize_fp8", x.x.dtype(), (gx, gy, 1), 256, args)])
 }
 
 pub(crate) fn run_quantize(q: &Queue, x: &QuantizeFp8Args<'_>) -> Result<()> {

@@ -291,7 +291,10 @@ fn quantize_matches_the_cpu_byte_for_byte() {
     let _gpu = shared();
     let Some((c, g)) = cuda() else { return };
     for dt in [DType::BF16, DType::F16, DType::F32] {
-        for (m, k, ld) in [(1i64, 7168i64, 7168i64), (7, 200, 210), (4096, 512, 512), (3, 384, 384)] {
+        // (65543 rows: past the grid's 65535 in y, so the kernel's row loop runs.)
+        for (m, k, ld) in
+            [(1i64, 7168i64, 7168i64), (7, 200, 210), (4096, 512, 512), (3, 384, 384), (65543, 130, 131)]
+        {
             let what = format!("QuantizeFp8 {dt} M {m} K {k}");
             let mut r = rng(&what);
             // Per-group magnitudes 2^-8..2^8, one zero group in row 0 when there are two.
