@@ -7,7 +7,7 @@
 // with per-token scales), and s(m, n, kb) = b_scale[g, kb, n / 128] (* a_scale[g, m, kb]):
 // each 128-wide K group is summed in f32 and then scaled (the promotion of DeepGEMM).
 //
-// - quantize_fp8_{T}: a warp per (row, 128-group), grid (groups / 8, rows); bit for bit vt_core::fp8_block.
+// - quantize_fp8_{T}: a warp per (row, 128-group), up to 8 groups of a row a CTA; bit for bit vt_core::fp8_block.
 // - fp8_matmul_generic_{T}: any strides, any dtype, both activation forms; a thread per
 //   output element. The reference-shaped fallback.
 // - fp8_gemv_t{1,2,4}_{bf16,f16}: the weight-only decode kernel (M small). A warp streams 16
@@ -40,19 +40,23 @@ template <typename T> struct alignas(4 * sizeof(T)) Quad {
     T e[4];
 };
 
-// A warp per (row, 128-group): grid x covers the groups (8 warps a CTA), y the rows (looping
-// past 65535), so no index is divided. A lane's four elements are one vector load and its four
-// codes one 32-bit store where the row is aligned for them (every lane's offset is a multiple
-// of four elements), else element by element (the row's tail too).
+// A warp per (row, 128-group), 8 warps a CTA: 2^lw groups of a row (lw = quantize_lw: as many
+// as the row has, up to 8) by 8 / 2^lw rows; grid x covers the groups, y the rows (looping
+// past 65535 CTAs), so no index is divided by a runtime value. A lane's four elements are one
+// vector load and its four codes one 32-bit store where the row is aligned for them (every
+// lane's offset is a multiple of four elements), else element by element (the row's tail too).
+__device__ __forceinline__ int quantize_lw(i64 groups) { return groups >= 8 ? 3 : groups >= 4 ? 2 : groups >= 2 ? 1 : 0; }
 template <typename T>
 __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
                          i64 k) {
-    const int lane = threadIdx.x & 31;
-    const i64 grp = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (grp * 128 >= k) return;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 groups = (k + 127) >> 7;
+    const int lw = quantize_lw(groups), rows = (blockDim.x >> 5) >> lw;  // rows a CTA covers
+    const i64 grp = ((i64)blockIdx.x << lw) + (w & ((1 << lw) - 1));
+    if (grp >= groups) return;
     const i64 c0 = grp * 128 + 4 * lane;
     const bool whole = c0 + 4 <= k;
-    for (i64 row = blockIdx.y; row < m; row += gridDim.y) {
+    for (i64 row = (i64)blockIdx.y * rows + (w >> lw); row < m; row += (i64)gridDim.y * rows) {
         const T* xr = x + row * x0 + c0;
         unsigned char* orow = out + row * o0 + c0;
         float v[4];

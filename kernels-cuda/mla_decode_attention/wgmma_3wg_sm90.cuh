@@ -89,7 +89,9 @@
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Lab builds for docs/perf.md (wrong results; a copy of this file with F8R_LAB defined, through
 // VT_CUDA_KERNELS_DIR): 1 no dequantization (V stage left as it is), 2 no S products (S = 0),
-// 3 no P V products, 4 no loads (the TMA is not issued; FULL completes on the arrival alone).
+// 3 no P V products, 4 no loads (the TMA is not issued; FULL completes on the arrival alone);
+// the 16-bit TMA form's segment change: 5 no output stores (warpgroups 1 and 2 skip w3_store),
+// 6 Q loaded for the CTA's first segment only (the later ones reuse it).
 #ifndef F8R_LAB
 #define F8R_LAB 0
 #endif
@@ -1086,16 +1088,18 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;
     if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
+    bool q_loaded = false;  // (lab 6)
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
     while (!VT && next_segment(p, part, nb, pre, sg)) {
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else if constexpr (CP) {
             w3_load_q_regs<T>(p, sg.b, row0, sQ, threadIdx.x - 128);
-        } else {
+        } else if (F8R_LAB != 6 || !q_loaded) {
             load_q<T, MT, 256>(p, sg.b, row0, sQ, threadIdx.x - 128);
             cp_async_commit();
             cp_async_wait<0>();
+            q_loaded = true;
         }
         fence_proxy_async();         // Q is read by wgmma (async proxy)
         bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
@@ -1178,7 +1182,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         }
         bar_sync(W3_FIN, W3_THREADS);
         const unsigned long long ts = MLA_TL_NOW();
-        w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+        if (F8R_LAB != 5) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
         if (tl1) {
             const unsigned long long now = MLA_TL_NOW();
             MLA_TL_ADD(TL_STORE1, now - ts);

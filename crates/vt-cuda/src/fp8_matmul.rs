@@ -792,17 +792,25 @@ fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
     Ok(addr)
 }
 
-/// QuantizeFp8: a warp per (row, 128-group), 8 warps a block; grid x the groups, y the rows
-/// (the kernel loops over rows past 65535).
+/// QuantizeFp8: a warp per (row, 128-group), 8 warps a block: 2^lw groups of a row by 8 / 2^lw
+/// rows (lw as the kernel's `quantize_lw`: as many groups as the row has, up to 8); grid x the
+/// groups, y the rows (the kernel loops over rows past 65535 blocks).
 pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
     let (m, k) = (x.x.dim(0), x.x.dim(1));
     if m == 0 || k == 0 {
         return Ok(Vec::new());
     }
-    let gx = i32::try_from(cdiv(blocks(k), 8))
+    let groups = blocks(k);
+    let lw = match groups {
+        8.. => 3,
+        4..=7 => 2,
+        2..=3 => 1,
+        _ => 0,
+    };
+    let gx = i32::try_from(cdiv(groups, 1 << lw))
         .map_err(|_| Error::invalid(OpId::QuantizeFp8, "x", "ceil(K / 1024) does not fit a grid's x"))?
         as u32;
-    let gy = m.min(65535) as u32;
+    let gy = cdiv(m, 8 >> lw).min(65535) as u32;
     let args: [Arg; 9] = [
         x.out.data_addr().into(),
         x.out.stride(0).into(),
