@@ -41,11 +41,14 @@ template <typename T> struct alignas(4 * sizeof(T)) Quad {
 };
 
 // A warp per (row, 128-group), 8 warps a CTA: 2^lw groups of a row (lw = quantize_lw: as many
-// as the row has, up to 8) by 8 / 2^lw rows; grid x covers the groups, y the rows (looping
-// past 65535 CTAs), so no index is divided by a runtime value. A lane's four elements are one
-// vector load and its four codes one 32-bit store where the row is aligned for them (every
-// lane's offset is a multiple of four elements), else element by element (the row's tail too).
+// as the row has, up to 8) by 8 / 2^lw rows; grid x covers the groups, y the rows, and each warp
+// takes QUANT_ROWS rows a grid-height apart per pass, their loads issued before any of them is
+// converted (the loads in flight, not the instructions, set the time), looping over the rest.
+// No index is divided by a runtime value. A lane's four elements are one vector load and its
+// four codes one 32-bit store where the row is aligned for them (every lane's offset is a
+// multiple of four elements), else element by element (the row's tail too).
 __device__ __forceinline__ int quantize_lw(i64 groups) { return groups >= 8 ? 3 : groups >= 4 ? 2 : groups >= 2 ? 1 : 0; }
+constexpr int QUANT_ROWS = 4;
 template <typename T>
 __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
                          i64 k) {
@@ -56,35 +59,48 @@ __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s
     if (grp >= groups) return;
     const i64 c0 = grp * 128 + 4 * lane;
     const bool whole = c0 + 4 <= k;
-    for (i64 row = (i64)blockIdx.y * rows + (w >> lw); row < m; row += (i64)gridDim.y * rows) {
-        const T* xr = x + row * x0 + c0;
-        unsigned char* orow = out + row * o0 + c0;
-        float v[4];
-        if (whole && (reinterpret_cast<unsigned long long>(xr) & (4 * sizeof(T) - 1)) == 0) {
-            const Quad<T> q = *reinterpret_cast<const Quad<T>*>(xr);
+    const i64 step = (i64)gridDim.y * rows;  // between a warp's rows in one pass
+    for (i64 row0 = (i64)blockIdx.y * rows + (w >> lw); row0 < m; row0 += QUANT_ROWS * step) {
+        float v[QUANT_ROWS][4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = vt::to_f32(q.e[j]);
-        } else {
+        for (int r = 0; r < QUANT_ROWS; ++r) {
+            const i64 row = row0 + r * step;
+            const T* xr = x + row * x0 + c0;
+            if (row >= m) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = c0 + j < k ? vt::to_f32(xr[j]) : 0.0f;
+                for (int j = 0; j < 4; ++j) v[r][j] = 0.0f;
+            } else if (whole && (reinterpret_cast<unsigned long long>(xr) & (4 * sizeof(T) - 1)) == 0) {
+                const Quad<T> q = *reinterpret_cast<const Quad<T>*>(xr);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) v[r][j] = vt::to_f32(q.e[j]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) v[r][j] = c0 + j < k ? vt::to_f32(xr[j]) : 0.0f;
+            }
         }
-        float amax = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
-        amax = vt::warp_max(amax);
-        const float s = __fdiv_rn(amax, 448.0f);
-        unsigned char q[4];
+        for (int r = 0; r < QUANT_ROWS; ++r) {
+            const i64 row = row0 + r * step;
+            if (row >= m) break;  // (uniform over the warp)
+            float amax = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) q[j] = s == 0.0f ? 0 : f32_to_e4m3(__fdiv_rn(v[j], s));
-        if (whole && (reinterpret_cast<unsigned long long>(orow) & 3) == 0) {
-            *reinterpret_cast<uint32_t*>(orow) =
-                (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
-        } else {
+            for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[r][j]));
+            amax = vt::warp_max(amax);
+            const float s = __fdiv_rn(amax, 448.0f);
+            unsigned char q[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (c0 + j < k) orow[j] = q[j];
+            for (int j = 0; j < 4; ++j) q[j] = s == 0.0f ? 0 : f32_to_e4m3(__fdiv_rn(v[r][j], s));
+            unsigned char* orow = out + row * o0 + c0;
+            if (whole && (reinterpret_cast<unsigned long long>(orow) & 3) == 0) {
+                *reinterpret_cast<uint32_t*>(orow) =
+                    (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (c0 + j < k) orow[j] = q[j];
+            }
+            if (lane == 0) scale[row * s0 + grp * s1] = s;
         }
-        if (lane == 0) scale[row * s0 + grp * s1] = s;
     }
 }
 

@@ -1182,7 +1182,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         }
         bar_sync(W3_FIN, W3_THREADS);
         const unsigned long long ts = MLA_TL_NOW();
-        if (F8R_LAB != 5) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+        // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
+        if (F8R_LAB != 5 || p.m_total < 0) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
         if (tl1) {
             const unsigned long long now = MLA_TL_NOW();
             MLA_TL_ADD(TL_STORE1, now - ts);
