@@ -40,15 +40,31 @@ template <typename T> struct alignas(4 * sizeof(T)) Quad {
     T e[4];
 };
 
+// Four f32 as e4m3 codes (y[0] in the low byte): the hardware's round-to-nearest-even with
+// saturation to +-448 (sm_89+), which is f32_to_e4m3 on every finite and infinite value; a
+// NaN becomes 0x7f as there (the hardware would keep its sign).
+__device__ __forceinline__ uint32_t e4m3x4(const float (&y)[4]) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(y[1]), "f"(y[0]));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(y[3]), "f"(y[2]));
+    uint32_t w = (uint32_t)lo | ((uint32_t)hi << 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        if (y[j] != y[j]) w = (w & ~(0xffu << (8 * j))) | (0x7fu << (8 * j));
+    return w;
+#else
+    return (uint32_t)f32_to_e4m3(y[0]) | ((uint32_t)f32_to_e4m3(y[1]) << 8) | ((uint32_t)f32_to_e4m3(y[2]) << 16) |
+           ((uint32_t)f32_to_e4m3(y[3]) << 24);
+#endif
+}
+
 // A warp per (row, 128-group), 8 warps a CTA: 2^lw groups of a row (lw = quantize_lw: as many
-// as the row has, up to 8) by 8 / 2^lw rows; grid x covers the groups, y the rows, and each warp
-// takes QUANT_ROWS rows a grid-height apart per pass, their loads issued before any of them is
-// converted (the loads in flight, not the instructions, set the time), looping over the rest.
-// No index is divided by a runtime value. A lane's four elements are one vector load and its
-// four codes one 32-bit store where the row is aligned for them (every lane's offset is a
-// multiple of four elements), else element by element (the row's tail too).
+// as the row has, up to 8) by 8 / 2^lw rows; grid x covers the groups, y the rows (looping
+// past 65535 CTAs), so no index is divided by a runtime value. A lane's four elements are one
+// vector load and its four codes one 32-bit store where the row is aligned for them (every
+// lane's offset is a multiple of four elements), else element by element (the row's tail too).
 __device__ __forceinline__ int quantize_lw(i64 groups) { return groups >= 8 ? 3 : groups >= 4 ? 2 : groups >= 2 ? 1 : 0; }
-constexpr int QUANT_ROWS = 4;
 template <typename T>
 __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
                          i64 k) {
@@ -59,48 +75,37 @@ __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s
     if (grp >= groups) return;
     const i64 c0 = grp * 128 + 4 * lane;
     const bool whole = c0 + 4 <= k;
-    const i64 step = (i64)gridDim.y * rows;  // between a warp's rows in one pass
-    for (i64 row0 = (i64)blockIdx.y * rows + (w >> lw); row0 < m; row0 += QUANT_ROWS * step) {
-        float v[QUANT_ROWS][4];
+    for (i64 row = (i64)blockIdx.y * rows + (w >> lw); row < m; row += (i64)gridDim.y * rows) {
+        const T* xr = x + row * x0 + c0;
+        unsigned char* orow = out + row * o0 + c0;
+        float v[4];
+        if (whole && (reinterpret_cast<unsigned long long>(xr) & (4 * sizeof(T) - 1)) == 0) {
+            const Quad<T> q = *reinterpret_cast<const Quad<T>*>(xr);
 #pragma unroll
-        for (int r = 0; r < QUANT_ROWS; ++r) {
-            const i64 row = row0 + r * step;
-            const T* xr = x + row * x0 + c0;
-            if (row >= m) {
+            for (int j = 0; j < 4; ++j) v[j] = vt::to_f32(q.e[j]);
+        } else {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) v[r][j] = 0.0f;
-            } else if (whole && (reinterpret_cast<unsigned long long>(xr) & (4 * sizeof(T) - 1)) == 0) {
-                const Quad<T> q = *reinterpret_cast<const Quad<T>*>(xr);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) v[r][j] = vt::to_f32(q.e[j]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) v[r][j] = c0 + j < k ? vt::to_f32(xr[j]) : 0.0f;
-            }
+            for (int j = 0; j < 4; ++j) v[j] = c0 + j < k ? vt::to_f32(xr[j]) : 0.0f;
         }
+        float amax = 0.0f;
 #pragma unroll
-        for (int r = 0; r < QUANT_ROWS; ++r) {
-            const i64 row = row0 + r * step;
-            if (row >= m) break;  // (uniform over the warp)
-            float amax = 0.0f;
+        for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
+        amax = vt::warp_max(amax);
+        const float s = __fdiv_rn(amax, 448.0f);
+        float y[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[r][j]));
-            amax = vt::warp_max(amax);
-            const float s = __fdiv_rn(amax, 448.0f);
-            unsigned char q[4];
+        for (int j = 0; j < 4; ++j) y[j] = s == 0.0f ? 0.0f : __fdiv_rn(v[j], s);
+        const uint32_t word = e4m3x4(y);
+        if (whole && (reinterpret_cast<unsigned long long>(orow) & 3) == 0) {
+            *reinterpret_cast<uint32_t*>(orow) = word;
+        } else {
+            const unsigned char q[4] = {(unsigned char)word, (unsigned char)(word >> 8), (unsigned char)(word >> 16),
+                                        (unsigned char)(word >> 24)};
 #pragma unroll
-            for (int j = 0; j < 4; ++j) q[j] = s == 0.0f ? 0 : f32_to_e4m3(__fdiv_rn(v[r][j], s));
-            unsigned char* orow = out + row * o0 + c0;
-            if (whole && (reinterpret_cast<unsigned long long>(orow) & 3) == 0) {
-                *reinterpret_cast<uint32_t*>(orow) =
-                    (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (c0 + j < k) orow[j] = q[j];
-            }
-            if (lane == 0) scale[row * s0 + grp * s1] = s;
+            for (int j = 0; j < 4; ++j)
+                if (c0 + j < k) orow[j] = q[j];
         }
+        if (lane == 0) scale[row * s0 + grp * s1] = s;
     }
 }
 

@@ -792,17 +792,9 @@ fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
     Ok(addr)
 }
 
-/// Rows a warp of `quantize_fp8` loads before converting any (the kernel's `QUANT_ROWS`; only
-/// the grid's height depends on it here: the kernel loops over whatever rows remain).
-const QUANT_ROWS: i64 = 4;
-/// The quantize grid's height cap: 4096 blocks of rows keep every SM busy, and a shorter grid
-/// makes the kernel's row loop run (its test: 65543 rows).
-const QUANT_GRID_Y: i64 = 4096;
-
 /// QuantizeFp8: a warp per (row, 128-group), 8 warps a block: 2^lw groups of a row by 8 / 2^lw
 /// rows (lw as the kernel's `quantize_lw`: as many groups as the row has, up to 8); grid x the
-/// groups, y the rows, [`QUANT_ROWS`] rows a warp a pass, at most [`QUANT_GRID_Y`] blocks high
-/// (the kernel loops over the rest).
+/// groups, y the rows (the kernel loops over rows past 65535 blocks).
 pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
     let (m, k) = (x.x.dim(0), x.x.dim(1));
     if m == 0 || k == 0 {
@@ -818,7 +810,7 @@ pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
     let gx = i32::try_from(cdiv(groups, 1 << lw))
         .map_err(|_| Error::invalid(OpId::QuantizeFp8, "x", "ceil(K / 1024) does not fit a grid's x"))?
         as u32;
-    let gy = cdiv(m, (8 >> lw) * QUANT_ROWS).min(QUANT_GRID_Y) as u32;
+    let gy = cdiv(m, 8 >> lw).min(65535) as u32;
     let args: [Arg; 9] = [
         x.out.data_addr().into(),
         x.out.stride(0).into(),

@@ -292,8 +292,7 @@ fn quantize_matches_the_cpu_byte_for_byte() {
     let Some((c, g)) = cuda() else { return };
     for dt in [DType::BF16, DType::F16, DType::F32] {
         // K from 1 to 56 groups (1, 2, 3, 4 and 8+ groups a row take the kernel's four CTA
-        // shapes); 65543 rows of 8 groups (bf16): past the grid's height x 4 rows a warp, so the
-        // kernel's row loop runs, and its last pass is partial.
+        // shapes); 65543 rows of 8 groups (bf16): past the grid's 65535 in y, so the row loop runs.
         let mut shapes =
             vec![(1i64, 7168i64, 7168i64), (7, 200, 210), (4096, 512, 512), (3, 384, 384), (5, 100, 101)];
         if dt == DType::BF16 {
