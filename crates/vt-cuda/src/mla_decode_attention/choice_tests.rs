@@ -4,7 +4,7 @@
 
 use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 
-use super::{choose, wgmma_sm90, CacheMaps, ChoiceFlags, DecodeOptions, DeviceInfo, MAX_SMEM};
+use super::{choose, wgmma_sm90, CacheMaps, ChoiceFlags, DecodeOptions, DeviceInfo, Plan, MAX_SMEM};
 
 const H200: DeviceInfo =
     DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM, pair_clusters: 66 };
@@ -28,6 +28,11 @@ fn auto_with(
     seesaw: bool,
 ) -> (&'static str, u32, u32, u32) {
     auto_flags(info, heads, cache_dt, bs, b, ChoiceFlags::new(true, seesaw))
+}
+
+/// Auto's plan for the views `a` on `info` with `flags`.
+fn auto_plan(a: &MlaDecodeAttentionArgs<'_>, info: &DeviceInfo, flags: ChoiceFlags) -> Plan {
+    choose(a, info, &DecodeOptions::default(), flags).expect("a plan").plan
 }
 
 /// [`auto`] with `b` sequences and every flag given.
@@ -322,21 +327,21 @@ fn pair_flag_makes_auto_take_the_cta_pair_form_of_the_fp8_kernel_over_paired_row
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
     let on = ChoiceFlags { pair: true, ..ChoiceFlags::new(true, false) };
-    let plan = |a: &MlaDecodeAttentionArgs<'_>, info: &DeviceInfo, flags: ChoiceFlags| {
-        choose(a, info, &DecodeOptions::default(), flags).expect("a plan").plan
-    };
     let h128 = heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 1);
-    let p = plan(&h128, &H200, on);
+    let p = auto_plan(&h128, &H200, on);
     assert_eq!((p.kernel, p.row_blocks, p.parts), ("wgmma_fp8x2", 2, 66));
-    assert_eq!(plan(&h128, &H200, ChoiceFlags::new(true, false)).kernel, "wgmma_fp8");
+    assert_eq!(auto_plan(&h128, &H200, ChoiceFlags::new(true, false)).kernel, "wgmma_fp8");
     // Fewer clusters resident than SMs / 2: one wave of them.
     let odd_gpcs = DeviceInfo { pair_clusters: 60, ..H200 };
-    assert_eq!(plan(&h128, &odd_gpcs, on).parts, 60);
+    assert_eq!(auto_plan(&h128, &odd_gpcs, on).parts, 60);
     let none = DeviceInfo { pair_clusters: 0, ..H200 };
-    assert_eq!(plan(&h128, &none, on).kernel, "wgmma_fp8");
+    assert_eq!(auto_plan(&h128, &none, on).kernel, "wgmma_fp8");
     // The TMA reads block size 64: the raw-ring kernel stays Auto's choice.
-    assert_eq!(plan(&heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 64), &H200, on).kernel, "wgmma_fp8r");
-    assert_eq!(plan(&heads_128_args(&mem, DType::BF16, DType::BF16, 1), &H200, on).kernel, "wgmma");
+    assert_eq!(
+        auto_plan(&heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 64), &H200, on).kernel,
+        "wgmma_fp8r"
+    );
+    assert_eq!(auto_plan(&heads_128_args(&mem, DType::BF16, DType::BF16, 1), &H200, on).kernel, "wgmma");
     // 64 heads, s_q 1: one row block.
     assert_eq!(auto_flags(&H200, 64, DType::Fp8DsMla, 16, 2, on).0, "wgmma_fp8");
     let forced = DecodeOptions { kernel: Kernel::WgmmaFp8Pair, ..DecodeOptions::default() };
@@ -370,25 +375,28 @@ fn three_wg_pair_flag_makes_auto_take_the_cta_pair_form_over_paired_row_blocks()
     use super::Kernel;
     let mem = vec![0u128; 1 << 16];
     let on = ChoiceFlags { three_wg_pair: true, ..ChoiceFlags::new(true, false) };
-    let plan = |a: &MlaDecodeAttentionArgs<'_>, info: &DeviceInfo, flags: ChoiceFlags| {
-        choose(a, info, &DecodeOptions::default(), flags).expect("a plan").plan
-    };
     // 32 sequences at 128 heads, block size 64.
     let mem32 = vec![0u128; (32 * 128 * 576) / 8 + 1];
     let b32 = heads_128_batch_args(&mem32, DType::BF16, DType::BF16, 64, 32);
-    let p = plan(&b32, &H200, on);
+    let p = auto_plan(&b32, &H200, on);
     assert_eq!((p.kernel, p.row_blocks, p.parts), ("wgmma_3wg_x2", 2, 66));
-    assert_eq!(plan(&b32, &H200, ChoiceFlags::new(true, false)).kernel, "wgmma_3wg");
+    assert_eq!(auto_plan(&b32, &H200, ChoiceFlags::new(true, false)).kernel, "wgmma_3wg");
     let odd_gpcs = DeviceInfo { pair_clusters: 60, ..H200 };
-    assert_eq!(plan(&b32, &odd_gpcs, on).parts, 60);
+    assert_eq!(auto_plan(&b32, &odd_gpcs, on).parts, 60);
     let none = DeviceInfo { pair_clusters: 0, ..H200 };
-    assert_eq!(plan(&b32, &none, on).kernel, "wgmma_3wg");
+    assert_eq!(auto_plan(&b32, &none, on).kernel, "wgmma_3wg");
     // Two sequences: below THREE_WG_PAIR_MIN_BATCH.
     let h128 = heads_128_args(&mem, DType::BF16, DType::BF16, 64);
-    assert_eq!(plan(&h128, &H200, on).kernel, "wgmma_3wg");
+    assert_eq!(auto_plan(&h128, &H200, on).kernel, "wgmma_3wg");
     // Block size 1: no TMA form, so no pair.
-    assert_ne!(plan(&heads_128_args(&mem, DType::BF16, DType::BF16, 1), &H200, on).kernel, "wgmma_3wg_x2");
-    assert_eq!(plan(&heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 64), &H200, on).kernel, "wgmma_fp8r");
+    assert_ne!(
+        auto_plan(&heads_128_args(&mem, DType::BF16, DType::BF16, 1), &H200, on).kernel,
+        "wgmma_3wg_x2"
+    );
+    assert_eq!(
+        auto_plan(&heads_128_args(&mem, DType::BF16, DType::Fp8DsMla, 64), &H200, on).kernel,
+        "wgmma_fp8r"
+    );
     // 64 heads, s_q 1: one row block.
     assert_eq!(auto_flags(&H200, 64, DType::BF16, 64, 32, on).0, "wgmma_3wg");
     let forced = DecodeOptions { kernel: Kernel::Wgmma3Pair, ..DecodeOptions::default() };
