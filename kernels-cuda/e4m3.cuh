@@ -56,4 +56,14 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+// The other way: two f32 as an e4m3 pair (x0 in the low byte), the hardware's round to
+// nearest even, saturating to +-448 (sm_89+; a NaN keeps its sign: 0x7f or 0xff).
+__device__ __forceinline__ unsigned e4m3x2_of(float x0, float x1) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+#endif
+
 }  // namespace vt

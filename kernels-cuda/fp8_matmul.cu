@@ -45,10 +45,7 @@ template <typename T> struct alignas(4 * sizeof(T)) Quad {
 // NaN becomes 0x7f as there (the hardware would keep its sign).
 __device__ __forceinline__ uint32_t e4m3x4(const float (&y)[4]) {
 #if __CUDA_ARCH__ >= 890
-    unsigned short lo, hi;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(y[1]), "f"(y[0]));
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(y[3]), "f"(y[2]));
-    uint32_t w = (uint32_t)lo | ((uint32_t)hi << 16);
+    uint32_t w = vt::e4m3x2_of(y[0], y[1]) | (vt::e4m3x2_of(y[2], y[3]) << 16);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
         if (y[j] != y[j]) w = (w & ~(0xffu << (8 * j))) | (0x7fu << (8 * j));

@@ -185,12 +185,7 @@ __device__ __forceinline__ int nf8_qexp(uint32_t amax_bits) {
     const int e = 7 - ((int)((amax_bits >> 23) & 0xff) - 127);
     return e < -120 ? -120 : (e > 120 ? 120 : e);
 }
-// Two f32 as an e4m3 pair (x0 in the low byte), round to nearest even, saturating.
-__device__ __forceinline__ uint32_t e4m3x2_of(float x0, float x1) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
-    return r;
-}
+using vt::e4m3x2_of;  // (e4m3.cuh)
 // Four values as their hi and lo e4m3 parts (4 bytes each). An infinite value becomes the NaN
 // code (satfinite would make it +-448, a finite and wrong score; the reference's is not finite).
 __device__ __forceinline__ void nf8_split4(const float (&xin)[4], uint32_t& hi, uint32_t& lo) {
