@@ -828,14 +828,7 @@ __device__ __forceinline__ void w3_qk16_issue(float (&s)[32], const GmmaDesc& dq
     for (int cb = 0; cb < NSUB; ++cb) {
         mbar_wait(bars + 8 * cb, parity);
         wgmma_fence();
-        if (F8R_LAB != 2) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int ks = 4 * cb + k;
-                const uint32_t o16 = (uint32_t)((cb * SUB_BYTES + k * 32) >> 4);
-                Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
-            }
-        }
+        if (F8R_LAB != 2) qk_block<T>(s, dq, dk, cb);
     }
     wgmma_commit();
 }

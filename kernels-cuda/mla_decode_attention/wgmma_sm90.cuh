@@ -377,6 +377,17 @@ __device__ __forceinline__ void store_p_rows(uint32_t sp, const uint32_t (&pk)[1
     }
 }
 
+// The four k steps of S = Q K^T over column block cb (8 KB apart in Q and K, 32 bytes per k
+// step inside it), issued; the first of the tile (cb 0) overwrites s.
+template <typename T>
+__device__ __forceinline__ void qk_block(float (&s)[32], const GmmaDesc& dq, const GmmaDesc& dk, int cb) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const uint32_t o16 = (uint32_t)((cb * SUB_BYTES + k * 32) >> 4);
+        Wg<T>::qk(s, dq.at(o16), dk.at(o16), cb > 0 || k > 0 ? 1 : 0);
+    }
+}
+
 // S = Q K^T for one 64-token tile of a 64-row kernel: 36 wgmma m64n64k16, Q and the tile at kst
 // in their 9 K-major column blocks; returns with the products complete. Shared by consumer_tiles
 // and the three-warpgroup kernel's 16-bit form.
@@ -384,11 +395,7 @@ template <typename T> __device__ __forceinline__ void qk_tile(float (&s)[32], co
     const GmmaDesc dk(kst, 16, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < FD / 16; ++ks) {
-        // Column block ks / 4 (8 KB apart in Q and K), 32 bytes per k step inside it.
-        const uint32_t o16 = (uint32_t)(((ks >> 2) * SUB_BYTES + (ks & 3) * 32) >> 4);
-        Wg<T>::qk(s, dq.at(o16), dk.at(o16), ks > 0 ? 1 : 0);
-    }
+    for (int cb = 0; cb < NSUB; ++cb) qk_block<T>(s, dq, dk, cb);
     wgmma_commit();
     wgmma_wait<0>();
     pin(s);
