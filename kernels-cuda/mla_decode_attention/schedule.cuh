@@ -64,6 +64,10 @@ enum : int {
     TL_SOFTMAX0,     // warpgroup 0, ns summed: the softmax and P's store (P_FREE's wait left out)
     TL_LANDED0,      // warpgroup 0 (16-bit TMA form), count: tiles t whose tile t + 1 had landed
                      // when S(t) completed (what issuing S(t + 1) before t's softmax could use)
+    TL_WAIT_FIN1,    // thread 128, ns summed: waits at FIN (its P V(last) done, warpgroup 0 not yet)
+    TL_QLOAD1,       // thread 128, ns summed: Q's load at a segment's start, to its Q_READY arrival
+    TL_PV1,          // thread 128, ns summed: the rescale and P V (issue to completion)
+    TL_NEXT0,        // warpgroup 0, ns summed: from a segment's FIN to the next Q_READY wait
     TL_EVENTS
 };
 enum : int { TL_CTAS = 1024 };

@@ -944,6 +944,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     if (wg == 0) {
         const GmmaDesc dq(sQ, 16, 1024);
         int tl_segs = 0;
+        unsigned long long tl_fin = 0;  // (lab stamps) the last FIN's time
         while (next_segment(p, part, nb, pre, sg)) {
             uint32_t rq[4][4];
             if constexpr (RAW) f8r_load_rope(p, sg.b, row0, r_lo, qd, rq);
@@ -951,6 +952,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             const float c = p.scale_log2;
             float m_run[2] = {vt::neg_inf(), vt::neg_inf()}, l_run[2] = {0.0f, 0.0f};
             const unsigned long long tq = MLA_TL_NOW();
+            if (tl0 && tl_fin != 0) MLA_TL_ADD(TL_NEXT0, tq - tl_fin);
             bar_sync(W3_Q_READY, W3_THREADS);  // Q (fp8: its parts and 2^-e) of this segment
             if (tl0) {
                 const unsigned long long now = MLA_TL_NOW();
@@ -1034,6 +1036,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 const unsigned long long now = MLA_TL_NOW();
                 if (tl_segs == 1) MLA_TL_SET(TL_SEG0_END, now);
                 MLA_TL_SET(TL_END0, now);
+                tl_fin = now;
             }
         }
         if (tl0) MLA_TL_SET(TL_TILES, u);
@@ -1084,6 +1087,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     bool q_loaded = false;  // (lab 6)
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
     while (!VT && next_segment(p, part, nb, pre, sg)) {
+        const unsigned long long tql = MLA_TL_NOW();
         if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else if constexpr (CP) {
@@ -1097,6 +1101,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         fence_proxy_async();         // Q is read by wgmma (async proxy)
         bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
         bar_arrive(W3_Q_READY, W3_THREADS);
+        if (tl1) MLA_TL_ADD(TL_QLOAD1, MLA_TL_NOW() - tql);
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
@@ -1148,8 +1153,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             const unsigned long long tp = MLA_TL_NOW();
             bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors
             if (tl1) MLA_TL_ADD(TL_WAIT_PFULL1, MLA_TL_NOW() - tp);
+            const unsigned long long tpv = MLA_TL_NOW();
             rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8]);
             if (F8R_LAB != 3) pv_tile<T, 128>(o, dp, RAW ? dv : GmmaDesc(kst + 4 * w * SUB_BYTES, SUB_BYTES, 1024));
+            if (tl1) MLA_TL_ADD(TL_PV1, MLA_TL_NOW() - tpv);
             if constexpr (RAW) {
                 mbar_arrive(pfree);  // P(u), its factors and the V half are read
                 if (F8R_OWNV) bar_sync(W3_WG1 + w, 128);  // this warpgroup's P V(u) is done with its V half
@@ -1173,8 +1180,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 w3_refill<RAW, PAIR>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
             }
         }
+        const unsigned long long tfin = MLA_TL_NOW();
         bar_sync(W3_FIN, W3_THREADS);
         const unsigned long long ts = MLA_TL_NOW();
+        if (tl1) MLA_TL_ADD(TL_WAIT_FIN1, ts - tfin);
         // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
         if (F8R_LAB != 5 || p.m_total < 0) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
         if (tl1) {

@@ -787,11 +787,17 @@ fn format_timeline(t: &vt_cuda::mla_decode_attention::timeline::Timeline) -> Str
         line("WG0 S wait", stat(&|r| per_tile(r, ev::WAIT_S0))),
         line("WG0 softmax", stat(&|r| per_tile(r, ev::SOFTMAX0))),
         line("WG0 next tile landed (tiles)", stat(&|r| r[ev::LANDED0] as f64)),
+        line("WG1 P V", stat(&|r| per_tile(r, ev::PV1))),
     ];
     let seg = stat(&|r| r[ev::SEGS] as f64);
     let tiles = stat(&|r| r[ev::TILES] as f64);
     let qwait = stat(&|r| us(r[ev::WAIT_Q0]));
     let store = stat(&|r| us(r[ev::STORE1]));
+    // Per segment change (sums over the CTA's segments): WG1's wait at FIN, its Q load, WG0's
+    // walk from FIN to the next Q_READY wait.
+    let fin1 = stat(&|r| us(r[ev::WAIT_FIN1]));
+    let qload = stat(&|r| us(r[ev::QLOAD1]));
+    let next0 = stat(&|r| us(r[ev::NEXT0]));
     let c = &t.combine;
     let comb = if c[1] != u64::MAX && c[2] != 0 {
         format!(
@@ -806,7 +812,7 @@ fn format_timeline(t: &vt_cuda::mla_decode_attention::timeline::Timeline) -> Str
     };
     format!(
         "    timeline ({} CTAs, us after the first CTA's start, median / max): {}
-      segments {:.0} / {:.0}, tiles {:.0} / {:.0}; Q waits {:.1} / {:.1}, stores {:.1} / {:.1}; per tile: {}
+      segments {:.0} / {:.0}, tiles {:.0} / {:.0}; Q waits {:.1} / {:.1}, stores {:.1} / {:.1}, WG1 FIN waits {:.1} / {:.1}, Q loads {:.1} / {:.1}, WG0 FIN to next Q wait {:.1} / {:.1}; per tile: {}
       main kernel {:.1} us; {}",
         rows.len(),
         parts.join(", "),
@@ -818,6 +824,12 @@ fn format_timeline(t: &vt_cuda::mla_decode_attention::timeline::Timeline) -> Str
         qwait.1,
         store.0,
         store.1,
+        fin1.0,
+        fin1.1,
+        qload.0,
+        qload.1,
+        next0.0,
+        next0.1,
         waits.join(", "),
         d(t0, t_end),
         comb
@@ -1174,6 +1186,10 @@ mod tests {
             r[ev::WAIT_FULL0] = 16_000;
             r[ev::SOFTMAX0] = 8_000;
             r[ev::LANDED0] = 15;
+            r[ev::PV1] = 4_800;
+            r[ev::WAIT_FIN1] = 1_500;
+            r[ev::QLOAD1] = 3_000;
+            r[ev::NEXT0] = 700;
         }
         let s = format_timeline(&Timeline { ctas, combine: [1_030_000, 1_043_000, 1_050_000, 64] });
         assert!(s.contains("(2 CTAs"), "{s}");
@@ -1181,6 +1197,11 @@ mod tests {
         assert!(s.contains("WG0 FULL 1.0 / 1.0"), "{s}");
         assert!(s.contains("WG0 softmax 0.5 / 0.5"), "{s}");
         assert!(s.contains("WG0 next tile landed (tiles) 15.0 / 15.0"), "{s}");
+        assert!(s.contains("WG1 P V 0.3 / 0.3"), "{s}");
+        assert!(
+            s.contains("WG1 FIN waits 1.5 / 1.5, Q loads 3.0 / 3.0, WG0 FIN to next Q wait 0.7 / 0.7"),
+            "{s}"
+        );
         assert!(s.contains("main kernel 43.0 us"), "{s}");
         assert!(s.contains("past the main grid +43.0, ends +50.0 (64 CTAs merged)"), "{s}");
         let none =

@@ -12,7 +12,7 @@ use super::SRC;
 use crate::queue::CudaQueue;
 
 /// Events per CTA (`mla::TL_EVENTS`), in `mla::TL_*` order.
-pub const EVENTS: usize = 19;
+pub const EVENTS: usize = 23;
 /// CTAs the table holds (`mla::TL_CTAS`): the first ones by `blockIdx.y * gridDim.x + blockIdx.x`.
 pub const CTAS: usize = 1024;
 
@@ -37,6 +37,10 @@ pub mod ev {
     pub const WAIT_S0: usize = 16;
     pub const SOFTMAX0: usize = 17;
     pub const LANDED0: usize = 18;
+    pub const WAIT_FIN1: usize = 19;
+    pub const QLOAD1: usize = 20;
+    pub const PV1: usize = 21;
+    pub const NEXT0: usize = 22;
 }
 
 /// One call's timeline: a row per CTA (all zero for a CTA that did not run or is past
