@@ -125,7 +125,8 @@
 // Lab (docs/perf.md, "Thirty-second session"): the 16-bit TMA form's segment change. 1:
 // warpgroups 1 and 2 issue the next segment's Q before the last one's output stores, so Q's
 // latency passes under them; 2: they also wait for Q and publish it (Q_READY) before the stores,
-// so warpgroup 0's first S of the segment runs under them.
+// so warpgroup 0's first S of the segment runs under them; 3: 2, and the issuing lane prefetches
+// the next segment's Q into L2 when its walk enters that segment (two tiles ahead).
 #ifndef W3_QEARLY
 #define W3_QEARLY 0
 #endif
@@ -890,6 +891,19 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
     }
 }
 
+// W3_QEARLY 3: the issuing lane asks L2 for the CTA's MT query rows of sequence b (one bulk
+// prefetch a row of FD 16-bit values), so their load at the segment's start hits L2.
+template <typename T, int MT>
+__device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0) {
+    for (int r = 0; r < MT; ++r) {
+        const int gr = row0 + r;
+        if (gr >= p.m_total) break;
+        const int s = gr / p.N, h = gr - s * p.N;
+        const T* src = (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(FD * (int)sizeof(T)) : "memory");
+    }
+}
+
 // CP: the gather form (maps unused: null). PAIR: the 16-bit TMA form as CTA pairs (the entry
 // point's __cluster_dims__(1, 2, 1)): the two row blocks of a part read each tile once, each
 // CTA's issuer taking every other column block, multicast to both; EMPTY then counts both
@@ -1100,6 +1114,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     constexpr int QE = (!RAW && !CP) ? W3_QEARLY : 0;
     bool have = QE ? next_segment(p, part, nb, pre, sg) : false;
     bool q_early = false;  // QE: this segment's Q was loaded at the last one's end
+    int pf_b = -1;         // QE 3: the sequence whose Q the issuing lane last prefetched
     while (!VT && (QE ? have : next_segment(p, part, nb, pre, sg))) {
         const unsigned long long tql = MLA_TL_NOW();
         if (q_early) {
@@ -1113,7 +1128,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             cp_async_wait<0>();
             q_loaded = true;
         }
-        if (QE != 2 || !q_early) {
+        if (QE < 2 || !q_early) {
             fence_proxy_async();         // Q is read by wgmma (async proxy)
             bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
             bar_arrive(W3_Q_READY, W3_THREADS);
@@ -1195,6 +1210,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 release(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read
                 w3_refill<RAW, PAIR>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
+                if (QE >= 3 && issuer && walk.sg.b != sg.b && walk.sg.b != pf_b) {
+                    prefetch_q_l2<T, MT>(p, walk.sg.b, row0);
+                    pf_b = walk.sg.b;
+                }
             }
         }
         const unsigned long long tfin = MLA_TL_NOW();
@@ -1212,7 +1231,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             if (have) {
                 load_q<T, MT, 256>(p, nsg.b, row0, sQ, threadIdx.x - 128);
                 cp_async_commit();
-                if (QE == 2) {
+                if (QE >= 2) {
                     cp_async_wait<0>();
                     fence_proxy_async();         // Q is read by wgmma (async proxy)
                     bar_sync(W3_PV_PAIR, 256);  // racecheck: Q and this segment's s_fin reads (fin)
