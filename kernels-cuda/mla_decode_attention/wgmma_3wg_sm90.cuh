@@ -122,13 +122,12 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
-// Lab (docs/perf.md, "Thirty-second session"): the 16-bit TMA form's segment change. 1:
-// warpgroups 1 and 2 issue the next segment's Q before the last one's output stores, so Q's
-// latency passes under them; 2: they also wait for Q and publish it (Q_READY) before the stores,
-// so warpgroup 0's first S of the segment runs under them; 3: 2, and the issuing lane prefetches
-// the next segment's Q into L2 when its walk enters that segment (two tiles ahead).
-#ifndef W3_QEARLY
-#define W3_QEARLY 0
+// Lab (docs/perf.md, "Thirty-second session"): does the code between the 16-bit form's hot loops
+// set the tile rate? 1: a second, never-run copy of the output stores after the first (~800
+// more instructions between warpgroups 1 and 2's loop and warpgroup 0's); 2: the partial-output
+// branch of the stores compiled out (~400 fewer; timing only: split sequences come out wrong).
+#ifndef W3_LAYOUT
+#define W3_LAYOUT 0
 #endif
 namespace mla {
 
@@ -860,22 +859,20 @@ __device__ __forceinline__ void w3_zero_tail(uint32_t kst, int nv, int w, int wt
 }
 
 // Warpgroups 1 and 2's epilogue from registers: rows r_lo, r_lo + 8 of the CTA, columns col0 +
-// 8 i + 2 qd (+1), scaled by 1 / l; with_lse: also lse. fin(k): the segment's row sum (k = hi)
-// or maximum (k = 2 + hi) of row r_lo + 8 hi (s_fin's, or registers read from it before Q_READY
-// under W3_QEARLY 2, after which warpgroup 0 may write s_fin again).
+// 8 i + 2 qd (+1), scaled by 1 / l (s_fin: row sums [64], then maxima [64]); with_lse: also lse.
 // (The row's base address is computed once: with store_pair in the loop ptxas did not unroll
 // it and put o in local memory.)
-template <typename T, class Fin>
+template <typename T>
 __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int row0, const float (&o)[128],
-                                          Fin fin, int r_lo, int qd, int col0, bool with_lse) {
+                                          const float* s_fin, int r_lo, int qd, int col0, bool with_lse) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const int r = r_lo + 8 * hi, row = row0 + r;
         if (row >= p.m_total) continue;
-        const float l = fin(hi);
+        const float l = s_fin[r];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int col = col0 + 2 * qd;
-        if (sg.whole) {
+        if (W3_LAYOUT == 2 || sg.whole) {
             const int s = row / p.N, h = row - s * p.N;
             T* out = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
 #pragma unroll
@@ -887,20 +884,7 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
             for (int i = 0; i < 32; ++i)
                 *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
         }
-        if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? fin(2 + hi) + log2f(l) : vt::neg_inf());
-    }
-}
-
-// W3_QEARLY 3: the issuing lane asks L2 for the CTA's MT query rows of sequence b (one bulk
-// prefetch a row of FD 16-bit values), so their load at the segment's start hits L2.
-template <typename T, int MT>
-__device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0) {
-    for (int r = 0; r < MT; ++r) {
-        const int gr = row0 + r;
-        if (gr >= p.m_total) break;
-        const int s = gr / p.N, h = gr - s * p.N;
-        const T* src = (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(FD * (int)sizeof(T)) : "memory");
+        if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? s_fin[WGMMA_ROWS + r] + log2f(l) : vt::neg_inf());
     }
 }
 
@@ -1109,16 +1093,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
     bool q_loaded = false;  // (lab 6)
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
-    // W3_QEARLY (the 16-bit TMA form): the segment after this one is looked up at this one's
-    // end, and its Q loaded before this one's stores (2: also published before them).
-    constexpr int QE = (!RAW && !CP) ? W3_QEARLY : 0;
-    bool have = QE ? next_segment(p, part, nb, pre, sg) : false;
-    bool q_early = false;  // QE: this segment's Q was loaded at the last one's end
-    int pf_b = -1;         // QE 3: the sequence whose Q the issuing lane last prefetched
-    while (!VT && (QE ? have : next_segment(p, part, nb, pre, sg))) {
+    while (!VT && next_segment(p, part, nb, pre, sg)) {
         const unsigned long long tql = MLA_TL_NOW();
-        if (q_early) {
-        } else if constexpr (RAW) {
+        if constexpr (RAW) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else if constexpr (CP) {
             w3_load_q_regs<T>(p, sg.b, row0, sQ, threadIdx.x - 128);
@@ -1128,11 +1105,9 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             cp_async_wait<0>();
             q_loaded = true;
         }
-        if (QE < 2 || !q_early) {
-            fence_proxy_async();         // Q is read by wgmma (async proxy)
-            bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
-            bar_arrive(W3_Q_READY, W3_THREADS);
-        }
+        fence_proxy_async();         // Q is read by wgmma (async proxy)
+        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
+        bar_arrive(W3_Q_READY, W3_THREADS);
         if (tl1) MLA_TL_ADD(TL_QLOAD1, MLA_TL_NOW() - tql);
         float o[128];
 #pragma unroll
@@ -1210,42 +1185,16 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 release(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read
                 w3_refill<RAW, PAIR>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
-                if (QE >= 3 && issuer && walk.sg.b != sg.b && walk.sg.b != pf_b) {
-                    prefetch_q_l2<T, MT>(p, walk.sg.b, row0);
-                    pf_b = walk.sg.b;
-                }
             }
         }
         const unsigned long long tfin = MLA_TL_NOW();
         bar_sync(W3_FIN, W3_THREADS);
         const unsigned long long ts = MLA_TL_NOW();
         if (tl1) MLA_TL_ADD(TL_WAIT_FIN1, ts - tfin);
-        // s_fin: row sums [64], then maxima [64].
-        auto fin = [&](int k) { return s_fin[(k >> 1) * MT + r_lo + 8 * (k & 1)]; };
-        if constexpr (QE) {
-            const float f[4] = {fin(0), fin(1), fin(2), fin(3)};
-            auto fin_regs = [&](int k) { return f[k]; };
-            // Warpgroup 0's S is done with Q (it arrived on FIN after its last tile's softmax).
-            Segment nsg;
-            have = next_segment(p, part, nb, pre, nsg);
-            if (have) {
-                load_q<T, MT, 256>(p, nsg.b, row0, sQ, threadIdx.x - 128);
-                cp_async_commit();
-                if (QE >= 2) {
-                    cp_async_wait<0>();
-                    fence_proxy_async();         // Q is read by wgmma (async proxy)
-                    bar_sync(W3_PV_PAIR, 256);  // racecheck: Q and this segment's s_fin reads (fin)
-                    bar_arrive(W3_Q_READY, W3_THREADS);
-                }
-            }
-            w3_store<T>(p, sg, row0, o, fin_regs, r_lo, qd, 256 * w, w == 0);
-            if (QE == 1 && have) cp_async_wait<0>();
-            q_early = true;
-            sg = nsg;
-        } else if (F8R_LAB != 5 || p.m_total < 0) {
-            // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
-            w3_store<T>(p, sg, row0, o, fin, r_lo, qd, 256 * w, w == 0);
-        }
+        // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
+        if (F8R_LAB != 5 || p.m_total < 0) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+        // (Lab 1: a condition the compiler cannot decide; never true.)
+        if (W3_LAYOUT == 1 && p.m_total < 0) w3_store<T>(p, sg, row0 + 1, o, s_fin + 1, r_lo, qd, 256 * w + 2, w != 0);
         if (tl1) {
             const unsigned long long now = MLA_TL_NOW();
             MLA_TL_ADD(TL_STORE1, now - ts);
