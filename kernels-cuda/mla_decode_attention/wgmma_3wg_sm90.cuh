@@ -122,13 +122,6 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
-// Lab (docs/perf.md, "Thirty-second session"): does the code between the 16-bit form's hot loops
-// set the tile rate? 1: a second, never-run copy of the output stores after the first (~800
-// more instructions between warpgroups 1 and 2's loop and warpgroup 0's); 2: the partial-output
-// branch of the stores compiled out (~400 fewer; timing only: split sequences come out wrong).
-#ifndef W3_LAYOUT
-#define W3_LAYOUT 0
-#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -872,7 +865,7 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
         const float l = s_fin[r];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int col = col0 + 2 * qd;
-        if (W3_LAYOUT == 2 || sg.whole) {
+        if (sg.whole) {
             const int s = row / p.N, h = row - s * p.N;
             T* out = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
 #pragma unroll
@@ -1193,8 +1186,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         if (tl1) MLA_TL_ADD(TL_WAIT_FIN1, ts - tfin);
         // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
         if (F8R_LAB != 5 || p.m_total < 0) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
-        // (Lab 1: a condition the compiler cannot decide; never true.)
-        if (W3_LAYOUT == 1 && p.m_total < 0) w3_store<T>(p, sg, row0 + 1, o, s_fin + 1, r_lo, qd, 256 * w + 2, w != 0);
         if (tl1) {
             const unsigned long long now = MLA_TL_NOW();
             MLA_TL_ADD(TL_STORE1, now - ts);
