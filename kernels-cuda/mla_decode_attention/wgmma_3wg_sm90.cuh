@@ -122,6 +122,15 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
+// Lab (docs/perf.md, "Thirty-second session"): the 16-bit TMA form's segment change with no state
+// kept live across the tile loop (W3_QEARLY's loss was partly its code). 1: at a segment's FIN,
+// warpgroups 1 and 2 look the next segment up (a copy of the walk's state), load its Q and
+// publish it (Q_READY), and only then store the last segment's output (its row sums and maxima
+// read into registers first); at each segment's start the issuing lane asks L2 to keep the next
+// sequence's query rows (evict_last), so that load hits L2.
+#ifndef W3_QNEXT
+#define W3_QNEXT 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -852,17 +861,18 @@ __device__ __forceinline__ void w3_zero_tail(uint32_t kst, int nv, int w, int wt
 }
 
 // Warpgroups 1 and 2's epilogue from registers: rows r_lo, r_lo + 8 of the CTA, columns col0 +
-// 8 i + 2 qd (+1), scaled by 1 / l (s_fin: row sums [64], then maxima [64]); with_lse: also lse.
+// 8 i + 2 qd (+1), scaled by 1 / l; with_lse: also lse. fin(k): the segment's row sum (k = hi) or
+// maximum (k = 2 + hi) of row r_lo + 8 hi (s_fin's: row sums [64], then maxima [64]).
 // (The row's base address is computed once: with store_pair in the loop ptxas did not unroll
 // it and put o in local memory.)
-template <typename T>
+template <typename T, class Fin>
 __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int row0, const float (&o)[128],
-                                          const float* s_fin, int r_lo, int qd, int col0, bool with_lse) {
+                                          Fin fin, int r_lo, int qd, int col0, bool with_lse) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const int r = r_lo + 8 * hi, row = row0 + r;
         if (row >= p.m_total) continue;
-        const float l = s_fin[r];
+        const float l = fin(hi);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int col = col0 + 2 * qd;
         if (sg.whole) {
@@ -877,7 +887,25 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
             for (int i = 0; i < 32; ++i)
                 *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
         }
-        if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? s_fin[WGMMA_ROWS + r] + log2f(l) : vt::neg_inf());
+        if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? fin(2 + hi) + log2f(l) : vt::neg_inf());
+    }
+}
+
+// W3_QNEXT: the issuing lane asks L2 to fetch and keep (evict_last) the CTA's MT query rows of
+// sequence b, one bulk prefetch a row of FD 16-bit values.
+template <typename T, int MT>
+__device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0) {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+#pragma unroll 1
+    for (int r = 0; r < MT; ++r) {
+        const int gr = row0 + r;
+        if (gr >= p.m_total) break;
+        const int s = gr / p.N, h = gr - s * p.N;
+        const T* src = (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(src),
+                     "r"(FD * (int)sizeof(T)), "l"(pol)
+                     : "memory");
     }
 }
 
@@ -1085,6 +1113,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     constexpr bool VT = RAW && F8R_VT;
     if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
     bool q_loaded = false;  // (lab 6)
+    constexpr bool QN = W3_QNEXT && !RAW && !CP;
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
     while (!VT && next_segment(p, part, nb, pre, sg)) {
         const unsigned long long tql = MLA_TL_NOW();
@@ -1092,15 +1121,21 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else if constexpr (CP) {
             w3_load_q_regs<T>(p, sg.b, row0, sQ, threadIdx.x - 128);
+        } else if (QN && u > 0) {
+            // (W3_QNEXT: loaded and published at the last segment's end)
         } else if (F8R_LAB != 6 || !q_loaded) {
             load_q<T, MT, 256>(p, sg.b, row0, sQ, threadIdx.x - 128);
             cp_async_commit();
             cp_async_wait<0>();
             q_loaded = true;
         }
-        fence_proxy_async();         // Q is read by wgmma (async proxy)
-        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
-        bar_arrive(W3_Q_READY, W3_THREADS);
+        if (!QN || u == 0) {
+            fence_proxy_async();         // Q is read by wgmma (async proxy)
+            bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
+            bar_arrive(W3_Q_READY, W3_THREADS);
+        }
+        // W3_QNEXT: the part goes on past this sequence (pre: the tile after it).
+        if (QN && issuer && pre < part.end) prefetch_q_l2<T, MT>(p, sg.b + 1, row0);
         if (tl1) MLA_TL_ADD(TL_QLOAD1, MLA_TL_NOW() - tql);
         float o[128];
 #pragma unroll
@@ -1184,8 +1219,27 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         bar_sync(W3_FIN, W3_THREADS);
         const unsigned long long ts = MLA_TL_NOW();
         if (tl1) MLA_TL_ADD(TL_WAIT_FIN1, ts - tfin);
-        // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
-        if (F8R_LAB != 5 || p.m_total < 0) w3_store<T>(p, sg, row0, o, s_fin, r_lo, qd, 256 * w, w == 0);
+        if constexpr (QN) {
+            // Warpgroup 0's S is done with Q (it arrived on FIN after its last tile's softmax). The
+            // row sums and maxima are read before Q_READY, after which it may write s_fin again.
+            const float f[4] = {s_fin[r_lo], s_fin[r_lo + 8], s_fin[MT + r_lo], s_fin[MT + r_lo + 8]};
+            int nb2 = nb;
+            i64 pre2 = pre;
+            Segment nsg;
+            if (next_segment(p, part, nb2, pre2, nsg)) {  // the loop's next segment (the walk repeats it there)
+                load_q<T, MT, 256>(p, nsg.b, row0, sQ, threadIdx.x - 128);
+                cp_async_commit();
+                cp_async_wait<0>();
+                fence_proxy_async();         // Q is read by wgmma (async proxy)
+                bar_sync(W3_PV_PAIR, 256);  // racecheck: Q and this segment's s_fin reads (f)
+                bar_arrive(W3_Q_READY, W3_THREADS);
+            }
+            w3_store<T>(p, sg, row0, o, [&](int k) { return f[k]; }, r_lo, qd, 256 * w, w == 0);
+        } else if (F8R_LAB != 5 || p.m_total < 0) {
+            // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
+            w3_store<T>(p, sg, row0, o, [&](int k) { return s_fin[(k >> 1) * MT + r_lo + 8 * (k & 1)]; }, r_lo,
+                        qd, 256 * w, w == 0);
+        }
         if (tl1) {
             const unsigned long long now = MLA_TL_NOW();
             MLA_TL_ADD(TL_STORE1, now - ts);
