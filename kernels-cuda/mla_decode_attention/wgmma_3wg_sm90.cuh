@@ -126,8 +126,8 @@
 // kept live across the tile loop (W3_QEARLY's loss was partly its code). 1: at a segment's FIN,
 // warpgroups 1 and 2 look the next segment up (a copy of the walk's state), load its Q and
 // publish it (Q_READY), and only then store the last segment's output (its row sums and maxima
-// read into registers first); at each segment's start the issuing lane asks L2 to keep the next
-// sequence's query rows (evict_last), so that load hits L2.
+// read into registers first); at each segment's start warpgroups 1 and 2 ask L2 to keep the next
+// sequence's query rows (evict_last line prefetches, two or three a thread), so that load hits L2.
 #ifndef W3_QNEXT
 #define W3_QNEXT 0
 #endif
@@ -891,21 +891,17 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
     }
 }
 
-// W3_QNEXT: the issuing lane asks L2 to fetch and keep (evict_last) the CTA's MT query rows of
-// sequence b, one bulk prefetch a row of FD 16-bit values.
+// W3_QNEXT: thread i of the 256 asks L2 to fetch and keep (evict_last) its share of the 128-byte
+// lines of the CTA's MT query rows of sequence b (FD 16-bit values a row: 9 lines).
 template <typename T, int MT>
-__device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-#pragma unroll 1
-    for (int r = 0; r < MT; ++r) {
-        const int gr = row0 + r;
+__device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0, int i) {
+    constexpr int LINES = FD * (int)sizeof(T) / 128;
+    for (int idx = i; idx < MT * LINES; idx += 256) {
+        const int r = idx / LINES, c = idx - r * LINES, gr = row0 + r;
         if (gr >= p.m_total) break;
         const int s = gr / p.N, h = gr - s * p.N;
-        const T* src = (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(src),
-                     "r"(FD * (int)sizeof(T)), "l"(pol)
-                     : "memory");
+        const char* src = (const char*)((const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh) + 128 * c;
+        asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src) : "memory");
     }
 }
 
@@ -1135,7 +1131,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             bar_arrive(W3_Q_READY, W3_THREADS);
         }
         // W3_QNEXT: the part goes on past this sequence (pre: the tile after it).
-        if (QN && issuer && pre < part.end) prefetch_q_l2<T, MT>(p, sg.b + 1, row0);
+        if (QN && pre < part.end) prefetch_q_l2<T, MT>(p, sg.b + 1, row0, threadIdx.x - 128);
         if (tl1) MLA_TL_ADD(TL_QLOAD1, MLA_TL_NOW() - tql);
         float o[128];
 #pragma unroll
