@@ -86,6 +86,12 @@ template <typename T, int NTHR> struct Loader {
     }
 };
 
+// Query row gr (s_q x heads order: token gr / N, head gr % N) of sequence b.
+template <typename T> __device__ __forceinline__ const T* q_row(const Params& p, int b, int gr) {
+    const int s = gr / p.N, h = gr - s * p.N;
+    return (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
+}
+
 // Copies the CTA's MT query rows of sequence b into Q (zero rows past m_total), from NTHR
 // threads with local id i.
 template <typename T, int MT, int NTHR>
@@ -95,10 +101,7 @@ __device__ __forceinline__ void load_q(const Params& p, int b, int row0, uint32_
         const int gr = row0 + r;
         const bool ok = gr < p.m_total;
         const T* src = (const T*)p.q;
-        if (ok) {
-            const int s = gr / p.N, h = gr - s * p.N;
-            src += b * p.q_sb + s * p.q_ss + h * p.q_sh + c * 8;
-        }
+        if (ok) src = q_row<T>(p, b, gr) + c * 8;
         cp_async16(sQ + (c >> 3) * (MT * 128) + swz(r, c & 7), src, ok);
     }
 }

@@ -899,8 +899,7 @@ __device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0, 
     for (int idx = i; idx < MT * LINES; idx += 256) {
         const int r = idx / LINES, c = idx - r * LINES, gr = row0 + r;
         if (gr >= p.m_total) break;
-        const int s = gr / p.N, h = gr - s * p.N;
-        const char* src = (const char*)((const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh) + 128 * c;
+        const char* src = (const char*)q_row<T>(p, b, gr) + 128 * c;
         asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src) : "memory");
     }
 }
@@ -1215,10 +1214,13 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         bar_sync(W3_FIN, W3_THREADS);
         const unsigned long long ts = MLA_TL_NOW();
         if (tl1) MLA_TL_ADD(TL_WAIT_FIN1, ts - tfin);
+        // The segment's row sums (k = 0, 1) and maxima (k = 2, 3) of rows r_lo, r_lo + 8 (s_fin: sums
+        // [64], then maxima [64]).
+        auto fin = [&](int k) { return s_fin[(k >> 1) * MT + r_lo + 8 * (k & 1)]; };
         if constexpr (QN) {
             // Warpgroup 0's S is done with Q (it arrived on FIN after its last tile's softmax). The
             // row sums and maxima are read before Q_READY, after which it may write s_fin again.
-            const float f[4] = {s_fin[r_lo], s_fin[r_lo + 8], s_fin[MT + r_lo], s_fin[MT + r_lo + 8]};
+            const float f[4] = {fin(0), fin(1), fin(2), fin(3)};
             int nb2 = nb;
             i64 pre2 = pre;
             Segment nsg;
@@ -1233,8 +1235,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             w3_store<T>(p, sg, row0, o, [&](int k) { return f[k]; }, r_lo, qd, 256 * w, w == 0);
         } else if (F8R_LAB != 5 || p.m_total < 0) {
             // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
-            w3_store<T>(p, sg, row0, o, [&](int k) { return s_fin[(k >> 1) * MT + r_lo + 8 * (k & 1)]; }, r_lo,
-                        qd, 256 * w, w == 0);
+            w3_store<T>(p, sg, row0, o, fin, r_lo, qd, 256 * w, w == 0);
         }
         if (tl1) {
             const unsigned long long now = MLA_TL_NOW();

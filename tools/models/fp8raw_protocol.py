@@ -143,7 +143,7 @@ SITES = {
     "wg12.pv": ("pv_tile<T, 128>(o, dp, RAW ? dv", 0),
     "wg12.pfree_arrive": ("mbar_arrive(pfree)", 1),
     "wg12.fin": ("bar_sync(W3_FIN, W3_THREADS)", 1),
-    "wg12.store": ("w3_store<T>(p, sg, row0, o, [&](int k) { return s_fin[", 0),
+    "wg12.store": ("w3_store<T>(p, sg, row0, o, fin,", 0),
     "tma.land": (None, 0),
 }
 S = protocol_sim.Sites({"": KERNEL}, {k: None if snip is None else ("", (snip,), nth)

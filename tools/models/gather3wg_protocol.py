@@ -125,7 +125,7 @@ SITES = {
     "wg12.wgbar": (D, W12) + CPB + ("bar_sync(W3_WG1 + w, 128)",),
     "wg12.gather": (D, W12) + CPB + ("w3_gather<T>(p, ahead, kst",),
     "wg12.fin": (D, W12, "bar_sync(W3_FIN, W3_THREADS)"),
-    "wg12.store": (D, W12, "w3_store<T>(p, sg, row0, o, [&](int k) { return s_fin["),
+    "wg12.store": (D, W12, "w3_store<T>(p, sg, row0, o, fin,"),
     "gather.v": (G, "cp_async16(srow + (j >> 1) * SUB_BYTES"),
     "gather.rope": (G, "cp_async16(dst + 8 * SUB_BYTES"),
     "gather.flags": (GR, "if (sub == 0) flags[r] = ok ? 1 : 0"),
