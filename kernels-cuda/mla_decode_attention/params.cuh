@@ -59,6 +59,12 @@ struct Params {
     float scale_log2;
 };
 
+// Query row gr (s_q x heads order: token gr / N, head gr % N) of sequence b.
+template <typename T> __device__ __forceinline__ const T* q_row(const Params& p, int b, int gr) {
+    const int s = gr / p.N, h = gr - s * p.N;
+    return (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
+}
+
 }  // namespace mla
 
 // One entry point's facts as the host plans them: block threads, query rows per CTA,

@@ -86,12 +86,6 @@ template <typename T, int NTHR> struct Loader {
     }
 };
 
-// Query row gr (s_q x heads order: token gr / N, head gr % N) of sequence b.
-template <typename T> __device__ __forceinline__ const T* q_row(const Params& p, int b, int gr) {
-    const int s = gr / p.N, h = gr - s * p.N;
-    return (const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh;
-}
-
 // Copies the CTA's MT query rows of sequence b into Q (zero rows past m_total), from NTHR
 // threads with local id i.
 template <typename T, int MT, int NTHR>

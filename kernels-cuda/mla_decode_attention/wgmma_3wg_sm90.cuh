@@ -122,15 +122,6 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
-// Lab (docs/perf.md, "Thirty-second session"): the 16-bit TMA form's segment change with no state
-// kept live across the tile loop (W3_QEARLY's loss was partly its code). 1: at a segment's FIN,
-// warpgroups 1 and 2 look the next segment up (a copy of the walk's state), load its Q and
-// publish it (Q_READY), and only then store the last segment's output (its row sums and maxima
-// read into registers first); at each segment's start warpgroups 1 and 2 ask L2 to keep the next
-// sequence's query rows (evict_last line prefetches, two or three a thread), so that load hits L2.
-#ifndef W3_QNEXT
-#define W3_QNEXT 0
-#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -403,10 +394,7 @@ __device__ __forceinline__ void w3_load_q_regs(const Params& p, int b, int row0,
         for (int k = 0; k < HALF_PER; ++k) {
             const int idx = qi + 256 * (half * HALF_PER + k), r = idx / CHUNKS, c = idx - r * CHUNKS, gr = row0 + r;
             v[k] = make_uint4(0u, 0u, 0u, 0u);
-            if (gr < p.m_total) {
-                const int s = gr / p.N, h = gr - s * p.N;
-                v[k] = __ldg(reinterpret_cast<const uint4*>((const T*)p.q + b * p.q_sb + s * p.q_ss + h * p.q_sh + c * 8));
-            }
+            if (gr < p.m_total) v[k] = __ldg(reinterpret_cast<const uint4*>(q_row<T>(p, b, gr) + c * 8));
         }
 #pragma unroll
         for (int k = 0; k < HALF_PER; ++k) {
@@ -891,19 +879,6 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
     }
 }
 
-// W3_QNEXT: thread i of the 256 asks L2 to fetch and keep (evict_last) its share of the 128-byte
-// lines of the CTA's MT query rows of sequence b (FD 16-bit values a row: 9 lines).
-template <typename T, int MT>
-__device__ __forceinline__ void prefetch_q_l2(const Params& p, int b, int row0, int i) {
-    constexpr int LINES = FD * (int)sizeof(T) / 128;
-    for (int idx = i; idx < MT * LINES; idx += 256) {
-        const int r = idx / LINES, c = idx - r * LINES, gr = row0 + r;
-        if (gr >= p.m_total) break;
-        const char* src = (const char*)q_row<T>(p, b, gr) + 128 * c;
-        asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src) : "memory");
-    }
-}
-
 // CP: the gather form (maps unused: null). PAIR: the 16-bit TMA form as CTA pairs (the entry
 // point's __cluster_dims__(1, 2, 1)): the two row blocks of a part read each tile once, each
 // CTA's issuer taking every other column block, multicast to both; EMPTY then counts both
@@ -1108,7 +1083,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     constexpr bool VT = RAW && F8R_VT;
     if constexpr (VT) f8r_vt_loop<CP>(p, part, maps, walk, smem, w, issuer);
     bool q_loaded = false;  // (lab 6)
-    constexpr bool QN = W3_QNEXT && !RAW && !CP;
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
     while (!VT && next_segment(p, part, nb, pre, sg)) {
         const unsigned long long tql = MLA_TL_NOW();
@@ -1116,21 +1090,15 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         } else if constexpr (CP) {
             w3_load_q_regs<T>(p, sg.b, row0, sQ, threadIdx.x - 128);
-        } else if (QN && u > 0) {
-            // (W3_QNEXT: loaded and published at the last segment's end)
         } else if (F8R_LAB != 6 || !q_loaded) {
             load_q<T, MT, 256>(p, sg.b, row0, sQ, threadIdx.x - 128);
             cp_async_commit();
             cp_async_wait<0>();
             q_loaded = true;
         }
-        if (!QN || u == 0) {
-            fence_proxy_async();         // Q is read by wgmma (async proxy)
-            bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
-            bar_arrive(W3_Q_READY, W3_THREADS);
-        }
-        // W3_QNEXT: the part goes on past this sequence (pre: the tile after it).
-        if (QN && pre < part.end) prefetch_q_l2<T, MT>(p, sg.b + 1, row0, threadIdx.x - 128);
+        fence_proxy_async();         // Q is read by wgmma (async proxy)
+        bar_sync(W3_PV_PAIR, 256);  // racecheck: Q, s_pinv and the last segment's s_fin reads
+        bar_arrive(W3_Q_READY, W3_THREADS);
         if (tl1) MLA_TL_ADD(TL_QLOAD1, MLA_TL_NOW() - tql);
         float o[128];
 #pragma unroll
@@ -1217,23 +1185,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         // The segment's row sums (k = 0, 1) and maxima (k = 2, 3) of rows r_lo, r_lo + 8 (s_fin: sums
         // [64], then maxima [64]).
         auto fin = [&](int k) { return s_fin[(k >> 1) * MT + r_lo + 8 * (k & 1)]; };
-        if constexpr (QN) {
-            // Warpgroup 0's S is done with Q (it arrived on FIN after its last tile's softmax). The
-            // row sums and maxima are read before Q_READY, after which it may write s_fin again.
-            const float f[4] = {fin(0), fin(1), fin(2), fin(3)};
-            int nb2 = nb;
-            i64 pre2 = pre;
-            Segment nsg;
-            if (next_segment(p, part, nb2, pre2, nsg)) {  // the loop's next segment (the walk repeats it there)
-                load_q<T, MT, 256>(p, nsg.b, row0, sQ, threadIdx.x - 128);
-                cp_async_commit();
-                cp_async_wait<0>();
-                fence_proxy_async();         // Q is read by wgmma (async proxy)
-                bar_sync(W3_PV_PAIR, 256);  // racecheck: Q and this segment's s_fin reads (f)
-                bar_arrive(W3_Q_READY, W3_THREADS);
-            }
-            w3_store<T>(p, sg, row0, o, [&](int k) { return f[k]; }, r_lo, qd, 256 * w, w == 0);
-        } else if (F8R_LAB != 5 || p.m_total < 0) {
+        if (F8R_LAB != 5 || p.m_total < 0) {
             // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
             w3_store<T>(p, sg, row0, o, fin, r_lo, qd, 256 * w, w == 0);
         }

@@ -221,10 +221,7 @@ __device__ __forceinline__ void nf8_load_q(const Params& p, int b, int row0, uin
         const int idx = wtid + 128 * u, r = idx / UNITS, f = (idx - r * UNITS) * 4;
         const int gr = row0 + r;
         v[u] = make_uint2(0u, 0u);
-        if (gr < p.m_total) {
-            const int sq = gr / p.N, h = gr - sq * p.N;
-            v[u] = *reinterpret_cast<const uint2*>((const T*)p.q + b * p.q_sb + sq * p.q_ss + h * p.q_sh + f);
-        }
+        if (gr < p.m_total) v[u] = *reinterpret_cast<const uint2*>(q_row<T>(p, b, gr) + f);
     }
     if (wtid < MT) s_qmax[wtid] = 0u;
     bar_sync(BAR_WG0, 128);

@@ -15,8 +15,8 @@ lab_overlay() {
 # sessions, and the three-warpgroup kernel's per-column-block FULL barriers (W3_SPLIT_FULL) and
 # its CTA pairs (W3_MCAST, now Kernel::Wgmma3Pair) in the thirtieth; W3_OWNQ (twenty-ninth),
 # W3_Q_AHEAD (thirtieth), the combine's 8-byte stores (MLA_COMBINE_VST, thirty-first), W3_QEARLY
-# and W3_LAYOUT (thirty-second) were measured and removed. Add a line here for a new lab so its
-# call does not compile it on the device. The other lab scripts' builds (schedule_labs.sh,
-# f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became the defaults in the
+# and W3_LAYOUT (thirty-second) and W3_QNEXT (thirty-third) were measured and removed. Add a line
+# here for a new lab so its call does not compile it on the device. The other lab scripts'
+# builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became the defaults in the
 # twenty-fourth session; their =0 builds are the old forms.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"
