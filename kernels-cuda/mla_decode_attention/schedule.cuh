@@ -6,10 +6,11 @@
 // - The grid is (num_parts, m_blocks). The tiles of all sequences, laid end to end, are cut
 //   into num_parts equal ranges ("parts"), at least min_tiles long; part p covers tiles
 //   [p*Q, (p+1)*Q). Where B <= blockDim and min_tiles <= 1 the ranges are equal in a cost
-//   stream that also counts SEG_COST tiles for each sequence start (cost_cut, below), so a
-//   part holding two segments gets fewer tiles. Each CTA computes this schedule itself from
-//   seq_lens (a block-wide scan; one pass when B <= blockDim), so there is no host sync and
-//   no metadata kernel, and mixed lengths balance.
+//   stream that also counts SEG_COST tiles (SEG_COST_ONE_BLOCK where the grid has one row
+//   block) for each sequence start (cost_cut, below), so a part holding two segments gets
+//   fewer tiles. Each CTA computes this schedule itself from seq_lens (a block-wide scan; one
+//   pass when B <= blockDim), so there is no host sync and no metadata kernel, and mixed
+//   lengths balance.
 // - Whole-sequence mode (find_part with a scratch array, one pass when B <= blockDim): when
 //   the batch is balanced enough that giving every part whole sequences costs no more than
 //   cutting (below), each sequence goes to the part holding its midpoint in the "cost
@@ -238,27 +239,37 @@ __device__ __forceinline__ bool whole_sequences(const Params& p, int* s, int* lo
 // an H100 beside FlashMLA (lab builds 4 / 6 / 8 against 0, docs/perf.md "Twenty-ninth
 // session"): b32 s4096 at 128 heads 108.8 -> 104.3 us (4), at 64 heads 93.3 -> 89.4 (4) / 87.3
 // (6), the other rows within 1%. A macro so that a lab build can change it (0: the even cut).
+// Where the grid has one row block (64 query rows or fewer: a tile costs one CTA less time, so
+// a segment start weighs more tiles) the cut takes SEG_COST_ONE_BLOCK instead: with the CTA pair
+// at 128 heads, 8 took 2-3% off h64 b32 and added 2% at h128 b32, h16 and b1 within 1%, on an
+// H100 (docs/perf.md, "Thirty-second session" and "Thirty-third session").
 #ifndef MLA_SEG_COST
 #define MLA_SEG_COST 4
 #endif
+#ifndef MLA_SEG_COST_ONE_BLOCK
+#define MLA_SEG_COST_ONE_BLOCK 8
+#endif
 constexpr int SEG_COST = MLA_SEG_COST;
+static_assert((MLA_SEG_COST > 0) == (MLA_SEG_COST_ONE_BLOCK > 0), "next_segment's seq_info rule holds for both");
 
 // The cost-stream cut for thread b's sequence (t tiles, the first `pre` tiles of the batch
 // before it, t_total in all): part x covers cost positions [x qc, (x + 1) qc), where the cost
-// stream lays out each nonempty sequence as SEG_COST positions, then one per tile. A cost
-// position maps to the tile it reaches in its sequence (its overhead positions map to the
-// sequence's first tile), so the parts' tile ranges tile the batch in order. Returns false (r
-// untouched) where a part could fall inside one sequence's overhead (qc <= SEG_COST: a few
+// stream lays out each nonempty sequence as SEG positions (SEG_COST, or SEG_COST_ONE_BLOCK for a
+// grid of one row block), then one per tile. A cost position maps to the tile it reaches in its
+// sequence (its overhead positions map to the sequence's first tile), so the parts' tile ranges
+// tile the batch in order. Returns false (r untouched) where a part could fall inside one
+// sequence's overhead (qc <= SEG: a few
 // tiles a part, where the even cut is as good). Writes seq_info for the sequences whose first
 // tile is in this part (part.q = -1: next_segment does not), since the number of parts a
 // sequence spans needs its cost position, which only the scan has.
 __device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, int pre, int t_total, Part& r) {
-    const int c = t > 0 ? t + SEG_COST : 0;
+    const int SEG = gridDim.y > 1 ? SEG_COST : MLA_SEG_COST_ONE_BLOCK;  // (uniform over the grid)
+    const int c = t > 0 ? t + SEG : 0;
     int c_total = 0;
     const int cpre = block_scan_incl(c, s, c_total) - c;
     const int np = p.num_parts;
     const i64 qc = ((i64)c_total + np - 1) / np;
-    if (qc <= SEG_COST) return false;  // the same in every thread
+    if (qc <= SEG) return false;  // the same in every thread
     const i64 x0 = (i64)blockIdx.x * qc, x1 = x0 + qc < c_total ? x0 + qc : c_total;
     if (threadIdx.x == 0) {
         s[33] = p.B;
@@ -269,7 +280,7 @@ __device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, 
     __syncthreads();
     if (c > 0) {
         auto tile_at = [&](i64 x) {
-            const i64 k = x - cpre - SEG_COST;
+            const i64 k = x - cpre - SEG;
             return pre + (int)(k < 0 ? 0 : k > t ? t : k);
         };
         if (cpre <= x0 && x0 < cpre + c) {
@@ -278,7 +289,7 @@ __device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, 
             s[35] = tile_at(x0);
         }
         if (cpre <= x1 && x1 < cpre + c) s[36] = tile_at(x1);
-        const int first = (int)((cpre + SEG_COST) / qc), last = (int)((cpre + c - 1) / qc);
+        const int first = (int)((cpre + SEG) / qc), last = (int)((cpre + c - 1) / qc);
         if (first == (int)blockIdx.x && blockIdx.y == 0) {
             p.seq_info[2 * b] = first + b;  // the slot next_segment gives the part's segment
             p.seq_info[2 * b + 1] = last - first + 1;
