@@ -249,8 +249,8 @@ __device__ __forceinline__ bool whole_sequences(const Params& p, int* s, int* lo
 #ifndef MLA_SEG_COST_ONE_BLOCK
 #define MLA_SEG_COST_ONE_BLOCK 8
 #endif
-constexpr int SEG_COST = MLA_SEG_COST;
-static_assert((MLA_SEG_COST > 0) == (MLA_SEG_COST_ONE_BLOCK > 0), "next_segment's seq_info rule holds for both");
+constexpr int SEG_COST = MLA_SEG_COST, SEG_COST_ONE_BLOCK = MLA_SEG_COST_ONE_BLOCK;
+static_assert((SEG_COST > 0) == (SEG_COST_ONE_BLOCK > 0), "next_segment's seq_info rule holds for both");
 
 // The cost-stream cut for thread b's sequence (t tiles, the first `pre` tiles of the batch
 // before it, t_total in all): part x covers cost positions [x qc, (x + 1) qc), where the cost
@@ -258,12 +258,12 @@ static_assert((MLA_SEG_COST > 0) == (MLA_SEG_COST_ONE_BLOCK > 0), "next_segment'
 // grid of one row block), then one per tile. A cost position maps to the tile it reaches in its
 // sequence (its overhead positions map to the sequence's first tile), so the parts' tile ranges
 // tile the batch in order. Returns false (r untouched) where a part could fall inside one
-// sequence's overhead (qc <= SEG: a few
-// tiles a part, where the even cut is as good). Writes seq_info for the sequences whose first
-// tile is in this part (part.q = -1: next_segment does not), since the number of parts a
-// sequence spans needs its cost position, which only the scan has.
+// sequence's overhead (qc <= SEG: a few tiles a part, where the even cut is as good). Writes
+// seq_info for the sequences whose first tile is in this part (part.q = -1: next_segment does
+// not), since the number of parts a sequence spans needs its cost position, which only the scan
+// has.
 __device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, int pre, int t_total, Part& r) {
-    const int SEG = gridDim.y > 1 ? SEG_COST : MLA_SEG_COST_ONE_BLOCK;  // (uniform over the grid)
+    const int SEG = gridDim.y > 1 ? SEG_COST : SEG_COST_ONE_BLOCK;  // (uniform over the grid)
     const int c = t > 0 ? t + SEG : 0;
     int c_total = 0;
     const int cpre = block_scan_incl(c, s, c_total) - c;

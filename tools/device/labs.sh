@@ -17,6 +17,6 @@ lab_overlay() {
 # W3_Q_AHEAD (thirtieth), the combine's 8-byte stores (MLA_COMBINE_VST, thirty-first), W3_QEARLY
 # and W3_LAYOUT (thirty-second) and W3_QNEXT (thirty-third) were measured and removed. Add a line
 # here for a new lab so its call does not compile it on the device. The other lab scripts'
-# builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became the defaults in the
-# twenty-fourth session; their =0 builds are the old forms.
+# builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became
+# the defaults in the twenty-fourth session; their =0 builds are the old forms.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"
