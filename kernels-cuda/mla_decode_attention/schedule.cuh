@@ -144,6 +144,35 @@ __device__ __forceinline__ int block_scan_incl(int v, int* s, int& total) {
     return v + add;
 }
 
+// block_scan_incl of two values at once (one set of barriers): v's inclusive prefix is returned,
+// u's in u_incl, the block's sums in v_total and u_total. Uses s[0..32): at most 16 warps.
+__device__ __forceinline__ int block_scan_incl2(int v, int u, int* s, int& v_total, int& u_incl, int& u_total) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int nv = __shfl_up_sync(0xffffffffu, v, o), nu = __shfl_up_sync(0xffffffffu, u, o);
+        if (lane >= o) v += nv, u += nu;
+    }
+    if (lane == 31) s[w] = v, s[16 + w] = u;
+    __syncthreads();
+    if (w == 0) {
+        int x = lane < nw ? s[lane] : 0, y = lane < nw ? s[16 + lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 16; o <<= 1) {
+            const int nx = __shfl_up_sync(0xffffffffu, x, o), ny = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o) x += nx, y += ny;
+        }
+        if (lane < nw) s[lane] = x, s[16 + lane] = y;
+    }
+    __syncthreads();
+    const int add_v = w > 0 ? s[w - 1] : 0, add_u = w > 0 ? s[16 + w - 1] : 0;
+    v_total = s[nw - 1];
+    u_total = s[16 + nw - 1];
+    __syncthreads();
+    u_incl = u + add_u;
+    return v + add_v;
+}
+
 struct Part {
     i64 begin, end;  // global tile range of this part
     i64 q;           // tiles per part; 0 in whole-sequence mode (no sequence is cut); -1 in
@@ -176,18 +205,24 @@ __device__ __forceinline__ Part part_bounds(const Params& p, i64 total) {
 #endif
 constexpr int SPLIT_COST = MLA_SPLIT_COST;
 
-// Whole-sequence mode for thread b's sequence (t tiles, the first `start` tiles of the batch
-// before it, t_total in all): returns whether every part gets whole sequences, and if so
-// fills r. Every part's load (tiles + SPLIT_COST per sequence) must be at most what a cut
-// schedule costs a part: the even share plus SPLIT_COST for its first segment, for the
-// combine, and for each sequence boundary it crosses (nonempty / parts on average).
-// loads: >= num_parts ints of shared memory; s: 40 ints (s[33..37] used here).
+// Whole-sequence mode for thread b's sequence (t tiles, the first `start` tiles and `n_pre`
+// nonempty sequences of the batch before it, t_total tiles and `nonempty` nonempty sequences in
+// all): returns whether every part gets whole sequences, and if so fills r. Every part's load
+// (tiles + SPLIT_COST per sequence) must be at most what a cut schedule costs a part: the even
+// share plus SPLIT_COST for its first segment, for the combine, and for each sequence boundary
+// it crosses (nonempty / parts on average). loads: >= num_parts ints of shared memory; s: 40
+// ints (s[33..37] used here).
 __device__ __forceinline__ bool whole_sequences(const Params& p, int* s, int* loads, int b, int t, int start,
-                                                int t_total, Part& r) {
+                                                int t_total, int n_pre, int nonempty, Part& r) {
     const int np = p.num_parts;
     const int c = t > 0 ? t + SPLIT_COST : 0;
-    int c_total = 0;
-    const int c_start = block_scan_incl(c, s, c_total) - c;
+    // The cost stream's prefix and total from the tiles' and the nonempty sequences' scans.
+    const int c_total = t_total + SPLIT_COST * nonempty, c_start = start + SPLIT_COST * n_pre;
+    const i64 bound = (i64)t_total + (i64)SPLIT_COST * (2 * (i64)np + nonempty);
+    // At most min(np, nonempty) parts hold a load, so the largest is at least c_total over that:
+    // where even that exceeds the bound (one sequence over many parts: b1), no barrier is spent.
+    const i64 holders = np < nonempty ? np : nonempty;
+    if (holders > 0 && (i64)c_total * np > bound * holders) return false;  // (uniform)
     for (int i = threadIdx.x; i < np; i += blockDim.x) loads[i] = 0;
     if (threadIdx.x == 0) {
         s[33] = p.B;
@@ -206,8 +241,8 @@ __device__ __forceinline__ bool whole_sequences(const Params& p, int* s, int* lo
     int mx = 0;
     for (int i = threadIdx.x; i < np; i += blockDim.x) mx = max(mx, loads[i]);
     if (mx > 0) atomicMax(&s[37], mx);
-    const int nonempty = __syncthreads_count(t > 0);
-    const bool whole = (i64)s[37] * np <= (i64)t_total + (i64)SPLIT_COST * (2 * (i64)np + nonempty);
+    __syncthreads();
+    const bool whole = (i64)s[37] * np <= bound;
     const int first = s[33], last = s[34];
     if (b == first) s[35] = start;
     if (b == last) s[36] = start + t;
@@ -262,11 +297,12 @@ static_assert((SEG_COST > 0) == (SEG_COST_ONE_BLOCK > 0), "next_segment's seq_in
 // seq_info for the sequences whose first tile is in this part (part.q = -1: next_segment does
 // not), since the number of parts a sequence spans needs its cost position, which only the scan
 // has.
-__device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, int pre, int t_total, Part& r) {
+__device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, int pre, int t_total, int n_pre,
+                                         int nonempty, Part& r) {
     const int SEG = gridDim.y > 1 ? SEG_COST : SEG_COST_ONE_BLOCK;  // (uniform over the grid)
     const int c = t > 0 ? t + SEG : 0;
-    int c_total = 0;
-    const int cpre = block_scan_incl(c, s, c_total) - c;
+    // The cost stream's prefix and total from the tiles' and the nonempty sequences' scans.
+    const int c_total = t_total + SEG * nonempty, cpre = pre + SEG * n_pre;
     const int np = p.num_parts;
     const i64 qc = ((i64)c_total + np - 1) / np;
     if (qc <= SEG) return false;  // the same in every thread
@@ -313,14 +349,16 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
         // One pass: thread b owns sequence b.
         const int b = threadIdx.x;
         const int t = b < p.B ? tiles_of(eff_len(p, b)) : 0;
-        int t_total = 0;
-        const int incl = block_scan_incl(t, s, t_total);
+        // One scan for the tiles and the nonempty sequences: both cost streams' prefixes follow.
+        int t_total = 0, n_incl = 0, nonempty = 0;
+        const int incl = block_scan_incl2(t, t > 0 ? 1 : 0, s, t_total, n_incl, nonempty);
+        const int n_pre = n_incl - (t > 0 ? 1 : 0);
         const i64 total = t_total;
         Part r = part_bounds(p, total);
         if (loads != nullptr && p.num_parts <= cap && p.min_tiles <= 1 &&
-            whole_sequences(p, s, loads, b, t, incl - t, t_total, r))
+            whole_sequences(p, s, loads, b, t, incl - t, t_total, n_pre, nonempty, r))
             return r;
-        if (SEG_COST > 0 && p.min_tiles <= 1 && cost_cut(p, s, b, t, incl - t, t_total, r)) return r;
+        if (SEG_COST > 0 && p.min_tiles <= 1 && cost_cut(p, s, b, t, incl - t, t_total, n_pre, nonempty, r)) return r;
         if (r.begin >= total) return r;
         const i64 pre = incl - t;
         if (t > 0 && pre <= r.begin && r.begin < pre + t) {

@@ -5,7 +5,11 @@ random batches: the parts' tile ranges tile the batch in order; each sequence is
 the parts [first, first + n) of its seq_info, each holding a segment of it in slot p + b (<
 num_parts + B, the partial buffers' size); a part holds a sequence whole exactly when n = 1.
 Both cuts: the even cut by tiles (SEG_COST 0) and the cost-stream cut (SEG_COST > 0, used
-where B <= blockDim, min_tiles <= 1 and qc > SEG_COST). Whole-sequence mode is not modelled.
+where B <= blockDim, min_tiles <= 1 and qc > SEG_COST). Whole-sequence mode (whole_sequences,
+tried first): each sequence goes to the part holding its cost midpoint; the mode holds where the
+largest part's load is within its bound, and the early-out that skips the loads' barriers (at
+most min(parts, nonempty) parts hold a load) never rules out a batch the full check accepts;
+where it holds the parts' ranges tile the batch in order.
 usage: schedule_cut.py [--self-test] [--cases N]"""
 import argparse
 import random
@@ -113,6 +117,51 @@ def check(lens, np_, seg_cost):
         assert all(c[3] == (n == 1) for c in cv)
 
 
+def whole_sequences(lens, np_, split_cost=8, eager=1):
+    """(early_out, whole, ranges) as whole_sequences computes them: early_out where the bound
+    rules the mode out before the loads are summed; ranges[x] = part x's [begin, end). eager > 1:
+    the self-test's wrong early-out, which fires where the loads would have passed."""
+    t = [tiles_of(n) for n in lens]
+    t_total = sum(t)
+    nonempty = sum(1 for ti in t if ti > 0)
+    c = [ti + split_cost if ti > 0 else 0 for ti in t]
+    c_total = t_total + split_cost * nonempty
+    assert c_total == sum(c)
+    bound = t_total + split_cost * (2 * np_ + nonempty)
+    holders = min(np_, nonempty)
+    early_out = holders > 0 and eager * c_total * np_ > bound * holders
+    load = [0] * np_
+    ranges = [None] * np_
+    start = c_start = 0
+    last_part = -1
+    for b in range(len(lens)):
+        if c[b] > 0:
+            part = ((2 * c_start + c[b]) * np_) // (2 * c_total)
+            assert last_part <= part < np_, "the midpoint's part is monotonic in b and < np"
+            last_part = part
+            load[part] += c[b]
+            beg = ranges[part][0] if ranges[part] else start
+            ranges[part] = (beg, start + t[b])
+        start += t[b]
+        c_start += c[b]
+    whole = max(load, default=0) * np_ <= bound
+    return early_out, whole, ranges
+
+
+def check_whole(lens, np_, eager=1):
+    early_out, whole, ranges = whole_sequences(lens, np_, eager=eager)
+    assert not (early_out and whole), f"the early-out ruled out an accepted batch: {lens}, {np_}"
+    if whole:
+        t_total = sum(tiles_of(n) for n in lens)
+        prev = 0
+        for r in ranges:
+            if r is not None:
+                assert r[0] == prev and r[1] > r[0], (ranges, lens, np_)
+                prev = r[1]
+        assert prev == t_total, (prev, t_total)
+    return early_out, whole
+
+
 def loads(lens, np_, seg_cost):
     """Per part: tiles + seg_cost x segments (what the cut balances)."""
     r = []
@@ -135,6 +184,11 @@ def main():
         np_ = rng.randint(1, 140)
         for sc in (0, 4, 6, 8):
             check(lens, np_, sc)
+        check_whole(lens, np_)
+    # The early-out's reach: b1 over many parts (always out), the bench's b128 (the full check).
+    for lens, np_, want in (([8192], 132, (True, False)), ([4096 + 2 * i for i in range(128)], 132, (False, True))):
+        got = check_whole(lens, np_)
+        assert got == want, (len(lens), np_, got, want)
     # The bench's h128 b32 s4096 row (sequence i: 4096 + 2 i tokens, 64 parts).
     lens = [4096 + 2 * i for i in range(32)]
     for sc in (0, 6):
@@ -157,7 +211,15 @@ def main():
         else:
             raise SystemExit("self-test: an off-by-one seq_info was not caught")
         segments = orig
-    print(f"schedule_cut: {a.cases} random batches x 4 costs: the cuts tile every batch, seq_info matches")
+        # And an early-out that fires too soon (the bound halved).
+        try:
+            for np_ in range(1, 140):
+                check_whole([4096 + 2 * i for i in range(128)], np_, eager=2)
+        except AssertionError:
+            print("self-test: a too-eager early-out is caught")
+        else:
+            raise SystemExit("self-test: a too-eager early-out was not caught")
+    print(f"schedule_cut: {a.cases} random batches x 4 costs: the cuts tile every batch, seq_info matches; whole-sequence mode's early-out never rules out an accepted batch")
 
 
 if __name__ == "__main__":
