@@ -118,59 +118,43 @@ __device__ __forceinline__ int eff_len(const Params& p, int b) {
 
 __device__ __forceinline__ int tiles_of(int len) { return (len + BN - 1) / BN; }
 
-// Inclusive prefix sum over the block; `total` gets the block's sum. Uses s[0..32).
-__device__ __forceinline__ int block_scan_incl(int v, int* s, int& total) {
+// Inclusive prefix sums over the block of v and, where TWO, of u with the same barriers: v's is
+// returned, u's in u_incl, the block's sums in v_total and u_total. Uses s[0..32): TWO, at most
+// 16 warps (every caller: 384 threads or fewer); one value, 32.
+template <bool TWO>
+__device__ __forceinline__ int block_scan(int v, int u, int* s, int& v_total, int& u_incl, int& u_total) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += n;
-    }
-    if (lane == 31) s[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        int x = lane < nw ? s[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int n = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += n;
-        }
-        if (lane < nw) s[lane] = x;
-    }
-    __syncthreads();
-    const int add = w > 0 ? s[w - 1] : 0;
-    total = s[nw - 1];
-    __syncthreads();
-    return v + add;
-}
-
-// block_scan_incl of two values at once (one set of barriers): v's inclusive prefix is returned,
-// u's in u_incl, the block's sums in v_total and u_total. Uses s[0..32): at most 16 warps.
-__device__ __forceinline__ int block_scan_incl2(int v, int u, int* s, int& v_total, int& u_incl, int& u_total) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int nv = __shfl_up_sync(0xffffffffu, v, o), nu = __shfl_up_sync(0xffffffffu, u, o);
+        const int nv = __shfl_up_sync(0xffffffffu, v, o), nu = TWO ? __shfl_up_sync(0xffffffffu, u, o) : 0;
         if (lane >= o) v += nv, u += nu;
     }
-    if (lane == 31) s[w] = v, s[16 + w] = u;
+    if (lane == 31) s[w] = v;
+    if (TWO && lane == 31) s[16 + w] = u;
     __syncthreads();
     if (w == 0) {
-        int x = lane < nw ? s[lane] : 0, y = lane < nw ? s[16 + lane] : 0;
+        int x = lane < nw ? s[lane] : 0, y = TWO && lane < nw ? s[16 + lane] : 0;
 #pragma unroll
-        for (int o = 1; o < 16; o <<= 1) {
-            const int nx = __shfl_up_sync(0xffffffffu, x, o), ny = __shfl_up_sync(0xffffffffu, y, o);
+        for (int o = 1; o < (TWO ? 16 : 32); o <<= 1) {
+            const int nx = __shfl_up_sync(0xffffffffu, x, o), ny = TWO ? __shfl_up_sync(0xffffffffu, y, o) : 0;
             if (lane >= o) x += nx, y += ny;
         }
-        if (lane < nw) s[lane] = x, s[16 + lane] = y;
+        if (lane < nw) s[lane] = x;
+        if (TWO && lane < nw) s[16 + lane] = y;
     }
     __syncthreads();
-    const int add_v = w > 0 ? s[w - 1] : 0, add_u = w > 0 ? s[16 + w - 1] : 0;
+    const int add_v = w > 0 ? s[w - 1] : 0, add_u = TWO && w > 0 ? s[16 + w - 1] : 0;
     v_total = s[nw - 1];
-    u_total = s[16 + nw - 1];
+    if (TWO) u_total = s[16 + nw - 1];
     __syncthreads();
     u_incl = u + add_u;
     return v + add_v;
+}
+
+// Inclusive prefix sum over the block; `total` gets the block's sum. Uses s[0..32).
+__device__ __forceinline__ int block_scan_incl(int v, int* s, int& total) {
+    int unused = 0;
+    return block_scan<false>(v, 0, s, total, unused, unused);
 }
 
 struct Part {
@@ -348,11 +332,11 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
     if (p.B <= (int)blockDim.x) {
         // One pass: thread b owns sequence b.
         const int b = threadIdx.x;
-        const int t = b < p.B ? tiles_of(eff_len(p, b)) : 0;
+        const int t = b < p.B ? tiles_of(eff_len(p, b)) : 0, ne = t > 0 ? 1 : 0;
         // One scan for the tiles and the nonempty sequences: both cost streams' prefixes follow.
         int t_total = 0, n_incl = 0, nonempty = 0;
-        const int incl = block_scan_incl2(t, t > 0 ? 1 : 0, s, t_total, n_incl, nonempty);
-        const int n_pre = n_incl - (t > 0 ? 1 : 0);
+        const int incl = block_scan<true>(t, ne, s, t_total, n_incl, nonempty);
+        const int n_pre = n_incl - ne;
         const i64 total = t_total;
         Part r = part_bounds(p, total);
         if (loads != nullptr && p.num_parts <= cap && p.min_tiles <= 1 &&
