@@ -122,6 +122,13 @@
 #ifndef W3_CP_DEFER
 #define W3_CP_DEFER 1
 #endif
+// Raw tiles in the fp8 TMA form's ring (F8R_VT only: the V stage it no longer writes leaves room
+// for a third 41 KB slot). 2: the two-slot ring; 3: tile u + 3 is issued once tile u is read, so
+// two tiles' loads cover a tile's latency instead of one (lab build, docs/perf.md "Thirty-fifth
+// session").
+#ifndef F8R_RING
+#define F8R_RING 2
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -134,10 +141,16 @@ constexpr int F8R_SCALE_WORD = vt::fp8ds::SCALE_OFFSET / 4, F8R_ROPE_WORD = vt::
 
 // RAW: the fp8_ds_mla form; CP: the gather form, which adds the slots' token flags.
 template <bool RAW, bool CP = false> struct W3Layout {
+    // Tiles in the ring: slot u % SLOTS holds the CTA's tile u, in its fill u / SLOTS.
+    static constexpr int SLOTS = (RAW && !CP && F8R_VT) ? F8R_RING : W3_SLOTS;
+    __device__ static __forceinline__ int slot(int u) { return SLOTS == 2 ? u & 1 : (int)((unsigned)u % SLOTS); }
+    __device__ static __forceinline__ int phase(int u) { return SLOTS == 2 ? (u >> 1) & 1 : (int)((unsigned)u / SLOTS) & 1; }
     static constexpr int SLOT = RAW ? F8R_SLOT : TILE_BYTES;
     static constexpr int OFF_RING = 0;
-    static constexpr int OFF_V = W3_SLOTS * SLOT;                          // 1024-aligned
-    static constexpr int OFF_Q = OFF_V + (RAW ? (NSUB - 1) * SUB_BYTES : 0);  // fp8: V's 8 latent blocks
+    static constexpr int OFF_V = SLOTS * SLOT;                             // 1024-aligned
+    // fp8: V's 8 latent blocks; with a deeper ring (F8R_VT) only the factor tables, 1 KB a slot.
+    static constexpr int V_BYTES = !RAW ? 0 : SLOTS > W3_SLOTS ? SLOTS * 1024 : (NSUB - 1) * SUB_BYTES;
+    static constexpr int OFF_Q = OFF_V + V_BYTES;
     static constexpr int OFF_P = OFF_Q + (RAW ? 8 * F8R_BOX : NSUB * SUB_BYTES);  // fp8 Q: [4 groups][hi, lo]
     static constexpr int OFF_RED = OFF_P + WGMMA_ROWS * 128;      // float s_alpha[64], s_fin[128], s_pinv[64]
     // FULL barriers a slot: the 16-bit TMA form's one per column block (nine, as FlashMLA's
@@ -149,20 +162,20 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int NFULL = (!RAW && !CP) ? NSUB : 1;
     static constexpr int FULL_STRIDE = 8 * NFULL;  // bytes from one slot's FULL barriers to the next's
     static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
-    static constexpr int OFF_SCHED = OFF_NVALID + W3_SLOTS * 4;   // int [40]
+    static constexpr int OFF_SCHED = OFF_NVALID + (SLOTS * 4 + 7) / 8 * 8;   // int [40]
     static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS] (see OFF_FULL), EMPTY [SLOTS], P_FREE
     // Gather form: per slot 64 token flags (the token exists) and 8 bad-block flags (a block
     // id outside the cache among rows 8 k .. 8 k + 7), read as one u64.
-    static constexpr int OFF_VALID = OFF_MBAR + (2 * W3_SLOTS + 1) * 8;
+    static constexpr int OFF_VALID = OFF_MBAR + (2 * SLOTS + 1) * 8;
     static constexpr int OFF_FULL = NFULL > 1 ? OFF_RED + 192 * 4 : OFF_MBAR;  // (at OFF_MBAR unused then)
     static constexpr int VALID_BYTES = BN + 8;
-    static constexpr int END = OFF_VALID + (CP ? W3_SLOTS * VALID_BYTES : 0);
+    static constexpr int END = OFF_VALID + (CP ? SLOTS * VALID_BYTES : 0);
     static constexpr int SMEM = END + 1024;                       // slack to align the base
     static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0 &&
                       OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
                   "alignment");
     static_assert(SMEM <= 232448, "fits the 227 KB a block may have");
-    static_assert(NFULL == 1 || OFF_FULL + W3_SLOTS * FULL_STRIDE <= OFF_RED + 256 * 4, "FULL fits s_pinv's words");
+    static_assert(NFULL == 1 || OFF_FULL + SLOTS * FULL_STRIDE <= OFF_RED + 256 * 4, "FULL fits s_pinv's words");
 };
 
 // The two maps of an fp8_ds_mla cache's rows (4-byte words, dims (164, BS, NB)): `rows` with
@@ -254,15 +267,16 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     }
 }
 
-// The issuing lane (thread 128): tile u + 2 into tile u's slot (at dst) once every thread is
+// The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
 // done with tile u (its EMPTY phase); then the warp reconverges.
 template <bool RAW, bool PAIR = false>
 __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Params& p, const Part& part, int u,
                                           uint32_t dst, uint32_t empty, uint32_t full, int* nvalid,
                                           const W3Maps<RAW>* maps) {
-    const int slot = u & 1;
+    using L = W3Layout<RAW>;
+    const int slot = L::slot(u);
     if (issuer && walk.next(p, part)) {
-        mbar_wait(empty + 8 * slot, (u >> 1) & 1);
+        mbar_wait(empty + 8 * slot, L::phase(u));
         w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + W3Layout<RAW>::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
@@ -681,7 +695,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
     const float* s_fin = s_alpha + WGMMA_ROWS;
     float* s_pinv = (float*)(smem + L::OFF_RED) + 3 * WGMMA_ROWS;
     int* nvalid = (int*)(smem + L::OFF_NVALID);
-    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
+    const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * L::SLOTS, pfree = empty + 8 * L::SLOTS;
     const GmmaDesc dp(base + L::OFF_P, 16, 1024);
     const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, qd = lane & 3, wq = wtid >> 5;
     const int kw = 8 * wq + (lane >> 2);  // this thread's code word of a group
@@ -702,10 +716,10 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
 #pragma unroll
             for (int i = 0; i < 32; ++i) o[m][i] = 0.0f;
         for (int t = sg.t0; t < sg.t1; ++t, ++u) {
-            const int slot = u & 1;
+            const int slot = L::slot(u);
             const uint32_t raw = sRing + slot * F8R_SLOT;
             const float* scales = (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES);
-            mbar_wait(full + 8 * slot, (u >> 1) & 1);
+            mbar_wait(full + 8 * slot, L::phase(u));
             // Gather form: tile u + 2's rows, looked up now, copied once this tile is done.
             const bool more = CP && walk.next(p, part);
             GatherRows ahead;
@@ -899,7 +913,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     int* nvalid = (int*)(smem + L::OFF_NVALID);
     int* sched = (int*)(smem + L::OFF_SCHED);
     // FULL: slot s's barrier (or its first column block's) at full + L::FULL_STRIDE * s.
-    const uint32_t full = base + L::OFF_FULL, empty = base + L::OFF_MBAR + 8 * W3_SLOTS, pfree = empty + 8 * W3_SLOTS;
+    const uint32_t full = base + L::OFF_FULL, empty = base + L::OFF_MBAR + 8 * L::SLOTS, pfree = empty + 8 * L::SLOTS;
     auto scales_of = [&](int slot) { return (const float*)(smem + L::OFF_RING + slot * L::SLOT + F8R_SCALES); };
     auto flags_of = [&](int slot) { return smem + L::OFF_VALID + slot * L::VALID_BYTES; };  // gather form
     const bool tl0 = MLA_TIMELINE && threadIdx.x == 0, tl1 = MLA_TIMELINE && threadIdx.x == 128;  // lab stamps
@@ -907,7 +921,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     static_assert(!PAIR || (!RAW && !CP), "the pair form: 16-bit TMA tiles");
     const uint32_t peer = PAIR ? cluster_ctarank() ^ 1u : 0u;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < W3_SLOTS; ++s) {
+        for (int s = 0; s < L::SLOTS; ++s) {
             for (int cb = 0; cb < L::NFULL; ++cb) mbar_init(full + L::FULL_STRIDE * s + 8 * cb, CP ? 256 : 1);
             mbar_init(empty + 8 * s, PAIR ? 2 * W3_THREADS / 32 : W3_THREADS);
         }
@@ -937,7 +951,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     int nb = part.b;
     i64 pre = part.pre;
     Segment sg;
-    int u = 0;  // the CTA's running tile count: slot u & 1, fill u >> 1
+    int u = 0;  // the CTA's running tile count: slot L::slot(u), fill L::phase(u)
 
     if (wg == 0) {
         const GmmaDesc dq(sQ, 16, 1024);
@@ -962,12 +976,12 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             float pinv[2] = {1.0f, 1.0f};
             if constexpr (RAW) pinv[0] = s_pinv[r_lo], pinv[1] = s_pinv[r_lo + 8];
             for (int t = sg.t0; t < sg.t1; ++t, ++u) {
-                const int slot = u & 1;
+                const int slot = L::slot(u);
                 float s[32];
                 if constexpr (L::NFULL > 1) {
                     // The 16-bit TMA form: S's products issued as each column block lands.
                     const unsigned long long tf = MLA_TL_NOW();
-                    w3_qk16_issue<T>(s, dq, sRing + slot * L::SLOT, full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+                    w3_qk16_issue<T>(s, dq, sRing + slot * L::SLOT, full + L::FULL_STRIDE * slot, L::phase(u));
                     const unsigned long long tw = MLA_TL_NOW();
                     w3_qk16_wait(s);
                     if (tl0) {
@@ -976,12 +990,12 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                         MLA_TL_ADD(TL_WAIT_S0, now - tw);
                         if (u == 0) MLA_TL_SET(TL_TILE0, now);
                         const int un = u + 1;  // has tile t + 1 landed already?
-                        if (t + 1 < sg.t1 && mbar_test(full + L::FULL_STRIDE * (un & 1) + 8 * (NSUB - 1), (un >> 1) & 1))
+                        if (t + 1 < sg.t1 && mbar_test(full + L::FULL_STRIDE * L::slot(un) + 8 * (NSUB - 1), L::phase(un)))
                             MLA_TL_ADD(TL_LANDED0, 1);
                     }
                 } else {
                     const unsigned long long tf = MLA_TL_NOW();
-                    mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+                    mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u));
                     if (tl0) {
                         const unsigned long long now = MLA_TL_NOW();
                         MLA_TL_ADD(TL_WAIT_FULL0, now - tf);
@@ -1051,7 +1065,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     TileWalk walk(part);  // gather form: every thread of warpgroups 1 and 2 walks the tiles
     if constexpr (CP) {
         int filled = 0;
-        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v, ++filled) {
+        for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v, ++filled) {
             const GatherRows rows = gather_rows(p, walk, wtid);
             if constexpr (RAW) {
                 w3_gather_raw(p, rows, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
@@ -1059,7 +1073,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 w3_gather<T>(p, rows, sRing + v * L::SLOT, flags_of(v), full + 8 * v, w, wtid);
             }
         }
-        static_assert(W3_SLOTS == 2, "the deferred arrivals below count two groups");
+        static_assert(L::SLOTS == 2, "the deferred arrivals below count two groups");
         if (W3_CP_DEFER && filled == 2) {  // slot 0's group first, while slot 1's may still fly
             cp_async_wait<1>();
             mbar_arrive(full);
@@ -1076,7 +1090,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         } else {
             prefetch_map(maps);
         }
-        for (int v = 0; v < W3_SLOTS && walk.next(p, part); ++v)
+        for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v)
             w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
     }
     __syncwarp();
@@ -1104,15 +1118,15 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         for (int t = sg.t0; t < sg.t1; ++t, ++u) {
-            const int slot = u & 1;
+            const int slot = L::slot(u);
             const uint32_t kst = sRing + slot * L::SLOT;
             const unsigned long long tf = MLA_TL_NOW();
             if constexpr (L::NFULL > 1) {
                 // The 16-bit TMA form: the warpgroup's own V blocks 4 w .. + 3 (each publishes nvalid).
 #pragma unroll
-                for (int cb = 4 * w; cb < 4 * w + 4; ++cb) mbar_wait(full + L::FULL_STRIDE * slot + 8 * cb, (u >> 1) & 1);
+                for (int cb = 4 * w; cb < 4 * w + 4; ++cb) mbar_wait(full + L::FULL_STRIDE * slot + 8 * cb, L::phase(u));
             } else {
-                mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1);
+                mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u));
             }
             if (tl1) MLA_TL_ADD(TL_WAIT_FULL1, MLA_TL_NOW() - tf);
             // Gather form: tile u + 2's rows are looked up below, after this tile's proxy fence

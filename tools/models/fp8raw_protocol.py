@@ -7,6 +7,14 @@ reports, self-test) is tools/models/protocol_sim.py's, the command line protocol
 
 What it models
 --------------
+Two forms of warpgroups 1 and 2 (--form): vt (the kernel's default, F8R_VT: per tile the FULL
+wait, the scale factors of the slot's tile into a table of the slot (after a bar.red of the 256
+threads on W3_PV_PAIR), P_FULL, then 16 steps that read the slot's codes and the table into
+registers and P by wgmma, EMPTY after the steps, P_FREE after the wgmma wait, the issuing lane's
+refill) and stage (F8R_VT=0: V dequantized into the warpgroup's half of a shared stage, described
+below). --slots: the ring's depth, W3Layout<true>::SLOTS (F8R_RING with F8R_VT; the stage form
+keeps 2): tile u sits in slot u % SLOTS, its FULL / EMPTY waits take the parity of its fill
+u / SLOTS.
 Actors (each a generator that steps through the kernel's code, one synchronization or
 shared-memory access per step; a step is atomic):
   WG0  warpgroup 0 (128 threads): per segment bar_sync(Q_READY), s_pinv; per tile
@@ -83,7 +91,9 @@ What it does not model
 
 How to run
 ----------
-  python3 tools/models/fp8raw_protocol.py                 # 2000 random runs, seed 1
+  python3 tools/models/fp8raw_protocol.py                 # 2000 random runs, seed 1 (--form vt, 2 slots)
+  python3 tools/models/fp8raw_protocol.py --form vt --slots 3 --self-test   # the three-slot ring
+  python3 tools/models/fp8raw_protocol.py --form stage --self-test          # the F8R_VT=0 lab's loop
   python3 tools/models/fp8raw_protocol.py --runs 5000 --seed 7
   python3 tools/models/fp8raw_protocol.py --segments 3,1,2 --runs 200   # fixed tile counts
   python3 tools/models/fp8raw_protocol.py --bug no_empty_wait           # one injected bug
@@ -111,7 +121,7 @@ KERNEL = "kernels-cuda/mla_decode_attention/wgmma_3wg_sm90.cuh"
 SITES = {
     "wg0.q_ready": ("bar_sync(W3_Q_READY, W3_THREADS)", 0),
     "wg0.pinv": ("pinv[0] = s_pinv[r_lo]", 0),
-    "wg0.full": ("mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1)", 0),
+    "wg0.full": ("mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u))", 0),
     "wg0.qk": ("f8r_qk(s, dq, sRing + slot * F8R_SLOT", 0),
     "wg0.nvalid": ("const int nv = nvalid[slot]", 0),
     "wg0.empty": ("release(empty + 8 * slot)", 0),
@@ -130,12 +140,12 @@ SITES = {
     "wg12.syncwarp0": ("__syncwarp();", 2),
     "wg12.split_q": ("f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128)", 0),
     "wg12.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 1),
-    "wg12.full": ("mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1)", 1),
+    "wg12.full": ("mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u))", 1),
     "wg12.pfree": ("u >= 1) mbar_wait(pfree, (u - 1) & 1)", 1),
     "wg12.dequant": ("f8r_dequant_v(sRing + slot * F8R_SLOT", 0),
     "wg12.empty": ("mbar_arrive(empty + 8 * slot)", 1),
     "wg12.wgbar": ("bar_sync(W3_WG1 + w, 128)", 1),
-    "iss.empty": ("mbar_wait(empty + 8 * slot, (u >> 1) & 1)", 0),
+    "iss.empty": ("mbar_wait(empty + 8 * slot, L::phase(u))", 0),
     "iss.issue": ("w3_refill<RAW>(issuer, walk, p, part, u, sRing + slot * F8R_SLOT", 0),
     "wg12.syncwarp1": ("__syncwarp();", 0),
     "wg12.p_full": ("bar_sync(W3_P_FULL, W3_THREADS)", 1),
@@ -144,6 +154,20 @@ SITES = {
     "wg12.pfree_arrive": ("mbar_arrive(pfree)", 1),
     "wg12.fin": ("bar_sync(W3_FIN, W3_THREADS)", 1),
     "wg12.store": ("w3_store<T>(p, sg, row0, o, fin,", 0),
+    "vt.split_q": ("f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128)", 0),
+    "vt.pv_pair": ("bar_sync(W3_PV_PAIR, 256)", 0),
+    "vt.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 0),
+    "vt.full": ("mbar_wait(full + 8 * slot, L::phase(u))", 0),
+    "vt.factors": ("const bool one = vt_factors(scales, CP ? BN : nvalid[slot], tab", 0),
+    "vt.red": ("bar.red.and.pred q, %2, 256, p", 0),
+    "vt.p_full": ("bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table", 0),
+    "vt.alpha": ("al[i][c] = s_alpha[8 * i + 2 * qd + c]", 0),
+    "vt.steps": ("const VtStep st = vt_step(raw, tab, 2 * w + j, ks, kw, qd)", 0),
+    "vt.empty": ("if constexpr (!CP) mbar_arrive(empty + 8 * slot)", 0),
+    "vt.pfree_arrive": ("mbar_arrive(pfree);  // P(u) and its factors are read", 0),
+    "vt.refill": ("w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps)", 0),
+    "vt.fin": ("bar_sync(W3_FIN, W3_THREADS)", 0),
+    "vt.store": ("const float l = s_fin[r];", 0),
     "tma.land": (None, 0),
 }
 S = protocol_sim.Sites({"": KERNEL}, {k: None if snip is None else ("", (snip,), nth)
@@ -153,15 +177,16 @@ locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.lin
 # ---------------------------------------------------------------------------------------------
 # Constants of the kernel.
 THREADS = 384  # W3_THREADS
-SLOTS = 2  # F8R_SLOTS
+SLOTS = 2  # W3Layout<true>::SLOTS: F8R_RING with F8R_VT, else 2 (--slots)
+FORM = "vt"  # the warpgroups 1 and 2 loop modelled: "vt" (F8R_VT, the default) or "stage" (--form)
 BOX = 64 * 128  # F8R_BOX
 BOXES = [("code group 0", BOX, "issue.code"), ("code group 1", BOX, "issue.code"),
          ("code group 2", BOX, "issue.code"), ("code group 3", BOX, "issue.code"),
          ("rope", BOX, "issue.rope"), ("scales", 64 * 16, "issue.scales")]
 SLOT_BYTES = 5 * BOX + 64 * 16  # F8R_SLOT = 41984
 assert SLOT_BYTES == sum(b for _, b, _ in BOXES) == 41984
-P_FULL, Q_READY, FIN, WGBAR = 1, 2, 3, 4  # W3_P_FULL, W3_Q_READY, W3_FIN, W3_WG1 (+1: WG2)
-BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", "warp4": "__syncwarp(warp 4)"}
+P_FULL, Q_READY, FIN, WGBAR, PV_PAIR = 1, 2, 3, 4, 6  # W3_P_FULL, W3_Q_READY, W3_FIN, W3_WG1 (+1: WG2), W3_PV_PAIR
+BAR_NAMES = {1: "P_FULL", 2: "Q_READY", 3: "FIN", 4: "WG1", 5: "WG2", 6: "PV_PAIR", "warp4": "__syncwarp(warp 4)"}
 
 # Thread groups: name, warpgroup, weight (threads), issuing lane, takes part in warp 4's __syncwarp.
 GROUPS = [("WG0", 0, 128, False, False), ("ISS", 1, 1, True, True), ("W4R", 1, 31, False, True),
@@ -189,6 +214,24 @@ BUGS = {
     "q_ready_before_split": ("WG1/WG2 arrive on Q_READY before f8r_split_q writes Q and s_pinv",
                              ["wg12.q_ready", "wg12.split_q"]),
 }
+# --form vt: the stage form's V bugs do not exist there; its own.
+# early_empty_wg0 is not a bug there: warpgroups 1 and 2 arrive on EMPTY only after P_FULL(u), which
+# warpgroup 0 reaches after S(u) read the slot, so its early arrival cannot complete the phase.
+_STAGE_ONLY = ("no_pfree_wait_v", "pfree_before_pv", "early_empty_wg0")
+BUGS_VT = {
+    "vt_empty_before_steps": ("WG1/WG2 arrive on EMPTY before the 16 steps read the codes and factors",
+                              ["vt.empty", "vt.steps"]),
+    "vt_pfree_before_steps": ("WG1/WG2 arrive on P_FREE before the steps' products read P",
+                              ["vt.pfree_arrive", "vt.steps"]),
+    "vt_factors_before_full": ("vt_factors reads the slot's scales and nvalid before the FULL wait",
+                               ["vt.factors", "vt.full"]),
+    "vt_no_p_full_sync": ("WG1/WG2 do not bar_sync(P_FULL) before reading s_alpha and P", ["vt.p_full"]),
+}
+# --slots 3: the parity of a two-slot ring kept with three slots.
+BUGS_RING = {
+    "phase_of_two_slots": ("FULL / EMPTY waits take the fill as u >> 1 (two slots) with a deeper ring",
+                           ["vt.full", "wg0.full", "iss.empty"]),
+}
 # Removals the model finds no violation for (shown by --self-test as information). Not advice to
 # remove them: the model ignores convergence (bar.sync is bar.sync.aligned: warp 4 must be
 # converged, which the __syncwarp after the issuing lane's branch provides) and proxy fences.
@@ -198,6 +241,18 @@ ABLATIONS = {
                     "for the convergence bar.sync.aligned requires, which the model does not check)",
                     ["wg12.syncwarp0", "wg12.syncwarp1"]),
 }
+ABLATIONS_VT = {
+    "vt_no_red": ("drop the factors' bar.red (each warpgroup writes and reads only its own groups' factors; "
+                  "the barrier decides `one` for the tile's values, which the model does not check)", ["vt.red"]),
+    "no_syncwarp": ABLATIONS["no_syncwarp"],
+    "early_empty_wg0": ("WG0 arrives on EMPTY before S reads the slot (warpgroups 1 and 2 arrive only after "
+                        "P_FULL(u), which follows S(u))", ["wg0.empty", "wg0.qk"]),
+}
+
+
+def fill(u):
+    """The slot, the FULL / EMPTY parity and the fill (the phase meant) of the CTA's tile u."""
+    return u % SLOTS, (u // SLOTS) & 1, u // SLOTS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +315,7 @@ class TileWalk:
 
     def __init__(self, segs):
         self.segs, self.si, self.t, self.t1, self.k = segs, 0, 0, 0, None
-        self.n = -1  # tiles issued so far - 1: the fill count (slot n & 1, phase n >> 1)
+        self.n = -1  # tiles issued so far - 1: the CTA's tile count (fill(n))
 
     def next(self):
         if self.t + 1 < self.t1:
@@ -284,11 +339,13 @@ class Sim(SimBase):
         self.empty = [MBar(f"EMPTY[{s}]", THREADS, intent) for s in range(SLOTS)]
         self.pfree = MBar("P_FREE", 256, intent)
         self.mbars = self.full + self.empty + [self.pfree]
-        self.nbars = {b: NamedBar(BAR_NAMES[b], intent, bid=b) for b in (1, 2, 3, 4, 5, "warp4")}
+        self.nbars = {b: NamedBar(BAR_NAMES[b], intent, bid=b) for b in (1, 2, 3, 4, 5, 6, "warp4")}
         self.bufs = {}
         for s in range(SLOTS):
             self.bufs[f"ring[{s}]"] = Buf(f"ring[{s}]", ["TMA"])
             self.bufs[f"nvalid[{s}]"] = Buf(f"nvalid[{s}]", ["ISS"])
+            for wg in (1, 2):  # --form vt: the factor table of the slot's tile, each warpgroup's groups
+                self.bufs[f"tab[{s}][wg{wg}]"] = Buf(f"tab[{s}][wg{wg}]", MEMBERS[wg])
         self.bufs["V[wg1]"] = Buf("V[wg1]", MEMBERS[1])
         self.bufs["V[wg2]"] = Buf("V[wg2]", MEMBERS[2])
         for b in ("Q", "s_pinv"):
@@ -302,14 +359,18 @@ class Sim(SimBase):
         self.actors = []
         for name, wg, weight, issuer, warp4 in GROUPS:
             a = Actor(name, wg, weight, issuer, warp4)
-            a.gen = self.prog_wg0(a) if wg == 0 else self.prog_wg12(a)
+            a.gen = self.prog_wg0(a) if wg == 0 else self.prog_vt(a) if FORM == "vt" else self.prog_wg12(a)
             a.op = next(a.gen, None)
             self.actors.append(a)
 
     # Who must read a write, how often, before it may be overwritten.
     def readers(self, buf, tag):
+        if buf.startswith("ring") and FORM == "vt":  # warpgroups 1 and 2: the factors' scales, then the steps
+            return {a: 1 if a == "WG0" else 2 for a in CONSUMERS}
         if buf.startswith("ring") or buf.startswith("nvalid"):
             return {a: 1 for a in CONSUMERS}
+        if buf.startswith("tab"):  # its own warpgroup's steps
+            return {a: 1 for a in MEMBERS[1 if buf.endswith("[wg1]") else 2]}
         if buf == "V[wg1]":
             return {a: 1 for a in MEMBERS[1]}
         if buf == "V[wg2]":
@@ -362,11 +423,11 @@ class Sim(SimBase):
                 yield Op("bsync", "wg0.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
             yield from self.read([("s_pinv", (k,))], "wg0.pinv")
             for t in range(t0, t1):
-                slot = u & 1
+                slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
-                par = (((t - t0) >> 1) & 1) if "full_parity_local" in B else ((u >> 1) & 1)
-                yield Op("mwait", "wg0.full", bar=self.full[slot], parity=par, meant=u >> 1)
-                empty = Op("marrive", "wg0.empty", bar=self.empty[slot], meant=u >> 1)
+                par = self.parity(u, t - t0, par)
+                yield Op("mwait", "wg0.full", bar=self.full[slot], parity=par, meant=meant)
+                empty = Op("marrive", "wg0.empty", bar=self.empty[slot], meant=meant)
                 if "early_empty_wg0" in B:
                     yield empty
                 yield from self.read([(f"ring[{slot}]", (k, t)), ("Q", (k,))], "wg0.qk")
@@ -388,10 +449,18 @@ class Sim(SimBase):
                 yield fin
         me.ctx = "returned"
 
+    def parity(self, u, t_local, par):
+        """The parity a FULL / EMPTY wait of tile u takes (par: the kernel's), under the injected bugs."""
+        if "full_parity_local" in self.bugs:
+            return ((t_local // SLOTS) & 1)
+        if "phase_of_two_slots" in self.bugs:
+            return (u >> 1) & 1
+        return par
+
     def issue(self, me, walk, slot, site):
         """w3_issue<true>, called at `site`."""
-        tag, meant = (walk.k, walk.t), walk.n >> 1
-        assert walk.n & 1 == slot
+        tag, meant = (walk.k, walk.t), fill(walk.n)[2]
+        assert fill(walk.n)[0] == slot
         ctx = me.ctx
         me.ctx = f"{ctx} ({lineno(site)}: issuing {tagstr(tag)})"
         yield from self.write(f"nvalid[{slot}]", tag, "issue.nvalid")
@@ -427,10 +496,10 @@ class Sim(SimBase):
             if "q_ready_before_split" not in B:
                 yield qr
             for t in range(t0, t1):
-                slot = u & 1
+                slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
-                par = (((t - t0) >> 1) & 1) if "full_parity_local" in B else ((u >> 1) & 1)
-                yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=u >> 1)
+                par = self.parity(u, t - t0, par)
+                yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
                 if u >= 1 and "no_pfree_wait_v" not in B:
                     yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
                 yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
@@ -438,12 +507,13 @@ class Sim(SimBase):
                 yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
                 yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
                 yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-                yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=u >> 1)
+                yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
                 if "no_wg_bar" not in B:
                     yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
                 if me.issuer and walk.next():
                     if "no_empty_wait" not in B:
-                        yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=(u >> 1) & 1, meant=u >> 1)
+                        yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=self.parity(u, 0, fill(u)[1])
+                                 if "full_parity_local" not in B else fill(u)[1], meant=meant)
                     yield from self.issue(me, walk, slot, "iss.issue")
                 if me.warp4 and "no_syncwarp" not in B:
                     yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
@@ -460,6 +530,80 @@ class Sim(SimBase):
             if "no_fin_sync" not in B:
                 yield Op("bsync", "wg12.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
             yield from self.read([("s_fin", (k,))], "wg12.store")
+        me.ctx = "returned"
+
+    def prog_vt(self, me):
+        """Warpgroups 1 and 2 with F8R_VT (f8r_vt_loop, the TMA form): no V stage; per tile the
+        factor table of the slot's tile, then the 16 steps read the slot's codes, the table and P."""
+        B = self.bugs
+        tab = f"wg{me.wg}"
+        u = 0
+        walk = TileWalk(self.segs) if me.issuer else None
+        if me.issuer:
+            me.ctx = "prologue"
+            v = 0
+            while v < SLOTS and walk.next():
+                yield from self.issue(me, walk, v, "iss.prologue")
+                v += 1
+        if me.warp4 and "no_syncwarp" not in B:
+            yield Op("bsync", "wg12.syncwarp0", bar=self.nbars["warp4"], n=32, label=None)
+        for k, (t0, t1) in enumerate(self.segs):
+            me.ctx = f"seg {k}"
+            qr = Op("barrive", "vt.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
+            if "q_ready_before_split" in B:
+                yield qr
+            yield Op("wbegin", "vt.split_q", buf="Q", tag=(k,))
+            yield Op("wbegin", "vt.split_q", buf="s_pinv", tag=(k,))
+            yield Op("wend", "vt.split_q", buf="Q", tag=(k,))
+            yield Op("wend", "vt.split_q", buf="s_pinv", tag=(k,))
+            yield Op("bsync", "vt.pv_pair", bar=self.nbars[PV_PAIR], n=256, label=("Q", k))
+            if "q_ready_before_split" not in B:
+                yield qr
+            for t in range(t0, t1):
+                slot, par, meant = fill(u)
+                me.ctx = f"seg {k} tile {t} u={u}"
+                par = self.parity(u, t - t0, par)
+                factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
+                if "vt_factors_before_full" in B:
+                    yield from factors
+                yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
+                if "vt_factors_before_full" not in B:
+                    yield from factors
+                if "vt_no_red" not in B:
+                    yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
+                yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
+                if "vt_no_p_full_sync" not in B:
+                    yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                else:  # its arrival still counts for warpgroup 0's instance
+                    yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                yield from self.read([("s_alpha", (k, t))], "vt.alpha")
+                steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
+                empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
+                pfree = Op("marrive", "vt.pfree_arrive", bar=self.pfree, meant=u)
+                if "vt_empty_before_steps" in B:
+                    yield empty
+                if "vt_pfree_before_steps" in B:
+                    yield pfree
+                yield Op("rbegin", "vt.steps", reads=steps + [("P", (k, t))])
+                yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
+                if "vt_empty_before_steps" not in B:
+                    yield empty
+                yield Op("rend", "vt.steps", reads=[("P", (k, t))])  # P: read by wgmma until its wait
+                if "vt_pfree_before_steps" not in B:
+                    yield pfree
+                if me.issuer and walk.next():  # w3_refill
+                    if "no_empty_wait" not in B:
+                        yield Op("mwait", "iss.empty", bar=self.empty[slot],
+                                 parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
+                                 meant=meant)
+                    yield from self.issue(me, walk, slot, "vt.refill")
+                if me.warp4 and "no_syncwarp" not in B:
+                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
+                u += 1
+            me.ctx = f"seg {k} end"
+            if "no_fin_sync" not in B:
+                yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
+            yield from self.read([("s_fin", (k,))], "vt.store")
         me.ctx = "returned"
 
     # -- scheduling (enabled: SimBase's) ------------------------------------------------------
@@ -533,7 +677,7 @@ def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=F
     return explore_segments(runs, seed, bugs, fixed_segs, only_run, ntrace, quiet, max_reports, stop_after, FIXED_CASES,
                             lambda rng: random_segments(rng, 14, 16),
                             lambda segs, rng: run_once(Sim(segs, bugs, rng, intent), rng, 200000),
-                            "" if intent else "--no-intent-checks ", (4, 34, 5))
+                            (f"--form {FORM} --slots {SLOTS} " + ("" if intent else "--no-intent-checks ")), (4, 34, 5))
 
 
 def self_test(seed, runs_per_bug):
@@ -542,11 +686,38 @@ def self_test(seed, runs_per_bug):
                                   "fences")
 
 
+WAITS_STAGE = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "wg12.full", "wg12.pfree", "wg12.wgbar",
+               "iss.empty", "wg12.syncwarp1", "wg12.p_full", "wg12.fin"]
+WAITS_VT = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "vt.pv_pair", "vt.full", "vt.red", "vt.p_full",
+            "iss.empty", "wg12.syncwarp1", "vt.fin"]
+WAITS = list(WAITS_STAGE)
+
+
+def configure(args):
+    """--form: the warpgroups 1 and 2 loop modelled, its bugs, ablations and reported waits; --slots:
+    the ring's depth (more than two only with the vt form, as the kernel's layout allows)."""
+    global FORM, SLOTS
+    FORM, SLOTS = args.form, args.slots
+    if SLOTS < 2 or (SLOTS > 2 and FORM != "vt"):
+        raise SystemExit("--slots: 2, or more with --form vt (the stage form keeps two)")
+    if FORM == "vt":
+        for name in _STAGE_ONLY:
+            del BUGS[name]
+        BUGS.update(BUGS_VT)
+        ABLATIONS.clear()
+        ABLATIONS.update(ABLATIONS_VT)
+        WAITS[:] = WAITS_VT
+    if SLOTS > 2:
+        BUGS.update(BUGS_RING)
+
+
 def main():
-    waits = ("wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "wg12.full", "wg12.pfree", "wg12.wgbar",
-             "iss.empty", "wg12.syncwarp1", "wg12.p_full", "wg12.fin")
+    form = (["--form"], dict(choices=("vt", "stage"), default="vt",
+                             help="warpgroups 1 and 2: vt (F8R_VT, the default: V^T built in registers) or stage "
+                                  "(F8R_VT=0: V dequantized into a shared stage)"))
+    slots = (["--slots"], dict(type=int, default=2, help="tiles in the raw ring (F8R_RING; default 2)"))
     return protocol_cli.main(__doc__, KERNEL, locate_sites, MISSING_SITES, BUGS, ABLATIONS, where, self_test,
-                             explore, waits)
+                             explore, WAITS, options=(form, slots), configure=configure)
 
 
 if __name__ == "__main__":

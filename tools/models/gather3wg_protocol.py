@@ -104,7 +104,7 @@ DQ = "f8r_dequant_v(sRing + slot * F8R_SLOT"  # the fp8 form's dequantization in
 SITES = {
     "init.full": (D, "mbar_init(full + L::FULL_STRIDE * s + 8 * cb, CP ? 256 : 1)"),
     "wg0.q_ready": (D, "bar_sync(W3_Q_READY, W3_THREADS)"),
-    "wg0.full": (D, "mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1)"),
+    "wg0.full": (D, "mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u))"),
     "wg0.qk": (D, "w3_qk16<T>(s, dq, sRing + slot * L::SLOT)"),
     "wg0.flags": (D, "const unsigned char* fl = flags_of(slot)"),
     "wg0.pfree": (D, "if (u >= 1) mbar_wait(pfree, (u - 1) & 1)"),
@@ -117,7 +117,7 @@ SITES = {
     "wg12.q": (D, W12, "w3_load_q_regs<T>(p, sg.b, row0, sQ"),
     "wg12.pv_pair": (D, W12, "bar_sync(W3_PV_PAIR, 256)"),
     "wg12.q_ready": (D, W12, "bar_arrive(W3_Q_READY, W3_THREADS)"),
-    "wg12.full": (D, W12, "mbar_wait(full + L::FULL_STRIDE * slot, (u >> 1) & 1)"),
+    "wg12.full": (D, W12, "mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u))"),
     "wg12.p_full": (D, W12, "bar_sync(W3_P_FULL, W3_THREADS)"),
     "wg12.alpha": (D, W12, "rescale(o, s_alpha[r_lo], s_alpha[r_lo + 8])"),
     "wg12.pv": (D, W12, "pv_tile<T, 128>(o, dp"),
