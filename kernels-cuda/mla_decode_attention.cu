@@ -199,7 +199,8 @@ extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)
     mla_decode_wgmma_fp8r_bf16(const __grid_constant__ mla::Params p, const __grid_constant__ mla::RawMaps maps) {
     mla::decode_wgmma_3wg<bf16, true>(p, &maps);
 }
-MLA_FACTS(mla_decode_wgmma_fp8r_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<true>::SMEM, mla::W3_SLOTS)
+MLA_FACTS(mla_decode_wgmma_fp8r_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<true>::SMEM,
+          mla::W3Layout<true>::SLOTS)
 // Its gather form over any block size.
 extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)
     mla_decode_wgmma_fp8r_cp_bf16(const __grid_constant__ mla::Params p) {

@@ -320,7 +320,8 @@ fn host_planning_facts_match_the_kernel_headers() {
             Kernel::Wgmma3 | Kernel::WgmmaFp8Raw => {
                 let (fp8, cp) = (kernel == Kernel::WgmmaFp8Raw, main.symbol().contains("_cp_"));
                 let smem = if cp { wgmma_sm90::w3_cp_smem(fp8) } else { wgmma_sm90::w3_smem(fp8) };
-                (smem as i64, wgmma_sm90::W3_SLOTS as i64)
+                let slots = if cp { wgmma_sm90::W3_SLOTS } else { wgmma_sm90::w3_slots(fp8) };
+                (smem as i64, slots as i64)
             }
             Kernel::WgmmaNarrow if cache_dt == DType::Fp8DsMla => {
                 let mt = c.plan.rows_per_cta;

@@ -151,20 +151,54 @@ pub(super) fn pair_ok(m_total: i64) -> bool {
     blocks > 0 && blocks % PAIR_CTAS as i64 == 0
 }
 
-/// Tiles in the ring of the three-warpgroup kernels (`mla::W3_SLOTS`).
+/// Tiles in the ring of the three-warpgroup kernels (`mla::W3_SLOTS`): the 16-bit forms and the
+/// gather forms.
 pub(super) const W3_SLOTS: u32 = 2;
 
-/// Dynamic shared memory of the three-warpgroup kernels (`mla::W3Layout<RAW>::SMEM`): the ring
-/// (16-bit: 9 column blocks of 64 x 128 bytes a slot; fp8: four code boxes and a rope box of 64 x
-/// 128 bytes, then 64 x 16 bytes of scales), over an fp8 cache the 16-bit V stage (8 column
-/// blocks), Q (16-bit: 9 column blocks; fp8: e4m3 hi / lo parts, 4 groups x 2 x 64 x 128 bytes),
-/// P, the reductions (256 floats), the slots' token counts, the schedule, the mbarriers (full and
-/// empty per slot, P free), alignment.
-pub(super) const fn w3_smem(fp8: bool) -> u32 {
+/// Tiles in the raw ring of the fp8 TMA form (`mla::W3Layout<true>::SLOTS`, the kernel's
+/// `F8R_RING`): its 41 KB raw slots leave room for more than two once V is built in registers.
+pub(super) const F8R_RING: u32 = 2;
+
+/// Dynamic shared memory of a three-warpgroup kernel (`mla::W3Layout<RAW, CP>::SMEM`) with
+/// `slots` tiles in its ring: the ring (16-bit: 9 column blocks of 64 x 128 bytes a slot; fp8:
+/// four code boxes and a rope box of 64 x 128 bytes, then 64 x 16 bytes of scales), over an fp8
+/// cache the 16-bit V stage (8 column blocks; with more than two slots only the factor tables, 1
+/// KB a slot), Q (16-bit: 9 column blocks; fp8: e4m3 hi / lo parts, 4 groups x 2 x 64 x 128
+/// bytes), P, the reductions (256 floats), the slots' token counts (8-byte aligned), the
+/// schedule, the mbarriers (full and empty per slot, P free), the gather form's flags per slot,
+/// alignment.
+const fn w3_layout(fp8: bool, cp: bool, slots: u32) -> u32 {
     let block = 64 * 128;
-    let (slot, v, q) =
-        if fp8 { (5 * block + 64 * 16, 8 * block, 8 * block) } else { (9 * block, 0, 9 * block) };
-    W3_SLOTS * slot + v + q + ROWS * 128 + 256 * 4 + W3_SLOTS * 4 + 40 * 4 + (2 * W3_SLOTS + 1) * 8 + 1024
+    let (slot, v, q) = if fp8 {
+        (5 * block + 64 * 16, if slots > W3_SLOTS { slots * 1024 } else { 8 * block }, 8 * block)
+    } else {
+        (9 * block, 0, 9 * block)
+    };
+    let flags = if cp { slots * W3_FLAG_BYTES } else { 0 };
+    slots * slot
+        + v
+        + q
+        + ROWS * 128
+        + 256 * 4
+        + (slots * 4).div_ceil(8) * 8
+        + 40 * 4
+        + (2 * slots + 1) * 8
+        + flags
+        + 1024
+}
+
+/// Tiles in the ring of a three-warpgroup kernel's TMA form (`mla::W3Layout<fp8>::SLOTS`).
+pub(super) const fn w3_slots(fp8: bool) -> u32 {
+    if fp8 {
+        F8R_RING
+    } else {
+        W3_SLOTS
+    }
+}
+
+/// Dynamic shared memory of the three-warpgroup kernels' TMA forms (`mla::W3Layout<fp8>::SMEM`).
+pub(super) const fn w3_smem(fp8: bool) -> u32 {
+    w3_layout(fp8, false, w3_slots(fp8))
 }
 const _: () = assert!(
     w3_smem(true) <= super::MAX_SMEM && w3_smem(false) <= super::MAX_SMEM,
@@ -182,9 +216,9 @@ pub(super) fn three_wg_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> boo
 const W3_FLAG_BYTES: u32 = 64 + 8;
 
 /// Dynamic shared memory of the three-warpgroup kernels' gather forms
-/// (`mla::W3Layout<fp8, true>::SMEM`): the layout of [`w3_smem`] and each slot's flags.
+/// (`mla::W3Layout<fp8, true>::SMEM`): two slots, and each slot's flags.
 pub(super) const fn w3_cp_smem(fp8: bool) -> u32 {
-    w3_smem(fp8) + W3_SLOTS * W3_FLAG_BYTES
+    w3_layout(fp8, true, W3_SLOTS)
 }
 const _: () = assert!(
     w3_cp_smem(false) <= super::MAX_SMEM && w3_cp_smem(true) <= super::MAX_SMEM,
