@@ -32,9 +32,10 @@
 //
 // Shared memory (W3Layout):
 //   16-bit: ring 2 x 72 KB (9 column blocks [64 tokens x 128 B], swizzled) | Q 72 KB | P 8 KB | ...
-//   fp8:    ring 2 x 41 KB [code group 0..3 boxes, rope box: 64 tokens x 128 B, swizzled]
-//           [scales 64 x 16 B] | V 64 KB (8 column blocks of bf16) | Q 64 KB [group][hi, lo] e4m3
-//           | P 8 KB | ...
+//   fp8:    ring 3 x 41 KB [code group 0..3 boxes, rope box: 64 tokens x 128 B, swizzled]
+//           [scales 64 x 16 B] (F8R_RING) | the factor tables, 1 KB a slot | Q 64 KB [group][hi,
+//           lo] e4m3 | P 8 KB | ...  (the F8R_VT=0 lab and the gather form: ring 2 x 41 KB | V
+//           64 KB, 8 column blocks of bf16 | ...)
 //   then the reductions, the slots' token counts, the schedule, the mbarriers.
 //
 // 384 threads, three warpgroups, no setmaxnreg (168 registers each):
@@ -50,11 +51,12 @@
 //   the slot; the rows past the sequence in its last tile are zeroed first (the TMA copies whole
 //   boxes of a real page: 0 x NaN is not 0). Then O += P V on that half (4 HGMMA m64n256k16).
 //   At a segment's start they write Q (16-bit: cp.async; fp8: split into hi / lo parts, a thread
-//   per row and group, and 2^-e per row). Lane 0 of warp 4 issues the TMA: the CTA's first two
-//   tiles up front, then tile u + 2 into tile u's slot once every thread is done with it. It
+//   per row and group, and 2^-e per row). Lane 0 of warp 4 issues the TMA: the CTA's first
+//   SLOTS tiles up front (two; the fp8 form three), then tile u + SLOTS into tile u's slot once
+//   every thread is done with it. It
 //   walks the CTA's tiles on its own, so the next segment's first tiles load while this one ends.
 //
-// Hand-overs (u: the CTA's running tile count, slot u & 1):
+// Hand-overs (u: the CTA's running tile count, slot u % SLOTS, W3Layout::slot):
 //   FULL[slot]   mbarrier, 1 arrival + the TMA bytes            issuer -> all
 //                gather form: 256 arrivals (warpgroups 1 and 2, each once its own copies
 //                of the tile have landed, cp.async.wait_group, one tile later: W3_CP_DEFER)
@@ -123,11 +125,18 @@
 #define W3_CP_DEFER 1
 #endif
 // Raw tiles in the fp8 TMA form's ring (F8R_VT only: the V stage it no longer writes leaves room
-// for a third 41 KB slot). 2: the two-slot ring; 3: tile u + 3 is issued once tile u is read, so
-// two tiles' loads cover a tile's latency instead of one (lab build, docs/perf.md "Thirty-fifth
-// session").
+// for a third 41 KB slot). 3 (the default since the thirty-fifth session): tile u + 3 is issued
+// once tile u is read, so two tiles' loads cover a tile's latency instead of one (warpgroup 0's
+// FULL wait 0.9 -> 0.1 us a tile; H100 -3% at 64 heads, -5% at 128: docs/perf.md "Thirty-fifth
+// session"); 2: the two-slot ring (lab build).
 #ifndef F8R_RING
-#define F8R_RING 2
+#define F8R_RING 3
+#endif
+// 1: f8r_vt_loop loads the next pair of steps' code words and factors right after issuing the
+// current pair's second product, before its wgmma wait (lab build, docs/perf.md "Thirty-fifth
+// session": the loads otherwise start only after the wait, their latency exposed once a pair).
+#ifndef F8R_VT_AHEAD
+#define F8R_VT_AHEAD 0
 #endif
 namespace mla {
 
@@ -751,11 +760,13 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             // 16 products a tile (k step ks, m-block m), each on its own A fragment: two register
             // sets, step n on a[n & 1], free again once step n - 1 is waited for.
             uint32_t a[2][4];
+            VtStep st;
+            if (F8R_VT_AHEAD) st = vt_step(raw, tab, 2 * w, 0, kw, qd);
 #pragma unroll
             for (int ks = 0; ks < BN / 16; ++ks)
 #pragma unroll
                 for (int j = 0; j < 2; ++j) {
-                    const VtStep st = vt_step(raw, tab, 2 * w + j, ks, kw, qd);
+                    if (!F8R_VT_AHEAD) st = vt_step(raw, tab, 2 * w + j, ks, kw, qd);
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int n = 4 * ks + 2 * j + e;
@@ -763,6 +774,9 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                         wgmma_fence();
                         if (F8R_LAB != 3) SsRs<bf16>::qk(o[2 * j + e], a[n & 1], dp.at(2 * ks), 1);
                         wgmma_commit();
+                        // F8R_VT_AHEAD: the next pair's words load under this product, before the wait.
+                        if (F8R_VT_AHEAD && e == 1 && n + 1 < BN / 4)
+                            st = vt_step(raw, tab, 2 * w + (j ^ 1), ks + j, kw, qd);
                         wgmma_wait<1>();
                     }
                 }

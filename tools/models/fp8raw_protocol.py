@@ -162,7 +162,7 @@ SITES = {
     "vt.red": ("bar.red.and.pred q, %2, 256, p", 0),
     "vt.p_full": ("bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table", 0),
     "vt.alpha": ("al[i][c] = s_alpha[8 * i + 2 * qd + c]", 0),
-    "vt.steps": ("const VtStep st = vt_step(raw, tab, 2 * w + j, ks, kw, qd)", 0),
+    "vt.steps": ("st = vt_step(raw, tab, 2 * w + j, ks, kw, qd)", 0),
     "vt.empty": ("if constexpr (!CP) mbar_arrive(empty + 8 * slot)", 0),
     "vt.pfree_arrive": ("mbar_arrive(pfree);  // P(u) and its factors are read", 0),
     "vt.refill": ("w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps)", 0),

@@ -157,7 +157,7 @@ pub(super) const W3_SLOTS: u32 = 2;
 
 /// Tiles in the raw ring of the fp8 TMA form (`mla::W3Layout<true>::SLOTS`, the kernel's
 /// `F8R_RING`): its 41 KB raw slots leave room for more than two once V is built in registers.
-pub(super) const F8R_RING: u32 = 2;
+pub(super) const F8R_RING: u32 = 3;
 
 /// Dynamic shared memory of a three-warpgroup kernel (`mla::W3Layout<RAW, CP>::SMEM`) with
 /// `slots` tiles in its ring: the ring (16-bit: 9 column blocks of 64 x 128 bytes a slot; fp8:
