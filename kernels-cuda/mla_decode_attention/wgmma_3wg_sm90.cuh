@@ -138,6 +138,11 @@
 #ifndef F8R_VT_AHEAD
 #define F8R_VT_AHEAD 0
 #endif
+// 1 / 2: setmaxnreg gives warpgroups 1 and 2 176 / 184 registers and warpgroup 0 152 / 136
+// (lab build, docs/perf.md "Thirty-fifth session"); 0: 168 each.
+#ifndef F8R_REGS
+#define F8R_REGS 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -967,7 +972,13 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     Segment sg;
     int u = 0;  // the CTA's running tile count: slot L::slot(u), fill L::phase(u)
 
+    // F8R_REGS (fp8 form, lab): registers moved from warpgroup 0 to warpgroups 1 and 2, whose
+    // V^T loop spills at 168 (ptxas allocates per region after setmaxnreg).
+    constexpr bool MOVE_REGS = RAW && !CP && F8R_REGS != 0;
+    constexpr int REGS0 = F8R_REGS == 2 ? 136 : 152, REGS12 = F8R_REGS == 2 ? 184 : 176;
+    static_assert(REGS0 + 2 * REGS12 <= 3 * 168, "setmaxnreg moves, never adds, registers");
     if (wg == 0) {
+        if constexpr (MOVE_REGS) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS0) : "memory");
         const GmmaDesc dq(sQ, 16, 1024);
         int tl_segs = 0;
         unsigned long long tl_fin = 0;  // (lab stamps) the last FIN's time
@@ -1071,6 +1082,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     }
 
     // Warpgroups 1 and 2: V columns 256 w .. 256 w + 255.
+    if constexpr (MOVE_REGS) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS12) : "memory");
     const int w = wg - 1;
     const uint32_t sVh = sV + 4 * w * SUB_BYTES;  // fp8: the warpgroup's half of the V stage
     const GmmaDesc dp(sP, 16, 1024), dv(sVh, SUB_BYTES, 1024);
