@@ -470,31 +470,41 @@ class Sim(SimBase):
             yield Op("tma", s, slot=slot, box=i, nbytes=nb, tag=tag, meant=meant, what=what)
         me.ctx = ctx
 
-    def prog_wg12(self, me):
-        B = self.bugs
-        w = me.wg - 1
-        vbuf = f"V[wg{me.wg}]"
-        u = 0
-        walk = TileWalk(self.segs) if me.issuer else None
+    def prologue(self, me, walk):
+        """Warpgroup 1's start: the issuing lane's first SLOTS tiles, then warp 4's __syncwarp."""
         if me.issuer:
             me.ctx = "prologue"
             v = 0
             while v < SLOTS and walk.next():
                 yield from self.issue(me, walk, v, "iss.prologue")
                 v += 1
-        if me.warp4 and "no_syncwarp" not in B:
+        if me.warp4 and "no_syncwarp" not in self.bugs:
             yield Op("bsync", "wg12.syncwarp0", bar=self.nbars["warp4"], n=32, label=None)
+
+    def segment_start(self, k, pre):
+        """Segment k's start in warpgroups 1 and 2 (sites `pre`.*): f8r_split_q writes Q's parts and
+        s_pinv (vt: then the 256 threads meet on W3_PV_PAIR), then the Q_READY arrival."""
+        qr = Op("barrive", f"{pre}.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
+        if "q_ready_before_split" in self.bugs:
+            yield qr
+        for op in ("wbegin", "wend"):
+            for buf in ("Q", "s_pinv"):
+                yield Op(op, f"{pre}.split_q", buf=buf, tag=(k,))
+        if pre == "vt":
+            yield Op("bsync", "vt.pv_pair", bar=self.nbars[PV_PAIR], n=256, label=("Q", k))
+        if "q_ready_before_split" not in self.bugs:
+            yield qr
+
+    def prog_wg12(self, me):
+        B = self.bugs
+        w = me.wg - 1
+        vbuf = f"V[wg{me.wg}]"
+        u = 0
+        walk = TileWalk(self.segs) if me.issuer else None
+        yield from self.prologue(me, walk)
         for k, (t0, t1) in enumerate(self.segs):
             me.ctx = f"seg {k}"
-            qr = Op("barrive", "wg12.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
-            if "q_ready_before_split" in B:
-                yield qr
-            yield Op("wbegin", "wg12.split_q", buf="Q", tag=(k,))
-            yield Op("wbegin", "wg12.split_q", buf="s_pinv", tag=(k,))
-            yield Op("wend", "wg12.split_q", buf="Q", tag=(k,))
-            yield Op("wend", "wg12.split_q", buf="s_pinv", tag=(k,))
-            if "q_ready_before_split" not in B:
-                yield qr
+            yield from self.segment_start(k, "wg12")
             for t in range(t0, t1):
                 slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
@@ -539,26 +549,10 @@ class Sim(SimBase):
         tab = f"wg{me.wg}"
         u = 0
         walk = TileWalk(self.segs) if me.issuer else None
-        if me.issuer:
-            me.ctx = "prologue"
-            v = 0
-            while v < SLOTS and walk.next():
-                yield from self.issue(me, walk, v, "iss.prologue")
-                v += 1
-        if me.warp4 and "no_syncwarp" not in B:
-            yield Op("bsync", "wg12.syncwarp0", bar=self.nbars["warp4"], n=32, label=None)
+        yield from self.prologue(me, walk)
         for k, (t0, t1) in enumerate(self.segs):
             me.ctx = f"seg {k}"
-            qr = Op("barrive", "vt.q_ready", bar=self.nbars[Q_READY], n=THREADS, label=("Q_READY", k))
-            if "q_ready_before_split" in B:
-                yield qr
-            yield Op("wbegin", "vt.split_q", buf="Q", tag=(k,))
-            yield Op("wbegin", "vt.split_q", buf="s_pinv", tag=(k,))
-            yield Op("wend", "vt.split_q", buf="Q", tag=(k,))
-            yield Op("wend", "vt.split_q", buf="s_pinv", tag=(k,))
-            yield Op("bsync", "vt.pv_pair", bar=self.nbars[PV_PAIR], n=256, label=("Q", k))
-            if "q_ready_before_split" not in B:
-                yield qr
+            yield from self.segment_start(k, "vt")
             for t in range(t0, t1):
                 slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
