@@ -138,10 +138,12 @@
 #ifndef F8R_VT_AHEAD
 #define F8R_VT_AHEAD 0
 #endif
-// 1 / 2: setmaxnreg gives warpgroups 1 and 2 176 / 184 registers and warpgroup 0 152 / 136
-// (lab build, docs/perf.md "Thirty-fifth session"); 0: 168 each.
+// 1 (the default since the thirty-sixth session): setmaxnreg gives warpgroups 1 and 2 176
+// registers and warpgroup 0 152, so the V^T loop refills 1 spilled value a tile instead of 10
+// (H100 -6% at 64 and 128 heads: docs/perf.md "Thirty-sixth session"); 2: 184 / 136 (lab build,
+// spills in warpgroup 0's tile loop); 0: 168 each.
 #ifndef F8R_REGS
-#define F8R_REGS 0
+#define F8R_REGS 1
 #endif
 namespace mla {
 
@@ -157,6 +159,7 @@ constexpr int F8R_SCALE_WORD = vt::fp8ds::SCALE_OFFSET / 4, F8R_ROPE_WORD = vt::
 template <bool RAW, bool CP = false> struct W3Layout {
     // Tiles in the ring: slot u % SLOTS holds the CTA's tile u, in its fill u / SLOTS.
     static constexpr int SLOTS = (RAW && !CP && F8R_VT) ? F8R_RING : W3_SLOTS;
+    // SLOTS 2 keeps its mask and shift only so the two-slot forms' SASS stays byte-identical.
     __device__ static __forceinline__ int slot(int u) { return SLOTS == 2 ? u & 1 : (int)((unsigned)u % SLOTS); }
     __device__ static __forceinline__ int phase(int u) { return SLOTS == 2 ? (u >> 1) & 1 : (int)((unsigned)u / SLOTS) & 1; }
     static constexpr int SLOT = RAW ? F8R_SLOT : TILE_BYTES;
@@ -291,7 +294,7 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     const int slot = L::slot(u);
     if (issuer && walk.next(p, part)) {
         mbar_wait(empty + 8 * slot, L::phase(u));
-        w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + W3Layout<RAW>::FULL_STRIDE * slot, maps);
+        w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
 }
