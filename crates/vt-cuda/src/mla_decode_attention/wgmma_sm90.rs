@@ -164,9 +164,11 @@ pub(super) const F8R_RING: u32 = 3;
 /// four code boxes and a rope box of 64 x 128 bytes, then 64 x 16 bytes of scales), over an fp8
 /// cache the 16-bit V stage (8 column blocks; with more than two slots only the factor tables, 1
 /// KB a slot), Q (16-bit: 9 column blocks; fp8: e4m3 hi / lo parts, 4 groups x 2 x 64 x 128
-/// bytes), P, the reductions (256 floats), the slots' token counts (8-byte aligned), the
-/// schedule, the mbarriers (full and empty per slot, P free), the gather form's flags per slot,
-/// alignment.
+/// bytes), P (two buffers in the fp8 TMA form with the deeper ring, room for the kernel's
+/// `F8R_SOLO`: `mla::W3Layout::PBUFS`), the reductions (256 floats, and 64 more for the second
+/// P buffer's rescale factors), the slots' token counts (8-byte aligned), the schedule, the
+/// mbarriers (full and empty per slot, P free per P buffer, with two buffers P full for each),
+/// the gather form's flags per slot, alignment.
 const fn w3_layout(fp8: bool, cp: bool, slots: u32) -> u32 {
     let block = 64 * 128;
     let (slot, v, q) = if fp8 {
@@ -174,15 +176,16 @@ const fn w3_layout(fp8: bool, cp: bool, slots: u32) -> u32 {
     } else {
         (9 * block, 0, 9 * block)
     };
+    let pbufs = if fp8 && !cp && slots > W3_SLOTS { 2 } else { 1 };
     let flags = if cp { slots * W3_FLAG_BYTES } else { 0 };
     slots * slot
         + v
         + q
-        + ROWS * 128
-        + 256 * 4
+        + pbufs * ROWS * 128
+        + (256 + 64 * (pbufs - 1)) * 4
         + (slots * 4).div_ceil(8) * 8
         + 40 * 4
-        + (2 * slots + 1) * 8
+        + (2 * slots + 1 + 3 * (pbufs - 1)) * 8
         + flags
         + 1024
 }
