@@ -38,7 +38,8 @@
 //           64 KB, 8 column blocks of bf16 | ...)
 //   then the reductions, the slots' token counts, the schedule, the mbarriers.
 //
-// 384 threads, three warpgroups, no setmaxnreg (168 registers each):
+// 384 threads, three warpgroups, 168 registers each (the fp8 TMA form: setmaxnreg 152 / 176 / 176,
+// F8R_REGS):
 // - Warpgroup 0: per tile, S = Q K^T (16-bit: 36 HGMMA m64n64k16; fp8: 32 QGMMA m64n64k32, four
 //   groups x four k steps x hi / lo, two accumulator sets so group g is folded while group g + 1
 //   runs, then the rope's four HGMMA with Q's rope in registers), the online softmax, P and the
