@@ -600,6 +600,41 @@ class Sim(SimBase):
             yield from self.read([("s_fin", (k,))], "wg12.store")
         me.ctx = "returned"
 
+    def vt_full(self, k, t, slot, par, meant):
+        """The vt forms' FULL wait of the slot's tile and vt_factors' reads of its scales and nvalid."""
+        factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
+        if "vt_factors_before_full" in self.bugs:
+            yield from factors
+        yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
+        if "vt_factors_before_full" not in self.bugs:
+            yield from factors
+
+    def vt_steps(self, k, t, slot, meant, tab, pbuf, pfree, pfree_meant):
+        """The vt forms' 16 steps: the slot's codes and the table into registers, P by wgmma; EMPTY
+        once the codes and factors are loaded, P_FREE (`pfree`) once the products are waited for."""
+        B = self.bugs
+        steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
+        empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
+        pf = Op("marrive", "vt.pfree_arrive", bar=pfree, meant=pfree_meant)
+        if "vt_empty_before_steps" in B:
+            yield empty
+        if "vt_pfree_before_steps" in B:
+            yield pf
+        yield Op("rbegin", "vt.steps", reads=steps + [(pbuf, (k, t))])
+        yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
+        if "vt_empty_before_steps" not in B:
+            yield empty
+        yield Op("rend", "vt.steps", reads=[(pbuf, (k, t))])  # P: read by wgmma until its wait
+        if "vt_pfree_before_steps" not in B:
+            yield pf
+
+    def vt_segment_end(self, me, k):
+        """The vt forms' segment end: FIN, then the epilogue's s_fin reads."""
+        me.ctx = f"seg {k} end"
+        if "no_fin_sync" not in self.bugs:
+            yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
+        yield from self.read([("s_fin", (k,))], "vt.store")
+
     def prog_vt(self, me):
         """Warpgroups 1 and 2 with F8R_VT (f8r_vt_loop, the TMA form): no V stage; per tile the
         factor table of the slot's tile, then the 16 steps read the slot's codes, the table and P."""
@@ -615,12 +650,7 @@ class Sim(SimBase):
                 slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
                 par = self.parity(u, t - t0, par)
-                factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
-                if "vt_factors_before_full" in B:
-                    yield from factors
-                yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
-                if "vt_factors_before_full" not in B:
-                    yield from factors
+                yield from self.vt_full(k, t, slot, par, meant)
                 if "vt_no_red" not in B:
                     yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
                 yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
@@ -629,20 +659,7 @@ class Sim(SimBase):
                 else:  # its arrival still counts for warpgroup 0's instance
                     yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
                 yield from self.read([("s_alpha", (k, t))], "vt.alpha")
-                steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
-                empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
-                pfree = Op("marrive", "vt.pfree_arrive", bar=self.pfree, meant=u)
-                if "vt_empty_before_steps" in B:
-                    yield empty
-                if "vt_pfree_before_steps" in B:
-                    yield pfree
-                yield Op("rbegin", "vt.steps", reads=steps + [("P", (k, t))])
-                yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
-                if "vt_empty_before_steps" not in B:
-                    yield empty
-                yield Op("rend", "vt.steps", reads=[("P", (k, t))])  # P: read by wgmma until its wait
-                if "vt_pfree_before_steps" not in B:
-                    yield pfree
+                yield from self.vt_steps(k, t, slot, meant, tab, "P", self.pfree, u)
                 if me.issuer and walk.next():  # w3_refill
                     if "no_empty_wait" not in B:
                         yield Op("mwait", "iss.empty", bar=self.empty[slot],
@@ -652,10 +669,7 @@ class Sim(SimBase):
                 if me.warp4 and "no_syncwarp" not in B:
                     yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
                 u += 1
-            me.ctx = f"seg {k} end"
-            if "no_fin_sync" not in B:
-                yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
-            yield from self.read([("s_fin", (k,))], "vt.store")
+            yield from self.vt_segment_end(me, k)
         me.ctx = "returned"
 
     def prog_solo(self, me):
@@ -696,12 +710,7 @@ class Sim(SimBase):
                         rf += 1
                 if me.warp4 and "no_syncwarp" not in B:
                     yield Op("bsync", "solo.syncwarp", bar=self.nbars["warp4"], n=32, label=None)
-                factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
-                if "vt_factors_before_full" in B:
-                    yield from factors
-                yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
-                if "vt_factors_before_full" not in B:
-                    yield from factors
+                yield from self.vt_full(k, t, slot, par, meant)
                 if "solo_no_red" not in B:
                     yield Op("bsync", "solo.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
                 yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
@@ -712,25 +721,9 @@ class Sim(SimBase):
                     ppar = (u & 1) if "solo_p_full_parity" in B else (u >> 1) & 1
                     yield Op("mwait", "solo.p_full", bar=self.pfulls[u & 1], parity=ppar, meant=u >> 1)
                 yield from self.read([(abuf, (k, t))], "vt.alpha")
-                steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
-                empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
-                pfree = Op("marrive", "vt.pfree_arrive", bar=self.pfrees[u & 1], meant=u >> 1)
-                if "vt_empty_before_steps" in B:
-                    yield empty
-                if "vt_pfree_before_steps" in B:
-                    yield pfree
-                yield Op("rbegin", "vt.steps", reads=steps + [(pbuf, (k, t))])
-                yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
-                if "vt_empty_before_steps" not in B:
-                    yield empty
-                yield Op("rend", "vt.steps", reads=[(pbuf, (k, t))])  # P: read by wgmma until its wait
-                if "vt_pfree_before_steps" not in B:
-                    yield pfree
+                yield from self.vt_steps(k, t, slot, meant, tab, pbuf, self.pfrees[u & 1], u >> 1)
                 u += 1
-            me.ctx = f"seg {k} end"
-            if "no_fin_sync" not in B:
-                yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
-            yield from self.read([("s_fin", (k,))], "vt.store")
+            yield from self.vt_segment_end(me, k)
         me.ctx = "returned"
 
     # -- scheduling (enabled: SimBase's) ------------------------------------------------------
