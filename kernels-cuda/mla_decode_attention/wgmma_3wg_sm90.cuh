@@ -178,12 +178,7 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int V_BYTES = !RAW ? 0 : SLOTS > W3_SLOTS ? SLOTS * 1024 : (NSUB - 1) * SUB_BYTES;
     static constexpr int OFF_Q = OFF_V + V_BYTES;
     static constexpr int OFF_P = OFF_Q + (RAW ? 8 * F8R_BOX : NSUB * SUB_BYTES);  // fp8 Q: [4 groups][hi, lo]
-    // P buffers: two in the fp8 TMA form with the deeper ring (room for F8R_SOLO), else one.
-    static constexpr int PBUFS = (RAW && !CP && SLOTS > W3_SLOTS) ? 2 : 1;
-    static constexpr int P_BYTES = WGMMA_ROWS * 128;
-    static constexpr int OFF_RED = OFF_P + PBUFS * P_BYTES;      // float s_alpha[64], s_fin[128], s_pinv[64],
-                                                                  // (two P buffers) buffer 1's s_alpha[64]
-    static constexpr int RED_FLOATS = 256 + 64 * (PBUFS - 1);
+    static constexpr int OFF_RED = OFF_P + WGMMA_ROWS * 128;      // float s_alpha[64], s_fin[128], s_pinv[64]
     // FULL barriers a slot: the 16-bit TMA form's one per column block (nine, as FlashMLA's
     // per-box barriers: warpgroup 0 starts S's k steps over block cb once that box has landed,
     // warpgroups 1 and 2 wait for their own four V blocks; docs/perf.md, "Thirtieth session":
@@ -192,17 +187,31 @@ template <bool RAW, bool CP = false> struct W3Layout {
     // [SLOTS][NSUB] u64. The fp8 and gather forms: one a slot.
     static constexpr int NFULL = (!RAW && !CP) ? NSUB : 1;
     static constexpr int FULL_STRIDE = 8 * NFULL;  // bytes from one slot's FULL barriers to the next's
-    static constexpr int OFF_NVALID = OFF_RED + RED_FLOATS * 4;   // int [SLOTS]: tokens of the slot's tile that exist
+    static constexpr int OFF_NVALID = OFF_RED + 256 * 4;          // int [SLOTS]: tokens of the slot's tile that exist
     static constexpr int OFF_SCHED = OFF_NVALID + (SLOTS * 4 + 7) / 8 * 8;   // int [40]
-    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS] (see OFF_FULL), EMPTY [SLOTS],
-                                                                  // P_FREE [PBUFS], (two P buffers) P_FULL [2]
+    static constexpr int OFF_MBAR = OFF_SCHED + 40 * 4;           // u64 FULL [SLOTS] (see OFF_FULL), EMPTY [SLOTS], P_FREE
     // Gather form: per slot 64 token flags (the token exists) and 8 bad-block flags (a block
     // id outside the cache among rows 8 k .. 8 k + 7), read as one u64.
-    static constexpr int OFF_VALID = OFF_MBAR + (2 * SLOTS + 1 + 3 * (PBUFS - 1)) * 8;
+    static constexpr int OFF_VALID = OFF_MBAR + (2 * SLOTS + 1) * 8;
     static constexpr int OFF_FULL = NFULL > 1 ? OFF_RED + 192 * 4 : OFF_MBAR;  // (at OFF_MBAR unused then)
     static constexpr int VALID_BYTES = BN + 8;
     static constexpr int END = OFF_VALID + (CP ? SLOTS * VALID_BYTES : 0);
-    static constexpr int SMEM = END + 1024;                       // slack to align the base
+    // The fp8 TMA form with the deeper ring keeps room for F8R_SOLO's second P buffer after all the
+    // rest, so no offset above depends on it: P buffer 1 (1024-aligned), its rescale factors [64],
+    // u64 P_FREE of buffer 1, P_FULL [2].
+    static constexpr int PBUFS = (RAW && !CP && SLOTS > W3_SLOTS) ? 2 : 1;
+    static constexpr int OFF_P1 = (END + 1023) / 1024 * 1024;
+    static constexpr int OFF_ALPHA1 = OFF_P1 + WGMMA_ROWS * 128;
+    static constexpr int OFF_MBAR1 = OFF_ALPHA1 + 64 * 4;
+    static constexpr int SMEM = (PBUFS == 2 ? OFF_MBAR1 + 3 * 8 : END) + 1024;  // slack to align the base
+    // P buffer pb's address, its rescale factors, its P_FREE (pfree: buffer 0's).
+    __device__ static __forceinline__ uint32_t p_buf(uint32_t base, int pb) { return base + (pb ? OFF_P1 : OFF_P); }
+    __device__ static __forceinline__ float* alpha_buf(unsigned char* smem, int pb) {
+        return (float*)(smem + (pb ? OFF_ALPHA1 : OFF_RED));
+    }
+    __device__ static __forceinline__ uint32_t pfree_buf(uint32_t base, uint32_t pfree, int pb) {
+        return pb ? base + OFF_MBAR1 : pfree;
+    }
     static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0 &&
                       OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
                   "alignment");
@@ -739,7 +748,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
     float* s_pinv = (float*)(smem + L::OFF_RED) + 3 * WGMMA_ROWS;
     int* nvalid = (int*)(smem + L::OFF_NVALID);
     const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * L::SLOTS, pfree = empty + 8 * L::SLOTS;
-    const uint32_t pfull = pfree + 16;  // SOLO: P_FULL [2]
+    const uint32_t pfull = base + L::OFF_MBAR1 + 8;  // SOLO: P_FULL [2]
     const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, qd = lane & 3, wq = wtid >> 5;
     const int kw = 8 * wq + (lane >> 2);  // this thread's code word of a group
     const int row0 = blockIdx.y * WGMMA_ROWS;
@@ -796,7 +805,8 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             } else {
                 bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
             }
-            const GmmaDesc dp(base + L::OFF_P + pb * L::P_BYTES, 16, 1024);
+            const GmmaDesc dp(L::p_buf(base, pb), 16, 1024);
+            const float* s_al = L::alpha_buf(smem, pb);
             {
                 float al[8][2];
                 bool any = false;
@@ -804,7 +814,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                 for (int i = 0; i < 8; ++i)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        al[i][c] = s_alpha[256 * pb + 8 * i + 2 * qd + c];
+                        al[i][c] = s_al[8 * i + 2 * qd + c];
                         any |= al[i][c] != 1.0f;
                     }
                 if (any) {
@@ -843,7 +853,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             wgmma_wait<0>();
 #pragma unroll
             for (int m = 0; m < 4; ++m) pin(o[m]);
-            mbar_arrive(pfree + 8 * pb);  // P(u) and its factors are read
+            mbar_arrive(L::pfree_buf(base, pfree, pb));  // P(u) and its factors are read
             if constexpr (CP) {
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its part of the slot
                 if (more) {
@@ -999,10 +1009,10 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             mbar_init(empty + 8 * s, PAIR ? 2 * W3_THREADS / 32 : W3_THREADS);
         }
         mbar_init(pfree, 256);
-        if (L::PBUFS == 2) {
-            mbar_init(pfree + 8, 256);   // buffer 1's P_FREE
-            mbar_init(pfree + 16, 128);  // P_FULL [2] (F8R_SOLO): warpgroup 0's threads
-            mbar_init(pfree + 24, 128);
+        if (F8R_SOLO && L::PBUFS == 2) {
+            mbar_init(base + L::OFF_MBAR1, 256);       // buffer 1's P_FREE
+            mbar_init(base + L::OFF_MBAR1 + 8, 128);   // P_FULL [2]: warpgroup 0's threads
+            mbar_init(base + L::OFF_MBAR1 + 16, 128);
         }
         if (PAIR) fence_mbar_init_cluster();
     }
@@ -1113,19 +1123,20 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 const unsigned long long tp = MLA_TL_NOW();
                 const int pb = SOLO ? u & 1 : 0;  // P(u)'s buffer
                 if constexpr (SOLO) {
-                    if (u >= 2) mbar_wait(pfree + 8 * pb, ((u >> 1) - 1) & 1);  // P V(u - 2) is done with it
+                    if (u >= 2) mbar_wait(L::pfree_buf(base, pfree, pb), ((u >> 1) - 1) & 1);  // P V(u - 2) is done with it
                 } else if (u >= 1) {
                     mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
                 }
                 const unsigned long long ts = MLA_TL_NOW();
-                store_p_rows(sP + pb * L::P_BYTES, pk, wwarp, lane);
+                store_p_rows(L::p_buf(base, pb), pk, wwarp, lane);
                 if (qd == 0) {
-                    s_alpha[256 * pb + r_lo] = alpha[0];
-                    s_alpha[256 * pb + r_lo + 8] = alpha[1];
+                    float* al = L::alpha_buf(smem, pb);
+                    al[r_lo] = alpha[0];
+                    al[r_lo + 8] = alpha[1];
                 }
                 fence_proxy_async();  // P is read by wgmma (async proxy)
                 if constexpr (SOLO) {
-                    mbar_arrive(pfree + 16 + 8 * pb);  // P_FULL of the buffer: this thread's part is written
+                    mbar_arrive(base + L::OFF_MBAR1 + 8 + 8 * pb);  // P_FULL of the buffer: this thread's part is written
                 } else {
                     bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
                     bar_arrive(W3_P_FULL, W3_THREADS);
