@@ -553,52 +553,64 @@ class Sim(SimBase):
         if "q_ready_before_split" not in self.bugs:
             yield qr
 
-    def prog_wg12(self, me):
-        B = self.bugs
-        w = me.wg - 1
-        vbuf = f"V[wg{me.wg}]"
+    def wg12_loop(self, me, pre, tile, segment_end):
+        """Warpgroups 1 and 2's walk over the CTA's segments and tiles, as every form has it: the
+        prologue, each segment's start (sites `pre`.*), tile(k, t, u, slot, par, meant, walk) for each
+        tile (par: the FULL / EMPTY parity under the injected bugs), segment_end(k)."""
         u = 0
         walk = TileWalk(self.segs) if me.issuer else None
         yield from self.prologue(me, walk)
         for k, (t0, t1) in enumerate(self.segs):
             me.ctx = f"seg {k}"
-            yield from self.segment_start(k, "wg12")
+            yield from self.segment_start(k, pre)
             for t in range(t0, t1):
                 slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
-                par = self.parity(u, t - t0, par)
-                yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
-                if u >= 1 and "no_pfree_wait_v" not in B:
-                    yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
-                yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
-                yield Op("rbegin", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-                yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
-                yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
-                yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-                yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
-                if "no_wg_bar" not in B:
-                    yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
-                if me.issuer and walk.next():
-                    if "no_empty_wait" not in B:
-                        yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=self.parity(u, 0, fill(u)[1])
-                                 if "full_parity_local" not in B else fill(u)[1], meant=meant)
-                    yield from self.issue(me, walk, slot, "iss.issue")
-                if me.warp4 and "no_syncwarp" not in B:
-                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
-                yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-                pf = Op("marrive", "wg12.pfree_arrive", bar=self.pfree, meant=u)
-                if "pfree_before_pv" in B:
-                    yield pf
-                yield from self.read([("s_alpha", (k, t))], "wg12.alpha")
-                yield from self.read([("P", (k, t)), (vbuf, (k, t))], "wg12.pv")
-                if "pfree_before_pv" not in B:
-                    yield pf
+                yield from tile(k, t, u, slot, self.parity(u, t - t0, par), meant, walk)
                 u += 1
+            yield from segment_end(k)
+        me.ctx = "returned"
+
+    def prog_wg12(self, me):
+        B = self.bugs
+        w = me.wg - 1
+        vbuf = f"V[wg{me.wg}]"
+
+        def tile(k, t, u, slot, par, meant, walk):
+            yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
+            if u >= 1 and "no_pfree_wait_v" not in B:
+                yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
+            yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
+            yield Op("rbegin", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
+            yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
+            yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
+            yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
+            yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
+            if "no_wg_bar" not in B:
+                yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
+            if me.issuer and walk.next():
+                if "no_empty_wait" not in B:
+                    yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=self.parity(u, 0, fill(u)[1])
+                             if "full_parity_local" not in B else fill(u)[1], meant=meant)
+                yield from self.issue(me, walk, slot, "iss.issue")
+            if me.warp4 and "no_syncwarp" not in B:
+                yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
+            yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+            pf = Op("marrive", "wg12.pfree_arrive", bar=self.pfree, meant=u)
+            if "pfree_before_pv" in B:
+                yield pf
+            yield from self.read([("s_alpha", (k, t))], "wg12.alpha")
+            yield from self.read([("P", (k, t)), (vbuf, (k, t))], "wg12.pv")
+            if "pfree_before_pv" not in B:
+                yield pf
+
+        def segment_end(k):
             me.ctx = f"seg {k} end"
             if "no_fin_sync" not in B:
                 yield Op("bsync", "wg12.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
             yield from self.read([("s_fin", (k,))], "wg12.store")
-        me.ctx = "returned"
+
+        return self.wg12_loop(me, "wg12", tile, segment_end)
 
     def vt_full(self, k, t, slot, par, meant):
         """The vt forms' FULL wait of the slot's tile and vt_factors' reads of its scales and nvalid."""
@@ -640,37 +652,28 @@ class Sim(SimBase):
         factor table of the slot's tile, then the 16 steps read the slot's codes, the table and P."""
         B = self.bugs
         tab = f"wg{me.wg}"
-        u = 0
-        walk = TileWalk(self.segs) if me.issuer else None
-        yield from self.prologue(me, walk)
-        for k, (t0, t1) in enumerate(self.segs):
-            me.ctx = f"seg {k}"
-            yield from self.segment_start(k, "vt")
-            for t in range(t0, t1):
-                slot, par, meant = fill(u)
-                me.ctx = f"seg {k} tile {t} u={u}"
-                par = self.parity(u, t - t0, par)
-                yield from self.vt_full(k, t, slot, par, meant)
-                if "vt_no_red" not in B:
-                    yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
-                yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
-                if "vt_no_p_full_sync" not in B:
-                    yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-                else:  # its arrival still counts for warpgroup 0's instance
-                    yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-                yield from self.read([("s_alpha", (k, t))], "vt.alpha")
-                yield from self.vt_steps(k, t, slot, meant, tab, "P", self.pfree, u)
-                if me.issuer and walk.next():  # w3_refill
-                    if "no_empty_wait" not in B:
-                        yield Op("mwait", "iss.empty", bar=self.empty[slot],
-                                 parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
-                                 meant=meant)
-                    yield from self.issue(me, walk, slot, "vt.refill")
-                if me.warp4 and "no_syncwarp" not in B:
-                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
-                u += 1
-            yield from self.vt_segment_end(me, k)
-        me.ctx = "returned"
+
+        def tile(k, t, u, slot, par, meant, walk):
+            yield from self.vt_full(k, t, slot, par, meant)
+            if "vt_no_red" not in B:
+                yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
+            yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
+            if "vt_no_p_full_sync" not in B:
+                yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+            else:  # its arrival still counts for warpgroup 0's instance
+                yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+            yield from self.read([("s_alpha", (k, t))], "vt.alpha")
+            yield from self.vt_steps(k, t, slot, meant, tab, "P", self.pfree, u)
+            if me.issuer and walk.next():  # w3_refill
+                if "no_empty_wait" not in B:
+                    yield Op("mwait", "iss.empty", bar=self.empty[slot],
+                             parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
+                             meant=meant)
+                yield from self.issue(me, walk, slot, "vt.refill")
+            if me.warp4 and "no_syncwarp" not in B:
+                yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
+
+        return self.wg12_loop(me, "vt", tile, lambda k: self.vt_segment_end(me, k))
 
     def prog_solo(self, me):
         """Warpgroups 1 and 2 with F8R_SOLO (f8r_vt_loop's SOLO): as prog_vt, but the issuing lane
@@ -680,51 +683,42 @@ class Sim(SimBase):
         B = self.bugs
         w = me.wg - 1
         tab = f"wg{me.wg}"
-        u = rf = 0
-        walked = False
-        walk = TileWalk(self.segs) if me.issuer else None
-        yield from self.prologue(me, walk)
-        for k, (t0, t1) in enumerate(self.segs):
-            me.ctx = f"seg {k}"
-            yield from self.segment_start(k, "vt")
-            for t in range(t0, t1):
-                slot, par, meant = fill(u)
-                me.ctx = f"seg {k} tile {t} u={u}"
-                par = self.parity(u, t - t0, par)
-                if me.issuer:
-                    while rf < u and not walked:
-                        rslot, rpar, rmeant = fill(rf)
-                        if rf + SLOTS > u:
-                            test = Op("mtest", "solo.test", bar=self.empty[rslot], parity=rpar, meant=rmeant)
-                            yield test
-                            if not test.result and "solo_no_test" not in B:
-                                break
-                        if not walk.next():
-                            walked = True
+        st = {"rf": 0, "walked": False}  # the issuing lane: the next tile whose slot it refills
+
+        def tile(k, t, u, slot, par, meant, walk):
+            if me.issuer:
+                while st["rf"] < u and not st["walked"]:
+                    rslot, rpar, rmeant = fill(st["rf"])
+                    if st["rf"] + SLOTS > u:
+                        test = Op("mtest", "solo.test", bar=self.empty[rslot], parity=rpar, meant=rmeant)
+                        yield test
+                        if not test.result and "solo_no_test" not in B:
                             break
-                        if "no_empty_wait" not in B:
-                            yield Op("mwait", "solo.empty", bar=self.empty[rslot],
-                                     parity=self.parity(rf, 0, rpar) if "full_parity_local" not in B else rpar,
-                                     meant=rmeant)
-                        yield from self.issue(me, walk, rslot, "solo.issue")
-                        rf += 1
-                if me.warp4 and "no_syncwarp" not in B:
-                    yield Op("bsync", "solo.syncwarp", bar=self.nbars["warp4"], n=32, label=None)
-                yield from self.vt_full(k, t, slot, par, meant)
-                if "solo_no_red" not in B:
-                    yield Op("bsync", "solo.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
-                yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
-                if "solo_no_tab_bar" not in B:
-                    yield Op("bsync", "solo.tab_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
-                pbuf, abuf = self.p_of(u)
-                if "solo_no_p_full_wait" not in B:
-                    ppar = (u & 1) if "solo_p_full_parity" in B else (u >> 1) & 1
-                    yield Op("mwait", "solo.p_full", bar=self.pfulls[u & 1], parity=ppar, meant=u >> 1)
-                yield from self.read([(abuf, (k, t))], "vt.alpha")
-                yield from self.vt_steps(k, t, slot, meant, tab, pbuf, self.pfrees[u & 1], u >> 1)
-                u += 1
-            yield from self.vt_segment_end(me, k)
-        me.ctx = "returned"
+                    if not walk.next():
+                        st["walked"] = True
+                        break
+                    if "no_empty_wait" not in B:
+                        yield Op("mwait", "solo.empty", bar=self.empty[rslot],
+                                 parity=self.parity(st["rf"], 0, rpar) if "full_parity_local" not in B else rpar,
+                                 meant=rmeant)
+                    yield from self.issue(me, walk, rslot, "solo.issue")
+                    st["rf"] += 1
+            if me.warp4 and "no_syncwarp" not in B:
+                yield Op("bsync", "solo.syncwarp", bar=self.nbars["warp4"], n=32, label=None)
+            yield from self.vt_full(k, t, slot, par, meant)
+            if "solo_no_red" not in B:
+                yield Op("bsync", "solo.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
+            yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
+            if "solo_no_tab_bar" not in B:
+                yield Op("bsync", "solo.tab_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
+            pbuf, abuf = self.p_of(u)
+            if "solo_no_p_full_wait" not in B:
+                ppar = (u & 1) if "solo_p_full_parity" in B else (u >> 1) & 1
+                yield Op("mwait", "solo.p_full", bar=self.pfulls[u & 1], parity=ppar, meant=u >> 1)
+            yield from self.read([(abuf, (k, t))], "vt.alpha")
+            yield from self.vt_steps(k, t, slot, meant, tab, pbuf, self.pfrees[u & 1], u >> 1)
+
+        return self.wg12_loop(me, "vt", tile, lambda k: self.vt_segment_end(me, k))
 
     # -- scheduling (enabled: SimBase's) ------------------------------------------------------
     def step(self, a):
