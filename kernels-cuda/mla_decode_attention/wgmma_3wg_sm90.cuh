@@ -204,7 +204,8 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int OFF_ALPHA1 = OFF_P1 + WGMMA_ROWS * 128;
     static constexpr int OFF_MBAR1 = OFF_ALPHA1 + 64 * 4;
     static constexpr int SMEM = (PBUFS == 2 ? OFF_MBAR1 + 3 * 8 : END) + 1024;  // slack to align the base
-    // P buffer pb's address, its rescale factors, its P_FREE (pfree: buffer 0's).
+    // P buffer pb's address, its rescale factors, its P_FREE (pfree: buffer 0's), its P_FULL
+    // (F8R_SOLO only).
     __device__ static __forceinline__ uint32_t p_buf(uint32_t base, int pb) { return base + (pb ? OFF_P1 : OFF_P); }
     __device__ static __forceinline__ float* alpha_buf(unsigned char* smem, int pb) {
         return (float*)(smem + (pb ? OFF_ALPHA1 : OFF_RED));
@@ -212,6 +213,7 @@ template <bool RAW, bool CP = false> struct W3Layout {
     __device__ static __forceinline__ uint32_t pfree_buf(uint32_t base, uint32_t pfree, int pb) {
         return pb ? base + OFF_MBAR1 : pfree;
     }
+    __device__ static __forceinline__ uint32_t pfull_buf(uint32_t base, int pb) { return base + OFF_MBAR1 + 8 + 8 * pb; }
     static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0 &&
                       OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
                   "alignment");
@@ -748,7 +750,6 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
     float* s_pinv = (float*)(smem + L::OFF_RED) + 3 * WGMMA_ROWS;
     int* nvalid = (int*)(smem + L::OFF_NVALID);
     const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * L::SLOTS, pfree = empty + 8 * L::SLOTS;
-    const uint32_t pfull = base + L::OFF_MBAR1 + 8;  // SOLO: P_FULL [2]
     const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, qd = lane & 3, wq = wtid >> 5;
     const int kw = 8 * wq + (lane >> 2);  // this thread's code word of a group
     const int row0 = blockIdx.y * WGMMA_ROWS;
@@ -801,7 +802,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             const int pb = SOLO ? u & 1 : 0;  // P(u)'s buffer
             if constexpr (SOLO) {
                 bar_sync(W3_WG1 + w, 128);                   // the warpgroup's factor table
-                mbar_wait(pfull + 8 * pb, (u >> 1) & 1);     // P(u) and its rescale factors
+                mbar_wait(L::pfull_buf(base, pb), (u >> 1) & 1);  // P(u) and its rescale factors
             } else {
                 bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
             }
@@ -1011,8 +1012,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         mbar_init(pfree, 256);
         if (F8R_SOLO && L::PBUFS == 2) {
             mbar_init(base + L::OFF_MBAR1, 256);       // buffer 1's P_FREE
-            mbar_init(base + L::OFF_MBAR1 + 8, 128);   // P_FULL [2]: warpgroup 0's threads
-            mbar_init(base + L::OFF_MBAR1 + 16, 128);
+            mbar_init(L::pfull_buf(base, 0), 128);     // P_FULL [2]: warpgroup 0's threads
+            mbar_init(L::pfull_buf(base, 1), 128);
         }
         if (PAIR) fence_mbar_init_cluster();
     }
@@ -1041,8 +1042,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     Segment sg;
     int u = 0;  // the CTA's running tile count: slot L::slot(u), fill L::phase(u)
 
-    // F8R_REGS (fp8 form, lab): registers moved from warpgroup 0 to warpgroups 1 and 2, whose
-    // V^T loop spills at 168 (ptxas allocates per region after setmaxnreg).
+    // F8R_REGS (fp8 form, on by default): registers moved from warpgroup 0 to warpgroups 1 and 2,
+    // whose V^T loop spills at 168 (ptxas allocates per region after setmaxnreg).
     constexpr bool MOVE_REGS = RAW && !CP && F8R_REGS != 0;
     constexpr bool SOLO = RAW && !CP && F8R_VT && F8R_SOLO;  // f8r_vt_loop's
     constexpr int REGS0 = F8R_REGS == 2 ? 136 : 152, REGS12 = F8R_REGS == 2 ? 184 : 176;
@@ -1136,7 +1137,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 }
                 fence_proxy_async();  // P is read by wgmma (async proxy)
                 if constexpr (SOLO) {
-                    mbar_arrive(base + L::OFF_MBAR1 + 8 + 8 * pb);  // P_FULL of the buffer: this thread's part is written
+                    mbar_arrive(L::pfull_buf(base, pb));  // P_FULL of the buffer: this thread's part is written
                 } else {
                     bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
                     bar_arrive(W3_P_FULL, W3_THREADS);

@@ -135,7 +135,7 @@ SITES = {
     "wg0.p": ("store_p_rows(L::p_buf(base, pb), pk, wwarp, lane)", 0),
     "wg0.alpha": ("al[r_lo] = alpha[0]", 0),
     "wg0.p_full": ("bar_arrive(W3_P_FULL, W3_THREADS)", 0),
-    "wg0.p_full2": ("mbar_arrive(base + L::OFF_MBAR1 + 8 + 8 * pb)", 0),
+    "wg0.p_full2": ("mbar_arrive(L::pfull_buf(base, pb))", 0),
     "wg0.fin_store": ("store_fin(s_fin, l_run, m_run, r_lo, qd)", 0),
     "wg0.fin": ("bar_arrive(W3_FIN, W3_THREADS)", 0),
     "iss.prologue": ("w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT", 0),
@@ -180,7 +180,7 @@ SITES = {
     "solo.syncwarp": (("if (rf + L::SLOTS > u && !mbar_test", "__syncwarp();"), 0),
     "solo.red": ("bar.red.and.pred q, %2, 128, p", 0),
     "solo.tab_bar": ("bar_sync(W3_WG1 + w, 128);                   // the warpgroup's factor table", 0),
-    "solo.p_full": ("mbar_wait(pfull + 8 * pb, (u >> 1) & 1)", 0),
+    "solo.p_full": ("mbar_wait(L::pfull_buf(base, pb), (u >> 1) & 1)", 0),
     "vt.store": ("const float l = s_fin[r];", 0),
     "tma.land": (None, 0),
 }
