@@ -154,6 +154,13 @@
 #ifndef F8R_SOLO
 #define F8R_SOLO 0
 #endif
+// 1 (with F8R_SOLO): one barrier a tile for the factor table instead of two. The table is
+// written in the common form (every scale < 2^7) before the vote, whose bar.red then also orders
+// those writes; a tile with a larger scale rewrites its table in the x 2^60 form behind a second
+// barrier (lab build).
+#ifndef F8R_ONEBAR
+#define F8R_ONEBAR 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -680,11 +687,28 @@ __device__ __forceinline__ uint32_t vt_pair_bits(uint32_t wa, uint32_t wb, int b
 // group) a thread of warpgroups 1 and 2 (idx 0..255); tokens past nv get 0. Returns `one`:
 // every scale of the tile < 2^7 (a barrier of the 256 threads; SOLO: of warpgroup w's 128, whose
 // groups 2 w, 2 w + 1 are the ones its threads write and read).
+__device__ __forceinline__ void vt_factor_store(uint32_t at, const Bf16Factor& f) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
+}
 template <bool SOLO = false>
 __device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t tab, int idx, int w = 0) {
     const int tok = idx & 63, G = idx >> 6;
     const float sc = tok < nv ? scales[tok * 4 + G] : 0.0f;
     uint32_t all;  // scale < 2^7 (0f43000000 = 128) in all 256 threads (a NaN scale compares false)
+    if constexpr (SOLO && F8R_ONEBAR) {
+        const uint32_t at = tab + ((2 * G) * 64 + tok) * 2;
+        vt_factor_store(at, bf16_factor(sc, true));  // ordered by the vote's barrier
+        asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                     : "=r"(all)
+                     : "f"(sc), "r"(W3_WG1 + w)
+                     : "memory");
+        if (all == 0) {  // warpgroup-uniform: no thread has read the table yet
+            vt_factor_store(at, bf16_factor(sc, false));
+            bar_sync(W3_WG1 + w, 128);
+        }
+        return all != 0;
+    }
     if constexpr (SOLO) {
         asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
                      : "=r"(all)
@@ -698,9 +722,7 @@ __device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t
     }
     const bool one = all != 0;
     const Bf16Factor f = bf16_factor(sc, one);
-    const uint32_t at = tab + ((2 * G) * 64 + tok) * 2;
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
+    vt_factor_store(tab + ((2 * G) * 64 + tok) * 2, f);
     return one;
 }
 // One k step of group G: the four tokens' code words (tokens 16 ks + 2 qd, + 1, + 8, + 9 of the
@@ -801,7 +823,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             if constexpr (CP) w3_cp_arrive(full, pending);  // tile u + 1's copies (W3_CP_DEFER)
             const int pb = SOLO ? u & 1 : 0;  // P(u)'s buffer
             if constexpr (SOLO) {
-                bar_sync(W3_WG1 + w, 128);                   // the warpgroup's factor table
+                if (!F8R_ONEBAR) bar_sync(W3_WG1 + w, 128);  // the warpgroup's factor table
                 mbar_wait(L::pfull_buf(base, pb), (u >> 1) & 1);  // P(u) and its rescale factors
             } else {
                 bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table

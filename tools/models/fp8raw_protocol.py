@@ -16,7 +16,10 @@ below), and solo (F8R_SOLO, the lab build: the vt form paced per warpgroup: the 
 refills at a tile's head, tile u's own refill whatever it waits for and the later ones only once
 mbar_test finds their EMPTY complete; the factors' vote and a table barrier of the warpgroup's 128
 threads; P in two buffers, warpgroup 0 waiting on P_FREE[u & 1] for P V(u - 2) and arriving on
-P_FULL[u & 1], an mbarrier of its 128 threads, which warpgroups 1 and 2 wait on). --slots: the
+P_FULL[u & 1], an mbarrier of its 128 threads, which warpgroups 1 and 2 wait on); with --onebar
+(F8R_ONEBAR, a lab on top of solo) the table is written before the vote, whose bar.red is then its
+only barrier, except on a tile whose vote fails (chosen at random per warpgroup and tile): there the
+first table is dead, rewritten after the vote behind a second barrier of the warpgroup. --slots: the
 ring's depth, W3Layout<true>::SLOTS (F8R_RING with F8R_VT; the stage form keeps 2): tile u sits in
 slot u % SLOTS, its FULL / EMPTY waits take the parity of its fill u / SLOTS.
 Actors (each a generator that steps through the kernel's code, one synchronization or
@@ -99,6 +102,7 @@ How to run
   python3 tools/models/fp8raw_protocol.py --form vt --slots 3 --self-test   # the three-slot ring
   python3 tools/models/fp8raw_protocol.py --form stage --self-test          # the F8R_VT=0 lab's loop
   python3 tools/models/fp8raw_protocol.py --form solo --slots 3 --self-test # the F8R_SOLO lab's loop
+  python3 tools/models/fp8raw_protocol.py --form solo --onebar --slots 3 --self-test # with F8R_ONEBAR
   python3 tools/models/fp8raw_protocol.py --runs 5000 --seed 7
   python3 tools/models/fp8raw_protocol.py --segments 3,1,2 --runs 200   # fixed tile counts
   python3 tools/models/fp8raw_protocol.py --bug no_empty_wait           # one injected bug
@@ -178,9 +182,13 @@ SITES = {
     "solo.empty": ("mbar_wait(e, L::phase(rf));", 0),
     "solo.issue": ("w3_issue<true>(p, walk, sRing + L::slot(rf) * F8R_SLOT", 0),
     "solo.syncwarp": (("if (rf + L::SLOTS > u && !mbar_test", "__syncwarp();"), 0),
-    "solo.red": ("bar.red.and.pred q, %2, 128, p", 0),
-    "solo.tab_bar": ("bar_sync(W3_WG1 + w, 128);                   // the warpgroup's factor table", 0),
+    "solo.red": ("bar.red.and.pred q, %2, 128, p", 1),
+    "solo.tab_bar": ("if (!F8R_ONEBAR) bar_sync(W3_WG1 + w, 128);  // the warpgroup's factor table", 0),
     "solo.p_full": ("mbar_wait(L::pfull_buf(base, pb), (u >> 1) & 1)", 0),
+    "onebar.factors": ("vt_factor_store(at, bf16_factor(sc, true));  // ordered by the vote's barrier", 0),
+    "onebar.red": ("bar.red.and.pred q, %2, 128, p", 0),
+    "onebar.rewrite": ("vt_factor_store(at, bf16_factor(sc, false));", 0),
+    "onebar.rare_bar": (("vt_factor_store(at, bf16_factor(sc, false));", "bar_sync(W3_WG1 + w, 128);"), 0),
     "vt.store": ("const float l = s_fin[r];", 0),
     "tma.land": (None, 0),
 }
@@ -194,6 +202,7 @@ locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.lin
 THREADS = 384  # W3_THREADS
 SLOTS = 2  # W3Layout<true>::SLOTS: F8R_RING with F8R_VT, else 2 (--slots)
 FORM = "vt"  # the warpgroups 1 and 2 loop modelled: "vt" (F8R_VT, the default) or "stage" (--form)
+ONEBAR = False  # --onebar: F8R_ONEBAR's factor table (with --form solo)
 BOX = 64 * 128  # F8R_BOX
 BOXES = [("code group 0", BOX, "issue.code"), ("code group 1", BOX, "issue.code"),
          ("code group 2", BOX, "issue.code"), ("code group 3", BOX, "issue.code"),
@@ -262,6 +271,14 @@ ABLATIONS_SOLO = {
                     ["wg12.syncwarp0", "solo.syncwarp"]),
     "early_empty_wg0": ("WG0 arrives on EMPTY before S reads the slot (warpgroups 1 and 2 arrive only after "
                         "P_FULL[u & 1](u), which follows S(u))", ["wg0.empty", "wg0.qk"]),
+}
+# --onebar (F8R_ONEBAR): replaces solo_no_tab_bar (no such barrier) and the solo_no_red ablation (the
+# vote is now the table's barrier).
+BUGS_ONEBAR = {
+    "onebar_write_after_red": ("the table written after the vote (no barrier between the writes and the steps' "
+                               "reads)", ["onebar.factors", "onebar.red"]),
+    "onebar_no_red": ("no vote barrier (bar.red) of the warpgroup", ["onebar.red"]),
+    "onebar_rare_no_bar": ("a failed vote's table rewritten without the second barrier", ["onebar.rare_bar"]),
 }
 # --slots 3: the parity of a two-slot ring kept with three slots.
 BUGS_RING = {
@@ -373,6 +390,7 @@ class TileWalk:
 class Sim(SimBase):
     def __init__(self, segs, bugs, rng, intent=True):
         self.segs, self.bugs, self.rng, self.intent = segs, set(bugs), rng, intent
+        self.rare_salt = rng.randrange(1 << 20)  # --onebar: which tiles' votes fail
         self.full = [MBar(f"FULL[{s}]", 1, intent) for s in range(SLOTS)]
         self.empty = [MBar(f"EMPTY[{s}]", THREADS, intent) for s in range(SLOTS)]
         self.pfree = MBar("P_FREE", 256, intent)
@@ -413,6 +431,8 @@ class Sim(SimBase):
             return {a: 1 if a == "WG0" else 2 for a in CONSUMERS}
         if buf.startswith("ring") or buf.startswith("nvalid"):
             return {a: 1 for a in CONSUMERS}
+        if buf.startswith("tab") and len(tag) > 2:  # --onebar, a failed vote: the first table is dead
+            return {}
         if buf.startswith("tab"):  # its own warpgroup's steps
             return {a: 1 for a in MEMBERS[1 if buf.endswith("[wg1]") else 2]}
         if buf == "V[wg1]":
@@ -706,11 +726,14 @@ class Sim(SimBase):
             if me.warp4 and "no_syncwarp" not in B:
                 yield Op("bsync", "solo.syncwarp", bar=self.nbars["warp4"], n=32, label=None)
             yield from self.vt_full(k, t, slot, par, meant)
-            if "solo_no_red" not in B:
-                yield Op("bsync", "solo.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
-            yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
-            if "solo_no_tab_bar" not in B:
-                yield Op("bsync", "solo.tab_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
+            if ONEBAR:
+                yield from self.onebar_factors(k, t, u, slot, w, tab)
+            else:
+                if "solo_no_red" not in B:
+                    yield Op("bsync", "solo.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
+                yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
+                if "solo_no_tab_bar" not in B:
+                    yield Op("bsync", "solo.tab_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
             pbuf, abuf = self.p_of(u)
             if "solo_no_p_full_wait" not in B:
                 ppar = (u & 1) if "solo_p_full_parity" in B else (u >> 1) & 1
@@ -719,6 +742,24 @@ class Sim(SimBase):
             yield from self.vt_steps(k, t, slot, meant, tab, pbuf, self.pfrees[u & 1], u >> 1)
 
         return self.wg12_loop(me, "vt", tile, lambda k: self.vt_segment_end(me, k))
+
+    def onebar_factors(self, k, t, u, slot, w, tab):
+        """--onebar: vt_factors' table, written before the vote; a failed vote (the same for every
+        thread of the warpgroup: `rare`) rewrites it after the vote behind a second barrier."""
+        B = self.bugs
+        rare = (u * 2654435761 + 97 * w + self.rare_salt) % 7 < 2
+        first = (k, t, "dead") if rare else (k, t)
+        tabname = f"tab[{slot}][{tab}]"
+        if "onebar_write_after_red" not in B:
+            yield from self.write(tabname, first, "onebar.factors")
+        if "onebar_no_red" not in B:
+            yield Op("bsync", "onebar.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
+        if "onebar_write_after_red" in B:
+            yield from self.write(tabname, first, "onebar.factors")
+        if rare:
+            yield from self.write(tabname, (k, t), "onebar.rewrite")
+            if "onebar_rare_no_bar" not in B:
+                yield Op("bsync", "onebar.rare_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
 
     # -- scheduling (enabled: SimBase's) ------------------------------------------------------
     def step(self, a):
@@ -795,7 +836,7 @@ def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=F
     return explore_segments(runs, seed, bugs, fixed_segs, only_run, ntrace, quiet, max_reports, stop_after, FIXED_CASES,
                             lambda rng: random_segments(rng, 14, 16),
                             lambda segs, rng: run_once(Sim(segs, bugs, rng, intent), rng, 200000),
-                            (f"--form {FORM} --slots {SLOTS} " + ("" if intent else "--no-intent-checks ")), (4, 34, 5))
+                            (f"--form {FORM} --slots {SLOTS} " + ("--onebar " if ONEBAR else "") + ("" if intent else "--no-intent-checks ")), (4, 34, 5))
 
 
 def self_test(seed, runs_per_bug):
@@ -816,8 +857,10 @@ WAITS = list(WAITS_STAGE)
 def configure(args):
     """--form: the warpgroups 1 and 2 loop modelled, its bugs, ablations and reported waits; --slots:
     the ring's depth (more than two only with the vt form, as the kernel's layout allows)."""
-    global FORM, SLOTS
-    FORM, SLOTS = args.form, args.slots
+    global FORM, SLOTS, ONEBAR
+    FORM, SLOTS, ONEBAR = args.form, args.slots, args.onebar
+    if ONEBAR and FORM != "solo":
+        raise SystemExit("--onebar: with --form solo only")
     if SLOTS < 2 or (SLOTS > 2 and FORM == "stage"):
         raise SystemExit("--slots: 2, or more with --form vt or solo (the stage form keeps two)")
     if FORM in ("vt", "solo"):
@@ -834,6 +877,11 @@ def configure(args):
         ABLATIONS.clear()
         ABLATIONS.update(ABLATIONS_SOLO)
         WAITS[:] = WAITS_SOLO
+    if ONEBAR:
+        del BUGS["solo_no_tab_bar"]
+        del ABLATIONS["solo_no_red"]
+        BUGS.update(BUGS_ONEBAR)
+        WAITS[WAITS.index("solo.red"):WAITS.index("solo.tab_bar") + 1] = ["onebar.red", "onebar.rare_bar"]
     if SLOTS > 2:
         BUGS.update(BUGS_RING)
 
@@ -844,8 +892,10 @@ def main():
                                   "(F8R_SOLO: vt paced per warpgroup, two P buffers, refills at a tile's head) or "
                                   "stage (F8R_VT=0: V dequantized into a shared stage)"))
     slots = (["--slots"], dict(type=int, default=2, help="tiles in the raw ring (F8R_RING; default 2)"))
+    onebar = (["--onebar"], dict(action="store_true", help="with --form solo: F8R_ONEBAR's factor table (written "
+                                                             "before the vote, one barrier a tile)"))
     return protocol_cli.main(__doc__, KERNEL, locate_sites, MISSING_SITES, BUGS, ABLATIONS, where, self_test,
-                             explore, WAITS, options=(form, slots), configure=configure)
+                             explore, WAITS, options=(form, slots, onebar), configure=configure)
 
 
 if __name__ == "__main__":
