@@ -682,15 +682,16 @@ __device__ __forceinline__ uint32_t vt_pair_bits(uint32_t wa, uint32_t wb, int b
     asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(wa), "r"(wb), "r"(sel));
     return (x << 4) & 0x87f087f0u;
 }
+// One token's factor pair (hi, lo) into its table entries (vt_factors' layout below).
+__device__ __forceinline__ void vt_factor_store(uint32_t at, const Bf16Factor& f) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
+}
 // The tile's scale factors as a table in shared memory (at tab: [group][hi, lo][64 tokens] of
 // bf16, 1 KB; dequant8's split of scale x 2^120, or x 2^60 when `one` is false), one (token,
 // group) a thread of warpgroups 1 and 2 (idx 0..255); tokens past nv get 0. Returns `one`:
 // every scale of the tile < 2^7 (a barrier of the 256 threads; SOLO: of warpgroup w's 128, whose
 // groups 2 w, 2 w + 1 are the ones its threads write and read).
-__device__ __forceinline__ void vt_factor_store(uint32_t at, const Bf16Factor& f) {
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
-}
 template <bool SOLO = false>
 __device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t tab, int idx, int w = 0) {
     const int tok = idx & 63, G = idx >> 6;
