@@ -687,6 +687,16 @@ __device__ __forceinline__ void vt_factor_store(uint32_t at, const Bf16Factor& f
     asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
     asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
 }
+// The vote of warpgroup w's 128 threads (named barrier W3_WG1 + w): 1 when every thread's scale is
+// below 2^7 (0f43000000 = 128; a NaN scale compares false), else 0. Also a barrier of the 128.
+__device__ __forceinline__ uint32_t vt_vote_wg(float sc, int w) {
+    uint32_t all;
+    asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(all)
+                 : "f"(sc), "r"(W3_WG1 + w)
+                 : "memory");
+    return all;
+}
 // The tile's scale factors as a table in shared memory (at tab: [group][hi, lo][64 tokens] of
 // bf16, 1 KB; dequant8's split of scale x 2^120, or x 2^60 when `one` is false), one (token,
 // group) a thread of warpgroups 1 and 2 (idx 0..255); tokens past nv get 0. Returns `one`:
@@ -696,14 +706,11 @@ template <bool SOLO = false>
 __device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t tab, int idx, int w = 0) {
     const int tok = idx & 63, G = idx >> 6;
     const float sc = tok < nv ? scales[tok * 4 + G] : 0.0f;
-    uint32_t all;  // scale < 2^7 (0f43000000 = 128) in all 256 threads (a NaN scale compares false)
+    uint32_t all;  // every voter's scale < 2^7 (the 256 threads; SOLO: warpgroup w's 128)
     if constexpr (SOLO && F8R_ONEBAR) {
         const uint32_t at = tab + ((2 * G) * 64 + tok) * 2;
         vt_factor_store(at, bf16_factor(sc, true));  // ordered by the vote's barrier
-        asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-                     : "=r"(all)
-                     : "f"(sc), "r"(W3_WG1 + w)
-                     : "memory");
+        all = vt_vote_wg(sc, w);
         if (all == 0) {  // warpgroup-uniform: no thread has read the table yet
             vt_factor_store(at, bf16_factor(sc, false));
             bar_sync(W3_WG1 + w, 128);
@@ -711,10 +718,7 @@ __device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t
         return all != 0;
     }
     if constexpr (SOLO) {
-        asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-                     : "=r"(all)
-                     : "f"(sc), "r"(W3_WG1 + w)
-                     : "memory");
+        all = vt_vote_wg(sc, w);
     } else {
         asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
                      : "=r"(all)
