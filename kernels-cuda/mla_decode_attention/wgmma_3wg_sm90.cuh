@@ -146,21 +146,6 @@
 #ifndef F8R_REGS
 #define F8R_REGS 1
 #endif
-// 1: warpgroups 1 and 2 pace themselves (lab build, docs/perf.md "Thirty-sixth session": ncu put
-// 22% of their stall samples on the tile's bar.red of the 256 threads): the scale factors' vote
-// and table barrier per warpgroup (128), P_FULL an mbarrier per P buffer instead of a named
-// barrier of all 384 threads, two P buffers (warpgroup 0 writes P(u + 1) while P V(u) runs), and
-// the issuing lane refills a slot at a tile's head, waiting only for the one tile u needs.
-#ifndef F8R_SOLO
-#define F8R_SOLO 0
-#endif
-// 1 (with F8R_SOLO): one barrier a tile for the factor table instead of two. The table is
-// written in the common form (every scale < 2^7) before the vote, whose bar.red then also orders
-// those writes; a tile with a larger scale rewrites its table in the x 2^60 form behind a second
-// barrier (lab build).
-#ifndef F8R_ONEBAR
-#define F8R_ONEBAR 0
-#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -203,24 +188,7 @@ template <bool RAW, bool CP = false> struct W3Layout {
     static constexpr int OFF_FULL = NFULL > 1 ? OFF_RED + 192 * 4 : OFF_MBAR;  // (at OFF_MBAR unused then)
     static constexpr int VALID_BYTES = BN + 8;
     static constexpr int END = OFF_VALID + (CP ? SLOTS * VALID_BYTES : 0);
-    // The fp8 TMA form with the deeper ring keeps room for F8R_SOLO's second P buffer after all the
-    // rest, so no offset above depends on it: P buffer 1 (1024-aligned), its rescale factors [64],
-    // u64 P_FREE of buffer 1, P_FULL [2].
-    static constexpr int PBUFS = (RAW && !CP && SLOTS > W3_SLOTS) ? 2 : 1;
-    static constexpr int OFF_P1 = (END + 1023) / 1024 * 1024;
-    static constexpr int OFF_ALPHA1 = OFF_P1 + WGMMA_ROWS * 128;
-    static constexpr int OFF_MBAR1 = OFF_ALPHA1 + 64 * 4;
-    static constexpr int SMEM = (PBUFS == 2 ? OFF_MBAR1 + 3 * 8 : END) + 1024;  // slack to align the base
-    // P buffer pb's address, its rescale factors, its P_FREE (pfree: buffer 0's), its P_FULL
-    // (F8R_SOLO only).
-    __device__ static __forceinline__ uint32_t p_buf(uint32_t base, int pb) { return base + (pb ? OFF_P1 : OFF_P); }
-    __device__ static __forceinline__ float* alpha_buf(unsigned char* smem, int pb) {
-        return (float*)(smem + (pb ? OFF_ALPHA1 : OFF_RED));
-    }
-    __device__ static __forceinline__ uint32_t pfree_buf(uint32_t base, uint32_t pfree, int pb) {
-        return pb ? base + OFF_MBAR1 : pfree;
-    }
-    __device__ static __forceinline__ uint32_t pfull_buf(uint32_t base, int pb) { return base + OFF_MBAR1 + 8 + 8 * pb; }
+    static constexpr int SMEM = END + 1024;                       // slack to align the base
     static_assert(OFF_V % 1024 == 0 && OFF_Q % 1024 == 0 && OFF_P % 1024 == 0 && OFF_MBAR % 8 == 0 &&
                       OFF_VALID % 8 == 0 && VALID_BYTES % 8 == 0,
                   "alignment");
@@ -682,52 +650,23 @@ __device__ __forceinline__ uint32_t vt_pair_bits(uint32_t wa, uint32_t wb, int b
     asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(x) : "r"(wa), "r"(wb), "r"(sel));
     return (x << 4) & 0x87f087f0u;
 }
-// One token's factor pair (hi, lo) into its table entries (vt_factors' layout below).
-__device__ __forceinline__ void vt_factor_store(uint32_t at, const Bf16Factor& f) {
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
-}
-// The vote of warpgroup w's 128 threads (named barrier W3_WG1 + w): 1 when every thread's scale is
-// below 2^7 (0f43000000 = 128; a NaN scale compares false), else 0. Also a barrier of the 128.
-__device__ __forceinline__ uint32_t vt_vote_wg(float sc, int w) {
-    uint32_t all;
-    asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-                 : "=r"(all)
-                 : "f"(sc), "r"(W3_WG1 + w)
-                 : "memory");
-    return all;
-}
 // The tile's scale factors as a table in shared memory (at tab: [group][hi, lo][64 tokens] of
 // bf16, 1 KB; dequant8's split of scale x 2^120, or x 2^60 when `one` is false), one (token,
 // group) a thread of warpgroups 1 and 2 (idx 0..255); tokens past nv get 0. Returns `one`:
-// every scale of the tile < 2^7 (a barrier of the 256 threads; SOLO: of warpgroup w's 128, whose
-// groups 2 w, 2 w + 1 are the ones its threads write and read).
-template <bool SOLO = false>
-__device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t tab, int idx, int w = 0) {
+// every scale of the tile < 2^7 (a barrier of the 256 threads).
+__device__ __forceinline__ bool vt_factors(const float* scales, int nv, uint32_t tab, int idx) {
     const int tok = idx & 63, G = idx >> 6;
     const float sc = tok < nv ? scales[tok * 4 + G] : 0.0f;
-    uint32_t all;  // every voter's scale < 2^7 (the 256 threads; SOLO: warpgroup w's 128)
-    if constexpr (SOLO && F8R_ONEBAR) {
-        const uint32_t at = tab + ((2 * G) * 64 + tok) * 2;
-        vt_factor_store(at, bf16_factor(sc, true));  // ordered by the vote's barrier
-        all = vt_vote_wg(sc, w);
-        if (all == 0) {  // warpgroup-uniform: no thread has read the table yet
-            vt_factor_store(at, bf16_factor(sc, false));
-            bar_sync(W3_WG1 + w, 128);
-        }
-        return all != 0;
-    }
-    if constexpr (SOLO) {
-        all = vt_vote_wg(sc, w);
-    } else {
-        asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-                     : "=r"(all)
-                     : "f"(sc), "n"(W3_PV_PAIR)
-                     : "memory");
-    }
+    uint32_t all;  // scale < 2^7 (0f43000000 = 128) in all 256 threads (a NaN scale compares false)
+    asm volatile("{\n.reg .pred p, q;\nsetp.lt.f32 p, %1, 0f43000000;\nbar.red.and.pred q, %2, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(all)
+                 : "f"(sc), "n"(W3_PV_PAIR)
+                 : "memory");
     const bool one = all != 0;
     const Bf16Factor f = bf16_factor(sc, one);
-    vt_factor_store(tab + ((2 * G) * 64 + tok) * 2, f);
+    const uint32_t at = tab + ((2 * G) * 64 + tok) * 2;
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at), "h"((unsigned short)(f.hi & 0xffffu)) : "memory");
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(at + 128), "h"((unsigned short)(f.lo & 0xffffu)) : "memory");
     return one;
 }
 // One k step of group G: the four tokens' code words (tokens 16 ks + 2 qd, + 1, + 8, + 9 of the
@@ -768,8 +707,6 @@ template <bool CP>
 __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, const RawMaps* maps, TileWalk& walk,
                                             unsigned char* smem, int w, bool issuer) {
     using L = W3Layout<true, CP>;
-    constexpr bool SOLO = !CP && F8R_SOLO;
-    static_assert(!SOLO || L::PBUFS == 2, "F8R_SOLO: two P buffers");
     const uint32_t base = smem_u32(smem);
     const uint32_t sRing = base + L::OFF_RING, sQ = base + L::OFF_Q;
     const float* s_alpha = (const float*)(smem + L::OFF_RED);
@@ -777,6 +714,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
     float* s_pinv = (float*)(smem + L::OFF_RED) + 3 * WGMMA_ROWS;
     int* nvalid = (int*)(smem + L::OFF_NVALID);
     const uint32_t full = base + L::OFF_MBAR, empty = full + 8 * L::SLOTS, pfree = empty + 8 * L::SLOTS;
+    const GmmaDesc dp(base + L::OFF_P, 16, 1024);
     const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, qd = lane & 3, wq = wtid >> 5;
     const int kw = 8 * wq + (lane >> 2);  // this thread's code word of a group
     const int row0 = blockIdx.y * WGMMA_ROWS;
@@ -785,8 +723,6 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
     Segment sg;
     int u = 0;
     int pending = -1;  // W3_CP_DEFER: the slot whose copies this thread has yet to arrive for
-    int rf = 0;        // SOLO, the issuing lane: the next tile whose slot it refills
-    bool walked = false;
     while (next_segment(p, part, nb, pre, sg)) {
         f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128);
         fence_proxy_async();         // Q is read by wgmma (async proxy)
@@ -801,22 +737,6 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             const int slot = L::slot(u);
             const uint32_t raw = sRing + slot * F8R_SLOT;
             const float* scales = (const float*)(smem + L::OFF_RING + slot * F8R_SLOT + F8R_SCALES);
-            if constexpr (SOLO) {
-                // Tile u sits in tile u - SLOTS's slot: that refill is issued now whatever it waits
-                // for; the later ones only if every thread is done with their slot already.
-                if (issuer) {
-                    for (; rf < u && !walked; ++rf) {
-                        const uint32_t e = empty + 8 * L::slot(rf);
-                        if (rf + L::SLOTS > u && !mbar_test(e, L::phase(rf))) break;
-                        walked = !walk.next(p, part);
-                        if (walked) break;
-                        mbar_wait(e, L::phase(rf));
-                        w3_issue<true>(p, walk, sRing + L::slot(rf) * F8R_SLOT, nvalid + L::slot(rf),
-                                       full + 8 * L::slot(rf), maps);
-                    }
-                }
-                __syncwarp();
-            }
             mbar_wait(full + 8 * slot, L::phase(u));
             // Gather form: tile u + 2's rows, looked up now, copied once this tile is done.
             const bool more = CP && walk.next(p, part);
@@ -824,17 +744,9 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             if (more) ahead = gather_rows(p, walk, threadIdx.x & 127);
             const uint32_t tab = base + L::OFF_V + slot * 1024;  // the V region is free in this form
             // Gather form: rows that do not exist were zero-filled (scale 0: factor 0).
-            const bool one = vt_factors<SOLO>(scales, CP ? BN : nvalid[slot], tab, threadIdx.x - 128, w);
+            const bool one = vt_factors(scales, CP ? BN : nvalid[slot], tab, threadIdx.x - 128);
             if constexpr (CP) w3_cp_arrive(full, pending);  // tile u + 1's copies (W3_CP_DEFER)
-            const int pb = SOLO ? u & 1 : 0;  // P(u)'s buffer
-            if constexpr (SOLO) {
-                if (!F8R_ONEBAR) bar_sync(W3_WG1 + w, 128);  // the warpgroup's factor table
-                mbar_wait(L::pfull_buf(base, pb), (u >> 1) & 1);  // P(u) and its rescale factors
-            } else {
-                bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
-            }
-            const GmmaDesc dp(L::p_buf(base, pb), 16, 1024);
-            const float* s_al = L::alpha_buf(smem, pb);
+            bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table
             {
                 float al[8][2];
                 bool any = false;
@@ -842,7 +754,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                 for (int i = 0; i < 8; ++i)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        al[i][c] = s_al[8 * i + 2 * qd + c];
+                        al[i][c] = s_alpha[8 * i + 2 * qd + c];
                         any |= al[i][c] != 1.0f;
                     }
                 if (any) {
@@ -881,7 +793,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             wgmma_wait<0>();
 #pragma unroll
             for (int m = 0; m < 4; ++m) pin(o[m]);
-            mbar_arrive(L::pfree_buf(base, pfree, pb));  // P(u) and its factors are read
+            mbar_arrive(pfree);  // P(u) and its factors are read
             if constexpr (CP) {
                 bar_sync(W3_WG1 + w, 128);  // every warp of the warpgroup is done with its part of the slot
                 if (more) {
@@ -889,7 +801,7 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                                   threadIdx.x & 127);
                     pending = slot;
                 }
-            } else if constexpr (!SOLO) {
+            } else {
                 w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps);
             }
         }
@@ -1037,11 +949,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             mbar_init(empty + 8 * s, PAIR ? 2 * W3_THREADS / 32 : W3_THREADS);
         }
         mbar_init(pfree, 256);
-        if (F8R_SOLO && L::PBUFS == 2) {
-            mbar_init(base + L::OFF_MBAR1, 256);       // buffer 1's P_FREE
-            mbar_init(L::pfull_buf(base, 0), 128);     // P_FULL [2]: warpgroup 0's threads
-            mbar_init(L::pfull_buf(base, 1), 128);
-        }
         if (PAIR) fence_mbar_init_cluster();
     }
     if constexpr (PAIR) cluster_sync();  // both CTAs' barriers exist before any remote arrival or multicast
@@ -1072,7 +979,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     // F8R_REGS (fp8 form, on by default): registers moved from warpgroup 0 to warpgroups 1 and 2,
     // whose V^T loop spills at 168 (ptxas allocates per region after setmaxnreg).
     constexpr bool MOVE_REGS = RAW && !CP && F8R_REGS != 0;
-    constexpr bool SOLO = RAW && !CP && F8R_VT && F8R_SOLO;  // f8r_vt_loop's
     constexpr int REGS0 = F8R_REGS == 2 ? 136 : 152, REGS12 = F8R_REGS == 2 ? 184 : 176;
     static_assert(REGS0 + 2 * REGS12 <= 3 * 168, "setmaxnreg moves, never adds, registers");
     if (wg == 0) {
@@ -1149,26 +1055,16 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                                     [&](int col) { return col < nv; }, qd, c, m_run, l_run, alpha, pk);
                 }
                 const unsigned long long tp = MLA_TL_NOW();
-                const int pb = SOLO ? u & 1 : 0;  // P(u)'s buffer
-                if constexpr (SOLO) {
-                    if (u >= 2) mbar_wait(L::pfree_buf(base, pfree, pb), ((u >> 1) - 1) & 1);  // P V(u - 2) is done with it
-                } else if (u >= 1) {
-                    mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
-                }
+                if (u >= 1) mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)
                 const unsigned long long ts = MLA_TL_NOW();
-                store_p_rows(L::p_buf(base, pb), pk, wwarp, lane);
+                store_p_rows(sP, pk, wwarp, lane);
                 if (qd == 0) {
-                    float* al = L::alpha_buf(smem, pb);
-                    al[r_lo] = alpha[0];
-                    al[r_lo + 8] = alpha[1];
+                    s_alpha[r_lo] = alpha[0];
+                    s_alpha[r_lo + 8] = alpha[1];
                 }
-                fence_proxy_async();  // P is read by wgmma (async proxy)
-                if constexpr (SOLO) {
-                    mbar_arrive(L::pfull_buf(base, pb));  // P_FULL of the buffer: this thread's part is written
-                } else {
-                    bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
-                    bar_arrive(W3_P_FULL, W3_THREADS);
-                }
+                fence_proxy_async();     // P is read by wgmma (async proxy)
+                bar_sync(BAR_WG0, 128);  // racecheck takes a write as published at a barrier it syncs
+                bar_arrive(W3_P_FULL, W3_THREADS);
                 if (tl0) {
                     MLA_TL_ADD(TL_SOFTMAX0, (tp - tsm) + (MLA_TL_NOW() - ts));
                     MLA_TL_ADD(TL_WAIT_PFREE0, ts - tp);

@@ -47,6 +47,27 @@ kcache_report() {
   fi
 }
 trap kcache_report EXIT
+# PREFLIGHT=1: the archive must hold the default build of the staged xtask's texts (a stale
+# archive cost the thirty-eighth session's first call three decode-module compiles on the
+# device, each past its step's cap). Warms a copy of it here and fails if anything compiled.
+kcache_check() {
+  local x=${BIN:-.dev/bin}/xtask tmp
+  [ -f "$KCACHE" ] && [ -x "$x" ] || return 0
+  tmp=$(mktemp -d)
+  tar -C "$tmp" -xJf "$KCACHE"
+  local log missed
+  log=$(env -u VT_CUDA_KERNELS_DIR -u VT_CUDA_INCLUDE -u CUDA_HOME -u CUDA_PATH \
+    "$x" kernels --warm-cache "$tmp/cache" --sm 90 2>&1)
+  rm -rf "$tmp"
+  missed=$(grep -c ", compiled (" <<< "$log")
+  if ! grep -q ", already cached (" <<< "$log" && [ "$missed" -eq 0 ]; then
+    echo "PREFLIGHT FAIL kcache: could not check (source .ci/kernels-cuda-deps): $(tail -n 1 <<< "$log")" | tee -a "$OUT/summary.txt"
+  elif [ "$missed" -gt 0 ]; then
+    echo "PREFLIGHT FAIL kcache: $missed module(s) of $x's default build are not in $KCACHE (re-run tools/device/warm_kernels.sh)" \
+      | tee -a "$OUT/summary.txt"
+  fi
+}
+if [ -n "${PREFLIGHT:-}" ]; then kcache_check; fi
 
 # step NAME CAP_SECONDS COMMAND...: runs COMMAND under a time cap into $OUT/NAME.log (a hang shows
 # as rc 124 and the later steps still run), appends its exit status and the lines that matter

@@ -12,16 +12,9 @@ wait, the scale factors of the slot's tile into a table of the slot (after a bar
 threads on W3_PV_PAIR), P_FULL, then 16 steps that read the slot's codes and the table into
 registers and P by wgmma, EMPTY after the steps, P_FREE after the wgmma wait, the issuing lane's
 refill) and stage (F8R_VT=0: V dequantized into the warpgroup's half of a shared stage, described
-below), and solo (F8R_SOLO, the lab build: the vt form paced per warpgroup: the issuing lane
-refills at a tile's head, tile u's own refill whatever it waits for and the later ones only once
-mbar_test finds their EMPTY complete; the factors' vote and a table barrier of the warpgroup's 128
-threads; P in two buffers, warpgroup 0 waiting on P_FREE[u & 1] for P V(u - 2) and arriving on
-P_FULL[u & 1], an mbarrier of its 128 threads, which warpgroups 1 and 2 wait on); with --onebar
-(F8R_ONEBAR, a lab on top of solo) the table is written before the vote, whose bar.red is then its
-only barrier, except on a tile whose vote fails (chosen at random per warpgroup and tile): there the
-first table is dead, rewritten after the vote behind a second barrier of the warpgroup. --slots: the
-ring's depth, W3Layout<true>::SLOTS (F8R_RING with F8R_VT; the stage form keeps 2): tile u sits in
-slot u % SLOTS, its FULL / EMPTY waits take the parity of its fill u / SLOTS.
+below). --slots: the ring's depth, W3Layout<true>::SLOTS (F8R_RING with F8R_VT; the stage form
+keeps 2): tile u sits in slot u % SLOTS, its FULL / EMPTY waits take the parity of its fill
+u / SLOTS.
 Actors (each a generator that steps through the kernel's code, one synchronization or
 shared-memory access per step; a step is atomic):
   WG0  warpgroup 0 (128 threads): per segment bar_sync(Q_READY), s_pinv; per tile
@@ -101,8 +94,6 @@ How to run
   python3 tools/models/fp8raw_protocol.py                 # 2000 random runs, seed 1 (--form vt, 2 slots)
   python3 tools/models/fp8raw_protocol.py --form vt --slots 3 --self-test   # the three-slot ring
   python3 tools/models/fp8raw_protocol.py --form stage --self-test          # the F8R_VT=0 lab's loop
-  python3 tools/models/fp8raw_protocol.py --form solo --slots 3 --self-test # the F8R_SOLO lab's loop
-  python3 tools/models/fp8raw_protocol.py --form solo --onebar --slots 3 --self-test # with F8R_ONEBAR
   python3 tools/models/fp8raw_protocol.py --runs 5000 --seed 7
   python3 tools/models/fp8raw_protocol.py --segments 3,1,2 --runs 200   # fixed tile counts
   python3 tools/models/fp8raw_protocol.py --bug no_empty_wait           # one injected bug
@@ -134,12 +125,10 @@ SITES = {
     "wg0.qk": ("f8r_qk(s, dq, sRing + slot * F8R_SLOT", 0),
     "wg0.nvalid": ("const int nv = nvalid[slot]", 0),
     "wg0.empty": ("release(empty + 8 * slot)", 0),
-    "wg0.pfree": ("mbar_wait(pfree, (u - 1) & 1);  // warpgroups 1 and 2 are done with P(u - 1)", 0),
-    "wg0.pfree2": ("if (u >= 2) mbar_wait(L::pfree_buf(base, pfree, pb), ((u >> 1) - 1) & 1)", 0),
-    "wg0.p": ("store_p_rows(L::p_buf(base, pb), pk, wwarp, lane)", 0),
-    "wg0.alpha": ("al[r_lo] = alpha[0]", 0),
+    "wg0.pfree": ("if (u >= 1) mbar_wait(pfree, (u - 1) & 1)", 0),
+    "wg0.p": ("store_p_rows(sP, pk, wwarp, lane)", 0),
+    "wg0.alpha": ("s_alpha[r_lo] = alpha[0]", 0),
     "wg0.p_full": ("bar_arrive(W3_P_FULL, W3_THREADS)", 0),
-    "wg0.p_full2": ("mbar_arrive(L::pfull_buf(base, pb))", 0),
     "wg0.fin_store": ("store_fin(s_fin, l_run, m_run, r_lo, qd)", 0),
     "wg0.fin": ("bar_arrive(W3_FIN, W3_THREADS)", 0),
     "iss.prologue": ("w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT", 0),
@@ -148,11 +137,11 @@ SITES = {
     "issue.code": ("tma_load_3d(dst + g * F8R_BOX", 0),
     "issue.rope": ("tma_load_3d(dst + 4 * F8R_BOX", 0),
     "issue.scales": ("tma_load_3d(dst + F8R_SCALES", 0),
-    "wg12.syncwarp0": (("w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT", "__syncwarp();"), 0),
+    "wg12.syncwarp0": ("__syncwarp();", 2),
     "wg12.split_q": ("f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128)", 0),
     "wg12.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 1),
     "wg12.full": ("mbar_wait(full + L::FULL_STRIDE * slot, L::phase(u))", 1),
-    "wg12.pfree": ("u >= 1) mbar_wait(pfree, (u - 1) & 1)", 0),
+    "wg12.pfree": ("u >= 1) mbar_wait(pfree, (u - 1) & 1)", 1),
     "wg12.dequant": ("f8r_dequant_v(sRing + slot * F8R_SLOT", 0),
     "wg12.empty": ("mbar_arrive(empty + 8 * slot)", 1),
     "wg12.wgbar": ("bar_sync(W3_WG1 + w, 128)", 1),
@@ -169,31 +158,19 @@ SITES = {
     "vt.pv_pair": ("bar_sync(W3_PV_PAIR, 256)", 0),
     "vt.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 0),
     "vt.full": ("mbar_wait(full + 8 * slot, L::phase(u))", 0),
-    "vt.factors": ("const bool one = vt_factors<SOLO>(scales, CP ? BN : nvalid[slot], tab", 0),
+    "vt.factors": ("const bool one = vt_factors(scales, CP ? BN : nvalid[slot], tab", 0),
     "vt.red": ("bar.red.and.pred q, %2, 256, p", 0),
     "vt.p_full": ("bar_sync(W3_P_FULL, W3_THREADS);  // P(u) and its rescale factors; the factor table", 0),
-    "vt.alpha": ("al[i][c] = s_al[8 * i + 2 * qd + c]", 0),
+    "vt.alpha": ("al[i][c] = s_alpha[8 * i + 2 * qd + c]", 0),
     "vt.steps": ("st = vt_step(raw, tab, 2 * w + j, ks, kw, qd)", 0),
     "vt.empty": ("if constexpr (!CP) mbar_arrive(empty + 8 * slot)", 0),
-    "vt.pfree_arrive": ("mbar_arrive(L::pfree_buf(base, pfree, pb));  // P(u) and its factors are read", 0),
+    "vt.pfree_arrive": ("mbar_arrive(pfree);  // P(u) and its factors are read", 0),
     "vt.refill": ("w3_refill<true>(issuer, walk, p, part, u, raw, empty, full, nvalid, maps)", 0),
     "vt.fin": ("bar_sync(W3_FIN, W3_THREADS)", 0),
-    "solo.test": ("if (rf + L::SLOTS > u && !mbar_test(e, L::phase(rf))) break;", 0),
-    "solo.empty": ("mbar_wait(e, L::phase(rf));", 0),
-    "solo.issue": ("w3_issue<true>(p, walk, sRing + L::slot(rf) * F8R_SLOT", 0),
-    "solo.syncwarp": (("if (rf + L::SLOTS > u && !mbar_test", "__syncwarp();"), 0),
-    "solo.red": ("all = vt_vote_wg(sc, w);", 1),
-    "solo.tab_bar": ("if (!F8R_ONEBAR) bar_sync(W3_WG1 + w, 128);  // the warpgroup's factor table", 0),
-    "solo.p_full": ("mbar_wait(L::pfull_buf(base, pb), (u >> 1) & 1)", 0),
-    "onebar.factors": ("vt_factor_store(at, bf16_factor(sc, true));  // ordered by the vote's barrier", 0),
-    "onebar.red": ("all = vt_vote_wg(sc, w);", 0),
-    "onebar.rewrite": ("vt_factor_store(at, bf16_factor(sc, false));", 0),
-    "onebar.rare_bar": (("vt_factor_store(at, bf16_factor(sc, false));", "bar_sync(W3_WG1 + w, 128);"), 0),
     "vt.store": ("const float l = s_fin[r];", 0),
     "tma.land": (None, 0),
 }
-# (A tuple of snippets is a chain: each searched from the line of the one before.)
-S = protocol_sim.Sites({"": KERNEL}, {k: None if snip is None else ("", snip if isinstance(snip, tuple) else (snip,), nth)
+S = protocol_sim.Sites({"": KERNEL}, {k: None if snip is None else ("", (snip,), nth)
                                          for k, (snip, nth) in SITES.items()}, "(the copy engine)")
 locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.line
 
@@ -202,7 +179,6 @@ locate_sites, MISSING_SITES, where, lineno = S.locate, S.missing, S.where, S.lin
 THREADS = 384  # W3_THREADS
 SLOTS = 2  # W3Layout<true>::SLOTS: F8R_RING with F8R_VT, else 2 (--slots)
 FORM = "vt"  # the warpgroups 1 and 2 loop modelled: "vt" (F8R_VT, the default) or "stage" (--form)
-ONEBAR = False  # --onebar: F8R_ONEBAR's factor table (with --form solo)
 BOX = 64 * 128  # F8R_BOX
 BOXES = [("code group 0", BOX, "issue.code"), ("code group 1", BOX, "issue.code"),
          ("code group 2", BOX, "issue.code"), ("code group 3", BOX, "issue.code"),
@@ -250,35 +226,6 @@ BUGS_VT = {
     "vt_factors_before_full": ("vt_factors reads the slot's scales and nvalid before the FULL wait",
                                ["vt.factors", "vt.full"]),
     "vt_no_p_full_sync": ("WG1/WG2 do not bar_sync(P_FULL) before reading s_alpha and P", ["vt.p_full"]),
-}
-# --form solo (F8R_SOLO): its own, besides the vt form's that apply.
-BUGS_SOLO = {
-    "solo_no_tab_bar": ("no warpgroup barrier between the factor table's writes and the steps' reads",
-                        ["solo.tab_bar"]),
-    "solo_no_p_full_wait": ("WG1/WG2 do not wait on P_FULL[u & 1] before reading s_alpha and P", ["solo.p_full"]),
-    "solo_p_full_parity": ("the P_FULL wait takes the parity u & 1 (one buffer) instead of (u >> 1) & 1",
-                           ["solo.p_full"]),
-}
-ABLATIONS_SOLO = {
-    "no_empty_wait": ("drop the issuing lane's EMPTY wait (it never waits: tile u - SLOTS's refill is issued after "
-                      "P_FULL(u - 1), which warpgroup 0 arrived after P_FREE(u - 3) and its own release of tile "
-                      "u - 3; a later refill only after mbar_test found its EMPTY complete)", ["solo.empty"]),
-    "solo_no_test": ("refill the later slots without mbar_test, waiting on their EMPTY instead (the test only keeps "
-                     "the lane from waiting; the wait after it is what orders the refill)", ["solo.test"]),
-    "solo_no_red": ("drop the factors' bar.red of the warpgroup (the table barrier after it orders the same "
-                    "accesses; the vote decides `one`, which the model does not check)", ["solo.red"]),
-    "no_syncwarp": ("drop both __syncwarp() of the issuing warp (still needed for bar.sync.aligned's convergence)",
-                    ["wg12.syncwarp0", "solo.syncwarp"]),
-    "early_empty_wg0": ("WG0 arrives on EMPTY before S reads the slot (warpgroups 1 and 2 arrive only after "
-                        "P_FULL[u & 1](u), which follows S(u))", ["wg0.empty", "wg0.qk"]),
-}
-# --onebar (F8R_ONEBAR): replaces solo_no_tab_bar (no such barrier) and the solo_no_red ablation (the
-# vote is now the table's barrier).
-BUGS_ONEBAR = {
-    "onebar_write_after_red": ("the table written after the vote (no barrier between the writes and the steps' "
-                               "reads)", ["onebar.factors", "onebar.red"]),
-    "onebar_no_red": ("no vote barrier (bar.red) of the warpgroup", ["onebar.red"]),
-    "onebar_rare_no_bar": ("a failed vote's table rewritten without the second barrier", ["onebar.rare_bar"]),
 }
 # --slots 3: the parity of a two-slot ring kept with three slots.
 BUGS_RING = {
@@ -328,7 +275,7 @@ class Buf:
 
 class Op:
     __slots__ = ("kind", "site", "bar", "parity", "meant", "n", "label", "reads", "buf", "tag", "slot", "box",
-                 "nbytes", "arrived", "gen", "what", "blocked", "result")
+                 "nbytes", "arrived", "gen", "what", "blocked")
 
     def __init__(self, kind, site, **kw):
         self.kind, self.site = kind, site
@@ -340,8 +287,6 @@ class Op:
         k = self.kind
         if k == "mwait":
             return f"mbar_wait({self.bar.name}, parity {self.parity}) meaning phase {self.meant}"
-        if k == "mtest":
-            return f"mbar_test({self.bar.name}, parity {self.parity}) for phase {self.meant}"
         if k in ("marrive", "expect_tx"):
             return f"{k}({self.bar.name}) for phase {self.meant}"
         if k in ("barrive", "bsync"):
@@ -390,16 +335,10 @@ class TileWalk:
 class Sim(SimBase):
     def __init__(self, segs, bugs, rng, intent=True):
         self.segs, self.bugs, self.rng, self.intent = segs, set(bugs), rng, intent
-        self.rare_salt = rng.randrange(1 << 20)  # --onebar: which tiles' votes fail
         self.full = [MBar(f"FULL[{s}]", 1, intent) for s in range(SLOTS)]
         self.empty = [MBar(f"EMPTY[{s}]", THREADS, intent) for s in range(SLOTS)]
         self.pfree = MBar("P_FREE", 256, intent)
         self.mbars = self.full + self.empty + [self.pfree]
-        if FORM == "solo":  # F8R_SOLO: a P_FREE and a P_FULL (warpgroup 0's 128 threads) per P buffer
-            self.pfrees = [self.pfree, MBar("P_FREE[1]", 256, intent)]
-            self.pfree.name = "P_FREE[0]"
-            self.pfulls = [MBar(f"P_FULL[{b}]", 128, intent) for b in (0, 1)]
-            self.mbars += self.pfrees[1:] + self.pfulls
         self.nbars = {b: NamedBar(BAR_NAMES[b], intent, bid=b) for b in (1, 2, 3, 4, 5, 6, "warp4")}
         self.bufs = {}
         for s in range(SLOTS):
@@ -411,7 +350,7 @@ class Sim(SimBase):
         self.bufs["V[wg2]"] = Buf("V[wg2]", MEMBERS[2])
         for b in ("Q", "s_pinv"):
             self.bufs[b] = Buf(b, WG12)
-        for b in ("P", "s_alpha", "s_fin") + (("P[1]", "s_alpha[1]") if FORM == "solo" else ()):
+        for b in ("P", "s_alpha", "s_fin"):
             self.bufs[b] = Buf(b, ["WG0"])
         self.blocked_waits = collections.Counter()  # site -> waits that did not return at once
         self.tma = []  # in flight: (slot, box index, bytes, tag, meant phase)
@@ -420,19 +359,16 @@ class Sim(SimBase):
         self.actors = []
         for name, wg, weight, issuer, warp4 in GROUPS:
             a = Actor(name, wg, weight, issuer, warp4)
-            a.gen = (self.prog_wg0(a) if wg == 0 else self.prog_vt(a) if FORM == "vt" else
-                     self.prog_solo(a) if FORM == "solo" else self.prog_wg12(a))
+            a.gen = self.prog_wg0(a) if wg == 0 else self.prog_vt(a) if FORM == "vt" else self.prog_wg12(a)
             a.op = next(a.gen, None)
             self.actors.append(a)
 
     # Who must read a write, how often, before it may be overwritten.
     def readers(self, buf, tag):
-        if buf.startswith("ring") and FORM != "stage":  # warpgroups 1 and 2: the factors' scales, then the steps
+        if buf.startswith("ring") and FORM == "vt":  # warpgroups 1 and 2: the factors' scales, then the steps
             return {a: 1 if a == "WG0" else 2 for a in CONSUMERS}
         if buf.startswith("ring") or buf.startswith("nvalid"):
             return {a: 1 for a in CONSUMERS}
-        if buf.startswith("tab") and len(tag) > 2:  # --onebar, a failed vote: the first table is dead
-            return {}
         if buf.startswith("tab"):  # its own warpgroup's steps
             return {a: 1 for a in MEMBERS[1 if buf.endswith("[wg1]") else 2]}
         if buf == "V[wg1]":
@@ -498,19 +434,11 @@ class Sim(SimBase):
                 yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg0.nvalid")
                 if "early_empty_wg0" not in B:
                     yield empty
-                pbuf, abuf = self.p_of(u)
-                if FORM == "solo":  # P(u) into buffer u & 1 once P V(u - 2) is done with it
-                    if u >= 2 and "no_pfree_wait_p" not in B:
-                        yield Op("mwait", "wg0.pfree2", bar=self.pfrees[u & 1], parity=((u >> 1) - 1) & 1,
-                                 meant=(u >> 1) - 1)
-                elif u >= 1 and "no_pfree_wait_p" not in B:
+                if u >= 1 and "no_pfree_wait_p" not in B:
                     yield Op("mwait", "wg0.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
-                yield from self.write(pbuf, (k, t), "wg0.p")
-                yield from self.write(abuf, (k, t), "wg0.alpha")
-                if FORM == "solo":
-                    yield Op("marrive", "wg0.p_full2", bar=self.pfulls[u & 1], meant=u >> 1)
-                else:
-                    yield Op("barrive", "wg0.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                yield from self.write("P", (k, t), "wg0.p")
+                yield from self.write("s_alpha", (k, t), "wg0.alpha")
+                yield Op("barrive", "wg0.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
                 u += 1
             me.ctx = f"seg {k} end"
             fin = Op("barrive", "wg0.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
@@ -520,12 +448,6 @@ class Sim(SimBase):
             if "fin_before_store" not in B:
                 yield fin
         me.ctx = "returned"
-
-    def p_of(self, u):
-        """The P buffer and rescale factors of tile u (F8R_SOLO: two of each, u & 1)."""
-        if FORM == "solo" and u & 1:
-            return "P[1]", "s_alpha[1]"
-        return "P", "s_alpha"
 
     def parity(self, u, t_local, par):
         """The parity a FULL / EMPTY wait of tile u takes (par: the kernel's), under the injected bugs."""
@@ -573,193 +495,110 @@ class Sim(SimBase):
         if "q_ready_before_split" not in self.bugs:
             yield qr
 
-    def wg12_loop(self, me, pre, tile, segment_end):
-        """Warpgroups 1 and 2's walk over the CTA's segments and tiles, as every form has it: the
-        prologue, each segment's start (sites `pre`.*), tile(k, t, u, slot, par, meant, walk) for each
-        tile (par: the FULL / EMPTY parity under the injected bugs), segment_end(k)."""
+    def prog_wg12(self, me):
+        B = self.bugs
+        w = me.wg - 1
+        vbuf = f"V[wg{me.wg}]"
         u = 0
         walk = TileWalk(self.segs) if me.issuer else None
         yield from self.prologue(me, walk)
         for k, (t0, t1) in enumerate(self.segs):
             me.ctx = f"seg {k}"
-            yield from self.segment_start(k, pre)
+            yield from self.segment_start(k, "wg12")
             for t in range(t0, t1):
                 slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
-                yield from tile(k, t, u, slot, self.parity(u, t - t0, par), meant, walk)
+                par = self.parity(u, t - t0, par)
+                yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
+                if u >= 1 and "no_pfree_wait_v" not in B:
+                    yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
+                yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
+                yield Op("rbegin", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
+                yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
+                yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
+                yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
+                yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
+                if "no_wg_bar" not in B:
+                    yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
+                if me.issuer and walk.next():
+                    if "no_empty_wait" not in B:
+                        yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=self.parity(u, 0, fill(u)[1])
+                                 if "full_parity_local" not in B else fill(u)[1], meant=meant)
+                    yield from self.issue(me, walk, slot, "iss.issue")
+                if me.warp4 and "no_syncwarp" not in B:
+                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
+                yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                pf = Op("marrive", "wg12.pfree_arrive", bar=self.pfree, meant=u)
+                if "pfree_before_pv" in B:
+                    yield pf
+                yield from self.read([("s_alpha", (k, t))], "wg12.alpha")
+                yield from self.read([("P", (k, t)), (vbuf, (k, t))], "wg12.pv")
+                if "pfree_before_pv" not in B:
+                    yield pf
                 u += 1
-            yield from segment_end(k)
-        me.ctx = "returned"
-
-    def prog_wg12(self, me):
-        B = self.bugs
-        w = me.wg - 1
-        vbuf = f"V[wg{me.wg}]"
-
-        def tile(k, t, u, slot, par, meant, walk):
-            yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
-            if u >= 1 and "no_pfree_wait_v" not in B:
-                yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
-            yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
-            yield Op("rbegin", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-            yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
-            yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
-            yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-            yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
-            if "no_wg_bar" not in B:
-                yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
-            if me.issuer and walk.next():
-                if "no_empty_wait" not in B:
-                    yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=self.parity(u, 0, fill(u)[1])
-                             if "full_parity_local" not in B else fill(u)[1], meant=meant)
-                yield from self.issue(me, walk, slot, "iss.issue")
-            if me.warp4 and "no_syncwarp" not in B:
-                yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
-            yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-            pf = Op("marrive", "wg12.pfree_arrive", bar=self.pfree, meant=u)
-            if "pfree_before_pv" in B:
-                yield pf
-            yield from self.read([("s_alpha", (k, t))], "wg12.alpha")
-            yield from self.read([("P", (k, t)), (vbuf, (k, t))], "wg12.pv")
-            if "pfree_before_pv" not in B:
-                yield pf
-
-        def segment_end(k):
             me.ctx = f"seg {k} end"
             if "no_fin_sync" not in B:
                 yield Op("bsync", "wg12.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
             yield from self.read([("s_fin", (k,))], "wg12.store")
-
-        return self.wg12_loop(me, "wg12", tile, segment_end)
-
-    def vt_full(self, k, t, slot, par, meant):
-        """The vt forms' FULL wait of the slot's tile and vt_factors' reads of its scales and nvalid."""
-        factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
-        if "vt_factors_before_full" in self.bugs:
-            yield from factors
-        yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
-        if "vt_factors_before_full" not in self.bugs:
-            yield from factors
-
-    def vt_steps(self, k, t, slot, meant, tab, pbuf, pfree, pfree_meant):
-        """The vt forms' 16 steps: the slot's codes and the table into registers, P by wgmma; EMPTY
-        once the codes and factors are loaded, P_FREE (`pfree`) once the products are waited for."""
-        B = self.bugs
-        steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
-        empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
-        pf = Op("marrive", "vt.pfree_arrive", bar=pfree, meant=pfree_meant)
-        if "vt_empty_before_steps" in B:
-            yield empty
-        if "vt_pfree_before_steps" in B:
-            yield pf
-        yield Op("rbegin", "vt.steps", reads=steps + [(pbuf, (k, t))])
-        yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
-        if "vt_empty_before_steps" not in B:
-            yield empty
-        yield Op("rend", "vt.steps", reads=[(pbuf, (k, t))])  # P: read by wgmma until its wait
-        if "vt_pfree_before_steps" not in B:
-            yield pf
-
-    def vt_segment_end(self, me, k):
-        """The vt forms' segment end: FIN, then the epilogue's s_fin reads."""
-        me.ctx = f"seg {k} end"
-        if "no_fin_sync" not in self.bugs:
-            yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
-        yield from self.read([("s_fin", (k,))], "vt.store")
+        me.ctx = "returned"
 
     def prog_vt(self, me):
         """Warpgroups 1 and 2 with F8R_VT (f8r_vt_loop, the TMA form): no V stage; per tile the
         factor table of the slot's tile, then the 16 steps read the slot's codes, the table and P."""
         B = self.bugs
         tab = f"wg{me.wg}"
-
-        def tile(k, t, u, slot, par, meant, walk):
-            yield from self.vt_full(k, t, slot, par, meant)
-            if "vt_no_red" not in B:
-                yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
-            yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
-            if "vt_no_p_full_sync" not in B:
-                yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-            else:  # its arrival still counts for warpgroup 0's instance
-                yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-            yield from self.read([("s_alpha", (k, t))], "vt.alpha")
-            yield from self.vt_steps(k, t, slot, meant, tab, "P", self.pfree, u)
-            if me.issuer and walk.next():  # w3_refill
-                if "no_empty_wait" not in B:
-                    yield Op("mwait", "iss.empty", bar=self.empty[slot],
-                             parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
-                             meant=meant)
-                yield from self.issue(me, walk, slot, "vt.refill")
-            if me.warp4 and "no_syncwarp" not in B:
-                yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
-
-        return self.wg12_loop(me, "vt", tile, lambda k: self.vt_segment_end(me, k))
-
-    def prog_solo(self, me):
-        """Warpgroups 1 and 2 with F8R_SOLO (f8r_vt_loop's SOLO): as prog_vt, but the issuing lane
-        refills at a tile's head (tile u's own refill whatever it waits for, the later ones only if
-        mbar_test finds their slot's EMPTY complete), the factors' vote and table barrier are the
-        warpgroup's own (128), and P(u) is waited for on P_FULL[u & 1]."""
-        B = self.bugs
-        w = me.wg - 1
-        tab = f"wg{me.wg}"
-        st = {"rf": 0, "walked": False}  # the issuing lane: the next tile whose slot it refills
-
-        def tile(k, t, u, slot, par, meant, walk):
-            if me.issuer:
-                while st["rf"] < u and not st["walked"]:
-                    rslot, rpar, rmeant = fill(st["rf"])
-                    if st["rf"] + SLOTS > u:
-                        test = Op("mtest", "solo.test", bar=self.empty[rslot], parity=rpar, meant=rmeant)
-                        yield test
-                        if not test.result and "solo_no_test" not in B:
-                            break
-                    if not walk.next():
-                        st["walked"] = True
-                        break
-                    if "no_empty_wait" not in B:
-                        yield Op("mwait", "solo.empty", bar=self.empty[rslot],
-                                 parity=self.parity(st["rf"], 0, rpar) if "full_parity_local" not in B else rpar,
-                                 meant=rmeant)
-                    yield from self.issue(me, walk, rslot, "solo.issue")
-                    st["rf"] += 1
-            if me.warp4 and "no_syncwarp" not in B:
-                yield Op("bsync", "solo.syncwarp", bar=self.nbars["warp4"], n=32, label=None)
-            yield from self.vt_full(k, t, slot, par, meant)
-            if ONEBAR:
-                yield from self.onebar_factors(k, t, u, slot, w, tab)
-            else:
-                if "solo_no_red" not in B:
-                    yield Op("bsync", "solo.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
+        u = 0
+        walk = TileWalk(self.segs) if me.issuer else None
+        yield from self.prologue(me, walk)
+        for k, (t0, t1) in enumerate(self.segs):
+            me.ctx = f"seg {k}"
+            yield from self.segment_start(k, "vt")
+            for t in range(t0, t1):
+                slot, par, meant = fill(u)
+                me.ctx = f"seg {k} tile {t} u={u}"
+                par = self.parity(u, t - t0, par)
+                factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
+                if "vt_factors_before_full" in B:
+                    yield from factors
+                yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
+                if "vt_factors_before_full" not in B:
+                    yield from factors
+                if "vt_no_red" not in B:
+                    yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
                 yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
-                if "solo_no_tab_bar" not in B:
-                    yield Op("bsync", "solo.tab_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
-            pbuf, abuf = self.p_of(u)
-            if "solo_no_p_full_wait" not in B:
-                ppar = (u & 1) if "solo_p_full_parity" in B else (u >> 1) & 1
-                yield Op("mwait", "solo.p_full", bar=self.pfulls[u & 1], parity=ppar, meant=u >> 1)
-            yield from self.read([(abuf, (k, t))], "vt.alpha")
-            yield from self.vt_steps(k, t, slot, meant, tab, pbuf, self.pfrees[u & 1], u >> 1)
-
-        return self.wg12_loop(me, "vt", tile, lambda k: self.vt_segment_end(me, k))
-
-    def onebar_factors(self, k, t, u, slot, w, tab):
-        """--onebar: vt_factors' table, written before the vote; a failed vote (the same for every
-        thread of the warpgroup: `rare`) rewrites it after the vote behind a second barrier."""
-        B = self.bugs
-        rare = (u * 2654435761 + 97 * w + self.rare_salt) % 7 < 2
-        first = (k, t, "dead") if rare else (k, t)
-        tabname = f"tab[{slot}][{tab}]"
-        if "onebar_write_after_red" not in B:
-            yield from self.write(tabname, first, "onebar.factors")
-        if "onebar_no_red" not in B:
-            yield Op("bsync", "onebar.red", bar=self.nbars[WGBAR + w], n=128, label=("RED", u))
-        if "onebar_write_after_red" in B:
-            yield from self.write(tabname, first, "onebar.factors")
-        if rare:
-            yield from self.write(tabname, (k, t), "onebar.rewrite")
-            if "onebar_rare_no_bar" not in B:
-                yield Op("bsync", "onebar.rare_bar", bar=self.nbars[WGBAR + w], n=128, label=("TAB", u))
+                if "vt_no_p_full_sync" not in B:
+                    yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                else:  # its arrival still counts for warpgroup 0's instance
+                    yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+                yield from self.read([("s_alpha", (k, t))], "vt.alpha")
+                steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
+                empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
+                pfree = Op("marrive", "vt.pfree_arrive", bar=self.pfree, meant=u)
+                if "vt_empty_before_steps" in B:
+                    yield empty
+                if "vt_pfree_before_steps" in B:
+                    yield pfree
+                yield Op("rbegin", "vt.steps", reads=steps + [("P", (k, t))])
+                yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
+                if "vt_empty_before_steps" not in B:
+                    yield empty
+                yield Op("rend", "vt.steps", reads=[("P", (k, t))])  # P: read by wgmma until its wait
+                if "vt_pfree_before_steps" not in B:
+                    yield pfree
+                if me.issuer and walk.next():  # w3_refill
+                    if "no_empty_wait" not in B:
+                        yield Op("mwait", "iss.empty", bar=self.empty[slot],
+                                 parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
+                                 meant=meant)
+                    yield from self.issue(me, walk, slot, "vt.refill")
+                if me.warp4 and "no_syncwarp" not in B:
+                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
+                u += 1
+            me.ctx = f"seg {k} end"
+            if "no_fin_sync" not in B:
+                yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
+            yield from self.read([("s_fin", (k,))], "vt.store")
+        me.ctx = "returned"
 
     # -- scheduling (enabled: SimBase's) ------------------------------------------------------
     def step(self, a):
@@ -769,10 +608,6 @@ class Sim(SimBase):
         advance = True
         if k == "mwait":
             check_wait(op, f"{a.name} ({a.ctx})", self.intent)
-        elif k == "mtest":  # mbarrier.test_wait.parity: never blocks; true once the parity flipped
-            op.result = (op.bar.phase & 1) != op.parity
-            if op.result:
-                check_wait(op, f"{a.name} ({a.ctx})", self.intent)
         elif k == "marrive":
             op.bar.arrive(a.weight, op.meant, f"{a.name} ({a.ctx})", op.site)
         elif k == "expect_tx":
@@ -836,7 +671,7 @@ def explore(runs, seed, bugs, fixed_segs=None, only_run=None, ntrace=12, quiet=F
     return explore_segments(runs, seed, bugs, fixed_segs, only_run, ntrace, quiet, max_reports, stop_after, FIXED_CASES,
                             lambda rng: random_segments(rng, 14, 16),
                             lambda segs, rng: run_once(Sim(segs, bugs, rng, intent), rng, 200000),
-                            (f"--form {FORM} --slots {SLOTS} " + ("--onebar " if ONEBAR else "") + ("" if intent else "--no-intent-checks ")), (4, 34, 5))
+                            (f"--form {FORM} --slots {SLOTS} " + ("" if intent else "--no-intent-checks ")), (4, 34, 5))
 
 
 def self_test(seed, runs_per_bug):
@@ -849,53 +684,34 @@ WAITS_STAGE = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "wg12.f
                "iss.empty", "wg12.syncwarp1", "wg12.p_full", "wg12.fin"]
 WAITS_VT = ["wg0.q_ready", "wg0.full", "wg0.pfree", "wg12.syncwarp0", "vt.pv_pair", "vt.full", "vt.red", "vt.p_full",
             "iss.empty", "wg12.syncwarp1", "vt.fin"]
-WAITS_SOLO = ["wg0.q_ready", "wg0.full", "wg0.pfree2", "wg12.syncwarp0", "vt.pv_pair", "solo.empty", "solo.syncwarp",
-              "vt.full", "solo.red", "solo.tab_bar", "solo.p_full", "vt.fin"]
 WAITS = list(WAITS_STAGE)
 
 
 def configure(args):
     """--form: the warpgroups 1 and 2 loop modelled, its bugs, ablations and reported waits; --slots:
     the ring's depth (more than two only with the vt form, as the kernel's layout allows)."""
-    global FORM, SLOTS, ONEBAR
-    FORM, SLOTS, ONEBAR = args.form, args.slots, args.onebar
-    if ONEBAR and FORM != "solo":
-        raise SystemExit("--onebar: with --form solo only")
-    if SLOTS < 2 or (SLOTS > 2 and FORM == "stage"):
-        raise SystemExit("--slots: 2, or more with --form vt or solo (the stage form keeps two)")
-    if FORM in ("vt", "solo"):
+    global FORM, SLOTS
+    FORM, SLOTS = args.form, args.slots
+    if SLOTS < 2 or (SLOTS > 2 and FORM != "vt"):
+        raise SystemExit("--slots: 2, or more with --form vt (the stage form keeps two)")
+    if FORM == "vt":
         for name in _STAGE_ONLY:
             del BUGS[name]
         BUGS.update(BUGS_VT)
         ABLATIONS.clear()
         ABLATIONS.update(ABLATIONS_VT)
         WAITS[:] = WAITS_VT
-    if FORM == "solo":
-        del BUGS["vt_no_p_full_sync"]
-        del BUGS["no_empty_wait"]
-        BUGS.update(BUGS_SOLO)
-        ABLATIONS.clear()
-        ABLATIONS.update(ABLATIONS_SOLO)
-        WAITS[:] = WAITS_SOLO
-    if ONEBAR:
-        del BUGS["solo_no_tab_bar"]
-        del ABLATIONS["solo_no_red"]
-        BUGS.update(BUGS_ONEBAR)
-        WAITS[WAITS.index("solo.red"):WAITS.index("solo.tab_bar") + 1] = ["onebar.red", "onebar.rare_bar"]
     if SLOTS > 2:
         BUGS.update(BUGS_RING)
 
 
 def main():
-    form = (["--form"], dict(choices=("vt", "solo", "stage"), default="vt",
-                             help="warpgroups 1 and 2: vt (F8R_VT, the default: V^T built in registers), solo "
-                                  "(F8R_SOLO: vt paced per warpgroup, two P buffers, refills at a tile's head) or "
-                                  "stage (F8R_VT=0: V dequantized into a shared stage)"))
+    form = (["--form"], dict(choices=("vt", "stage"), default="vt",
+                             help="warpgroups 1 and 2: vt (F8R_VT, the default: V^T built in registers) or stage "
+                                  "(F8R_VT=0: V dequantized into a shared stage)"))
     slots = (["--slots"], dict(type=int, default=2, help="tiles in the raw ring (F8R_RING; default 2)"))
-    onebar = (["--onebar"], dict(action="store_true", help="with --form solo: F8R_ONEBAR's factor table (written "
-                                                             "before the vote, one barrier a tile)"))
     return protocol_cli.main(__doc__, KERNEL, locate_sites, MISSING_SITES, BUGS, ABLATIONS, where, self_test,
-                             explore, WAITS, options=(form, slots, onebar), configure=configure)
+                             explore, WAITS, options=(form, slots), configure=configure)
 
 
 if __name__ == "__main__":

@@ -165,9 +165,7 @@ pub(super) const F8R_RING: u32 = 3;
 /// cache the 16-bit V stage (8 column blocks; with more than two slots only the factor tables, 1
 /// KB a slot), Q (16-bit: 9 column blocks; fp8: e4m3 hi / lo parts, 4 groups x 2 x 64 x 128
 /// bytes), P, the reductions (256 floats), the slots' token counts (8-byte aligned), the
-/// schedule, the mbarriers (full and empty per slot, P free), the gather form's flags per slot;
-/// then, in the fp8 TMA form with more than two slots, the room of the kernel's `F8R_SOLO` lab
-/// after all the rest (a second P buffer 1024-aligned, its 64 rescale factors, three mbarriers);
+/// schedule, the mbarriers (full and empty per slot, P free), the gather form's flags per slot,
 /// alignment.
 const fn w3_layout(fp8: bool, cp: bool, slots: u32) -> u32 {
     let block = 64 * 128;
@@ -177,7 +175,7 @@ const fn w3_layout(fp8: bool, cp: bool, slots: u32) -> u32 {
         (9 * block, 0, 9 * block)
     };
     let flags = if cp { slots * W3_FLAG_BYTES } else { 0 };
-    let end = slots * slot
+    slots * slot
         + v
         + q
         + ROWS * 128
@@ -185,13 +183,8 @@ const fn w3_layout(fp8: bool, cp: bool, slots: u32) -> u32 {
         + (slots * 4).div_ceil(8) * 8
         + 40 * 4
         + (2 * slots + 1) * 8
-        + flags;
-    let end = if fp8 && !cp && slots > W3_SLOTS {
-        end.div_ceil(1024) * 1024 + ROWS * 128 + 64 * 4 + 3 * 8
-    } else {
-        end
-    };
-    end + 1024
+        + flags
+        + 1024
 }
 
 /// Tiles in the ring of a three-warpgroup kernel's TMA form (`mla::W3Layout<fp8>::SLOTS`).
