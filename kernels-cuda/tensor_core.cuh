@@ -218,6 +218,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
+// One box of `map` at (c0, c1, c2) fetched into L2 only: no shared memory, no barrier (a hint
+// the copy engine may drop).
+__device__ __forceinline__ void tma_prefetch_3d(const TmaMap* map, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the copy
 // engine; the bytes complete on the mbarrier `bar`.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

@@ -146,6 +146,13 @@
 #ifndef F8R_REGS
 #define F8R_REGS 1
 #endif
+// 1: the 16-bit TMA forms' issuing lane, after issuing tile u + 2 into tile u's slot, also
+// fetches tile u + 3's column blocks (PAIR: this CTA's half) into L2 (lab build, thirty-eighth
+// session: at 128 heads warpgroup 0 waits 1.5 us a tile for data while the grid moves 1.8 TB/s,
+// the two-slot ring's latency exposed; L2 holds the stage shared memory has no room for).
+#ifndef W3_L2AHEAD
+#define W3_L2AHEAD 0
+#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -285,6 +292,19 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     }
 }
 
+// W3_L2AHEAD (16-bit TMA forms): the tile after w's next one, this CTA's column blocks, into L2.
+template <bool PAIR>
+__device__ __forceinline__ void w3_l2_ahead(const Params& p, const Part& part, TileWalk w, const TmaMap* map) {
+    if (!w.next(p, part)) return;
+    const int j = w.t * BN, bi = j / p.BS;
+    const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
+    if (v < 0 || v >= p.NB) return;  // its boxes read zeros: nothing to fetch
+    const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
+#pragma unroll
+    for (int cb = 0; cb < NSUB; ++cb)
+        if (!PAIR || (uint32_t)(cb & 1) == rank) tma_prefetch_3d(map, 64 * cb, j - bi * p.BS, v);
+}
+
 // The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
 // done with tile u (its EMPTY phase); then the warp reconverges.
 template <bool RAW, bool PAIR = false>
@@ -296,6 +316,7 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     if (issuer && walk.next(p, part)) {
         mbar_wait(empty + 8 * slot, L::phase(u));
         w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
+        if constexpr (!RAW && W3_L2AHEAD) w3_l2_ahead<PAIR>(p, part, walk, maps);
     }
     __syncwarp();
 }

@@ -18,5 +18,7 @@ lab_overlay() {
 # and W3_LAYOUT (thirty-second) and W3_QNEXT (thirty-third) were measured and removed. Add a line
 # here for a new lab so its call does not compile it on the device. The other lab scripts'
 # builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became
-# the defaults in the twenty-fourth session; their =0 builds are the old forms.
-LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"
+# the defaults in the twenty-fourth session; their =0 builds are the old forms. F8R_SOLO and
+# F8R_ONEBAR were measured and removed in the thirty-eighth session; W3_L2AHEAD is that session's.
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
+wgmma_3wg_sm90.cuh W3_L2AHEAD=1"
