@@ -495,110 +495,108 @@ class Sim(SimBase):
         if "q_ready_before_split" not in self.bugs:
             yield qr
 
-    def prog_wg12(self, me):
-        B = self.bugs
-        w = me.wg - 1
-        vbuf = f"V[wg{me.wg}]"
+    def wg12_loop(self, me, pre, tile, end):
+        """Warpgroups 1 and 2's walk over the CTA's segments and tiles, as both forms have it: the
+        prologue, each segment's start (sites `pre`.*), tile(k, t, u, slot, par, meant, walk) for
+        each tile (par: the FULL / EMPTY parity under the injected bugs), then the segment's FIN
+        barrier (site `pre`.fin) and its store (site `end`)."""
         u = 0
         walk = TileWalk(self.segs) if me.issuer else None
         yield from self.prologue(me, walk)
         for k, (t0, t1) in enumerate(self.segs):
             me.ctx = f"seg {k}"
-            yield from self.segment_start(k, "wg12")
+            yield from self.segment_start(k, pre)
             for t in range(t0, t1):
                 slot, par, meant = fill(u)
                 me.ctx = f"seg {k} tile {t} u={u}"
-                par = self.parity(u, t - t0, par)
-                yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
-                if u >= 1 and "no_pfree_wait_v" not in B:
-                    yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
-                yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
-                yield Op("rbegin", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-                yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
-                yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
-                yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
-                yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
-                if "no_wg_bar" not in B:
-                    yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
-                if me.issuer and walk.next():
-                    if "no_empty_wait" not in B:
-                        yield Op("mwait", "iss.empty", bar=self.empty[slot], parity=self.parity(u, 0, fill(u)[1])
-                                 if "full_parity_local" not in B else fill(u)[1], meant=meant)
-                    yield from self.issue(me, walk, slot, "iss.issue")
-                if me.warp4 and "no_syncwarp" not in B:
-                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
-                yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-                pf = Op("marrive", "wg12.pfree_arrive", bar=self.pfree, meant=u)
-                if "pfree_before_pv" in B:
-                    yield pf
-                yield from self.read([("s_alpha", (k, t))], "wg12.alpha")
-                yield from self.read([("P", (k, t)), (vbuf, (k, t))], "wg12.pv")
-                if "pfree_before_pv" not in B:
-                    yield pf
+                yield from tile(k, t, u, slot, self.parity(u, t - t0, par), meant, walk)
                 u += 1
             me.ctx = f"seg {k} end"
-            if "no_fin_sync" not in B:
-                yield Op("bsync", "wg12.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
-            yield from self.read([("s_fin", (k,))], "wg12.store")
+            if "no_fin_sync" not in self.bugs:
+                yield Op("bsync", f"{pre}.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
+            yield from self.read([("s_fin", (k,))], end)
         me.ctx = "returned"
+
+    def refill(self, me, walk, u, slot, meant, site):
+        """The issuing lane's w3_refill (tile u + SLOTS into tile u's slot), then warp 4's
+        reconvergence."""
+        B = self.bugs
+        if me.issuer and walk.next():
+            if "no_empty_wait" not in B:
+                yield Op("mwait", "iss.empty", bar=self.empty[slot],
+                         parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
+                         meant=meant)
+            yield from self.issue(me, walk, slot, site)
+        if me.warp4 and "no_syncwarp" not in B:
+            yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
+
+    def prog_wg12(self, me):
+        B = self.bugs
+        w = me.wg - 1
+        vbuf = f"V[wg{me.wg}]"
+
+        def tile(k, t, u, slot, par, meant, walk):
+            yield Op("mwait", "wg12.full", bar=self.full[slot], parity=par, meant=meant)
+            if u >= 1 and "no_pfree_wait_v" not in B:
+                yield Op("mwait", "wg12.pfree", bar=self.pfree, parity=(u - 1) & 1, meant=u - 1)
+            yield from self.read([(f"nvalid[{slot}]", (k, t))], "wg12.dequant")  # the argument
+            yield Op("rbegin", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
+            yield Op("wbegin", "wg12.dequant", buf=vbuf, tag=(k, t))
+            yield Op("wend", "wg12.dequant", buf=vbuf, tag=(k, t))
+            yield Op("rend", "wg12.dequant", reads=[(f"ring[{slot}]", (k, t))])
+            yield Op("marrive", "wg12.empty", bar=self.empty[slot], meant=meant)
+            if "no_wg_bar" not in B:
+                yield Op("bsync", "wg12.wgbar", bar=self.nbars[WGBAR + w], n=128, label=(f"WG{me.wg}", u))
+            yield from self.refill(me, walk, u, slot, meant, "iss.issue")
+            yield Op("bsync", "wg12.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+            pf = Op("marrive", "wg12.pfree_arrive", bar=self.pfree, meant=u)
+            if "pfree_before_pv" in B:
+                yield pf
+            yield from self.read([("s_alpha", (k, t))], "wg12.alpha")
+            yield from self.read([("P", (k, t)), (vbuf, (k, t))], "wg12.pv")
+            if "pfree_before_pv" not in B:
+                yield pf
+
+        return self.wg12_loop(me, "wg12", tile, "wg12.store")
 
     def prog_vt(self, me):
         """Warpgroups 1 and 2 with F8R_VT (f8r_vt_loop, the TMA form): no V stage; per tile the
         factor table of the slot's tile, then the 16 steps read the slot's codes, the table and P."""
         B = self.bugs
         tab = f"wg{me.wg}"
-        u = 0
-        walk = TileWalk(self.segs) if me.issuer else None
-        yield from self.prologue(me, walk)
-        for k, (t0, t1) in enumerate(self.segs):
-            me.ctx = f"seg {k}"
-            yield from self.segment_start(k, "vt")
-            for t in range(t0, t1):
-                slot, par, meant = fill(u)
-                me.ctx = f"seg {k} tile {t} u={u}"
-                par = self.parity(u, t - t0, par)
-                factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
-                if "vt_factors_before_full" in B:
-                    yield from factors
-                yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
-                if "vt_factors_before_full" not in B:
-                    yield from factors
-                if "vt_no_red" not in B:
-                    yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
-                yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
-                if "vt_no_p_full_sync" not in B:
-                    yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-                else:  # its arrival still counts for warpgroup 0's instance
-                    yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
-                yield from self.read([("s_alpha", (k, t))], "vt.alpha")
-                steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
-                empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
-                pfree = Op("marrive", "vt.pfree_arrive", bar=self.pfree, meant=u)
-                if "vt_empty_before_steps" in B:
-                    yield empty
-                if "vt_pfree_before_steps" in B:
-                    yield pfree
-                yield Op("rbegin", "vt.steps", reads=steps + [("P", (k, t))])
-                yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
-                if "vt_empty_before_steps" not in B:
-                    yield empty
-                yield Op("rend", "vt.steps", reads=[("P", (k, t))])  # P: read by wgmma until its wait
-                if "vt_pfree_before_steps" not in B:
-                    yield pfree
-                if me.issuer and walk.next():  # w3_refill
-                    if "no_empty_wait" not in B:
-                        yield Op("mwait", "iss.empty", bar=self.empty[slot],
-                                 parity=fill(u)[1] if "full_parity_local" in B else self.parity(u, 0, fill(u)[1]),
-                                 meant=meant)
-                    yield from self.issue(me, walk, slot, "vt.refill")
-                if me.warp4 and "no_syncwarp" not in B:
-                    yield Op("bsync", "wg12.syncwarp1", bar=self.nbars["warp4"], n=32, label=None)
-                u += 1
-            me.ctx = f"seg {k} end"
-            if "no_fin_sync" not in B:
-                yield Op("bsync", "vt.fin", bar=self.nbars[FIN], n=THREADS, label=("FIN", k))
-            yield from self.read([("s_fin", (k,))], "vt.store")
-        me.ctx = "returned"
+
+        def tile(k, t, u, slot, par, meant, walk):
+            factors = self.read([(f"nvalid[{slot}]", (k, t)), (f"ring[{slot}]", (k, t))], "vt.factors")
+            if "vt_factors_before_full" in B:
+                yield from factors
+            yield Op("mwait", "vt.full", bar=self.full[slot], parity=par, meant=meant)
+            if "vt_factors_before_full" not in B:
+                yield from factors
+            if "vt_no_red" not in B:
+                yield Op("bsync", "vt.red", bar=self.nbars[PV_PAIR], n=256, label=("RED", u))
+            yield from self.write(f"tab[{slot}][{tab}]", (k, t), "vt.factors")
+            if "vt_no_p_full_sync" not in B:
+                yield Op("bsync", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+            else:  # its arrival still counts for warpgroup 0's instance
+                yield Op("barrive", "vt.p_full", bar=self.nbars[P_FULL], n=THREADS, label=("P_FULL", u))
+            yield from self.read([("s_alpha", (k, t))], "vt.alpha")
+            steps = [(f"ring[{slot}]", (k, t)), (f"tab[{slot}][{tab}]", (k, t))]
+            empty = Op("marrive", "vt.empty", bar=self.empty[slot], meant=meant)
+            pfree = Op("marrive", "vt.pfree_arrive", bar=self.pfree, meant=u)
+            if "vt_empty_before_steps" in B:
+                yield empty
+            if "vt_pfree_before_steps" in B:
+                yield pfree
+            yield Op("rbegin", "vt.steps", reads=steps + [("P", (k, t))])
+            yield Op("rend", "vt.steps", reads=steps)  # the codes and factors: loaded into registers
+            if "vt_empty_before_steps" not in B:
+                yield empty
+            yield Op("rend", "vt.steps", reads=[("P", (k, t))])  # P: read by wgmma until its wait
+            if "vt_pfree_before_steps" not in B:
+                yield pfree
+            yield from self.refill(me, walk, u, slot, meant, "vt.refill")
+
+        return self.wg12_loop(me, "vt", tile, "vt.store")
 
     # -- scheduling (enabled: SimBase's) ------------------------------------------------------
     def step(self, a):
