@@ -146,10 +146,10 @@
 #ifndef F8R_REGS
 #define F8R_REGS 1
 #endif
-// 1: the 16-bit TMA forms' issuing lane, after issuing tile u + 2 into tile u's slot, also
-// fetches tile u + 3's column blocks (PAIR: this CTA's half) into L2 (lab build, thirty-eighth
+// D >= 1: the 16-bit TMA forms' issuing lane, after issuing tile u + 2 into tile u's slot, also
+// fetches tile u + 2 + D's column blocks (PAIR: this CTA's half) into L2 (lab build, thirty-eighth
 // session: at 128 heads warpgroup 0 waits 1.5 us a tile for data while the grid moves 1.8 TB/s,
-// the two-slot ring's latency exposed; L2 holds the stage shared memory has no room for).
+// the two-slot ring's latency exposed; L2 holds the stages shared memory has no room for).
 #ifndef W3_L2AHEAD
 #define W3_L2AHEAD 0
 #endif
@@ -292,10 +292,12 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
     }
 }
 
-// W3_L2AHEAD (16-bit TMA forms): the tile after w's next one, this CTA's column blocks, into L2.
+// W3_L2AHEAD (16-bit TMA forms): the tile W3_L2AHEAD after w's, this CTA's column blocks, into L2.
 template <bool PAIR>
 __device__ __forceinline__ void w3_l2_ahead(const Params& p, const Part& part, TileWalk w, const TmaMap* map) {
-    if (!w.next(p, part)) return;
+#pragma unroll
+    for (int d = 0; d < W3_L2AHEAD; ++d)
+        if (!w.next(p, part)) return;
     const int j = w.t * BN, bi = j / p.BS;
     const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
     if (v < 0 || v >= p.NB) return;  // its boxes read zeros: nothing to fetch

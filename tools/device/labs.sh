@@ -21,4 +21,5 @@ lab_overlay() {
 # the defaults in the twenty-fourth session; their =0 builds are the old forms. F8R_SOLO and
 # F8R_ONEBAR were measured and removed in the thirty-eighth session; W3_L2AHEAD is that session's.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-wgmma_3wg_sm90.cuh W3_L2AHEAD=1"
+wgmma_3wg_sm90.cuh W3_L2AHEAD=1
+wgmma_3wg_sm90.cuh W3_L2AHEAD=2"
