@@ -255,6 +255,20 @@ struct TileWalk {
     }
 };
 
+// Where tile w.t of segment w.sg lies in the cache: its first token j, its block id blk and
+// first row in it; ok is false for a block id outside the cache (then blk = NB, whose boxes
+// read zeros, and row 0). 64 divides BS, so the tile is 64 rows of one block.
+struct TileBlock {
+    int j, blk, row;
+    bool ok;
+};
+__device__ __forceinline__ TileBlock tile_block(const Params& p, const TileWalk& w) {
+    const int j = w.t * BN, bi = j / p.BS;
+    const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
+    const bool ok = v >= 0 && v < p.NB;
+    return {j, ok ? v : p.NB, ok ? j - bi * p.BS : 0, ok};
+}
+
 // Issues tile w.t of segment w.sg into the slot at dst (its boxes completing on `full`) and
 // records how many of its tokens exist (0 for a block id outside the cache, whose boxes read
 // block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block. fp8:
@@ -262,11 +276,9 @@ struct TileWalk {
 template <bool RAW, bool PAIR = false>
 __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
                                          const W3Maps<RAW>* maps) {
-    const int j = w.t * BN, bi = j / p.BS;
-    const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
-    const bool ok = v >= 0 && v < p.NB;
-    const int blk = ok ? v : p.NB, row = ok ? j - bi * p.BS : 0;
-    *nvalid = ok ? min(BN, w.sg.len - j) : 0;
+    const TileBlock tb = tile_block(p, w);
+    const int blk = tb.blk, row = tb.row;
+    *nvalid = tb.ok ? min(BN, w.sg.len - tb.j) : 0;
     if constexpr (!RAW) {
         // Each column block on its own barrier (each arrival publishes nvalid). PAIR: this
         // CTA's column blocks (cb % 2 = its rank) go to both CTAs of the cluster; its barriers
@@ -298,13 +310,12 @@ __device__ __forceinline__ void w3_l2_ahead(const Params& p, const Part& part, T
 #pragma unroll
     for (int d = 0; d < W3_L2AHEAD; ++d)
         if (!w.next(p, part)) return;
-    const int j = w.t * BN, bi = j / p.BS;
-    const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
-    if (v < 0 || v >= p.NB) return;  // its boxes read zeros: nothing to fetch
+    const TileBlock tb = tile_block(p, w);
+    if (!tb.ok) return;  // its boxes read zeros: nothing to fetch
     const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
 #pragma unroll
     for (int cb = 0; cb < NSUB; ++cb)
-        if (!PAIR || (uint32_t)(cb & 1) == rank) tma_prefetch_3d(map, 64 * cb, j - bi * p.BS, v);
+        if (!PAIR || (uint32_t)(cb & 1) == rank) tma_prefetch_3d(map, 64 * cb, tb.row, tb.blk);
 }
 
 // The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
