@@ -218,13 +218,20 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-// One box of `map` at (c0, c1, c2) fetched into L2 only: no shared memory, no barrier (a hint
-// the copy engine may drop).
-__device__ __forceinline__ void tma_prefetch_3d(const TmaMap* map, int c0, int c1, int c2) {
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(c0), "r"(c1), "r"(c2)
-                 : "memory");
+// An L2 cache policy for data read once: its lines are the first evicted when L2 needs room.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+// tma_load_3d with an L2 cache policy (l2_policy_evict_first) for the box's lines.
+__device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
+                                                 uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
+        "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
 }
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the copy
 // engine; the bytes complete on the mbarrier `bar`.

@@ -146,13 +146,6 @@
 #ifndef F8R_REGS
 #define F8R_REGS 1
 #endif
-// D >= 1: the 16-bit TMA forms' issuing lane, after issuing tile u + 2 into tile u's slot, also
-// fetches tile u + 2 + D's column blocks (PAIR: this CTA's half) into L2 (lab build, thirty-eighth
-// session: at 128 heads warpgroup 0 waits 1.5 us a tile for data while the grid moves 1.8 TB/s,
-// the two-slot ring's latency exposed; L2 holds the stages shared memory has no room for).
-#ifndef W3_L2AHEAD
-#define W3_L2AHEAD 0
-#endif
 namespace mla {
 
 constexpr int W3_THREADS = 384;
@@ -236,6 +229,16 @@ __device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const TmaMap* map, 
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
         : "memory");
 }
+#if MLA_KV_EVICT_FIRST
+__device__ __forceinline__ void tma_load_3d_mc_hint(uint32_t dst, const TmaMap* map, int c0, int c1, int c2,
+                                                    uint32_t bar, unsigned short mask, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6, %7;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask), "l"(policy)
+        : "memory");
+}
+#endif
 
 // Lane 0 of warp 4: the CTA's tiles in the consumers' order, segment by segment.
 struct TileWalk {
@@ -289,33 +292,24 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
             mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
             if (F8R_LAB == 4) continue;
             if (!PAIR) {
-                tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
+                kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
             } else if ((uint32_t)(cb & 1) == rank) {
+#if MLA_KV_EVICT_FIRST
+                tma_load_3d_mc_hint(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3,
+                                    l2_policy_evict_first());
+#else
                 tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3);
+#endif
             }
         }
     } else {
         mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
         if (F8R_LAB == 4) return;
 #pragma unroll
-        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
-        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
-        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+        for (int g = 0; g < 4; ++g) kv_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
+        kv_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
+        kv_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
     }
-}
-
-// W3_L2AHEAD (16-bit TMA forms): the tile W3_L2AHEAD after w's, this CTA's column blocks, into L2.
-template <bool PAIR>
-__device__ __forceinline__ void w3_l2_ahead(const Params& p, const Part& part, TileWalk w, const TmaMap* map) {
-#pragma unroll
-    for (int d = 0; d < W3_L2AHEAD; ++d)
-        if (!w.next(p, part)) return;
-    const TileBlock tb = tile_block(p, w);
-    if (!tb.ok) return;  // its boxes read zeros: nothing to fetch
-    const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
-#pragma unroll
-    for (int cb = 0; cb < NSUB; ++cb)
-        if (!PAIR || (uint32_t)(cb & 1) == rank) tma_prefetch_3d(map, 64 * cb, tb.row, tb.blk);
 }
 
 // The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
@@ -329,7 +323,6 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     if (issuer && walk.next(p, part)) {
         mbar_wait(empty + 8 * slot, L::phase(u));
         w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
-        if constexpr (!RAW && W3_L2AHEAD) w3_l2_ahead<PAIR>(p, part, walk, maps);
     }
     __syncwarp();
 }
