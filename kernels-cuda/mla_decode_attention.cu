@@ -185,6 +185,24 @@ MLA_WGMMA_3WG(f16, f16)
               mla::W3_SLOTS)
 MLA_WGMMA_3WG_X2(bf16, bf16)
 MLA_WGMMA_3WG_X2(f16, f16)
+// Both over pages of 16 or 32 rows (`_pg`): a tile is 2-4 pages, each column block one TMA box
+// a page (the cache's map has boxes of BS rows).
+#define MLA_WGMMA_3WG_PG(S, T)                                                                \
+    extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1) mla_decode_wgmma_3wg_pg_##S( \
+        const __grid_constant__ mla::Params p, const __grid_constant__ mla::TmaMap kv_map) {  \
+        mla::decode_wgmma_3wg<T, false, false, false, true>(p, &kv_map);                     \
+    }                                                                                         \
+    extern "C" __global__ void __cluster_dims__(1, mla::PAIR_CTAS, 1) __launch_bounds__(mla::W3_THREADS, 1) \
+        mla_decode_wgmma_3wg_x2_pg_##S(const __grid_constant__ mla::Params p,                 \
+                                       const __grid_constant__ mla::TmaMap kv_map) {          \
+        mla::decode_wgmma_3wg<T, false, false, true, true>(p, &kv_map);                      \
+    }                                                                                         \
+    MLA_FACTS(mla_decode_wgmma_3wg_pg_##S, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<false>::SMEM, \
+              mla::W3_SLOTS)                                                                  \
+    MLA_FACTS(mla_decode_wgmma_3wg_x2_pg_##S, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<false>::SMEM, \
+              mla::W3_SLOTS)
+MLA_WGMMA_3WG_PG(bf16, bf16)
+MLA_WGMMA_3WG_PG(f16, f16)
 // Their gather form over any block size (the rows copied by cp.async, no tensor map).
 #define MLA_WGMMA_3WG_CP(S, T)                                                                \
     extern "C" __global__ void __launch_bounds__(mla::W3_THREADS, 1)                          \

@@ -218,10 +218,11 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-// An L2 cache policy for data read once: its lines are the first evicted when L2 needs room.
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+// An L2 cache policy for data read once: the lines of a `fraction` (0 to 1) of the accesses
+// that carry it are the first evicted when L2 needs room (the others keep their priority).
+__device__ __forceinline__ uint64_t l2_policy_evict_first(float fraction) {
     uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, %1;\n" : "=l"(pol) : "f"(fraction));
     return pol;
 }
 // tma_load_3d with an L2 cache policy (l2_policy_evict_first) for the box's lines.

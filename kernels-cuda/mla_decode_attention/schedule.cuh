@@ -387,6 +387,9 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
 struct Segment {
     int b, len, t0, t1, slot;
     bool whole;  // the part holds all of b's tiles: write out/lse directly
+#if MLA_KV_EVICT_FIRST
+    uint64_t kv_pol;  // the L2 policy of the segment's KV loads (MLA_KV_EVICT_FIRST)
+#endif
 };
 
 // Walks the sequences of a part; returns false when done. `pre` and `b` carry the state.
@@ -405,6 +408,9 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.t1 = (int)((part.end < pre ? part.end : pre) - first);
         sg.whole = first >= part.begin && pre <= part.end;
         sg.slot = (int)blockIdx.x + cur;
+#if MLA_KV_EVICT_FIRST
+        sg.kv_pol = l2_policy_evict_first(MLA_KV_EVICT_FIRST == 1 || part.q != 0 ? 1.0f : 0.0f);
+#endif
         if ((SEG_COST == 0 || part.q >= 0) && first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
             const int n = part.q > 0 ? (int)((pre - 1) / part.q - blockIdx.x + 1) : 1;
             p.seq_info[2 * cur] = sg.slot;
@@ -413,6 +419,17 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         return true;
     }
     return false;
+}
+
+// One box of a KV tile of segment sg (the 16-bit TMA forms and the fp8 raw ring): see
+// MLA_KV_EVICT_FIRST.
+__device__ __forceinline__ void kv_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
+                                           [[maybe_unused]] const Segment& sg) {
+#if MLA_KV_EVICT_FIRST
+    tma_load_3d_hint(dst, map, c0, c1, c2, bar, sg.kv_pol);
+#else
+    tma_load_3d(dst, map, c0, c1, c2, bar);
+#endif
 }
 
 // Writes one query row's two adjacent output values (final or partial). 16-bit only: the

@@ -272,13 +272,63 @@ __device__ __forceinline__ TileBlock tile_block(const Params& p, const TileWalk&
     return {j, ok ? v : p.NB, ok ? j - bi * p.BS : 0, ok};
 }
 
+// PG (16-bit TMA form over pages of BS = 16 or 32 rows, the map's boxes BS rows): tile w.t
+// is BN / BS pages, each column block BN / BS boxes, one per page (at byte BS x 128 x page of
+// the column block: the 128-byte swizzle repeats every 8 rows, so the boxes tile it as one
+// 64-row box would). The tile's word in *nvalid: bits 0-7 how many of its tokens the sequence
+// has (as the 64-row form's count), bit 8 + g set where 16-token group g lies in a page whose
+// block id is outside the cache (its boxes read block NB: zeros; the softmax masks it). Pages
+// past the sequence are not looked up (the block table may end there) and read zeros.
+constexpr int W3_PG_COUNT = 0xff;
+template <bool PAIR>
+__device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid,
+                                               uint32_t full, const TmaMap* map) {
+    const int R = p.BS, j = w.t * BN, len = w.sg.len;
+    const int* bt = p.block_table + w.sg.b * p.bt_sb;
+    int blk[BN / 16], bad = 0;
+#pragma unroll
+    for (int pb = 0; pb < BN / 16; ++pb) {
+        blk[pb] = p.NB;
+        if (pb * R < BN && j + pb * R < len) {
+            const int v = __ldg(bt + (j / R + pb) * p.bt_sm);
+            if (v >= 0 && v < p.NB) blk[pb] = v;
+            else bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
+        }
+    }
+    *nvalid = min(BN, len - j) | bad << 8;
+    const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
+#pragma unroll
+    for (int cb = 0; cb < NSUB; ++cb) {
+        mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);  // publishes nvalid
+        if (PAIR && (uint32_t)(cb & 1) != rank) continue;
+#pragma unroll
+        for (int pb = 0; pb < BN / 16; ++pb) {
+            if (pb * R >= BN) break;
+            const uint32_t d = dst + cb * SUB_BYTES + pb * R * 128;
+            if constexpr (PAIR) {
+#if MLA_KV_EVICT_FIRST
+                tma_load_3d_mc_hint(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3, w.sg.kv_pol);
+#else
+                tma_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3);
+#endif
+            } else {
+                kv_load_3d(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, w.sg);
+            }
+        }
+    }
+}
+
 // Issues tile w.t of segment w.sg into the slot at dst (its boxes completing on `full`) and
 // records how many of its tokens exist (0 for a block id outside the cache, whose boxes read
 // block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block. fp8:
 // the four code groups, the rope and the scales; 16-bit: the nine 64-feature column blocks.
-template <bool RAW, bool PAIR = false>
+template <bool RAW, bool PAIR = false, bool PG = false>
 __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
                                          const W3Maps<RAW>* maps) {
+    if constexpr (PG) {
+        w3_issue_paged<PAIR>(p, w, dst, nvalid, full, maps);
+        return;
+    }
     const TileBlock tb = tile_block(p, w);
     const int blk = tb.blk, row = tb.row;
     *nvalid = tb.ok ? min(BN, w.sg.len - tb.j) : 0;
@@ -292,11 +342,11 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
             mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
             if (F8R_LAB == 4) continue;
             if (!PAIR) {
-                kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
+                kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, w.sg);
             } else if ((uint32_t)(cb & 1) == rank) {
 #if MLA_KV_EVICT_FIRST
                 tma_load_3d_mc_hint(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3,
-                                    l2_policy_evict_first());
+                                    w.sg.kv_pol);
 #else
                 tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3);
 #endif
@@ -306,15 +356,15 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
         mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
         if (F8R_LAB == 4) return;
 #pragma unroll
-        for (int g = 0; g < 4; ++g) kv_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
-        kv_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
-        kv_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
+        for (int g = 0; g < 4; ++g) kv_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full, w.sg);
+        kv_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full, w.sg);
+        kv_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full, w.sg);
     }
 }
 
 // The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
 // done with tile u (its EMPTY phase); then the warp reconverges.
-template <bool RAW, bool PAIR = false>
+template <bool RAW, bool PAIR = false, bool PG = false>
 __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Params& p, const Part& part, int u,
                                           uint32_t dst, uint32_t empty, uint32_t full, int* nvalid,
                                           const W3Maps<RAW>* maps) {
@@ -322,7 +372,7 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     const int slot = L::slot(u);
     if (issuer && walk.next(p, part)) {
         mbar_wait(empty + 8 * slot, L::phase(u));
-        w3_issue<RAW, PAIR>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
+        w3_issue<RAW, PAIR, PG>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
 }
@@ -948,7 +998,7 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
 // CTA's issuer taking every other column block, multicast to both; EMPTY then counts both
 // CTAs' warps (one arrival a warp, local and remote), so neither CTA refills a slot the other
 // still reads, and the CTAs leave together (cluster barriers at the start and the end).
-template <typename T, bool RAW, bool CP = false, bool PAIR = false>
+template <typename T, bool RAW, bool CP = false, bool PAIR = false, bool PG = false>
 __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     static_assert(!RAW || Same<T, bf16>::value, "fp8: bf16 queries (the rope product takes the cache's bf16 rope)");
     using L = W3Layout<RAW, CP>;
@@ -969,6 +1019,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     const bool tl0 = MLA_TIMELINE && threadIdx.x == 0, tl1 = MLA_TIMELINE && threadIdx.x == 128;  // lab stamps
     if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
     static_assert(!PAIR || (!RAW && !CP), "the pair form: 16-bit TMA tiles");
+    static_assert(!PG || (!RAW && !CP), "pages of 16 or 32 rows: the 16-bit TMA forms");
     const uint32_t peer = PAIR ? cluster_ctarank() ^ 1u : 0u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < L::SLOTS; ++s) {
@@ -1075,6 +1126,12 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                         t * BN + BN <= rl.lim_min && *reinterpret_cast<const unsigned long long*>(fl + BN) == 0ull;
                     softmax_tile<T>(s, whole, t * BN, rl, [&](int col) { return fl[col] != 0; }, qd, c, m_run,
                                     l_run, alpha, pk);
+                } else if constexpr (PG) {
+                    const int nw = nvalid[slot], nv = nw & W3_PG_COUNT;  // bad groups make nw != BN
+                    release(empty + 8 * slot);  // this thread's reads of the slot are done
+                    softmax_tile<T>(s, t * BN + BN <= rl.lim_min && nw == BN, t * BN, rl,
+                                    [&](int col) { return col < nv && ((nw >> (8 + (col >> 4))) & 1) == 0; }, qd,
+                                    c, m_run, l_run, alpha, pk);
                 } else {
                     const int nv = nvalid[slot];
                     release(empty + 8 * slot);  // this thread's reads of the slot are done
@@ -1148,7 +1205,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             prefetch_map(maps);
         }
         for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v)
-            w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
+            w3_issue<RAW, PAIR, PG>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
     }
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;
@@ -1211,7 +1268,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
                 more = walk.next(p, part);
                 if (more) ahead = gather_rows(p, walk, wtid);
             } else {
-                const int nv = nvalid[slot];  // the same in every thread: the branch is uniform
+                // The same in every thread: the branch is uniform. PG: bad pages read zeros already.
+                const int nv = PG ? nvalid[slot] & W3_PG_COUNT : nvalid[slot];
                 if (nv < BN) {
                     w3_zero_tail(kst, nv, w, wtid);
                     fence_proxy_async();        // V is read by wgmma (async proxy)
@@ -1246,7 +1304,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             } else {
                 release(empty + 8 * slot);  // this thread's P V has read V in the slot
                 mbar_arrive(pfree);             // P(u) and its factors are read
-                w3_refill<RAW, PAIR>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
+                w3_refill<RAW, PAIR, PG>(issuer, walk, p, part, u, kst, empty, full, nvalid, maps);
             }
         }
         const unsigned long long tfin = MLA_TL_NOW();

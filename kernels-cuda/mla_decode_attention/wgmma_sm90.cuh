@@ -106,7 +106,7 @@ __device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int
         const int j = tile * BN + pb * R;  // first token of the box
         const BoxBlock bb = box_block(p, sg, tile, pb * R);
         const int blk = bb.blk, row = bb.row;
-        kv_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
+        kv_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar, sg);
     }
 }
 

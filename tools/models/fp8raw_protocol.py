@@ -131,7 +131,7 @@ SITES = {
     "wg0.p_full": ("bar_arrive(W3_P_FULL, W3_THREADS)", 0),
     "wg0.fin_store": ("store_fin(s_fin, l_run, m_run, r_lo, qd)", 0),
     "wg0.fin": ("bar_arrive(W3_FIN, W3_THREADS)", 0),
-    "iss.prologue": ("w3_issue<RAW, PAIR>(p, walk, sRing + v * L::SLOT", 0),
+    "iss.prologue": ("w3_issue<RAW, PAIR, PG>(p, walk, sRing + v * L::SLOT", 0),
     "issue.nvalid": ("*nvalid = tb.ok ? min(BN, w.sg.len - tb.j) : 0", 0),
     "issue.expect": ("mbar_expect_tx(full, ", 0),
     "issue.code": ("kv_load_3d(dst + g * F8R_BOX", 0),

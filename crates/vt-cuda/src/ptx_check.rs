@@ -286,7 +286,14 @@ fn samples(dt: DType) -> Result<Samples> {
             kernels.push((Kernel::WgmmaFp8Raw, 64, false, DType::Fp8DsMla));
         }
     }
-    for (kernel, heads, tma, cache_dt) in kernels {
+    // The paged TMA forms of the three-warpgroup kernel and its pairs: 16-row pages.
+    let paged: Vec<(Kernel, i64, bool, DType, i64)> = if dt == DType::F32 {
+        Vec::new()
+    } else {
+        vec![(Kernel::Wgmma3Paged, 64, true, dt, 16), (Kernel::Wgmma3Pair, 128, true, dt, 16)]
+    };
+    let all = kernels.into_iter().map(|(k, h, t, c)| (k, h, t, c, bs)).chain(paged);
+    for (kernel, heads, tma, cache_dt, bs) in all {
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
         let a = MlaDecodeAttentionArgs {
             out: f.c(dt, &[2, 1, heads, dv]),

@@ -189,7 +189,11 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
             Err(e)
                 if matches!(
                     opts.kernel,
-                    Kernel::Wgmma | Kernel::WgmmaNarrow | Kernel::WgmmaSeesaw | Kernel::Wgmma3
+                    Kernel::Wgmma
+                        | Kernel::WgmmaNarrow
+                        | Kernel::WgmmaSeesaw
+                        | Kernel::Wgmma3
+                        | Kernel::Wgmma3Paged
                 ) =>
             {
                 println!("wgmma kernel not available here: {e}");
@@ -444,6 +448,66 @@ fn three_warpgroup_gather_form_skips_out_of_range_block_ids() {
     let (c, x, want) = blocks_2_and_5_out_of_range(&[128, 40], 64, 16);
     for max_parts in [Some(1), Some(3), None] {
         run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel: Kernel::Wgmma3, min_tiles: Some(1), max_parts });
+    }
+}
+
+/// The three-warpgroup kernel's paged TMA form (`wgmma_3wg_pg`: pages of 16 or 32 rows, a
+/// tile 2-4 pages, one TMA box a page per column block) on segments of one to many tiles, rows
+/// past a sequence's last token in a real page and pages past it, row counts that pad the
+/// 64-row block, causal query tokens, f16, strided rows, and the whole-sequence, cut and
+/// one-part schedules. The sanitizers run over this test.
+#[test]
+fn three_warpgroup_paged_form_matches_reference_with_block_sizes_16_and_32() {
+    let Some(g) = gpu() else { return };
+    let cases = [
+        (64, 16, 1, DType::BF16, 0),
+        (128, 16, 1, DType::BF16, 8),
+        (40, 32, 1, DType::BF16, 0),
+        (64, 16, 2, DType::BF16, 0),
+        (32, 32, 4, DType::F16, 0),
+        (128, 32, 1, DType::F16, 0),
+    ];
+    let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3Paged, &cases);
+    assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_pg ")), "{ran:?}");
+    assert_every_case_ran_on_sm90(&g, &ran, cases.len() * TMA_SCHEDULES.len(), "three-warpgroup paged form");
+}
+
+/// The CTA pairs over pages of 16 or 32 rows (`wgmma_3wg_x2_pg`): each CTA issues every other
+/// column block of each page multicast to both. The sanitizers run over this test.
+#[test]
+fn three_warpgroup_pair_paged_form_matches_reference_with_block_sizes_16_and_32() {
+    let Some(g) = gpu() else { return };
+    let cases = [
+        (128, 16, 1, DType::BF16, 8),
+        (120, 32, 1, DType::BF16, 0),
+        (64, 16, 2, DType::BF16, 0),
+        (128, 32, 2, DType::BF16, 0),
+        (32, 16, 4, DType::F16, 0),
+    ];
+    let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3Pair, &cases);
+    assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_x2_pg ")), "{ran:?}");
+    assert_every_case_ran_on_sm90(
+        &g,
+        &ran,
+        cases.len() * TMA_SCHEDULES.len(),
+        "three-warpgroup pair paged form",
+    );
+}
+
+/// Block ids outside the cache on the paged forms (block sizes 16 and 32: a tile holds four or
+/// two pages, one of them bad): those pages read zeros and are masked, single CTAs and pairs.
+#[test]
+fn three_warpgroup_paged_forms_skip_out_of_range_block_ids() {
+    let Some(g) = gpu() else { return };
+    for (lens, n, bs, kernel) in [
+        (&[128, 40][..], 64, 16, Kernel::Wgmma3Paged),
+        (&[256, 100][..], 64, 32, Kernel::Wgmma3Paged),
+        (&[128, 40][..], 128, 16, Kernel::Wgmma3Pair),
+    ] {
+        let (c, x, want) = blocks_2_and_5_out_of_range(lens, n, bs);
+        for max_parts in [Some(1), Some(3), None] {
+            run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel, min_tiles: Some(1), max_parts });
+        }
     }
 }
 

@@ -107,9 +107,13 @@ fn auto_over_a_16_bit_cache_keeps_the_wgmma_kernels_on_sm90() {
     assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 128, false), ("wgmma_3wg", 64, 2, 384));
     assert_eq!(auto_with(&H200, 128, DType::BF16, 64, 63, true), ("wgmma_3wg", 64, 2, 384));
     assert_eq!(auto_with(&H200, 64, DType::BF16, 64, 128, true), ("wgmma_3wg", 64, 1, 384));
-    assert_eq!(auto_with(&H200, 128, DType::BF16, 16, 128, true), ("wgmma", 64, 2, 256));
+    // Pages of 16 or 32 rows: the three-warpgroup kernel's paged TMA form; of 1 row, cp.async.
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 16, 128, true), ("wgmma_3wg_pg", 64, 2, 384));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 32, 2, true), ("wgmma_3wg_pg", 64, 2, 384));
+    assert_eq!(auto_with(&H200, 128, DType::BF16, 1, 128, true), ("wgmma", 64, 2, 256));
     assert_eq!(auto_with(&H200, 128, DType::Fp8DsMla, 64, 128, true).0, "wgmma_fp8r");
-    assert_eq!(auto(&H200, 64, DType::BF16, 16).0, "wgmma");
+    assert_eq!(auto(&H200, 64, DType::BF16, 16).0, "wgmma_3wg_pg");
+    assert_eq!(auto(&H200, 64, DType::BF16, 8).0, "wgmma");
     assert_eq!(auto(&H200, 16, DType::BF16, 64).0, "wgmma_n16_tma");
 }
 
@@ -285,7 +289,9 @@ fn gather_flag_makes_auto_take_the_gather_forms_where_the_tma_does_not_read() {
     };
     for (qdt, cdt, bs, want) in [
         (DType::BF16, DType::BF16, 1, "wgmma_3wg_cp"),
-        (DType::F16, DType::F16, 16, "wgmma_3wg_cp"),
+        (DType::F16, DType::F16, 8, "wgmma_3wg_cp"),
+        // Pages of 16 rows: the TMA reads them (the paged form).
+        (DType::F16, DType::F16, 16, "wgmma_3wg_pg"),
         (DType::BF16, DType::BF16, 64, "wgmma_3wg"),
         (DType::BF16, DType::Fp8DsMla, 16, "wgmma_fp8r_cp"),
         (DType::BF16, DType::Fp8DsMla, 64, "wgmma_fp8r"),
@@ -407,4 +413,29 @@ fn three_wg_pair_flag_makes_auto_take_the_cta_pair_form_over_paired_row_blocks()
     let bs1 = heads_128_args(&mem, DType::BF16, DType::BF16, 1);
     let e = choose(&bs1, &H200, &forced, ChoiceFlags::new(true, false)).expect_err("refused").to_string();
     assert!(e.contains("read through the TMA"), "{e}");
+    // Pages of 16 or 32 rows: the pairs' paged form, Auto's and forced.
+    for bs in [16, 32] {
+        let paged = heads_128_batch_args(&mem32, DType::BF16, DType::BF16, bs, 32);
+        assert_eq!(auto_plan(&paged, &H200, on).kernel, "wgmma_3wg_x2_pg", "BS {bs}");
+        let p = choose(&paged, &H200, &forced, ChoiceFlags::new(true, false)).expect("forced").plan;
+        assert_eq!(p.kernel, "wgmma_3wg_x2_pg", "BS {bs}");
+    }
+}
+
+/// The paged form forced on a cache it does not take names the block size.
+#[test]
+fn the_paged_form_refuses_other_block_sizes_and_fp8_caches() {
+    use super::Kernel;
+    let mem = vec![0u128; 1 << 16];
+    let forced = DecodeOptions { kernel: Kernel::Wgmma3Paged, ..DecodeOptions::default() };
+    for (cdt, bs) in [(DType::BF16, 64), (DType::BF16, 8), (DType::BF16, 1), (DType::Fp8DsMla, 16)] {
+        let a = heads_128_args(&mem, DType::BF16, cdt, bs);
+        let e = choose(&a, &H200, &forced, ChoiceFlags::new(true, false)).expect_err("refused").to_string();
+        assert!(e.contains("paged form needs a 16-bit cache of block size 16 or 32"), "{cdt:?} BS {bs}: {e}");
+    }
+    let a = heads_128_args(&mem, DType::BF16, DType::BF16, 16);
+    let p = choose(&a, &H200, &forced, ChoiceFlags::new(true, false)).expect("BS 16").plan;
+    assert_eq!((p.kernel, p.row_blocks), ("wgmma_3wg_pg", 2));
+    let no_tma = choose(&a, &H200, &forced, ChoiceFlags::new(false, false)).expect_err("no TMA").to_string();
+    assert!(no_tma.contains("VT_MLA_DECODE_TMA on"), "{no_tma}");
 }

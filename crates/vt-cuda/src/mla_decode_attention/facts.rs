@@ -143,8 +143,8 @@ fn facts_ptx() -> String {
 }
 
 /// Every kernel choice the PTX check samples: (kernel, heads, TMA flag, query dtype, cache
-/// dtype, D, Dv), at B = 2, s_q = 1, block size 64.
-fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
+/// dtype, D, Dv), at B = 2, s_q = 1, block size 64, then [`paged_samples`].
+fn samples() -> Vec<Sample> {
     let mut out = Vec::new();
     for dt in [DType::F32, DType::F16, DType::BF16] {
         out.push((Kernel::Generic, 2, false, dt, dt, FAST_D, FAST_DV));
@@ -206,6 +206,21 @@ fn samples() -> Vec<(Kernel, i64, bool, DType, DType, i64, i64)> {
     out
 }
 
+/// A sample of [`samples`]: (kernel, heads, TMA flag, query dtype, cache dtype, D, Dv).
+type Sample = (Kernel, i64, bool, DType, DType, i64, i64);
+
+/// The choices only a cache of 16- or 32-row pages takes (the paged TMA forms of the
+/// three-warpgroup kernel and of its pairs), with the block size of each.
+fn paged_samples() -> Vec<(Sample, i64)> {
+    let mut out = Vec::new();
+    for dt in [DType::F16, DType::BF16] {
+        out.push(((Kernel::Wgmma3Paged, 64, true, dt, dt, FAST_D, FAST_DV), 16));
+        out.push(((Kernel::Wgmma3Paged, 128, true, dt, dt, FAST_D, FAST_DV), 32));
+        out.push(((Kernel::Wgmma3Pair, 128, true, dt, dt, FAST_D, FAST_DV), 16));
+    }
+    out
+}
+
 #[test]
 fn host_planning_facts_match_the_kernel_headers() {
     if !crate::test_util::nvrtc_ready() {
@@ -254,8 +269,9 @@ fn host_planning_facts_match_the_kernel_headers() {
         crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
     };
     let mut launched = BTreeSet::new();
-    for (kernel, heads, tma, dt, cache_dt, d, dv) in samples() {
-        let (b, bs, nb) = (2i64, 64i64, 16i64);
+    let all = samples().into_iter().map(|s| (s, 64)).chain(paged_samples());
+    for ((kernel, heads, tma, dt, cache_dt, d, dv), bs) in all {
+        let (b, nb) = (2i64, 16i64);
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
         let a = MlaDecodeAttentionArgs {
             out: view(dt, &[b, 1, heads, dv]),
@@ -316,6 +332,7 @@ fn host_planning_facts_match_the_kernel_headers() {
                 check(format!("{what}: grid.y a multiple of the cluster"), main.grid.1 as i64 % 2, 0);
                 (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64)
             }
+            Kernel::Wgmma3Paged => (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64),
             // The gather forms (`_cp_`) add each slot's flags.
             Kernel::Wgmma3 | Kernel::WgmmaFp8Raw => {
                 let (fp8, cp) = (kernel == Kernel::WgmmaFp8Raw, main.symbol().contains("_cp_"));

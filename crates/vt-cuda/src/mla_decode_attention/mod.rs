@@ -169,9 +169,15 @@ pub enum Kernel {
     /// [`Kernel::Wgmma3`] over a 16-bit cache read through the TMA as CTA pairs (sm_90a;
     /// `wgmma_3wg_x2`): the two CTAs of a cluster are consecutive row blocks of the same parts,
     /// each issues every other column block of a tile multicast to both, so the pair reads each
-    /// tile once. Needs an even number of 64-row blocks and a block size 64 divides. Auto takes
-    /// it with `VT_MLA_3WG_PAIR` on (the default).
+    /// tile once. Needs an even number of 64-row blocks and a block size 64 divides, or of 16 or
+    /// 32 rows (its paged form, `wgmma_3wg_x2_pg`, as [`Kernel::Wgmma3Paged`]). Auto takes it
+    /// with `VT_MLA_3WG_PAIR` on (the default).
     Wgmma3Pair,
+    /// [`Kernel::Wgmma3`] over a 16-bit cache of 16- or 32-row pages read through the TMA
+    /// (sm_90a; `wgmma_3wg_pg`): a 64-token tile is 2-4 pages, each loaded as one TMA box of BS
+    /// rows per 64 features, pages with a block id outside the cache masked. Auto takes it (or
+    /// its pairs) above 32 query rows over such a cache.
+    Wgmma3Paged,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -197,7 +203,8 @@ pub struct Plan {
     /// `wgmma_tma`, `wgmma_ss` (the seesaw form), `wgmma_n16[_tma]`, `wgmma_n32[_tma]`; over an
     /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
     /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` and, over an fp8_ds_mla cache,
-    /// `wgmma_fp8r` (the raw-ring kernel), with `_cp` their gather forms.
+    /// `wgmma_fp8r` (the raw-ring kernel), with `_cp` their gather forms; `wgmma_3wg_x2` the CTA
+    /// pairs; `wgmma_3wg_pg` and `wgmma_3wg_x2_pg` over pages of 16 or 32 rows.
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -478,10 +485,23 @@ pub(crate) fn choose(
                 && b >= wgmma_sm90::THREE_WG_PAIR_MIN_BATCH
                 && info.pair_clusters > 0
                 && wgmma_sm90::pair_ok(m_total)
-                && wgmma_sm90::three_wg_ok(a, tma_flag)
+                && (wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::three_wg_paged_ok(a, tma_flag))
                 && fits(wgmma_sm90::w3_smem(false)) =>
         {
             Kernel::Wgmma3Pair
+        }
+        // Over a 16-bit cache of 16- or 32-row pages, more than 32 query rows: the
+        // three-warpgroup kernel's paged TMA form (thirty-ninth session: the two-warpgroup
+        // cp.async kernel took h128 b32 s4096 1.35x its time at block size 64 there).
+        Kernel::Auto
+            if !fp8
+                && info.wgmma
+                && three_wg_flag
+                && m_total > 32
+                && wgmma_sm90::three_wg_paged_ok(a, tma_flag)
+                && fits(wgmma_sm90::w3_smem(false)) =>
+        {
+            Kernel::Wgmma3Paged
         }
         // More than 32 query rows over a cache read through the TMA (block sizes that 64
         // divides): the 64-row kernel with three warpgroups, S and the softmax in one, P V split
@@ -557,6 +577,7 @@ pub(crate) fn choose(
         | Kernel::WgmmaFp8Raw
         | Kernel::WgmmaFp8Pair
         | Kernel::Wgmma3Pair
+        | Kernel::Wgmma3Paged
             if !fast =>
         {
             return Err(Error::backend(
@@ -574,6 +595,7 @@ pub(crate) fn choose(
         | Kernel::WgmmaFp8Raw
         | Kernel::WgmmaFp8Pair
         | Kernel::Wgmma3Pair
+        | Kernel::Wgmma3Paged
             if !info.wgmma =>
         {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
@@ -609,16 +631,27 @@ pub(crate) fn choose(
         Kernel::Wgmma3Pair
             if fp8
                 || !wgmma_sm90::pair_ok(m_total)
-                || !wgmma_sm90::three_wg_ok(a, tma_flag)
+                || !(wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::three_wg_paged_ok(a, tma_flag))
                 || info.pair_clusters == 0 =>
         {
             return Err(Error::backend(
                 BACKEND,
                 format!(
                     "{OP}: the three-warpgroup pair kernel needs a 16-bit cache read through the TMA \
-                     (block size a multiple of 64, VT_MLA_DECODE_TMA on), an even number of 64-row \
-                     blocks (s_q * N = {m_total}) and a device that holds its clusters ({} resident)",
+                     (block size 16, 32 or a multiple of 64, VT_MLA_DECODE_TMA on), an even number of \
+                     64-row blocks (s_q * N = {m_total}) and a device that holds its clusters ({} \
+                     resident)",
                     info.pair_clusters
+                ),
+            ))
+        }
+        Kernel::Wgmma3Paged if !wgmma_sm90::three_wg_paged_ok(a, tma_flag) => {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{OP}: the three-warpgroup kernel's paged form needs a 16-bit cache of block size 16 \
+                     or 32 (got {}) read through the TMA (VT_MLA_DECODE_TMA on)",
+                    a.cache.dim(1)
                 ),
             ))
         }
@@ -639,7 +672,8 @@ pub(crate) fn choose(
         Kernel::Wgmma3 => wgmma_sm90::three_wg(a, tma_flag),
         Kernel::WgmmaFp8Raw => wgmma_sm90::fp8_raw(a, tma_flag),
         Kernel::WgmmaFp8Pair => wgmma_sm90::fp8_pair(),
-        Kernel::Wgmma3Pair => wgmma_sm90::three_wg_pair(),
+        Kernel::Wgmma3Pair => wgmma_sm90::three_wg_pair(wgmma_sm90::three_wg_paged_ok(a, tma_flag)),
+        Kernel::Wgmma3Paged => wgmma_sm90::three_wg_paged(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?

@@ -211,6 +211,19 @@ pub(super) fn three_wg_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> boo
     tma_flag && a.cache.dtype() != DType::Fp8DsMla && tma_ok(&a.cache)
 }
 
+/// Whether the cache's pages are 16 or 32 rows (a tile is 4 or 2 whole pages, one TMA box of
+/// BS rows each per 64 features; the bad-block mask of the paged forms is per 16 tokens) and
+/// the block count fits the map's 32-bit coordinates.
+fn paged_tma_ok(cache: &Tensor<'_>) -> bool {
+    matches!(cache.dim(1), 16 | 32) && cache.dim(0) < i32::MAX as i64
+}
+
+/// Whether the three-warpgroup kernel's paged TMA form (`wgmma_3wg_pg`, [`three_wg_paged`])
+/// takes this call: a 16-bit cache of 16- or 32-row pages, `VT_MLA_DECODE_TMA` on.
+pub(super) fn three_wg_paged_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
+    tma_flag && a.cache.dtype() != DType::Fp8DsMla && paged_tma_ok(&a.cache)
+}
+
 /// Token and bad-block flags per ring slot of the three-warpgroup kernel's gather form
 /// (`mla::W3Layout<false, true>::VALID_BYTES`).
 const W3_FLAG_BYTES: u32 = 64 + 8;
@@ -263,19 +276,29 @@ pub(super) fn three_wg(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKe
     w3_kernel(false, three_wg_ok(a, tma_flag))
 }
 
+/// The three-warpgroup kernel's TMA form over pages of 16 or 32 rows (`mla_decode_wgmma_3wg_pg`,
+/// [`three_wg_paged_ok`]): a tile is 2-4 pages, each 64-feature column block one TMA box of BS
+/// rows a page (the cache's map, [`cache_map`], has boxes of BS rows), pages with a block id
+/// outside the cache read as zeros and masked by a per-16-token bit beside the tile's count.
+/// The same ring, barriers and warpgroups as the 64-row pages' form.
+pub(super) fn three_wg_paged() -> MainKernel {
+    MainKernel { base: "mla_decode_wgmma_3wg_pg", name: "wgmma_3wg_pg", ..w3_kernel(false, true) }
+}
+
 /// Fewest sequences for which Auto takes [`three_wg_pair`] (at one sequence the two cluster
 /// barriers cost an H100 3-4%; at 32 and more the pair was as fast or faster on both cards).
 pub(super) const THREE_WG_PAIR_MIN_BATCH: i64 = 32;
 
 /// The three-warpgroup kernel's TMA form as CTA pairs (`mla_decode_wgmma_3wg_x2`, clusters of
-/// [`PAIR_CTAS`] along the row blocks, each tile read once for both; [`pair_ok`] rows).
-pub(super) fn three_wg_pair() -> MainKernel {
-    MainKernel {
-        base: "mla_decode_wgmma_3wg_x2",
-        name: "wgmma_3wg_x2",
-        cluster_y: PAIR_CTAS,
-        ..w3_kernel(false, true)
-    }
+/// [`PAIR_CTAS`] along the row blocks, each tile read once for both; [`pair_ok`] rows); `paged`:
+/// over pages of 16 or 32 rows (`mla_decode_wgmma_3wg_x2_pg`, as [`three_wg_paged`]).
+pub(super) fn three_wg_pair(paged: bool) -> MainKernel {
+    let (base, name) = if paged {
+        ("mla_decode_wgmma_3wg_x2_pg", "wgmma_3wg_x2_pg")
+    } else {
+        ("mla_decode_wgmma_3wg_x2", "wgmma_3wg_x2")
+    };
+    MainKernel { base, name, cluster_y: PAIR_CTAS, ..w3_kernel(false, true) }
 }
 
 /// Whether the raw-ring kernel can take this call at all: bf16 queries (its rope product takes
