@@ -15,13 +15,17 @@
 #include "common.cuh"
 #include "tensor_core.cuh"
 
-// 1 (lab): the KV tiles' TMA loads carry an evict-first L2 policy. A tile is read once (the
-// pair multicasts it), while the cut segments' f32 partials are read back by the combine:
-// with the KV stream passing through L2 at copy speed, the early partials are evicted before
-// the combine reads them (thirty-ninth session: b32 4-8% faster, whole-sequence b128 at 16 and
-// 64 heads 3-4% slower). 2: only where the grid cuts sequences (Part::q != 0), so partials exist.
+// The KV tiles' TMA loads carry an evict-first L2 policy (a tile is read once; the pair
+// multicasts it) where the grid writes partials for the combine and they are a large share of
+// its bytes: the grid cuts sequences (Part::q != 0) and a part holds at most MLA_KV_EF_TILES
+// tiles (2, the default). 1: every load; 0: none. Thirty-ninth session (docs/perf.md): under 1
+// the b32 shapes ran 4-6% faster, the whole-sequence b128 ones at 16 and 64 heads 3-4% slower;
+// under 2 without the tile bound, h16 b64 s16384 (a cut of ~124 tiles a part) 2.6% slower.
 #ifndef MLA_KV_EVICT_FIRST
-#define MLA_KV_EVICT_FIRST 0
+#define MLA_KV_EVICT_FIRST 2
+#endif
+#ifndef MLA_KV_EF_TILES
+#define MLA_KV_EF_TILES 64
 #endif
 
 namespace mla {

@@ -409,7 +409,8 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.whole = first >= part.begin && pre <= part.end;
         sg.slot = (int)blockIdx.x + cur;
 #if MLA_KV_EVICT_FIRST
-        sg.kv_pol = l2_policy_evict_first(MLA_KV_EVICT_FIRST == 1 || part.q != 0 ? 1.0f : 0.0f);
+        const bool ef = MLA_KV_EVICT_FIRST == 1 || (part.q != 0 && part.end - part.begin <= MLA_KV_EF_TILES);
+        sg.kv_pol = l2_policy_evict_first(ef ? 1.0f : 0.0f);
 #endif
         if ((SEG_COST == 0 || part.q >= 0) && first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
             const int n = part.q > 0 ? (int)((pre - 1) / part.q - blockIdx.x + 1) : 1;
