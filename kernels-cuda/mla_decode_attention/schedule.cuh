@@ -383,11 +383,18 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
     return r;
 }
 
+// The KV loads' L2 policy (MLA_KV_EVICT_FIRST, params.cuh) exists where their TMA does.
+#if MLA_KV_EVICT_FIRST && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MLA_KV_POLICY 1
+#else
+#define MLA_KV_POLICY 0
+#endif
+
 // One sequence's share of a part: local tiles [t0, t1) of sequence b.
 struct Segment {
     int b, len, t0, t1, slot;
     bool whole;  // the part holds all of b's tiles: write out/lse directly
-#if MLA_KV_EVICT_FIRST
+#if MLA_KV_POLICY
     uint64_t kv_pol;  // the L2 policy of the segment's KV loads (MLA_KV_EVICT_FIRST)
 #endif
 };
@@ -408,7 +415,7 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.t1 = (int)((part.end < pre ? part.end : pre) - first);
         sg.whole = first >= part.begin && pre <= part.end;
         sg.slot = (int)blockIdx.x + cur;
-#if MLA_KV_EVICT_FIRST
+#if MLA_KV_POLICY
         const bool ef = MLA_KV_EVICT_FIRST == 1 || (part.q != 0 && part.end - part.begin <= MLA_KV_EF_TILES);
         sg.kv_pol = l2_policy_evict_first(ef ? 1.0f : 0.0f);
 #endif
@@ -422,16 +429,18 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
     return false;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // One box of a KV tile of segment sg (the 16-bit TMA forms and the fp8 raw ring): see
 // MLA_KV_EVICT_FIRST.
 __device__ __forceinline__ void kv_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
                                            [[maybe_unused]] const Segment& sg) {
-#if MLA_KV_EVICT_FIRST
+#if MLA_KV_POLICY
     tma_load_3d_hint(dst, map, c0, c1, c2, bar, sg.kv_pol);
 #else
     tma_load_3d(dst, map, c0, c1, c2, bar);
 #endif
 }
+#endif  // sm_90
 
 // Writes one query row's two adjacent output values (final or partial). 16-bit only: the
 // tensor-core kernels run only where out is 16-byte aligned with strides multiple of 8.

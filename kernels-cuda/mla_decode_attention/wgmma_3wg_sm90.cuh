@@ -229,7 +229,7 @@ __device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const TmaMap* map, 
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
         : "memory");
 }
-#if MLA_KV_EVICT_FIRST
+#if MLA_KV_POLICY
 __device__ __forceinline__ void tma_load_3d_mc_hint(uint32_t dst, const TmaMap* map, int c0, int c1, int c2,
                                                     uint32_t bar, unsigned short mask, uint64_t policy) {
     asm volatile(
@@ -306,7 +306,7 @@ __device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& 
             if (pb * R >= BN) break;
             const uint32_t d = dst + cb * SUB_BYTES + pb * R * 128;
             if constexpr (PAIR) {
-#if MLA_KV_EVICT_FIRST
+#if MLA_KV_POLICY
                 tma_load_3d_mc_hint(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3, w.sg.kv_pol);
 #else
                 tma_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3);
@@ -344,7 +344,7 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
             if (!PAIR) {
                 kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, w.sg);
             } else if ((uint32_t)(cb & 1) == rank) {
-#if MLA_KV_EVICT_FIRST
+#if MLA_KV_POLICY
                 tma_load_3d_mc_hint(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3,
                                     w.sg.kv_pol);
 #else
