@@ -239,6 +239,17 @@ __device__ __forceinline__ void tma_load_3d_mc_hint(uint32_t dst, const TmaMap* 
         : "memory");
 }
 #endif
+// One box of a KV tile of segment sg into both CTAs of the pair (kv_load_3d's multicast form).
+__device__ __forceinline__ void kv_load_3d_mc(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
+                                              [[maybe_unused]] const Segment& sg) {
+#if MLA_KV_POLICY
+    if (sg.kv_ef) {
+        tma_load_3d_mc_hint(dst, map, c0, c1, c2, bar, (unsigned short)3, sg.kv_pol);
+        return;
+    }
+#endif
+    tma_load_3d_mc(dst, map, c0, c1, c2, bar, (unsigned short)3);
+}
 
 // Lane 0 of warp 4: the CTA's tiles in the consumers' order, segment by segment.
 struct TileWalk {
@@ -305,15 +316,8 @@ __device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& 
         for (int pb = 0; pb < BN / 16; ++pb) {
             if (pb * R >= BN) break;
             const uint32_t d = dst + cb * SUB_BYTES + pb * R * 128;
-            if constexpr (PAIR) {
-#if MLA_KV_POLICY
-                tma_load_3d_mc_hint(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3, w.sg.kv_pol);
-#else
-                tma_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3);
-#endif
-            } else {
-                kv_load_3d(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, w.sg);
-            }
+            if constexpr (PAIR) kv_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, w.sg);
+            else kv_load_3d(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, w.sg);
         }
     }
 }
@@ -344,12 +348,7 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
             if (!PAIR) {
                 kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, w.sg);
             } else if ((uint32_t)(cb & 1) == rank) {
-#if MLA_KV_POLICY
-                tma_load_3d_mc_hint(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3,
-                                    w.sg.kv_pol);
-#else
-                tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3);
-#endif
+                kv_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, w.sg);
             }
         }
     } else {
