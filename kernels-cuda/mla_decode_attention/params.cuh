@@ -15,14 +15,16 @@
 #include "common.cuh"
 #include "tensor_core.cuh"
 
-// The KV tiles' TMA loads carry an evict-first L2 policy (a tile is read once; the pair
-// multicasts it) where the grid writes partials for the combine and they are a large share of
-// its bytes: the grid cuts sequences (Part::q != 0) and a part holds at most MLA_KV_EF_TILES
-// tiles (2, the default). 1: every load; 0: none. Thirty-ninth session (docs/perf.md): under 1
-// the b32 shapes ran 4-6% faster, the whole-sequence b128 ones at 16 and 64 heads 3-4% slower;
-// under 2 without the tile bound, h16 b64 s16384 (a cut of ~124 tiles a part) 2.6% slower.
+// 2 (lab): the KV tiles' TMA loads carry an evict-first L2 policy (a tile is read once; the
+// pair multicasts it) where the grid writes partials for the combine and they are a large share
+// of its bytes: the grid cuts sequences (Part::q != 0) and a part holds at most MLA_KV_EF_TILES
+// tiles; elsewhere the plain instruction. 1: every load; 0 (the default): none. Thirty-ninth
+// session (docs/perf.md): under 1 the b32 shapes ran 4-6% faster and the whole-sequence b128
+// ones at 16 and 64 heads 3-4% slower; under 2 with the policy's operand on every load (fraction
+// 0 outside the bounded grids) the b32 shapes 2-4% faster and the others 0.5-1.6% slower. This
+// form (the plain instruction outside) is not measured yet, so it is not the default.
 #ifndef MLA_KV_EVICT_FIRST
-#define MLA_KV_EVICT_FIRST 2
+#define MLA_KV_EVICT_FIRST 0
 #endif
 #ifndef MLA_KV_EF_TILES
 #define MLA_KV_EF_TILES 64

@@ -20,6 +20,6 @@ lab_overlay() {
 # builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became
 # the defaults in the twenty-fourth session; their =0 builds are the old forms. F8R_SOLO and
 # F8R_ONEBAR were measured and removed in the thirty-eighth session, W3_L2AHEAD in the
-# thirty-ninth; MLA_KV_EVICT_FIRST (the thirty-ninth's) =0 is the form before it.
+# thirty-ninth; MLA_KV_EVICT_FIRST=2 is the thirty-ninth's lab, for the next call.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-params.cuh MLA_KV_EVICT_FIRST=0"
+params.cuh MLA_KV_EVICT_FIRST=2"
