@@ -95,6 +95,12 @@
 // 3 no P V products, 4 no loads (the TMA is not issued; FULL completes on the arrival alone);
 // the 16-bit TMA form's segment change: 5 no output stores (warpgroups 1 and 2 skip w3_store),
 // 6 Q loaded for the CTA's first segment only (the later ones reuse it).
+// W3_PG_LAB 1 (timing only, wrong pages): the paged form looks up one block id a tile and
+// takes the next ids after it, so its time without the other 1-3 lookups separates their
+// latency from the 2-4x boxes a tile (thirty-ninth session: the paged pair's FULL wait).
+#ifndef W3_PG_LAB
+#define W3_PG_LAB 0
+#endif
 #ifndef F8R_LAB
 #define F8R_LAB 0
 #endif
@@ -301,7 +307,7 @@ __device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& 
     for (int pb = 0; pb < BN / 16; ++pb) {
         blk[pb] = p.NB;
         if (pb * R < BN && j + pb * R < len) {
-            const int v = __ldg(bt + (j / R + pb) * p.bt_sm);
+            const int v = W3_PG_LAB == 1 && pb > 0 ? blk[0] + pb : __ldg(bt + (j / R + pb) * p.bt_sm);
             if (v >= 0 && v < p.NB) blk[pb] = v;
             else bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
         }
