@@ -485,7 +485,7 @@ pub(crate) fn choose(
                 && b >= wgmma_sm90::THREE_WG_PAIR_MIN_BATCH
                 && info.pair_clusters > 0
                 && wgmma_sm90::pair_ok(m_total)
-                && (wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::three_wg_paged_ok(a, tma_flag))
+                && wgmma_sm90::three_wg_tma_ok(a, tma_flag)
                 && fits(wgmma_sm90::w3_smem(false)) =>
         {
             Kernel::Wgmma3Pair
@@ -631,7 +631,7 @@ pub(crate) fn choose(
         Kernel::Wgmma3Pair
             if fp8
                 || !wgmma_sm90::pair_ok(m_total)
-                || !(wgmma_sm90::three_wg_ok(a, tma_flag) || wgmma_sm90::three_wg_paged_ok(a, tma_flag))
+                || !wgmma_sm90::three_wg_tma_ok(a, tma_flag)
                 || info.pair_clusters == 0 =>
         {
             return Err(Error::backend(

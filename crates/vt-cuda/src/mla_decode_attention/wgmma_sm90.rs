@@ -224,6 +224,12 @@ pub(super) fn three_wg_paged_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) 
     tma_flag && a.cache.dtype() != DType::Fp8DsMla && paged_tma_ok(&a.cache)
 }
 
+/// Whether either TMA form of the three-warpgroup kernel ([`three_wg_ok`]'s 64-row pages or
+/// [`three_wg_paged_ok`]'s 16- and 32-row pages) takes this call: what its CTA pairs need.
+pub(super) fn three_wg_tma_ok(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> bool {
+    three_wg_ok(a, tma_flag) || three_wg_paged_ok(a, tma_flag)
+}
+
 /// Token and bad-block flags per ring slot of the three-warpgroup kernel's gather form
 /// (`mla::W3Layout<false, true>::VALID_BYTES`).
 const W3_FLAG_BYTES: u32 = 64 + 8;
