@@ -75,7 +75,7 @@ __device__ void decode_generic(const Params& p) {
                 T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh;
                 o[i] = vt::from_f32<T>(v);
             } else {
-                p.part_o[((i64)sg.slot * p.m_total + row) * p.dv + i] = v;
+                *part_row<T>(p, sg.slot, row, i) = vt::from_f32<typename PartOf<T>::type>(v);
             }
         }
         if (threadIdx.x == 0) store_lse<T>(p, sg, row, sum > 0.0f ? mx + log2f(sum) : vt::neg_inf());

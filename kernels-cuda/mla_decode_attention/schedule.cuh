@@ -457,8 +457,7 @@ __device__ __forceinline__ void store_pair(const Params& p, const Segment& sg, i
         T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
         *reinterpret_cast<uint32_t*>(o) = pack2<T>(v0, v1);
     } else {
-        float2* o = (float2*)(p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + col);
-        *o = make_float2(v0, v1);
+        store_part2<T>(p, sg.slot, row, col, v0, v1);
     }
 }
 

@@ -908,9 +908,8 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                         reinterpret_cast<uint32_t*>(out)[0] = pack2<bf16>(v0, v1);
                         reinterpret_cast<uint32_t*>(out + 2)[0] = pack2<bf16>(v2, v3);
                     } else {
-                        float* out = p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + col;
-                        reinterpret_cast<float2*>(out)[0] = make_float2(v0, v1);
-                        reinterpret_cast<float2*>(out + 2)[0] = make_float2(v2, v3);
+                        store_part2<bf16>(p, sg.slot, row, col, v0, v1);
+                        store_part2<bf16>(p, sg.slot, row, col + 2, v2, v3);
                     }
                 }
             }
@@ -989,10 +988,14 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
             for (int i = 0; i < 32; ++i)
                 *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
         } else {
-            float* out = p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + col;
+            typename PartOf<T>::type* out = part_row<T>(p, sg.slot, row, col);
 #pragma unroll
-            for (int i = 0; i < 32; ++i)
-                *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
+            for (int i = 0; i < 32; ++i) {
+                if constexpr (sizeof(*out) == 4)
+                    *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
+                else
+                    *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
+            }
         }
         if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? fin(2 + hi) + log2f(l) : vt::neg_inf());
     }

@@ -248,8 +248,7 @@ __device__ __forceinline__ void copy_out(const Params& p, const Segment& sg, int
             w.y = pack2<T>(v.z * inv, v.w * inv);
             *reinterpret_cast<uint2*>(out) = w;
         } else {
-            *reinterpret_cast<float4*>(p.part_o + ((i64)sg.slot * p.m_total + row) * p.dv + c) =
-                make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            store_part4<T>(p, sg.slot, row, c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
     }
     if (with_lse && wtid < MT && row0 + wtid < p.m_total) {
