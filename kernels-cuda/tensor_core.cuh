@@ -218,22 +218,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap* map, int
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-// An L2 cache policy for data read once: the lines of a `fraction` (0 to 1) of the accesses
-// that carry it are the first evicted when L2 needs room (the others keep their priority).
-__device__ __forceinline__ uint64_t l2_policy_evict_first(float fraction) {
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, %1;\n" : "=l"(pol) : "f"(fraction));
-    return pol;
-}
-// tma_load_3d with an L2 cache policy (l2_policy_evict_first) for the box's lines.
-__device__ __forceinline__ void tma_load_3d_hint(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
-                                                 uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
-        "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-        : "memory");
-}
 // `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned) by the copy
 // engine; the bytes complete on the mbarrier `bar`.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

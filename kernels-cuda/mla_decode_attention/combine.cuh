@@ -43,29 +43,23 @@ enum : int {
 };
 static_assert(COMBINE_COLS == 32 * 4 * COMBINE_RUNS, "a lane owns COMBINE_RUNS runs of 4 columns");
 
-// Lane `lane`'s 16 values of one partial row `po` (its columns from c0, stored as P: f32, or
-// the 16-bit output type under MLA_PART16); zeros past Dv or where !ok. VEC (Dv % 4 == 0): a
-// run is in range whole or not at all, 16-byte (8-byte for 16-bit P) aligned.
-template <bool VEC, typename P>
-__device__ __forceinline__ void combine_load(const P* po, int c0, int lane, int dv, bool ok, float (&x)[16]) {
+// Lane `lane`'s 16 values of one partial row `po` (its columns from c0); zeros past Dv or
+// where !ok. VEC (Dv % 4 == 0): a run is in range whole or not at all, 16-byte aligned.
+template <bool VEC>
+__device__ __forceinline__ void combine_load(const float* po, int c0, int lane, int dv, bool ok, float (&x)[16]) {
 #pragma unroll
     for (int k = 0; k < COMBINE_RUNS; ++k) {
         const int col = c0 + 128 * k + 4 * lane;
-        if constexpr (VEC && sizeof(P) == 4) {
+        if constexpr (VEC) {
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (ok && col < dv) v = *reinterpret_cast<const float4*>(po + col);
             x[4 * k] = v.x;
             x[4 * k + 1] = v.y;
             x[4 * k + 2] = v.z;
             x[4 * k + 3] = v.w;
-        } else if constexpr (VEC) {
-            uint2 v = make_uint2(0u, 0u);
-            if (ok && col < dv) v = *reinterpret_cast<const uint2*>(po + col);
-            unpack2<P>(v.x, x[4 * k], x[4 * k + 1]);
-            unpack2<P>(v.y, x[4 * k + 2], x[4 * k + 3]);
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) x[4 * k + j] = ok && col + j < dv ? vt::to_f32(po[col + j]) : 0.0f;
+            for (int j = 0; j < 4; ++j) x[4 * k + j] = ok && col + j < dv ? po[col + j] : 0.0f;
         }
     }
 }
@@ -73,8 +67,8 @@ __device__ __forceinline__ void combine_load(const P* po, int c0, int lane, int 
 // One warp's share of a row: partials sub, sub + W, ... of n, merged online in the log2
 // domain (mx the largest lse so far, sum and acc scaled to it), COMBINE_BATCH at a time with
 // all their loads issued before any is used.
-template <bool VEC, typename P>
-__device__ __forceinline__ void combine_rows(const float* plse, const P* po, i64 lse_stride, i64 slot_stride,
+template <bool VEC>
+__device__ __forceinline__ void combine_rows(const float* plse, const float* po, i64 lse_stride, i64 slot_stride,
                                              int sub, int W, int n, int c0, int lane, int dv, float& mx, float& sum,
                                              float (&acc)[16]) {
     for (int c = sub; c < n; c += COMBINE_BATCH * W) {
@@ -84,7 +78,7 @@ __device__ __forceinline__ void combine_rows(const float* plse, const P* po, i64
             const int cu = c + u * W;
             const bool ok = cu < n;
             v[u] = ok ? plse[(i64)cu * lse_stride] : vt::neg_inf();
-            combine_load<VEC, P>(po + (ok ? cu : 0) * slot_stride, c0, lane, dv, ok, x[u]);
+            combine_load<VEC>(po + (ok ? cu : 0) * slot_stride, c0, lane, dv, ok, x[u]);
         }
 #pragma unroll
         for (int u = 0; u < COMBINE_BATCH; ++u) {
@@ -134,9 +128,9 @@ __device__ void combine(const Params& p) {
     for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
     if (active) {
         const float* plse = p.part_lse + (i64)first * p.m_total + row;
-        const typename PartOf<T>::type* po = part_row<T>(p, first, row, 0);
+        const float* po = p.part_o + ((i64)first * p.m_total + row) * p.dv;
         const i64 slot_stride = (i64)p.m_total * p.dv;
-        // part_o is 256-byte aligned and its rows Dv values apart: whole runs when 4 | Dv.
+        // part_o is 256-byte aligned and its rows Dv floats apart: 16-byte runs when 4 | Dv.
         if ((p.dv & 3) == 0)
             combine_rows<true>(plse, po, p.m_total, slot_stride, sub, W, n, c0, lane, p.dv, mx, sum, acc);
         else

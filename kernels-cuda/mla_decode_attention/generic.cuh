@@ -75,7 +75,7 @@ __device__ void decode_generic(const Params& p) {
                 T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh;
                 o[i] = vt::from_f32<T>(v);
             } else {
-                *part_row<T>(p, sg.slot, row, i) = vt::from_f32<typename PartOf<T>::type>(v);
+                *part_row(p, sg.slot, row, i) = v;
             }
         }
         if (threadIdx.x == 0) store_lse<T>(p, sg, row, sum > 0.0f ? mx + log2f(sum) : vt::neg_inf());

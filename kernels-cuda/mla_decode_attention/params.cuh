@@ -15,30 +15,6 @@
 #include "common.cuh"
 #include "tensor_core.cuh"
 
-// 2 (lab): the KV tiles' TMA loads carry an evict-first L2 policy (a tile is read once; the
-// pair multicasts it) where the grid writes partials for the combine and they are a large share
-// of its bytes: the grid cuts sequences (Part::q != 0) and a part holds at most MLA_KV_EF_TILES
-// tiles; elsewhere the plain instruction. 1: every load; 0 (the default): none. Thirty-ninth
-// session (docs/perf.md): under 1 the b32 shapes ran 4-6% faster and the whole-sequence b128
-// ones at 16 and 64 heads 3-4% slower; under 2 with the policy's operand on every load (fraction
-// 0 outside the bounded grids) the b32 shapes 2-4% faster and the others 0.5-1.6% slower. This
-// form (the plain instruction outside) is not measured yet, so it is not the default.
-#ifndef MLA_KV_EVICT_FIRST
-#define MLA_KV_EVICT_FIRST 0
-#endif
-#ifndef MLA_KV_EF_TILES
-#define MLA_KV_EF_TILES 64
-#endif
-// 1 (lab): a cut segment's normalized partial rows are stored in the output's 16-bit type
-// instead of f32 (the lse stays f32), halving the partials' bytes: written by the main grid
-// beside the KV stream, read back by the combine (fortieth session: at h64 b32 s4096 about
-// 21 MB each way against 151 MB of KV, at h128 b32 twice that, at h128 b1 17 MB against 9 MB).
-// The same rounding as vLLM's and FlashInfer's 16-bit merge states: one more rounding of each
-// partial to the output type before the merge. 0 (the default): f32.
-#ifndef MLA_PART16
-#define MLA_PART16 0
-#endif
-
 namespace mla {
 
 using namespace vt::tc;
@@ -83,49 +59,19 @@ struct Params {
     float scale_log2;
 };
 
-// The type a cut segment's normalized partial rows are stored in, for output type T.
-template <typename T> struct PartOf { using type = float; };
-#if MLA_PART16
-template <> struct PartOf<bf16> { using type = bf16; };
-template <> struct PartOf<f16> { using type = f16; };
-#endif
-
-// pack2's inverse: the two 16-bit values of w, low first, as f32 (exact).
-template <typename T> __device__ __forceinline__ void unpack2(uint32_t w, float& x, float& y);
-template <> __device__ __forceinline__ void unpack2<bf16>(uint32_t w, float& x, float& y) {
-    x = __uint_as_float(w << 16);
-    y = __uint_as_float(w & 0xffff0000u);
-}
-template <> __device__ __forceinline__ void unpack2<f16>(uint32_t w, float& x, float& y) {
-    __half2 h;
-    *reinterpret_cast<uint32_t*>(&h) = w;
-    const float2 f = __half22float2(h);
-    x = f.x;
-    y = f.y;
-}
-
-// Partial row `row` of slot `slot`, from column `col`, in its stored type.
-template <typename T>
-__device__ __forceinline__ typename PartOf<T>::type* part_row(const Params& p, int slot, int row, int col) {
-    return (typename PartOf<T>::type*)p.part_o + ((i64)slot * p.m_total + row) * p.dv + col;
+// Partial row `row` of slot `slot` (f32), from column `col`.
+__device__ __forceinline__ float* part_row(const Params& p, int slot, int row, int col) {
+    return p.part_o + ((i64)slot * p.m_total + row) * p.dv + col;
 }
 
 // Two / four adjacent partial values (col even / a multiple of 4: aligned, as Dv is even / a
 // multiple of 4 where the callers store these).
-template <typename T>
 __device__ __forceinline__ void store_part2(const Params& p, int slot, int row, int col, float v0, float v1) {
-    if constexpr (sizeof(typename PartOf<T>::type) == 4)
-        *reinterpret_cast<float2*>(part_row<T>(p, slot, row, col)) = make_float2(v0, v1);
-    else
-        *reinterpret_cast<uint32_t*>(part_row<T>(p, slot, row, col)) = pack2<T>(v0, v1);
+    *reinterpret_cast<float2*>(part_row(p, slot, row, col)) = make_float2(v0, v1);
 }
-template <typename T>
-__device__ __forceinline__ void store_part4(const Params& p, int slot, int row, int col, float v0, float v1,
-                                            float v2, float v3) {
-    if constexpr (sizeof(typename PartOf<T>::type) == 4)
-        *reinterpret_cast<float4*>(part_row<T>(p, slot, row, col)) = make_float4(v0, v1, v2, v3);
-    else
-        *reinterpret_cast<uint2*>(part_row<T>(p, slot, row, col)) = make_uint2(pack2<T>(v0, v1), pack2<T>(v2, v3));
+__device__ __forceinline__ void store_part4(const Params& p, int slot, int row, int col, float v0, float v1, float v2,
+                                            float v3) {
+    *reinterpret_cast<float4*>(part_row(p, slot, row, col)) = make_float4(v0, v1, v2, v3);
 }
 
 // Query row gr (s_q x heads order: token gr / N, head gr % N) of sequence b.

@@ -383,21 +383,10 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
     return r;
 }
 
-// The KV loads' L2 policy (MLA_KV_EVICT_FIRST, params.cuh) exists where their TMA does.
-#if MLA_KV_EVICT_FIRST && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MLA_KV_POLICY 1
-#else
-#define MLA_KV_POLICY 0
-#endif
-
 // One sequence's share of a part: local tiles [t0, t1) of sequence b.
 struct Segment {
     int b, len, t0, t1, slot;
     bool whole;  // the part holds all of b's tiles: write out/lse directly
-#if MLA_KV_POLICY
-    bool kv_ef;       // the segment's KV loads carry kv_pol (MLA_KV_EVICT_FIRST)
-    uint64_t kv_pol;  // evict-first
-#endif
 };
 
 // Walks the sequences of a part; returns false when done. `pre` and `b` carry the state.
@@ -416,12 +405,6 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.t1 = (int)((part.end < pre ? part.end : pre) - first);
         sg.whole = first >= part.begin && pre <= part.end;
         sg.slot = (int)blockIdx.x + cur;
-#if MLA_KV_POLICY
-        // Elsewhere the loads take the plain instruction: a policy of fraction 0 (no access
-        // marked) still cost whole-sequence grids 1-1.6% (thirty-ninth session, call 4).
-        sg.kv_ef = MLA_KV_EVICT_FIRST == 1 || (part.q != 0 && part.end - part.begin <= MLA_KV_EF_TILES);
-        sg.kv_pol = l2_policy_evict_first(1.0f);
-#endif
         if ((SEG_COST == 0 || part.q >= 0) && first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
             const int n = part.q > 0 ? (int)((pre - 1) / part.q - blockIdx.x + 1) : 1;
             p.seq_info[2 * cur] = sg.slot;
@@ -431,21 +414,6 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
     }
     return false;
 }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// One box of a KV tile of segment sg (the 16-bit TMA forms and the fp8 raw ring): see
-// MLA_KV_EVICT_FIRST.
-__device__ __forceinline__ void kv_load_3d(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
-                                           [[maybe_unused]] const Segment& sg) {
-#if MLA_KV_POLICY
-    if (sg.kv_ef) {
-        tma_load_3d_hint(dst, map, c0, c1, c2, bar, sg.kv_pol);
-        return;
-    }
-#endif
-    tma_load_3d(dst, map, c0, c1, c2, bar);
-}
-#endif  // sm_90
 
 // Writes one query row's two adjacent output values (final or partial). 16-bit only: the
 // tensor-core kernels run only where out is 16-byte aligned with strides multiple of 8.
@@ -457,7 +425,7 @@ __device__ __forceinline__ void store_pair(const Params& p, const Segment& sg, i
         T* o = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + h * p.o_sh + col;
         *reinterpret_cast<uint32_t*>(o) = pack2<T>(v0, v1);
     } else {
-        store_part2<T>(p, sg.slot, row, col, v0, v1);
+        store_part2(p, sg.slot, row, col, v0, v1);
     }
 }
 

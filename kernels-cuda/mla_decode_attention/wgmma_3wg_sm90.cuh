@@ -95,11 +95,15 @@
 // 3 no P V products, 4 no loads (the TMA is not issued; FULL completes on the arrival alone);
 // the 16-bit TMA form's segment change: 5 no output stores (warpgroups 1 and 2 skip w3_store),
 // 6 Q loaded for the CTA's first segment only (the later ones reuse it).
-// W3_PG_LAB 1 (timing only, wrong pages): the paged form looks up one block id a tile and
-// takes the next ids after it, so its time without the other 1-3 lookups separates their
-// latency from the 2-4x boxes a tile (thirty-ninth session: the paged pair's FULL wait).
-#ifndef W3_PG_LAB
-#define W3_PG_LAB 0
+// W3_LOOKUP (lab, fortieth session; docs/perf.md): where the issuing lane looks up a tile's
+// block ids. 0 (the default): after the slot's EMPTY wait, the paged form's 2-4 lookups one after
+// another (each in its own branch, its id tested before the next address: SASS shows four
+// dependent L2 round trips a tile, and W3_PG_LAB, the thirty-ninth session's one-lookup lab, ran
+// block size 16 8-12% faster). 1: the paged form's lookups issued together (w3_lookup), then
+// tested. 2: as 1, and every TMA form looks its tile up before the EMPTY wait, so the load's
+// latency passes under the wait instead of after it.
+#ifndef W3_LOOKUP
+#define W3_LOOKUP 0
 #endif
 #ifndef F8R_LAB
 #define F8R_LAB 0
@@ -235,27 +239,6 @@ __device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const TmaMap* map, 
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
         : "memory");
 }
-#if MLA_KV_POLICY
-__device__ __forceinline__ void tma_load_3d_mc_hint(uint32_t dst, const TmaMap* map, int c0, int c1, int c2,
-                                                    uint32_t bar, unsigned short mask, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6, %7;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask), "l"(policy)
-        : "memory");
-}
-#endif
-// One box of a KV tile of segment sg into both CTAs of the pair (kv_load_3d's multicast form).
-__device__ __forceinline__ void kv_load_3d_mc(uint32_t dst, const TmaMap* map, int c0, int c1, int c2, uint32_t bar,
-                                              [[maybe_unused]] const Segment& sg) {
-#if MLA_KV_POLICY
-    if (sg.kv_ef) {
-        tma_load_3d_mc_hint(dst, map, c0, c1, c2, bar, (unsigned short)3, sg.kv_pol);
-        return;
-    }
-#endif
-    tma_load_3d_mc(dst, map, c0, c1, c2, bar, (unsigned short)3);
-}
 
 // Lane 0 of warp 4: the CTA's tiles in the consumers' order, segment by segment.
 struct TileWalk {
@@ -307,7 +290,7 @@ __device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& 
     for (int pb = 0; pb < BN / 16; ++pb) {
         blk[pb] = p.NB;
         if (pb * R < BN && j + pb * R < len) {
-            const int v = W3_PG_LAB == 1 && pb > 0 ? blk[0] + pb : __ldg(bt + (j / R + pb) * p.bt_sm);
+            const int v = __ldg(bt + (j / R + pb) * p.bt_sm);
             if (v >= 0 && v < p.NB) blk[pb] = v;
             else bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
         }
@@ -322,8 +305,8 @@ __device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& 
         for (int pb = 0; pb < BN / 16; ++pb) {
             if (pb * R >= BN) break;
             const uint32_t d = dst + cb * SUB_BYTES + pb * R * 128;
-            if constexpr (PAIR) kv_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, w.sg);
-            else kv_load_3d(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, w.sg);
+            if constexpr (PAIR) tma_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3);
+            else tma_load_3d(d, map, 64 * cb, 0, blk[pb], full + 8 * cb);
         }
     }
 }
@@ -352,20 +335,97 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uin
             mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
             if (F8R_LAB == 4) continue;
             if (!PAIR) {
-                kv_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, w.sg);
+                tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
             } else if ((uint32_t)(cb & 1) == rank) {
-                kv_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, w.sg);
+                tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3);
             }
         }
     } else {
         mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
         if (F8R_LAB == 4) return;
 #pragma unroll
-        for (int g = 0; g < 4; ++g) kv_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full, w.sg);
-        kv_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full, w.sg);
-        kv_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full, w.sg);
+        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
+        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
+        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
     }
 }
+
+#if W3_LOOKUP
+// W3_LOOKUP: where tile w.t lies in the cache, looked up apart from its loads. blk[k]: the block
+// of its k-th page (PG: pages of BS rows; else one block, from row `row`); `word`: *nvalid's value
+// (the tokens the sequence has, 0 for a bad block id; PG: bits 8 + g for bad 16-token groups).
+struct W3Blocks {
+    int blk[BN / 16], row, word;
+};
+template <bool PG>
+__device__ __forceinline__ W3Blocks w3_lookup(const Params& p, const TileWalk& w) {
+    W3Blocks b;
+    if constexpr (PG) {
+        // Every id the tile needs is loaded before any is tested (one round trip, not 2-4).
+        const int R = p.BS, j = w.t * BN, len = w.sg.len, jb = j / R;
+        const int* bt = p.block_table + w.sg.b * p.bt_sb + jb * p.bt_sm;
+        int v[BN / 16];
+#pragma unroll
+        for (int pb = 0; pb < BN / 16; ++pb) v[pb] = pb * R < BN && j + pb * R < len ? __ldg(bt + pb * p.bt_sm) : p.NB;
+        int bad = 0;
+#pragma unroll
+        for (int pb = 0; pb < BN / 16; ++pb) {
+            const bool looked = pb * R < BN && j + pb * R < len;
+            const bool ok = v[pb] >= 0 && v[pb] < p.NB;
+            b.blk[pb] = ok ? v[pb] : p.NB;
+            if (looked && !ok) bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
+        }
+        b.row = 0;
+        b.word = min(BN, len - j) | bad << 8;
+    } else {
+        const TileBlock tb = tile_block(p, w);
+        b.blk[0] = tb.blk;
+        b.row = tb.row;
+        b.word = tb.ok ? min(BN, w.sg.len - tb.j) : 0;
+    }
+    return b;
+}
+
+// w3_issue with the tile's blocks looked up (w3_lookup).
+template <bool RAW, bool PAIR = false, bool PG = false>
+__device__ __forceinline__ void w3_issue_looked(const Params& p, const TileWalk& w, const W3Blocks& b, uint32_t dst,
+                                                int* nvalid, uint32_t full, const W3Maps<RAW>* maps) {
+    *nvalid = b.word;
+    if constexpr (PG) {
+        const int R = p.BS;
+        const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
+#pragma unroll
+        for (int cb = 0; cb < NSUB; ++cb) {
+            mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);  // publishes nvalid
+            if (PAIR && (uint32_t)(cb & 1) != rank) continue;
+#pragma unroll
+            for (int pb = 0; pb < BN / 16; ++pb) {
+                if (pb * R >= BN) break;
+                const uint32_t d = dst + cb * SUB_BYTES + pb * R * 128;
+                if constexpr (PAIR) tma_load_3d_mc(d, maps, 64 * cb, 0, b.blk[pb], full + 8 * cb, (unsigned short)3);
+                else tma_load_3d(d, maps, 64 * cb, 0, b.blk[pb], full + 8 * cb);
+            }
+        }
+    } else if constexpr (!RAW) {
+        const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
+#pragma unroll
+        for (int cb = 0; cb < NSUB; ++cb) {
+            mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);
+            if (!PAIR) {
+                tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, b.row, b.blk[0], full + 8 * cb);
+            } else if ((uint32_t)(cb & 1) == rank) {
+                tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, b.row, b.blk[0], full + 8 * cb, (unsigned short)3);
+            }
+        }
+    } else {
+        mbar_expect_tx(full, (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
+#pragma unroll
+        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, b.row, b.blk[0], full);
+        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, b.row, b.blk[0], full);
+        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, b.row, b.blk[0], full);
+    }
+}
+#endif
 
 // The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
 // done with tile u (its EMPTY phase); then the warp reconverges.
@@ -376,8 +436,18 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     using L = W3Layout<RAW>;
     const int slot = L::slot(u);
     if (issuer && walk.next(p, part)) {
+#if W3_LOOKUP == 2
+        const W3Blocks b = w3_lookup<PG>(p, walk);  // under the wait
+        mbar_wait(empty + 8 * slot, L::phase(u));
+        w3_issue_looked<RAW, PAIR, PG>(p, walk, b, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
+#elif W3_LOOKUP == 1
+        mbar_wait(empty + 8 * slot, L::phase(u));
+        w3_issue_looked<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), dst, nvalid + slot,
+                                       full + L::FULL_STRIDE * slot, maps);
+#else
         mbar_wait(empty + 8 * slot, L::phase(u));
         w3_issue<RAW, PAIR, PG>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
+#endif
     }
     __syncwarp();
 }
@@ -908,8 +978,8 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                         reinterpret_cast<uint32_t*>(out)[0] = pack2<bf16>(v0, v1);
                         reinterpret_cast<uint32_t*>(out + 2)[0] = pack2<bf16>(v2, v3);
                     } else {
-                        store_part2<bf16>(p, sg.slot, row, col, v0, v1);
-                        store_part2<bf16>(p, sg.slot, row, col + 2, v2, v3);
+                        store_part2(p, sg.slot, row, col, v0, v1);
+                        store_part2(p, sg.slot, row, col + 2, v2, v3);
                     }
                 }
             }
@@ -988,14 +1058,10 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
             for (int i = 0; i < 32; ++i)
                 *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
         } else {
-            typename PartOf<T>::type* out = part_row<T>(p, sg.slot, row, col);
+            float* out = part_row(p, sg.slot, row, col);
 #pragma unroll
-            for (int i = 0; i < 32; ++i) {
-                if constexpr (sizeof(*out) == 4)
-                    *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
-                else
-                    *reinterpret_cast<uint32_t*>(out + 8 * i) = pack2<T>(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
-            }
+            for (int i = 0; i < 32; ++i)
+                *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
         }
         if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? fin(2 + hi) + log2f(l) : vt::neg_inf());
     }
@@ -1212,8 +1278,14 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         } else {
             prefetch_map(maps);
         }
-        for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v)
+        for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v) {
+#if W3_LOOKUP
+            w3_issue_looked<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), sRing + v * L::SLOT, nvalid + v,
+                                           full + L::FULL_STRIDE * v, maps);
+#else
             w3_issue<RAW, PAIR, PG>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
+#endif
+        }
     }
     __syncwarp();
     constexpr bool VT = RAW && F8R_VT;

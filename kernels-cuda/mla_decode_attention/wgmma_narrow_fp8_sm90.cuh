@@ -466,7 +466,7 @@ __device__ __forceinline__ void nf8_store(const Params& p, const Segment& sg, in
                     T* out = (T*)p.out + sg.b * p.o_sb + s * p.o_ss + hd * p.o_sh + f;
                     *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(v[grp][0], v[grp][1]), pack2<T>(v[grp][2], v[grp][3]));
                 } else {
-                    store_part4<T>(p, sg.slot, row, f, v[grp][0], v[grp][1], v[grp][2], v[grp][3]);
+                    store_part4(p, sg.slot, row, f, v[grp][0], v[grp][1], v[grp][2], v[grp][3]);
                 }
             }
             if (wwarp == 0 && g == 0) store_lse<T>(p, sg, row, l > 0.0f ? s_fin[MT + r] + log2f(l) : vt::neg_inf());

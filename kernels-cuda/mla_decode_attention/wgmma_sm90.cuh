@@ -106,7 +106,7 @@ __device__ __forceinline__ void tma_tile(const Params& p, const Segment& sg, int
         const int j = tile * BN + pb * R;  // first token of the box
         const BoxBlock bb = box_block(p, sg, tile, pb * R);
         const int blk = bb.blk, row = bb.row;
-        kv_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar, sg);
+        tma_load_3d(dst + cb * SUB_BYTES + pb * R * 128, map, 64 * cb, row, blk, bar);
     }
 }
 
@@ -248,7 +248,7 @@ __device__ __forceinline__ void copy_out(const Params& p, const Segment& sg, int
             w.y = pack2<T>(v.z * inv, v.w * inv);
             *reinterpret_cast<uint2*>(out) = w;
         } else {
-            store_part4<T>(p, sg.slot, row, c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            store_part4(p, sg.slot, row, c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
         }
     }
     if (with_lse && wtid < MT && row0 + wtid < p.m_total) {

@@ -20,10 +20,8 @@ lab_overlay() {
 # builds (schedule_labs.sh, f8r_labs.sh) compile on the device. F8R_VT and W3_CP_DEFER became
 # the defaults in the twenty-fourth session; their =0 builds are the old forms. F8R_SOLO and
 # F8R_ONEBAR were measured and removed in the thirty-eighth session, W3_L2AHEAD in the
-# thirty-ninth; MLA_KV_EVICT_FIRST=2 and W3_PG_LAB=1 are the thirty-ninth's labs, MLA_PART16=1
-# (16-bit partials) the fortieth's, alone and with MLA_KV_EVICT_FIRST=2.
+# thirty-ninth, MLA_KV_EVICT_FIRST (the KV loads' evict-first L2 policy), MLA_PART16 (16-bit
+# partials) and W3_PG_LAB in the fortieth; W3_LOOKUP=1 and =2 are the fortieth's labs.
 LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-params.cuh MLA_KV_EVICT_FIRST=2
-wgmma_3wg_sm90.cuh W3_PG_LAB=1
-params.cuh MLA_PART16=1
-params.cuh MLA_PART16=1 MLA_KV_EVICT_FIRST=2"
+wgmma_3wg_sm90.cuh W3_LOOKUP=1
+wgmma_3wg_sm90.cuh W3_LOOKUP=2"
