@@ -95,16 +95,6 @@
 // 3 no P V products, 4 no loads (the TMA is not issued; FULL completes on the arrival alone);
 // the 16-bit TMA form's segment change: 5 no output stores (warpgroups 1 and 2 skip w3_store),
 // 6 Q loaded for the CTA's first segment only (the later ones reuse it).
-// W3_LOOKUP (lab, fortieth session; docs/perf.md): where the issuing lane looks up a tile's
-// block ids. 0 (the default): after the slot's EMPTY wait, the paged form's 2-4 lookups one after
-// another (each in its own branch, its id tested before the next address: SASS shows four
-// dependent L2 round trips a tile, and W3_PG_LAB, the thirty-ninth session's one-lookup lab, ran
-// block size 16 8-12% faster). 1: the paged form's lookups issued together (w3_lookup), then
-// tested. 2: as 1, and every TMA form looks its tile up before the EMPTY wait, so the load's
-// latency passes under the wait instead of after it.
-#ifndef W3_LOOKUP
-#define W3_LOOKUP 0
-#endif
 #ifndef F8R_LAB
 #define F8R_LAB 0
 #endif
@@ -272,88 +262,20 @@ __device__ __forceinline__ TileBlock tile_block(const Params& p, const TileWalk&
     return {j, ok ? v : p.NB, ok ? j - bi * p.BS : 0, ok};
 }
 
-// PG (16-bit TMA form over pages of BS = 16 or 32 rows, the map's boxes BS rows): tile w.t
-// is BN / BS pages, each column block BN / BS boxes, one per page (at byte BS x 128 x page of
-// the column block: the 128-byte swizzle repeats every 8 rows, so the boxes tile it as one
-// 64-row box would). The tile's word in *nvalid: bits 0-7 how many of its tokens the sequence
-// has (as the 64-row form's count), bit 8 + g set where 16-token group g lies in a page whose
-// block id is outside the cache (its boxes read block NB: zeros; the softmax masks it). Pages
-// past the sequence are not looked up (the block table may end there) and read zeros.
+// Where tile w.t lies in the cache, looked up apart from its loads (the issuing lane does it
+// before it waits for the slot, so the round trip passes under that wait). blk[k]: the block of
+// the tile's k-th page (PG: pages of BS rows; else blk[0], the one block holding the tile, from
+// row `row`); `word`: the tile's *nvalid.
+// PG (16-bit TMA form over pages of BS = 16 or 32 rows, the map's boxes BS rows): tile w.t is
+// BN / BS pages, each column block BN / BS boxes, one per page (at byte BS x 128 x page of the
+// column block: the 128-byte swizzle repeats every 8 rows, so the boxes tile it as one 64-row
+// box would). Its word: bits 0-7 how many of its tokens the sequence has (as the 64-row form's
+// count), bit 8 + g set where 16-token group g lies in a page whose block id is outside the
+// cache (its boxes read block NB: zeros; the softmax masks it). Pages past the sequence are not
+// looked up (the block table may end there) and read zeros. Every id is loaded before any is
+// tested: tested one by one they were four dependent round trips a tile, 10-11% of block size
+// 16's time at h128 b32 (fortieth session).
 constexpr int W3_PG_COUNT = 0xff;
-template <bool PAIR>
-__device__ __forceinline__ void w3_issue_paged(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid,
-                                               uint32_t full, const TmaMap* map) {
-    const int R = p.BS, j = w.t * BN, len = w.sg.len;
-    const int* bt = p.block_table + w.sg.b * p.bt_sb;
-    int blk[BN / 16], bad = 0;
-#pragma unroll
-    for (int pb = 0; pb < BN / 16; ++pb) {
-        blk[pb] = p.NB;
-        if (pb * R < BN && j + pb * R < len) {
-            const int v = __ldg(bt + (j / R + pb) * p.bt_sm);
-            if (v >= 0 && v < p.NB) blk[pb] = v;
-            else bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
-        }
-    }
-    *nvalid = min(BN, len - j) | bad << 8;
-    const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
-#pragma unroll
-    for (int cb = 0; cb < NSUB; ++cb) {
-        mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);  // publishes nvalid
-        if (PAIR && (uint32_t)(cb & 1) != rank) continue;
-#pragma unroll
-        for (int pb = 0; pb < BN / 16; ++pb) {
-            if (pb * R >= BN) break;
-            const uint32_t d = dst + cb * SUB_BYTES + pb * R * 128;
-            if constexpr (PAIR) tma_load_3d_mc(d, map, 64 * cb, 0, blk[pb], full + 8 * cb, (unsigned short)3);
-            else tma_load_3d(d, map, 64 * cb, 0, blk[pb], full + 8 * cb);
-        }
-    }
-}
-
-// Issues tile w.t of segment w.sg into the slot at dst (its boxes completing on `full`) and
-// records how many of its tokens exist (0 for a block id outside the cache, whose boxes read
-// block NB: out of the map, zeros). 64 divides BS, so the tile is 64 rows of one block. fp8:
-// the four code groups, the rope and the scales; 16-bit: the nine 64-feature column blocks.
-template <bool RAW, bool PAIR = false, bool PG = false>
-__device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, uint32_t dst, int* nvalid, uint32_t full,
-                                         const W3Maps<RAW>* maps) {
-    if constexpr (PG) {
-        w3_issue_paged<PAIR>(p, w, dst, nvalid, full, maps);
-        return;
-    }
-    const TileBlock tb = tile_block(p, w);
-    const int blk = tb.blk, row = tb.row;
-    *nvalid = tb.ok ? min(BN, w.sg.len - tb.j) : 0;
-    if constexpr (!RAW) {
-        // Each column block on its own barrier (each arrival publishes nvalid). PAIR: this
-        // CTA's column blocks (cb % 2 = its rank) go to both CTAs of the cluster; its barriers
-        // still expect all nine (the peer's bytes complete on them).
-        const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
-#pragma unroll
-        for (int cb = 0; cb < NSUB; ++cb) {
-            mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
-            if (F8R_LAB == 4) continue;
-            if (!PAIR) {
-                tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb);
-            } else if ((uint32_t)(cb & 1) == rank) {
-                tma_load_3d_mc(dst + cb * SUB_BYTES, maps, 64 * cb, row, blk, full + 8 * cb, (unsigned short)3);
-            }
-        }
-    } else {
-        mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
-        if (F8R_LAB == 4) return;
-#pragma unroll
-        for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, row, blk, full);
-        tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, row, blk, full);
-        tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, row, blk, full);
-    }
-}
-
-#if W3_LOOKUP
-// W3_LOOKUP: where tile w.t lies in the cache, looked up apart from its loads. blk[k]: the block
-// of its k-th page (PG: pages of BS rows; else one block, from row `row`); `word`: *nvalid's value
-// (the tokens the sequence has, 0 for a bad block id; PG: bits 8 + g for bad 16-token groups).
 struct W3Blocks {
     int blk[BN / 16], row, word;
 };
@@ -361,7 +283,6 @@ template <bool PG>
 __device__ __forceinline__ W3Blocks w3_lookup(const Params& p, const TileWalk& w) {
     W3Blocks b;
     if constexpr (PG) {
-        // Every id the tile needs is loaded before any is tested (one round trip, not 2-4).
         const int R = p.BS, j = w.t * BN, len = w.sg.len, jb = j / R;
         const int* bt = p.block_table + w.sg.b * p.bt_sb + jb * p.bt_sm;
         int v[BN / 16];
@@ -386,17 +307,22 @@ __device__ __forceinline__ W3Blocks w3_lookup(const Params& p, const TileWalk& w
     return b;
 }
 
-// w3_issue with the tile's blocks looked up (w3_lookup).
+// Issues tile w.t of segment w.sg, its blocks looked up in b, into the slot at dst (its boxes
+// completing on `full`) and records its word (0 tokens for a block id outside the cache, whose
+// boxes read block NB: out of the map, zeros). fp8: the four code groups, the rope and the
+// scales; 16-bit: the nine 64-feature column blocks, each on its own barrier (each arrival
+// publishes nvalid). PAIR: this CTA's column blocks (cb % 2 = its rank) go to both CTAs of the
+// cluster; its barriers still expect all nine (the peer's bytes complete on them).
 template <bool RAW, bool PAIR = false, bool PG = false>
-__device__ __forceinline__ void w3_issue_looked(const Params& p, const TileWalk& w, const W3Blocks& b, uint32_t dst,
-                                                int* nvalid, uint32_t full, const W3Maps<RAW>* maps) {
+__device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, const W3Blocks& b, uint32_t dst,
+                                         int* nvalid, uint32_t full, const W3Maps<RAW>* maps) {
     *nvalid = b.word;
     if constexpr (PG) {
         const int R = p.BS;
         const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
 #pragma unroll
         for (int cb = 0; cb < NSUB; ++cb) {
-            mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);  // publishes nvalid
+            mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);
             if (PAIR && (uint32_t)(cb & 1) != rank) continue;
 #pragma unroll
             for (int pb = 0; pb < BN / 16; ++pb) {
@@ -410,7 +336,8 @@ __device__ __forceinline__ void w3_issue_looked(const Params& p, const TileWalk&
         const uint32_t rank = PAIR ? cluster_ctarank() : 0u;
 #pragma unroll
         for (int cb = 0; cb < NSUB; ++cb) {
-            mbar_expect_tx(full + 8 * cb, (uint32_t)SUB_BYTES);
+            mbar_expect_tx(full + 8 * cb, F8R_LAB == 4 ? 0u : (uint32_t)SUB_BYTES);
+            if (F8R_LAB == 4) continue;
             if (!PAIR) {
                 tma_load_3d(dst + cb * SUB_BYTES, maps, 64 * cb, b.row, b.blk[0], full + 8 * cb);
             } else if ((uint32_t)(cb & 1) == rank) {
@@ -418,17 +345,19 @@ __device__ __forceinline__ void w3_issue_looked(const Params& p, const TileWalk&
             }
         }
     } else {
-        mbar_expect_tx(full, (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
+        mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);
+        if (F8R_LAB == 4) return;
 #pragma unroll
         for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, b.row, b.blk[0], full);
         tma_load_3d(dst + 4 * F8R_BOX, &maps->rows, F8R_ROPE_WORD, b.row, b.blk[0], full);
         tma_load_3d(dst + F8R_SCALES, &maps->scales, F8R_SCALE_WORD, b.row, b.blk[0], full);
     }
 }
-#endif
 
 // The issuing lane (thread 128): tile u + SLOTS into tile u's slot (at dst) once every thread is
-// done with tile u (its EMPTY phase); then the warp reconverges.
+// done with tile u (its EMPTY phase), its block ids looked up before that wait (on an H100 that
+// took block size 16 at h128 b32 from 133 to 119 us and the 64-row forms 0-1% faster:
+// docs/perf.md, "Fortieth session"); then the warp reconverges.
 template <bool RAW, bool PAIR = false, bool PG = false>
 __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Params& p, const Part& part, int u,
                                           uint32_t dst, uint32_t empty, uint32_t full, int* nvalid,
@@ -436,18 +365,9 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     using L = W3Layout<RAW>;
     const int slot = L::slot(u);
     if (issuer && walk.next(p, part)) {
-#if W3_LOOKUP == 2
         const W3Blocks b = w3_lookup<PG>(p, walk);  // under the wait
         mbar_wait(empty + 8 * slot, L::phase(u));
-        w3_issue_looked<RAW, PAIR, PG>(p, walk, b, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
-#elif W3_LOOKUP == 1
-        mbar_wait(empty + 8 * slot, L::phase(u));
-        w3_issue_looked<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), dst, nvalid + slot,
-                                       full + L::FULL_STRIDE * slot, maps);
-#else
-        mbar_wait(empty + 8 * slot, L::phase(u));
-        w3_issue<RAW, PAIR, PG>(p, walk, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
-#endif
+        w3_issue<RAW, PAIR, PG>(p, walk, b, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
 }
@@ -1279,12 +1199,8 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             prefetch_map(maps);
         }
         for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v) {
-#if W3_LOOKUP
-            w3_issue_looked<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), sRing + v * L::SLOT, nvalid + v,
-                                           full + L::FULL_STRIDE * v, maps);
-#else
-            w3_issue<RAW, PAIR, PG>(p, walk, sRing + v * L::SLOT, nvalid + v, full + L::FULL_STRIDE * v, maps);
-#endif
+            w3_issue<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), sRing + v * L::SLOT, nvalid + v,
+                                    full + L::FULL_STRIDE * v, maps);
         }
     }
     __syncwarp();

@@ -21,7 +21,5 @@ lab_overlay() {
 # the defaults in the twenty-fourth session; their =0 builds are the old forms. F8R_SOLO and
 # F8R_ONEBAR were measured and removed in the thirty-eighth session, W3_L2AHEAD in the
 # thirty-ninth, MLA_KV_EVICT_FIRST (the KV loads' evict-first L2 policy), MLA_PART16 (16-bit
-# partials) and W3_PG_LAB in the fortieth; W3_LOOKUP=1 and =2 are the fortieth's labs.
-LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-wgmma_3wg_sm90.cuh W3_LOOKUP=1
-wgmma_3wg_sm90.cuh W3_LOOKUP=2"
+# partials) and W3_PG_LAB in the fortieth, whose W3_LOOKUP=2 became the kernels' only form.
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"

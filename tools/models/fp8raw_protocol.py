@@ -23,7 +23,8 @@ shared-memory access per step; a step is atomic):
        s_fin, bar_arrive(FIN).
   ISS  thread 128 (lane 0 of warp 4), the issuing lane: all of warpgroup 1's code with weight 1,
        plus its own TileWalk, the two prologue loads and, per tile, walk.next(),
-       mbar_wait(EMPTY) and w3_issue (nvalid, expect_tx, six TMA boxes).
+       w3_lookup (the block table, read-only), mbar_wait(EMPTY) and w3_issue (nvalid,
+       expect_tx, six TMA boxes).
   W4R  the other 31 lanes of warp 4 (warpgroup 1's code, weight 31). Only these wait for the
        issuing lane at the two __syncwarp() (a two-party rendezvous of ISS and W4R).
   W57  warps 5..7 (warpgroup 1's code, weight 96): they do not take part in __syncwarp.
@@ -131,12 +132,12 @@ SITES = {
     "wg0.p_full": ("bar_arrive(W3_P_FULL, W3_THREADS)", 0),
     "wg0.fin_store": ("store_fin(s_fin, l_run, m_run, r_lo, qd)", 0),
     "wg0.fin": ("bar_arrive(W3_FIN, W3_THREADS)", 0),
-    "iss.prologue": ("w3_issue<RAW, PAIR, PG>(p, walk, sRing + v * L::SLOT", 0),
-    "issue.nvalid": ("*nvalid = tb.ok ? min(BN, w.sg.len - tb.j) : 0", 0),
+    "iss.prologue": ("w3_issue<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), sRing + v * L::SLOT", 0),
+    "issue.nvalid": ("*nvalid = b.word", 0),
     "issue.expect": ("mbar_expect_tx(full, ", 0),
-    "issue.code": ("kv_load_3d(dst + g * F8R_BOX", 0),
-    "issue.rope": ("kv_load_3d(dst + 4 * F8R_BOX", 0),
-    "issue.scales": ("kv_load_3d(dst + F8R_SCALES", 0),
+    "issue.code": ("tma_load_3d(dst + g * F8R_BOX", 0),
+    "issue.rope": ("tma_load_3d(dst + 4 * F8R_BOX", 0),
+    "issue.scales": ("tma_load_3d(dst + F8R_SCALES", 0),
     "wg12.syncwarp0": ("__syncwarp();", 2),
     "wg12.split_q": ("f8r_split_q(p, sg.b, row0, sQ, s_pinv, threadIdx.x - 128)", 0),
     "wg12.q_ready": ("bar_arrive(W3_Q_READY, W3_THREADS)", 1),
