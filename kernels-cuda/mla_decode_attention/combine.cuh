@@ -128,7 +128,7 @@ __device__ void combine(const Params& p) {
     for (int j = 0; j < 16; ++j) acc[j] = 0.0f;
     if (active) {
         const float* plse = p.part_lse + (i64)first * p.m_total + row;
-        const float* po = p.part_o + ((i64)first * p.m_total + row) * p.dv;
+        const float* po = part_row(p, first, row, 0);
         const i64 slot_stride = (i64)p.m_total * p.dv;
         // part_o is 256-byte aligned and its rows Dv floats apart: 16-byte runs when 4 | Dv.
         if ((p.dv & 3) == 0)

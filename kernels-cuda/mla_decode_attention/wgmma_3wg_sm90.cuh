@@ -248,20 +248,6 @@ struct TileWalk {
     }
 };
 
-// Where tile w.t of segment w.sg lies in the cache: its first token j, its block id blk and
-// first row in it; ok is false for a block id outside the cache (then blk = NB, whose boxes
-// read zeros, and row 0). 64 divides BS, so the tile is 64 rows of one block.
-struct TileBlock {
-    int j, blk, row;
-    bool ok;
-};
-__device__ __forceinline__ TileBlock tile_block(const Params& p, const TileWalk& w) {
-    const int j = w.t * BN, bi = j / p.BS;
-    const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
-    const bool ok = v >= 0 && v < p.NB;
-    return {j, ok ? v : p.NB, ok ? j - bi * p.BS : 0, ok};
-}
-
 // Where tile w.t lies in the cache, looked up apart from its loads (the issuing lane does it
 // before it waits for the slot, so the round trip passes under that wait). blk[k]: the block of
 // the tile's k-th page (PG: pages of BS rows; else blk[0], the one block holding the tile, from
@@ -285,24 +271,30 @@ __device__ __forceinline__ W3Blocks w3_lookup(const Params& p, const TileWalk& w
     if constexpr (PG) {
         const int R = p.BS, j = w.t * BN, len = w.sg.len, jb = j / R;
         const int* bt = p.block_table + w.sg.b * p.bt_sb + jb * p.bt_sm;
+        bool looked[BN / 16];
         int v[BN / 16];
 #pragma unroll
-        for (int pb = 0; pb < BN / 16; ++pb) v[pb] = pb * R < BN && j + pb * R < len ? __ldg(bt + pb * p.bt_sm) : p.NB;
+        for (int pb = 0; pb < BN / 16; ++pb) {
+            looked[pb] = pb * R < BN && j + pb * R < len;
+            v[pb] = looked[pb] ? __ldg(bt + pb * p.bt_sm) : p.NB;
+        }
         int bad = 0;
 #pragma unroll
         for (int pb = 0; pb < BN / 16; ++pb) {
-            const bool looked = pb * R < BN && j + pb * R < len;
             const bool ok = v[pb] >= 0 && v[pb] < p.NB;
             b.blk[pb] = ok ? v[pb] : p.NB;
-            if (looked && !ok) bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
+            if (looked[pb] && !ok) bad |= ((1 << (R / 16)) - 1) << (pb * R / 16);
         }
         b.row = 0;
         b.word = min(BN, len - j) | bad << 8;
     } else {
-        const TileBlock tb = tile_block(p, w);
-        b.blk[0] = tb.blk;
-        b.row = tb.row;
-        b.word = tb.ok ? min(BN, w.sg.len - tb.j) : 0;
+        // 64 divides BS: the tile is 64 rows of one block.
+        const int j = w.t * BN, bi = j / p.BS;
+        const int v = __ldg(p.block_table + w.sg.b * p.bt_sb + bi * p.bt_sm);
+        const bool ok = v >= 0 && v < p.NB;
+        b.blk[0] = ok ? v : p.NB;
+        b.row = ok ? j - bi * p.BS : 0;
+        b.word = ok ? min(BN, w.sg.len - j) : 0;
     }
     return b;
 }
@@ -345,7 +337,7 @@ __device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, con
             }
         }
     } else {
-        mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);
+        mbar_expect_tx(full, F8R_LAB == 4 ? 0u : (uint32_t)W3Layout<RAW>::SLOT);  // publishes nvalid
         if (F8R_LAB == 4) return;
 #pragma unroll
         for (int g = 0; g < 4; ++g) tma_load_3d(dst + g * F8R_BOX, &maps->rows, 32 * g, b.row, b.blk[0], full);
