@@ -43,53 +43,6 @@ enum : int {
 };
 static_assert(COMBINE_COLS == 32 * 4 * COMBINE_RUNS, "a lane owns COMBINE_RUNS runs of 4 columns");
 
-// A partial value: a plain load, or in the streamed form (written by main CTAs still running,
-// published to this CTA by an acquire) through L2.
-#if MLA_STREAM_COMBINE
-template <typename V> __device__ __forceinline__ V ld_part(const V* a) { return __ldcg(a); }
-
-__device__ __forceinline__ int ld_acquire_gpu(const int* a) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* a) {
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(a) : "memory");
-    return v;
-}
-
-// Thread 0 of a combine CTA, the streamed form: waits until every part of sequence b (nonempty)
-// has stored its partial; returns the first slot and the number of parts. The last of the
-// sequence's combine CTAs to read the record zeroes it for the next call. A wait past ~4 s
-// traps (a count that never completes is a bug; an error beats a hang).
-__device__ __noinline__ void wait_parts(const Params& p, int b, int& first, int& n) {
-    int* r = p.seq_info + SI_STRIDE * b;
-    unsigned long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
-    auto pause = [&]() {
-        __nanosleep(128);
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-        if (t - t0 > (4ull << 30)) __trap();
-    };
-    while ((n = ld_acquire_gpu(r + 1)) == 0) pause();
-    if (n > 1) {
-        const unsigned long long want = (unsigned long long)n * (unsigned long long)p.m_total * (unsigned long long)(p.dv + 1);
-        const unsigned long long* c = reinterpret_cast<const unsigned long long*>(r + 4);
-        while (ld_acquire_gpu(c) != want) pause();
-    }
-    first = __ldcg(r);
-    if (atomicAdd(r + 2, 1) == (int)(gridDim.y * gridDim.z) - 1) {
-        r[1] = 0;
-        *reinterpret_cast<unsigned long long*>(r + 4) = 0;
-        r[2] = 0;
-    }
-}
-#else
-template <typename V> __device__ __forceinline__ V ld_part(const V* a) { return *a; }
-#endif
-
 // Lane `lane`'s 16 values of one partial row `po` (its columns from c0); zeros past Dv or
 // where !ok. VEC (Dv % 4 == 0): a run is in range whole or not at all, 16-byte aligned.
 template <bool VEC>
@@ -99,14 +52,14 @@ __device__ __forceinline__ void combine_load(const float* po, int c0, int lane, 
         const int col = c0 + 128 * k + 4 * lane;
         if constexpr (VEC) {
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (ok && col < dv) v = ld_part(reinterpret_cast<const float4*>(po + col));
+            if (ok && col < dv) v = *reinterpret_cast<const float4*>(po + col);
             x[4 * k] = v.x;
             x[4 * k + 1] = v.y;
             x[4 * k + 2] = v.z;
             x[4 * k + 3] = v.w;
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) x[4 * k + j] = ok && col + j < dv ? ld_part(po + col + j) : 0.0f;
+            for (int j = 0; j < 4; ++j) x[4 * k + j] = ok && col + j < dv ? po[col + j] : 0.0f;
         }
     }
 }
@@ -124,7 +77,7 @@ __device__ __forceinline__ void combine_rows(const float* plse, const float* po,
         for (int u = 0; u < COMBINE_BATCH; ++u) {
             const int cu = c + u * W;
             const bool ok = cu < n;
-            v[u] = ok ? ld_part(plse + (i64)cu * lse_stride) : vt::neg_inf();
+            v[u] = ok ? plse[(i64)cu * lse_stride] : vt::neg_inf();
             combine_load<VEC>(po + (ok ? cu : 0) * slot_stride, c0, lane, dv, ok, x[u]);
         }
 #pragma unroll
@@ -141,14 +94,8 @@ __device__ __forceinline__ void combine_rows(const float* plse, const float* po,
     }
 }
 
-// (The streamed form wraps this body: combine, below.)
-#if MLA_STREAM_COMBINE
-#define MLA_COMBINE_BODY combine_body
-#else
-#define MLA_COMBINE_BODY combine
-#endif
 template <typename T>
-__device__ void MLA_COMBINE_BODY(const Params& p) {
+__device__ void combine(const Params& p) {
     // W > 1: each warp's (max, sum, 512 columns) for the row's merge.
     __shared__ float4 red[COMBINE_WARPS][COMBINE_COLS / 4];
     __shared__ float red_m[COMBINE_WARPS], red_s[COMBINE_WARPS];
@@ -156,9 +103,7 @@ __device__ void MLA_COMBINE_BODY(const Params& p) {
 #if MLA_TIMELINE
     if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[0], tl_now());
 #endif
-#if !MLA_STREAM_COMBINE
     grid_dep_wait();
-#endif
 #if MLA_TIMELINE
     if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[1], tl_now());
 #endif
@@ -167,22 +112,9 @@ __device__ void MLA_COMBINE_BODY(const Params& p) {
     const int row = blockIdx.y * (COMBINE_WARPS / W) + warp / W;
     const int sub = warp % W;
     const bool active = row < p.m_total;
-#if MLA_STREAM_COMBINE
-    __shared__ int s_rec[2];
-    const int len = eff_len(p, b);
-    if (threadIdx.x == 0) {
-        int f = 0, m = 0;
-        if (len > 0) wait_parts(p, b, f, m);
-        s_rec[0] = f;
-        s_rec[1] = m;
-    }
-    __syncthreads();
-    const int first = s_rec[0], n_info = s_rec[1];
-#else
     // Loaded together (one round trip); seq_info is stale for empty sequences and unused.
     const int len = eff_len(p, b);
     const int first = p.seq_info[2 * b], n_info = p.seq_info[2 * b + 1];
-#endif
     const int n = len > 0 ? n_info : 0;
     if (len > 0 && n <= 1) {  // written by the main kernel (uniform over the block)
 #if MLA_TIMELINE
@@ -255,16 +187,5 @@ __device__ void MLA_COMBINE_BODY(const Params& p) {
     }
 #endif
 }
-
-#if MLA_STREAM_COMBINE
-// One CTA waits for the main grid at its end, so that this grid's completion implies the main
-// grid's (its whole sequences' outputs, which no record waits for): a kernel after the combine
-// sees both.
-template <typename T>
-__device__ void combine(const Params& p) {
-    combine_body<T>(p);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) grid_dep_wait();
-}
-#endif
 
 }  // namespace mla

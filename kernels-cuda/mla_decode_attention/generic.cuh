@@ -66,7 +66,6 @@ __device__ void decode_generic(const Params& p) {
             sum += f[w] * wl[w];
         }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        MLA_NST(int nst = 0;)  // partial values stored (publish_part)
         for (int i = threadIdx.x; i < p.dv; i += blockDim.x) {
             float v = 0.0f;
 #pragma unroll
@@ -77,14 +76,9 @@ __device__ void decode_generic(const Params& p) {
                 o[i] = vt::from_f32<T>(v);
             } else {
                 *part_row(p, sg.slot, row, i) = v;
-                MLA_NST(nst += 1;)
             }
         }
-        if (threadIdx.x == 0) {
-            store_lse<T>(p, sg, row, sum > 0.0f ? mx + log2f(sum) : vt::neg_inf());
-            MLA_NST(nst += 1;)
-        }
-        MLA_NST(publish_part(p, sg, nst);)
+        if (threadIdx.x == 0) store_lse<T>(p, sg, row, sum > 0.0f ? mx + log2f(sum) : vt::neg_inf());
         __syncthreads();
     }
 }

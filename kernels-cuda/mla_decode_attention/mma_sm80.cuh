@@ -299,7 +299,6 @@ __device__ void decode_mma(const Params& p) {
             for (int w = 0; w < WC; ++w) l += red_l[w * MT + wr * 16 + g + 8 * hi];
             lsum[hi] = l;
         }
-        MLA_NST(int nst = 0;)  // partial values stored (publish_part)
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
             const int r = row0 + wr * 16 + g + 8 * hi;
@@ -308,13 +307,9 @@ __device__ void decode_mma(const Params& p) {
 #pragma unroll
             for (int nt = 0; nt < NTV; ++nt)
                 store_pair<T>(p, sg, r, wc * CV + nt * 8 + 2 * qd, o[nt][2 * hi] * inv, o[nt][2 * hi + 1] * inv);
-            MLA_NST(nst += 2 * NTV;)
-            if (wc == 0 && qd == 0) {
+            if (wc == 0 && qd == 0)
                 store_lse<T>(p, sg, r, lsum[hi] > 0.0f ? m_run[hi] + log2f(lsum[hi]) : vt::neg_inf());
-                MLA_NST(nst += 1;)
-            }
         }
-        MLA_NST(publish_part(p, sg, nst);)
         __syncthreads();
     }
 }

@@ -107,40 +107,6 @@ __device__ __forceinline__ unsigned long long* tl_row() {
 using vt::grid_dep_launch;
 using vt::grid_dep_wait;
 
-// The streamed combine (a lab, default 0; docs/perf.md, "Forty-first session"): the combine
-// kernel does not wait for the whole main grid before merging. Each sequence's record in
-// seq_info grows to SI_STRIDE ints: [0] first slot, [1] number of parts (0 until the part
-// holding the first tile writes it, with release), [2] the combine CTAs that have read the
-// record, [4, 5] (u64) partial values stored so far (o and lse, counted by each storing warp
-// after its stores, with release). A combine CTA waits for its sequence's count to reach
-// parts x m_total x (Dv + 1), merges, and the last of the sequence's CTAs to read the record
-// zeroes it for the next call (the host allocates it zeroed). The combine CTAs launch only
-// once every main CTA has started (programmatic dependent launch), so their waits cannot
-// hold back a main CTA; one combine CTA still waits for the main grid at its end, so that the
-// combine's completion implies the main grid's (whole sequences' outputs included).
-#ifndef MLA_STREAM_COMBINE
-#define MLA_STREAM_COMBINE 0
-#endif
-enum : int { SI_STRIDE = MLA_STREAM_COMBINE ? 8 : 2 };  // ints of seq_info a sequence
-
-// The storing code's count of partial values for publish_part: MLA_NST(statement) is the
-// statement in the streamed form and nothing otherwise (so the default kernels' code is what it
-// was without it).
-#if MLA_STREAM_COMBINE
-#define MLA_NST(...) __VA_ARGS__
-#else
-#define MLA_NST(...)
-#endif
-
-#if MLA_STREAM_COMBINE
-// Records sequence b's first partial slot and number of parts for the combine kernel, the
-// number last, with release (the combine's wait reads it with acquire).
-__device__ __forceinline__ void put_seq_info(const Params& p, int b, int slot, int n) {
-    p.seq_info[SI_STRIDE * b] = slot;
-    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p.seq_info + SI_STRIDE * b + 1), "r"(n) : "memory");
-}
-#endif
-
 // Tokens of sequence b that exist: seq_lens clamped to [0, MB * BS] (past the block table
 // nothing can be read; the CPU reference rejects such input, the GPU skips it).
 __device__ __forceinline__ int eff_len(const Params& p, int b) {
@@ -345,12 +311,8 @@ __device__ __forceinline__ bool cost_cut(const Params& p, int* s, int b, int t, 
         if (cpre <= x1 && x1 < cpre + c) s[36] = tile_at(x1);
         const int first = (int)((cpre + SEG) / qc), last = (int)((cpre + c - 1) / qc);
         if (first == (int)blockIdx.x && blockIdx.y == 0) {
-#if MLA_STREAM_COMBINE
-            put_seq_info(p, b, first + b, last - first + 1);  // (the slot next_segment gives the part's segment)
-#else
             p.seq_info[2 * b] = first + b;  // the slot next_segment gives the part's segment
             p.seq_info[2 * b + 1] = last - first + 1;
-#endif
         }
     }
     __syncthreads();
@@ -445,33 +407,13 @@ __device__ __forceinline__ bool next_segment(const Params& p, const Part& part, 
         sg.slot = (int)blockIdx.x + cur;
         if ((SEG_COST == 0 || part.q >= 0) && first >= part.begin && blockIdx.y == 0 && threadIdx.x == 0) {
             const int n = part.q > 0 ? (int)((pre - 1) / part.q - blockIdx.x + 1) : 1;
-#if MLA_STREAM_COMBINE
-            put_seq_info(p, cur, sg.slot, n);
-#else
             p.seq_info[2 * cur] = sg.slot;
             p.seq_info[2 * cur + 1] = n;
-#endif
         }
         return true;
     }
     return false;
 }
-
-#if MLA_STREAM_COMBINE
-// The streamed combine: this warp's stores of segment sg's partial are done, nst values (o and
-// lse) in this lane. Called by every lane of every warp that stores a partial, once a segment,
-// after its stores (through MLA_NST; nothing for a whole sequence).
-__device__ __forceinline__ void publish_part(const Params& p, const Segment& sg, int nst) {
-    if (!sg.whole) {   // (uniform over the block)
-        __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
-        const unsigned tot = __reduce_add_sync(0xffffffffu, (unsigned)nst);
-        if ((threadIdx.x & 31) == 0) {
-            unsigned long long* c = reinterpret_cast<unsigned long long*>(p.seq_info + SI_STRIDE * sg.b + 4);
-            asm volatile("red.release.gpu.global.add.u64 [%0], %1;\n" ::"l"(c), "l"((unsigned long long)tot) : "memory");
-        }
-    }
-}
-#endif
 
 // Writes one query row's two adjacent output values (final or partial). 16-bit only: the
 // tensor-core kernels run only where out is 16-byte aligned with strides multiple of 8.

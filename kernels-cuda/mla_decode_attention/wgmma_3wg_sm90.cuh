@@ -870,7 +870,6 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
             }
         }
         bar_sync(W3_FIN, W3_THREADS);
-        MLA_NST(int nst = 0;)  // partial values stored (publish_part)
         // O[row][feature]: the four features 4 kw .. + 3 of group G are adjacent.
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -893,16 +892,13 @@ __device__ __forceinline__ void f8r_vt_loop(const Params& p, const Part& part, c
                     } else {
                         store_part2(p, sg.slot, row, col, v0, v1);
                         store_part2(p, sg.slot, row, col + 2, v2, v3);
-                        MLA_NST(nst += 4;)
                     }
                 }
             }
         if (w == 0 && wtid < WGMMA_ROWS && row0 + wtid < p.m_total) {
             const float l = s_fin[wtid];
             store_lse<bf16>(p, sg, row0 + wtid, l > 0.0f ? s_fin[WGMMA_ROWS + wtid] + log2f(l) : vt::neg_inf());
-            MLA_NST(nst += 1;)
         }
-        MLA_NST(publish_part(p, sg, nst);)
     }
 }
 
@@ -960,7 +956,6 @@ __device__ __forceinline__ void w3_zero_tail(uint32_t kst, int nv, int w, int wt
 template <typename T, class Fin>
 __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int row0, const float (&o)[128],
                                           Fin fin, int r_lo, int qd, int col0, bool with_lse) {
-    MLA_NST(int nst = 0;)  // partial values stored (publish_part)
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const int r = r_lo + 8 * hi, row = row0 + r;
@@ -979,14 +974,9 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
 #pragma unroll
             for (int i = 0; i < 32; ++i)
                 *reinterpret_cast<float2*>(out + 8 * i) = make_float2(o[4 * i + 2 * hi] * inv, o[4 * i + 2 * hi + 1] * inv);
-            MLA_NST(nst += 64;)
         }
-        if (with_lse && qd == 0) {
-            store_lse<T>(p, sg, row, l > 0.0f ? fin(2 + hi) + log2f(l) : vt::neg_inf());
-            MLA_NST(nst += 1;)
-        }
+        if (with_lse && qd == 0) store_lse<T>(p, sg, row, l > 0.0f ? fin(2 + hi) + log2f(l) : vt::neg_inf());
     }
-    MLA_NST(publish_part(p, sg, nst);)
 }
 
 // CP: the gather form (maps unused: null). PAIR: the 16-bit TMA form as CTA pairs (the entry

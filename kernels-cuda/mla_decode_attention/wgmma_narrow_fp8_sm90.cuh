@@ -445,7 +445,6 @@ template <typename T, int MT>
 __device__ __forceinline__ void nf8_store(const Params& p, const Segment& sg, int row0, const float (&o)[8][MT / 2],
                                           const float* s_fin, int wwarp, int g, int qd) {
     const int col = 32 * wwarp + 4 * g;
-    MLA_NST(int nst = 0;)  // partial values stored (publish_part)
 #pragma unroll
     for (int i = 0; i < MT / 8; ++i)
 #pragma unroll
@@ -468,15 +467,10 @@ __device__ __forceinline__ void nf8_store(const Params& p, const Segment& sg, in
                     *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(v[grp][0], v[grp][1]), pack2<T>(v[grp][2], v[grp][3]));
                 } else {
                     store_part4(p, sg.slot, row, f, v[grp][0], v[grp][1], v[grp][2], v[grp][3]);
-                    MLA_NST(nst += 4;)
                 }
             }
-            if (wwarp == 0 && g == 0) {
-                store_lse<T>(p, sg, row, l > 0.0f ? s_fin[MT + r] + log2f(l) : vt::neg_inf());
-                MLA_NST(nst += 1;)
-            }
+            if (wwarp == 0 && g == 0) store_lse<T>(p, sg, row, l > 0.0f ? s_fin[MT + r] + log2f(l) : vt::neg_inf());
         }
-    MLA_NST(publish_part(p, sg, nst);)
 }
 
 // The producer warp: walks the part's segments and loads every tile's existing rows into

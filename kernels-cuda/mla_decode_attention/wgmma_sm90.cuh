@@ -232,7 +232,6 @@ template <typename T, int MT>
 __device__ __forceinline__ void copy_out(const Params& p, const Segment& sg, int row0, const float* so, int col0,
                                          const float* s_fin, int wtid, bool with_lse) {
     constexpr int C4 = 256 / 4;  // 16-byte chunks per row half
-    MLA_NST(int nst = 0;)  // partial values stored (publish_part)
 #pragma unroll 2
     for (int idx = wtid; idx < MT * C4; idx += 128) {
         const int r = idx / C4, c = col0 + (idx - r * C4) * 4;
@@ -250,15 +249,12 @@ __device__ __forceinline__ void copy_out(const Params& p, const Segment& sg, int
             *reinterpret_cast<uint2*>(out) = w;
         } else {
             store_part4(p, sg.slot, row, c, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
-            MLA_NST(nst += 4;)
         }
     }
     if (with_lse && wtid < MT && row0 + wtid < p.m_total) {
         const float l = s_fin[wtid];
         store_lse<T>(p, sg, row0 + wtid, l > 0.0f ? s_fin[MT + wtid] + log2f(l) : vt::neg_inf());
-        MLA_NST(nst += 1;)
     }
-    MLA_NST(publish_part(p, sg, nst);)
     // The stages are refilled next through the async proxy (TMA or wgmma reads after cp.async).
     fence_proxy_async();
 }

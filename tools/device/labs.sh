@@ -22,7 +22,4 @@ lab_overlay() {
 # F8R_ONEBAR were measured and removed in the thirty-eighth session, W3_L2AHEAD in the
 # thirty-ninth, MLA_KV_EVICT_FIRST (the KV loads' evict-first L2 policy), MLA_PART16 (16-bit
 # partials) and W3_PG_LAB in the fortieth, whose W3_LOOKUP=2 became the kernels' only form.
-# MLA_STREAM_COMBINE (forty-first session): the combine merges each sequence as its parts finish.
-LAB_BUILDS="schedule.cuh MLA_TIMELINE=1
-schedule.cuh MLA_STREAM_COMBINE=1
-schedule.cuh MLA_TIMELINE=1 MLA_STREAM_COMBINE=1"
+LAB_BUILDS="schedule.cuh MLA_TIMELINE=1"

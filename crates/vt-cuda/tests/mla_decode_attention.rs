@@ -274,6 +274,39 @@ fn decode_attention_matches_reference_for_a_large_batch() {
     }
 }
 
+/// The split-KV workspace (partials, their lse, the per-sequence record the combine reads) is
+/// kept per queue and reused: calls that cut, give whole sequences, cut one sequence over
+/// every part (b1) and skip empty sequences follow one another on one queue, twice, with B
+/// growing and shrinking, each checked against the reference (a stale record or partial from
+/// an earlier call would show).
+#[test]
+fn decode_attention_matches_reference_when_calls_of_different_shapes_share_a_queue() {
+    let Some(g) = gpu() else { return };
+    let mut rng = common::case_rng(41);
+    let long: Vec<i32> = (0..32).map(|_| rng.gen_range(700..1300)).collect();
+    let cases = [
+        Case::mla(&long, 64, 64),
+        Case::mla(&[4000], 128, 64),
+        Case::mla(&vec![333; 12], 16, 64),
+        Case::mla(&MIXED, 128, 16),
+        Case::mla(&long[..20], 16, 64),
+        Case::mla(&long, 64, 64),
+    ];
+    let prepared: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            let x = inputs(c);
+            let want = reference(c, &x);
+            (x, want)
+        })
+        .collect();
+    for _round in 0..2 {
+        for (c, (x, want)) in cases.iter().zip(&prepared) {
+            run_gpu(&g, c, x, want, &DecodeOptions::default());
+        }
+    }
+}
+
 /// Equal lengths with B a multiple of the parts take the whole-sequence schedule (every part's
 /// load equals its even share, schedule.cuh), so nothing is cut and the combine only passes
 /// through; empty sequences in between and a near-threshold batch (one long sequence) too.

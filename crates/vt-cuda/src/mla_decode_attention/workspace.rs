@@ -1,5 +1,5 @@
 //! The split-KV partial buffers of MlaDecodeAttention, one set per queue (stream): `(parts +
-//! B) * s_q * N * Dv` f32 partial outputs, their lse and a per-sequence record, grown only
+//! B) * s_q * N * Dv` f32 partial outputs, their lse and a per-sequence index, grown only
 //! when a larger shape arrives, so that after warm-up a call allocates nothing.
 
 use std::collections::HashMap;
@@ -24,10 +24,7 @@ pub(super) fn workspace(
     b: i64,
 ) -> Result<(u64, u64, u64)> {
     let mut all = lock(&WORKSPACES)?;
-    // seq_info: 8 ints a sequence (the streamed combine's record; the default kernels use the
-    // first 2), zeroed when allocated, since that form's counters must start at zero (its
-    // combine zeroes them again after each call). The partials are zeroed with it, once a growth.
-    let want = [(DType::F32, slots * rows * dv), (DType::F32, slots * rows), (DType::I32, 8 * b)];
-    let [po, pl, si] = scratch::buffers(&mut all, q, cq, want, Fill::Zeros)?;
+    let want = [(DType::F32, slots * rows * dv), (DType::F32, slots * rows), (DType::I32, 2 * b)];
+    let [po, pl, si] = scratch::buffers(&mut all, q, cq, want, Fill::Uninit)?;
     Ok((po, pl, si))
 }
