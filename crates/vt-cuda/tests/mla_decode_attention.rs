@@ -287,7 +287,7 @@ fn decode_attention_matches_reference_when_calls_of_different_shapes_share_a_que
     let cases = [
         Case::mla(&long, 64, 64),
         Case::mla(&[4000], 128, 64),
-        Case::mla(&vec![333; 12], 16, 64),
+        Case::mla(&[333; 12], 16, 64),
         Case::mla(&MIXED, 128, 16),
         Case::mla(&long[..20], 16, 64),
         Case::mla(&long, 64, 64),
