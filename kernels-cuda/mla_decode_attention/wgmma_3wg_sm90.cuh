@@ -299,15 +299,15 @@ __device__ __forceinline__ W3Blocks w3_lookup(const Params& p, const TileWalk& w
     return b;
 }
 
-// Issues tile w.t of segment w.sg, its blocks looked up in b, into the slot at dst (its boxes
+// Issues the tile whose blocks w3_lookup found (b) into the slot at dst (its boxes
 // completing on `full`) and records its word (0 tokens for a block id outside the cache, whose
 // boxes read block NB: out of the map, zeros). fp8: the four code groups, the rope and the
 // scales; 16-bit: the nine 64-feature column blocks, each on its own barrier (each arrival
 // publishes nvalid). PAIR: this CTA's column blocks (cb % 2 = its rank) go to both CTAs of the
 // cluster; its barriers still expect all nine (the peer's bytes complete on them).
 template <bool RAW, bool PAIR = false, bool PG = false>
-__device__ __forceinline__ void w3_issue(const Params& p, const TileWalk& w, const W3Blocks& b, uint32_t dst,
-                                         int* nvalid, uint32_t full, const W3Maps<RAW>* maps) {
+__device__ __forceinline__ void w3_issue(const Params& p, const W3Blocks& b, uint32_t dst, int* nvalid, uint32_t full,
+                                         const W3Maps<RAW>* maps) {
     *nvalid = b.word;
     if constexpr (PG) {
         const int R = p.BS;
@@ -359,7 +359,7 @@ __device__ __forceinline__ void w3_refill(bool issuer, TileWalk& walk, const Par
     if (issuer && walk.next(p, part)) {
         const W3Blocks b = w3_lookup<PG>(p, walk);  // under the wait
         mbar_wait(empty + 8 * slot, L::phase(u));
-        w3_issue<RAW, PAIR, PG>(p, walk, b, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
+        w3_issue<RAW, PAIR, PG>(p, b, dst, nvalid + slot, full + L::FULL_STRIDE * slot, maps);
     }
     __syncwarp();
 }
@@ -1191,7 +1191,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             prefetch_map(maps);
         }
         for (int v = 0; v < L::SLOTS && walk.next(p, part); ++v) {
-            w3_issue<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), sRing + v * L::SLOT, nvalid + v,
+            w3_issue<RAW, PAIR, PG>(p, w3_lookup<PG>(p, walk), sRing + v * L::SLOT, nvalid + v,
                                     full + L::FULL_STRIDE * v, maps);
         }
     }

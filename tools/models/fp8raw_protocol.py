@@ -132,7 +132,7 @@ SITES = {
     "wg0.p_full": ("bar_arrive(W3_P_FULL, W3_THREADS)", 0),
     "wg0.fin_store": ("store_fin(s_fin, l_run, m_run, r_lo, qd)", 0),
     "wg0.fin": ("bar_arrive(W3_FIN, W3_THREADS)", 0),
-    "iss.prologue": ("w3_issue<RAW, PAIR, PG>(p, walk, w3_lookup<PG>(p, walk), sRing + v * L::SLOT", 0),
+    "iss.prologue": ("w3_issue<RAW, PAIR, PG>(p, w3_lookup<PG>(p, walk), sRing + v * L::SLOT", 0),
     "issue.nvalid": ("*nvalid = b.word", 0),
     "issue.expect": ("mbar_expect_tx(full, ", 0),
     "issue.code": ("tma_load_3d(dst + g * F8R_BOX", 0),
