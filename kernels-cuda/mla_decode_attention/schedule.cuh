@@ -383,6 +383,135 @@ __device__ Part find_part(const Params& p, int* s, int* loads = nullptr, int cap
     return r;
 }
 
+// Cluster-merge mode (the three-warpgroup kernel's cluster form, `mla_decode_wgmma_3wg_cm`:
+// clusters of CM_CTAS CTAs along grid.x, docs/perf.md "Forty-second session"). Each nonempty
+// sequence goes to the cluster holding its midpoint in the cost stream (tiles + SEG a
+// sequence, as cost_cut's), and a cluster's CTAs are shared among its sequences: one each,
+// then each spare CTA to the sequence with the most tiles a CTA (while it has more tiles than
+// CTAs). A CTA then holds one segment, an even slice of one sequence's tiles; the CTAs of a
+// sequence merge their partials through distributed shared memory at the end
+// (cluster_merge.cuh), so nothing is cut over global memory and the combine finds nothing to
+// merge. The mode is taken where it is possible (at most CM_CTAS sequences a cluster) and its
+// largest CTA costs no more than the cut's even share plus the combine (in tiles:
+// CM_MERGE_COST for the merge past the slowest CTA, CUT_COMBINE_COST for the combine past the
+// grid); else the CTA falls back to find_part over all gridDim.x parts (the same decision in
+// every CTA). Lab builds may change the costs.
+#ifndef MLA_CM_MERGE_COST
+#define MLA_CM_MERGE_COST 1
+#endif
+#ifndef MLA_CUT_COMBINE_COST
+#define MLA_CUT_COMBINE_COST 3
+#endif
+enum : int { CM_CTAS = 4, CM_MERGE_COST = MLA_CM_MERGE_COST, CUT_COMBINE_COST = MLA_CUT_COMBINE_COST };
+
+// Where a CTA's segment sits among its sequence's CTAs: ranks [r0, r0 + n) of its cluster (n = 1:
+// the CTA holds the whole sequence and writes it out; n = 0: the CTA is idle).
+struct ClusterSeg {
+    int r0, n;
+};
+
+// The cluster-merge schedule of this CTA. Called by the whole block; returns false (the same in
+// every thread, r untouched) where the mode is not taken: more than blockDim sequences, scratch
+// too small, min_tiles > 1, a cluster with more than CM_CTAS sequences, or the cut costs less.
+// `s`: 40 ints of shared memory; `w`: `cap` ints (4 B + 2 gridDim.x / CM_CTAS + 4 are used).
+// Writes seq_info (one slot, nothing to merge) for each sequence whose first CTA this is.
+__device__ bool cluster_part(const Params& p, int* s, int* w, int cap, Part& r, ClusterSeg& cs) {
+    const int B = p.B, NC = (int)gridDim.x / CM_CTAS;
+    if (B > (int)blockDim.x || 4 * B + 2 * NC + 4 > cap || p.min_tiles > 1 || NC < 1) return false;  // (uniform)
+    int *wt = w, *wk = w + B, *wn = w + 2 * B, *wr = w + 3 * B, *first = w + 4 * B, *last = first + NC,
+        *sc = last + NC;  // sc: the largest CTA's tiles, a cluster over CM_CTAS sequences, a sequence cut
+    const int b = threadIdx.x;
+    const int t = b < B ? tiles_of(eff_len(p, b)) : 0, ne = t > 0 ? 1 : 0;
+    int t_total = 0, n_incl = 0, nonempty = 0;
+    const int incl = block_scan<true>(t, ne, s, t_total, n_incl, nonempty);
+    const int SEG = gridDim.y > 1 ? SEG_COST : SEG_COST_ONE_BLOCK;  // (uniform over the grid)
+    const int c = t > 0 ? t + SEG : 0;
+    const i64 c_total = (i64)t_total + (i64)SEG * nonempty, cpre = (i64)(incl - t) + (i64)SEG * (n_incl - ne);
+    for (int i = threadIdx.x; i < NC; i += blockDim.x) {
+        first[i] = B;
+        last[i] = -1;
+    }
+    if (threadIdx.x == 0) sc[0] = sc[1] = sc[2] = 0;
+    __syncthreads();
+    int k = -1;  // the cluster holding the sequence's midpoint (monotonic in b, < NC)
+    if (c > 0) {
+        k = (int)(((2 * cpre + c) * NC) / (2 * c_total));
+        atomicMin(&first[k], b);
+        atomicMax(&last[k], b);
+    }
+    if (b < B) {
+        wt[b] = t;
+        wk[b] = k;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < NC) {  // one thread a cluster shares its CTAs
+        const int kk = threadIdx.x, j0 = first[kk], j1 = last[kk];
+        int cnt = 0;
+        for (int j = j0; j <= j1; ++j)
+            if (wk[j] == kk) wn[j] = 1, ++cnt;
+        if (cnt > CM_CTAS) {
+            sc[1] = 1;
+        } else {
+            for (int spare = CM_CTAS - cnt; spare > 0; --spare) {
+                int best = -1, most = 0;
+                for (int j = j0; j <= j1; ++j) {
+                    if (wk[j] != kk || wt[j] <= wn[j]) continue;
+                    const int per = (wt[j] + wn[j] - 1) / wn[j];
+                    if (per > most) best = j, most = per;
+                }
+                if (best < 0) break;
+                ++wn[best];
+            }
+            int rank = 0, most = 0;
+            for (int j = j0; j <= j1; ++j)
+                if (wk[j] == kk) {
+                    wr[j] = rank;
+                    rank += wn[j];
+                    most = max(most, (wt[j] + wn[j] - 1) / wn[j]);
+                    if (wn[j] > 1) sc[2] = 1;
+                }
+            atomicMax(&sc[0], most);
+        }
+    }
+    __syncthreads();
+    const i64 qc = (c_total + p.num_parts - 1) / p.num_parts;
+    const bool on = sc[1] == 0 && (i64)sc[0] + (sc[2] ? CM_MERGE_COST : 0) <= qc + CUT_COMBINE_COST;
+    if (threadIdx.x == 0) {
+        s[33] = B;
+        s[34] = s[35] = s[36] = t_total;
+        s[37] = s[38] = 0;
+    }
+    __syncthreads();  // (also: every thread has read sc before find_part reuses w)
+    if (!on) return false;
+    const int kx = (int)blockIdx.x / CM_CTAS, rank = (int)blockIdx.x % CM_CTAS;
+    if (c > 0 && k == kx) {
+        const int r0 = wr[b], n = wn[b], pre = incl - t;
+        if (r0 <= rank && rank < r0 + n) {
+            const int j = rank - r0;
+            s[33] = b;
+            s[34] = pre;
+            s[35] = pre + (int)((i64)t * j / n);
+            s[36] = pre + (int)((i64)t * (j + 1) / n);
+            s[37] = r0;
+            s[38] = n;
+        }
+        if (rank == r0 && blockIdx.y == 0) {  // the combine: one slot, written out here
+            p.seq_info[2 * b] = (int)blockIdx.x + b;
+            p.seq_info[2 * b + 1] = 1;
+        }
+    }
+    __syncthreads();
+    r.q = -1;  // next_segment writes no seq_info
+    r.b = s[33];
+    r.pre = s[34];
+    r.begin = s[35];
+    r.end = s[36];
+    cs.r0 = s[37];
+    cs.n = s[38];
+    __syncthreads();
+    return true;
+}
+
 // One sequence's share of a part: local tiles [t0, t1) of sequence b.
 struct Segment {
     int b, len, t0, t1, slot;

@@ -7,10 +7,11 @@ use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 use super::{choose, wgmma_sm90, CacheMaps, ChoiceFlags, DecodeOptions, DeviceInfo, Plan, MAX_SMEM};
 
 const H200: DeviceInfo =
-    DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM, pair_clusters: 66 };
+    DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM, pair_clusters: 66, cm_clusters: 32 };
 const SM80_LARGE: DeviceInfo =
-    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM, pair_clusters: 0 };
-const A100: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912, pair_clusters: 0 };
+    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM, pair_clusters: 0, cm_clusters: 0 };
+const A100: DeviceInfo =
+    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912, pair_clusters: 0, cm_clusters: 0 };
 
 /// (kernel name, rows per CTA, row blocks, threads) of Auto for `heads` query heads, s_q 1,
 /// a bf16 query and a cache of `cache_dt` with block size `bs`.
