@@ -530,9 +530,9 @@ pub(crate) fn choose(
             Kernel::Wgmma3Pair
         }
         // With VT_MLA_CLUSTER_MERGE on (off by default), over a 16-bit cache read through the TMA,
-        // one 64-row block of more than 32 rows, and B from the resident clusters of four to twice
-        // that: the three-warpgroup kernel's cluster form (fewer sequences leave clusters idle;
-        // more leave nothing to cut, and the form's 4-CTA granularity costs SMs).
+        // one 64-row block of more than 32 rows, and B from 7/8 of the resident clusters of four
+        // to twice them: the three-warpgroup kernel's cluster form (fewer sequences leave clusters
+        // idle; more leave little to cut, and whole clusters may leave SMs unused).
         Kernel::Auto
             if !fp8
                 && info.wgmma
@@ -541,7 +541,7 @@ pub(crate) fn choose(
                 && info.cm_clusters > 0
                 && m_total > 32
                 && m_total <= wgmma_sm90::ROWS as i64
-                && b >= info.cm_clusters as i64
+                && b * 8 >= info.cm_clusters as i64 * 7
                 && b <= 2 * info.cm_clusters as i64
                 && wgmma_sm90::three_wg_ok(a, tma_flag)
                 && fits(wgmma_sm90::w3_smem(false)) =>
