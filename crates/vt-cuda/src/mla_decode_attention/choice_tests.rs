@@ -491,6 +491,7 @@ fn cluster_merge_flag_makes_auto_take_the_cluster_form_at_one_row_block_and_bala
     }
     let e = choose(&a, &none, &forced(None), ChoiceFlags::new(true, false)).expect_err("refused").to_string();
     assert!(e.contains("cluster kernel needs") && e.contains("0 resident"), "{e}");
-    let no_tma = choose(&a, &H200, &forced(None), ChoiceFlags::new(false, false)).expect_err("no TMA").to_string();
+    let no_tma =
+        choose(&a, &H200, &forced(None), ChoiceFlags::new(false, false)).expect_err("no TMA").to_string();
     assert!(no_tma.contains("read through the TMA"), "{no_tma}");
 }
