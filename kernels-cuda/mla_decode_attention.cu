@@ -71,11 +71,10 @@
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
-// kernels, the generic kernel's shared bytes per unit of D and of Dv, combine columns per CTA,
-// CTAs per cluster of the cluster-merge form (along grid.x).
-extern "C" __device__ const long long mla_decode_facts[9] = {
+// kernels, the generic kernel's shared bytes per unit of D and of Dv, combine columns per CTA.
+extern "C" __device__ const long long mla_decode_facts[8] = {
     sizeof(mla::Params), alignof(mla::Params),   mla::BN, mla::FD, mla::FDV, mla::generic_smem(1, 0),
-    mla::generic_smem(0, 1), mla::COMBINE_COLS, mla::CM_CTAS};
+    mla::generic_smem(0, 1), mla::COMBINE_COLS};
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -186,18 +185,6 @@ MLA_WGMMA_3WG(f16, f16)
               mla::W3_SLOTS)
 MLA_WGMMA_3WG_X2(bf16, bf16)
 MLA_WGMMA_3WG_X2(f16, f16)
-// Their cluster form: clusters of CM_CTAS parts, a sequence cut over CTAs of one cluster merged
-// in it (cluster_merge.cuh) where the batch allows (schedule.cuh's cluster_part).
-#define MLA_WGMMA_3WG_CM(S, T)                                                                \
-    extern "C" __global__ void __cluster_dims__(mla::CM_CTAS, 1, 1) __launch_bounds__(mla::W3_THREADS, 1) \
-        mla_decode_wgmma_3wg_cm_##S(const __grid_constant__ mla::Params p,                    \
-                                    const __grid_constant__ mla::TmaMap kv_map) {             \
-        mla::decode_wgmma_3wg<T, false, false, false, false, true>(p, &kv_map);              \
-    }                                                                                         \
-    MLA_FACTS(mla_decode_wgmma_3wg_cm_##S, mla::W3_THREADS, mla::WGMMA_ROWS, mla::W3Layout<false>::SMEM, \
-              mla::W3_SLOTS)
-MLA_WGMMA_3WG_CM(bf16, bf16)
-MLA_WGMMA_3WG_CM(f16, f16)
 // Both over pages of 16 or 32 rows (`_pg`): a tile is 2-4 pages, each column block one TMA box
 // a page (the cache's map has boxes of BS rows).
 #define MLA_WGMMA_3WG_PG(S, T)                                                                \

@@ -85,7 +85,6 @@
 // rows of them are zeroed (16-bit) or dequantized as zeros (fp8).
 #pragma once
 
-#include "mla_decode_attention/cluster_merge.cuh"
 #include "mla_decode_attention/wgmma_fp8_sm90.cuh"
 #include "mla_decode_attention/wgmma_narrow_fp8_sm90.cuh"
 #include "mla_decode_attention/wgmma_seesaw_sm90.cuh"
@@ -985,11 +984,7 @@ __device__ __forceinline__ void w3_store(const Params& p, const Segment& sg, int
 // CTA's issuer taking every other column block, multicast to both; EMPTY then counts both
 // CTAs' warps (one arrival a warp, local and remote), so neither CTA refills a slot the other
 // still reads, and the CTAs leave together (cluster barriers at the start and the end).
-// CM: the 16-bit TMA form in clusters of CM_CTAS along the parts (the entry point's
-// __cluster_dims__(CM_CTAS, 1, 1)): where schedule.cuh's cluster_part takes the batch, each CTA
-// holds one slice of one sequence and the slices merge in the cluster (cluster_merge.cuh);
-// else the CTAs run find_part's schedule as the plain form does.
-template <typename T, bool RAW, bool CP = false, bool PAIR = false, bool PG = false, bool CM = false>
+template <typename T, bool RAW, bool CP = false, bool PAIR = false, bool PG = false>
 __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     static_assert(!RAW || Same<T, bf16>::value, "fp8: bf16 queries (the rope product takes the cache's bf16 rope)");
     using L = W3Layout<RAW, CP>;
@@ -1011,8 +1006,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     if (tl0) MLA_TL_SET(TL_ENTRY, MLA_TL_NOW());
     static_assert(!PAIR || (!RAW && !CP), "the pair form: 16-bit TMA tiles");
     static_assert(!PG || (!RAW && !CP), "pages of 16 or 32 rows: the 16-bit TMA forms");
-    static_assert(!CM || (!RAW && !CP && !PAIR && !PG), "the cluster merge: the 16-bit TMA form over 64-row pages");
-    static_assert(!CM || CM_STAGE <= L::SLOTS * L::SLOT, "the merge's stage fits the ring");
     const uint32_t peer = PAIR ? cluster_ctarank() ^ 1u : 0u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < L::SLOTS; ++s) {
@@ -1037,10 +1030,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
     };
     grid_dep_launch();
     // find_part's block barriers also publish the mbarriers' initialization.
-    Part part_cm;
-    ClusterSeg cs;  // CM: the CTA's place among its sequence's CTAs
-    const bool cm = CM && cluster_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4, part_cm, cs);
-    const Part part = cm ? part_cm : find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
+    const Part part = find_part(p, sched, (int*)(smem + L::OFF_P), MT * 128 / 4);  // P: free until the first tile
     if (tl0) MLA_TL_SET(TL_PART, MLA_TL_NOW());
     const int wg = threadIdx.x >> 7, wtid = threadIdx.x & 127, wwarp = wtid >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, qd = lane & 3, r_lo = wwarp * 16 + g;
@@ -1161,8 +1151,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             }
         }
         if (tl0) MLA_TL_SET(TL_TILES, u);
-        if constexpr (CM)
-            if (cm) cm_finish<T, W3_THREADS>(p, part.b, base + L::OFF_RING, row0, cs);
         if constexpr (PAIR) cluster_sync();  // the peer may still arrive here or multicast into this CTA
         return;
     }
@@ -1314,9 +1302,7 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
         // The segment's row sums (k = 0, 1) and maxima (k = 2, 3) of rows r_lo, r_lo + 8 (s_fin: sums
         // [64], then maxima [64]).
         auto fin = [&](int k) { return s_fin[(k >> 1) * MT + r_lo + 8 * (k & 1)]; };
-        if (CM && cm && cs.n > 1) {
-            cm_stage(smem + L::OFF_RING, o, fin, r_lo, qd, 256 * w, w == 0);  // the ring is free: no tile follows
-        } else if (F8R_LAB != 5 || p.m_total < 0) {
+        if (F8R_LAB != 5 || p.m_total < 0) {
             // (Lab 5: a condition the compiler cannot decide, so O and its products stay.)
             w3_store<T>(p, sg, row0, o, fin, r_lo, qd, 256 * w, w == 0);
         }
@@ -1326,8 +1312,6 @@ __device__ void decode_wgmma_3wg(const Params& p, const W3Maps<RAW>* maps) {
             MLA_TL_SET(TL_END1, now);
         }
     }
-    if constexpr (CM)
-        if (cm) cm_finish<T, W3_THREADS>(p, part.b, base + L::OFF_RING, row0, cs);
     if constexpr (PAIR) cluster_sync();  // (as warpgroup 0's)
 }
 

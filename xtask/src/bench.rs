@@ -89,7 +89,7 @@ fn kernel_name(s: &str) -> Result<String, String> {
     kernel_of(s).map(|_| s.to_string()).ok_or_else(|| {
         format!(
             "`{s}` is not one of mma, mma_small, wgmma, wgmma_ss, wgmma_3wg, wgmma_3wg_x2, wgmma_3wg_pg, \
-             wgmma_3wg_cm, wgmma_fp8r, wgmma_fp8x2, wgmma_narrow, generic"
+             wgmma_fp8r, wgmma_fp8x2, wgmma_narrow, generic"
         )
     })
 }
@@ -103,7 +103,6 @@ fn kernel_of(s: &str) -> Option<Kernel> {
         "wgmma_3wg" => Some(Kernel::Wgmma3),
         "wgmma_3wg_x2" => Some(Kernel::Wgmma3Pair),
         "wgmma_3wg_pg" => Some(Kernel::Wgmma3Paged),
-        "wgmma_3wg_cm" => Some(Kernel::Wgmma3Cluster),
         "wgmma_fp8r" => Some(Kernel::WgmmaFp8Raw),
         "wgmma_fp8x2" => Some(Kernel::WgmmaFp8Pair),
         "wgmma_narrow" => Some(Kernel::WgmmaNarrow),

@@ -55,7 +55,6 @@ pub const HEADERS: &[(&str, &str)] = &[
     header!("mla_decode_attention/key_row.cuh"),
     header!("mla_decode_attention/generic.cuh"),
     header!("mla_decode_attention/combine.cuh"),
-    header!("mla_decode_attention/cluster_merge.cuh"),
     header!("mla_decode_attention/tiles.cuh"),
     header!("mla_decode_attention/mma_sm80.cuh"),
     header!("mla_decode_attention/wgmma_sm90.cuh"),

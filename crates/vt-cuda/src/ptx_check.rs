@@ -241,8 +241,7 @@ fn samples(dt: DType) -> Result<Samples> {
     // MlaDecodeAttention: the generic kernel (any dtype), and on 16-bit dtypes every
     // tensor-core kernel at 16, 32 and 64 query rows per CTA (the narrow wgmma kernel at 16
     // and 32).
-    let info =
-        DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448, pair_clusters: 66, cm_clusters: 32 };
+    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: 232_448, pair_clusters: 66 };
     let (d, dv, bs) = (576, 512, 64);
     let mut kernels = vec![(Kernel::Generic, 2, false)];
     if dt != DType::F32 {
@@ -258,8 +257,6 @@ fn samples(dt: DType) -> Result<Samples> {
             (Kernel::Wgmma3, 64, false),
             // Its CTA pairs (two row blocks).
             (Kernel::Wgmma3Pair, 128, true),
-            // Its cluster form (clusters of four parts).
-            (Kernel::Wgmma3Cluster, 64, true),
         ]);
         for heads in [8, 32] {
             kernels.extend([(Kernel::WgmmaNarrow, heads, false), (Kernel::WgmmaNarrow, heads, true)]);

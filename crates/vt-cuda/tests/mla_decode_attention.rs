@@ -194,7 +194,6 @@ fn run_gpu(g: &Queue, c: &Case, x: &Inputs, want: &Reference, opts: &DecodeOptio
                         | Kernel::WgmmaSeesaw
                         | Kernel::Wgmma3
                         | Kernel::Wgmma3Paged
-                        | Kernel::Wgmma3Cluster
                 ) =>
             {
                 println!("wgmma kernel not available here: {e}");
@@ -444,102 +443,6 @@ fn three_warpgroup_pair_kernel_matches_reference() {
     let ran = tma_kernel_matches_reference_on_cases(&g, Kernel::Wgmma3Pair, &cases);
     assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_x2 ")), "{ran:?}");
     assert_every_case_ran_on_sm90(&g, &ran, cases.len() * TMA_SCHEDULES.len(), "three-warpgroup pair kernel");
-}
-
-/// The most CTAs one sequence gets where `schedule.cuh`'s `cluster_part` takes the cluster
-/// merge for `lens` over `parts` CTAs of one row block, `None` where it falls back to the cut: a
-/// mirror of the device's rule (sequences to the cluster of four holding their midpoint in the
-/// cost stream of tiles + 8 a sequence, a cluster's CTAs one each and then each spare to the
-/// sequence with the most tiles a CTA, the mode where no cluster has more than four sequences and
-/// its largest CTA plus the merge costs no more than the cut's share plus the combine), so that
-/// the cases below are known to take the path they are meant to test.
-fn cluster_merge_taken(lens: &[i32], parts: i64) -> Option<i64> {
-    let (seg, nc) = (8, parts / 4);
-    let ceil = |a: i64, b: i64| (a + b - 1) / b;
-    let tiles: Vec<i64> = lens.iter().map(|&l| ceil(l.max(0) as i64, 64)).collect();
-    let nonempty = tiles.iter().filter(|&&t| t > 0).count() as i64;
-    let c_total = tiles.iter().sum::<i64>() + seg * nonempty;
-    let mut clusters = vec![Vec::new(); nc as usize];
-    let mut cpre = 0;
-    for &t in tiles.iter().filter(|&&t| t > 0) {
-        let k = (2 * cpre + t + seg) * nc / (2 * c_total);
-        clusters[k as usize].push(t);
-        cpre += t + seg;
-    }
-    let (mut most, mut split, mut widest) = (0, false, 0);
-    for cl in &clusters {
-        if cl.len() > 4 {
-            return None;
-        }
-        let mut n = vec![1i64; cl.len()];
-        for _ in cl.len()..4 {
-            // The first of the largest per-CTA loads that a spare CTA lowers.
-            let mut best: Option<(usize, i64)> = None;
-            for (j, &t) in cl.iter().enumerate() {
-                let per = ceil(t, n[j]);
-                if t > n[j] && best.is_none_or(|(_, m)| per > m) {
-                    best = Some((j, per));
-                }
-            }
-            let Some((j, _)) = best else { break };
-            n[j] += 1;
-        }
-        for (j, &t) in cl.iter().enumerate() {
-            most = most.max(ceil(t, n[j]));
-            split |= n[j] > 1;
-            widest = widest.max(n[j]);
-        }
-    }
-    let qc = ceil(c_total, parts);
-    (most + i64::from(split) <= qc + 3).then_some(widest)
-}
-
-/// The three-warpgroup kernel's cluster form (`wgmma_3wg_cm`, clusters of four CTAs): sequences
-/// cut over two, three or four CTAs of one cluster merged through distributed shared memory
-/// (row counts that the CTAs share unevenly: 64, 40 with padded rows, 64 as 32 heads x 2 causal
-/// query tokens), whole sequences beside them in a cluster, one sequence over one cluster, empty
-/// sequences in between, f16; and the batches its rule gives to the cut (a cluster of more than
-/// four sequences, a largest CTA over the cut's share), which the same CTAs then run with the
-/// combine. The sanitizers run over this test.
-#[test]
-fn three_warpgroup_cluster_form_matches_reference_merged_in_the_cluster_and_cut() {
-    let merged: [(&[i32], u32, i64); 7] = [
-        (&[1000; 4], 16, 4),
-        (&MIXED, 8, 2),
-        (&[2000, 300, 1000, 1000], 8, 3),
-        (&[2000, 0, 300, 1000, 0, 1000], 8, 3),
-        (&[700, 900, 1100, 1300, 800, 1000], 12, 2),
-        (&[4000], 4, 4),
-        (&[333; 12], 12, 1),
-    ];
-    let cut: [(&[i32], u32); 2] = [(&MIXED, 4), (&[130, 130, 2000, 2000], 8)];
-    let heads = [(64, 64, 1, DType::BF16, 0), (40, 128, 1, DType::BF16, 8), (32, 64, 2, DType::F16, 0)];
-    let mut ran = Vec::new();
-    let mut runs = 0;
-    for (lens, parts, widest) in merged {
-        assert_eq!(cluster_merge_taken(lens, parts as i64), Some(widest), "{lens:?} over {parts} parts");
-    }
-    for (lens, parts) in cut {
-        assert_eq!(cluster_merge_taken(lens, parts as i64), None, "{lens:?} over {parts} parts");
-    }
-    let Some(g) = gpu() else { return };
-    let batches = merged.iter().map(|&(l, p, _)| (l, Some(p))).chain(cut.iter().map(|&(l, p)| (l, Some(p))));
-    // And the default parts (one wave of clusters) over the mixed lengths.
-    for (lens, max_parts) in batches.chain([(&MIXED[..], None)]) {
-        for &(n, bs, s_q, dtype, pad) in &heads {
-            let mut c = Case::mla(lens, n, bs);
-            c.s_q = s_q;
-            c.dtype = dtype;
-            c.pad = pad;
-            let x = inputs(&c);
-            let want = reference(&c, &x);
-            let opts = DecodeOptions { kernel: Kernel::Wgmma3Cluster, min_tiles: Some(1), max_parts };
-            ran.extend(run_gpu(&g, &c, &x, &want, &opts));
-            runs += 1;
-        }
-    }
-    assert!(ran.iter().all(|plan| plan.starts_with("wgmma_3wg_cm ")), "{ran:?}");
-    assert_every_case_ran_on_sm90(&g, &ran, runs, "three-warpgroup cluster kernel");
 }
 
 /// Block ids outside the cache on the three-warpgroup kernel: their pages take no part.

@@ -7,11 +7,10 @@ use vt_core::{contiguous_strides, DType, MlaDecodeAttentionArgs, Tensor};
 use super::{choose, wgmma_sm90, CacheMaps, ChoiceFlags, DecodeOptions, DeviceInfo, Plan, MAX_SMEM};
 
 const H200: DeviceInfo =
-    DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM, pair_clusters: 66, cm_clusters: 32 };
+    DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: MAX_SMEM, pair_clusters: 66 };
 const SM80_LARGE: DeviceInfo =
-    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM, pair_clusters: 0, cm_clusters: 0 };
-const A100: DeviceInfo =
-    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912, pair_clusters: 0, cm_clusters: 0 };
+    DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: MAX_SMEM, pair_clusters: 0 };
+const A100: DeviceInfo = DeviceInfo { sm: 80, sms: 108, wgmma: false, smem_optin: 166_912, pair_clusters: 0 };
 
 /// (kernel name, rows per CTA, row blocks, threads) of Auto for `heads` query heads, s_q 1,
 /// a bf16 query and a cache of `cache_dt` with block size `bs`.
@@ -439,59 +438,4 @@ fn the_paged_form_refuses_other_block_sizes_and_fp8_caches() {
     assert_eq!((p.kernel, p.row_blocks), ("wgmma_3wg_pg", 2));
     let no_tma = choose(&a, &H200, &forced, ChoiceFlags::new(false, false)).expect_err("no TMA").to_string();
     assert!(no_tma.contains("VT_MLA_DECODE_TMA on"), "{no_tma}");
-}
-
-/// With `VT_MLA_CLUSTER_MERGE` on, Auto takes the cluster form at one 64-row block over a 16-bit
-/// cache the TMA reads, B from 7/8 of the resident clusters to twice them, its parts whole
-/// clusters of four, one wave; elsewhere (off, too few or too many sequences, two row blocks, a
-/// block size the TMA does not read, an fp8 cache, no clusters resident) what it took before.
-/// Forced, it rounds max_parts down to whole clusters and refuses what it cannot read.
-#[test]
-fn cluster_merge_flag_makes_auto_take_the_cluster_form_at_one_row_block_and_balanced_batch_sizes() {
-    use super::Kernel;
-    let on = ChoiceFlags { cluster_merge: true, ..ChoiceFlags::new(true, false) };
-    let plan = |info: &DeviceInfo, heads: i64, b: i64, bs: i64, cdt: DType, flags: ChoiceFlags| {
-        auto_flags(info, heads, cdt, bs, b, flags).0
-    };
-    for (heads, b) in [(64, 32), (64, 28), (48, 40), (64, 64)] {
-        assert_eq!(plan(&H200, heads, b, 64, DType::BF16, on), "wgmma_3wg_cm", "{heads} heads, B {b}");
-        assert_eq!(plan(&H200, heads, b, 64, DType::BF16, ChoiceFlags::new(true, false)), "wgmma_3wg");
-    }
-    assert_eq!(plan(&H200, 64, 27, 64, DType::BF16, on), "wgmma_3wg");
-    assert_eq!(plan(&H200, 64, 65, 64, DType::BF16, on), "wgmma_3wg");
-    assert_eq!(plan(&H200, 128, 32, 64, DType::BF16, on), "wgmma_3wg");
-    assert_eq!(plan(&H200, 32, 32, 64, DType::BF16, on), "wgmma_n32_tma");
-    assert_eq!(plan(&H200, 64, 32, 16, DType::BF16, on), "wgmma_3wg_pg");
-    assert_eq!(plan(&H200, 64, 32, 64, DType::Fp8DsMla, on), "wgmma_fp8r");
-    let none = DeviceInfo { cm_clusters: 0, ..H200 };
-    assert_eq!(plan(&none, 64, 32, 64, DType::BF16, on), "wgmma_3wg");
-    // One wave of whole clusters.
-    let mem = vec![0u128; (32 * 64 * 576) / 8 + 1];
-    let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
-        let s = contiguous_strides(shape);
-        crate::test_util::host_view(&mem, dt, 0, shape, &s[..shape.len()])
-    };
-    let a = MlaDecodeAttentionArgs {
-        out: view(DType::BF16, &[32, 1, 64, 512]),
-        lse: None,
-        query: view(DType::BF16, &[32, 1, 64, 576]),
-        cache: view(DType::BF16, &[8, 64, 576]),
-        block_table: view(DType::I32, &[32, 4]),
-        seq_lens: view(DType::I32, &[32]),
-        scale: 0.5,
-    };
-    let p = auto_plan(&a, &H200, on);
-    assert_eq!((p.kernel, p.row_blocks, p.parts), ("wgmma_3wg_cm", 1, 128));
-    let odd = DeviceInfo { cm_clusters: 30, ..H200 };
-    assert_eq!(auto_plan(&a, &odd, on).parts, 120);
-    let forced = |max_parts| DecodeOptions { kernel: Kernel::Wgmma3Cluster, min_tiles: None, max_parts };
-    for (max_parts, parts) in [(Some(1), 4), (Some(7), 4), (Some(8), 8), (Some(13), 12), (None, 128)] {
-        let p = choose(&a, &H200, &forced(max_parts), ChoiceFlags::new(true, false)).expect("forced").plan;
-        assert_eq!((p.kernel, p.parts), ("wgmma_3wg_cm", parts), "max_parts {max_parts:?}");
-    }
-    let e = choose(&a, &none, &forced(None), ChoiceFlags::new(true, false)).expect_err("refused").to_string();
-    assert!(e.contains("cluster kernel needs") && e.contains("0 resident"), "{e}");
-    let no_tma =
-        choose(&a, &H200, &forced(None), ChoiceFlags::new(false, false)).expect_err("no TMA").to_string();
-    assert!(no_tma.contains("read through the TMA"), "{no_tma}");
 }

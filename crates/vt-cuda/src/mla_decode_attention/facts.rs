@@ -179,8 +179,6 @@ fn samples() -> Vec<Sample> {
         }
         // The three-warpgroup kernel's CTA pairs: two row blocks at 128 heads.
         out.push((Kernel::Wgmma3Pair, 128, true, dt, dt, FAST_D, FAST_DV));
-        // Its cluster form (clusters of four parts).
-        out.push((Kernel::Wgmma3Cluster, 64, true, dt, dt, FAST_D, FAST_DV));
         for heads in [8, 32, 64] {
             out.extend([
                 (Kernel::WgmmaNarrow, heads, false, dt, dt, FAST_D, FAST_DV),
@@ -247,7 +245,6 @@ fn host_planning_facts_match_the_kernel_headers() {
     check("generic shared bytes per D".into(), generic::smem_bytes(1, 0), m[5]);
     check("generic shared bytes per Dv".into(), generic::smem_bytes(0, 1), m[6]);
     check("combine columns per CTA".into(), combine::COLS, m[7]);
-    check("CTAs per cluster of the cluster form (mla::CM_CTAS)".into(), wgmma_sm90::CM_CTAS as i64, m[8]);
 
     // Params, field by field.
     let pf = &t["mla_decode_params_facts"];
@@ -265,14 +262,7 @@ fn host_planning_facts_match_the_kernel_headers() {
     }
 
     // Every planned launch against its entry's facts.
-    let info = DeviceInfo {
-        sm: 90,
-        sms: 132,
-        wgmma: true,
-        smem_optin: super::MAX_SMEM,
-        pair_clusters: 66,
-        cm_clusters: 32,
-    };
+    let info = DeviceInfo { sm: 90, sms: 132, wgmma: true, smem_optin: super::MAX_SMEM, pair_clusters: 66 };
     let mem = vec![0u128; 1 << 18];
     let view = |dt: DType, shape: &[i64]| -> Tensor<'_> {
         let s = contiguous_strides(shape);
@@ -343,12 +333,6 @@ fn host_planning_facts_match_the_kernel_headers() {
                 (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64)
             }
             Kernel::Wgmma3Paged => (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64),
-            // Clusters along grid.x: whole clusters of parts.
-            Kernel::Wgmma3Cluster => {
-                let cx = wgmma_sm90::CM_CTAS as i64;
-                check(format!("{what}: grid.x a multiple of the cluster"), main.grid.0 as i64 % cx, 0);
-                (wgmma_sm90::w3_smem(false) as i64, wgmma_sm90::W3_SLOTS as i64)
-            }
             // The gather forms (`_cp_`) add each slot's flags.
             Kernel::Wgmma3 | Kernel::WgmmaFp8Raw => {
                 let (fp8, cp) = (kernel == Kernel::WgmmaFp8Raw, main.symbol().contains("_cp_"));

@@ -45,6 +45,5 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>) -> Result<MainKernel> {
         maps: CacheMaps::None,
         ctas_per_sm: CTAS_PER_SM,
         cluster_y: 1,
-        cluster_x: 1,
     })
 }

@@ -111,7 +111,6 @@ pub(super) fn main(m_total: i64, small: bool, fp8: bool) -> Option<MainKernel> {
         maps: CacheMaps::None,
         ctas_per_sm: 1,
         cluster_y: 1,
-        cluster_x: 1,
     })
 }
 

@@ -178,14 +178,6 @@ pub enum Kernel {
     /// rows per 64 features, pages with a block id outside the cache masked. Auto takes it (or
     /// its pairs) above 32 query rows over such a cache.
     Wgmma3Paged,
-    /// [`Kernel::Wgmma3`]'s TMA form in clusters of four CTAs along the parts (sm_90a;
-    /// `wgmma_3wg_cm`): where the batch is balanced enough (decided on the device), each
-    /// sequence's tiles are shared by CTAs of one cluster, which merge their partials through
-    /// distributed shared memory instead of the combine kernel; else the CTAs run the usual
-    /// cut. Needs a 16-bit cache whose block size 64 divides. Auto takes it with
-    /// `VT_MLA_CLUSTER_MERGE` on (off by default) at one 64-row block and B between the
-    /// resident clusters and twice that.
-    Wgmma3Cluster,
 }
 
 /// Knobs of [`mla_decode_attention_with`]; `Default` is what the op uses.
@@ -212,8 +204,7 @@ pub struct Plan {
     /// fp8_ds_mla cache the same names with `_fp8` (`generic_fp8`, `mma64_fp8`, `wgmma_n16_fp8`,
     /// `wgmma_fp8`, ...); the three-warpgroup kernels `wgmma_3wg` and, over an fp8_ds_mla cache,
     /// `wgmma_fp8r` (the raw-ring kernel), with `_cp` their gather forms; `wgmma_3wg_x2` the CTA
-    /// pairs; `wgmma_3wg_pg` and `wgmma_3wg_x2_pg` over pages of 16 or 32 rows; `wgmma_3wg_cm`
-    /// the cluster form.
+    /// pairs; `wgmma_3wg_pg` and `wgmma_3wg_x2_pg` over pages of 16 or 32 rows.
     pub kernel: &'static str,
     /// Query rows per CTA of the main kernel (1 for the generic kernel).
     pub rows_per_cta: u32,
@@ -244,10 +235,6 @@ pub(crate) struct DeviceInfo {
     /// Clusters of the pair kernel (`mla_decode_wgmma_fp8x2`) resident at once (0: the module
     /// has none, or the driver did not say): its parts are capped so that one wave holds them.
     pub pair_clusters: u32,
-    /// Clusters of four of the three-warpgroup kernel's cluster form (`mla_decode_wgmma_3wg_cm`)
-    /// resident at once (0: the module has none, or the driver did not say): its parts are that
-    /// many clusters, one wave.
-    pub cm_clusters: u32,
 }
 
 static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceInfo>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -278,18 +265,7 @@ fn device_info(cq: &CudaQueue, ordinal: usize) -> Result<DeviceInfo> {
     } else {
         0
     };
-    let cm_clusters = if wgmma && wgmma_sm90::w3_smem(false) <= smem_optin {
-        let cm = wgmma_sm90::three_wg_cluster();
-        let probe = Launch::new(&SRC, cm.base, DType::BF16, (wgmma_sm90::CM_CTAS, 1, 1), cm.threads, vec![])
-            .with_smem(cm.smem);
-        cq.max_active_clusters(OP, &probe).unwrap_or_else(|e| {
-            tracing::warn!("{OP}: the cluster-merge kernel's occupancy query failed, the kernel is off: {e}");
-            0
-        })
-    } else {
-        0
-    };
-    let info = DeviceInfo { sm: cq.sm(), sms, wgmma, smem_optin, pair_clusters, cm_clusters };
+    let info = DeviceInfo { sm: cq.sm(), sms, wgmma, smem_optin, pair_clusters };
     lock(&DEVICES)?.insert(ordinal, info);
     Ok(info)
 }
@@ -344,7 +320,6 @@ pub fn mla_decode_attention_with(
         gather: vt_core::flags::mla_gather(),
         pair: vt_core::flags::mla_fp8_pair(),
         three_wg_pair: vt_core::flags::mla_3wg_pair(),
-        cluster_merge: vt_core::flags::mla_cluster_merge(),
     };
     let c = choose(a, &info, opts, flags)?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
@@ -367,9 +342,6 @@ pub(crate) struct MainKernel {
     /// CTAs per cluster along grid.y, the kernel's `__cluster_dims__` (1: no cluster); grid.y
     /// is then a multiple of it.
     pub cluster_y: u32,
-    /// CTAs per cluster along grid.x (the parts), the kernel's `__cluster_dims__` (1: no
-    /// cluster); the number of parts is then a multiple of it.
-    pub cluster_x: u32,
     /// The tensor maps of the cache the kernel takes as its second parameter.
     pub maps: CacheMaps,
     /// CTAs per SM the number of parts is sized for.
@@ -422,8 +394,6 @@ pub(crate) struct ChoiceFlags {
     pub pair: bool,
     /// `VT_MLA_3WG_PAIR` (Auto only): the 16-bit three-warpgroup kernel as CTA pairs.
     pub three_wg_pair: bool,
-    /// `VT_MLA_CLUSTER_MERGE` (Auto only): the 16-bit three-warpgroup kernel's cluster form.
-    pub cluster_merge: bool,
 }
 
 impl ChoiceFlags {
@@ -431,15 +401,7 @@ impl ChoiceFlags {
     /// tests that check those turn them on).
     #[cfg(test)]
     pub(crate) fn new(tma: bool, seesaw: bool) -> ChoiceFlags {
-        ChoiceFlags {
-            tma,
-            seesaw,
-            three_wg: true,
-            gather: false,
-            pair: false,
-            three_wg_pair: false,
-            cluster_merge: false,
-        }
+        ChoiceFlags { tma, seesaw, three_wg: true, gather: false, pair: false, three_wg_pair: false }
     }
 }
 
@@ -458,7 +420,6 @@ pub(crate) fn choose(
         gather: gather_flag,
         pair: pair_flag,
         three_wg_pair: three_wg_pair_flag,
-        cluster_merge: cluster_merge_flag,
     } = flags;
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
@@ -528,25 +489,6 @@ pub(crate) fn choose(
                 && fits(wgmma_sm90::w3_smem(false)) =>
         {
             Kernel::Wgmma3Pair
-        }
-        // With VT_MLA_CLUSTER_MERGE on (off by default), over a 16-bit cache read through the TMA,
-        // one 64-row block of more than 32 rows, and B from 7/8 of the resident clusters of four
-        // to twice them: the three-warpgroup kernel's cluster form (fewer sequences leave clusters
-        // idle; more leave little to cut, and whole clusters may leave SMs unused).
-        Kernel::Auto
-            if !fp8
-                && info.wgmma
-                && three_wg_flag
-                && cluster_merge_flag
-                && info.cm_clusters > 0
-                && m_total > 32
-                && m_total <= wgmma_sm90::ROWS as i64
-                && b * 8 >= info.cm_clusters as i64 * 7
-                && b <= 2 * info.cm_clusters as i64
-                && wgmma_sm90::three_wg_ok(a, tma_flag)
-                && fits(wgmma_sm90::w3_smem(false)) =>
-        {
-            Kernel::Wgmma3Cluster
         }
         // Over a 16-bit cache of 16- or 32-row pages, more than 32 query rows: the
         // three-warpgroup kernel's paged TMA form (thirty-ninth session: the two-warpgroup
@@ -636,7 +578,6 @@ pub(crate) fn choose(
         | Kernel::WgmmaFp8Pair
         | Kernel::Wgmma3Pair
         | Kernel::Wgmma3Paged
-        | Kernel::Wgmma3Cluster
             if !fast =>
         {
             return Err(Error::backend(
@@ -655,7 +596,6 @@ pub(crate) fn choose(
         | Kernel::WgmmaFp8Pair
         | Kernel::Wgmma3Pair
         | Kernel::Wgmma3Paged
-        | Kernel::Wgmma3Cluster
             if !info.wgmma =>
         {
             return Err(Error::backend(BACKEND, format!("{OP}: no sm_90a wgmma kernel on this device")))
@@ -715,17 +655,6 @@ pub(crate) fn choose(
                 ),
             ))
         }
-        Kernel::Wgmma3Cluster if fp8 || !wgmma_sm90::three_wg_ok(a, tma_flag) || info.cm_clusters == 0 => {
-            return Err(Error::backend(
-                BACKEND,
-                format!(
-                    "{OP}: the three-warpgroup cluster kernel needs a 16-bit cache read through the TMA \
-                     (block size a multiple of 64, VT_MLA_DECODE_TMA on) and a device that holds its \
-                     clusters ({} resident)",
-                    info.cm_clusters
-                ),
-            ))
-        }
         Kernel::WgmmaFp8Raw if !wgmma_sm90::fp8_raw_dtypes(a) => {
             return Err(Error::backend(
                 BACKEND,
@@ -745,7 +674,6 @@ pub(crate) fn choose(
         Kernel::WgmmaFp8Pair => wgmma_sm90::fp8_pair(),
         Kernel::Wgmma3Pair => wgmma_sm90::three_wg_pair(wgmma_sm90::three_wg_paged_ok(a, tma_flag)),
         Kernel::Wgmma3Paged => wgmma_sm90::three_wg_paged(),
-        Kernel::Wgmma3Cluster => wgmma_sm90::three_wg_cluster(),
         Kernel::WgmmaNarrow => wgmma_sm90::narrow(a, m_total, tma_flag),
         Kernel::Mma => {
             mma_sm80::main(m_total, false, fp8).ok_or_else(|| no_kernel("no mma kernel for this shape"))?
@@ -781,12 +709,6 @@ pub(crate) fn choose(
     }
     if let Some(mp) = opts.max_parts {
         parts = parts.min(mp.max(1) as i64);
-    }
-    if main.cluster_x > 1 {
-        // One wave of clusters, whole clusters (the launch fails otherwise).
-        let cx = main.cluster_x as i64;
-        parts = parts.min((info.cm_clusters as i64 * cx / row_blocks).max(1));
-        parts = (parts / cx).max(1) * cx;
     }
     let min_tiles = opts.min_tiles.unwrap_or(1).max(1);
     let plan = Plan {

@@ -85,7 +85,6 @@ pub(super) fn main(a: &MlaDecodeAttentionArgs<'_>, tma_flag: bool) -> MainKernel
         maps: CacheMaps::tiles(tma),
         ctas_per_sm: 1,
         cluster_y: 1,
-        cluster_x: 1,
     }
 }
 
@@ -109,7 +108,6 @@ pub(super) fn seesaw() -> MainKernel {
         maps: CacheMaps::Tiles,
         ctas_per_sm: 1,
         cluster_y: 1,
-        cluster_x: 1,
     }
 }
 
@@ -132,7 +130,6 @@ pub(super) fn fp8() -> MainKernel {
         maps: CacheMaps::None,
         ctas_per_sm: 1,
         cluster_y: 1,
-        cluster_x: 1,
     }
 }
 
@@ -273,7 +270,6 @@ fn w3_kernel(fp8: bool, tma: bool) -> MainKernel {
         maps,
         ctas_per_sm: 1,
         cluster_y: 1,
-        cluster_x: 1,
     }
 }
 
@@ -309,24 +305,6 @@ pub(super) fn three_wg_pair(paged: bool) -> MainKernel {
         ("mla_decode_wgmma_3wg_x2", "wgmma_3wg_x2")
     };
     MainKernel { base, name, cluster_y: PAIR_CTAS, ..w3_kernel(false, true) }
-}
-
-/// CTAs per cluster of the three-warpgroup kernel's cluster form, along grid.x (`mla::CM_CTAS`).
-pub(super) const CM_CTAS: u32 = 4;
-
-/// The three-warpgroup kernel's TMA form in clusters of [`CM_CTAS`] parts
-/// (`mla_decode_wgmma_3wg_cm`, [`three_wg_ok`]'s caches): where the batch is balanced enough
-/// (decided on the device, `schedule.cuh`'s `cluster_part`), each sequence's tiles are shared by
-/// CTAs of one cluster, which merge their partials through distributed shared memory
-/// (`cluster_merge.cuh`) instead of the combine kernel; else its CTAs run the plain form's
-/// schedule. grid.x must be a multiple of [`CM_CTAS`].
-pub(super) fn three_wg_cluster() -> MainKernel {
-    MainKernel {
-        base: "mla_decode_wgmma_3wg_cm",
-        name: "wgmma_3wg_cm",
-        cluster_x: CM_CTAS,
-        ..w3_kernel(false, true)
-    }
 }
 
 /// Whether the raw-ring kernel can take this call at all: bf16 queries (its rope product takes
@@ -452,7 +430,6 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
             maps: CacheMaps::tiles(tma),
             ctas_per_sm: 1,
             cluster_y: 1,
-            cluster_x: 1,
         };
     }
     let tma = tma_ok(&a.cache) && tma_flag;
@@ -471,6 +448,5 @@ pub(super) fn narrow(a: &MlaDecodeAttentionArgs<'_>, m_total: i64, tma_flag: boo
         maps: CacheMaps::tiles(tma),
         ctas_per_sm: 1,
         cluster_y: 1,
-        cluster_x: 1,
     }
 }
