@@ -18,8 +18,8 @@
 // - generic.cuh: mla_decode_generic_{bf16,f16,f32} and mla_decode_generic_fp8_*: any D,
 //   Dv, strides; a warp per key, f32 math. Used for f32, fp8_ds_mla caches and unusual
 //   shapes.
-// - combine.cuh: mla_decode_combine_{bf16,f16,f32}: merges the partials of cut sequences
-//   and writes empty sequences.
+// - combine.cuh: mla_decode_combine[_strided]_{bf16,f16,f32}: merges the partials of cut
+//   sequences and writes empty sequences (the strided form: CTAs that take several row groups).
 // - tiles.cuh: the swizzled shared-memory tiles and cp.async loaders of the tensor-core
 //   kernels.
 // - mma_sm80.cuh: mla_decode_mma{16,32,64}[s]_{bf16,f16}: mma.sync (sm_80+), 16/32/64
@@ -237,8 +237,13 @@ MLA_FACTS(mla_decode_wgmma_fp8r_cp_bf16, mla::W3_THREADS, mla::WGMMA_ROWS, (mla:
         mla_decode_combine_##S(const mla::Params p) {                                         \
         mla::combine<T>(p);                                                                   \
     }                                                                                         \
+    extern "C" __global__ void MLA_COMBINE_BOUNDS                                             \
+        mla_decode_combine_strided_##S(const mla::Params p) {                                 \
+        mla::combine<T, true>(p);                                                             \
+    }                                                                                         \
     MLA_FACTS(mla_decode_generic_##S, mla::GEN_THREADS, 1, mla::generic_smem(mla::FD, mla::FDV), 0) \
-    MLA_FACTS(mla_decode_combine_##S, mla::THREADS, mla::COMBINE_WARPS, 0, 0)
+    MLA_FACTS(mla_decode_combine_##S, mla::THREADS, mla::COMBINE_WARPS, 0, 0)                  \
+    MLA_FACTS(mla_decode_combine_strided_##S, mla::THREADS, mla::COMBINE_WARPS, 0, 0)
 VT_FOR_EACH_FLOAT(MLA_GENERIC)
 
 // The generic kernel over an fp8_ds_mla cache (D = 576), per query dtype; its partials go

@@ -94,34 +94,13 @@ __device__ __forceinline__ void combine_rows(const float* plse, const float* po,
     }
 }
 
+// One CTA's row group of sequence b (first slot `first`, n partials): this warp's row `row`
+// (active: a row of the sequence), its W warps (this one the sub-th) merging the row's partials
+// (red, red_m, red_s: the W > 1 reduction's shared memory) and writing out and lse.
 template <typename T>
-__device__ void combine(const Params& p) {
-    // W > 1: each warp's (max, sum, 512 columns) for the row's merge.
-    __shared__ float4 red[COMBINE_WARPS][COMBINE_COLS / 4];
-    __shared__ float red_m[COMBINE_WARPS], red_s[COMBINE_WARPS];
-    grid_dep_launch();  // a dependent GEMM after this (VT_PDL) may prefetch its weights
-#if MLA_TIMELINE
-    if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[0], tl_now());
-#endif
-    grid_dep_wait();
-#if MLA_TIMELINE
-    if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[1], tl_now());
-#endif
-    const int W = p.combine_wpr;
-    const int b = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.y * (COMBINE_WARPS / W) + warp / W;
-    const int sub = warp % W;
-    const bool active = row < p.m_total;
-    // Loaded together (one round trip); seq_info is stale for empty sequences and unused.
-    const int len = eff_len(p, b);
-    const int first = p.seq_info[2 * b], n_info = p.seq_info[2 * b + 1];
-    const int n = len > 0 ? n_info : 0;
-    if (len > 0 && n <= 1) {  // written by the main kernel (uniform over the block)
-#if MLA_TIMELINE
-        if (threadIdx.x == 0) atomicMax(&mla_timeline_combine[2], tl_now());
-#endif
-        return;
-    }
+__device__ __forceinline__ void combine_group(const Params& p, int b, int row, int sub, bool active, int first, int n,
+                                              int W, float4 (*red)[COMBINE_COLS / 4], float* red_m, float* red_s) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = blockIdx.z * COMBINE_COLS;
     float mx = vt::neg_inf(), sum = 0.0f, acc[16];
 #pragma unroll
@@ -186,6 +165,52 @@ __device__ void combine(const Params& p) {
         if (warp == 0) atomicAdd(&mla_timeline_combine[3], 1ull);
     }
 #endif
+}
+
+// STRIDE (`mla_decode_combine_strided_*`, `VT_MLA_COMBINE_STRIDE`): grid.y may be fewer than the
+// sequence's row groups, each CTA taking row groups blockIdx.y, + gridDim.y, ...; a sequence with
+// nothing to merge then costs B x gridDim.y CTAs that read its record and leave instead of one
+// CTA a row group (docs/perf.md, "Forty-second session": 4.0 / 5.2 us alone at b128 where nothing
+// is cut, h64 / h128).
+template <typename T, bool STRIDE = false>
+__device__ void combine(const Params& p) {
+    // W > 1: each warp's (max, sum, 512 columns) for the row's merge.
+    __shared__ float4 red[COMBINE_WARPS][COMBINE_COLS / 4];
+    __shared__ float red_m[COMBINE_WARPS], red_s[COMBINE_WARPS];
+    grid_dep_launch();  // a dependent GEMM after this (VT_PDL) may prefetch its weights
+#if MLA_TIMELINE
+    if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[0], tl_now());
+#endif
+    grid_dep_wait();
+#if MLA_TIMELINE
+    if (threadIdx.x == 0) atomicMin(&mla_timeline_combine[1], tl_now());
+#endif
+    const int W = p.combine_wpr;
+    const int b = blockIdx.x, warp = threadIdx.x >> 5;
+    const int rows_per_cta = COMBINE_WARPS / W;
+    const int row = blockIdx.y * rows_per_cta + warp / W;
+    const int sub = warp % W;
+    const bool active = row < p.m_total;
+    // Loaded together (one round trip); seq_info is stale for empty sequences and unused.
+    const int len = eff_len(p, b);
+    const int first = p.seq_info[2 * b], n_info = p.seq_info[2 * b + 1];
+    const int n = len > 0 ? n_info : 0;
+    if (len > 0 && n <= 1) {  // written by the main kernel (uniform over the block)
+#if MLA_TIMELINE
+        if (threadIdx.x == 0) atomicMax(&mla_timeline_combine[2], tl_now());
+#endif
+        return;
+    }
+    if constexpr (!STRIDE) {
+        combine_group<T>(p, b, row, sub, active, first, n, W, red, red_m, red_s);
+    } else {
+        const int groups = (p.m_total + rows_per_cta - 1) / rows_per_cta;
+        for (int g = blockIdx.y; g < groups; g += gridDim.y) {
+            if (W > 1 && g != (int)blockIdx.y) __syncthreads();  // the last group's red is read
+            const int r = g * rows_per_cta + warp / W;
+            combine_group<T>(p, b, r, sub, r < p.m_total, first, n, W, red, red_m, red_s);
+        }
+    }
 }
 
 }  // namespace mla

@@ -293,7 +293,8 @@ fn samples(dt: DType) -> Result<Samples> {
         vec![(Kernel::Wgmma3Paged, 64, true, dt, 16), (Kernel::Wgmma3Pair, 128, true, dt, 16)]
     };
     let all = kernels.into_iter().map(|(k, h, t, c)| (k, h, t, c, bs)).chain(paged);
-    for (kernel, heads, tma, cache_dt, bs) in all {
+    // Every other plan with the combine's strided form (VT_MLA_COMBINE_STRIDE).
+    for (i, (kernel, heads, tma, cache_dt, bs)) in all.enumerate() {
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
         let a = MlaDecodeAttentionArgs {
             out: f.c(dt, &[2, 1, heads, dv]),
@@ -305,7 +306,8 @@ fn samples(dt: DType) -> Result<Samples> {
             scale: 0.5,
         };
         let opts = DecodeOptions { kernel, ..DecodeOptions::default() };
-        let c = decode::choose(&a, &info, &opts, ChoiceFlags::new(tma, true))?;
+        let flags = ChoiceFlags { combine_stride: i % 2 == 1, ..ChoiceFlags::new(tma, true) };
+        let c = decode::choose(&a, &info, &opts, flags)?;
         add(
             format!("MlaDecodeAttention ({})", c.plan.kernel),
             decode::launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40))?,

@@ -307,6 +307,31 @@ fn decode_attention_matches_reference_when_calls_of_different_shapes_share_a_que
     }
 }
 
+/// The combine's strided form (`VT_MLA_COMBINE_STRIDE`: CTAs that loop over row groups, fewer
+/// of them) on what the combine must do: merge cut sequences with a warp a row (200 short and
+/// empty sequences over 7 parts: one CTA a sequence taking all 16 row groups at 128 heads, 2 at
+/// 16), merge with eight warps a row (4 long sequences over every part: 128 one-row groups, 99
+/// CTAs a sequence, some taking two), pass whole sequences (Auto's schedule) and write empty
+/// ones. The flag is a process-wide override while this test runs: tests running beside it may
+/// take either form, both of which are checked here and elsewhere.
+#[test]
+fn decode_attention_matches_reference_with_the_strided_combine() {
+    let Some(g) = gpu() else { return };
+    let mut rng = common::case_rng(42);
+    let short: Vec<i32> = (0..200).map(|i| if i % 17 == 3 { 0 } else { rng.gen_range(1..600) }).collect();
+    let long = [3000, 0, 2500, 4000];
+    vt_core::flags::set_override(vt_core::flags::Flag::MlaCombineStride, Some(true));
+    for (lens, n) in [(&short[..], 128), (&short[..], 16), (&long[..], 128)] {
+        let c = Case::mla(lens, n, 64);
+        let x = inputs(&c);
+        let want = reference(&c, &x);
+        for max_parts in [None, Some(7)] {
+            run_gpu(&g, &c, &x, &want, &DecodeOptions { kernel: Kernel::Auto, min_tiles: None, max_parts });
+        }
+    }
+    vt_core::flags::set_override(vt_core::flags::Flag::MlaCombineStride, None);
+}
+
 /// Equal lengths with B a multiple of the parts take the whole-sequence schedule (every part's
 /// load equals its even share, schedule.cuh), so nothing is cut and the combine only passes
 /// through; empty sequences in between and a near-threshold batch (one long sequence) too.

@@ -25,18 +25,55 @@ pub(super) fn warps_per_row(parts: i64, b: i64) -> i64 {
     }
 }
 
+/// Combine CTAs an SM holds at once (`MLA_COMBINE_MIN_CTAS`, the kernel's launch bounds).
+pub(super) const CTAS_PER_SM: i64 = 3;
+
+/// grid.y of the strided form (`VT_MLA_COMBINE_STRIDE`): the row groups (`groups`) of each of
+/// the `b` sequences and `z` column blocks, cut to as many as one wave of combine CTAs holds
+/// (`sms` x [`CTAS_PER_SM`]), at least 1; each CTA takes every grid.y-th row group.
+pub(super) fn strided_groups(b: i64, groups: i64, z: i64, sms: u32) -> i64 {
+    let wave = sms as i64 * CTAS_PER_SM;
+    (wave / (b * z).max(1)).clamp(1, groups.max(1))
+}
+
 /// The launch for `b` sequences of `m_total` query rows of `dv` columns, `wpr` warps per
-/// row. On sm_90 it launches while the main kernel runs (programmatic dependent launch)
-/// and waits for it on the device, hiding its launch latency.
+/// row; `strided`: the strided form, grid.y from [`strided_groups`]. On sm_90 it launches
+/// while the main kernel runs (programmatic dependent launch) and waits for it on the device,
+/// hiding its launch latency.
 pub(super) fn launch(
     p: &Params,
     dt: DType,
     (b, m_total, dv): (i64, i64, i64),
     wpr: i64,
+    strided: bool,
     info: &DeviceInfo,
 ) -> Launch {
     let rows_per_cta = WARPS / wpr;
-    let grid =
-        (b as u32, ((m_total + rows_per_cta - 1) / rows_per_cta) as u32, ((dv + COLS - 1) / COLS) as u32);
-    Launch::new(&SRC, "mla_decode_combine", dt, grid, THREADS, [Arg::of_struct(*p)]).dependent_on(info.sm)
+    let (groups, z) = ((m_total + rows_per_cta - 1) / rows_per_cta, (dv + COLS - 1) / COLS);
+    let (base, y) = if strided {
+        ("mla_decode_combine_strided", strided_groups(b, groups, z, info.sms))
+    } else {
+        ("mla_decode_combine", groups)
+    };
+    Launch::new(&SRC, base, dt, (b as u32, y as u32, z as u32), THREADS, [Arg::of_struct(*p)])
+        .dependent_on(info.sm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strided_groups;
+
+    /// One wave of combine CTAs (132 SMs x 3): b128 at 128 heads (16 row groups) takes 3 a
+    /// sequence, b32 12, b1 and b2 every group; never 0, never more than the groups.
+    #[test]
+    fn strided_groups_fill_one_wave_and_stay_within_the_row_groups() {
+        assert_eq!(strided_groups(128, 16, 1, 132), 3);
+        assert_eq!(strided_groups(32, 16, 1, 132), 12);
+        assert_eq!(strided_groups(32, 8, 1, 132), 8);
+        assert_eq!(strided_groups(1, 16, 1, 132), 16);
+        assert_eq!(strided_groups(2, 128, 1, 132), 128);
+        assert_eq!(strided_groups(1000, 16, 1, 132), 1);
+        assert_eq!(strided_groups(64, 16, 2, 132), 3);
+        assert_eq!(strided_groups(5, 0, 1, 132), 1);
+    }
 }

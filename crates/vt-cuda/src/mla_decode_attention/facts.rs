@@ -270,8 +270,10 @@ fn host_planning_facts_match_the_kernel_headers() {
     };
     let mut launched = BTreeSet::new();
     let all = samples().into_iter().map(|s| (s, 64)).chain(paged_samples());
-    for ((kernel, heads, tma, dt, cache_dt, d, dv), bs) in all {
+    // Every other sample with the combine's strided form (VT_MLA_COMBINE_STRIDE).
+    for (i, ((kernel, heads, tma, dt, cache_dt, d, dv), bs)) in all.enumerate() {
         let (b, nb) = (2i64, 16i64);
+        let stride = i % 2 == 1;
         let cache_w = if cache_dt == DType::Fp8DsMla { 656 } else { d };
         let a = MlaDecodeAttentionArgs {
             out: view(dt, &[b, 1, heads, dv]),
@@ -286,7 +288,7 @@ fn host_planning_facts_match_the_kernel_headers() {
             &a,
             &info,
             &DecodeOptions { kernel, ..DecodeOptions::default() },
-            ChoiceFlags::new(tma, true),
+            ChoiceFlags { combine_stride: stride, ..ChoiceFlags::new(tma, true) },
         )
         .expect("a plan");
         let ls = launches(&a, &c, &info, (1 << 40, 2 << 40, 3 << 40)).expect("launches");
@@ -361,7 +363,10 @@ fn host_planning_facts_match_the_kernel_headers() {
         check(format!("{what}: threads"), comb.block as i64, f[0]);
         check(format!("{what}: warps (rows per CTA at a warp per row)"), combine::WARPS, f[1]);
         let rows = f[1] / c.combine_wpr;
-        check(format!("{what}: grid.y"), comb.grid.1 as i64, (m_total + rows - 1) / rows);
+        let (groups, z) = ((m_total + rows - 1) / rows, (dv + m[7] - 1) / m[7]);
+        let y = if stride { combine::strided_groups(b, groups, z, info.sms) } else { groups };
+        check(format!("{what}: grid.y"), comb.grid.1 as i64, y);
+        check(format!("{what}: the strided form"), comb.symbol().contains("_strided_") as i64, stride as i64);
         check(format!("{what}: grid.z"), comb.grid.2 as i64, (dv + m[7] - 1) / m[7]);
     }
     for e in entries.iter().filter(|e| !launched.contains(*e)) {

@@ -320,6 +320,7 @@ pub fn mla_decode_attention_with(
         gather: vt_core::flags::mla_gather(),
         pair: vt_core::flags::mla_fp8_pair(),
         three_wg_pair: vt_core::flags::mla_3wg_pair(),
+        combine_stride: vt_core::flags::mla_combine_stride(),
     };
     let c = choose(a, &info, opts, flags)?;
     let ws = workspace::workspace(q, cq, c.plan.parts as i64 + b, m_total, dv, b)?;
@@ -376,6 +377,8 @@ pub(crate) struct Choice {
     pub plan: Plan,
     main: MainKernel,
     combine_wpr: i64,
+    /// The combine's strided form (`VT_MLA_COMBINE_STRIDE`).
+    combine_stride: bool,
 }
 
 /// The `VT_*` flags [`choose`] follows, passed in so that the choice tests do not depend on
@@ -394,6 +397,8 @@ pub(crate) struct ChoiceFlags {
     pub pair: bool,
     /// `VT_MLA_3WG_PAIR` (Auto only): the 16-bit three-warpgroup kernel as CTA pairs.
     pub three_wg_pair: bool,
+    /// `VT_MLA_COMBINE_STRIDE`: the combine kernel's strided form.
+    pub combine_stride: bool,
 }
 
 impl ChoiceFlags {
@@ -401,7 +406,15 @@ impl ChoiceFlags {
     /// tests that check those turn them on).
     #[cfg(test)]
     pub(crate) fn new(tma: bool, seesaw: bool) -> ChoiceFlags {
-        ChoiceFlags { tma, seesaw, three_wg: true, gather: false, pair: false, three_wg_pair: false }
+        ChoiceFlags {
+            tma,
+            seesaw,
+            three_wg: true,
+            gather: false,
+            pair: false,
+            three_wg_pair: false,
+            combine_stride: false,
+        }
     }
 }
 
@@ -420,6 +433,7 @@ pub(crate) fn choose(
         gather: gather_flag,
         pair: pair_flag,
         three_wg_pair: three_wg_pair_flag,
+        combine_stride,
     } = flags;
     let (b, s_q, n) = (a.query.dim(0), a.query.dim(1), a.query.dim(2));
     let m_total = s_q * n;
@@ -718,7 +732,7 @@ pub(crate) fn choose(
         parts: parts as u32,
         min_tiles,
     };
-    Ok(Choice { plan, main, combine_wpr: combine::warps_per_row(parts, b) })
+    Ok(Choice { plan, main, combine_wpr: combine::warps_per_row(parts, b), combine_stride })
 }
 
 /// The main and combine launches of `c`, with the split-KV workspace `(part_o, part_lse,
@@ -784,6 +798,6 @@ pub(crate) fn launches(
     let main_grid = (c.plan.parts, c.plan.row_blocks, 1);
     let main =
         Launch::new(&SRC, c.main.base, dt, main_grid, c.main.threads, main_args).with_smem(c.main.smem);
-    let combine = combine::launch(&p, dt, (b, m_total, dv), c.combine_wpr, info);
+    let combine = combine::launch(&p, dt, (b, m_total, dv), c.combine_wpr, c.combine_stride, info);
     Ok(vec![main, combine])
 }
