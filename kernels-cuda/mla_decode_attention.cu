@@ -71,10 +71,11 @@
 
 #if defined(VT_MLA_DECODE_FACTS)
 // The module's facts (params.cuh): sizeof and alignof Params, BN, D and Dv of the tensor-core
-// kernels, the generic kernel's shared bytes per unit of D and of Dv, combine columns per CTA.
-extern "C" __device__ const long long mla_decode_facts[8] = {
+// kernels, the generic kernel's shared bytes per unit of D and of Dv, combine columns per CTA,
+// combine CTAs an SM holds (its launch bounds: the strided form's wave).
+extern "C" __device__ const long long mla_decode_facts[9] = {
     sizeof(mla::Params), alignof(mla::Params),   mla::BN, mla::FD, mla::FDV, mla::generic_smem(1, 0),
-    mla::generic_smem(0, 1), mla::COMBINE_COLS};
+    mla::generic_smem(0, 1), mla::COMBINE_COLS, mla::COMBINE_MIN_CTAS};
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

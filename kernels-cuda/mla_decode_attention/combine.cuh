@@ -40,6 +40,7 @@ enum : int {
     COMBINE_COLS = 512,            // output columns per CTA: 16 per lane
     COMBINE_RUNS = 4,              // runs of 4 adjacent columns per lane, 128 apart
     COMBINE_BATCH = MLA_COMBINE_BATCH,  // partials a warp loads before it merges them
+    COMBINE_MIN_CTAS = MLA_COMBINE_MIN_CTAS,  // CTAs an SM holds (the strided form's wave)
 };
 static_assert(COMBINE_COLS == 32 * 4 * COMBINE_RUNS, "a lane owns COMBINE_RUNS runs of 4 columns");
 

@@ -25,7 +25,8 @@ pub(super) fn warps_per_row(parts: i64, b: i64) -> i64 {
     }
 }
 
-/// Combine CTAs an SM holds at once (`MLA_COMBINE_MIN_CTAS`, the kernel's launch bounds).
+/// Combine CTAs an SM holds at once (`mla::COMBINE_MIN_CTAS`, the kernel's launch bounds;
+/// checked by facts.rs).
 pub(super) const CTAS_PER_SM: i64 = 3;
 
 /// grid.y of the strided form (`VT_MLA_COMBINE_STRIDE`): the row groups (`groups`) of each of

@@ -245,6 +245,7 @@ fn host_planning_facts_match_the_kernel_headers() {
     check("generic shared bytes per D".into(), generic::smem_bytes(1, 0), m[5]);
     check("generic shared bytes per Dv".into(), generic::smem_bytes(0, 1), m[6]);
     check("combine columns per CTA".into(), combine::COLS, m[7]);
+    check("combine CTAs an SM holds (MLA_COMBINE_MIN_CTAS)".into(), combine::CTAS_PER_SM, m[8]);
 
     // Params, field by field.
     let pf = &t["mla_decode_params_facts"];
