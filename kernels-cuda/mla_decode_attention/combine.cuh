@@ -188,6 +188,8 @@ __device__ void combine(const Params& p) {
 #endif
     const int W = p.combine_wpr;
     const int b = blockIdx.x, warp = threadIdx.x >> 5;
+    // The plain form's row, before the loads as it always was (its SASS stays what was measured);
+    // the strided form computes each group's row in its loop.
     const int rows_per_cta = COMBINE_WARPS / W;
     const int row = blockIdx.y * rows_per_cta + warp / W;
     const int sub = warp % W;
