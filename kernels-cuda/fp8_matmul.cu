@@ -7,7 +7,9 @@
 // with per-token scales), and s(m, n, kb) = b_scale[g, kb, n / 128] (* a_scale[g, m, kb]):
 // each 128-wide K group is summed in f32 and then scaled (the promotion of DeepGEMM).
 //
-// - quantize_fp8_{T}: a warp per (row, 128-group), up to 8 groups of a row a CTA; bit for bit vt_core::fp8_block.
+// - quantize_fp8_{T}: a warp per (row, 128-group), up to 8 groups of a row a CTA; bit for bit
+//   vt_core::fp8_block. quantize_fp8_wide_{T} (`VT_QUANT_WIDE`): a half-warp per (row, group),
+//   16 bytes a lane, four rows a half-warp in flight; the same bytes.
 // - fp8_matmul_generic_{T}: any strides, any dtype, both activation forms; a thread per
 //   output element. The reference-shaped fallback.
 // - fp8_gemv_t{1,2,4}_{bf16,f16}: the weight-only decode kernel (M small). A warp streams 16
@@ -43,7 +45,7 @@ template <typename T> struct alignas(4 * sizeof(T)) Quad {
 // Four f32 as e4m3 codes (y[0] in the low byte): the hardware's round-to-nearest-even with
 // saturation to +-448 (sm_89+), which is f32_to_e4m3 on every finite and infinite value; a
 // NaN becomes 0x7f as there (the hardware would keep its sign).
-__device__ __forceinline__ uint32_t e4m3x4(const float (&y)[4]) {
+__device__ __forceinline__ uint32_t e4m3x4(const float* y) {
 #if __CUDA_ARCH__ >= 890
     uint32_t w = vt::e4m3x2_of(y[0], y[1]) | (vt::e4m3x2_of(y[2], y[3]) << 16);
 #pragma unroll
@@ -103,6 +105,97 @@ __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s
                 if (c0 + j < k) orow[j] = q[j];
         }
         if (lane == 0) scale[row * s0 + grp * s1] = s;
+    }
+}
+
+// The wide form (quantize_fp8_wide_*, `VT_QUANT_WIDE`). Rows a half-warp has in flight
+// (QUANT_ROWS) and the elements a lane owns in a row (8: 16 bytes of a 16-bit row, one load).
+// The form above (a warp per (row, group), 8 bytes a lane, one row at a time) keeps 16 KB of
+// loads in flight an SM: 46-47% of the copy ceiling at M 4096 on an H100 (docs/perf.md,
+// QuantizeFp8), where Little's law at ~1.5 us of DRAM latency asks for ~35 KB. This one keeps
+// QUANT_ROWS x 16 bytes a lane in flight: 64 KB an SM at the 1024 threads its registers allow.
+// (Enumerators: NVRTC would emit namespace-scope constants into the PTX as globals.)
+enum : int { QUANT_ROWS = 4, QUANT_LANE = 8, QUANT_THREADS = 256 };
+// CTAs an SM must hold (the registers' bound): 4 (64 registers, 1024 threads) for 16-bit inputs,
+// 2 for f32, whose raw words are twice as many.
+template <typename T> __device__ constexpr int quant_ctas() { return sizeof(T) == 4 ? 2 : 4; }
+
+// 16-byte words holding a lane's QUANT_LANE elements of T: 1 for 16-bit T, 2 for f32.
+template <typename T> struct QuantRaw {
+    static constexpr int WORDS = QUANT_LANE * (int)sizeof(T) / 16;
+    uint4 w[WORDS];
+};
+
+// A half-warp per (row, 128-group), a lane's QUANT_LANE elements one vector load where the
+// row is whole and 16-byte aligned there, else element by element (the row's tail, odd
+// strides). 16 half-warps a CTA: 2^lw groups of a row (lw = quantize_wide_lw: as many as the row
+// has, up to 16) by 16 / 2^lw rows; grid x covers the groups, y the rows, and each half-warp
+// takes QUANT_ROWS rows gridDim.y x (16 / 2^lw) apart at once, all their loads issued before
+// the first is used, then loops (no index is divided by a runtime value). The group's amax is
+// a max over its 16 lanes (xor shuffles within the half); both halves of a warp shuffle
+// together, so a half with nothing to do runs the loop with its loads masked.
+// Bit for bit vt_core::fp8_block: the same IEEE division per element, the max is order-free.
+__device__ __forceinline__ int quantize_wide_lw(i64 groups) {
+    return groups >= 16 ? 4 : groups >= 8 ? 3 : groups >= 4 ? 2 : groups >= 2 ? 1 : 0;
+}
+template <typename T>
+__device__ void quantize_wide(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
+                         i64 k) {
+    const int lane = threadIdx.x & 31, half = threadIdx.x >> 4, sub = lane & 15;
+    const i64 groups = (k + 127) >> 7;
+    const int lw = quantize_wide_lw(groups), rows = 16 >> lw;  // rows a CTA covers per pass
+    const i64 grp = ((i64)blockIdx.x << lw) + (half & ((1 << lw) - 1));
+    const bool col_ok = grp < groups;
+    const i64 c0 = grp * 128 + QUANT_LANE * sub;
+    const bool whole = col_ok && c0 + QUANT_LANE <= k;
+    const i64 stride = (i64)gridDim.y * rows;
+    // Both halves of a warp pass the loop's test together (their first rows differ by at most 1).
+    for (i64 r0 = (i64)blockIdx.y * rows + (half >> lw); __any_sync(0xffffffffu, r0 < m);
+         r0 += QUANT_ROWS * stride) {
+        QuantRaw<T> raw[QUANT_ROWS];
+        bool vec[QUANT_ROWS];
+#pragma unroll
+        for (int j = 0; j < QUANT_ROWS; ++j) {  // every load first
+            const i64 row = r0 + j * stride;
+            const T* xr = x + row * x0 + c0;
+            vec[j] = whole && row < m && (reinterpret_cast<unsigned long long>(xr) & 15) == 0;
+            if (vec[j]) raw[j] = *reinterpret_cast<const QuantRaw<T>*>(xr);
+        }
+#pragma unroll
+        for (int j = 0; j < QUANT_ROWS; ++j) {
+            const i64 row = r0 + j * stride;
+            const bool ok = col_ok && row < m;
+            const T* xr = x + row * x0 + c0;
+            float v[QUANT_LANE];
+            if (vec[j]) {
+                const T* e = reinterpret_cast<const T*>(raw[j].w);
+#pragma unroll
+                for (int i = 0; i < QUANT_LANE; ++i) v[i] = vt::to_f32(e[i]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < QUANT_LANE; ++i) v[i] = ok && c0 + i < k ? vt::to_f32(xr[i]) : 0.0f;
+            }
+            float amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < QUANT_LANE; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            if (!ok) continue;
+            const float s = __fdiv_rn(amax, 448.0f);
+            float y[QUANT_LANE];
+#pragma unroll
+            for (int i = 0; i < QUANT_LANE; ++i) y[i] = s == 0.0f ? 0.0f : __fdiv_rn(v[i], s);
+            const uint2 word = make_uint2(e4m3x4(y), e4m3x4(y + 4));
+            unsigned char* orow = out + row * o0 + c0;
+            if (whole && (reinterpret_cast<unsigned long long>(orow) & 7) == 0) {
+                *reinterpret_cast<uint2*>(orow) = word;
+            } else {
+#pragma unroll
+                for (int i = 0; i < QUANT_LANE; ++i)
+                    if (c0 + i < k) orow[i] = (unsigned char)((i < 4 ? word.x : word.y) >> (8 * (i & 3)));
+            }
+            if (sub == 0) scale[row * s0 + grp * s1] = s;
+        }
     }
 }
 
@@ -558,6 +651,11 @@ __device__ void gemm(const Maps& maps, T* out, i64 o_b, i64 o_m, i64 o_n, const 
     extern "C" __global__ void quantize_fp8_##S(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1,         \
                                                 const T* x, i64 x0, i64 m, i64 k) {                              \
         fp8mm::quantize<T>(out, o0, scale, s0, s1, x, x0, m, k);                                                 \
+    }                                                                                                           \
+    extern "C" __global__ void __launch_bounds__(fp8mm::QUANT_THREADS, fp8mm::quant_ctas<T>())                  \
+        quantize_fp8_wide_##S(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m, \
+                              i64 k) {                                                                           \
+        fp8mm::quantize_wide<T>(out, o0, scale, s0, s1, x, x0, m, k);                                            \
     }                                                                                                           \
     extern "C" __global__ void fp8_matmul_generic_##S(                                                          \
         T* out, i64 o0, i64 o1, i64 o2, const void* a, i64 a0, i64 a1, i64 a2, const float* as, i64 as0,           \

@@ -16,7 +16,10 @@
 //!   `lt` (both fp8 on cuBLASLt's block-scaled GEMM, `Kernel::Lt`, forced, the same operands;
 //!   linear rows only: the absorbed BMMs are not routed to it; `-` where it refuses the views
 //!   or has no algorithm, the reason printed once), `quant` (QuantizeFp8 of the activations,
-//!   the cost `w8a8` leaves out) and `w8a8+q` (the better of `w8a8` and `lt`, plus `quant`).
+//!   the cost `w8a8` leaves out; % of its copy floor: bf16 read, codes and scales written),
+//!   `wide` (the same on the wide kernel, `QuantKernel::Wide` forced, its bytes checked equal to
+//!   the op's: `same bytes` / `BYTES DIFFER`) and `w8a8+q` (the better of `w8a8` and `lt`, plus
+//!   `quant`).
 //! - Counting: FLOPs = 2 G M N K; bytes = weights (fp8: 1 byte an element plus the f32
 //!   scales; bf16: 2) + activations (2 bytes an element, 1 when quantized, plus scales) +
 //!   outputs (2 bytes), each once.
@@ -55,7 +58,8 @@ use vt_core::{
 };
 use vt_cuda::bench::{median, Bench};
 use vt_cuda::fp8_matmul::{
-    batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options, Fp8Options, Kernel,
+    batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options, quantize_fp8_with,
+    Fp8Options, Kernel, QuantKernel,
 };
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
@@ -261,6 +265,12 @@ struct Row {
     /// Both fp8 on cuBLASLt (`Kernel::Lt`, forced).
     lt_us: Option<f64>,
     quant_us: Option<f64>,
+    /// QuantizeFp8 on the wide kernel (`QuantKernel::Wide`, `VT_QUANT_WIDE`), forced.
+    quant_wide_us: Option<f64>,
+    /// The wide kernel's codes and scales equal the op's, byte for byte.
+    quant_wide_same: bool,
+    /// Bytes QuantizeFp8 moves: the bf16 activations read, their codes and scales written.
+    bytes_quant: f64,
     w8a8_kernel: String,
     err: f64,
     /// The skinny bf16 output against cuBLAS's.
@@ -589,6 +599,7 @@ fn cell(
         bytes_bf16: s.bytes(m, 2.0, 2.0),
         bytes_w8: s.bytes(m, 1.0, 2.0),
         bytes_w8a8: s.bytes(m, 1.0, 1.0),
+        bytes_quant: (g * m * k * 3 + g * m * blocks(k) * 4) as f64,
         parity: true,
         ..Row::default()
     };
@@ -660,6 +671,21 @@ fn cell(
     }
     row.err = errs.into_iter().fold(0.0, f64::max);
     row.quant_us = Some(time(bench, iters, || vt_core::quantize_fp8(q, &quant))?);
+    // The wide quantize kernel beside the op's: its bytes (into NaN-poisoned twins of the same
+    // views, which cover their buffers) against the op's, then its time.
+    let (x8w, xsw) =
+        (Buffer::nan(q, DType::F8E4M3, &[g * m * k])?, Buffer::nan(q, DType::F32, &[g * m * blocks(k)])?);
+    let quant_w = QuantizeFp8Args {
+        out: x8w.view().as_strided(0, &[m * g, k], &[k, 1])?,
+        scale: match s.form {
+            Form::Linear => act_scale_view(s, &xsw, m)?,
+            Form::Absorbed => xsw.view().as_strided(0, &[m * g, blocks(k)], &[blocks(k), 1])?,
+        },
+        x: quant.x,
+    };
+    quantize_fp8_with(q, &quant_w, QuantKernel::Wide)?;
+    row.quant_wide_same = x8w.to_bytes(q)? == x8.to_bytes(q)? && xsw.to_bytes(q)? == xs.to_bytes(q)?;
+    row.quant_wide_us = Some(time(bench, iters, || quantize_fp8_with(q, &quant_w, QuantKernel::Wide))?);
     let tol = vt_check::tolerance(OpId::MatmulBTFp8, DType::BF16).unwrap_or(2e-2);
     row.parity = (!check || row.err <= tol) && row.err16 <= tol;
     Ok(row)
@@ -687,7 +713,7 @@ fn format_row(r: &Row, bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
     let (f16, f8, f8a8) = r.floors(bw, bf16_peak, fp8_peak);
     let wq = r.w8a8_quant();
     format!(
-        "{:<9} M {:>5}  bf16 {:>14}  sk16 {:>14}  w8 {:>14}  sk8 {:>14}  w8a8[{}] {:>14}  lt {:>14}  quant {:>7}  w8a8+q {:>14}  {:>5.0} TFLOP/s bf16, {:>5.0} fp8, {:>5.0} lt ({}x bf16)  parity {} ({:.1e}, sk16 {:.1e})",
+        "{:<9} M {:>5}  bf16 {:>14}  sk16 {:>14}  w8 {:>14}  sk8 {:>14}  w8a8[{}] {:>14}  lt {:>14}  quant {:>11} wide {:>11} {}  w8a8+q {:>14}  {:>5.0} TFLOP/s bf16, {:>5.0} fp8, {:>5.0} lt ({}x bf16)  parity {} ({:.1e}, sk16 {:.1e})",
         r.name,
         r.m,
         cell_str(Some(r.bf16_us), f16),
@@ -697,7 +723,9 @@ fn format_row(r: &Row, bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
         r.w8a8_kernel,
         cell_str(r.w8a8_us, f8a8),
         cell_str(r.lt_us, f8a8),
-        r.quant_us.map_or("-".into(), |u| format!("{u:.1}")),
+        cell_str(r.quant_us, r.bytes_quant / bw * 1e6),
+        cell_str(r.quant_wide_us, r.bytes_quant / bw * 1e6),
+        if r.quant_wide_same { "same bytes" } else { "BYTES DIFFER" },
         cell_str(wq, f8a8),
         r.flops / r.bf16_us / 1e6,
         r.w8a8_us.map_or(0.0, |u| r.flops / u / 1e6),
@@ -782,14 +810,14 @@ fn targets(rows: &[Row], bw: f64) -> Vec<Target> {
 
 fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "\n| GEMM | M | bf16 cuBLAS us (% floor) | bf16 skinny us (% floor) | fp8 w8 Gemv us (% floor) | fp8 w8 skinny us (% floor) | fp8 w8a8 us (% floor) | fp8 cuBLASLt us (% floor) | quantize us | best w8a8 + quantize us | bf16 TFLOP/s | w8a8 TFLOP/s | cuBLASLt TFLOP/s | cuBLASLt / bf16 | parity |");
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "\n| GEMM | M | bf16 cuBLAS us (% floor) | bf16 skinny us (% floor) | fp8 w8 Gemv us (% floor) | fp8 w8 skinny us (% floor) | fp8 w8a8 us (% floor) | fp8 cuBLASLt us (% floor) | quantize us (% copy floor) | quantize wide us (% copy floor) | best w8a8 + quantize us | bf16 TFLOP/s | w8a8 TFLOP/s | cuBLASLt TFLOP/s | cuBLASLt / bf16 | parity |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let (f16, f8, f8a8) = r.floors(bw, bf16_peak, fp8_peak);
         let wq = r.w8a8_quant();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.0} | {} | {} | {} | {} ({:.1e}) |",
+            "| {} | {} | {} | {} | {} | {} | {} ({}) | {} | {} | {}{} | {} | {:.0} | {} | {} | {} | {} ({:.1e}) |",
             r.name,
             r.m,
             cell_str(Some(r.bf16_us), f16),
@@ -799,7 +827,9 @@ fn summarize(rows: &[Row], tg: &[Target], bw: f64, bf16_peak: f64, fp8_peak: f64
             cell_str(r.w8a8_us, f8a8),
             r.w8a8_kernel,
             cell_str(r.lt_us, f8a8),
-            r.quant_us.map_or("-".into(), |u| format!("{u:.1}")),
+            cell_str(r.quant_us, r.bytes_quant / bw * 1e6),
+            cell_str(r.quant_wide_us, r.bytes_quant / bw * 1e6),
+            if r.quant_wide_same { "" } else { " BYTES DIFFER" },
             cell_str(wq, f8a8),
             r.flops / r.bf16_us / 1e6,
             r.w8a8_us.map_or("-".into(), |u| format!("{:.0}", r.flops / u / 1e6)),
@@ -940,7 +970,7 @@ fn to_json(
     for (i, r) in rows.iter().enumerate() {
         let _ = writeln!(
             o,
-            "  {{\"gemm\": {:?}, \"m\": {}, \"bf16_us\": {:.3}, \"sk16_us\": {}, \"w8_us\": {}, \"sk8_us\": {}, \"w8a8_us\": {}, \"w8a8_kernel\": {:?}, \"lt_us\": {}, \"quant_us\": {}, \"flops\": {:.0}, \"bytes_bf16\": {:.0}, \"bytes_w8\": {:.0}, \"bytes_w8a8\": {:.0}, \"err\": {:.3e}, \"err16\": {:.3e}, \"parity\": {}}}{}",
+            "  {{\"gemm\": {:?}, \"m\": {}, \"bf16_us\": {:.3}, \"sk16_us\": {}, \"w8_us\": {}, \"sk8_us\": {}, \"w8a8_us\": {}, \"w8a8_kernel\": {:?}, \"lt_us\": {}, \"quant_us\": {}, \"quant_wide_us\": {}, \"quant_wide_same\": {}, \"flops\": {:.0}, \"bytes_bf16\": {:.0}, \"bytes_w8\": {:.0}, \"bytes_w8a8\": {:.0}, \"err\": {:.3e}, \"err16\": {:.3e}, \"parity\": {}}}{}",
             r.name,
             r.m,
             r.bf16_us,
@@ -951,6 +981,8 @@ fn to_json(
             r.w8a8_kernel,
             num(r.lt_us),
             num(r.quant_us),
+            num(r.quant_wide_us),
+            r.quant_wide_same,
             r.flops,
             r.bytes_bf16,
             r.bytes_w8,

@@ -12,6 +12,7 @@
 //! | `VT_MLA_FP8_PAIR` | on | CUDA MlaDecodeAttention (sm_90) over an fp8_ds_mla cache where Auto takes the 64-row dequantizing kernel (`mla_decode_wgmma_fp8`: block sizes the TMA does not read, the sparse op's view), an even number of 64-row blocks (128 heads, or 64 heads x 2 query tokens): Auto takes its CTA-pair form (`mla_decode_wgmma_fp8x2`: clusters of two CTAs, each dequantizing half of every tile into both; docs/sparse-design.md, D3; H100, twenty-seventh session, one call with FlashMLA: SparseMlaAttention's fp8 decode at 128 heads 0.80-0.84x the single-CTA kernel's time at b 64-148, 1.03x at b 2). `0` restores the single-CTA kernel |
 //! | `VT_MLA_3WG_PAIR` | on | CUDA MlaDecodeAttention (sm_90) over a 16-bit cache read through the TMA (block size a multiple of 64) with an even number of 64-row blocks (128 heads, or 64 heads x 2 query tokens) and at least 32 sequences, where Auto takes the three-warpgroup kernel: its CTA-pair form (`mla_decode_wgmma_3wg_x2`: clusters of two CTAs, each issuing every other column block of a tile multicast to both, so the pair reads each tile once). Thirtieth session, same calls as FlashMLA: on an H100 0.92-0.95x the single-CTA kernel's time at 128 heads b128 s8192 and b64 s16384, 0.95-0.99x at b128 s4096 and b32; on an H200 (interleaved A/B) 0.98-1.00x at b >= 32. Its tests, memcheck, racecheck and synccheck are clean on an H200. Thirty-first session, an H100: the block's CUDA tests (graphs, goldens, fusions, both caches) pass with it, and the V3 step's attention (graph replay) takes 100.9 / 306.4 us with it against 113.7 / 346.7 without at B 32 / 128 (docs/perf.md, "Thirty-first session") |
 //! | `VT_MLA_COMBINE_STRIDE` | off | CUDA MlaDecodeAttention: the combine kernel that follows every main kernel takes its strided form (`mla_decode_combine_strided_*`): grid.y = at most the row groups that fill one wave of combine CTAs with the B sequences (`strided_groups` in crates/vt-cuda/src/mla_decode_attention/combine.rs), each CTA looping over row groups, so a batch with nothing to merge (whole-sequence mode) launches B x that many CTAs instead of B x every row group. Off until a GPU call has measured it (docs/perf.md, "Forty-second session": the combine alone took 4.0 / 5.2 us at h64 / h128 b128, where it merges nothing) |
+//! | `VT_QUANT_WIDE` | off | CUDA QuantizeFp8: the wide kernel (`quantize_fp8_wide_*`: a half-warp per (row, 128-group), 16 bytes a lane, four rows a half-warp in flight, at most 32 CTAs an SM looping over the rows) instead of a warp per (row, group) with 8 bytes a lane; the same bytes. Off until a GPU call has run its byte-exact test and timed it (docs/perf.md, "QuantizeFp8 v2": the first form ran at 46-47% of the copy ceiling at M 4096, bound by its loads in flight) |
 //! | `VT_SPARSE_PREFILL` | on | CUDA SparseMlaAttention (sm_90) over a 16-bit cache where the op would take the three-warpgroup gather form (64+ heads, slots listed 4+ times: a prefill): it takes its own prefill kernel (`sparse_mla_prefill`: a CTA per token and 64 heads over the whole topk, seesaw consumers, a gathering producer warpgroup; docs/sparse-design.md, P1; H100, twenty-seventh session, one call with FlashMLA: 0.61-0.68x the gather form's time at 128 heads, s_q 4096, topk 2048, s_kv 8192-131072, 0.93-1.00x FlashMLA's). `0` restores the gather form |
 //! | `VT_FP8_LT` | on | CUDA MatmulBTFp8 with both operands fp8: Auto takes cuBLASLt's block-scaled fp8 GEMM (`vt_cuda::fp8_matmul::Kernel::Lt`) where its layout rules hold (on the H200 at M 4096 1.9-3.5x faster than the Wgmma kernel and 1.25-1.59x cuBLAS bf16 at a_proj, q_b, kv_b, o_proj; its graph-replay test passes; racecheck reports hazards inside cuBLASLt's own kernels, none in ours: docs/perf.md, "Nineteenth session"); `0` restores the Wgmma kernel |
 //! | `VT_LT_TUNE` | off | CUDA MatmulBTFp8 on cuBLASLt (`Kernel::Lt`, forced or Auto's choice under `VT_FP8_LT`): the first call per shape outside a CUDA graph capture times up to 8 of the heuristic's algorithms (one warm-up and 3 timed runs each, on the call's own operands) and keeps the fastest for that shape instead of the heuristic's first choice. The first call per shape synchronizes its queue and runs the GEMM ~30 times; warm up before capturing a graph (a shape first met inside a capture keeps the heuristic's first until its next call outside one). Off: no gain at the V3 M 4096 shapes on an H100 (docs/perf.md, twenty-fifth session) |
@@ -52,10 +53,11 @@ pub enum Flag {
     Fp8AbsorbedByStep,
     Mla3wgPair,
     MlaCombineStride,
+    QuantWide,
 }
 
 impl Flag {
-    pub const ALL: [Flag; 19] = [
+    pub const ALL: [Flag; 20] = [
         Flag::MlaFusedNormRope,
         Flag::MlaDecodeTma,
         Flag::SkinnyGemm,
@@ -75,6 +77,7 @@ impl Flag {
         Flag::Fp8AbsorbedByStep,
         Flag::Mla3wgPair,
         Flag::MlaCombineStride,
+        Flag::QuantWide,
     ];
 
     pub const fn env_name(self) -> &'static str {
@@ -98,6 +101,7 @@ impl Flag {
             Flag::Fp8AbsorbedByStep => "VT_FP8_ABSORBED_BY_STEP",
             Flag::Mla3wgPair => "VT_MLA_3WG_PAIR",
             Flag::MlaCombineStride => "VT_MLA_COMBINE_STRIDE",
+            Flag::QuantWide => "VT_QUANT_WIDE",
         }
     }
 
@@ -142,6 +146,7 @@ impl Flag {
             Flag::Mla3wgPair => true,
             // Off until a GPU call has measured it (docs/perf.md, "Forty-second session").
             Flag::MlaCombineStride => false,
+            Flag::QuantWide => false,
         }
     }
 
@@ -268,6 +273,11 @@ pub fn mla_3wg_pair() -> bool {
 /// `VT_MLA_COMBINE_STRIDE`.
 pub fn mla_combine_stride() -> bool {
     get(Flag::MlaCombineStride)
+}
+
+/// `VT_QUANT_WIDE`.
+pub fn quant_wide() -> bool {
+    get(Flag::QuantWide)
 }
 
 /// `VT_SPARSE_PREFILL`.

@@ -792,25 +792,56 @@ fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
     Ok(addr)
 }
 
-/// QuantizeFp8: a warp per (row, 128-group), 8 warps a block: 2^lw groups of a row by 8 / 2^lw
-/// rows (lw as the kernel's `quantize_lw`: as many groups as the row has, up to 8); grid x the
-/// groups, y the rows (the kernel loops over rows past 65535 blocks).
-pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
+/// Rows a half-warp of the wide quantize kernel has in flight (`fp8mm::QUANT_ROWS`).
+const QUANT_ROWS: i64 = 4;
+
+/// QuantizeFp8's two kernels (the same bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantKernel {
+    /// `VT_QUANT_WIDE`'s choice.
+    Auto,
+    /// `quantize_fp8_*`: a warp per (row, 128-group), 8 bytes a lane, one row at a time.
+    Warp,
+    /// `quantize_fp8_wide_*`: a half-warp per (row, group), 16 bytes a lane, four rows at once.
+    Wide,
+}
+
+/// QuantizeFp8's launch. `Warp` (`fp8mm::quantize`): a warp per (row, 128-group), 8 warps a
+/// block: 2^lw groups of a row by 8 / 2^lw rows (lw: as many groups as the row has, up to 8);
+/// grid x the groups, y the rows (the kernel loops past 65535 blocks). `Wide`
+/// (`fp8mm::quantize_wide`): a half-warp per (row, group), 16 half-warps a block: 2^lw groups
+/// (up to 16) by 16 / 2^lw rows, each half-warp QUANT_ROWS rows at once; grid x the groups, y
+/// the rows, at most 32 blocks an SM's worth in all (`sms`), the kernel looping over the rows
+/// past that (so the blocks that run keep their loads in flight instead of starting up).
+pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>, kernel: QuantKernel, sms: u32) -> Result<Vec<Launch>> {
     let (m, k) = (x.x.dim(0), x.x.dim(1));
     if m == 0 || k == 0 {
         return Ok(Vec::new());
     }
+    let wide = match kernel {
+        QuantKernel::Auto => vt_core::flags::quant_wide(),
+        QuantKernel::Warp => false,
+        QuantKernel::Wide => true,
+    };
     let groups = blocks(k);
+    // Groups a block takes in x: 2^lw, as many as the row has up to 8 (16 wide).
     let lw = match groups {
+        16.. if wide => 4,
         8.. => 3,
         4..=7 => 2,
         2..=3 => 1,
         _ => 0,
     };
-    let gx = i32::try_from(cdiv(groups, 1 << lw))
-        .map_err(|_| Error::invalid(OpId::QuantizeFp8, "x", "ceil(K / 1024) does not fit a grid's x"))?
+    let gx = cdiv(groups, 1 << lw);
+    let gx32 = i32::try_from(gx)
+        .map_err(|_| Error::invalid(OpId::QuantizeFp8, "x", "its 128-column groups do not fit a grid's x"))?
         as u32;
-    let gy = cdiv(m, 8 >> lw).min(65535) as u32;
+    let (name, gy) = if wide {
+        let cap = (32 * sms.max(1) as i64 / gx).clamp(1, 65535);
+        ("quantize_fp8_wide", cdiv(m, (16 >> lw) * QUANT_ROWS).min(cap))
+    } else {
+        ("quantize_fp8", cdiv(m, 8 >> lw).min(65535))
+    };
     let args: [Arg; 9] = [
         x.out.data_addr().into(),
         x.out.stride(0).into(),
@@ -822,12 +853,20 @@ pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>) -> Result<Vec<Launch>> {
         m.into(),
         k.into(),
     ];
-    Ok(vec![Launch::new(&SRC, "quantize_fp8", x.x.dtype(), (gx, gy, 1), 256, args)])
+    Ok(vec![Launch::new(&SRC, name, x.x.dtype(), (gx32, gy as u32, 1), 256, args)])
 }
 
 pub(crate) fn run_quantize(q: &Queue, x: &QuantizeFp8Args<'_>) -> Result<()> {
+    quantize_fp8_with(q, x, QuantKernel::Auto)
+}
+
+/// QuantizeFp8 on the kernel the caller chooses (tests and benches A/B the two; both write the
+/// op's bytes). The arguments are the op's (`vt_core::quantize_fp8`'s contract), not validated
+/// again here: pass views that op accepts.
+pub fn quantize_fp8_with(q: &Queue, x: &QuantizeFp8Args<'_>, kernel: QuantKernel) -> Result<()> {
     let op = OpId::QuantizeFp8;
-    CudaQueue::of(q, op)?.run(op, &plan_quantize(x)?)
+    let cq = CudaQueue::of(q, op)?;
+    cq.run(op, &plan_quantize(x, kernel, cq.sm_count()?)?)
 }
 
 #[cfg(test)]
@@ -896,5 +935,38 @@ mod tests {
         );
         assert_eq!((gemv_wk(128), gemv_wk(256), gemv_wk(512), gemv_wk(1536), gemv_wk(7168)), (1, 2, 4, 8, 8));
         assert_eq!(gemv_wk(16), 1);
+    }
+
+    /// The wide quantize kernel's grid: x covers every 128-group (16 a block where a row has 16 or more), y
+    /// the rows QUANT_ROWS x (16 / 2^lw) a block at a time, capped at 32 blocks an SM, so the
+    /// kernel's row loop runs past the cap (the byte-exact GPU test's 65543 rows of 8 groups).
+    #[test]
+    fn quantize_grid_covers_the_groups_and_caps_the_rows_at_32_blocks_an_sm() {
+        let mem = vec![0u128; 1 << 12];
+        // (Rows 0 apart: the plan reads only the shape; the views stay inside `mem`.)
+        let grid = |m: i64, k: i64| {
+            let x = host_view(&mem, DType::BF16, 0, &[m, k], &[0, 1]);
+            let out = host_view(&mem, DType::F8E4M3, 0, &[m, k], &[0, 1]);
+            let scale = host_view(&mem, DType::F32, 0, &[m, blocks(k)], &[0, 1]);
+            plan_quantize(&QuantizeFp8Args { out, scale, x }, QuantKernel::Wide, 132).unwrap()[0].grid
+        };
+        assert_eq!(grid(4096, 7168), (4, 1024, 1)); // 56 groups: lw 4, 1 row x 4 a pass, under the cap
+        assert_eq!(grid(1, 7168), (4, 1, 1));
+        assert_eq!(grid(4096, 16384), (8, 528, 1));
+        assert_eq!(grid(65543, 1024), (1, 4224, 1)); // 8 rows a pass: 8193 wanted, the loop runs
+        assert_eq!(grid(7, 200), (1, 1, 1)); // 2 groups: lw 1, 8 rows x 4 a pass
+        assert_eq!(grid(5, 100), (1, 1, 1));
+        assert_eq!(grid(4096, 512), (1, 256, 1)); // 4 groups: lw 2, 4 rows x 4
+        assert!(plan_quantize(
+            &QuantizeFp8Args {
+                out: host_view(&mem, DType::F8E4M3, 0, &[0, 8], &[8, 1]),
+                scale: host_view(&mem, DType::F32, 0, &[0, 1], &[1, 1]),
+                x: host_view(&mem, DType::BF16, 0, &[0, 8], &[8, 1]),
+            },
+            QuantKernel::Wide,
+            132
+        )
+        .unwrap()
+        .is_empty());
     }
 }

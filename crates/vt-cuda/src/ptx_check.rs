@@ -404,13 +404,14 @@ fn samples(dt: DType) -> Result<Samples> {
     // batched form (the absorbed W_UV: K-contiguous per-head weights).
     {
         use crate::fp8_matmul::{
-            plan_batched, plan_matmul_bt, plan_quantize, Device, Fp8Options, Kernel as FK,
+            plan_batched, plan_matmul_bt, plan_quantize, Device, Fp8Options, Kernel as FK, QuantKernel,
         };
         let dev = Device { sm: 90, sms: 132 };
         let part = 5u64 << 40;
         let (f8, f32t) = (DType::F8E4M3, DType::F32);
         let a = QuantizeFp8Args { out: f.c(f8, &[t, 256]), scale: f.c(f32t, &[t, 2]), x: f.c(dt, &[t, 256]) };
-        add("QuantizeFp8".into(), plan_quantize(&a)?);
+        add("QuantizeFp8".into(), plan_quantize(&a, QuantKernel::Warp, dev.sms)?);
+        add("QuantizeFp8 wide".into(), plan_quantize(&a, QuantKernel::Wide, dev.sms)?);
         // (kernel, M, fp8 activations, forced K splits): the split-K forms add the combine launch.
         let mut forms = vec![
             (FK::Generic, 3, false, None),

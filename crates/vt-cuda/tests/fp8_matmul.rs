@@ -18,7 +18,8 @@ use rand_chacha::ChaCha8Rng;
 use vt_core::fp8_block::blocks;
 use vt_core::*;
 use vt_cuda::fp8_matmul::{
-    batched_matmul_fp8_with, matmul_bt_fp8_with, matmul_bt_fp8_with_options, Fp8Options, Kernel,
+    batched_matmul_fp8_with, matmul_bt_fp8_with, matmul_bt_fp8_with_options, quantize_fp8_with, Fp8Options,
+    Kernel, QuantKernel,
 };
 
 /// The CUDA graph test captures on its queue while no other test of this file runs: another
@@ -286,20 +287,27 @@ fn absorbed_bmm() {
     bmm_case(Kernel::Auto, DType::F32, 4, 3, "w_uk");
 }
 
+/// Both QuantizeFp8 kernels (`QuantKernel::Warp`, and `Wide`: `VT_QUANT_WIDE`) write the CPU's
+/// codes and scales byte for byte.
 #[test]
 fn quantize_matches_the_cpu_byte_for_byte() {
     let _gpu = shared();
     let Some((c, g)) = cuda() else { return };
-    for dt in [DType::BF16, DType::F16, DType::F32] {
-        // K from 1 to 56 groups (1, 2, 3, 4 and 8+ groups a row take the kernel's four CTA
-        // shapes); 65543 rows of 8 groups (bf16): past the grid's 65535 in y, so the row loop runs.
+    for (dt, kernel) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .flat_map(|dt| [(dt, QuantKernel::Warp), (dt, QuantKernel::Wide)])
+    {
+        // K from 1 to 56 groups (1, 2-3, 4-7, 8-15 and 16+ groups a row take the kernel's five
+        // CTA shapes; K 200 and 100 end inside a lane's eight, and rows 210 apart are not 16-byte
+        // aligned: the element-by-element path); 65543 rows of 8 groups (bf16): past the grid's
+        // cap of 32 blocks an SM in y, so the row loop runs.
         let mut shapes =
             vec![(1i64, 7168i64, 7168i64), (7, 200, 210), (4096, 512, 512), (3, 384, 384), (5, 100, 101)];
         if dt == DType::BF16 {
             shapes.push((65543, 1024, 1024));
         }
         for (m, k, ld) in shapes {
-            let what = format!("QuantizeFp8 {dt} M {m} K {k}");
+            let what = format!("QuantizeFp8 {dt} M {m} K {k} ({kernel:?})");
             let mut r = rng(&what);
             // Per-group magnitudes 2^-8..2^8, one zero group in row 0 when there are two.
             let mut v: Vec<f64> =
@@ -323,7 +331,7 @@ fn quantize_matches_the_cpu_byte_for_byte() {
             let (oc, og) = out.views(0, &[m, k], &[ld, 1]);
             let (sc_c, sc_g) = sc.views(0, &[m, blocks(k)], &[1, m]);
             quantize_fp8(&c, &QuantizeFp8Args { out: oc, scale: sc_c, x: xc }).unwrap();
-            quantize_fp8(&g, &QuantizeFp8Args { out: og, scale: sc_g, x: xg }).unwrap();
+            quantize_fp8_with(&g, &QuantizeFp8Args { out: og, scale: sc_g, x: xg }, kernel).unwrap();
             let (ob_c, ob_g) = (out.cpu.to_bytes(&c).unwrap(), out.gpu.to_bytes(&g).unwrap());
             let (sb_c, sb_g) = (sc.cpu.to_bytes(&c).unwrap(), sc.gpu.to_bytes(&g).unwrap());
             let bad = ob_c.iter().zip(&ob_g).position(|(a, b)| a != b);
