@@ -149,6 +149,7 @@ __device__ void quantize_wide(unsigned char* out, i64 o0, float* scale, i64 s0, 
     const i64 c0 = grp * 128 + QUANT_LANE * sub;
     const bool whole = col_ok && c0 + QUANT_LANE <= k;
     const i64 stride = (i64)gridDim.y * rows;
+    if (__all_sync(0xffffffffu, !col_ok)) return;  // a warp past the row's groups (no block barrier follows)
     // Both halves of a warp pass the loop's test together (their first rows differ by at most 1).
     for (i64 r0 = (i64)blockIdx.y * rows + (half >> lw); __any_sync(0xffffffffu, r0 < m);
          r0 += QUANT_ROWS * stride) {

@@ -6,8 +6,8 @@ running their index arithmetic as written over every thread of every CTA:
 - every (row, 128-group) of an M x K input is quantized by exactly one half-warp, and within it
   every column by exactly one lane (a lane's 8 columns from 128 g + 8 sub, the row's tail cut at
   K); the scale of each (row, group) is written once (the half's lane 0);
-- both halves of a warp run the same number of row-loop passes (the loop's test is the warp's
-  __any_sync), so their shuffles stay together;
+- a warp whose two halves both lie past the row's groups leaves before the loop (as the kernel's
+  __all_sync), the others loop while any of their lanes has a row (the kernel's __any_sync);
 - the grid is what the host plans (x = ceil(groups / 2^lw), y = min(ceil(M / (16 / 2^lw x
   QUANT_ROWS)), 32 SMs' worth / x, 65535)), QUANT_ROWS read from the kernel file.
 
@@ -34,7 +34,9 @@ def constants():
     if not m:
         fail("fp8_matmul.cu: the QUANT_ROWS / QUANT_LANE / QUANT_THREADS enumerators moved")
     # The lines this model runs, as the kernel has them.
-    for line in ("const int lw = quantize_wide_lw(groups), rows = 16 >> lw;",
+    for line in ("const int lane = threadIdx.x & 31, half = threadIdx.x >> 4, sub = lane & 15;",
+                 "const int lw = quantize_wide_lw(groups), rows = 16 >> lw;",
+                 "if (__all_sync(0xffffffffu, !col_ok)) return;",
                  "const i64 grp = ((i64)blockIdx.x << lw) + (half & ((1 << lw) - 1));",
                  "const i64 c0 = grp * 128 + QUANT_LANE * sub;",
                  "const i64 stride = (i64)gridDim.y * rows;",
@@ -88,6 +90,8 @@ def run(m, k, sms, consts, step_rows=None):
                     grp = (bx << lw) + (half & ((1 << lw) - 1))
                     halves.append((grp, by * rows + (half >> lw)))
                 r0s = [r for _, r in halves]
+                if all(grp >= groups for grp, _ in halves):
+                    continue  # the warp leaves before the loop
                 passes = 0
                 while any(r < m for r in r0s):  # __any_sync over the warp
                     for (grp, _), r0 in zip(halves, r0s):

@@ -15,11 +15,12 @@
 //!   Auto elsewhere; BMMs: Auto; on activations quantized beforehand),
 //!   `lt` (both fp8 on cuBLASLt's block-scaled GEMM, `Kernel::Lt`, forced, the same operands;
 //!   linear rows only: the absorbed BMMs are not routed to it; `-` where it refuses the views
-//!   or has no algorithm, the reason printed once), `quant` (QuantizeFp8 of the activations,
-//!   the cost `w8a8` leaves out; % of its copy floor: bf16 read, codes and scales written),
-//!   `wide` (the same on the wide kernel, `QuantKernel::Wide` forced, its bytes checked equal to
-//!   the op's: `same bytes` / `BYTES DIFFER`) and `w8a8+q` (the better of `w8a8` and `lt`, plus
-//!   `quant`).
+//!   or has no algorithm, the reason printed once), `quant` (QuantizeFp8 of the activations on
+//!   its first kernel, `QuantKernel::Warp` forced: the cost `w8a8` leaves out; % of its copy
+//!   floor: bf16 read, codes and scales written), `wide` (the same on the wide kernel,
+//!   `QuantKernel::Wide` forced, its bytes checked equal to the first one's: `same bytes` /
+//!   `BYTES DIFFER`) and `w8a8+q` (the better of `w8a8` and `lt`, plus the quantize the op takes
+//!   under `VT_QUANT_WIDE`).
 //! - Counting: FLOPs = 2 G M N K; bytes = weights (fp8: 1 byte an element plus the f32
 //!   scales; bf16: 2) + activations (2 bytes an element, 1 when quantized, plus scales) +
 //!   outputs (2 bytes), each once.
@@ -289,9 +290,11 @@ impl Row {
         [self.w8_us, self.sk8_us, self.w8a8_quant()].into_iter().flatten().reduce(f64::min)
     }
 
-    /// The better both-fp8 time plus the activations' quantization (the `w8a8+q` column).
+    /// The better both-fp8 time plus the activations' quantization on the kernel the op takes
+    /// (`VT_QUANT_WIDE`): the `w8a8+q` column.
     fn w8a8_quant(&self) -> Option<f64> {
-        self.best_w8a8().zip(self.quant_us).map(|(a, b)| a + b)
+        let quant = if vt_core::flags::quant_wide() { self.quant_wide_us } else { self.quant_us };
+        self.best_w8a8().zip(quant).map(|(a, b)| a + b)
     }
 
     /// The floors of the bf16, weight-only fp8 and both-fp8 columns (us) under the copy
@@ -670,9 +673,11 @@ fn cell(
         }
     }
     row.err = errs.into_iter().fold(0.0, f64::max);
-    row.quant_us = Some(time(bench, iters, || vt_core::quantize_fp8(q, &quant))?);
-    // The wide quantize kernel beside the op's: its bytes (into NaN-poisoned twins of the same
-    // views, which cover their buffers) against the op's, then its time.
+    row.quant_us = Some(time(bench, iters, || quantize_fp8_with(q, &quant, QuantKernel::Warp))?);
+    // The wide quantize kernel beside the first one (forced, whatever VT_QUANT_WIDE says): its
+    // bytes (into NaN-poisoned twins of the same views, which cover their buffers) against the
+    // first one's, then its time.
+    quantize_fp8_with(q, &quant, QuantKernel::Warp)?;
     let (x8w, xsw) =
         (Buffer::nan(q, DType::F8E4M3, &[g * m * k])?, Buffer::nan(q, DType::F32, &[g * m * blocks(k)])?);
     let quant_w = QuantizeFp8Args {

@@ -297,14 +297,22 @@ fn quantize_matches_the_cpu_byte_for_byte() {
         .into_iter()
         .flat_map(|dt| [(dt, QuantKernel::Warp), (dt, QuantKernel::Wide)])
     {
-        // K from 1 to 56 groups (1, 2-3, 4-7, 8-15 and 16+ groups a row take the kernel's five
-        // CTA shapes; K 200 and 100 end inside a lane's eight, and rows 210 apart are not 16-byte
-        // aligned: the element-by-element path); 65543 rows of 8 groups (bf16): past the grid's
-        // cap of 32 blocks an SM in y, so the row loop runs.
-        let mut shapes =
-            vec![(1i64, 7168i64, 7168i64), (7, 200, 210), (4096, 512, 512), (3, 384, 384), (5, 100, 101)];
+        // K from 1 to 56 groups (1, 2-3, 4-7, 8-15 and 16+ groups a row take the kernels' CTA
+        // shapes; K 100 and 2100 end inside a lane's eight, in group 0 and group 16; rows 210
+        // and 2107 apart are not 16-byte aligned: the element-by-element path; 17 groups leave
+        // most of the wide kernel's second CTA idle); bf16: 65543 rows of 8 groups and 9000 of
+        // 17, past the wide grid's cap of 32 blocks an SM in y, so its row loop runs.
+        let mut shapes = vec![
+            (1i64, 7168i64, 7168i64),
+            (7, 200, 210),
+            (4096, 512, 512),
+            (3, 384, 384),
+            (5, 100, 101),
+            (37, 2100, 2107),
+        ];
         if dt == DType::BF16 {
             shapes.push((65543, 1024, 1024));
+            shapes.push((9000, 2100, 2100));
         }
         for (m, k, ld) in shapes {
             let what = format!("QuantizeFp8 {dt} M {m} K {k} ({kernel:?})");
