@@ -24,7 +24,9 @@ STRIDED=decode_attention_matches_reference_with_the_strided_combine
 step decode_tests 150 "$BIN/mla_decode_attention" --test-threads 1
 san strided_memcheck 90 memcheck mla_decode_attention "$STRIDED"
 san strided_racecheck 90 racecheck mla_decode_attention "$STRIDED"
-for sh in h64,b128 h128,b128 h64,b32 h128,b32; do
+# NO_NCU=1 leaves out the ncu steps (a short call: the tests and the A/B only).
+[ -n "${NO_NCU:-}" ] && NCU_SHAPES="" || NCU_SHAPES="h64,b128 h128,b128 h64,b32 h128,b32"
+for sh in $NCU_SHAPES; do
   for v in 0 1; do
     VT_MLA_COMBINE_STRIDE=$v step "ncu_${sh/,/_}_$v" 60 ncu --clock-control none --csv --metrics gpu__time_duration.sum \
       -k regex:mla_decode "$BIN/xtask" bench decode --only "$sh,s4096,bs64,sq1,kv16" --iters 4 --no-parity
@@ -33,7 +35,7 @@ for sh in h64,b128 h128,b128 h64,b32 h128,b32; do
 done
 flashmla_built 2
 # FlashMLA's own kernels under the same ncu metric (its main kernel, combine and metadata).
-if [ -z "${PREFLIGHT:-}" ]; then
+if [ -z "${PREFLIGHT:-}" ] && [ -z "${NO_NCU:-}" ]; then
   for hb in "64 32" "64 128" "128 32" "128 128"; do
     set -- $hb
     PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" step "ncu_fmla_h$1_b$2" 60 ncu --clock-control none --csv \
