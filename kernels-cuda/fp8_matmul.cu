@@ -58,6 +58,20 @@ __device__ __forceinline__ uint32_t e4m3x4(const float* y) {
 #endif
 }
 
+// A lane's N values of a 128-group as codes (e4m3x4's word per four, y[0] in the low byte of
+// the first) given the group's amax; returns the group's scale. vt_core::fp8_block's arithmetic:
+// scale = amax / 448, code = e4m3(v / scale) by IEEE division, 0 where the scale is 0.
+template <int N>
+__device__ __forceinline__ float quantize_lane(const float (&v)[N], float amax, uint32_t (&word)[N / 4]) {
+    const float s = __fdiv_rn(amax, 448.0f);
+    float y[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) y[j] = s == 0.0f ? 0.0f : __fdiv_rn(v[j], s);
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) word[j] = e4m3x4(y + 4 * j);
+    return s;
+}
+
 // A warp per (row, 128-group), 8 warps a CTA: 2^lw groups of a row (lw = quantize_lw: as many
 // as the row has, up to 8) by 8 / 2^lw rows; grid x covers the groups, y the rows (looping
 // past 65535 CTAs), so no index is divided by a runtime value. A lane's four elements are one
@@ -90,11 +104,9 @@ __device__ void quantize(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s
 #pragma unroll
         for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
         amax = vt::warp_max(amax);
-        const float s = __fdiv_rn(amax, 448.0f);
-        float y[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) y[j] = s == 0.0f ? 0.0f : __fdiv_rn(v[j], s);
-        const uint32_t word = e4m3x4(y);
+        uint32_t words[1];
+        const float s = quantize_lane(v, amax, words);
+        const uint32_t word = words[0];
         if (whole && (reinterpret_cast<unsigned long long>(orow) & 3) == 0) {
             *reinterpret_cast<uint32_t*>(orow) = word;
         } else {
@@ -139,8 +151,8 @@ __device__ __forceinline__ int quantize_wide_lw(i64 groups) {
     return groups >= 16 ? 4 : groups >= 8 ? 3 : groups >= 4 ? 2 : groups >= 2 ? 1 : 0;
 }
 template <typename T>
-__device__ void quantize_wide(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0, i64 m,
-                         i64 k) {
+__device__ void quantize_wide(unsigned char* out, i64 o0, float* scale, i64 s0, i64 s1, const T* x, i64 x0,
+                              i64 m, i64 k) {
     const int lane = threadIdx.x & 31, half = threadIdx.x >> 4, sub = lane & 15;
     const i64 groups = (k + 127) >> 7;
     const int lw = quantize_wide_lw(groups), rows = 16 >> lw;  // rows a CTA covers per pass
@@ -182,11 +194,9 @@ __device__ void quantize_wide(unsigned char* out, i64 o0, float* scale, i64 s0, 
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
             if (!ok) continue;
-            const float s = __fdiv_rn(amax, 448.0f);
-            float y[QUANT_LANE];
-#pragma unroll
-            for (int i = 0; i < QUANT_LANE; ++i) y[i] = s == 0.0f ? 0.0f : __fdiv_rn(v[i], s);
-            const uint2 word = make_uint2(e4m3x4(y), e4m3x4(y + 4));
+            uint32_t words[QUANT_LANE / 4];
+            const float s = quantize_lane(v, amax, words);
+            const uint2 word = make_uint2(words[0], words[1]);
             unsigned char* orow = out + row * o0 + c0;
             if (whole && (reinterpret_cast<unsigned long long>(orow) & 7) == 0) {
                 *reinterpret_cast<uint2*>(orow) = word;
