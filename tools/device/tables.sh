@@ -6,7 +6,10 @@
 #  - decode: `xtask bench decode` beside FlashMLA (tools/peers/flashmla_decode.py), and
 #  - step: `vt-mla bench --graph` (bf16 and fp8 weights, B 1 / 32 / 128) beside torch +
 #    FlashMLA's step (tools/peers/block_step.py): pending_first_call.sh's parts "table steps";
-#  - sparse: `xtask bench sparse` beside FlashMLA's sparse kernels (tools/peers/flashmla_sparse.py).
+#  - sparse: `xtask bench sparse` beside FlashMLA's sparse kernels (tools/peers/flashmla_sparse.py);
+#  - clean (not in the default): the decode table again with the L2 cleared by a read instead of
+#    do_bench's write, for both (`flashmla_decode.py --clean-flush`, `bench decode --clean-flush`):
+#    what the write-back of the flush's dirty lines adds to each side's time.
 # The issues' tables are an H200's: guard the call, e.g.
 #   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then bash tools/device/tables.sh; fi
 # Needs, carried: $BIN (default .dev/bin: xtask, vt-mla; tools/device/stage.sh), .dev/kcache.tar.xz,
@@ -39,6 +42,13 @@ if [ ${#PFC[@]} -gt 0 ]; then
   OUT=$OUT/main PARTS="${PFC[*]}" DEADLINE=$(( ${DEADLINE:-100000} - SECONDS )) \
     bash tools/device/pending_first_call.sh > "$OUT/pending_first_call.txt" 2>&1
   cat "$OUT/main/summary.txt" >> "$S"
+fi
+if part clean; then
+  PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" step clean_peer 90 python3 tools/peers/flashmla_decode.py --clean-flush --json "$OUT/flashmla_clean.json"
+  grep -E "protocol check" "$OUT/clean_peer.log" | tee -a "$S"
+  CP=(); [ -s "$OUT/flashmla_clean.json" ] && CP=(--peer "$OUT/flashmla_clean.json")
+  step decode_clean 150 "$BIN/xtask" bench decode --clean-flush --no-parity --iters 20 ${CP[@]+"${CP[@]}"} --json "$OUT/decode_clean.json"
+  grep -E "^\| |^targets|^L2 flush" "$OUT/decode_clean.log" | cut -c1-120 | tee -a "$S"
 fi
 if part sparse; then
   PYTHONPATH="$FLASHMLA_DIR${PYTHONPATH:+:$PYTHONPATH}" step sparse_peer 120 python3 tools/peers/flashmla_sparse.py --json "$OUT/flashmla_sparse.json"

@@ -9,8 +9,10 @@
 //!   bytes = 2 (total_kv d + b s_q h_q d + b s_q h_q dv).
 //! - Ceilings measured in the same run: device-to-device copy (bytes read + written) and a
 //!   cuBLAS bf16 GEMM 8192^3 on random data. floor = max(bytes / copy, FLOPs / GEMM).
-//! - Timing: CUDA events around each call, the L2 flushed (256 MB written) before each,
-//!   median of `--iters` (default 40) after warm-up.
+//! - Timing: CUDA events around each call, the L2 flushed before each (256 MB written, as
+//!   FlashMLA's `do_bench` does; `--clean-flush`: read, so the timed call has no dirty lines
+//!   to write back), median of `--iters` (default 40) after warm-up. A `--peer` file must
+//!   have been timed with the same flush (its `l2_flush`, absent = "write").
 //! - Parity: before timing, each shape's output (NaN-poisoned) is checked against the CPU
 //!   reference (vt-cpu) on three sequences (first, middle, last) and up to four heads.
 //! - `--sweep` also times every kernel / minimum-tiles-per-part variant per shape; `--alt
@@ -36,7 +38,7 @@ use std::process::ExitCode;
 
 use vt_core::{Buffer, DType, Device, DeviceType, MlaDecodeAttentionArgs, Queue};
 
-use crate::peer_json;
+use crate::peer_json::{self, L2Flush};
 use crate::plot::{Chart, Series};
 use crate::progress::Progress;
 use vt_cuda::bench::{filled_value, median, Bench};
@@ -78,6 +80,11 @@ pub struct Args {
     /// Skip the CPU check before timing (for profiler runs).
     #[arg(long)]
     pub no_parity: bool,
+    /// Clear the L2 before each timed call by reading 256 MB instead of writing it, so the call
+    /// does not pay the write-back of the flush's dirty lines; a --peer file must be timed the
+    /// same way (tools/peers/flashmla_decode.py --clean-flush writes "l2_flush": "read").
+    #[arg(long)]
+    pub clean_flush: bool,
     /// Keep shapes matching every key given (hN, bN, sN, bsN, sqN; kv8 = the fp8_ds_mla cache
     /// rows, kv16 = the bf16 ones), e.g. `h128,b1,s8192`; repeatable.
     #[arg(long, value_name = "SPEC", value_parser = only_spec)]
@@ -250,6 +257,8 @@ pub struct Peer {
     /// The file's `peer` field ("" if absent).
     pub name: String,
     pub rows: Vec<PeerRow>,
+    /// How the peer cleared the L2 before each timed call (its `l2_flush`).
+    pub flush: L2Flush,
 }
 
 /// Parses `{"peer": NAME, "rows": [{"h_q","b","seqlen","s_q","us","gbps","tflops"}]}`. Every
@@ -268,11 +277,24 @@ fn parse_peer(text: &str) -> Result<Peer, String> {
         })
     })?;
     peer_json::no_repeats(&rows, peer_key, |k| format!("{k:?}"))?;
-    Ok(Peer { name, rows })
+    Ok(Peer { name, rows, flush: peer_json::l2_flush(text)? })
 }
 
 fn peer_key(r: &PeerRow) -> (i64, i64, i64, i64) {
     (r.h_q, r.b, r.seqlen, r.s_q)
+}
+
+/// A peer timed with another L2 flush than this run's would put two protocols in one ratio.
+fn same_flush(peer: L2Flush, ours: L2Flush) -> Result<(), String> {
+    if peer == ours {
+        return Ok(());
+    }
+    Err(format!(
+        "the peer file's L2 flush ({}) differs from this run's ({}): time both the same way \
+         (--clean-flush here with tools/peers/flashmla_decode.py --clean-flush, or neither)",
+        peer.word(),
+        ours.word()
+    ))
 }
 
 impl Peer {
@@ -607,16 +629,28 @@ pub fn ceilings(bench: &Bench<'_>) -> Result<(f64, f64), String> {
 }
 
 pub fn run(args_in: Args) -> Result<ExitCode, String> {
-    let Args { json, peer, plot, sweep, alt, parts, iters, timeline, no_parity, only } = args_in;
+    let Args { json, peer, plot, sweep, alt, parts, iters, timeline, no_parity, clean_flush, only } = args_in;
     let check = !no_parity;
+    let flush = if clean_flush { L2Flush::Read } else { L2Flush::Write };
     // The peer first: a bad file is reported before any GPU work.
     let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
+    if let Some(p) = &peer {
+        same_flush(p.flush, flush)?;
+    }
     let todo = select(shapes(), &only, |s, o| s.matches(o))?;
     let q = cuda_queue(&[vt_core::OpId::MlaDecodeAttention])?;
     let e = |e: vt_core::Error| e.to_string();
-    let bench = Bench::new(&q, 256 << 20).map_err(e)?;
+    let bench = Bench::new(&q, 256 << 20).map_err(e)?.with_clean_flush(clean_flush);
     let name = device_name();
     println!("device: {name}");
+    println!(
+        "L2 flush before each timed call: {}",
+        if clean_flush {
+            "reading 256 MB (clean L2)"
+        } else {
+            "writing 256 MB (dirty lines left in the L2, as do_bench)"
+        }
+    );
     let (copy_bw, gemm) = ceilings(&bench)?;
     match &peer {
         Some(p) => {
@@ -720,7 +754,7 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
     let summary = summarize(&rows, peer.as_ref(), &tg, copy_bw, gemm);
     print!("{summary}");
     if let Some(f) = json {
-        std::fs::write(&f, to_json(&rows, peer.as_ref(), &tg, copy_bw, gemm, &name))
+        std::fs::write(&f, to_json(&rows, peer.as_ref(), &tg, copy_bw, gemm, &name, flush))
             .map_err(|er| format!("writing {}: {er}", f.display()))?;
     }
     if let Some(f) = plot {
@@ -1101,11 +1135,20 @@ fn num(x: Option<f64>, prec: usize) -> String {
     x.filter(|v| v.is_finite()).map_or("null".into(), |v| format!("{v:.prec$}"))
 }
 
-fn to_json(rows: &[Row], peer: Option<&Peer>, tg: &[Target], bw: f64, gemm: f64, device: &str) -> String {
+fn to_json(
+    rows: &[Row],
+    peer: Option<&Peer>,
+    tg: &[Target],
+    bw: f64,
+    gemm: f64,
+    device: &str,
+    flush: L2Flush,
+) -> String {
     let peer_name = peer.map_or("null".into(), |p| format!("{:?}", p.name));
     let mut o = format!(
-        "{{\"device\": {:?}, \"copy_gbps\": {:.1}, \"gemm_tflops\": {:.1}, \"peer\": {peer_name}, \"rows\": [\n",
+        "{{\"device\": {:?}, \"l2_flush\": {:?}, \"copy_gbps\": {:.1}, \"gemm_tflops\": {:.1}, \"peer\": {peer_name}, \"rows\": [\n",
         device,
+        flush.word(),
         bw / 1e9,
         gemm / 1e12
     );
@@ -1274,6 +1317,19 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_timed_with_another_l2_flush_is_refused() {
+        let p = parse_peer(PEER).expect("parses");
+        assert_eq!(p.flush, L2Flush::Write, "no l2_flush: do_bench's write");
+        assert!(same_flush(p.flush, L2Flush::Write).is_ok());
+        let e = same_flush(p.flush, L2Flush::Read).expect_err("a write-flushed peer beside a clean run");
+        assert!(e.contains("(write) differs from this run's (read)"), "{e}");
+        let clean =
+            r#"{"l2_flush": "read", "rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": 20}]}"#;
+        assert_eq!(parse_peer(clean).map(|p| p.flush), Ok(L2Flush::Read));
+        assert!(parse_peer(r#"{"l2_flush": "dirty", "rows": []}"#).is_err());
+    }
+
+    #[test]
     fn rejects_bad_peer_json() {
         for bad in [
             "not json",
@@ -1363,9 +1419,10 @@ mod tests {
         assert!(table.contains("| 200.0 |"), "{table}");
         assert!(table.contains("FlashMLA 9241ae3 dense decode, this call's file"), "{table}");
         assert!(table.contains("): MISS"), "{table}");
-        let j = to_json(&rs, Some(&p), &tg, BW, 1e15, "test GPU");
+        let j = to_json(&rs, Some(&p), &tg, BW, 1e15, "test GPU", L2Flush::Write);
         let v: serde_json::Value = serde_json::from_str(&j).expect("our JSON parses");
         assert_eq!(v["peer"], "FlashMLA 9241ae3 dense decode");
+        assert_eq!(v["l2_flush"], "write");
         assert_eq!(v["rows"][1]["flashmla_us"], 20.0);
         assert_eq!(v["rows"][3]["flashmla_us"], serde_json::Value::Null);
         assert_eq!(v["targets"].as_array().map(Vec::len), Some(tg.len()));
@@ -1390,9 +1447,10 @@ mod tests {
         assert!(table.contains("| - | - | PASS |"), "{table}");
         assert!(table.contains("no peer in this call"), "{table}");
         assert!(format_row(&rs[0], None, BW, 1e15).contains("FlashMLA - (no peer in this call)"));
-        let j = to_json(&rs, None, &tg, BW, 1e15, "test GPU");
+        let j = to_json(&rs, None, &tg, BW, 1e15, "test GPU", L2Flush::Read);
         let v: serde_json::Value = serde_json::from_str(&j).expect("our JSON parses");
         assert_eq!(v["peer"], serde_json::Value::Null);
+        assert_eq!(v["l2_flush"], "read");
         assert!(v["rows"]
             .as_array()
             .is_some_and(|a| a.iter().all(|r| r["flashmla_us"].is_null() && r["ratio"].is_null())));

@@ -76,6 +76,40 @@ pub fn read<P>(f: &Path, parse_peer: impl FnOnce(&str) -> Result<P, String>) -> 
     parse_peer(&text).map_err(|e| format!("{}: {e}", f.display()))
 }
 
+/// How a timing protocol cleared the L2 before each timed call: by writing a large buffer
+/// (`Write`: triton's `do_bench` zeroes 256 MB, leaving the L2 full of dirty lines that the
+/// timed call then writes back as it allocates) or by reading one (`Read`: clean lines).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum L2Flush {
+    #[default]
+    Write,
+    Read,
+}
+
+impl L2Flush {
+    /// The word a peer file or our JSON uses: "write" or "read".
+    pub fn word(self) -> &'static str {
+        match self {
+            L2Flush::Write => "write",
+            L2Flush::Read => "read",
+        }
+    }
+}
+
+/// The file's top-level `l2_flush` ("write" or "read"); absent means "write", the protocol of
+/// the peer scripts that time with `triton.testing.do_bench`.
+pub fn l2_flush(text: &str) -> Result<L2Flush, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("peer JSON: {e}"))?;
+    match v.get("l2_flush") {
+        None => Ok(L2Flush::Write),
+        Some(x) => match x.as_str() {
+            Some("write") => Ok(L2Flush::Write),
+            Some("read") => Ok(L2Flush::Read),
+            _ => Err(format!("peer JSON: \"l2_flush\" is {x}, not \"write\" or \"read\"")),
+        },
+    }
+}
+
 /// The first pair of rows with the same key, as an error ("rows j and i: the same shape ...").
 pub fn no_repeats<T, K: PartialEq>(
     rows: &[T],
@@ -109,6 +143,17 @@ mod tests {
             no_repeats(&[1, 2, 1], |&x| x, |k| k.to_string()).expect_err("repeat"),
             "peer JSON rows 0 and 2: the same shape 1"
         );
+    }
+
+    #[test]
+    fn the_l2_flush_defaults_to_write_and_rejects_other_words() {
+        assert_eq!(l2_flush(r#"{"rows": []}"#), Ok(L2Flush::Write));
+        assert_eq!(l2_flush(r#"{"l2_flush": "write", "rows": []}"#), Ok(L2Flush::Write));
+        assert_eq!(l2_flush(r#"{"l2_flush": "read", "rows": []}"#), Ok(L2Flush::Read));
+        for bad in [r#"{"l2_flush": "clean"}"#, r#"{"l2_flush": 1}"#, "not json"] {
+            assert!(l2_flush(bad).is_err(), "{bad}");
+        }
+        assert_eq!(L2Flush::Read.word(), "read");
     }
 
     #[test]
