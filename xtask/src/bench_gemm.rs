@@ -59,8 +59,8 @@ use vt_core::{
 };
 use vt_cuda::bench::{median, Bench};
 use vt_cuda::fp8_matmul::{
-    batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options, quantize_fp8_with,
-    Fp8Options, Kernel, QuantKernel,
+    auto_quant_kernel, batched_matmul_fp8_with_options, matmul_bt_fp8_with, matmul_bt_fp8_with_options,
+    quantize_fp8_with, Fp8Options, Kernel, QuantKernel,
 };
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
@@ -282,6 +282,8 @@ struct Row {
     quant_wide_us: Option<f64>,
     /// The wide kernel's codes and scales equal the op's, byte for byte.
     quant_wide_same: bool,
+    /// The op's Auto takes the wide kernel on this row's activations.
+    quant_auto_wide: bool,
     /// Bytes QuantizeFp8 moves: the bf16 activations read, their codes and scales written.
     bytes_quant: f64,
     w8a8_kernel: String,
@@ -303,9 +305,9 @@ impl Row {
     }
 
     /// The better both-fp8 time plus the activations' quantization on the kernel the op takes
-    /// (`VT_QUANT_WIDE`): the `w8a8+q` column.
+    /// (`VT_QUANT_WIDE` and the size rule, `auto_quant_kernel`): the `w8a8+q` column.
     fn w8a8_quant(&self) -> Option<f64> {
-        let quant = if vt_core::flags::quant_wide() { self.quant_wide_us } else { self.quant_us };
+        let quant = if self.quant_auto_wide { self.quant_wide_us } else { self.quant_us };
         self.best_w8a8().zip(quant).map(|(a, b)| a + b)
     }
 
@@ -696,6 +698,7 @@ fn cell(
     quantize_fp8_with(q, &quant_w, QuantKernel::Wide)?;
     row.quant_wide_same = x8w.to_bytes(q)? == x8.to_bytes(q)? && xsw.to_bytes(q)? == xs.to_bytes(q)?;
     row.quant_wide_us = Some(time(bench, iters, || quantize_fp8_with(q, &quant_w, QuantKernel::Wide))?);
+    row.quant_auto_wide = auto_quant_kernel(m * g, k, quant.x.dtype()) == QuantKernel::Wide;
     let tol = vt_check::tolerance(OpId::MatmulBTFp8, DType::BF16).unwrap_or(2e-2);
     row.parity = (!check || row.err <= tol) && row.err16 <= tol;
     Ok(row)

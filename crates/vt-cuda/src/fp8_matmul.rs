@@ -795,10 +795,17 @@ fn partials(q: &Queue, cq: &CudaQueue, elems: i64) -> Result<u64> {
 /// Rows a half-warp of the wide quantize kernel has in flight (`fp8mm::QUANT_ROWS`).
 const QUANT_ROWS: i64 = 4;
 
+/// Input bytes from which Auto takes the wide kernel (with `VT_QUANT_WIDE` on): on an H100
+/// (docs/perf.md, "Forty-fourth session") it was 1.1-1.6x faster at 12.6-235 MB of input (q_b,
+/// a_proj, o_proj at M 4096) and 0.4-2.2 us slower at 4 MB and under (kv_b M 4096, every M 1 and
+/// 128 call), where its fewer, longer-lived blocks start slower.
+pub const QUANT_WIDE_MIN_BYTES: i64 = 8 << 20;
+
 /// QuantizeFp8's two kernels (the same bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantKernel {
-    /// `VT_QUANT_WIDE`'s choice.
+    /// The wide kernel from [`QUANT_WIDE_MIN_BYTES`] of input with `VT_QUANT_WIDE` on (the
+    /// default), the warp kernel otherwise.
     Auto,
     /// `quantize_fp8_*`: a warp per (row, 128-group), 8 bytes a lane, one row at a time.
     Warp,
@@ -819,7 +826,7 @@ pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>, kernel: QuantKernel, sms: u
         return Ok(Vec::new());
     }
     let wide = match kernel {
-        QuantKernel::Auto => vt_core::flags::quant_wide(),
+        QuantKernel::Auto => auto_quant_kernel(m, k, x.x.dtype()) == QuantKernel::Wide,
         QuantKernel::Warp => false,
         QuantKernel::Wide => true,
     };
@@ -854,6 +861,22 @@ pub(crate) fn plan_quantize(x: &QuantizeFp8Args<'_>, kernel: QuantKernel, sms: u
         k.into(),
     ];
     Ok(vec![Launch::new(&SRC, name, x.x.dtype(), (gx32, gy as u32, 1), 256, args)])
+}
+
+/// The kernel Auto takes for an [m, k] input of `dt`: `Wide` with `VT_QUANT_WIDE` on from
+/// [`QUANT_WIDE_MIN_BYTES`] of input, else `Warp`.
+pub fn auto_quant_kernel(m: i64, k: i64, dt: DType) -> QuantKernel {
+    if vt_core::flags::quant_wide() && wide_pays(m, k, dt) {
+        QuantKernel::Wide
+    } else {
+        QuantKernel::Warp
+    }
+}
+
+/// Auto's size rule: the wide kernel from [`QUANT_WIDE_MIN_BYTES`] of input (saturating: a
+/// product past i64 is large).
+fn wide_pays(m: i64, k: i64, dt: DType) -> bool {
+    m.saturating_mul(k).saturating_mul(dt.size_of() as i64) >= QUANT_WIDE_MIN_BYTES
 }
 
 pub(crate) fn run_quantize(q: &Queue, x: &QuantizeFp8Args<'_>) -> Result<()> {
@@ -935,6 +958,21 @@ mod tests {
         );
         assert_eq!((gemv_wk(128), gemv_wk(256), gemv_wk(512), gemv_wk(1536), gemv_wk(7168)), (1, 2, 4, 8, 8));
         assert_eq!(gemv_wk(16), 1);
+    }
+
+    /// Auto's size rule, at the shapes the H100 timed: wide for q_b, a_proj and o_proj at M 4096
+    /// (12.6 MB and more of bf16), the warp kernel for kv_b at M 4096 (4 MB) and every M <= 128.
+    #[test]
+    fn auto_takes_the_wide_quantize_from_8_mib_of_input() {
+        assert!(wide_pays(4096, 1536, DType::BF16));
+        assert!(wide_pays(4096, 7168, DType::BF16));
+        assert!(wide_pays(4096, 16384, DType::BF16));
+        assert!(!wide_pays(4096, 512, DType::BF16));
+        assert!(!wide_pays(128, 16384, DType::BF16));
+        assert!(!wide_pays(1, 7168, DType::BF16));
+        assert!(wide_pays(2048, 1024, DType::F32), "8 MiB of f32");
+        assert!(!wide_pays(2048, 1023, DType::F32));
+        assert!(wide_pays(i64::MAX, 2, DType::BF16), "saturates");
     }
 
     /// The wide quantize kernel's grid: x covers every 128-group (16 a block where a row has 16 or more), y

@@ -37,9 +37,21 @@ pub(super) fn strided_groups(b: i64, groups: i64, z: i64, sms: u32) -> i64 {
     (wave / (b * z).max(1)).clamp(1, groups.max(1))
 }
 
+/// The combine's kernel and grid.y: the strided form where `strided` and it strides
+/// ([`strided_groups`] fewer than `groups`), else the plain form over every row group.
+pub(super) fn form(strided: bool, b: i64, groups: i64, z: i64, sms: u32) -> (&'static str, i64) {
+    match strided_groups(b, groups, z, sms) {
+        y if strided && y < groups => ("mla_decode_combine_strided", y),
+        _ => ("mla_decode_combine", groups),
+    }
+}
+
 /// The launch for `b` sequences of `m_total` query rows of `dv` columns, `wpr` warps per
-/// row; `strided`: the strided form, grid.y from [`strided_groups`]. On sm_90 it launches
-/// while the main kernel runs (programmatic dependent launch) and waits for it on the device,
+/// row; `strided` (`VT_MLA_COMBINE_STRIDE`): the strided form where it strides, i.e. where
+/// [`strided_groups`] is fewer than the row groups (an H100 measured it 3-7% faster at h128
+/// b128 and no different where it launched the same grid as the plain form but for its loop,
+/// h64 b32 up to 2% slower: docs/perf.md, "Forty-fourth session"). On sm_90 it launches while
+/// the main kernel runs (programmatic dependent launch) and waits for it on the device,
 /// hiding its launch latency.
 pub(super) fn launch(
     p: &Params,
@@ -51,18 +63,25 @@ pub(super) fn launch(
 ) -> Launch {
     let rows_per_cta = WARPS / wpr;
     let (groups, z) = ((m_total + rows_per_cta - 1) / rows_per_cta, (dv + COLS - 1) / COLS);
-    let (base, y) = if strided {
-        ("mla_decode_combine_strided", strided_groups(b, groups, z, info.sms))
-    } else {
-        ("mla_decode_combine", groups)
-    };
+    let (base, y) = form(strided, b, groups, z, info.sms);
     Launch::new(&SRC, base, dt, (b as u32, y as u32, z as u32), THREADS, [Arg::of_struct(*p)])
         .dependent_on(info.sm)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::strided_groups;
+    use super::{form, strided_groups};
+
+    /// The strided form only where it strides: h128 b128 (16 row groups -> 3) and h64 b128
+    /// (8 -> 3); h64 b32 would launch all 8 groups, so the plain kernel runs, as with the flag off.
+    #[test]
+    fn the_strided_combine_runs_only_where_it_launches_fewer_row_groups() {
+        assert_eq!(form(true, 128, 16, 1, 132), ("mla_decode_combine_strided", 3));
+        assert_eq!(form(true, 128, 8, 1, 132), ("mla_decode_combine_strided", 3));
+        assert_eq!(form(true, 32, 8, 1, 132), ("mla_decode_combine", 8));
+        assert_eq!(form(true, 1, 16, 1, 132), ("mla_decode_combine", 16));
+        assert_eq!(form(false, 128, 16, 1, 132), ("mla_decode_combine", 16));
+    }
 
     /// One wave of combine CTAs (132 SMs x 3): b128 at 128 heads (16 row groups) takes 3 a
     /// sequence, b32 12, b1 and b2 every group; never 0, never more than the groups.
