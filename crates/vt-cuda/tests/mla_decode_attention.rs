@@ -312,7 +312,8 @@ fn decode_attention_matches_reference_when_calls_of_different_shapes_share_a_que
 /// empty sequences over 7 parts: one CTA a sequence taking all 16 row groups at 128 heads, 2 at
 /// 16), merge with eight warps a row (4 long sequences over every part: 128 one-row groups, 99
 /// CTAs a sequence, some taking two), pass whole sequences (Auto's schedule) and write empty
-/// ones. The flag is a process-wide override while this test runs: tests running beside it may
+/// ones. Where the strided grid would be the plain one (the long sequences at 7 parts: 16 row
+/// groups, all in one wave) the plain kernel runs (`combine::form`). The flag is a process-wide override while this test runs: tests running beside it may
 /// take either form, both of which are checked here and elsewhere.
 #[test]
 fn decode_attention_matches_reference_with_the_strided_combine() {
