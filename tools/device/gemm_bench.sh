@@ -29,7 +29,7 @@ if [ -f "$DG" ]; then
 fi
 # The peer first (its GPU memory is released when it exits); a missing torch leaves no peer.
 PEER=()
-if python3 tools/peers/fp8_blockwise_gemm.py --m "$M" --json "$OUT/fp8_blockwise_gemm.json" 2>&1 | tee "$OUT/peer.log"; then
+if python3 tools/peers/fp8_blockwise_gemm.py --m "$M" --clean-flush --json "$OUT/fp8_blockwise_gemm.json" 2>&1 | tee "$OUT/peer.log"; then
   PEER=(--peer "$OUT/fp8_blockwise_gemm.json")
 fi
 "$XTASK" bench gemm --m "$M" ${PEER[@]+"${PEER[@]}"} --json "$OUT/gemm.json" "$@" 2>&1 | tee "$OUT/bench.log"

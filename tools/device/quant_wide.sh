@@ -21,7 +21,7 @@ trap '(cd "$OUT" && tar czf logs_quant.tgz --remove-files ./*.log ./*.json 2>/de
 step fp8_tests 150 "$BIN/fp8_matmul" --test-threads 1 --nocapture
 grep -c "byte-exact" "$OUT/fp8_tests.log" | sed 's/^/byte-exact cases: /' | tee -a "$S"
 san quant_memcheck 240 memcheck fp8_matmul quantize_matches_the_cpu_byte_for_byte
-step gemm_peer 90 python3 tools/peers/fp8_blockwise_gemm.py --m 1,128,4096 --json "$OUT/fp8_blockwise_gemm.json"
+step gemm_peer 90 python3 tools/peers/fp8_blockwise_gemm.py --m 1,128,4096 --clean-flush --json "$OUT/fp8_blockwise_gemm.json"
 G=()
 [ -s "$OUT/fp8_blockwise_gemm.json" ] && G=(--peer "$OUT/fp8_blockwise_gemm.json")
 step gemm 150 "$BIN/xtask" bench gemm --m 1,128,4096 --iters 20 ${G[@]+"${G[@]}"} --json "$OUT/gemm.json"

@@ -27,7 +27,7 @@ PARTS=${PARTS:-"decode step gemm sparse"}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 [ -n "${PREFLIGHT:-}" ] || flashmla_build
 if part gemm; then
-  step gemm_peer 90 python3 tools/peers/fp8_blockwise_gemm.py --m 1,32,128,4096 --json "$OUT/fp8_blockwise_gemm.json"
+  step gemm_peer 90 python3 tools/peers/fp8_blockwise_gemm.py --m 1,32,128,4096 --clean-flush --json "$OUT/fp8_blockwise_gemm.json"
   G=(); [ -s "$OUT/fp8_blockwise_gemm.json" ] && G=(--peer "$OUT/fp8_blockwise_gemm.json")
   step gemm 120 "$BIN/xtask" bench gemm --m 1,32,128,4096 --iters 20 ${G[@]+"${G[@]}"} --json "$OUT/gemm.json"
   grep -E "^\||^[a-z_]+ .*M|floor|ratio" "$OUT/gemm.log" | cut -c1-220 | head -60 | tee -a "$S"

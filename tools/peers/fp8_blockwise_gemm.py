@@ -7,14 +7,24 @@ o_proj 7168 x 16384; N x K), at the M of --m (default 1,128,4096).
 Operands as torch wants them: a [M, K] e4m3 row-major, its scales [M, K/128] stored [K/128, M]
 (outer-dim-major); the weight [N, K] e4m3 passed as its transpose (column-major [K, N]), its
 scales [N/128, K/128] row-major passed transposed. Timing: triton.testing.do_bench (median, L2
-cleared before each call). FLOPs = 2 M N K. A shape torch refuses is recorded with its error.
+cleared before each call by zeroing 256 MB); --clean-flush: the same loop with the L2 cleared by
+a read (l2flush.py), the protocol `xtask bench gemm` uses by default, which takes only a file
+whose "l2_flush" matches its own. FLOPs = 2 M N K. A shape torch refuses is recorded with its error.
 
 DeepGEMM (deepseek-ai/DeepGEMM's `fp8_gemm_nt`, the same operands and scales, the activations'
 scales in the transposed TMA-aligned layout it wants, made once outside the timing) is timed too
 when `deep_gemm` imports (tools/peers/build_deepgemm.sh builds it on the GPU machine; put its
 directory on PYTHONPATH): `deepgemm_ms`, or `deepgemm_error` with why not.
-Usage: fp8_blockwise_gemm.py [--m 1,128,4096] [--json FILE]"""
+Usage: fp8_blockwise_gemm.py [--m 1,128,4096] [--clean-flush] [--json FILE]"""
 import json, sys, torch, triton
+from l2flush import time_ms, word
+
+CLEAN = "--clean-flush" in sys.argv
+
+
+def bench(f):
+    return time_ms(f, read=True) if CLEAN else triton.testing.do_bench(f, return_mode="median")
+
 
 try:
     import deep_gemm
@@ -49,7 +59,7 @@ for name, n, k, decode in GEMMS:
         xs = (torch.rand(cdiv(k, 128), m, device="cuda") * 2e-3 + 1e-3).t()  # [M, KB], stride (1, M)
         row = dict(gemm=name, m=m, n=n, k=k, flops=flops)
         bf = lambda: torch.matmul(x16, w16.t())
-        bf(); row["bf16_ms"] = triton.testing.do_bench(bf, return_mode="median")
+        bf(); row["bf16_ms"] = bench(bf)
         try:
             f = lambda: torch._scaled_mm(x8, w8.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
             out = f()
@@ -58,7 +68,7 @@ for name, n, k, decode in GEMMS:
             wd = w8.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
             ref = xd @ wd.t()
             row["rel_err_row0"] = ((out[:1].float() - ref).norm() / ref.norm()).item()
-            row["fp8_ms"] = triton.testing.do_bench(f, return_mode="median")
+            row["fp8_ms"] = bench(f)
             row["fp8_tflops"] = flops / row["fp8_ms"] / 1e9
         except Exception as e:  # torch/cuBLASLt without blockwise support for this shape
             row["error"] = str(e)[:300]
@@ -74,7 +84,7 @@ for name, n, k, decode in GEMMS:
                 wd = w8.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
                 ref = xd @ wd.t()
                 row["deepgemm_rel_err_row0"] = ((d[:1].float() - ref).norm() / ref.norm()).item()
-                row["deepgemm_ms"] = triton.testing.do_bench(g, return_mode="median")
+                row["deepgemm_ms"] = bench(g)
             except Exception as e:
                 row["deepgemm_error"] = str(e)[:300]
         rows.append(row)
@@ -90,5 +100,5 @@ for name, n, k, decode in GEMMS:
 if "--json" in sys.argv:
     dg_name = f", DeepGEMM {deep_gemm.__version__}" if deep_gemm is not None else ""
     json.dump({"peer": f"torch {torch.__version__} _scaled_mm blockwise (1x128, 128x128){dg_name}",
-               "device": torch.cuda.get_device_name(), "rows": rows},
+               "device": torch.cuda.get_device_name(), "l2_flush": word(CLEAN), "rows": rows},
               open(sys.argv[sys.argv.index("--json") + 1], "w"), indent=1)

@@ -284,19 +284,6 @@ fn peer_key(r: &PeerRow) -> (i64, i64, i64, i64) {
     (r.h_q, r.b, r.seqlen, r.s_q)
 }
 
-/// A peer timed with another L2 flush than this run's would put two protocols in one ratio.
-fn same_flush(peer: L2Flush, ours: L2Flush) -> Result<(), String> {
-    if peer == ours {
-        return Ok(());
-    }
-    Err(format!(
-        "the peer file's L2 flush ({}) differs from this run's ({}): time both the same way \
-         (--clean-flush here with tools/peers/flashmla_decode.py --clean-flush, or neither)",
-        peer.word(),
-        ours.word()
-    ))
-}
-
 impl Peer {
     /// The peer's time on `s`: its row with the same (h_q, b, seqlen, s_q); none for a block
     /// size other than FlashMLA's 64.
@@ -635,7 +622,12 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
     // The peer first: a bad file is reported before any GPU work.
     let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
     if let Some(p) = &peer {
-        same_flush(p.flush, flush)?;
+        peer_json::same_flush(
+            p.flush,
+            flush,
+            "flashmla_decode.py --clean-flush",
+            "default (no --clean-flush)",
+        )?;
     }
     let todo = select(shapes(), &only, |s, o| s.matches(o))?;
     let q = cuda_queue(&[vt_core::OpId::MlaDecodeAttention])?;
@@ -1320,8 +1312,9 @@ mod tests {
     fn a_peer_timed_with_another_l2_flush_is_refused() {
         let p = parse_peer(PEER).expect("parses");
         assert_eq!(p.flush, L2Flush::Write, "no l2_flush: do_bench's write");
-        assert!(same_flush(p.flush, L2Flush::Write).is_ok());
-        let e = same_flush(p.flush, L2Flush::Read).expect_err("a write-flushed peer beside a clean run");
+        assert!(peer_json::same_flush(p.flush, L2Flush::Write, "c", "d").is_ok());
+        let e = peer_json::same_flush(p.flush, L2Flush::Read, "c", "d")
+            .expect_err("a write-flushed peer beside a clean run");
         assert!(e.contains("(write) differs from this run's (read)"), "{e}");
         let clean =
             r#"{"l2_flush": "read", "rows": [{"h_q": 16, "b": 1, "seqlen": 8192, "s_q": 1, "us": 20}]}"#;

@@ -65,7 +65,7 @@ use vt_cuda::fp8_matmul::{
 use vt_cuda::skinny_gemm::{batched_matmul_with, matmul_bt_with, GemmKernel, GemmOptions};
 
 use crate::bench::{cuda_queue, device_name, positive};
-use crate::peer_json;
+use crate::peer_json::{self, L2Flush};
 use crate::progress::Progress;
 
 /// `cargo xtask bench gemm` options.
@@ -460,6 +460,10 @@ fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize, which: Kernel) -> vt_cor
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, peer, iters, m, only, no_parity, dirty_flush, splits } = a;
     let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
+    if let Some(p) = &peer {
+        let ours = if dirty_flush { L2Flush::Write } else { L2Flush::Read };
+        peer_json::same_flush(p.flush, ours, "fp8_blockwise_gemm.py --clean-flush", "--dirty-flush")?;
+    }
     let ms: Vec<i64> =
         if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
     let q = cuda_queue(&[OpId::MatmulBT, OpId::MatmulBTFp8, OpId::BatchedMatmulFp8, OpId::QuantizeFp8])?;
@@ -896,11 +900,12 @@ struct PeerRow {
     deepgemm_error: Option<String>,
 }
 
-/// The peer file: its name and rows.
+/// The peer file: its name, rows and how it cleared the L2 (its `l2_flush`).
 #[derive(Clone, Debug, PartialEq)]
 struct Peer {
     name: String,
     rows: Vec<PeerRow>,
+    flush: L2Flush,
 }
 
 /// Parses `{"peer": NAME, "rows": [{"gemm", "m", "bf16_ms", "fp8_ms"?, "error"?, "deepgemm_ms"?,
@@ -919,7 +924,7 @@ fn parse_peer(text: &str) -> Result<Peer, String> {
             deepgemm_error: text("deepgemm_error"),
         })
     })?;
-    Ok(Peer { name, rows })
+    Ok(Peer { name, rows, flush: peer_json::l2_flush(text)? })
 }
 
 /// vt beside the peer on the (GEMM, M) cells both have.
@@ -1064,6 +1069,12 @@ mod tests {
         .unwrap();
         assert_eq!(p.rows[0].deepgemm_us, Some(200.0));
         assert_eq!((p.rows[1].deepgemm_us, p.rows[1].deepgemm_error.as_deref()), (None, Some("not built")));
+        // A file without "l2_flush" was timed by do_bench (a write flush): this bench's default
+        // (a read flush) refuses it; `--clean-flush`'s file matches.
+        assert_eq!(p.flush, L2Flush::Write);
+        assert!(peer_json::same_flush(p.flush, L2Flush::Read, "c", "d").is_err());
+        let clean = parse_peer(r#"{"l2_flush": "read", "rows": [{"gemm": "q_b", "m": 1, "bf16_ms": 0.02}]}"#);
+        assert_eq!(clean.map(|p| p.flush), Ok(L2Flush::Read));
         assert!(parse_peer(r#"{"rows": [{"gemm": "q_b", "m": 0, "bf16_ms": 1}]}"#).is_err());
         assert!(parse_peer(r#"{"rows": [{"gemm": "q_b", "m": 1}]}"#).is_err());
         assert!(parse_peer("[]").is_err());

@@ -110,6 +110,21 @@ pub fn l2_flush(text: &str) -> Result<L2Flush, String> {
     }
 }
 
+/// A peer timed with another L2 flush than this run's would put two protocols in one ratio:
+/// an error that says how to time both alike (`clean`: the peer's option for the read flush;
+/// `dirty`: this bench's option for the write flush).
+pub fn same_flush(peer: L2Flush, ours: L2Flush, clean: &str, dirty: &str) -> Result<(), String> {
+    if peer == ours {
+        return Ok(());
+    }
+    Err(format!(
+        "the peer file's L2 flush ({}) differs from this run's ({}): time both the same way \
+         (the read flush: the peer's {clean}; the write flush: this bench's {dirty})",
+        peer.word(),
+        ours.word()
+    ))
+}
+
 /// The first pair of rows with the same key, as an error ("rows j and i: the same shape ...").
 pub fn no_repeats<T, K: PartialEq>(
     rows: &[T],
