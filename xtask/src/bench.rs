@@ -635,14 +635,7 @@ pub fn run(args_in: Args) -> Result<ExitCode, String> {
     let bench = Bench::new(&q, 256 << 20).map_err(e)?.with_clean_flush(clean_flush);
     let name = device_name();
     println!("device: {name}");
-    println!(
-        "L2 flush before each timed call: {}",
-        if clean_flush {
-            "reading 256 MB (clean L2)"
-        } else {
-            "writing 256 MB (dirty lines left in the L2, as do_bench)"
-        }
-    );
+    println!("L2 flush before each timed call: {}", flush.describe());
     let (copy_bw, gemm) = ceilings(&bench)?;
     match &peer {
         Some(p) => {

@@ -460,9 +460,9 @@ fn fp8_rate(q: &Queue, bench: &Bench<'_>, iters: usize, which: Kernel) -> vt_cor
 pub fn run(a: Args) -> Result<ExitCode, String> {
     let Args { json, peer, iters, m, only, no_parity, dirty_flush, splits } = a;
     let peer = peer.as_deref().map(|f| peer_json::read(f, parse_peer)).transpose()?;
+    let flush = if dirty_flush { L2Flush::Write } else { L2Flush::Read };
     if let Some(p) = &peer {
-        let ours = if dirty_flush { L2Flush::Write } else { L2Flush::Read };
-        peer_json::same_flush(p.flush, ours, "fp8_blockwise_gemm.py --clean-flush", "--dirty-flush")?;
+        peer_json::same_flush(p.flush, flush, "fp8_blockwise_gemm.py --clean-flush", "--dirty-flush")?;
     }
     let ms: Vec<i64> =
         if m.is_empty() { vec![1, 8, 32, 64, 128, PREFILL_M] } else { m.iter().map(|&x| x as i64).collect() };
@@ -470,10 +470,7 @@ pub fn run(a: Args) -> Result<ExitCode, String> {
     let e = |e: vt_core::Error| e.to_string();
     let bench = Bench::new(&q, 256 << 20).map_err(e)?.with_clean_flush(!dirty_flush);
     let device = device_name();
-    println!(
-        "device: {device}; L2 flushed before each timed call by {}",
-        if dirty_flush { "writing 256 MB (dirty lines left in the L2)" } else { "reading 256 MB (clean L2)" }
-    );
+    println!("device: {device}; L2 flushed before each timed call by {}", flush.describe());
     let copy_bw = bench.copy_bandwidth(1 << 30, 20).map_err(e)?;
     let bf16_peak = bench.gemm_bf16_flops(8192, 20).map_err(e)?;
     let fp8_peak = 2.0 * bf16_peak;

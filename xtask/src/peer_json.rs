@@ -94,6 +94,14 @@ impl L2Flush {
             L2Flush::Read => "read",
         }
     }
+
+    /// What a bench prints of its flush (of the 256 MB `Bench` buffer).
+    pub fn describe(self) -> &'static str {
+        match self {
+            L2Flush::Write => "writing 256 MB (dirty lines left in the L2, as do_bench)",
+            L2Flush::Read => "reading 256 MB (clean L2)",
+        }
+    }
 }
 
 /// The file's top-level `l2_flush` ("write" or "read"); absent means "write", the protocol of

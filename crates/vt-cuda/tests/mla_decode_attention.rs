@@ -313,8 +313,9 @@ fn decode_attention_matches_reference_when_calls_of_different_shapes_share_a_que
 /// 16), merge with eight warps a row (4 long sequences over every part: 128 one-row groups, 99
 /// CTAs a sequence, some taking two), pass whole sequences (Auto's schedule) and write empty
 /// ones. Where the strided grid would be the plain one (the long sequences at 7 parts: 16 row
-/// groups, all in one wave) the plain kernel runs (`combine::form`). The flag is a process-wide override while this test runs: tests running beside it may
-/// take either form, both of which are checked here and elsewhere.
+/// groups, all in one wave) the plain kernel runs (`combine::form`). The flag is a process-wide
+/// override while this test runs: tests running beside it may take either form, both of which
+/// are checked here and elsewhere.
 #[test]
 fn decode_attention_matches_reference_with_the_strided_combine() {
     let Some(g) = gpu() else { return };
